@@ -1,0 +1,41 @@
+# Thin wrapper over CMake. `make run` serves (for now: generates from) the default model,
+# `make test` sets up, builds and runs every test.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+MODEL ?= ../shared/testdata/models/llama-tiny
+PROMPT_IDS ?= 1292 308 1057 261 618
+
+.PHONY: all setup build run test test-asan bench fmt clean
+
+all: build
+
+setup:
+	scripts/setup
+
+$(BUILD)/build.ninja $(BUILD)/Makefile:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release
+
+build: $(BUILD)/Makefile
+	cmake --build $(BUILD) -j $(JOBS)
+
+run: setup build
+	$(BUILD)/pagoda generate --model $(MODEL) --prompt-ids "$(PROMPT_IDS)" -n 32
+
+test: setup build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+	$(MAKE) test-asan
+
+# The unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
+test-asan:
+	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug "-DPAGODA_SANITIZE=address;undefined"
+	cmake --build $(BUILD)-asan -j $(JOBS)
+	cd $(BUILD)-asan && ctest --output-on-failure -j $(JOBS) -L unit
+
+bench: build
+	$(BUILD)/pagoda bench decode --model $(MODEL) --prompt-len 128 --gen-len 32
+
+fmt:
+	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu' '*.cuh')
+
+clean:
+	rm -rf $(BUILD) $(BUILD)-asan

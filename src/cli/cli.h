@@ -1,0 +1,16 @@
+/*
+ * cli: the subcommands of the pagoda binary. Each takes the arguments after its name
+ * (argv[0] is the subcommand) and returns the process exit status.
+ */
+#ifndef PAGODA_CLI_CLI_H
+#define PAGODA_CLI_CLI_H
+
+int cli_info(int argc, char **argv);
+int cli_generate(int argc, char **argv);
+int cli_score(int argc, char **argv);
+int cli_bench(int argc, char **argv);
+int cli_tokenize(int argc, char **argv);
+int cli_detokenize(int argc, char **argv);
+int cli_template(int argc, char **argv);
+
+#endif
