@@ -1,0 +1,60 @@
+/*
+ * cpu kernels: the compute of the CPU backend, float32 activations, weights consumed in
+ * their stored format. Each kernel exists as portable C and, on x86-64 with AVX2+FMA, as
+ * a SIMD version picked at run time; tests run both on the same inputs and compare.
+ *
+ * Kernels that take a thread pool split their work over it; the others are called per
+ * thread by the backend (see model/backend_cpu.c).
+ */
+#ifndef PAGODA_KERNELS_CPU_CPU_H
+#define PAGODA_KERNELS_CPU_CPU_H
+
+#include <stdint.h>
+
+#include "common/threadpool.h"
+#include "model/weights.h"
+
+enum cpu_isa { CPU_ISA_PORTABLE, CPU_ISA_AVX2 };
+
+/** Detects the best instruction set and fills lookup tables. Call once before any kernel. */
+void cpu_kernels_init(void);
+
+/** The instruction set in use; cpu_isa_set() switches it (tests compare the two). */
+enum cpu_isa cpu_isa_get(void);
+void cpu_isa_set(enum cpu_isa isa);
+int cpu_isa_available(enum cpu_isa isa);
+const char *cpu_isa_name(enum cpu_isa isa);
+
+/**
+ * y[m, n] = x[m, k] . W^T for W [n, k] in any format (k a multiple of its group size).
+ * Small m (decode) streams each weight row once for all m rows; larger m (prefill) runs a
+ * packed, register-blocked GEMM over tiles of dequantized weights.
+ */
+void cpu_matmul(struct threadpool *tp, float *y, const float *x, const struct qweight *w, int m);
+
+/** Row `id` of an embedding table in any format into out[k] (times scale). */
+void cpu_embed_row(const struct qweight *w, int64_t id, float scale, float *out);
+
+/** out[i] = x[i] / rms(x) * w[i] over each of `rows` rows of dim; out may alias x. */
+void cpu_rms_norm(float *out, const float *x, const float *w, int rows, int dim, float eps);
+
+/**
+ * Rotates pairs (j, j + d/2) of each head by the angle table: x [rows, heads, d],
+ * cos/sin [rows, d/2] (rotate-half layout, as Hugging Face models use).
+ */
+void cpu_rope(float *x, int rows, int heads, int d, const float *cos_t, const float *sin_t);
+
+/** out = act(gate) * up over n values; act is SiLU or tanh-approximated GELU. */
+void cpu_silu_mul(float *out, const float *gate, const float *up, int64_t n);
+void cpu_gelu_tanh_mul(float *out, const float *gate, const float *up, int64_t n);
+
+/** x = cap * tanh(x / cap) over n values. */
+void cpu_softcap(float *x, int64_t n, float cap);
+
+/** Dot product of n floats (SIMD when available). */
+float cpu_dot(const float *a, const float *b, int n);
+
+/** y += a * x over n floats. */
+void cpu_axpy(float *y, float a, const float *x, int n);
+
+#endif

@@ -1,0 +1,160 @@
+#include "cli/args.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+
+const char *arg_value(int argc, char **argv, int *i)
+{
+    if (*i + 1 >= argc) {
+        fprintf(stderr, "pagoda: option %s needs a value\n", argv[*i]);
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+int arg_int(const char *opt, const char *v, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (errno || end == v || *end || x < lo || x > hi) {
+        fprintf(stderr, "pagoda: %s: '%s' is not an integer in [%ld, %ld]\n", opt, v, lo, hi);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+int arg_float(const char *opt, const char *v, double *out)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || *end || x != x) {
+        fprintf(stderr, "pagoda: %s: '%s' is not a number\n", opt, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+int arg_ids(const char *s, int32_t **ids, size_t *n)
+{
+    size_t cap = 16, cnt = 0;
+    int32_t *a = xmalloc(cap * sizeof *a);
+    const char *p = s;
+    for (;;) {
+        while (*p == ' ' || *p == ',' || *p == '\t' || *p == '\n' || *p == '[' || *p == ']') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v > INT32_MAX) {
+            fprintf(stderr, "pagoda: token ids: '%.20s' is not a token id\n", p);
+            free(a);
+            return -1;
+        }
+        if (cnt == cap) a = xrealloc(a, (cap *= 2) * sizeof *a);
+        a[cnt++] = (int32_t)v;
+        p = end;
+    }
+    *ids = a;
+    *n = cnt;
+    return 0;
+}
+
+int runner_open(struct runner *r, const char *dir, int threads, int n_seqs, int max_ctx,
+                int max_tokens, int max_logits)
+{
+    memset(r, 0, sizeof *r);
+    struct err e = {0};
+    if (backend_cpu_create(&r->be, threads, &e)) {
+        fprintf(stderr, "pagoda: %s\n", e.msg);
+        return -1;
+    }
+    r->m = model_load(dir, &r->be, &e);
+    if (!r->m) {
+        fprintf(stderr, "pagoda: %s\n", e.msg);
+        backend_destroy(&r->be);
+        return -1;
+    }
+    r->block_size = 16;
+    r->blocks_per_seq = (max_ctx + r->block_size - 1) / r->block_size;
+    r->n_seqs = n_seqs;
+    r->max_tokens = max_tokens;
+    if (model_state_alloc(r->m, max_tokens, max_logits, r->blocks_per_seq * n_seqs, r->block_size,
+                          &e)) {
+        fprintf(stderr, "pagoda: %s\n", e.msg);
+        runner_close(r);
+        return -1;
+    }
+    size_t T = (size_t)max_tokens;
+    r->tokens = xmalloc(T * 4);
+    r->pos = xmalloc(T * 4);
+    r->slot = xmalloc(T * 4);
+    r->logit_rows = xmalloc(T * 4);
+    r->q_start = xmalloc((size_t)(n_seqs + 1) * 4);
+    r->seq_len = xmalloc((size_t)n_seqs * 4);
+    r->len = xcalloc((size_t)n_seqs, 4);
+    r->block_table = xmalloc((size_t)n_seqs * (size_t)r->blocks_per_seq * 4);
+    for (int s = 0; s < n_seqs; s++)
+        for (int b = 0; b < r->blocks_per_seq; b++)
+            r->block_table[s * r->blocks_per_seq + b] = s * r->blocks_per_seq + b;
+    r->logits = xmalloc((size_t)max_logits * (size_t)r->m->cfg.vocab * sizeof(float));
+    return 0;
+}
+
+void runner_close(struct runner *r)
+{
+    model_destroy(r->m);
+    backend_destroy(&r->be);
+    free(r->tokens);
+    free(r->pos);
+    free(r->slot);
+    free(r->logit_rows);
+    free(r->q_start);
+    free(r->seq_len);
+    free(r->len);
+    free(r->block_table);
+    free(r->logits);
+    memset(r, 0, sizeof *r);
+}
+
+int runner_step(struct runner *r, int n, const int32_t *const *toks, const int *counts,
+                const int *want_all)
+{
+    int t = 0, nl = 0;
+    for (int s = 0; s < n; s++) {
+        r->q_start[s] = t;
+        for (int i = 0; i < counts[s]; i++, t++) {
+            int p = r->len[s] + i;
+            r->tokens[t] = toks[s][i];
+            r->pos[t] = p;
+            r->slot[t] = r->block_table[s * r->blocks_per_seq + p / r->block_size] * r->block_size +
+                         p % r->block_size;
+            if (want_all[s] || i == counts[s] - 1) r->logit_rows[nl++] = t;
+        }
+        r->len[s] += counts[s];
+        r->seq_len[s] = r->len[s];
+    }
+    r->q_start[n] = t;
+    struct fwd_batch b = {
+        .n_tokens = t,
+        .tokens = r->tokens,
+        .pos = r->pos,
+        .slot = r->slot,
+        .n_seqs = n,
+        .q_start = r->q_start,
+        .seq_len = r->seq_len,
+        .block_table = r->block_table,
+        .max_blocks = r->blocks_per_seq,
+        .n_logits = nl,
+        .logit_rows = r->logit_rows,
+    };
+    model_forward(r->m, &b, r->logits);
+    return nl;
+}

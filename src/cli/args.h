@@ -1,0 +1,47 @@
+/* Small helpers shared by the subcommands: option parsing and model opening. */
+#ifndef PAGODA_CLI_ARGS_H
+#define PAGODA_CLI_ARGS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/backend.h"
+#include "model/model.h"
+
+/** Value of option argv[*i] (advancing *i), or NULL with a message when it is missing. */
+const char *arg_value(int argc, char **argv, int *i);
+
+/** Parses an integer option value within [lo, hi]; -1 with a message when it is not one. */
+int arg_int(const char *opt, const char *v, long lo, long hi, long *out);
+int arg_float(const char *opt, const char *v, double *out);
+
+/** Parses "1 2 3" (spaces or commas) into a heap array; -1 with a message on bad input. */
+int arg_ids(const char *s, int32_t **ids, size_t *n);
+
+/*
+ * A model on a backend with step buffers and a KV pool, and a helper to build one batch
+ * of sequences that each append tokens at their next positions (blocks laid out
+ * contiguously per sequence: sequence s owns blocks [s * blocks_per_seq, ...)).
+ */
+struct runner {
+    struct backend be;
+    struct model *m;
+    int block_size, blocks_per_seq, n_seqs, max_tokens;
+    int32_t *tokens, *pos, *slot, *q_start, *seq_len, *block_table, *logit_rows;
+    int32_t *len; /* [n_seqs] tokens already in each sequence's KV */
+    float *logits; /* [max_logits, vocab] host */
+};
+
+int runner_open(struct runner *r, const char *dir, int threads, int n_seqs, int max_ctx,
+                int max_tokens, int max_logits);
+void runner_close(struct runner *r);
+
+/**
+ * One step: sequence s appends counts[s] tokens from toks[s]; want_all[s] asks for logits
+ * at every new token (else only the last). Returns the number of logit rows; row order
+ * follows sequences, then tokens.
+ */
+int runner_step(struct runner *r, int n, const int32_t *const *toks, const int *counts,
+                const int *want_all);
+
+#endif

@@ -1,0 +1,106 @@
+/*
+ * backend: the operations a model's forward pass needs, as a function table plus a
+ * context (in the manner of ggml's backends). Architecture code (model/forward.c) is
+ * written once against it; the CPU backend (model/backend_cpu.c) is the reference and the
+ * CUDA backend plugs in the same table.
+ *
+ * Every float pointer an op receives is backend memory (from ops->alloc): the architecture
+ * code never dereferences it, so it may live on a device. Step metadata (token ids,
+ * positions, KV slots, block tables) reaches the backend through batch_begin() once per
+ * step and is read from the host-side `struct fwd_batch` by the ops that need it.
+ */
+#ifndef PAGODA_MODEL_BACKEND_H
+#define PAGODA_MODEL_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+/*
+ * One forward step over a batch of sequences: a flattened list of new tokens and, per
+ * sequence, where its tokens sit and which KV blocks hold its context (block-paged KV).
+ */
+struct fwd_batch {
+    int n_tokens;
+    const int32_t *tokens; /* [n_tokens] */
+    const int32_t *pos;    /* [n_tokens] position of each token in its sequence */
+    const int32_t *slot;   /* [n_tokens] KV row for its K/V: block * block_size + offset */
+    int n_seqs;
+    const int32_t *q_start;     /* [n_seqs + 1] sequence s owns tokens [q_start[s], q_start[s+1]) */
+    const int32_t *seq_len;     /* [n_seqs] tokens in the sequence's KV after this step */
+    const int32_t *block_table; /* [n_seqs][max_blocks] block ids of each sequence */
+    int max_blocks;
+    int n_logits;
+    const int32_t *logit_rows; /* [n_logits] token rows whose next-token logits are wanted */
+};
+
+/* KV storage of one layer: K and V as [n_blocks][block_size][n_kv_heads][head_dim] float. */
+struct kv_layer {
+    float *k, *v;
+};
+
+struct kv_geom {
+    int n_blocks, block_size, n_kv_heads, head_dim;
+};
+
+struct attn_params {
+    int n_heads, n_kv_heads, head_dim;
+    float scale;   /* multiplies q.k */
+    float softcap; /* 0 = none: scores become cap * tanh(score / cap) */
+    int window;    /* 0 = full causal attention; else keys with pos > q_pos - window */
+};
+
+struct backend_ops {
+    const char *name;
+    void *(*alloc)(void *ctx, size_t bytes);
+    void (*free)(void *ctx, void *p);
+    void (*upload)(void *ctx, void *dst, const void *src, size_t bytes);
+    void (*download)(void *ctx, void *dst, const void *src, size_t bytes);
+    /* Makes a weight usable by the backend (a device copy, a repacking); 0 or -1 + err. */
+    int (*weight_prepare)(void *ctx, struct qweight *w, struct err *e);
+    void (*batch_begin)(void *ctx, const struct fwd_batch *b);
+
+    /* out[t] = table[tokens[t]] * scale for every token of the batch. */
+    void (*embed)(void *ctx, float *out, const struct qweight *table, const struct fwd_batch *b,
+                  float scale);
+    /* y[m, n] = x[m, k] . W^T */
+    void (*matmul)(void *ctx, float *y, const float *x, const struct qweight *w, int m);
+    /* y[i, :] += bias for m rows of n */
+    void (*add_bias)(void *ctx, float *y, const float *bias, int m, int n);
+    void (*rms_norm)(void *ctx, float *out, const float *x, const float *w, int rows, int dim,
+                     float eps);
+    /* x [rows, heads, d] rotated by cos/sin [rows, d/2] */
+    void (*rope)(void *ctx, float *x, int rows, int heads, int d, const float *cos_t,
+                 const float *sin_t);
+    /* Writes this step's K/V rows [n_tokens, n_kv_heads * head_dim] into their slots. */
+    void (*kv_store)(void *ctx, const struct kv_layer *kv, const struct kv_geom *g,
+                     const float *k, const float *v, const struct fwd_batch *b);
+    /* out [n_tokens, n_heads * head_dim]: causal (optionally windowed) attention of each
+     * token over its sequence's paged KV. */
+    void (*attention)(void *ctx, float *out, const float *q, const struct kv_layer *kv,
+                      const struct kv_geom *g, const struct fwd_batch *b,
+                      const struct attn_params *p);
+    void (*act_mul)(void *ctx, float *out, const float *gate, const float *up, int64_t n,
+                    enum act_kind act);
+    void (*add)(void *ctx, float *x, const float *y, int64_t n);
+    void (*softcap)(void *ctx, float *x, int64_t n, float cap);
+    /* dst[i] = src[rows[i]] for rows of dim floats */
+    void (*gather_rows)(void *ctx, float *dst, const float *src, const int32_t *rows, int n,
+                        int dim);
+    void (*destroy)(void *ctx);
+};
+
+struct backend {
+    const struct backend_ops *ops;
+    void *ctx;
+};
+
+/** The CPU backend on a pool of `threads` threads (<= 0: one per core). */
+int backend_cpu_create(struct backend *be, int threads, struct err *e);
+
+void backend_destroy(struct backend *be);
+
+#endif

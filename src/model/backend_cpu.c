@@ -1,0 +1,248 @@
+/* The CPU backend: float32 activations in host memory, kernels from kernels/cpu. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/threadpool.h"
+#include "common/util.h"
+#include "kernels/cpu/cpu.h"
+#include "model/backend.h"
+
+struct cpu_ctx {
+    struct threadpool *tp;
+};
+
+static void *cpu_alloc(void *ctx, size_t bytes)
+{
+    (void)ctx;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
+    memset(p, 0, bytes);
+    return p;
+}
+
+static void cpu_free(void *ctx, void *p)
+{
+    (void)ctx;
+    free(p);
+}
+
+static void cpu_copy(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    (void)ctx;
+    memcpy(dst, src, bytes);
+}
+
+static int cpu_weight_prepare(void *ctx, struct qweight *w, struct err *e)
+{
+    (void)ctx;
+    (void)w;
+    (void)e;
+    return 0; /* consumed in place from the mapping */
+}
+
+static void cpu_batch_begin(void *ctx, const struct fwd_batch *b)
+{
+    (void)ctx;
+    (void)b;
+}
+
+static void cpu_embed(void *ctx, float *out, const struct qweight *table, const struct fwd_batch *b,
+                      float scale)
+{
+    (void)ctx;
+    for (int t = 0; t < b->n_tokens; t++)
+        cpu_embed_row(table, b->tokens[t], scale, out + (size_t)t * table->k);
+}
+
+static void cpu_matmul_op(void *ctx, float *y, const float *x, const struct qweight *w, int m)
+{
+    struct cpu_ctx *c = ctx;
+    cpu_matmul(c->tp, y, x, w, m);
+}
+
+static void cpu_add_bias(void *ctx, float *y, const float *bias, int m, int n)
+{
+    (void)ctx;
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) y[(size_t)i * n + j] += bias[j];
+}
+
+static void cpu_rms_norm_op(void *ctx, float *out, const float *x, const float *w, int rows,
+                            int dim, float eps)
+{
+    (void)ctx;
+    cpu_rms_norm(out, x, w, rows, dim, eps);
+}
+
+static void cpu_rope_op(void *ctx, float *x, int rows, int heads, int d, const float *cos_t,
+                        const float *sin_t)
+{
+    (void)ctx;
+    cpu_rope(x, rows, heads, d, cos_t, sin_t);
+}
+
+static void cpu_kv_store(void *ctx, const struct kv_layer *kv, const struct kv_geom *g,
+                         const float *k, const float *v, const struct fwd_batch *b)
+{
+    (void)ctx;
+    size_t row = (size_t)g->n_kv_heads * g->head_dim;
+    for (int t = 0; t < b->n_tokens; t++) {
+        memcpy(kv->k + (size_t)b->slot[t] * row, k + (size_t)t * row, row * sizeof(float));
+        memcpy(kv->v + (size_t)b->slot[t] * row, v + (size_t)t * row, row * sizeof(float));
+    }
+}
+
+struct attn_job {
+    float *out;
+    const float *q;
+    const struct kv_layer *kv;
+    const struct kv_geom *g;
+    const struct fwd_batch *b;
+    const struct attn_params *p;
+    int32_t *tok_seq; /* [n_tokens] sequence of each token */
+};
+
+static _Thread_local float *tl_scores;
+static _Thread_local size_t tl_scores_cap;
+
+/* One (token, head) pair per work item: scores over the visible keys, softmax, then the
+ * weighted sum of V rows. Cost O(context * head_dim) per item. */
+static void attn_task(void *arg, int ith, int nth)
+{
+    struct attn_job *j = arg;
+    const struct attn_params *p = j->p;
+    const struct kv_geom *g = j->g;
+    const struct fwd_batch *b = j->b;
+    int hd = p->head_dim, group = p->n_heads / p->n_kv_heads;
+    size_t kv_row = (size_t)g->n_kv_heads * hd;
+    long total = (long)b->n_tokens * p->n_heads, lo, hi;
+    tp_range(total, ith, nth, 1, &lo, &hi);
+    for (long item = lo; item < hi; item++) {
+        int t = (int)(item / p->n_heads), h = (int)(item % p->n_heads), kvh = h / group;
+        int s = j->tok_seq[t];
+        int qpos = b->pos[t];
+        int first = 0;
+        if (p->window > 0 && qpos - p->window + 1 > 0) first = qpos - p->window + 1;
+        int nkeys = qpos + 1 - first;
+        if ((size_t)nkeys > tl_scores_cap) {
+            free(tl_scores);
+            tl_scores_cap = (size_t)nkeys + 1024;
+            tl_scores = xmalloc(tl_scores_cap * sizeof(float));
+        }
+        float *sc = tl_scores;
+        const float *qv = j->q + ((size_t)t * p->n_heads + h) * hd;
+        const int32_t *bt = b->block_table + (size_t)s * b->max_blocks;
+        float mx = -INFINITY;
+        for (int kp = first; kp <= qpos; kp++) {
+            size_t slot = (size_t)bt[kp / g->block_size] * g->block_size + kp % g->block_size;
+            float v = cpu_dot(qv, j->kv->k + slot * kv_row + (size_t)kvh * hd, hd) * p->scale;
+            if (p->softcap > 0) v = p->softcap * tanhf(v / p->softcap);
+            sc[kp - first] = v;
+            if (v > mx) mx = v;
+        }
+        float sum = 0;
+        for (int i = 0; i < nkeys; i++) {
+            sc[i] = expf(sc[i] - mx);
+            sum += sc[i];
+        }
+        float inv = 1.0f / sum;
+        float *o = j->out + ((size_t)t * p->n_heads + h) * hd;
+        memset(o, 0, sizeof(float) * (size_t)hd);
+        for (int kp = first; kp <= qpos; kp++) {
+            size_t slot = (size_t)bt[kp / g->block_size] * g->block_size + kp % g->block_size;
+            cpu_axpy(o, sc[kp - first] * inv, j->kv->v + slot * kv_row + (size_t)kvh * hd, hd);
+        }
+    }
+}
+
+static void cpu_attention(void *ctx, float *out, const float *q, const struct kv_layer *kv,
+                          const struct kv_geom *g, const struct fwd_batch *b,
+                          const struct attn_params *p)
+{
+    struct cpu_ctx *c = ctx;
+    int32_t stack_map[512];
+    int32_t *tok_seq = b->n_tokens <= 512 ? stack_map : xmalloc(sizeof(int32_t) * (size_t)b->n_tokens);
+    for (int s = 0; s < b->n_seqs; s++)
+        for (int t = b->q_start[s]; t < b->q_start[s + 1]; t++) tok_seq[t] = s;
+    struct attn_job j = {out, q, kv, g, b, p, tok_seq};
+    tp_run(c->tp, attn_task, &j);
+    if (tok_seq != stack_map) free(tok_seq);
+}
+
+static void cpu_act_mul(void *ctx, float *out, const float *gate, const float *up, int64_t n,
+                        enum act_kind act)
+{
+    (void)ctx;
+    if (act == ACT_SILU)
+        cpu_silu_mul(out, gate, up, n);
+    else
+        cpu_gelu_tanh_mul(out, gate, up, n);
+}
+
+static void cpu_add(void *ctx, float *x, const float *y, int64_t n)
+{
+    (void)ctx;
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
+static void cpu_softcap_op(void *ctx, float *x, int64_t n, float cap)
+{
+    (void)ctx;
+    cpu_softcap(x, n, cap);
+}
+
+static void cpu_gather_rows(void *ctx, float *dst, const float *src, const int32_t *rows, int n,
+                            int dim)
+{
+    (void)ctx;
+    for (int i = 0; i < n; i++)
+        memmove(dst + (size_t)i * dim, src + (size_t)rows[i] * dim, sizeof(float) * (size_t)dim);
+}
+
+static void cpu_destroy(void *ctx)
+{
+    struct cpu_ctx *c = ctx;
+    tp_destroy(c->tp);
+    free(c);
+}
+
+static const struct backend_ops cpu_ops = {
+    .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .weight_prepare = cpu_weight_prepare,
+    .batch_begin = cpu_batch_begin,
+    .embed = cpu_embed,
+    .matmul = cpu_matmul_op,
+    .add_bias = cpu_add_bias,
+    .rms_norm = cpu_rms_norm_op,
+    .rope = cpu_rope_op,
+    .kv_store = cpu_kv_store,
+    .attention = cpu_attention,
+    .act_mul = cpu_act_mul,
+    .add = cpu_add,
+    .softcap = cpu_softcap_op,
+    .gather_rows = cpu_gather_rows,
+    .destroy = cpu_destroy,
+};
+
+int backend_cpu_create(struct backend *be, int threads, struct err *e)
+{
+    (void)e;
+    cpu_kernels_init();
+    struct cpu_ctx *c = xcalloc(1, sizeof *c);
+    c->tp = tp_create(threads);
+    be->ops = &cpu_ops;
+    be->ctx = c;
+    return 0;
+}
+
+void backend_destroy(struct backend *be)
+{
+    if (be->ops) be->ops->destroy(be->ctx);
+    be->ops = NULL;
+    be->ctx = NULL;
+}

@@ -1,0 +1,408 @@
+#include "model/config.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+
+static const struct {
+    const char *name;
+    enum model_arch arch;
+} archs[] = {
+    {"LlamaForCausalLM", ARCH_LLAMA},     {"MistralForCausalLM", ARCH_MISTRAL},
+    {"Qwen2ForCausalLM", ARCH_QWEN2},     {"Qwen3ForCausalLM", ARCH_QWEN3},
+    {"Gemma2ForCausalLM", ARCH_GEMMA2},   {"Gemma3ForCausalLM", ARCH_GEMMA3},
+};
+
+const char *config_rope_type_name(enum rope_type t)
+{
+    static const char *names[] = {"default", "linear", "dynamic", "yarn", "llama3"};
+    return names[t];
+}
+
+static const cJSON *get(const cJSON *o, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
+    return cJSON_IsNull(v) ? NULL : v;
+}
+
+/* Reads an integer field; missing -> def. A present field of the wrong type is an error. */
+static int get_int(const cJSON *o, const char *k, int def, int *out, struct err *e)
+{
+    const cJSON *v = get(o, k);
+    if (!v) {
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsNumber(v) || v->valuedouble != floor(v->valuedouble) || v->valuedouble < 0 ||
+        v->valuedouble > 1e9)
+        return err_set(e, "config.json: '%s' must be a non-negative integer", k);
+    *out = (int)v->valuedouble;
+    return 0;
+}
+
+static int get_num(const cJSON *o, const char *k, double def, double *out, struct err *e)
+{
+    const cJSON *v = get(o, k);
+    if (!v) {
+        *out = def;
+        return 0;
+    }
+    if (!cJSON_IsNumber(v)) return err_set(e, "config.json: '%s' must be a number", k);
+    *out = v->valuedouble;
+    return 0;
+}
+
+static bool get_bool(const cJSON *o, const char *k, bool def)
+{
+    const cJSON *v = get(o, k);
+    return cJSON_IsBool(v) ? cJSON_IsTrue(v) : def;
+}
+
+/* Parses one rope parameter set: `p` holds rope_type/type, factor, ...; theta from p or root. */
+static int parse_rope(const cJSON *p, double theta_def, int max_pos, struct rope_params *r,
+                      struct err *e)
+{
+    memset(r, 0, sizeof *r);
+    r->theta = theta_def;
+    r->factor = 1;
+    r->orig_max_pos = max_pos;
+    r->low_freq_factor = 1;
+    r->high_freq_factor = 4;
+    r->beta_fast = 32;
+    r->beta_slow = 1;
+    r->truncate = true;
+    if (!p) return 0;
+    if (!cJSON_IsObject(p)) return err_set(e, "config.json: rope parameters must be an object");
+    const cJSON *t = get(p, "rope_type");
+    if (!t) t = get(p, "type");
+    const char *ty = cJSON_IsString(t) ? t->valuestring : "default";
+    if (!strcmp(ty, "default"))
+        r->type = ROPE_DEFAULT;
+    else if (!strcmp(ty, "linear"))
+        r->type = ROPE_LINEAR;
+    else if (!strcmp(ty, "dynamic"))
+        r->type = ROPE_DYNAMIC;
+    else if (!strcmp(ty, "yarn"))
+        r->type = ROPE_YARN;
+    else if (!strcmp(ty, "llama3"))
+        r->type = ROPE_LLAMA3;
+    else
+        return err_set(e, "config.json: rope type '%s' is not supported", ty);
+    if (get_num(p, "rope_theta", theta_def, &r->theta, e) ||
+        get_num(p, "factor", 1, &r->factor, e) ||
+        get_int(p, "original_max_position_embeddings", max_pos, &r->orig_max_pos, e) ||
+        get_num(p, "low_freq_factor", 1, &r->low_freq_factor, e) ||
+        get_num(p, "high_freq_factor", 4, &r->high_freq_factor, e) ||
+        get_num(p, "beta_fast", 32, &r->beta_fast, e) ||
+        get_num(p, "beta_slow", 1, &r->beta_slow, e) ||
+        get_num(p, "attention_factor", 0, &r->attention_factor, e) ||
+        get_num(p, "mscale", 0, &r->mscale, e) ||
+        get_num(p, "mscale_all_dim", 0, &r->mscale_all_dim, e))
+        return -1;
+    r->truncate = get_bool(p, "truncate", true);
+    if (r->theta <= 0) return err_set(e, "config.json: rope_theta must be positive");
+    if (r->type != ROPE_DEFAULT && r->factor <= 0)
+        return err_set(e, "config.json: rope factor must be positive");
+    return 0;
+}
+
+static int parse_quant_spec(const cJSON *q, struct quant_spec def, struct quant_spec *out,
+                            const char *where, struct err *e)
+{
+    *out = def;
+    if (cJSON_IsFalse(q)) {
+        out->mode = QMODE_NONE;
+        return 0;
+    }
+    if (!cJSON_IsObject(q)) return err_set(e, "config.json: quantization '%s' must be an object", where);
+    const cJSON *mode = get(q, "mode");
+    if (mode) {
+        if (!cJSON_IsString(mode)) return err_set(e, "config.json: quantization mode must be a string");
+        if (!strcmp(mode->valuestring, "affine"))
+            out->mode = QMODE_AFFINE;
+        else if (!strcmp(mode->valuestring, "mxfp4"))
+            out->mode = QMODE_MXFP4;
+        else if (!strcmp(mode->valuestring, "mxfp8"))
+            out->mode = QMODE_MXFP8;
+        else if (!strcmp(mode->valuestring, "nvfp4"))
+            out->mode = QMODE_NVFP4;
+        else
+            return err_set(e, "config.json: quantization mode '%s' is not supported",
+                           mode->valuestring);
+    } else if (out->mode == QMODE_NONE) {
+        out->mode = QMODE_AFFINE;
+    }
+    if (get_int(q, "bits", out->bits, &out->bits, e) ||
+        get_int(q, "group_size", out->group, &out->group, e))
+        return -1;
+    int ok;
+    switch (out->mode) {
+    case QMODE_AFFINE:
+        ok = (out->bits >= 2 && out->bits <= 8 && out->bits != 7) &&
+             (out->group == 32 || out->group == 64 || out->group == 128);
+        break;
+    case QMODE_MXFP4: ok = out->bits == 4 && out->group == 32; break;
+    case QMODE_MXFP8: ok = out->bits == 8 && out->group == 32; break;
+    case QMODE_NVFP4: ok = out->bits == 4 && out->group == 16; break;
+    default: ok = 1;
+    }
+    if (!ok)
+        return err_set(e, "config.json: quantization '%s': %d bits at group size %d is not supported",
+                       where, out->bits, out->group);
+    return 0;
+}
+
+static int parse_quant(struct model_config *c, const cJSON *root, struct err *e)
+{
+    const cJSON *q = get(root, "quantization");
+    if (!q) q = get(root, "quantization_config");
+    c->quant.mode = QMODE_NONE;
+    if (!q) return 0;
+    struct quant_spec none = {QMODE_NONE, 4, 64};
+    if (parse_quant_spec(q, none, &c->quant, "quantization", e)) return -1;
+    for (const cJSON *it = q->child; it; it = it->next) {
+        if (!cJSON_IsObject(it) && !cJSON_IsFalse(it)) continue;
+        struct quant_override ov;
+        if (parse_quant_spec(it, c->quant, &ov.spec, it->string, e)) return -1;
+        ov.prefix = xstrdup(it->string);
+        c->quant_overrides = xrealloc(c->quant_overrides,
+                                      (size_t)(c->n_quant_overrides + 1) * sizeof ov);
+        c->quant_overrides[c->n_quant_overrides++] = ov;
+    }
+    return 0;
+}
+
+struct quant_spec config_quant_for(const struct model_config *c, const char *prefix)
+{
+    for (int i = 0; i < c->n_quant_overrides; i++)
+        if (!strcmp(c->quant_overrides[i].prefix, prefix)) return c->quant_overrides[i].spec;
+    return c->quant;
+}
+
+static int parse_eos(struct model_config *c, const cJSON *v)
+{
+    if (cJSON_IsNumber(v)) {
+        c->n_eos = 1;
+        c->eos_ids[0] = (int32_t)v->valuedouble;
+        return 1;
+    }
+    if (cJSON_IsArray(v)) {
+        c->n_eos = 0;
+        for (const cJSON *it = v->child; it && c->n_eos < CONFIG_MAX_EOS; it = it->next)
+            if (cJSON_IsNumber(it)) c->eos_ids[c->n_eos++] = (int32_t)it->valuedouble;
+        return 1;
+    }
+    return 0;
+}
+
+static int parse_layer_kinds(struct model_config *c, const cJSON *root, struct err *e)
+{
+    c->layer_kinds = xcalloc((size_t)c->n_layers, sizeof *c->layer_kinds);
+    const cJSON *lt = get(root, "layer_types");
+    if (lt) {
+        if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != c->n_layers)
+            return err_set(e, "config.json: layer_types must list %d layer types", c->n_layers);
+        int i = 0;
+        for (const cJSON *it = lt->child; it; it = it->next, i++) {
+            if (!cJSON_IsString(it))
+                return err_set(e, "config.json: layer_types[%d] is not a string", i);
+            if (!strcmp(it->valuestring, "full_attention"))
+                c->layer_kinds[i] = LAYER_FULL;
+            else if (!strcmp(it->valuestring, "sliding_attention"))
+                c->layer_kinds[i] = LAYER_SLIDING;
+            else
+                return err_set(e, "config.json: layer type '%s' is not supported",
+                               it->valuestring);
+        }
+    } else {
+        int pattern = 0;
+        get_int(root, "sliding_window_pattern", 0, &pattern, NULL);
+        if (!pattern) get_int(root, "_sliding_window_pattern", 0, &pattern, NULL);
+        for (int i = 0; i < c->n_layers; i++) {
+            enum layer_kind k = LAYER_FULL;
+            switch (c->arch) {
+            case ARCH_MISTRAL: k = LAYER_SLIDING; break;
+            case ARCH_GEMMA2: k = (i % 2 == 0) ? LAYER_SLIDING : LAYER_FULL; break;
+            case ARCH_GEMMA3:
+                k = ((i + 1) % (pattern ? pattern : 6)) ? LAYER_SLIDING : LAYER_FULL;
+                break;
+            case ARCH_QWEN2:
+            case ARCH_QWEN3: {
+                int mwl = 0;
+                get_int(root, "max_window_layers", c->n_layers, &mwl, NULL);
+                k = (get_bool(root, "use_sliding_window", false) && i >= mwl) ? LAYER_SLIDING
+                                                                                : LAYER_FULL;
+                break;
+            }
+            default: break;
+            }
+            c->layer_kinds[i] = k;
+        }
+    }
+    /* Without a window every layer is full attention, whatever its declared type. */
+    if (c->sliding_window == 0)
+        for (int i = 0; i < c->n_layers; i++) c->layer_kinds[i] = LAYER_FULL;
+    return 0;
+}
+
+static int parse_ropes(struct model_config *c, const cJSON *root, struct err *e)
+{
+    double theta = 10000;
+    if (get_num(root, "rope_theta", 10000, &theta, e)) return -1;
+    const cJSON *rp = get(root, "rope_parameters");
+    if (rp && cJSON_IsObject(rp) &&
+        (get(rp, "full_attention") || get(rp, "sliding_attention"))) {
+        const cJSON *full = get(rp, "full_attention"), *sl = get(rp, "sliding_attention");
+        if (parse_rope(full, theta, c->max_pos, &c->rope_full, e)) return -1;
+        return parse_rope(sl ? sl : full, theta, c->max_pos, &c->rope_sliding, e);
+    }
+    const cJSON *rs = rp ? rp : get(root, "rope_scaling");
+    if (parse_rope(rs, theta, c->max_pos, &c->rope_full, e)) return -1;
+    c->rope_sliding = c->rope_full;
+    /* Older Gemma 3 configs: local layers use rope_local_base_freq, unscaled. */
+    double local = 0;
+    if (get_num(root, "rope_local_base_freq", 0, &local, e)) return -1;
+    if (local > 0) {
+        parse_rope(NULL, local, c->max_pos, &c->rope_sliding, e);
+    }
+    return 0;
+}
+
+int config_load(struct model_config *c, const char *dir, struct err *e)
+{
+    memset(c, 0, sizeof *c);
+    c->bos_id = -1;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    size_t len;
+    char *text = util_read_file(path, &len, e);
+    if (!text) return -1;
+    cJSON *root = cJSON_ParseWithLength(text, len);
+    free(text);
+    if (!cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return err_set(e, "%s: not a JSON object", path);
+    }
+    int rc = -1;
+    const cJSON *ar = get(root, "architectures");
+    const char *an = cJSON_IsArray(ar) && cJSON_IsString(ar->child) ? ar->child->valuestring : NULL;
+    if (!an) {
+        err_set(e, "config.json: no 'architectures' entry");
+        goto out;
+    }
+    snprintf(c->arch_name, sizeof c->arch_name, "%s", an);
+    size_t ai = 0;
+    for (; ai < sizeof archs / sizeof archs[0]; ai++)
+        if (!strcmp(an, archs[ai].name)) break;
+    if (ai == sizeof archs / sizeof archs[0]) {
+        err_set(e, "config.json: architecture '%s' is not supported", an);
+        goto out;
+    }
+    c->arch = archs[ai].arch;
+
+    if (get_int(root, "hidden_size", 0, &c->hidden, e) ||
+        get_int(root, "num_hidden_layers", 0, &c->n_layers, e) ||
+        get_int(root, "num_attention_heads", 0, &c->n_heads, e) ||
+        get_int(root, "num_key_value_heads", c->n_heads, &c->n_kv_heads, e) ||
+        get_int(root, "intermediate_size", 0, &c->ffn, e) ||
+        get_int(root, "vocab_size", 0, &c->vocab, e) ||
+        get_int(root, "max_position_embeddings", 4096, &c->max_pos, e) ||
+        get_int(root, "sliding_window", 0, &c->sliding_window, e))
+        goto out;
+    if (!c->hidden || !c->n_layers || !c->n_heads || !c->ffn || !c->vocab || !c->n_kv_heads) {
+        err_set(e, "config.json: hidden_size, num_hidden_layers, num_attention_heads, "
+                   "intermediate_size and vocab_size must all be positive");
+        goto out;
+    }
+    if (c->n_heads % c->n_kv_heads) {
+        err_set(e, "config.json: num_attention_heads (%d) is not a multiple of "
+                   "num_key_value_heads (%d)", c->n_heads, c->n_kv_heads);
+        goto out;
+    }
+    if (get_int(root, "head_dim", c->hidden / c->n_heads, &c->head_dim, e)) goto out;
+    if (c->head_dim <= 0 || c->head_dim % 2 || c->head_dim > 512) {
+        err_set(e, "config.json: head_dim %d is not supported (even, at most 512)", c->head_dim);
+        goto out;
+    }
+    double eps;
+    if (get_num(root, "rms_norm_eps", 1e-6, &eps, e)) goto out;
+    c->rms_eps = (float)eps;
+
+    const cJSON *act = get(root, "hidden_activation");
+    if (!act) act = get(root, "hidden_act");
+    const char *an2 = cJSON_IsString(act) ? act->valuestring : "silu";
+    if (!strcmp(an2, "silu") || !strcmp(an2, "swish"))
+        c->act = ACT_SILU;
+    else if (!strcmp(an2, "gelu_pytorch_tanh") || !strcmp(an2, "gelu_new") ||
+             !strcmp(an2, "gelu_fast"))
+        c->act = ACT_GELU_TANH;
+    else {
+        err_set(e, "config.json: activation '%s' is not supported", an2);
+        goto out;
+    }
+
+    if (c->arch == ARCH_QWEN2 && !get_bool(root, "use_sliding_window", false))
+        c->sliding_window = 0;
+    if (parse_ropes(c, root, e) || parse_layer_kinds(c, root, e)) goto out;
+
+    const cJSON *tie = get(root, "tie_word_embeddings");
+    c->tie_explicit = cJSON_IsBool(tie);
+    c->tie_embeddings = c->tie_explicit ? cJSON_IsTrue(tie) : false;
+    bool gemma = c->arch == ARCH_GEMMA2 || c->arch == ARCH_GEMMA3;
+    c->attn_bias = c->arch == ARCH_QWEN2 || get_bool(root, "attention_bias", false);
+    c->o_bias = c->arch != ARCH_QWEN2 && get_bool(root, "attention_bias", false);
+    c->mlp_bias = get_bool(root, "mlp_bias", false);
+    c->qk_norm = c->arch == ARCH_QWEN3 || c->arch == ARCH_GEMMA3;
+    c->gemma_norms = gemma;
+    double cap = 0;
+    if (get_num(root, "attn_logit_softcapping", 0, &cap, e)) goto out;
+    c->attn_softcap = (float)cap;
+    if (get_num(root, "final_logit_softcapping", 0, &cap, e)) goto out;
+    c->final_softcap = (float)cap;
+    double qpas = c->head_dim;
+    if (gemma && get_num(root, "query_pre_attn_scalar", c->head_dim, &qpas, e)) goto out;
+    c->attn_scale = (float)(1.0 / sqrt(qpas));
+
+    if (parse_quant(c, root, e)) goto out;
+
+    parse_eos(c, get(root, "eos_token_id"));
+    const cJSON *bos = get(root, "bos_token_id");
+    if (cJSON_IsNumber(bos)) c->bos_id = (int32_t)bos->valuedouble;
+
+    /* generation_config.json's ids win, as in transformers' generate(). */
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    struct err ge;
+    text = util_read_file(path, &len, &ge);
+    if (text) {
+        cJSON *g = cJSON_ParseWithLength(text, len);
+        free(text);
+        if (!cJSON_IsObject(g)) {
+            cJSON_Delete(g);
+            err_set(e, "generation_config.json: not a JSON object");
+            goto out;
+        }
+        parse_eos(c, get(g, "eos_token_id"));
+        bos = get(g, "bos_token_id");
+        if (cJSON_IsNumber(bos)) c->bos_id = (int32_t)bos->valuedouble;
+        cJSON_Delete(g);
+    }
+    rc = 0;
+out:
+    cJSON_Delete(root);
+    if (rc) config_dispose(c);
+    return rc;
+}
+
+void config_dispose(struct model_config *c)
+{
+    free(c->layer_kinds);
+    for (int i = 0; i < c->n_quant_overrides; i++) free(c->quant_overrides[i].prefix);
+    free(c->quant_overrides);
+    c->layer_kinds = NULL;
+    c->quant_overrides = NULL;
+    c->n_quant_overrides = 0;
+}

@@ -1,0 +1,101 @@
+/*
+ * config: a model's config.json (and generation_config.json) reduced to what the forward
+ * pass needs. Both layouts found in the wild are read: `rope_theta` + `rope_scaling`
+ * (older) and `rope_parameters` (newer, optionally one set per layer type as Gemma 3 has).
+ */
+#ifndef PAGODA_MODEL_CONFIG_H
+#define PAGODA_MODEL_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+enum model_arch {
+    ARCH_LLAMA,
+    ARCH_MISTRAL,
+    ARCH_QWEN2,
+    ARCH_QWEN3,
+    ARCH_GEMMA2,
+    ARCH_GEMMA3,
+};
+
+enum rope_type { ROPE_DEFAULT, ROPE_LINEAR, ROPE_DYNAMIC, ROPE_YARN, ROPE_LLAMA3 };
+
+struct rope_params {
+    enum rope_type type;
+    double theta;
+    double factor;
+    int orig_max_pos;        /* original_max_position_embeddings */
+    double low_freq_factor;  /* llama3 */
+    double high_freq_factor; /* llama3 */
+    double beta_fast, beta_slow; /* yarn */
+    double attention_factor;     /* yarn; 0 = derived from factor (and mscale) */
+    double mscale, mscale_all_dim;
+    bool truncate; /* yarn: round the correction range */
+};
+
+enum layer_kind { LAYER_FULL, LAYER_SLIDING };
+enum act_kind { ACT_SILU, ACT_GELU_TANH };
+
+/* How a linear layer's weight is stored (see model/weights.h). */
+enum quant_mode { QMODE_NONE, QMODE_AFFINE, QMODE_MXFP4, QMODE_MXFP8, QMODE_NVFP4 };
+
+struct quant_spec {
+    enum quant_mode mode;
+    int bits;
+    int group;
+};
+
+struct quant_override {
+    char *prefix; /* module path, e.g. "model.layers.0.mlp.gate" */
+    struct quant_spec spec;
+};
+
+#define CONFIG_MAX_EOS 8
+
+struct model_config {
+    char arch_name[64];
+    enum model_arch arch;
+    int hidden;     /* hidden_size */
+    int n_layers;   /* num_hidden_layers */
+    int n_heads;    /* num_attention_heads */
+    int n_kv_heads; /* num_key_value_heads */
+    int head_dim;
+    int ffn;        /* intermediate_size */
+    int vocab;
+    int max_pos;    /* max_position_embeddings: the context length */
+    float rms_eps;
+    enum act_kind act;
+    struct rope_params rope_full;    /* full-attention layers (all layers when one set) */
+    struct rope_params rope_sliding; /* sliding-window layers */
+    int sliding_window;              /* 0 = none */
+    enum layer_kind *layer_kinds;    /* n_layers */
+    bool tie_embeddings;
+    bool tie_explicit; /* tie_word_embeddings was present in config.json */
+    bool attn_bias;    /* q/k/v projections have biases (Qwen2, attention_bias) */
+    bool o_bias;       /* o_proj has a bias (attention_bias on Llama) */
+    bool mlp_bias;
+    bool qk_norm;      /* per-head RMSNorm of q and k (Qwen3, Gemma 3) */
+    bool gemma_norms;  /* (1 + w) RMSNorm weights, sandwich norms, sqrt(hidden) embed scale */
+    float attn_softcap;  /* 0 = none */
+    float final_softcap; /* 0 = none */
+    float attn_scale;    /* multiplies q.k */
+    struct quant_spec quant; /* default for linear layers; mode NONE = unquantized */
+    struct quant_override *quant_overrides;
+    int n_quant_overrides;
+    int32_t eos_ids[CONFIG_MAX_EOS];
+    int n_eos;
+    int32_t bos_id; /* -1 when none */
+};
+
+/** Reads DIR/config.json and, when present, DIR/generation_config.json. */
+int config_load(struct model_config *c, const char *dir, struct err *e);
+void config_dispose(struct model_config *c);
+
+/** The quantization of the module at `prefix` (a tensor name without ".weight"). */
+struct quant_spec config_quant_for(const struct model_config *c, const char *prefix);
+
+const char *config_rope_type_name(enum rope_type t);
+
+#endif

@@ -1,0 +1,79 @@
+/*
+ * model: a loaded checkpoint (config + weights in place) and its forward pass over a
+ * batch of tokens of several sequences on block-paged KV storage.
+ *
+ *     struct model *m = model_load(dir, &backend, &e);
+ *     model_state_alloc(m, max_tokens, max_logits, n_blocks, block_size, &e);
+ *     model_forward(m, &batch, logits);   // logits [batch.n_logits, vocab] on the host
+ *
+ * Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
+ * Gemma2ForCausalLM, Gemma3ForCausalLM; weights in f32/f16/bf16, MLX affine 2-8 bit,
+ * mxfp4, mxfp8 and nvfp4.
+ */
+#ifndef PAGODA_MODEL_MODEL_H
+#define PAGODA_MODEL_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/backend.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+
+struct model_layer {
+    struct qweight wq, wk, wv, wo;       /* [Hq*D, hidden], [Hkv*D, hidden] x2, [hidden, Hq*D] */
+    struct qweight w_gate, w_up, w_down; /* [ffn, hidden] x2, [hidden, ffn] */
+    float *attn_norm;                    /* [hidden] input_layernorm */
+    float *ffn_norm;                     /* [hidden] post_attention_ (Llama) / pre_feedforward_ (Gemma) */
+    float *post_attn_norm, *post_ffn_norm; /* [hidden] Gemma sandwich norms, else NULL */
+    float *q_norm, *k_norm;              /* [D] per-head norms, else NULL */
+    float *bq, *bk, *bv, *bo;            /* projection biases, else NULL */
+    float *b_gate, *b_up, *b_down;       /* MLP biases, else NULL */
+};
+
+struct model {
+    struct model_config cfg;
+    struct safetensors st;
+    struct backend *be;
+    struct qweight embed;   /* [vocab, hidden] */
+    struct qweight lm_head; /* [vocab, hidden]; the embedding when tied */
+    float embed_scale;
+    float *final_norm; /* [hidden] */
+    struct model_layer *layers;
+    float *rope_inv_freq[2]; /* [D/2] host tables: full-attention layers, sliding layers */
+    float rope_mscale[2];    /* yarn attention factor (1 otherwise) */
+
+    /* Step state, sized by model_state_alloc (backend memory). */
+    int max_tokens, max_logits;
+    float *x, *h, *q, *k, *v, *att, *gate, *up; /* activations of up to max_tokens rows */
+    float *xl;                                  /* [max_logits, hidden] rows for the head */
+    float *logits;                              /* [max_logits, vocab] */
+    float *rope_cos[2], *rope_sin[2];           /* [max_tokens, D/2] backend tables */
+    float *host_cos, *host_sin;                 /* host staging for the tables */
+    struct kv_geom kvg;
+    struct kv_layer *kv; /* [n_layers] */
+};
+
+/** Loads the model folder onto the backend. NULL + err naming the file and tensor. */
+struct model *model_load(const char *dir, struct backend *be, struct err *e);
+
+/** Sizes the step buffers and KV storage (n_blocks blocks of block_size tokens). */
+int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blocks,
+                      int block_size, struct err *e);
+
+/** KV bytes one token takes across all layers (float32 K and V). */
+size_t model_kv_bytes_per_token(const struct model *m);
+
+/** Runs one step; writes logits [b->n_logits, vocab] to host memory. */
+void model_forward(struct model *m, const struct fwd_batch *b, float *logits);
+
+void model_destroy(struct model *m);
+
+/** Parameter count (values of every matrix and vector). */
+int64_t model_param_count(const struct model *m);
+
+/** Bytes of weights as stored. */
+size_t model_weight_bytes(const struct model *m);
+
+#endif
