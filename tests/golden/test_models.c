@@ -1,0 +1,221 @@
+/*
+ * Golden test: every model folder of the reference test data whose architecture pagoda
+ * supports runs through the real CLI (`pagoda generate --json`, `pagoda score`) and is
+ * compared with the Hugging Face goldens by the rule of testdata/README.md:
+ *   - greedy ids equal, or the first difference is at a step whose golden margin is below
+ *     0.05 with our token in the golden top 2 (then the paths legitimately diverge);
+ *   - while the paths agree, every golden top-5 log-probability within 1e-3 (float32 path);
+ *   - prompt log-probabilities within 1e-3.
+ * usage: golden_test_models PAGODA_BINARY TESTDATA_DIR
+ */
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "test_util.h"
+
+#define TOL 1e-3
+
+static const char *supported[] = {"LlamaForCausalLM",  "MistralForCausalLM", "Qwen2ForCausalLM",
+                                  "Qwen3ForCausalLM",  "Gemma2ForCausalLM",  "Gemma3ForCausalLM"};
+
+static char *run(const char *cmd)
+{
+    FILE *p = popen(cmd, "r");
+    if (!p) return NULL;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = xmalloc(cap);
+    size_t got;
+    while ((got = fread(buf + n, 1, cap - n - 1, p)) > 0) {
+        n += got;
+        if (n + 1 >= cap) buf = xrealloc(buf, cap *= 2);
+    }
+    buf[n] = 0;
+    int st = pclose(p);
+    if (st != 0) {
+        free(buf);
+        return NULL;
+    }
+    return buf;
+}
+
+static char *ids_str(const cJSON *arr)
+{
+    size_t cap = 16 + (size_t)cJSON_GetArraySize(arr) * 8, n = 0;
+    char *s = xmalloc(cap);
+    s[0] = 0;
+    for (const cJSON *it = arr->child; it; it = it->next)
+        n += (size_t)snprintf(s + n, cap - n, "%s%d", n ? " " : "", it->valueint);
+    return s;
+}
+
+/* Returns the number of failed checks for one case. */
+static int check_case(const char *bin, const char *dir, const char *name, int ci, const cJSON *cs)
+{
+    int fails = 0;
+    const cJSON *pids = cJSON_GetObjectItem(cs, "prompt_ids");
+    const cJSON *greedy = cJSON_GetObjectItem(cs, "greedy_ids");
+    const cJSON *steps = cJSON_GetObjectItem(cs, "steps");
+    const cJSON *plp = cJSON_GetObjectItem(cs, "prompt_logprobs");
+    char *ids = ids_str(pids);
+    size_t cmdlen = strlen(ids) + 4096;
+    char *cmd = xmalloc(cmdlen);
+    snprintf(cmd, cmdlen,
+             "'%s' generate --model '%s' --prompt-ids '%s' -n %d --temperature 0 --ignore-eos "
+             "--top-logprobs 5 --json",
+             bin, dir, ids, cJSON_GetArraySize(greedy));
+    char *out = run(cmd);
+    cJSON *res = out ? cJSON_Parse(out) : NULL;
+    if (!res) {
+        fprintf(stderr, "%s case %d: generate failed: %s\n", name, ci, cmd);
+        free(out);
+        free(ids);
+        free(cmd);
+        return 1;
+    }
+    const cJSON *got = cJSON_GetObjectItem(res, "ids");
+    const cJSON *tops = cJSON_GetObjectItem(res, "top_logprobs");
+    int n = cJSON_GetArraySize(greedy);
+    CHECK(cJSON_GetArraySize(got) == n, "%s case %d: %d tokens, expected %d", name, ci,
+          cJSON_GetArraySize(got), n);
+    for (int i = 0; i < n && i < cJSON_GetArraySize(got); i++) {
+        const cJSON *st = cJSON_GetArrayItem(steps, i);
+        const cJSON *gtop = cJSON_GetObjectItem(st, "top");
+        int want = cJSON_GetArrayItem(greedy, i)->valueint;
+        int have = cJSON_GetArrayItem(got, i)->valueint;
+        /* top-5 log-probabilities while the paths agree */
+        const cJSON *mytop = cJSON_GetArrayItem(tops, i);
+        for (const cJSON *g = gtop->child; g; g = g->next) {
+            int gid = cJSON_GetArrayItem(g, 0)->valueint;
+            double glp = cJSON_GetArrayItem(g, 1)->valuedouble;
+            int found = 0;
+            for (const cJSON *m = mytop->child; m; m = m->next) {
+                if (cJSON_GetArrayItem(m, 0)->valueint != gid) continue;
+                found = 1;
+                double mlp = cJSON_GetArrayItem(m, 1)->valuedouble;
+                if (fabs(mlp - glp) > TOL) {
+                    fprintf(stderr, "%s case %d step %d: logprob of %d is %.6f, golden %.6f\n", name,
+                            ci, i, gid, mlp, glp);
+                    fails++;
+                }
+            }
+            /* A golden top-5 entry may fall just outside ours only when it ties with our 5th. */
+            if (!found) {
+                double my5 = cJSON_GetArrayItem(cJSON_GetArrayItem(mytop, 4), 1)->valuedouble;
+                if (fabs(glp - my5) > TOL) {
+                    fprintf(stderr, "%s case %d step %d: golden top token %d (%.6f) not in ours\n",
+                            name, ci, i, gid, glp);
+                    fails++;
+                }
+            }
+        }
+        if (have != want) {
+            double margin = cJSON_GetObjectItem(st, "margin")->valuedouble;
+            int second = cJSON_GetArrayItem(cJSON_GetArrayItem(gtop, 1), 0)->valueint;
+            if (!(margin < 0.05 && (have == want || have == second))) {
+                fprintf(stderr, "%s case %d step %d: token %d, golden %d (margin %.4f)\n", name, ci,
+                        i, have, want, margin);
+                fails++;
+            }
+            break; /* the paths diverge legitimately from here on */
+        }
+    }
+    cJSON_Delete(res);
+    free(out);
+
+    snprintf(cmd, cmdlen, "'%s' score --model '%s' --prompt-ids '%s' --json", bin, dir, ids);
+    out = run(cmd);
+    res = out ? cJSON_Parse(out) : NULL;
+    const cJSON *lp = cJSON_GetObjectItem(res, "prompt_logprobs");
+    if (!lp || cJSON_GetArraySize(lp) != cJSON_GetArraySize(plp)) {
+        fprintf(stderr, "%s case %d: score failed or has the wrong length\n", name, ci);
+        fails++;
+    } else {
+        CHECK(cJSON_IsNull(cJSON_GetArrayItem(lp, 0)), "%s case %d: first prompt logprob not null",
+              name, ci);
+        for (int i = 1; i < cJSON_GetArraySize(plp); i++) {
+            double g = cJSON_GetArrayItem(plp, i)->valuedouble;
+            double m = cJSON_GetArrayItem(lp, i)->valuedouble;
+            if (fabs(g - m) > TOL) {
+                fprintf(stderr, "%s case %d: prompt logprob %d is %.6f, golden %.6f\n", name, ci, i,
+                        m, g);
+                fails++;
+            }
+        }
+    }
+    cJSON_Delete(res);
+    free(out);
+    free(ids);
+    free(cmd);
+    return fails;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s PAGODA_BINARY TESTDATA_DIR\n", argv[0]);
+        return 2;
+    }
+    char mdir[4096];
+    snprintf(mdir, sizeof mdir, "%s/models", argv[2]);
+    DIR *d = opendir(mdir);
+    if (!d) {
+        fprintf(stderr, "test data missing: cannot open %s\n", mdir);
+        return 1;
+    }
+    char *names[256];
+    int nn = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && nn < 256)
+        if (de->d_name[0] != '.') names[nn++] = xstrdup(de->d_name);
+    closedir(d);
+    qsort(names, (size_t)nn, sizeof names[0], cmp_str);
+    int tested = 0;
+    for (int i = 0; i < nn; i++) {
+        char path[8192], dir[4200];
+        snprintf(dir, sizeof dir, "%s/%s", mdir, names[i]);
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        char *cfg = util_read_file(path, NULL, NULL);
+        cJSON *c = cfg ? cJSON_Parse(cfg) : NULL;
+        free(cfg);
+        const cJSON *ar = cJSON_GetObjectItem(c, "architectures");
+        char arch[128];
+        snprintf(arch, sizeof arch, "%s",
+                 ar && cJSON_IsString(ar->child) ? ar->child->valuestring : "(none)");
+        int ok = 0;
+        for (size_t k = 0; k < sizeof supported / sizeof supported[0]; k++)
+            ok |= !strcmp(arch, supported[k]);
+        cJSON_Delete(c);
+        if (!ok) {
+            printf("%-24s %s: not a dense architecture of this engine, not compared\n", names[i],
+                   arch);
+            continue;
+        }
+        snprintf(path, sizeof path, "%s/golden.json", dir);
+        char *gtext = util_read_file(path, NULL, NULL);
+        cJSON *g = gtext ? cJSON_Parse(gtext) : NULL;
+        free(gtext);
+        const cJSON *cases = cJSON_GetObjectItem(g, "cases");
+        CHECK(cJSON_GetArraySize(cases) > 0, "%s: golden.json has no cases", names[i]);
+        int before = test_failures, ci = 0;
+        for (const cJSON *cs = cases ? cases->child : NULL; cs; cs = cs->next, ci++)
+            test_failures += check_case(argv[1], dir, names[i], ci, cs);
+        printf("%-24s %-20s %d cases: %s\n", names[i], arch, ci,
+               test_failures == before ? "ok" : "FAILED");
+        tested++;
+        cJSON_Delete(g);
+    }
+    for (int i = 0; i < nn; i++) free(names[i]);
+    /* The reference data holds 12 dense folders (6 architectures, 6 quantized copies). */
+    CHECK(tested >= 12, "only %d dense model folders found", tested);
+    TEST_DONE();
+}
