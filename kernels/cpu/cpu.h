@@ -57,4 +57,8 @@ float cpu_dot(const float *a, const float *b, int n);
 /** y += a * x over n floats. */
 void cpu_axpy(float *y, float a, const float *x, int n);
 
+/** Reads n bytes (a multiple of 64) on every thread of the pool: the memory read-bandwidth
+ * probe of `pagoda bench`. Returns a checksum so the reads cannot be elided. */
+uint64_t cpu_read_all(struct threadpool *tp, const void *p, size_t n);
+
 #endif

@@ -5,6 +5,7 @@
 #ifndef PAGODA_KERNELS_CPU_IMPL_H
 #define PAGODA_KERNELS_CPU_IMPL_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "model/weights.h"
@@ -25,6 +26,8 @@ struct cpu_impl {
     void (*micro)(int kc, const float *a, const float *b, float *c, int64_t ldc, int mr, int nr);
     float (*dot)(const float *a, const float *b, int n);
     void (*axpy)(float *y, float a, const float *x, int n);
+    /* XOR of every 64-bit word of p[0, n) (n a multiple of 64): a pure streaming read. */
+    uint64_t (*read_sum)(const void *p, size_t n);
 };
 
 extern const struct cpu_impl cpu_impl_portable;

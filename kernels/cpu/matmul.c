@@ -113,12 +113,26 @@ static void axpy_portable(float *y, float a, const float *x, int n)
     for (int i = 0; i < n; i++) y[i] += a * x[i];
 }
 
+static uint64_t read_sum_portable(const void *p, size_t n)
+{
+    const uint64_t *q = p;
+    uint64_t a = 0, b = 0, c = 0, d = 0;
+    for (size_t i = 0; i < n / 8; i += 4) {
+        a ^= q[i];
+        b ^= q[i + 1];
+        c ^= q[i + 2];
+        d ^= q[i + 3];
+    }
+    return a ^ b ^ c ^ d;
+}
+
 const struct cpu_impl cpu_impl_portable = {
     .gemv = gemv_portable,
     .pack_b = cpu_pack_b_generic,
     .micro = micro_portable,
     .dot = dot_portable,
     .axpy = axpy_portable,
+    .read_sum = read_sum_portable,
 };
 
 /* ---- the threaded driver ---- */
@@ -214,4 +228,27 @@ float cpu_dot(const float *a, const float *b, int n)
 void cpu_axpy(float *y, float a, const float *x, int n)
 {
     cpu_impl->axpy(y, a, x, n);
+}
+
+struct read_job {
+    const uint8_t *p;
+    size_t n;
+    uint64_t out[64];
+};
+
+static void read_task(void *arg, int ith, int nth)
+{
+    struct read_job *j = arg;
+    long lo, hi;
+    tp_range((long)(j->n / 64), ith, nth, 1, &lo, &hi);
+    j->out[ith % 64] = cpu_impl->read_sum(j->p + (size_t)lo * 64, (size_t)(hi - lo) * 64);
+}
+
+uint64_t cpu_read_all(struct threadpool *tp, const void *p, size_t n)
+{
+    struct read_job j = {p, n, {0}};
+    tp_run(tp, read_task, &j);
+    uint64_t x = 0;
+    for (int i = 0; i < 64; i++) x ^= j.out[i];
+    return x;
 }

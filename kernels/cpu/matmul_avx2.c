@@ -363,10 +363,27 @@ static void micro_avx2(int kc, const float *a, const float *b, float *c, int64_t
     }
 }
 
+static uint64_t read_sum_avx2(const void *p, size_t n)
+{
+    const __m256i *q = p;
+    __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+    for (size_t i = 0; i < n / 32; i += 4) {
+        a = _mm256_xor_si256(a, _mm256_loadu_si256(q + i));
+        b = _mm256_xor_si256(b, _mm256_loadu_si256(q + i + 1));
+        c = _mm256_xor_si256(c, _mm256_loadu_si256(q + i + 2));
+        d = _mm256_xor_si256(d, _mm256_loadu_si256(q + i + 3));
+    }
+    __m256i x = _mm256_xor_si256(_mm256_xor_si256(a, b), _mm256_xor_si256(c, d));
+    uint64_t t[4];
+    _mm256_storeu_si256((__m256i *)t, x);
+    return t[0] ^ t[1] ^ t[2] ^ t[3];
+}
+
 const struct cpu_impl cpu_impl_avx2 = {
     .gemv = gemv_avx2,
     .pack_b = pack_b_avx2,
     .micro = micro_avx2,
     .dot = dot_avx2,
     .axpy = axpy_avx2,
+    .read_sum = read_sum_avx2,
 };

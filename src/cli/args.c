@@ -101,6 +101,7 @@ int runner_open(struct runner *r, const char *dir, int threads, int n_seqs, int 
     r->seq_len = xmalloc((size_t)n_seqs * 4);
     r->len = xcalloc((size_t)n_seqs, 4);
     r->block_table = xmalloc((size_t)n_seqs * (size_t)r->blocks_per_seq * 4);
+    r->bt_step = xmalloc((size_t)n_seqs * (size_t)r->blocks_per_seq * 4);
     for (int s = 0; s < n_seqs; s++)
         for (int b = 0; b < r->blocks_per_seq; b++)
             r->block_table[s * r->blocks_per_seq + b] = s * r->blocks_per_seq + b;
@@ -120,26 +121,30 @@ void runner_close(struct runner *r)
     free(r->seq_len);
     free(r->len);
     free(r->block_table);
+    free(r->bt_step);
     free(r->logits);
     memset(r, 0, sizeof *r);
 }
 
-int runner_step(struct runner *r, int n, const int32_t *const *toks, const int *counts,
-                const int *want_all)
+int runner_step(struct runner *r, int n, const int *seq_ids, const int32_t *const *toks,
+                const int *counts, const int *want_all)
 {
     int t = 0, nl = 0;
-    for (int s = 0; s < n; s++) {
-        r->q_start[s] = t;
-        for (int i = 0; i < counts[s]; i++, t++) {
-            int p = r->len[s] + i;
-            r->tokens[t] = toks[s][i];
+    for (int i = 0; i < n; i++) {
+        int s = seq_ids ? seq_ids[i] : i;
+        r->q_start[i] = t;
+        for (int j = 0; j < counts[i]; j++, t++) {
+            int p = r->len[s] + j;
+            r->tokens[t] = toks[i][j];
             r->pos[t] = p;
             r->slot[t] = r->block_table[s * r->blocks_per_seq + p / r->block_size] * r->block_size +
                          p % r->block_size;
-            if (want_all[s] || i == counts[s] - 1) r->logit_rows[nl++] = t;
+            if (want_all[i] || j == counts[i] - 1) r->logit_rows[nl++] = t;
         }
-        r->len[s] += counts[s];
-        r->seq_len[s] = r->len[s];
+        r->len[s] += counts[i];
+        r->seq_len[i] = r->len[s];
+        memcpy(r->bt_step + (size_t)i * r->blocks_per_seq, r->block_table + (size_t)s * r->blocks_per_seq,
+               sizeof(int32_t) * (size_t)r->blocks_per_seq);
     }
     r->q_start[n] = t;
     struct fwd_batch b = {
@@ -150,7 +155,7 @@ int runner_step(struct runner *r, int n, const int32_t *const *toks, const int *
         .n_seqs = n,
         .q_start = r->q_start,
         .seq_len = r->seq_len,
-        .block_table = r->block_table,
+        .block_table = r->bt_step,
         .max_blocks = r->blocks_per_seq,
         .n_logits = nl,
         .logit_rows = r->logit_rows,

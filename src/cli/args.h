@@ -27,7 +27,9 @@ struct runner {
     struct backend be;
     struct model *m;
     int block_size, blocks_per_seq, n_seqs, max_tokens;
-    int32_t *tokens, *pos, *slot, *q_start, *seq_len, *block_table, *logit_rows;
+    int32_t *tokens, *pos, *slot, *q_start, *seq_len, *logit_rows;
+    int32_t *block_table; /* [n_seqs][blocks_per_seq] of every sequence */
+    int32_t *bt_step;     /* the rows of this step's sequences, in step order */
     int32_t *len; /* [n_seqs] tokens already in each sequence's KV */
     float *logits; /* [max_logits, vocab] host */
 };
@@ -37,11 +39,11 @@ int runner_open(struct runner *r, const char *dir, int threads, int n_seqs, int 
 void runner_close(struct runner *r);
 
 /**
- * One step: sequence s appends counts[s] tokens from toks[s]; want_all[s] asks for logits
- * at every new token (else only the last). Returns the number of logit rows; row order
- * follows sequences, then tokens.
+ * One step over n sequences: the i-th, sequence seq_ids[i] (i itself when seq_ids is
+ * NULL), appends counts[i] tokens from toks[i]; want_all[i] asks for logits at every new
+ * token (else only the last). Returns the number of logit rows, in step order.
  */
-int runner_step(struct runner *r, int n, const int32_t *const *toks, const int *counts,
-                const int *want_all);
+int runner_step(struct runner *r, int n, const int *seq_ids, const int32_t *const *toks,
+                const int *counts, const int *want_all);
 
 #endif

@@ -134,7 +134,7 @@ int cli_generate(int argc, char **argv)
         int cnt = (int)(n_prompt - p < (size_t)chunk ? n_prompt - p : (size_t)chunk);
         const int32_t *tp = ids + p;
         int all = 0;
-        runner_step(&r, 1, &tp, &cnt, &all);
+        runner_step(&r, 1, NULL, &tp, &cnt, &all);
     }
     struct tok_stream *ts = (!json && tok) ? tok_stream_create(tok, 1) : NULL;
     while (n_out < n_gen) {
@@ -153,7 +153,7 @@ int cli_generate(int argc, char **argv)
         if ((is_eos && !ignore_eos) || n_out == n_gen) break;
         const int32_t *tp = &next;
         int one = 1, all = 0;
-        runner_step(&r, 1, &tp, &one, &all);
+        runner_step(&r, 1, NULL, &tp, &one, &all);
     }
     if (json) {
         printf("{");
@@ -244,7 +244,7 @@ int cli_score(int argc, char **argv)
             int cnt = (int)(n - p < (size_t)chunk ? n - p : (size_t)chunk);
             const int32_t *tp = ids + p;
             int all = 1;
-            runner_step(&r, 1, &tp, &cnt, &all);
+            runner_step(&r, 1, NULL, &tp, &cnt, &all);
             for (int j = 0; j < cnt && p + (size_t)j + 1 < n; j++)
                 printf(", %.6f", sampler_logprob(r.logits + (size_t)j * vocab, vocab, ids[p + (size_t)j + 1]));
         }

@@ -1,0 +1,129 @@
+/* info: what a model folder holds and what running it takes. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "model/model.h"
+
+static const char *arch_family(enum model_arch a)
+{
+    static const char *n[] = {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3"};
+    return n[a];
+}
+
+/* Distinct weight formats of the model's matrices with their share of parameters. */
+struct fmt_tally {
+    char name[32];
+    int64_t params;
+    size_t bytes;
+};
+
+static void tally(struct fmt_tally *t, int *n, const struct qweight *w)
+{
+    char name[32];
+    qweight_format_name(w, name, sizeof name);
+    for (int i = 0; i < *n; i++)
+        if (!strcmp(t[i].name, name)) {
+            t[i].params += w->n * w->k;
+            t[i].bytes += qweight_bytes(w);
+            return;
+        }
+    snprintf(t[*n].name, sizeof t[*n].name, "%s", name);
+    t[*n].params = w->n * w->k;
+    t[*n].bytes = qweight_bytes(w);
+    (*n)++;
+}
+
+int cli_info(int argc, char **argv)
+{
+    const char *dir = NULL;
+    int json = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--json"))
+            json = 1;
+        else if (!strcmp(argv[i], "--model")) {
+            if (!(dir = arg_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: pagoda info --model DIR [--json]\n");
+            return 0;
+        } else {
+            fprintf(stderr, "pagoda info: unknown option '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!dir) {
+        fprintf(stderr, "pagoda info: --model DIR is required\n");
+        return 2;
+    }
+    struct backend be;
+    struct err e = {0};
+    backend_cpu_create(&be, 1, &e);
+    struct model *m = model_load(dir, &be, &e);
+    if (!m) {
+        fprintf(stderr, "pagoda: %s\n", e.msg);
+        backend_destroy(&be);
+        return 1;
+    }
+    const struct model_config *c = &m->cfg;
+    struct fmt_tally t[16];
+    int nt = 0;
+    tally(t, &nt, &m->embed);
+    if (m->lm_head.w != m->embed.w) tally(t, &nt, &m->lm_head);
+    for (int l = 0; l < c->n_layers; l++) {
+        const struct model_layer *L = &m->layers[l];
+        const struct qweight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) tally(t, &nt, ws[i]);
+    }
+    int64_t params = model_param_count(m);
+    size_t wbytes = model_weight_bytes(m);
+    size_t kv_tok = model_kv_bytes_per_token(m);
+    size_t kv_ctx = kv_tok * (size_t)c->max_pos;
+    /* Step buffers for a 512-token prefill step plus one row of logits. */
+    size_t act = sizeof(float) * 512 *
+                     (size_t)(3 * c->hidden + 2 * c->n_heads * c->head_dim +
+                              2 * c->n_kv_heads * c->head_dim + 2 * c->ffn) +
+                 sizeof(float) * (size_t)c->vocab;
+    double bpw = 8.0 * (double)wbytes / (double)params;
+    int sliding = 0;
+    for (int l = 0; l < c->n_layers; l++) sliding += c->layer_kinds[l] == LAYER_SLIDING;
+    if (json) {
+        printf("{\"architecture\": \"%s\", \"family\": \"%s\", \"hidden_size\": %d, "
+               "\"num_layers\": %d, \"num_heads\": %d, \"num_kv_heads\": %d, \"head_dim\": %d, "
+               "\"intermediate_size\": %d, \"vocab_size\": %d, \"context_length\": %d, "
+               "\"sliding_window\": %d, \"sliding_layers\": %d, \"rope_type\": \"%s\", "
+               "\"rope_theta\": %g, \"tied_embeddings\": %s, \"parameters\": %lld, "
+               "\"weight_bytes\": %zu, \"bits_per_weight\": %.3f, \"formats\": [",
+               c->arch_name, arch_family(c->arch), c->hidden, c->n_layers, c->n_heads,
+               c->n_kv_heads, c->head_dim, c->ffn, c->vocab, c->max_pos, c->sliding_window,
+               sliding, config_rope_type_name(c->rope_full.type), c->rope_full.theta,
+               m->lm_head.w == m->embed.w ? "true" : "false", (long long)params, wbytes, bpw);
+        for (int i = 0; i < nt; i++)
+            printf("%s{\"format\": \"%s\", \"parameters\": %lld, \"bits_per_weight\": %.3f}",
+                   i ? ", " : "", t[i].name, (long long)t[i].params,
+                   8.0 * (double)t[i].bytes / (double)t[i].params);
+        printf("], \"memory\": {\"weights\": %zu, \"kv_per_token\": %zu, "
+               "\"kv_full_context\": %zu, \"activations\": %zu, \"total\": %zu}}\n",
+               wbytes, kv_tok, kv_ctx, act, wbytes + kv_ctx + act);
+    } else {
+        printf("architecture    %s (%s)\n", c->arch_name, arch_family(c->arch));
+        printf("dimensions      hidden %d, %d layers, %d heads / %d kv heads of %d, ffn %d\n",
+               c->hidden, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn);
+        printf("vocabulary      %d\n", c->vocab);
+        printf("context         %d tokens", c->max_pos);
+        if (sliding) printf(" (%d of %d layers use a %d-token window)", sliding, c->n_layers, c->sliding_window);
+        printf("\nrope            %s, theta %g\n", config_rope_type_name(c->rope_full.type), c->rope_full.theta);
+        printf("parameters      %lld (%.2f M)\n", (long long)params, (double)params / 1e6);
+        printf("weights         %.2f MiB, %.2f bits per weight\n", (double)wbytes / 1048576.0, bpw);
+        for (int i = 0; i < nt; i++)
+            printf("  %-12s  %lld parameters, %.3f bits per weight\n", t[i].name,
+                   (long long)t[i].params, 8.0 * (double)t[i].bytes / (double)t[i].params);
+        printf("memory          weights %.2f MiB + KV %.2f MiB for the full context "
+               "(%zu bytes/token, float32) + activations %.2f MiB = %.2f MiB\n",
+               (double)wbytes / 1048576.0, (double)kv_ctx / 1048576.0, kv_tok,
+               (double)act / 1048576.0, (double)(wbytes + kv_ctx + act) / 1048576.0);
+    }
+    model_destroy(m);
+    backend_destroy(&be);
+    return 0;
+}
