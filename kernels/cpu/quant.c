@@ -30,15 +30,6 @@ float quant_e8m0(uint8_t e)
     return ldexpf(1.0f, (int)e - 127);
 }
 
-float quant_load_scale(const void *p, enum st_dtype t, int64_t i)
-{
-    switch (t) {
-    case ST_BF16: return bf16_to_f32(((const uint16_t *)p)[i]);
-    case ST_F16: return f16_to_f32(((const uint16_t *)p)[i]);
-    default: return ((const float *)p)[i];
-    }
-}
-
 /* Value j of an LSB-first bit stream of `bits`-bit fields. */
 static inline uint32_t bitfield(const uint8_t *row, int64_t j, int bits)
 {

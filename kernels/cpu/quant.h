@@ -8,6 +8,7 @@
 
 #include <stdint.h>
 
+#include "common/util.h"
 #include "model/weights.h"
 
 /* e2m1 (fp4) code -> value; index is the 4-bit code (bit 3 = sign). */
@@ -21,8 +22,14 @@ void quant_init(void);
 /** 2^(e - 127) for an e8m0 scale byte (255 is NaN). */
 float quant_e8m0(uint8_t e);
 
-/** Reads scale or bias entry i of a row in dtype t (BF16, F16 or F32). */
-float quant_load_scale(const void *p, enum st_dtype t, int64_t i);
+/** Reads scale or bias entry i in dtype t (BF16, F16 or F32). Inline: it sits in the
+ * per-group step of every affine kernel. */
+static inline float quant_load_scale(const void *p, enum st_dtype t, int64_t i)
+{
+    if (t == ST_BF16) return bf16_to_f32(((const uint16_t *)p)[i]);
+    if (t == ST_F16) return f16_to_f32(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
 
 /**
  * Decodes columns [k0, k0+len) of row `row` into dst (float32). k0 and len must be
