@@ -1,0 +1,299 @@
+/*
+ * Loader tests: each kind of bad model folder gives one clear error naming the file and
+ * the tensor, never a crash; a sharded checkpoint loads and computes exactly what the
+ * single-file one does. Fixtures are built from testdata/models/llama-tiny in a temp dir.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "model/model.h"
+#include "model/st_writer.h"
+#include "test_util.h"
+
+static char src[4096], tmp[4096];
+static struct backend be;
+
+static void write_file(const char *dir, const char *name, const void *data, size_t n)
+{
+    char p[8192];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "wb");
+    if (!f) {
+        perror(p);
+        exit(1);
+    }
+    fwrite(data, 1, n, f);
+    fclose(f);
+}
+
+static char *read_src(const char *name, size_t *n)
+{
+    char p[8192];
+    snprintf(p, sizeof p, "%s/%s", src, name);
+    struct err e;
+    char *d = util_read_file(p, n, &e);
+    if (!d) {
+        fprintf(stderr, "test data missing: %s\n", e.msg);
+        exit(1);
+    }
+    return d;
+}
+
+/* A fresh fixture folder with llama-tiny's config and (optionally) its weights. */
+static const char *fixture(const char *name, int with_weights)
+{
+    static char dir[8192];
+    snprintf(dir, sizeof dir, "%s/%s", tmp, name);
+    mkdir(dir, 0755);
+    size_t n;
+    char *cfg = read_src("config.json", &n);
+    write_file(dir, "config.json", cfg, n);
+    free(cfg);
+    if (with_weights) {
+        char *w = read_src("model.safetensors", &n);
+        write_file(dir, "model.safetensors", w, n);
+        free(w);
+    }
+    return dir;
+}
+
+/* Loads dir and expects failure with every `want` substring in the message. */
+static void expect_error(const char *what, const char *dir, const char *want1, const char *want2)
+{
+    struct err e = {{0}};
+    struct model *m = model_load(dir, &be, &e);
+    CHECK(m == NULL, "%s: loaded a bad folder", what);
+    if (m) {
+        model_destroy(m);
+        return;
+    }
+    CHECK(strstr(e.msg, want1) != NULL, "%s: message '%s' lacks '%s'", what, e.msg, want1);
+    if (want2) CHECK(strstr(e.msg, want2) != NULL, "%s: message '%s' lacks '%s'", what, e.msg, want2);
+    CHECK(strchr(e.msg, '\n') == NULL, "%s: message spans lines", what);
+    printf("  %-22s -> %s\n", what, e.msg);
+}
+
+/* Patches the safetensors header text: replaces `from` with `to` (same length). */
+static void patched_weights(const char *dir, const char *from, const char *to)
+{
+    size_t n;
+    char *w = read_src("model.safetensors", &n);
+    char *p = memmem(w, n, from, strlen(from));
+    if (!p || strlen(from) != strlen(to)) {
+        fprintf(stderr, "fixture: '%s' not found in the header\n", from);
+        exit(1);
+    }
+    memcpy(p, to, strlen(to));
+    write_file(dir, "model.safetensors", w, n);
+    free(w);
+}
+
+static void test_errors(void)
+{
+    expect_error("missing folder", "/nonexistent/model", "/nonexistent/model/config.json", NULL);
+    expect_error("missing weights", fixture("noweights", 0), "no model.safetensors", NULL);
+
+    const char *d = fixture("truncated", 0);
+    size_t n;
+    char *w = read_src("model.safetensors", &n);
+    write_file(d, "model.safetensors", w, n - 1000);
+    expect_error("truncated file", d, "model.safetensors: truncated", "model.");
+    write_file(d, "model.safetensors", w, 5);
+    expect_error("truncated header", d, "model.safetensors: truncated", NULL);
+    free(w);
+
+    d = fixture("corrupt", 0);
+    write_file(d, "model.safetensors", "\x10\0\0\0\0\0\0\0{not json at al}", 24);
+    expect_error("corrupt header", d, "model.safetensors: corrupt header", NULL);
+    write_file(d, "model.safetensors", "\xff\xff\xff\xff\xff\0\0\0{}", 10);
+    expect_error("absurd header length", d, "model.safetensors: corrupt header", NULL);
+
+    d = fixture("dtype", 0);
+    patched_weights(d, "\"BF16\"", "\"QF16\"");
+    expect_error("unknown dtype", d, "unknown dtype 'QF16'", "tensor '");
+
+    d = fixture("offsets", 0);
+    patched_weights(d, "[2048,128]", "[2048,129]");
+    expect_error("shape vs offsets", d, "needs", "data_offsets");
+
+    d = fixture("shape", 1);
+    char cfgp[8192];
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", d);
+    char *cfg = read_src("config.json", &n);
+    char *pos = strstr(cfg, "\"intermediate_size\": 256");
+    CHECK(pos != NULL, "fixture config has intermediate_size 256");
+    if (pos) memcpy(pos, "\"intermediate_size\": 512", 24);
+    write_file(d, "config.json", cfg, n);
+    expect_error("shape mismatch", d, "model.layers.0.mlp.gate_proj.weight", "expected [512, 128]");
+    free(cfg);
+
+    d = fixture("arch", 1);
+    cfg = read_src("config.json", &n);
+    pos = strstr(cfg, "LlamaForCausalLM");
+    if (pos) memcpy(pos, "LlamaForCausalXX", 16);
+    write_file(d, "config.json", cfg, n);
+    expect_error("unsupported arch", d, "config.json", "'LlamaForCausalXX' is not supported");
+    free(cfg);
+
+    d = fixture("badjson", 1);
+    write_file(d, "config.json", "{\"architectures\": [", 19);
+    expect_error("corrupt config", d, "config.json", "not a JSON object");
+
+    d = fixture("missing-tensor", 0);
+    patched_weights(d, "model.layers.1.mlp.up_proj.weight", "model.layers.1.mlp.up_proj.wXight");
+    expect_error("missing tensor", d, "'model.layers.1.mlp.up_proj.weight' is missing",
+                 "model.safetensors");
+}
+
+struct copy_ctx {
+    const uint8_t *data;
+};
+
+static void copy_fill(void *ctx, uint8_t *buf, size_t off, size_t n)
+{
+    memcpy(buf, ((struct copy_ctx *)ctx)->data + off, n);
+}
+
+/* Logits of one forward step over a fixed prompt. */
+static float *run(const char *dir, int *vocab)
+{
+    struct err e = {{0}};
+    struct model *m = model_load(dir, &be, &e);
+    CHECK(m != NULL, "load %s: %s", dir, e.msg);
+    if (!m) return NULL;
+    model_state_alloc(m, 8, 1, 1, 16, &e);
+    int32_t tok[4] = {5, 17, 300, 1999}, pos[4] = {0, 1, 2, 3}, slot[4] = {0, 1, 2, 3};
+    int32_t qs[2] = {0, 4}, len[1] = {4}, bt[1] = {0}, rows[1] = {3};
+    struct fwd_batch b = {4, tok, pos, slot, 1, qs, len, bt, 1, 1, rows};
+    *vocab = m->cfg.vocab;
+    float *lg = xmalloc(sizeof(float) * (size_t)*vocab);
+    model_forward(m, &b, lg);
+    model_destroy(m);
+    return lg;
+}
+
+static void test_sharded(void)
+{
+    const char *d = fixture("sharded", 0);
+    char single[8192];
+    snprintf(single, sizeof single, "%s", src);
+    struct safetensors st;
+    struct err e = {{0}};
+    CHECK(st_open(&st, src, &e) == 0, "open source: %s", e.msg);
+    /* Two shards: even-numbered tensors in the first, odd in the second. */
+    struct st_writer *w[2] = {st_writer_create(), st_writer_create()};
+    struct copy_ctx *cc = xcalloc((size_t)st.ntensors, sizeof *cc);
+    char *index = xmalloc(1 << 20);
+    size_t off = (size_t)snprintf(index, 1 << 20, "{\"metadata\": {}, \"weight_map\": {");
+    for (int i = 0; i < st.ntensors; i++) {
+        const struct st_tensor *t = &st.tensors[i];
+        cc[i].data = t->data;
+        st_writer_add(w[i % 2], t->name, t->dtype, t->ndim, t->shape, copy_fill, &cc[i]);
+        off += (size_t)snprintf(index + off, (1 << 20) - off, "%s\"%s\": \"model-0000%d-of-00002.safetensors\"",
+                                i ? ", " : "", t->name, i % 2 + 1);
+    }
+    snprintf(index + off, (1 << 20) - off, "}}");
+    char p[8192];
+    for (int s = 0; s < 2; s++) {
+        snprintf(p, sizeof p, "%s/model-0000%d-of-00002.safetensors", d, s + 1);
+        CHECK(st_writer_write(w[s], p, "pt", &e) == 0, "write shard: %s", e.msg);
+        st_writer_destroy(w[s]);
+    }
+    write_file(d, "model.safetensors.index.json", index, strlen(index));
+    int v1, v2;
+    float *a = run(single, &v1), *b = run(d, &v2);
+    CHECK(a && b && v1 == v2 && memcmp(a, b, sizeof(float) * (size_t)v1) == 0,
+          "sharded logits differ from single-file logits");
+    free(a);
+    free(b);
+
+    /* An index naming a tensor no shard holds. */
+    char *bad = strstr(index, "\"model.norm.weight\"");
+    CHECK(bad != NULL, "index names model.norm.weight");
+    if (bad) memcpy(bad, "\"model.norm.wXight\"", 19);
+    write_file(d, "model.safetensors.index.json", index, strlen(index));
+    expect_error("index names missing", d, "'model.norm.wXight' named by model.safetensors.index.json", NULL);
+    write_file(d, "model.safetensors.index.json", "{\"weight_map\": 3}", 17);
+    expect_error("corrupt index", d, "model.safetensors.index.json", "weight_map");
+    free(index);
+    free(cc);
+    st_close(&st);
+}
+
+static void test_config_layouts(const char *testdata)
+{
+    struct model_config c;
+    struct err e = {{0}};
+    char dir[8192];
+    /* rope_parameters with per-layer-type sets (Gemma 3) */
+    snprintf(dir, sizeof dir, "%s/models/gemma3-tiny", testdata);
+    CHECK(config_load(&c, dir, &e) == 0, "gemma3 config: %s", e.msg);
+    CHECK(c.rope_full.theta == 1000000.0 && c.rope_sliding.theta == 10000.0, "gemma3 rope thetas");
+    CHECK(c.layer_kinds[0] == LAYER_SLIDING && c.layer_kinds[2] == LAYER_FULL, "gemma3 layer kinds");
+    CHECK(c.sliding_window == 16 && c.qk_norm && c.gemma_norms, "gemma3 flags");
+    CHECK(c.n_eos == 1 && c.eos_ids[0] == 1 && c.bos_id == 2, "gemma3 eos/bos");
+    config_dispose(&c);
+    /* rope_theta at the top level (older layout), sliding window on every layer */
+    snprintf(dir, sizeof dir, "%s/models/mistral-tiny", testdata);
+    CHECK(config_load(&c, dir, &e) == 0, "mistral config: %s", e.msg);
+    CHECK(c.rope_full.theta == 10000.0 && c.rope_full.type == ROPE_DEFAULT, "mistral rope");
+    CHECK(c.sliding_window == 24 && c.layer_kinds[0] == LAYER_SLIDING, "mistral window");
+    config_dispose(&c);
+    /* llama3 scaling inside rope_parameters */
+    snprintf(dir, sizeof dir, "%s/models/llama-tiny", testdata);
+    CHECK(config_load(&c, dir, &e) == 0, "llama config: %s", e.msg);
+    CHECK(c.rope_full.type == ROPE_LLAMA3 && c.rope_full.factor == 8.0 &&
+              c.rope_full.orig_max_pos == 64 && c.rope_full.theta == 500000.0,
+          "llama3 rope parameters");
+    config_dispose(&c);
+    /* per-layer quantization overrides */
+    snprintf(dir, sizeof dir, "%s/models/qwen3moe-tiny-mlx4", testdata);
+    CHECK(config_load(&c, dir, &e) != 0, "qwen3moe is not a dense architecture");
+    const char *fx = fixture("quant", 0);
+    const char *qcfg =
+        "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64, \"num_hidden_layers\": 1,"
+        "\"num_attention_heads\": 2, \"intermediate_size\": 128, \"vocab_size\": 10,"
+        "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 2048},"
+        "\"quantization\": {\"group_size\": 64, \"bits\": 4, \"model.layers.0.mlp.gate_proj\": "
+        "{\"group_size\": 32, \"bits\": 8}, \"lm_head\": false}}";
+    write_file(fx, "config.json", qcfg, strlen(qcfg));
+    CHECK(config_load(&c, fx, &e) == 0, "quant config: %s", e.msg);
+    struct quant_spec q = config_quant_for(&c, "model.layers.0.mlp.gate_proj");
+    CHECK(q.mode == QMODE_AFFINE && q.bits == 8 && q.group == 32, "override %d %d %d", q.mode, q.bits, q.group);
+    q = config_quant_for(&c, "model.layers.0.mlp.up_proj");
+    CHECK(q.mode == QMODE_AFFINE && q.bits == 4 && q.group == 64, "default quant");
+    CHECK(config_quant_for(&c, "lm_head").mode == QMODE_NONE, "lm_head unquantized");
+    CHECK(c.rope_full.type == ROPE_YARN && c.rope_full.factor == 4.0 && c.rope_full.orig_max_pos == 2048,
+          "yarn in rope_scaling");
+    CHECK(c.head_dim == 32 && c.n_kv_heads == 2, "defaults: head_dim, kv heads");
+    config_dispose(&c);
+}
+
+int main(int argc, char **argv)
+{
+    const char *testdata = argc > 1 ? argv[1] : "../shared/testdata";
+    snprintf(src, sizeof src, "%s/models/llama-tiny", testdata);
+    if (access(src, R_OK) != 0) {
+        fprintf(stderr, "test data missing: %s\n", src);
+        return 1;
+    }
+    snprintf(tmp, sizeof tmp, "/tmp/pagoda-test-loader-XXXXXX");
+    if (!mkdtemp(tmp)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    struct err e;
+    backend_cpu_create(&be, 1, &e);
+    test_errors();
+    test_sharded();
+    test_config_layouts(testdata);
+    backend_destroy(&be);
+    char cmd[8300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp);
+    TEST_DONE();
+}
