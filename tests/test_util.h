@@ -7,24 +7,24 @@
 
 static int test_failures;
 
-#define CHECK(cond, ...)                                                                       \
-    do {                                                                                       \
-        if (!(cond)) {                                                                         \
-            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);           \
-            fprintf(stderr, __VA_ARGS__);                                                      \
-            fprintf(stderr, "\n");                                                             \
-            test_failures++;                                                                   \
-        }                                                                                      \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);               \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, "\n");                                                                 \
+            test_failures++;                                                                       \
+        }                                                                                          \
     } while (0)
 
-#define TEST_DONE()                                                                            \
-    do {                                                                                       \
-        if (test_failures) {                                                                   \
-            fprintf(stderr, "%d check(s) failed\n", test_failures);                            \
-            return 1;                                                                          \
-        }                                                                                      \
-        printf("all checks passed\n");                                                         \
-        return 0;                                                                              \
+#define TEST_DONE()                                                                                \
+    do {                                                                                           \
+        if (test_failures) {                                                                       \
+            fprintf(stderr, "%d check(s) failed\n", test_failures);                                \
+            return 1;                                                                              \
+        }                                                                                          \
+        printf("all checks passed\n");                                                             \
+        return 0;                                                                                  \
     } while (0)
 
 #endif

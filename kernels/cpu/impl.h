@@ -17,8 +17,8 @@
 
 struct cpu_impl {
     /* y[i*ldy + r] = dot(W row r, x row i) for r in [r0, r1), i in [0, m). */
-    void (*gemv)(const struct qweight *w, int64_t r0, int64_t r1, const float *x, int m,
-                 float *y, int64_t ldy);
+    void (*gemv)(const struct qweight *w, int64_t r0, int64_t r1, const float *x, int m, float *y,
+                 int64_t ldy);
     /* Packs rows [r0, r0+nr) x cols [k0, k0+kc) of W as float dst[kc][GEMM_NR]
      * (columns nr..NR-1 zero). */
     void (*pack_b)(const struct qweight *w, int64_t r0, int nr, int64_t k0, int kc, float *dst);

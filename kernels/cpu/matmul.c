@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/scratch.h"
 #include "common/util.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/impl.h"
@@ -77,8 +78,7 @@ static void gemv_portable(const struct qweight *w, int64_t r0, int64_t r1, const
     }
 }
 
-void cpu_pack_b_generic(const struct qweight *w, int64_t r0, int nr, int64_t k0, int kc,
-                        float *dst)
+void cpu_pack_b_generic(const struct qweight *w, int64_t r0, int nr, int64_t k0, int kc, float *dst)
 {
     float row[GEMM_KC];
     for (int r = 0; r < GEMM_NR; r++) {
@@ -148,10 +148,6 @@ struct mm_job {
     int m;
 };
 
-/* Per-thread packing buffers, grown on demand and kept: steady-state steps allocate nothing. */
-static _Thread_local float *tl_a, *tl_b;
-static _Thread_local size_t tl_a_cap;
-
 static void mm_gemv_task(void *p, int ith, int nth)
 {
     struct mm_job *j = p;
@@ -184,24 +180,20 @@ static void mm_gemm_task(void *p, int ith, int nth)
     tp_range((long)w->n, ith, nth, GEMM_NR, &lo, &hi);
     if (lo >= hi) return;
     int mpad = (j->m + GEMM_MR - 1) / GEMM_MR * GEMM_MR;
-    size_t need = (size_t)mpad * GEMM_KC;
-    if (need > tl_a_cap) {
-        free(tl_a);
-        tl_a = xmalloc(need * sizeof(float));
-        tl_a_cap = need;
-    }
-    if (!tl_b) tl_b = xmalloc(sizeof(float) * GEMM_KC * GEMM_NR);
-    for (int i = 0; i < j->m; i++) memset(j->y + (size_t)i * w->n + lo, 0, sizeof(float) * (size_t)(hi - lo));
+    float *pa = scratch_get(SCRATCH_GEMM_A, (size_t)mpad * GEMM_KC);
+    float *pb = scratch_get(SCRATCH_GEMM_B, (size_t)GEMM_KC * GEMM_NR);
+    for (int i = 0; i < j->m; i++)
+        memset(j->y + (size_t)i * w->n + lo, 0, sizeof(float) * (size_t)(hi - lo));
     for (int64_t k0 = 0; k0 < w->k; k0 += GEMM_KC) {
         int kc = (int)(w->k - k0 < GEMM_KC ? w->k - k0 : GEMM_KC);
-        pack_a(j->x, j->m, w->k, k0, kc, tl_a);
+        pack_a(j->x, j->m, w->k, k0, kc, pa);
         for (long nb = lo; nb < hi; nb += GEMM_NR) {
             int nr = (int)(hi - nb < GEMM_NR ? hi - nb : GEMM_NR);
-            cpu_impl->pack_b(w, nb, nr, k0, kc, tl_b);
+            cpu_impl->pack_b(w, nb, nr, k0, kc, pb);
             for (int mb = 0; mb < j->m; mb += GEMM_MR) {
                 int mr = j->m - mb < GEMM_MR ? j->m - mb : GEMM_MR;
-                cpu_impl->micro(kc, tl_a + (size_t)mb * kc, tl_b, j->y + (size_t)mb * w->n + nb,
-                                w->n, mr, nr);
+                cpu_impl->micro(kc, pa + (size_t)mb * kc, pb, j->y + (size_t)mb * w->n + nb, w->n,
+                                mr, nr);
             }
         }
     }

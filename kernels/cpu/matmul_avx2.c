@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/scratch.h"
 #include "common/util.h"
 #include "kernels/cpu/impl.h"
 #include "kernels/cpu/quant.h"
@@ -35,7 +36,8 @@ static float dot_avx2(const float *a, const float *b, int n)
         s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
         s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
     }
-    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
     float s = hsum(_mm256_add_ps(s0, s1));
     for (; i < n; i++) s += a[i] * b[i];
     return s;
@@ -46,7 +48,8 @@ static void axpy_avx2(float *y, float a, const float *x, int n)
     __m256 va = _mm256_set1_ps(a);
     int i = 0;
     for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+        _mm256_storeu_ps(y + i,
+                         _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
     for (; i < n; i++) y[i] += a * x[i];
 }
 
@@ -57,18 +60,24 @@ static void axpy_avx2(float *y, float a, const float *x, int n)
 ALWAYS_INLINE __m256 load8(enum wfmt f, const uint8_t *row, int64_t j)
 {
     switch (f) {
-    case WFMT_BF16: return load_bf16((const uint16_t *)row + j);
-    case WFMT_F16: return load_f16((const uint16_t *)row + j);
-    default: return _mm256_loadu_ps((const float *)row + j);
+    case WFMT_BF16:
+        return load_bf16((const uint16_t *)row + j);
+    case WFMT_F16:
+        return load_f16((const uint16_t *)row + j);
+    default:
+        return _mm256_loadu_ps((const float *)row + j);
     }
 }
 
 ALWAYS_INLINE float load1(enum wfmt f, const uint8_t *row, int64_t j)
 {
     switch (f) {
-    case WFMT_BF16: return bf16_to_f32(((const uint16_t *)row)[j]);
-    case WFMT_F16: return f16_to_f32(((const uint16_t *)row)[j]);
-    default: return ((const float *)row)[j];
+    case WFMT_BF16:
+        return bf16_to_f32(((const uint16_t *)row)[j]);
+    case WFMT_F16:
+        return f16_to_f32(((const uint16_t *)row)[j]);
+    default:
+        return ((const float *)row)[j];
     }
 }
 
@@ -135,7 +144,8 @@ ALWAYS_INLINE void gemv_float_body(enum wfmt f, const struct qweight *w, int64_t
                 a2 = _mm256_fmadd_ps(load8(f, wr, j + 16), _mm256_loadu_ps(x + j + 16), a2);
                 a3 = _mm256_fmadd_ps(load8(f, wr, j + 24), _mm256_loadu_ps(x + j + 24), a3);
             }
-            for (; j < k8; j += 8) a0 = _mm256_fmadd_ps(load8(f, wr, j), _mm256_loadu_ps(x + j), a0);
+            for (; j < k8; j += 8)
+                a0 = _mm256_fmadd_ps(load8(f, wr, j), _mm256_loadu_ps(x + j), a0);
             float s = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
             for (; j < k; j++) s += load1(f, wr, j) * x[j];
             y[r] = s;
@@ -161,18 +171,9 @@ ALWAYS_INLINE void gemv_float_body(enum wfmt f, const struct qweight *w, int64_t
     }
 }
 
-/* Per-thread scratch, grown on demand and kept. */
-static _Thread_local float *tl_buf;
-static _Thread_local size_t tl_cap;
-
 static float *scratch(size_t n)
 {
-    if (n > tl_cap) {
-        free(tl_buf);
-        tl_buf = xmalloc(n * sizeof(float));
-        tl_cap = n;
-    }
-    return tl_buf;
+    return scratch_get(SCRATCH_GEMV, n);
 }
 
 /* Affine 4-bit, one x row: sum_g (s_g * sum_j q_j x_j + b_g * sum_j x_j). Within each 32
@@ -208,12 +209,14 @@ static void gemv_affine4_m1(const struct qweight *w, int64_t r0, int64_t r1, con
                 const float *xj = xp + j;
                 a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)),
                                      _mm256_loadu_ps(xj), a0);
-                a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))),
-                                     _mm256_loadu_ps(xj + 8), a1);
+                a1 =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))),
+                                    _mm256_loadu_ps(xj + 8), a1);
                 a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)),
                                      _mm256_loadu_ps(xj + 16), a0);
-                a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))),
-                                     _mm256_loadu_ps(xj + 24), a1);
+                a1 =
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))),
+                                    _mm256_loadu_ps(xj + 24), a1);
             }
             float sc = quant_load_scale(w->scales, w->sdtype, r * groups + g);
             bias_sum += quant_load_scale(w->biases, w->sdtype, r * groups + g) * xs[g];
@@ -258,10 +261,17 @@ static void gemv_avx2(const struct qweight *w, int64_t r0, int64_t r1, const flo
                       float *y, int64_t ldy)
 {
     switch (w->fmt) {
-    case WFMT_BF16: gemv_float_body(WFMT_BF16, w, r0, r1, x, m, y, ldy); return;
-    case WFMT_F16: gemv_float_body(WFMT_F16, w, r0, r1, x, m, y, ldy); return;
-    case WFMT_F32: gemv_float_body(WFMT_F32, w, r0, r1, x, m, y, ldy); return;
-    default: break;
+    case WFMT_BF16:
+        gemv_float_body(WFMT_BF16, w, r0, r1, x, m, y, ldy);
+        return;
+    case WFMT_F16:
+        gemv_float_body(WFMT_F16, w, r0, r1, x, m, y, ldy);
+        return;
+    case WFMT_F32:
+        gemv_float_body(WFMT_F32, w, r0, r1, x, m, y, ldy);
+        return;
+    default:
+        break;
     }
     if (m == 1 && w->fmt == WFMT_AFFINE && w->bits == 4) {
         gemv_affine4_m1(w, r0, r1, x, y);
@@ -320,7 +330,8 @@ static void pack_b_avx2(const struct qweight *w, int64_t r0, int nr, int64_t k0,
 }
 
 /* The 6x16 register tile: 12 accumulators, 2 B vectors, 1 broadcast A value. */
-static void micro_avx2(int kc, const float *a, const float *b, float *c, int64_t ldc, int mr, int nr)
+static void micro_avx2(int kc, const float *a, const float *b, float *c, int64_t ldc, int mr,
+                       int nr)
 {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
@@ -346,7 +357,8 @@ static void micro_avx2(int kc, const float *a, const float *b, float *c, int64_t
         c50 = _mm256_fmadd_ps(av, b0, c50);
         c51 = _mm256_fmadd_ps(av, b1, c51);
     }
-    __m256 acc[GEMM_MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+    __m256 acc[GEMM_MR][2] = {{c00, c01}, {c10, c11}, {c20, c21},
+                              {c30, c31}, {c40, c41}, {c50, c51}};
     if (nr == GEMM_NR) {
         for (int i = 0; i < mr; i++) {
             float *ci = c + i * ldc;

@@ -45,7 +45,9 @@ void quant_dequant_row(const struct qweight *w, int64_t row, int64_t k0, int64_t
     const uint8_t *r = w->w + (size_t)row * w->row_bytes;
     int64_t groups = w->k / (w->group ? w->group : 1);
     switch (w->fmt) {
-    case WFMT_F32: memcpy(dst, (const float *)r + k0, (size_t)len * 4); return;
+    case WFMT_F32:
+        memcpy(dst, (const float *)r + k0, (size_t)len * 4);
+        return;
     case WFMT_BF16:
         for (int64_t j = 0; j < len; j++) dst[j] = bf16_to_f32(((const uint16_t *)r)[k0 + j]);
         return;

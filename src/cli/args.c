@@ -143,7 +143,8 @@ int runner_step(struct runner *r, int n, const int *seq_ids, const int32_t *cons
         }
         r->len[s] += counts[i];
         r->seq_len[i] = r->len[s];
-        memcpy(r->bt_step + (size_t)i * r->blocks_per_seq, r->block_table + (size_t)s * r->blocks_per_seq,
+        memcpy(r->bt_step + (size_t)i * r->blocks_per_seq,
+               r->block_table + (size_t)s * r->blocks_per_seq,
                sizeof(int32_t) * (size_t)r->blocks_per_seq);
     }
     r->q_start[n] = t;

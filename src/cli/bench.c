@@ -19,7 +19,13 @@
 
 /* ---- make-model ---- */
 
-enum fill_kind { FILL_BF16_UNIFORM, FILL_BF16_CONST, FILL_RANDOM_BITS, FILL_BF16_SCALED_CONST, FILL_U8_CONST };
+enum fill_kind {
+    FILL_BF16_UNIFORM,
+    FILL_BF16_CONST,
+    FILL_RANDOM_BITS,
+    FILL_BF16_SCALED_CONST,
+    FILL_U8_CONST
+};
 
 struct fill {
     enum fill_kind kind;
@@ -58,7 +64,9 @@ static void fill_cb(void *ctx, uint8_t *buf, size_t off, size_t n)
             memcpy(buf + i * 8, &r, 8);
         }
         break;
-    case FILL_U8_CONST: memset(buf, f->byte, n); break;
+    case FILL_U8_CONST:
+        memset(buf, f->byte, n);
+        break;
     }
 }
 
@@ -113,10 +121,15 @@ static int make_model(int argc, char **argv)
             continue;
         }
         if (!(v = arg_value(argc, argv, &i))) return 2;
-        long *dst = !strcmp(a, "--hidden") ? &H : !strcmp(a, "--layers") ? &L
-                  : !strcmp(a, "--heads") ? &A : !strcmp(a, "--kv-heads") ? &K
-                  : !strcmp(a, "--ffn") ? &F : !strcmp(a, "--vocab") ? &V
-                  : !strcmp(a, "--context") ? &ctx : !strcmp(a, "--seed") ? &seed : NULL;
+        long *dst = !strcmp(a, "--hidden")     ? &H
+                    : !strcmp(a, "--layers")   ? &L
+                    : !strcmp(a, "--heads")    ? &A
+                    : !strcmp(a, "--kv-heads") ? &K
+                    : !strcmp(a, "--ffn")      ? &F
+                    : !strcmp(a, "--vocab")    ? &V
+                    : !strcmp(a, "--context")  ? &ctx
+                    : !strcmp(a, "--seed")     ? &seed
+                                               : NULL;
         if (dst) {
             if (arg_int(a, v, 1, 1L << 30, dst)) return 2;
         } else if (!strcmp(a, "--arch")) {
@@ -129,8 +142,9 @@ static int make_model(int argc, char **argv)
         }
     }
     if (!out) {
-        fprintf(stderr, "usage: pagoda bench make-model --arch llama|qwen3 --hidden H --layers L "
-                        "--heads A --kv-heads K --ffn F --vocab V --format bf16|mlx4|mlx8|mxfp4 OUT\n");
+        fprintf(stderr,
+                "usage: pagoda bench make-model --arch llama|qwen3 --hidden H --layers L "
+                "--heads A --kv-heads K --ffn F --vocab V --format bf16|mlx4|mlx8|mxfp4 OUT\n");
         return 2;
     }
     int qwen3 = !strcmp(arch, "qwen3");
@@ -139,10 +153,14 @@ static int make_model(int argc, char **argv)
         return 2;
     }
     struct mm_spec f;
-    if (!strcmp(format, "bf16")) f = (struct mm_spec){"bf16", 16, 0};
-    else if (!strcmp(format, "mlx4")) f = (struct mm_spec){"mlx4", 4, 64};
-    else if (!strcmp(format, "mlx8")) f = (struct mm_spec){"mlx8", 8, 64};
-    else if (!strcmp(format, "mxfp4")) f = (struct mm_spec){"mxfp4", 4, 32};
+    if (!strcmp(format, "bf16"))
+        f = (struct mm_spec){"bf16", 16, 0};
+    else if (!strcmp(format, "mlx4"))
+        f = (struct mm_spec){"mlx4", 4, 64};
+    else if (!strcmp(format, "mlx8"))
+        f = (struct mm_spec){"mlx8", 8, 64};
+    else if (!strcmp(format, "mxfp4"))
+        f = (struct mm_spec){"mxfp4", 4, 32};
     else {
         fprintf(stderr, "pagoda bench make-model: --format must be bf16, mlx4, mlx8 or mxfp4\n");
         return 2;
@@ -302,12 +320,17 @@ static int bench_decode(int argc, char **argv)
             continue;
         }
         if (!(v = arg_value(argc, argv, &i))) return 2;
-        if (!strcmp(a, "--model")) dir = v;
-        else if (!strcmp(a, "--batch")) { if (arg_int(a, v, 1, 4096, &B)) return 2; }
-        else if (!strcmp(a, "--prompt-len")) { if (arg_int(a, v, 1, 1 << 20, &P)) return 2; }
-        else if (!strcmp(a, "--gen-len")) { if (arg_int(a, v, 1, 1 << 20, &G)) return 2; }
-        else if (!strcmp(a, "--threads")) { if (arg_int(a, v, 1, 1024, &threads)) return 2; }
-        else {
+        if (!strcmp(a, "--model"))
+            dir = v;
+        else if (!strcmp(a, "--batch")) {
+            if (arg_int(a, v, 1, 4096, &B)) return 2;
+        } else if (!strcmp(a, "--prompt-len")) {
+            if (arg_int(a, v, 1, 1 << 20, &P)) return 2;
+        } else if (!strcmp(a, "--gen-len")) {
+            if (arg_int(a, v, 1, 1 << 20, &G)) return 2;
+        } else if (!strcmp(a, "--threads")) {
+            if (arg_int(a, v, 1, 1024, &threads)) return 2;
+        } else {
             fprintf(stderr, "pagoda bench decode: unknown option '%s'\n", a);
             return 2;
         }
@@ -367,7 +390,8 @@ static int bench_decode(int argc, char **argv)
     double decode_tps = (double)B / med;
     double eff_bw = (double)step_bytes / med;
     double bw = no_bw ? 0 : measure_read_bw(nth);
-    double gflop_tok = 2.0 * (double)(model_param_count(r.m) - (int64_t)r.m->embed.n * r.m->embed.k);
+    double gflop_tok =
+        2.0 * (double)(model_param_count(r.m) - (int64_t)r.m->embed.n * r.m->embed.k);
     if (json) {
         printf("{\"model\": \"%s\", \"threads\": %d, \"isa\": \"%s\", \"batch\": %ld, "
                "\"prompt_len\": %ld, \"gen_len\": %ld, \"prefill_tokens_per_s\": %.2f, "
@@ -383,7 +407,8 @@ static int bench_decode(int argc, char **argv)
                c->arch_name, (double)step_bytes / 1e9);
         printf("setup      %d threads (%s), batch %ld, prompt %ld, generate %ld\n", nth,
                cpu_isa_name(cpu_isa_get()), B, P, G);
-        printf("prefill    %.2f tokens/s (%.1f GFLOP/s)\n", prefill_tps, prefill_tps * gflop_tok / 1e9);
+        printf("prefill    %.2f tokens/s (%.1f GFLOP/s)\n", prefill_tps,
+               prefill_tps * gflop_tok / 1e9);
         printf("decode     %.2f tokens/s (median step %.2f ms; mean %.2f tokens/s)\n", decode_tps,
                med * 1e3, (double)(B * G) / t_decode);
         if (bw > 0)

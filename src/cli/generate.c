@@ -53,14 +53,22 @@ int cli_generate(int argc, char **argv)
                    !strcmp(a, "-n") || !strcmp(a, "--temperature") || !strcmp(a, "--seed") ||
                    !strcmp(a, "--top-logprobs") || !strcmp(a, "--threads")) {
             if (!(v = arg_value(argc, argv, &i))) return 2;
-            if (!strcmp(a, "--model")) dir = v;
-            else if (!strcmp(a, "--prompt")) prompt = v;
-            else if (!strcmp(a, "--prompt-ids")) prompt_ids = v;
-            else if (!strcmp(a, "-n") && arg_int(a, v, 0, 1 << 24, &n_gen)) return 2;
-            else if (!strcmp(a, "--temperature") && arg_float(a, v, &temperature)) return 2;
-            else if (!strcmp(a, "--seed") && arg_int(a, v, 0, 0x7fffffffffffffffL, &seed)) return 2;
-            else if (!strcmp(a, "--top-logprobs") && arg_int(a, v, 0, 20, &top_k)) return 2;
-            else if (!strcmp(a, "--threads") && arg_int(a, v, 1, 1024, &threads)) return 2;
+            if (!strcmp(a, "--model"))
+                dir = v;
+            else if (!strcmp(a, "--prompt"))
+                prompt = v;
+            else if (!strcmp(a, "--prompt-ids"))
+                prompt_ids = v;
+            else if (!strcmp(a, "-n") && arg_int(a, v, 0, 1 << 24, &n_gen))
+                return 2;
+            else if (!strcmp(a, "--temperature") && arg_float(a, v, &temperature))
+                return 2;
+            else if (!strcmp(a, "--seed") && arg_int(a, v, 0, 0x7fffffffffffffffL, &seed))
+                return 2;
+            else if (!strcmp(a, "--top-logprobs") && arg_int(a, v, 0, 20, &top_k))
+                return 2;
+            else if (!strcmp(a, "--threads") && arg_int(a, v, 1, 1024, &threads))
+                return 2;
         } else {
             fprintf(stderr, "pagoda generate: unknown option '%s'\n", a);
             usage_generate(stderr);
@@ -68,7 +76,8 @@ int cli_generate(int argc, char **argv)
         }
     }
     if (!dir || (!prompt == !prompt_ids)) {
-        fprintf(stderr, "pagoda generate: --model and one of --prompt or --prompt-ids are required\n");
+        fprintf(stderr,
+                "pagoda generate: --model and one of --prompt or --prompt-ids are required\n");
         usage_generate(stderr);
         return 2;
     }
@@ -128,7 +137,8 @@ int cli_generate(int argc, char **argv)
     rng_seed(&rng, seed >= 0 ? (uint64_t)seed : (uint64_t)time(NULL) ^ (uint64_t)clock());
     int32_t *out = xmalloc(sizeof(int32_t) * (size_t)(n_gen ? n_gen : 1));
     float *lps = xmalloc(sizeof(float) * (size_t)(n_gen ? n_gen : 1));
-    struct token_logprob *tops = xmalloc(sizeof *tops * (size_t)(n_gen ? n_gen : 1) * (size_t)(top_k ? top_k : 1));
+    struct token_logprob *tops =
+        xmalloc(sizeof *tops * (size_t)(n_gen ? n_gen : 1) * (size_t)(top_k ? top_k : 1));
     int n_out = 0;
     for (size_t p = 0; p < n_prompt; p += (size_t)chunk) {
         int cnt = (int)(n_prompt - p < (size_t)chunk ? n_prompt - p : (size_t)chunk);
@@ -141,7 +151,8 @@ int cli_generate(int argc, char **argv)
         int32_t next = sampler_pick(r.logits, c->vocab, (float)temperature, &rng);
         out[n_out] = next;
         lps[n_out] = sampler_logprob(r.logits, c->vocab, next);
-        if (top_k) sampler_top_logprobs(r.logits, c->vocab, (int)top_k, tops + (size_t)n_out * top_k);
+        if (top_k)
+            sampler_top_logprobs(r.logits, c->vocab, (int)top_k, tops + (size_t)n_out * top_k);
         n_out++;
         if (ts) {
             char *s = tok_stream_push(ts, next);
@@ -206,9 +217,12 @@ int cli_score(int argc, char **argv)
             /* the only output format */
         } else if (!strcmp(a, "--model") || !strcmp(a, "--prompt-ids") || !strcmp(a, "--threads")) {
             if (!(v = arg_value(argc, argv, &i))) return 2;
-            if (!strcmp(a, "--model")) dir = v;
-            else if (!strcmp(a, "--prompt-ids")) prompt_ids = v;
-            else if (arg_int(a, v, 1, 1024, &threads)) return 2;
+            if (!strcmp(a, "--model"))
+                dir = v;
+            else if (!strcmp(a, "--prompt-ids"))
+                prompt_ids = v;
+            else if (arg_int(a, v, 1, 1024, &threads))
+                return 2;
         } else {
             fprintf(stderr, "pagoda score: unknown option '%s'\n", a);
             return 2;
@@ -235,7 +249,8 @@ int cli_score(int argc, char **argv)
     int rc = 0, vocab = r.m->cfg.vocab;
     for (size_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= vocab) {
-            fprintf(stderr, "pagoda score: token id %d is outside the vocabulary (%d)\n", ids[i], vocab);
+            fprintf(stderr, "pagoda score: token id %d is outside the vocabulary (%d)\n", ids[i],
+                    vocab);
             rc = 2;
         }
     if (rc == 0) {
@@ -246,7 +261,8 @@ int cli_score(int argc, char **argv)
             int all = 1;
             runner_step(&r, 1, NULL, &tp, &cnt, &all);
             for (int j = 0; j < cnt && p + (size_t)j + 1 < n; j++)
-                printf(", %.6f", sampler_logprob(r.logits + (size_t)j * vocab, vocab, ids[p + (size_t)j + 1]));
+                printf(", %.6f", sampler_logprob(r.logits + (size_t)j * vocab, vocab,
+                                                 ids[p + (size_t)j + 1]));
         }
         printf("]}\n");
     }

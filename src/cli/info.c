@@ -72,7 +72,8 @@ int cli_info(int argc, char **argv)
     if (m->lm_head.w != m->embed.w) tally(t, &nt, &m->lm_head);
     for (int l = 0; l < c->n_layers; l++) {
         const struct model_layer *L = &m->layers[l];
-        const struct qweight *ws[] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        const struct qweight *ws[] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
+                                      &L->w_gate, &L->w_up, &L->w_down};
         for (int i = 0; i < 7; i++) tally(t, &nt, ws[i]);
     }
     int64_t params = model_param_count(m);
@@ -95,8 +96,8 @@ int cli_info(int argc, char **argv)
                "\"rope_theta\": %g, \"tied_embeddings\": %s, \"parameters\": %lld, "
                "\"weight_bytes\": %zu, \"bits_per_weight\": %.3f, \"formats\": [",
                c->arch_name, arch_family(c->arch), c->hidden, c->n_layers, c->n_heads,
-               c->n_kv_heads, c->head_dim, c->ffn, c->vocab, c->max_pos, c->sliding_window,
-               sliding, config_rope_type_name(c->rope_full.type), c->rope_full.theta,
+               c->n_kv_heads, c->head_dim, c->ffn, c->vocab, c->max_pos, c->sliding_window, sliding,
+               config_rope_type_name(c->rope_full.type), c->rope_full.theta,
                m->lm_head.w == m->embed.w ? "true" : "false", (long long)params, wbytes, bpw);
         for (int i = 0; i < nt; i++)
             printf("%s{\"format\": \"%s\", \"parameters\": %lld, \"bits_per_weight\": %.3f}",
@@ -111,8 +112,11 @@ int cli_info(int argc, char **argv)
                c->hidden, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn);
         printf("vocabulary      %d\n", c->vocab);
         printf("context         %d tokens", c->max_pos);
-        if (sliding) printf(" (%d of %d layers use a %d-token window)", sliding, c->n_layers, c->sliding_window);
-        printf("\nrope            %s, theta %g\n", config_rope_type_name(c->rope_full.type), c->rope_full.theta);
+        if (sliding)
+            printf(" (%d of %d layers use a %d-token window)", sliding, c->n_layers,
+                   c->sliding_window);
+        printf("\nrope            %s, theta %g\n", config_rope_type_name(c->rope_full.type),
+               c->rope_full.theta);
         printf("parameters      %lld (%.2f M)\n", (long long)params, (double)params / 1e6);
         printf("weights         %.2f MiB, %.2f bits per weight\n", (double)wbytes / 1048576.0, bpw);
         for (int i = 0; i < nt; i++)

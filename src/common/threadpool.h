@@ -23,7 +23,8 @@ int tp_size(const struct threadpool *tp);
 /** Runs fn on every thread of the pool and waits for all of them. */
 void tp_run(struct threadpool *tp, tp_fn fn, void *ctx);
 
-/** Splits [0, n) into nth near-equal ranges, rounded to multiples of `align`; gives thread ith's. */
+/** Splits [0, n) into nth near-equal ranges, rounded to multiples of `align`; gives thread ith's.
+ */
 static inline void tp_range(long n, int ith, int nth, long align, long *lo, long *hi)
 {
     long chunks = (n + align - 1) / align;

@@ -17,7 +17,8 @@ void *xcalloc(size_t count, size_t size);
 void *xrealloc(void *p, size_t n);
 char *xstrdup(const char *s);
 
-/** Reads a whole file into a NUL-terminated heap buffer; *len gets its size. NULL + err on failure. */
+/** Reads a whole file into a NUL-terminated heap buffer; *len gets its size. NULL + err on failure.
+ */
 char *util_read_file(const char *path, size_t *len, struct err *e);
 
 /** Seconds on a monotonic clock. */

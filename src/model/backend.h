@@ -76,8 +76,8 @@ struct backend_ops {
     void (*rope)(void *ctx, float *x, int rows, int heads, int d, const float *cos_t,
                  const float *sin_t);
     /* Writes this step's K/V rows [n_tokens, n_kv_heads * head_dim] into their slots. */
-    void (*kv_store)(void *ctx, const struct kv_layer *kv, const struct kv_geom *g,
-                     const float *k, const float *v, const struct fwd_batch *b);
+    void (*kv_store)(void *ctx, const struct kv_layer *kv, const struct kv_geom *g, const float *k,
+                     const float *v, const struct fwd_batch *b);
     /* out [n_tokens, n_heads * head_dim]: causal (optionally windowed) attention of each
      * token over its sequence's paged KV. */
     void (*attention)(void *ctx, float *out, const float *q, const struct kv_layer *kv,

@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/scratch.h"
 #include "common/threadpool.h"
 #include "common/util.h"
 #include "kernels/cpu/cpu.h"
@@ -103,9 +104,6 @@ struct attn_job {
     int32_t *tok_seq; /* [n_tokens] sequence of each token */
 };
 
-static _Thread_local float *tl_scores;
-static _Thread_local size_t tl_scores_cap;
-
 /* One (token, head) pair per work item: scores over the visible keys, softmax, then the
  * weighted sum of V rows. Cost O(context * head_dim) per item. */
 static void attn_task(void *arg, int ith, int nth)
@@ -125,12 +123,7 @@ static void attn_task(void *arg, int ith, int nth)
         int first = 0;
         if (p->window > 0 && qpos - p->window + 1 > 0) first = qpos - p->window + 1;
         int nkeys = qpos + 1 - first;
-        if ((size_t)nkeys > tl_scores_cap) {
-            free(tl_scores);
-            tl_scores_cap = (size_t)nkeys + 1024;
-            tl_scores = xmalloc(tl_scores_cap * sizeof(float));
-        }
-        float *sc = tl_scores;
+        float *sc = scratch_get(SCRATCH_ATTN, (size_t)nkeys);
         const float *qv = j->q + ((size_t)t * p->n_heads + h) * hd;
         const int32_t *bt = b->block_table + (size_t)s * b->max_blocks;
         float mx = -INFINITY;
@@ -162,7 +155,8 @@ static void cpu_attention(void *ctx, float *out, const float *q, const struct kv
 {
     struct cpu_ctx *c = ctx;
     int32_t stack_map[512];
-    int32_t *tok_seq = b->n_tokens <= 512 ? stack_map : xmalloc(sizeof(int32_t) * (size_t)b->n_tokens);
+    int32_t *tok_seq =
+        b->n_tokens <= 512 ? stack_map : xmalloc(sizeof(int32_t) * (size_t)b->n_tokens);
     for (int s = 0; s < b->n_seqs; s++)
         for (int t = b->q_start[s]; t < b->q_start[s + 1]; t++) tok_seq[t] = s;
     struct attn_job j = {out, q, kv, g, b, p, tok_seq};

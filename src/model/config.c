@@ -12,9 +12,9 @@ static const struct {
     const char *name;
     enum model_arch arch;
 } archs[] = {
-    {"LlamaForCausalLM", ARCH_LLAMA},     {"MistralForCausalLM", ARCH_MISTRAL},
-    {"Qwen2ForCausalLM", ARCH_QWEN2},     {"Qwen3ForCausalLM", ARCH_QWEN3},
-    {"Gemma2ForCausalLM", ARCH_GEMMA2},   {"Gemma3ForCausalLM", ARCH_GEMMA3},
+    {"LlamaForCausalLM", ARCH_LLAMA},   {"MistralForCausalLM", ARCH_MISTRAL},
+    {"Qwen2ForCausalLM", ARCH_QWEN2},   {"Qwen3ForCausalLM", ARCH_QWEN3},
+    {"Gemma2ForCausalLM", ARCH_GEMMA2}, {"Gemma3ForCausalLM", ARCH_GEMMA3},
 };
 
 const char *config_rope_type_name(enum rope_type t)
@@ -118,10 +118,12 @@ static int parse_quant_spec(const cJSON *q, struct quant_spec def, struct quant_
         out->mode = QMODE_NONE;
         return 0;
     }
-    if (!cJSON_IsObject(q)) return err_set(e, "config.json: quantization '%s' must be an object", where);
+    if (!cJSON_IsObject(q))
+        return err_set(e, "config.json: quantization '%s' must be an object", where);
     const cJSON *mode = get(q, "mode");
     if (mode) {
-        if (!cJSON_IsString(mode)) return err_set(e, "config.json: quantization mode must be a string");
+        if (!cJSON_IsString(mode))
+            return err_set(e, "config.json: quantization mode must be a string");
         if (!strcmp(mode->valuestring, "affine"))
             out->mode = QMODE_AFFINE;
         else if (!strcmp(mode->valuestring, "mxfp4"))
@@ -145,13 +147,21 @@ static int parse_quant_spec(const cJSON *q, struct quant_spec def, struct quant_
         ok = (out->bits >= 2 && out->bits <= 8 && out->bits != 7) &&
              (out->group == 32 || out->group == 64 || out->group == 128);
         break;
-    case QMODE_MXFP4: ok = out->bits == 4 && out->group == 32; break;
-    case QMODE_MXFP8: ok = out->bits == 8 && out->group == 32; break;
-    case QMODE_NVFP4: ok = out->bits == 4 && out->group == 16; break;
-    default: ok = 1;
+    case QMODE_MXFP4:
+        ok = out->bits == 4 && out->group == 32;
+        break;
+    case QMODE_MXFP8:
+        ok = out->bits == 8 && out->group == 32;
+        break;
+    case QMODE_NVFP4:
+        ok = out->bits == 4 && out->group == 16;
+        break;
+    default:
+        ok = 1;
     }
     if (!ok)
-        return err_set(e, "config.json: quantization '%s': %d bits at group size %d is not supported",
+        return err_set(e,
+                       "config.json: quantization '%s': %d bits at group size %d is not supported",
                        where, out->bits, out->group);
     return 0;
 }
@@ -169,8 +179,8 @@ static int parse_quant(struct model_config *c, const cJSON *root, struct err *e)
         struct quant_override ov;
         if (parse_quant_spec(it, c->quant, &ov.spec, it->string, e)) return -1;
         ov.prefix = xstrdup(it->string);
-        c->quant_overrides = xrealloc(c->quant_overrides,
-                                      (size_t)(c->n_quant_overrides + 1) * sizeof ov);
+        c->quant_overrides =
+            xrealloc(c->quant_overrides, (size_t)(c->n_quant_overrides + 1) * sizeof ov);
         c->quant_overrides[c->n_quant_overrides++] = ov;
     }
     return 0;
@@ -215,8 +225,7 @@ static int parse_layer_kinds(struct model_config *c, const cJSON *root, struct e
             else if (!strcmp(it->valuestring, "sliding_attention"))
                 c->layer_kinds[i] = LAYER_SLIDING;
             else
-                return err_set(e, "config.json: layer type '%s' is not supported",
-                               it->valuestring);
+                return err_set(e, "config.json: layer type '%s' is not supported", it->valuestring);
         }
     } else {
         int pattern = 0;
@@ -225,8 +234,12 @@ static int parse_layer_kinds(struct model_config *c, const cJSON *root, struct e
         for (int i = 0; i < c->n_layers; i++) {
             enum layer_kind k = LAYER_FULL;
             switch (c->arch) {
-            case ARCH_MISTRAL: k = LAYER_SLIDING; break;
-            case ARCH_GEMMA2: k = (i % 2 == 0) ? LAYER_SLIDING : LAYER_FULL; break;
+            case ARCH_MISTRAL:
+                k = LAYER_SLIDING;
+                break;
+            case ARCH_GEMMA2:
+                k = (i % 2 == 0) ? LAYER_SLIDING : LAYER_FULL;
+                break;
             case ARCH_GEMMA3:
                 k = ((i + 1) % (pattern ? pattern : 6)) ? LAYER_SLIDING : LAYER_FULL;
                 break;
@@ -235,10 +248,11 @@ static int parse_layer_kinds(struct model_config *c, const cJSON *root, struct e
                 int mwl = 0;
                 get_int(root, "max_window_layers", c->n_layers, &mwl, NULL);
                 k = (get_bool(root, "use_sliding_window", false) && i >= mwl) ? LAYER_SLIDING
-                                                                                : LAYER_FULL;
+                                                                              : LAYER_FULL;
                 break;
             }
-            default: break;
+            default:
+                break;
             }
             c->layer_kinds[i] = k;
         }
@@ -254,8 +268,7 @@ static int parse_ropes(struct model_config *c, const cJSON *root, struct err *e)
     double theta = 10000;
     if (get_num(root, "rope_theta", 10000, &theta, e)) return -1;
     const cJSON *rp = get(root, "rope_parameters");
-    if (rp && cJSON_IsObject(rp) &&
-        (get(rp, "full_attention") || get(rp, "sliding_attention"))) {
+    if (rp && cJSON_IsObject(rp) && (get(rp, "full_attention") || get(rp, "sliding_attention"))) {
         const cJSON *full = get(rp, "full_attention"), *sl = get(rp, "sliding_attention");
         if (parse_rope(full, theta, c->max_pos, &c->rope_full, e)) return -1;
         return parse_rope(sl ? sl : full, theta, c->max_pos, &c->rope_sliding, e);
@@ -319,8 +332,10 @@ int config_load(struct model_config *c, const char *dir, struct err *e)
         goto out;
     }
     if (c->n_heads % c->n_kv_heads) {
-        err_set(e, "config.json: num_attention_heads (%d) is not a multiple of "
-                   "num_key_value_heads (%d)", c->n_heads, c->n_kv_heads);
+        err_set(e,
+                "config.json: num_attention_heads (%d) is not a multiple of "
+                "num_key_value_heads (%d)",
+                c->n_heads, c->n_kv_heads);
         goto out;
     }
     if (get_int(root, "head_dim", c->hidden / c->n_heads, &c->head_dim, e)) goto out;

@@ -26,9 +26,9 @@ struct rope_params {
     enum rope_type type;
     double theta;
     double factor;
-    int orig_max_pos;        /* original_max_position_embeddings */
-    double low_freq_factor;  /* llama3 */
-    double high_freq_factor; /* llama3 */
+    int orig_max_pos;            /* original_max_position_embeddings */
+    double low_freq_factor;      /* llama3 */
+    double high_freq_factor;     /* llama3 */
     double beta_fast, beta_slow; /* yarn */
     double attention_factor;     /* yarn; 0 = derived from factor (and mscale) */
     double mscale, mscale_all_dim;
@@ -62,9 +62,9 @@ struct model_config {
     int n_heads;    /* num_attention_heads */
     int n_kv_heads; /* num_key_value_heads */
     int head_dim;
-    int ffn;        /* intermediate_size */
+    int ffn; /* intermediate_size */
     int vocab;
-    int max_pos;    /* max_position_embeddings: the context length */
+    int max_pos; /* max_position_embeddings: the context length */
     float rms_eps;
     enum act_kind act;
     struct rope_params rope_full;    /* full-attention layers (all layers when one set) */
@@ -76,11 +76,11 @@ struct model_config {
     bool attn_bias;    /* q/k/v projections have biases (Qwen2, attention_bias) */
     bool o_bias;       /* o_proj has a bias (attention_bias on Llama) */
     bool mlp_bias;
-    bool qk_norm;      /* per-head RMSNorm of q and k (Qwen3, Gemma 3) */
-    bool gemma_norms;  /* (1 + w) RMSNorm weights, sandwich norms, sqrt(hidden) embed scale */
-    float attn_softcap;  /* 0 = none */
-    float final_softcap; /* 0 = none */
-    float attn_scale;    /* multiplies q.k */
+    bool qk_norm;            /* per-head RMSNorm of q and k (Qwen3, Gemma 3) */
+    bool gemma_norms;        /* (1 + w) RMSNorm weights, sandwich norms, sqrt(hidden) embed scale */
+    float attn_softcap;      /* 0 = none */
+    float final_softcap;     /* 0 = none */
+    float attn_scale;        /* multiplies q.k */
     struct quant_spec quant; /* default for linear layers; mode NONE = unquantized */
     struct quant_override *quant_overrides;
     int n_quant_overrides;

@@ -15,7 +15,8 @@ static int check_shape(const struct st_tensor *t, int ndim, const int64_t *want,
     if (ok) return 0;
     char a[128], b[128];
     return err_set(e, "%s: tensor '%s': shape %s, expected %s", t->file, t->name,
-                   st_shape_str(t->shape, t->ndim, a, sizeof a), st_shape_str(want, ndim, b, sizeof b));
+                   st_shape_str(t->shape, t->ndim, a, sizeof a),
+                   st_shape_str(want, ndim, b, sizeof b));
 }
 
 static const struct st_tensor *need(const struct model *m, const char *name, struct err *e)
@@ -45,12 +46,19 @@ static int load_linear(struct model *m, const char *prefix, int64_t n, int64_t k
         int64_t want[2] = {n, k};
         if (check_shape(t, 2, want, e)) return -1;
         switch (t->dtype) {
-        case ST_F32: w->fmt = WFMT_F32; break;
-        case ST_F16: w->fmt = WFMT_F16; break;
-        case ST_BF16: w->fmt = WFMT_BF16; break;
+        case ST_F32:
+            w->fmt = WFMT_F32;
+            break;
+        case ST_F16:
+            w->fmt = WFMT_F16;
+            break;
+        case ST_BF16:
+            w->fmt = WFMT_BF16;
+            break;
         default:
-            return err_set(e, "%s: tensor '%s': dtype %s is not a supported weight type (need "
-                              "F32, F16, BF16, or U32 with scales)",
+            return err_set(e,
+                           "%s: tensor '%s': dtype %s is not a supported weight type (need "
+                           "F32, F16, BF16, or U32 with scales)",
                            t->file, t->name, st_dtype_name(t->dtype));
         }
         w->bits = (int)st_dtype_size(t->dtype) * 8;
@@ -63,8 +71,8 @@ static int load_linear(struct model *m, const char *prefix, int64_t n, int64_t k
         return err_set(e, "%s: tensor '%s' has scales but config.json declares no quantization",
                        sc->file, sc->name);
     if (t->dtype != ST_U32)
-        return err_set(e, "%s: tensor '%s': quantized weights must be U32, not %s", t->file, t->name,
-                       st_dtype_name(t->dtype));
+        return err_set(e, "%s: tensor '%s': quantized weights must be U32, not %s", t->file,
+                       t->name, st_dtype_name(t->dtype));
     if (k % q.group || (k * q.bits) % 32)
         return err_set(e, "%s: tensor '%s': %lld inputs do not divide into groups of %d", t->file,
                        t->name, (long long)k, q.group);
@@ -91,10 +99,17 @@ static int load_linear(struct model *m, const char *prefix, int64_t n, int64_t k
         w->biases = bi->data;
         break;
     }
-    case QMODE_MXFP4: w->fmt = WFMT_MXFP4; break;
-    case QMODE_MXFP8: w->fmt = WFMT_MXFP8; break;
-    case QMODE_NVFP4: w->fmt = WFMT_NVFP4; break;
-    default: break;
+    case QMODE_MXFP4:
+        w->fmt = WFMT_MXFP4;
+        break;
+    case QMODE_MXFP8:
+        w->fmt = WFMT_MXFP8;
+        break;
+    case QMODE_NVFP4:
+        w->fmt = WFMT_NVFP4;
+        break;
+    default:
+        break;
     }
     if (w->fmt != WFMT_AFFINE && sc->dtype != ST_U8)
         return err_set(e, "%s: tensor '%s': scales of this format must be U8, not %s", sc->file,
@@ -103,8 +118,8 @@ static int load_linear(struct model *m, const char *prefix, int64_t n, int64_t k
 }
 
 /* Loads a 1-D float-like tensor of `dim` values into backend memory (+1 for Gemma norms). */
-static int load_vec(struct model *m, const char *name, int dim, float add, int required, float **out,
-                    struct err *e)
+static int load_vec(struct model *m, const char *name, int dim, float add, int required,
+                    float **out, struct err *e)
 {
     *out = NULL;
     const struct st_tensor *t = st_find(&m->st, name);
@@ -114,9 +129,15 @@ static int load_vec(struct model *m, const char *name, int dim, float add, int r
     float *host = xmalloc(sizeof(float) * (size_t)dim);
     for (int i = 0; i < dim; i++) {
         switch (t->dtype) {
-        case ST_F32: host[i] = ((const float *)t->data)[i]; break;
-        case ST_F16: host[i] = f16_to_f32(((const uint16_t *)t->data)[i]); break;
-        case ST_BF16: host[i] = bf16_to_f32(((const uint16_t *)t->data)[i]); break;
+        case ST_F32:
+            host[i] = ((const float *)t->data)[i];
+            break;
+        case ST_F16:
+            host[i] = f16_to_f32(((const uint16_t *)t->data)[i]);
+            break;
+        case ST_BF16:
+            host[i] = bf16_to_f32(((const uint16_t *)t->data)[i]);
+            break;
         default:
             free(host);
             return err_set(e, "%s: tensor '%s': dtype %s is not supported for a vector", t->file,
@@ -149,8 +170,8 @@ static float rope_inv_freq(const struct rope_params *r, int d, float *inv)
             if (wl > lo_wl) {
                 f = f / r->factor;
             } else if (wl >= hi_wl) {
-                double smooth = (old / wl - r->low_freq_factor) /
-                                (r->high_freq_factor - r->low_freq_factor);
+                double smooth =
+                    (old / wl - r->low_freq_factor) / (r->high_freq_factor - r->low_freq_factor);
                 f = (1 - smooth) * f / r->factor + smooth * f;
             }
             inv[i] = (float)f;
@@ -160,7 +181,7 @@ static float rope_inv_freq(const struct rope_params *r, int d, float *inv)
     case ROPE_YARN: {
         double base = r->theta, factor = r->factor;
         int orig = r->orig_max_pos;
-#define YARN_DIM(rot) (d * log(orig / ((rot) * 2 * M_PI)) / (2 * log(base)))
+#define YARN_DIM(rot) (d * log(orig / ((rot)*2 * M_PI)) / (2 * log(base)))
         double low = YARN_DIM(r->beta_fast), high = YARN_DIM(r->beta_slow);
 #undef YARN_DIM
         if (r->truncate) {
@@ -180,7 +201,7 @@ static float rope_inv_freq(const struct rope_params *r, int d, float *inv)
         if (r->attention_factor > 0) {
             mscale = (float)r->attention_factor;
         } else {
-#define YARN_MSCALE(s, ms) ((s) <= 1 ? 1.0 : 0.1 * (ms) * log(s) + 1.0)
+#define YARN_MSCALE(s, ms) ((s) <= 1 ? 1.0 : 0.1 * (ms)*log(s) + 1.0)
             if (r->mscale > 0 && r->mscale_all_dim > 0)
                 mscale = (float)(YARN_MSCALE(factor, r->mscale) /
                                  YARN_MSCALE(factor, r->mscale_all_dim));
@@ -190,7 +211,8 @@ static float rope_inv_freq(const struct rope_params *r, int d, float *inv)
         }
         break;
     }
-    default: break;
+    default:
+        break;
     }
     return mscale;
 }
@@ -238,8 +260,9 @@ static int load_weights(struct model *m, struct err *e)
                             e)) {
             return -1;
         }
-        if (c->qk_norm && (load_vec(m, VEC("self_attn.q_norm.weight"), (int)D, plus, 1, &L->q_norm, e) ||
-                           load_vec(m, VEC("self_attn.k_norm.weight"), (int)D, plus, 1, &L->k_norm, e)))
+        if (c->qk_norm &&
+            (load_vec(m, VEC("self_attn.q_norm.weight"), (int)D, plus, 1, &L->q_norm, e) ||
+             load_vec(m, VEC("self_attn.k_norm.weight"), (int)D, plus, 1, &L->k_norm, e)))
             return -1;
         if (load_vec(m, VEC("self_attn.q_proj.bias"), (int)qdim, 0, c->attn_bias, &L->bq, e) ||
             load_vec(m, VEC("self_attn.k_proj.bias"), (int)kvdim, 0, c->attn_bias, &L->bk, e) ||
@@ -281,8 +304,8 @@ size_t model_kv_bytes_per_token(const struct model *m)
     return (size_t)2 * m->cfg.n_layers * m->cfg.n_kv_heads * m->cfg.head_dim * sizeof(float);
 }
 
-int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blocks,
-                      int block_size, struct err *e)
+int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blocks, int block_size,
+                      struct err *e)
 {
     const struct model_config *c = &m->cfg;
     const struct backend_ops *o = m->be->ops;
@@ -333,15 +356,27 @@ void model_destroy(struct model *m)
     if (m->layers) {
         for (int l = 0; l < m->cfg.n_layers; l++) {
             struct model_layer *L = &m->layers[l];
-            float *v[] = {L->attn_norm, L->ffn_norm, L->post_attn_norm, L->post_ffn_norm, L->q_norm,
-                          L->k_norm, L->bq, L->bk, L->bv, L->bo, L->b_gate, L->b_up, L->b_down};
+            float *v[] = {L->attn_norm,
+                          L->ffn_norm,
+                          L->post_attn_norm,
+                          L->post_ffn_norm,
+                          L->q_norm,
+                          L->k_norm,
+                          L->bq,
+                          L->bk,
+                          L->bv,
+                          L->bo,
+                          L->b_gate,
+                          L->b_up,
+                          L->b_down};
             for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
                 if (v[i]) o->free(ctx, v[i]);
         }
         free(m->layers);
     }
     if (m->final_norm) o->free(ctx, m->final_norm);
-    float *bufs[] = {m->x, m->h, m->q, m->k, m->v, m->att, m->gate, m->up, m->xl, m->logits,
+    float *bufs[] = {m->x,           m->h,           m->q,           m->k,          m->v,
+                     m->att,         m->gate,        m->up,          m->xl,         m->logits,
                      m->rope_cos[0], m->rope_cos[1], m->rope_sin[0], m->rope_sin[1]};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) o->free(ctx, bufs[i]);

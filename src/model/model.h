@@ -25,11 +25,11 @@ struct model_layer {
     struct qweight wq, wk, wv, wo;       /* [Hq*D, hidden], [Hkv*D, hidden] x2, [hidden, Hq*D] */
     struct qweight w_gate, w_up, w_down; /* [ffn, hidden] x2, [hidden, ffn] */
     float *attn_norm;                    /* [hidden] input_layernorm */
-    float *ffn_norm;                     /* [hidden] post_attention_ (Llama) / pre_feedforward_ (Gemma) */
+    float *ffn_norm; /* [hidden] post_attention_ (Llama) / pre_feedforward_ (Gemma) */
     float *post_attn_norm, *post_ffn_norm; /* [hidden] Gemma sandwich norms, else NULL */
-    float *q_norm, *k_norm;              /* [D] per-head norms, else NULL */
-    float *bq, *bk, *bv, *bo;            /* projection biases, else NULL */
-    float *b_gate, *b_up, *b_down;       /* MLP biases, else NULL */
+    float *q_norm, *k_norm;                /* [D] per-head norms, else NULL */
+    float *bq, *bk, *bv, *bo;              /* projection biases, else NULL */
+    float *b_gate, *b_up, *b_down;         /* MLP biases, else NULL */
 };
 
 struct model {
@@ -59,8 +59,8 @@ struct model {
 struct model *model_load(const char *dir, struct backend *be, struct err *e);
 
 /** Sizes the step buffers and KV storage (n_blocks blocks of block_size tokens). */
-int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blocks,
-                      int block_size, struct err *e);
+int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blocks, int block_size,
+                      struct err *e);
 
 /** KV bytes one token takes across all layers (float32 K and V). */
 size_t model_kv_bytes_per_token(const struct model *m);

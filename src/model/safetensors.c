@@ -19,11 +19,11 @@ static const struct {
     const char *name;
     size_t size;
 } dtypes[ST_DTYPE_COUNT] = {
-    [ST_F32] = {"F32", 4},      [ST_F16] = {"F16", 2},          [ST_BF16] = {"BF16", 2},
-    [ST_F64] = {"F64", 8},      [ST_I8] = {"I8", 1},            [ST_U8] = {"U8", 1},
-    [ST_I16] = {"I16", 2},      [ST_U16] = {"U16", 2},          [ST_I32] = {"I32", 4},
-    [ST_U32] = {"U32", 4},      [ST_I64] = {"I64", 8},          [ST_U64] = {"U64", 8},
-    [ST_BOOL] = {"BOOL", 1},    [ST_F8_E4M3] = {"F8_E4M3", 1},  [ST_F8_E5M2] = {"F8_E5M2", 1},
+    [ST_F32] = {"F32", 4},   [ST_F16] = {"F16", 2},         [ST_BF16] = {"BF16", 2},
+    [ST_F64] = {"F64", 8},   [ST_I8] = {"I8", 1},           [ST_U8] = {"U8", 1},
+    [ST_I16] = {"I16", 2},   [ST_U16] = {"U16", 2},         [ST_I32] = {"I32", 4},
+    [ST_U32] = {"U32", 4},   [ST_I64] = {"I64", 8},         [ST_U64] = {"U64", 8},
+    [ST_BOOL] = {"BOOL", 1}, [ST_F8_E4M3] = {"F8_E4M3", 1}, [ST_F8_E5M2] = {"F8_E5M2", 1},
 };
 
 size_t st_dtype_size(enum st_dtype t)
@@ -105,8 +105,8 @@ static int parse_entry(const cJSON *item, const char *file, const uint8_t *data,
     if (end - begin != want)
         return err_set(e,
                        "%s: tensor '%s': shape %s of %s needs %zu bytes but data_offsets span %zu",
-                       file, name, st_shape_str(t->shape, nd, sbuf, sizeof sbuf),
-                       dt->valuestring, want, end - begin);
+                       file, name, st_shape_str(t->shape, nd, sbuf, sizeof sbuf), dt->valuestring,
+                       want, end - begin);
     if (end > avail)
         return err_set(e,
                        "%s: truncated: tensor '%s' ends at byte %zu of the data section, which "
@@ -171,8 +171,7 @@ int st_open_file(struct safetensors *st, const char *path, struct err *e)
     for (const cJSON *it = root->child; it; it = it->next) {
         if (strcmp(it->string, "__metadata__") == 0) continue;
         if (strmap_get(&st->index, it->string, strlen(it->string), NULL)) {
-            rc = err_set(e, "%s: tensor '%s' appears twice in the checkpoint", f->base,
-                         it->string);
+            rc = err_set(e, "%s: tensor '%s' appears twice in the checkpoint", f->base, it->string);
             break;
         }
         struct st_tensor t = {0};

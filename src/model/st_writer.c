@@ -60,7 +60,8 @@ int st_writer_write(struct st_writer *w, const char *path, const char *metadata_
         cJSON *o = cJSON_AddObjectToObject(h, t->name);
         cJSON_AddStringToObject(o, "dtype", st_dtype_name(t->dt));
         cJSON *sh = cJSON_AddArrayToObject(o, "shape");
-        for (int d = 0; d < t->ndim; d++) cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->shape[d]));
+        for (int d = 0; d < t->ndim; d++)
+            cJSON_AddItemToArray(sh, cJSON_CreateNumber((double)t->shape[d]));
         cJSON *of = cJSON_AddArrayToObject(o, "data_offsets");
         cJSON_AddItemToArray(of, cJSON_CreateNumber((double)off));
         cJSON_AddItemToArray(of, cJSON_CreateNumber((double)(off + t->bytes)));

@@ -21,13 +21,27 @@ double qweight_bits_per_weight(const struct qweight *w)
 const char *qweight_format_name(const struct qweight *w, char *buf, size_t n)
 {
     switch (w->fmt) {
-    case WFMT_F32: snprintf(buf, n, "f32"); break;
-    case WFMT_F16: snprintf(buf, n, "f16"); break;
-    case WFMT_BF16: snprintf(buf, n, "bf16"); break;
-    case WFMT_AFFINE: snprintf(buf, n, "mlx%d-g%d", w->bits, w->group); break;
-    case WFMT_MXFP4: snprintf(buf, n, "mxfp4"); break;
-    case WFMT_MXFP8: snprintf(buf, n, "mxfp8"); break;
-    case WFMT_NVFP4: snprintf(buf, n, "nvfp4"); break;
+    case WFMT_F32:
+        snprintf(buf, n, "f32");
+        break;
+    case WFMT_F16:
+        snprintf(buf, n, "f16");
+        break;
+    case WFMT_BF16:
+        snprintf(buf, n, "bf16");
+        break;
+    case WFMT_AFFINE:
+        snprintf(buf, n, "mlx%d-g%d", w->bits, w->group);
+        break;
+    case WFMT_MXFP4:
+        snprintf(buf, n, "mxfp4");
+        break;
+    case WFMT_MXFP8:
+        snprintf(buf, n, "mxfp8");
+        break;
+    case WFMT_NVFP4:
+        snprintf(buf, n, "nvfp4");
+        break;
     }
     return buf;
 }

@@ -24,7 +24,7 @@ struct qweight {
     int bits;  /* bits per stored value */
     int group; /* values per scale (quantized formats) */
     int64_t n, k;
-    const uint8_t *w;     /* n rows of row_bytes */
+    const uint8_t *w; /* n rows of row_bytes */
     size_t row_bytes;
     const void *scales;   /* n rows of k/group entries */
     const void *biases;   /* affine only */

@@ -20,8 +20,8 @@
 
 #define TOL 1e-3
 
-static const char *supported[] = {"LlamaForCausalLM",  "MistralForCausalLM", "Qwen2ForCausalLM",
-                                  "Qwen3ForCausalLM",  "Gemma2ForCausalLM",  "Gemma3ForCausalLM"};
+static const char *supported[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                                  "Qwen3ForCausalLM", "Gemma2ForCausalLM",  "Gemma3ForCausalLM"};
 
 static char *run(const char *cmd)
 {
@@ -98,8 +98,8 @@ static int check_case(const char *bin, const char *dir, const char *name, int ci
                 found = 1;
                 double mlp = cJSON_GetArrayItem(m, 1)->valuedouble;
                 if (fabs(mlp - glp) > TOL) {
-                    fprintf(stderr, "%s case %d step %d: logprob of %d is %.6f, golden %.6f\n", name,
-                            ci, i, gid, mlp, glp);
+                    fprintf(stderr, "%s case %d step %d: logprob of %d is %.6f, golden %.6f\n",
+                            name, ci, i, gid, mlp, glp);
                     fails++;
                 }
             }

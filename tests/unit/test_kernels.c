@@ -87,8 +87,15 @@ static void test_decodings(void)
     /* affine 4-bit: nibbles LSB first; w = scale * q + bias */
     uint32_t word[2] = {0x76543210u, 0xfedcba98u};
     uint16_t sc = f32_to_bf16(0.5f), bi = f32_to_bf16(-1.0f);
-    struct qweight w = {.fmt = WFMT_AFFINE, .bits = 4, .group = 16, .n = 1, .k = 16,
-                        .w = (const uint8_t *)word, .row_bytes = 8, .scales = &sc, .biases = &bi,
+    struct qweight w = {.fmt = WFMT_AFFINE,
+                        .bits = 4,
+                        .group = 16,
+                        .n = 1,
+                        .k = 16,
+                        .w = (const uint8_t *)word,
+                        .row_bytes = 8,
+                        .scales = &sc,
+                        .biases = &bi,
                         .sdtype = ST_BF16};
     float out[16];
     quant_dequant_row(&w, 0, 0, 16, out);
@@ -100,19 +107,35 @@ static void test_decodings(void)
         for (int b = 0; b < 3; b++)
             if (j >> b & 1) b3[(j * 3 + b) / 8] |= (uint8_t)(1 << ((j * 3 + b) % 8));
     uint16_t one = f32_to_bf16(1.0f), zero = 0;
-    struct qweight w3 = {.fmt = WFMT_AFFINE, .bits = 3, .group = 8, .n = 1, .k = 8, .w = b3,
-                         .row_bytes = 3, .scales = &one, .biases = &zero, .sdtype = ST_BF16};
+    struct qweight w3 = {.fmt = WFMT_AFFINE,
+                         .bits = 3,
+                         .group = 8,
+                         .n = 1,
+                         .k = 8,
+                         .w = b3,
+                         .row_bytes = 3,
+                         .scales = &one,
+                         .biases = &zero,
+                         .sdtype = ST_BF16};
     quant_dequant_row(&w3, 0, 0, 8, out);
     for (int i = 0; i < 8; i++) CHECK(out[i] == (float)i, "affine3[%d] = %g", i, out[i]);
 
     /* e2m1 codes and an e8m0 scale of 2^1 */
     uint32_t fp4[1] = {0xf9a87210u}; /* codes 0,1,2,7,8,10,9,15 */
     uint8_t e8 = 128;
-    struct qweight w4 = {.fmt = WFMT_MXFP4, .bits = 4, .group = 8, .n = 1, .k = 8,
-                         .w = (const uint8_t *)fp4, .row_bytes = 4, .scales = &e8, .sdtype = ST_U8};
+    struct qweight w4 = {.fmt = WFMT_MXFP4,
+                         .bits = 4,
+                         .group = 8,
+                         .n = 1,
+                         .k = 8,
+                         .w = (const uint8_t *)fp4,
+                         .row_bytes = 4,
+                         .scales = &e8,
+                         .sdtype = ST_U8};
     quant_dequant_row(&w4, 0, 0, 8, out);
     const float want4[8] = {0, 1, 2, 12, -0.0f, -2, -1, -12};
-    for (int i = 0; i < 8; i++) CHECK(out[i] == want4[i], "mxfp4[%d] = %g, want %g", i, out[i], want4[i]);
+    for (int i = 0; i < 8; i++)
+        CHECK(out[i] == want4[i], "mxfp4[%d] = %g, want %g", i, out[i], want4[i]);
 
     /* e4m3: 0x38 = 1, 0x7e = 448 (largest), 0x01 = 2^-9 (smallest subnormal), 0xc0 = -2 */
     CHECK(quant_fp8_lut[0x38] == 1.0f, "fp8 0x38 = %g", quant_fp8_lut[0x38]);
@@ -125,17 +148,32 @@ static void test_decodings(void)
     /* nvfp4: e2m1 codes times an e4m3 scale (0x30 = 0.5) */
     uint8_t s16 = 0x30;
     uint32_t c16[2] = {0x00000076u, 0};
-    struct qweight wn = {.fmt = WFMT_NVFP4, .bits = 4, .group = 16, .n = 1, .k = 16,
-                         .w = (const uint8_t *)c16, .row_bytes = 8, .scales = &s16, .sdtype = ST_U8};
+    struct qweight wn = {.fmt = WFMT_NVFP4,
+                         .bits = 4,
+                         .group = 16,
+                         .n = 1,
+                         .k = 16,
+                         .w = (const uint8_t *)c16,
+                         .row_bytes = 8,
+                         .scales = &s16,
+                         .sdtype = ST_U8};
     float o16[16];
     quant_dequant_row(&wn, 0, 0, 16, o16);
-    CHECK(o16[0] == 2.0f && o16[1] == 3.0f && o16[2] == 0.0f, "nvfp4 %g %g %g", o16[0], o16[1], o16[2]);
+    CHECK(o16[0] == 2.0f && o16[1] == 3.0f && o16[2] == 0.0f, "nvfp4 %g %g %g", o16[0], o16[1],
+          o16[2]);
 
     /* mxfp8 */
     uint8_t f8[4] = {0x38, 0xc0, 0x7e, 0x00};
     uint8_t e7 = 126; /* 0.5 */
-    struct qweight w8 = {.fmt = WFMT_MXFP8, .bits = 8, .group = 4, .n = 1, .k = 4, .w = f8,
-                         .row_bytes = 4, .scales = &e7, .sdtype = ST_U8};
+    struct qweight w8 = {.fmt = WFMT_MXFP8,
+                         .bits = 8,
+                         .group = 4,
+                         .n = 1,
+                         .k = 4,
+                         .w = f8,
+                         .row_bytes = 4,
+                         .scales = &e7,
+                         .sdtype = ST_U8};
     quant_dequant_row(&w8, 0, 0, 4, out);
     CHECK(out[0] == 0.5f && out[1] == -1.0f && out[2] == 224.0f && out[3] == 0.0f, "mxfp8");
 }
@@ -259,7 +297,8 @@ static void test_elementwise(void)
     /* rope by 90 degrees maps (a, b) -> (-b, a) */
     float v[4] = {1, 2, 3, 4}, c[2] = {0, 0}, s[2] = {1, 1};
     cpu_rope(v, 1, 1, 4, c, s);
-    CHECK(v[0] == -3 && v[1] == -4 && v[2] == 1 && v[3] == 2, "rope %g %g %g %g", v[0], v[1], v[2], v[3]);
+    CHECK(v[0] == -3 && v[1] == -4 && v[2] == 1 && v[3] == 2, "rope %g %g %g %g", v[0], v[1], v[2],
+          v[3]);
     float g[3] = {0, 1, -2}, u[3] = {1, 1, 1}, out[3];
     cpu_silu_mul(out, g, u, 3);
     CHECK(out[0] == 0 && fabsf(out[1] - 0.7310586f) < 1e-6f && fabsf(out[2] + 0.2384058f) < 1e-6f,
@@ -269,7 +308,8 @@ static void test_elementwise(void)
           "gelu %g %g %g", out[0], out[1], out[2]);
     float sc[2] = {100, -1};
     cpu_softcap(sc, 2, 30);
-    CHECK(fabsf(sc[0] - 30 * tanhf(100.0f / 30)) < 1e-5f && fabsf(sc[1] - 30 * tanhf(-1.0f / 30)) < 1e-6f,
+    CHECK(fabsf(sc[0] - 30 * tanhf(100.0f / 30)) < 1e-5f &&
+              fabsf(sc[1] - 30 * tanhf(-1.0f / 30)) < 1e-6f,
           "softcap");
 }
 

@@ -72,7 +72,8 @@ static void expect_error(const char *what, const char *dir, const char *want1, c
         return;
     }
     CHECK(strstr(e.msg, want1) != NULL, "%s: message '%s' lacks '%s'", what, e.msg, want1);
-    if (want2) CHECK(strstr(e.msg, want2) != NULL, "%s: message '%s' lacks '%s'", what, e.msg, want2);
+    if (want2)
+        CHECK(strstr(e.msg, want2) != NULL, "%s: message '%s' lacks '%s'", what, e.msg, want2);
     CHECK(strchr(e.msg, '\n') == NULL, "%s: message spans lines", what);
     printf("  %-22s -> %s\n", what, e.msg);
 }
@@ -193,8 +194,9 @@ static void test_sharded(void)
         const struct st_tensor *t = &st.tensors[i];
         cc[i].data = t->data;
         st_writer_add(w[i % 2], t->name, t->dtype, t->ndim, t->shape, copy_fill, &cc[i]);
-        off += (size_t)snprintf(index + off, (1 << 20) - off, "%s\"%s\": \"model-0000%d-of-00002.safetensors\"",
-                                i ? ", " : "", t->name, i % 2 + 1);
+        off += (size_t)snprintf(index + off, (1 << 20) - off,
+                                "%s\"%s\": \"model-0000%d-of-00002.safetensors\"", i ? ", " : "",
+                                t->name, i % 2 + 1);
     }
     snprintf(index + off, (1 << 20) - off, "}}");
     char p[8192];
@@ -216,7 +218,8 @@ static void test_sharded(void)
     CHECK(bad != NULL, "index names model.norm.weight");
     if (bad) memcpy(bad, "\"model.norm.wXight\"", 19);
     write_file(d, "model.safetensors.index.json", index, strlen(index));
-    expect_error("index names missing", d, "'model.norm.wXight' named by model.safetensors.index.json", NULL);
+    expect_error("index names missing", d,
+                 "'model.norm.wXight' named by model.safetensors.index.json", NULL);
     write_file(d, "model.safetensors.index.json", "{\"weight_map\": 3}", 17);
     expect_error("corrupt index", d, "model.safetensors.index.json", "weight_map");
     free(index);
@@ -233,7 +236,8 @@ static void test_config_layouts(const char *testdata)
     snprintf(dir, sizeof dir, "%s/models/gemma3-tiny", testdata);
     CHECK(config_load(&c, dir, &e) == 0, "gemma3 config: %s", e.msg);
     CHECK(c.rope_full.theta == 1000000.0 && c.rope_sliding.theta == 10000.0, "gemma3 rope thetas");
-    CHECK(c.layer_kinds[0] == LAYER_SLIDING && c.layer_kinds[2] == LAYER_FULL, "gemma3 layer kinds");
+    CHECK(c.layer_kinds[0] == LAYER_SLIDING && c.layer_kinds[2] == LAYER_FULL,
+          "gemma3 layer kinds");
     CHECK(c.sliding_window == 16 && c.qk_norm && c.gemma_norms, "gemma3 flags");
     CHECK(c.n_eos == 1 && c.eos_ids[0] == 1 && c.bos_id == 2, "gemma3 eos/bos");
     config_dispose(&c);
@@ -257,17 +261,20 @@ static void test_config_layouts(const char *testdata)
     const char *qcfg =
         "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64, \"num_hidden_layers\": 1,"
         "\"num_attention_heads\": 2, \"intermediate_size\": 128, \"vocab_size\": 10,"
-        "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 2048},"
+        "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4.0, "
+        "\"original_max_position_embeddings\": 2048},"
         "\"quantization\": {\"group_size\": 64, \"bits\": 4, \"model.layers.0.mlp.gate_proj\": "
         "{\"group_size\": 32, \"bits\": 8}, \"lm_head\": false}}";
     write_file(fx, "config.json", qcfg, strlen(qcfg));
     CHECK(config_load(&c, fx, &e) == 0, "quant config: %s", e.msg);
     struct quant_spec q = config_quant_for(&c, "model.layers.0.mlp.gate_proj");
-    CHECK(q.mode == QMODE_AFFINE && q.bits == 8 && q.group == 32, "override %d %d %d", q.mode, q.bits, q.group);
+    CHECK(q.mode == QMODE_AFFINE && q.bits == 8 && q.group == 32, "override %d %d %d", q.mode,
+          q.bits, q.group);
     q = config_quant_for(&c, "model.layers.0.mlp.up_proj");
     CHECK(q.mode == QMODE_AFFINE && q.bits == 4 && q.group == 64, "default quant");
     CHECK(config_quant_for(&c, "lm_head").mode == QMODE_NONE, "lm_head unquantized");
-    CHECK(c.rope_full.type == ROPE_YARN && c.rope_full.factor == 4.0 && c.rope_full.orig_max_pos == 2048,
+    CHECK(c.rope_full.type == ROPE_YARN && c.rope_full.factor == 4.0 &&
+              c.rope_full.orig_max_pos == 2048,
           "yarn in rope_scaling");
     CHECK(c.head_dim == 32 && c.n_kv_heads == 2, "defaults: head_dim, kv heads");
     config_dispose(&c);

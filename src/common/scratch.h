@@ -1,0 +1,15 @@
+/*
+ * scratch: per-thread working buffers for kernels, grown on demand and kept, so steady-state
+ * steps allocate nothing. Freed when the thread exits.
+ */
+#ifndef PAGODA_COMMON_SCRATCH_H
+#define PAGODA_COMMON_SCRATCH_H
+
+#include <stddef.h>
+
+enum scratch_slot { SCRATCH_GEMM_A, SCRATCH_GEMM_B, SCRATCH_GEMV, SCRATCH_ATTN, SCRATCH_SLOTS };
+
+/** This thread's buffer `slot` with room for at least `floats` floats (contents undefined). */
+float *scratch_get(enum scratch_slot slot, size_t floats);
+
+#endif
