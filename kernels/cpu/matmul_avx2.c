@@ -1,5 +1,6 @@
 /* AVX2 + FMA kernels (compiled with -mavx2 -mfma -mf16c, used only when the CPU has them). */
 #include <immintrin.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -139,6 +140,10 @@ ALWAYS_INLINE void gemv_float_body(enum wfmt f, const struct qweight *w, int64_t
             __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
             int64_t j = 0;
             for (; j < k32; j += 32) {
+                _mm_prefetch((const char *)wr + (j + 32) * (f == WFMT_F32 ? 4 : 2) + 1024,
+                             _MM_HINT_T0);
+                if (f == WFMT_F32)
+                    _mm_prefetch((const char *)wr + (j + 16) * 4 + 1024, _MM_HINT_T0);
                 a0 = _mm256_fmadd_ps(load8(f, wr, j), _mm256_loadu_ps(x + j), a0);
                 a1 = _mm256_fmadd_ps(load8(f, wr, j + 8), _mm256_loadu_ps(x + j + 8), a1);
                 a2 = _mm256_fmadd_ps(load8(f, wr, j + 16), _mm256_loadu_ps(x + j + 16), a2);
@@ -226,6 +231,78 @@ static void gemv_affine4_m1(const struct qweight *w, int64_t r0, int64_t r1, con
     }
 }
 
+/*
+ * Affine 4-bit, one x row, groups of 64 or more: integer dot products. x is split per
+ * weight group into a 16-bit fixed-point value held as two int8 halves (x ~ sx * (256 hi +
+ * lo), |error| <= sx / 2 with sx = max|x| / 32639, about 1.5e-5 of the group's largest
+ * input), so vpmaddubsw multiplies 32 nibbles by 32 inputs per instruction. That is 2.5x
+ * fewer instructions than converting nibbles to float, which decides the speed of
+ * memory-bound decode. Each 64 values (32 bytes) hold even elements in low nibbles and odd
+ * ones in high nibbles per 32-value block; the x halves are laid out to match.
+ */
+static void gemv_affine4_int(const struct qweight *w, int64_t r0, int64_t r1, const float *x,
+                             float *y)
+{
+    int64_t k = w->k, groups = k / w->group, chunks = k / 64;
+    /* scratch: [chunks][4][32] int8 halves, then groups sums of x and groups scales */
+    float *sp = scratch((size_t)chunks * 32 + 2 * (size_t)groups);
+    int8_t *xq = (int8_t *)sp;
+    float *xs = sp + chunks * 32, *xsc = xs + groups;
+    for (int64_t g = 0; g < groups; g++) {
+        const float *xg = x + g * w->group;
+        float mx = 0, sum = 0;
+        for (int j = 0; j < w->group; j++) {
+            float a = xg[j] < 0 ? -xg[j] : xg[j];
+            if (a > mx) mx = a;
+            sum += xg[j];
+        }
+        xs[g] = sum;
+        float sx = mx > 0 ? mx / 32639.0f : 1.0f, inv = 1.0f / sx;
+        xsc[g] = sx;
+        for (int j = 0; j < w->group; j++) {
+            int64_t e = g * w->group + j, c = e / 64, in = e % 64, blk = in / 32, pos = in % 32;
+            int odd = (int)(pos & 1);
+            int64_t slot = c * 128 + (int64_t)odd * 32 + blk * 16 + pos / 2;
+            float t = xg[j] * inv;
+            int hi = (int)rintf(t * (1.0f / 256.0f));
+            hi = hi > 127 ? 127 : hi < -127 ? -127 : hi;
+            int lo = (int)rintf(t - 256.0f * (float)hi);
+            lo = lo > 127 ? 127 : lo < -128 ? -128 : lo;
+            xq[slot] = (int8_t)hi;
+            xq[slot + 64] = (int8_t)lo;
+        }
+    }
+    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    int64_t cpg = w->group / 64;
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = w->w + (size_t)r * w->row_bytes;
+        __m256 tot = _mm256_setzero_ps();
+        float bias_sum = 0;
+        for (int64_t g = 0; g < groups; g++) {
+            __m256i ah = _mm256_setzero_si256(), al = ah;
+            for (int64_t c = g * cpg; c < (g + 1) * cpg; c++) {
+                /* Streams 1 KB ahead: the prefetcher alone leaves the loads waiting. */
+                _mm_prefetch((const char *)(row + c * 32 + 1024), _MM_HINT_T0);
+                __m256i v = _mm256_loadu_si256((const __m256i *)(row + c * 32));
+                __m256i lo = _mm256_and_si256(v, m4);
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                const __m256i *b = (const __m256i *)(xq + c * 128);
+                __m256i ph = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(b)),
+                                              _mm256_maddubs_epi16(hi, _mm256_loadu_si256(b + 1)));
+                __m256i pl = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(b + 2)),
+                                              _mm256_maddubs_epi16(hi, _mm256_loadu_si256(b + 3)));
+                ah = _mm256_add_epi32(ah, _mm256_madd_epi16(ph, ones));
+                al = _mm256_add_epi32(al, _mm256_madd_epi16(pl, ones));
+            }
+            __m256i comb = _mm256_add_epi32(_mm256_slli_epi32(ah, 8), al);
+            float sc = quant_load_scale(w->scales, w->sdtype, r * groups + g) * xsc[g];
+            bias_sum += quant_load_scale(w->biases, w->sdtype, r * groups + g) * xs[g];
+            tot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(comb), _mm256_set1_ps(sc), tot);
+        }
+        y[r] = hsum(tot) + bias_sum;
+    }
+}
+
 static void gemv_affine8_m1(const struct qweight *w, int64_t r0, int64_t r1, const float *x,
                             float *y)
 {
@@ -243,6 +320,7 @@ static void gemv_affine8_m1(const struct qweight *w, int64_t r0, int64_t r1, con
         for (int64_t g = 0; g < groups; g++) {
             __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
             for (int64_t j = g * w->group; j < (g + 1) * w->group; j += 16) {
+                if ((j & 63) == 0) _mm_prefetch((const char *)(row + j + 1024), _MM_HINT_T0);
                 __m128i q = _mm_loadu_si128((const __m128i *)(row + j));
                 a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)),
                                      _mm256_loadu_ps(x + j), a0);
@@ -272,6 +350,10 @@ static void gemv_avx2(const struct qweight *w, int64_t r0, int64_t r1, const flo
         return;
     default:
         break;
+    }
+    if (m == 1 && w->fmt == WFMT_AFFINE && w->bits == 4 && w->group % 64 == 0) {
+        gemv_affine4_int(w, r0, r1, x, y);
+        return;
     }
     if (m == 1 && w->fmt == WFMT_AFFINE && w->bits == 4) {
         gemv_affine4_m1(w, r0, r1, x, y);

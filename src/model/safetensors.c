@@ -255,6 +255,14 @@ void st_close(struct safetensors *st)
     memset(st, 0, sizeof *st);
 }
 
+int st_lock(struct safetensors *st, struct err *e)
+{
+    for (int i = 0; i < st->nfiles; i++)
+        if (mlock(st->files[i].map, st->files[i].size) != 0)
+            return err_set(e, "%s: mlock: %s", st->files[i].base, strerror(errno));
+    return 0;
+}
+
 const struct st_tensor *st_find(const struct safetensors *st, const char *name)
 {
     int32_t i;

@@ -69,6 +69,10 @@ int st_open_file(struct safetensors *st, const char *path, struct err *e);
 
 void st_close(struct safetensors *st);
 
+/** Locks every mapped file in memory (mlock), so the page cache cannot drop weights between
+ * steps. -1 + err when the system refuses (RLIMIT_MEMLOCK). */
+int st_lock(struct safetensors *st, struct err *e);
+
 /** The tensor named `name`, or NULL. */
 const struct st_tensor *st_find(const struct safetensors *st, const char *name);
 
