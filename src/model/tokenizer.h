@@ -37,6 +37,16 @@ char *tok_decode(const struct tok *t, const int32_t *ids, size_t n, int skip_spe
 /** The id of a token string (added or vocabulary), or -1. */
 int32_t tok_token_id(const struct tok *t, const char *token);
 
+/** 1 when id is a special added token (what skip_special drops). */
+int tok_is_special(const struct tok *t, int32_t id);
+
+/** bos_token / eos_token of tokenizer_config.json, or -1 when absent. */
+int32_t tok_bos_id(const struct tok *t);
+int32_t tok_eos_id(const struct tok *t);
+
+/** The token string of an id (owned by t), or NULL when the id is unknown. */
+const char *tok_id_to_token(const struct tok *t, int32_t id);
+
 /** Streaming detokenizer: feed ids one at a time, get text as soon as it is final. */
 struct tok_stream;
 struct tok_stream *tok_stream_create(const struct tok *t, int skip_special);
