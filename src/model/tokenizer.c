@@ -17,6 +17,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <xxhash.h>
+
 #include "common/util.h"
 #include "model/tokenizer_impl.h"
 
@@ -365,8 +367,22 @@ int32_t tok_eos_id(const struct tok *t)
 
 /* ---- encoding ---- */
 
+/*
+ * Word cache of one encode call: words repeat (Zipf), so large inputs keep the BPE result of
+ * short pieces in a direct-mapped table. Only allocated for inputs of CACHE_MIN_INPUT bytes
+ * or more; a slot is overwritten on collision. 4096 slots x 80 bytes = 320 KiB.
+ */
+enum { CACHE_SLOTS = 4096, CACHE_KEY = 40, CACHE_IDS = 8, CACHE_MIN_INPUT = 16384 };
+
+struct cache_slot {
+    uint8_t klen, nids; /* klen 0: empty */
+    char key[CACHE_KEY - 2];
+    int32_t ids[CACHE_IDS];
+};
+
 struct enc {
     const struct tok *t;
+    struct cache_slot *cache;
     struct tok_ids ids;
     struct tok_buf arena, normed;
     struct tok_pieces pa, pb;
@@ -386,8 +402,26 @@ static int model_segment(struct enc *c, const char *s, size_t len, int first)
         if (tok_pre_apply(c->t->pre, &c->arena, &c->pa, &c->pb, &c->m) != 0) return -1;
         ps = &c->pb;
     }
-    for (size_t i = 0; i < ps->n; i++)
-        tok_bpe_word(&c->t->bpe, c->arena.p + ps->v[i].off, ps->v[i].len, &c->ids, &c->bs);
+    for (size_t i = 0; i < ps->n; i++) {
+        const char *w = c->arena.p + ps->v[i].off;
+        size_t wl = ps->v[i].len;
+        struct cache_slot *slot = NULL;
+        if (c->cache && wl <= sizeof slot->key) {
+            slot = &c->cache[XXH3_64bits(w, wl) & (CACHE_SLOTS - 1)];
+            if (slot->klen == wl && !memcmp(slot->key, w, wl)) {
+                for (int k = 0; k < slot->nids; k++) tok_ids_push(&c->ids, slot->ids[k]);
+                continue;
+            }
+        }
+        size_t before = c->ids.n;
+        tok_bpe_word(&c->t->bpe, w, wl, &c->ids, &c->bs);
+        if (slot && wl && c->ids.n - before <= CACHE_IDS) {
+            slot->klen = (uint8_t)wl;
+            slot->nids = (uint8_t)(c->ids.n - before);
+            memcpy(slot->key, w, wl);
+            memcpy(slot->ids, c->ids.v + before, slot->nids * sizeof(int32_t));
+        }
+    }
     return 0;
 }
 
@@ -498,6 +532,7 @@ int tok_encode(const struct tok *t, const char *text, size_t len, int add_specia
     memset(&c, 0, sizeof c);
     c.t = t;
     tok_matcher_init(&c.m);
+    if (len >= CACHE_MIN_INPUT) c.cache = xcalloc(CACHE_SLOTS, sizeof *c.cache);
     if (add_special)
         for (int i = 0; i < t->npost_pre; i++) tok_ids_push(&c.ids, t->post_pre[i]);
     int rc = split_added(&c, 0, text, len, 1, normalized_segment);
@@ -509,6 +544,7 @@ int tok_encode(const struct tok *t, const char *text, size_t len, int add_specia
     free(c.pa.v);
     free(c.pb.v);
     tok_bpe_scratch_dispose(&c.bs);
+    free(c.cache);
     if (rc != 0) {
         free(c.ids.v);
         return err_set(e, "regular expression matching failed (input too complex)");

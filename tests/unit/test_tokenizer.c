@@ -536,6 +536,44 @@ static void test_decoders(void)
     }
 }
 
+/* Inputs of 16 KiB or more use a word cache; it must not change a single id. GPT-2's
+ * pre-tokenization is unchanged by cutting just before a blank line, so the corpus encoded
+ * whole (cached) must equal the concatenation of small chunks (uncached). */
+static void test_word_cache_is_transparent(void)
+{
+    char dir[4096], path[4200];
+    snprintf(dir, sizeof dir, "%s/tokenizers/gpt2", testdata);
+    snprintf(path, sizeof path, "%s/corpus/tinyshakespeare.txt", testdata);
+    struct err e = {0};
+    size_t len;
+    char *text = util_read_file(path, &len, &e);
+    CHECK(text != NULL, "missing corpus: %s", e.msg);
+    if (!text) return;
+    if (len > 300000) len = 300000;
+    while (len && text[len - 1] != '.') len--; /* end on a complete sentence */
+    struct tok *t = load_or_die(dir);
+    int32_t *whole, *part;
+    size_t nw, np;
+    CHECK(tok_encode(t, text, len, 0, &whole, &nw, &e) == 0, "%s", e.msg);
+    struct tok_ids acc = {0};
+    size_t start = 0;
+    while (start < len) {
+        size_t end = start + 8000 < len ? start + 8000 : len;
+        while (end < len && end > start + 1 && !(text[end] == '\n' && text[end + 1] == '\n')) end--;
+        if (end <= start + 1) end = start + 8000 < len ? start + 8000 : len;
+        CHECK(tok_encode(t, text + start, end - start, 0, &part, &np, &e) == 0, "%s", e.msg);
+        for (size_t i = 0; i < np; i++) tok_ids_push(&acc, part[i]);
+        free(part);
+        start = end;
+    }
+    CHECK(acc.n == nw && !memcmp(acc.v, whole, nw * sizeof(int32_t)),
+          "cached encode differs from chunked encode (%zu vs %zu ids)", nw, acc.n);
+    free(acc.v);
+    free(whole);
+    free(text);
+    tok_destroy(t);
+}
+
 static void test_lossy_utf8(void)
 {
     /* expected outputs follow Rust's from_utf8_lossy (maximal subparts) */
@@ -584,6 +622,7 @@ int main(int argc, char **argv)
     test_normalizers();
     test_decoders();
     test_lossy_utf8();
+    test_word_cache_is_transparent();
     char path[512];
     snprintf(path, sizeof path, "%s/tokenizer.json", tmpdir);
     unlink(path);
