@@ -186,8 +186,9 @@ int cli_detokenize(int argc, char **argv)
             tok_destroy(t);
             return 1;
         }
-    char *s = tok_decode(t, ids, n, skip);
-    fwrite(s, 1, strlen(s), stdout);
+    size_t len;
+    char *s = tok_decode_len(t, ids, n, skip, &len);
+    fwrite(s, 1, len, stdout);
     free(s);
     free(ids);
     tok_destroy(t);

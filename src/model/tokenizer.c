@@ -90,7 +90,7 @@ static void build_buckets(const struct tok *t, int normalized, int32_t first[257
 static void ids_append(int32_t **v, int *n, const int32_t *src, int m)
 {
     *v = xrealloc(*v, (size_t)(*n + m + 1) * sizeof(int32_t));
-    memcpy(*v + *n, src, (size_t)m * sizeof(int32_t));
+    if (m) memcpy(*v + *n, src, (size_t)m * sizeof(int32_t));
     *n += m;
 }
 
@@ -557,6 +557,12 @@ int tok_encode(const struct tok *t, const char *text, size_t len, int add_specia
 
 char *tok_decode(const struct tok *t, const int32_t *ids, size_t n, int skip_special)
 {
+    return tok_decode_len(t, ids, n, skip_special, NULL);
+}
+
+char *tok_decode_len(const struct tok *t, const int32_t *ids, size_t n, int skip_special,
+                     size_t *len)
+{
     struct tok_strs l = {0};
     for (size_t i = 0; i < n; i++) {
         int32_t id = ids[i];
@@ -567,6 +573,7 @@ char *tok_decode(const struct tok *t, const int32_t *ids, size_t n, int skip_spe
     struct tok_buf out = {0};
     tok_decoder_run(&t->dec, &l, &out);
     tok_strs_dispose(&l);
+    if (len) *len = out.len;
     if (!out.p) return xstrdup("");
     return out.p;
 }

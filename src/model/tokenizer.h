@@ -33,6 +33,9 @@ int tok_encode(const struct tok *t, const char *text, size_t len, int add_specia
 
 /** Decodes ids to a heap NUL-terminated string; skip_special drops special tokens. */
 char *tok_decode(const struct tok *t, const int32_t *ids, size_t n, int skip_special);
+/** tok_decode that also reports the length (the text may contain NUL, e.g. from <0x00>). */
+char *tok_decode_len(const struct tok *t, const int32_t *ids, size_t n, int skip_special,
+                     size_t *len);
 
 /** The id of a token string (added or vocabulary), or -1. */
 int32_t tok_token_id(const struct tok *t, const char *token);
@@ -55,5 +58,8 @@ void tok_stream_destroy(struct tok_stream *s);
 char *tok_stream_push(struct tok_stream *s, int32_t id);
 /** Flushes what is left (incomplete UTF-8 becomes U+FFFD as in a one-shot decode). */
 char *tok_stream_finish(struct tok_stream *s);
+/** The same, reporting the length of the returned text (which may contain NUL). */
+char *tok_stream_push_len(struct tok_stream *s, int32_t id, size_t *len);
+char *tok_stream_finish_len(struct tok_stream *s, size_t *len);
 
 #endif

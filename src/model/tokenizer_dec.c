@@ -452,8 +452,9 @@ void tok_stream_destroy(struct tok_stream *s)
     free(s);
 }
 
-static char *take_out(struct tok_stream *s)
+static char *take_out(struct tok_stream *s, size_t *len)
 {
+    if (len) *len = s->out.len;
     char *r = xmalloc(s->out.len + 1);
     if (s->out.len) memcpy(r, s->out.p, s->out.len);
     r[s->out.len] = 0;
@@ -463,13 +464,23 @@ static char *take_out(struct tok_stream *s)
 
 char *tok_stream_push(struct tok_stream *s, int32_t id)
 {
-    const struct tok *t = s->t;
-    if (id >= 0 && id < t->nids && t->id2tok[id] && !(s->skip_special && t->is_special[id]))
-        emit(s, 0, t->id2tok[id], t->id2len[id]);
-    return take_out(s);
+    return tok_stream_push_len(s, id, NULL);
 }
 
 char *tok_stream_finish(struct tok_stream *s)
+{
+    return tok_stream_finish_len(s, NULL);
+}
+
+char *tok_stream_push_len(struct tok_stream *s, int32_t id, size_t *len)
+{
+    const struct tok *t = s->t;
+    if (id >= 0 && id < t->nids && t->id2tok[id] && !(s->skip_special && t->is_special[id]))
+        emit(s, 0, t->id2tok[id], t->id2len[id]);
+    return take_out(s, len);
+}
+
+char *tok_stream_finish_len(struct tok_stream *s, size_t *len)
 {
     const struct tok_decoder *d = &s->t->dec;
     for (int k = 0; k < d->n; k++) {
@@ -510,5 +521,5 @@ char *tok_stream_finish(struct tok_stream *s)
         }
         tok_buf_dispose(&b);
     }
-    return take_out(s);
+    return take_out(s, len);
 }

@@ -93,19 +93,20 @@ static int32_t *json_ids(const cJSON *arr, size_t *n)
 static void check_stream(const struct tok *t, const int32_t *ids, size_t n, int skip,
                          const char *label)
 {
-    char *one = tok_decode(t, ids, n, skip);
+    size_t olen;
+    char *one = tok_decode_len(t, ids, n, skip, &olen);
     struct tok_stream *s = tok_stream_create(t, skip);
     struct tok_buf acc = {0};
     int split_char = 0;
     for (size_t i = 0; i <= n; i++) {
-        char *piece = i < n ? tok_stream_push(s, ids[i]) : tok_stream_finish(s);
-        size_t pl = strlen(piece);
+        size_t pl;
+        char *piece = i < n ? tok_stream_push_len(s, ids[i], &pl) : tok_stream_finish_len(s, &pl);
         if (tok_utf8_check(piece, pl) != pl) split_char = 1;
         tok_buf_put(&acc, piece, pl);
         free(piece);
     }
     tok_stream_destroy(s);
-    CHECK(acc.len == strlen(one) && (!acc.len || !memcmp(acc.p, one, acc.len)),
+    CHECK(acc.len == olen && (!acc.len || !memcmp(acc.p, one, acc.len)),
           "%s: stream (skip=%d) '%s' != one-shot '%s'", label, skip, acc.p ? acc.p : "", one);
     CHECK(!split_char, "%s: a streamed piece split a UTF-8 character", label);
     tok_buf_dispose(&acc);
