@@ -53,8 +53,7 @@ static int parse_added(struct tok *t, const cJSON *arr, struct err *e)
 }
 
 /* Buckets added tokens by first byte, longest first, for leftmost-longest matching. */
-static void build_buckets(const struct tok *t, int normalized, int32_t first[257],
-                          int32_t **order)
+static void build_buckets(const struct tok *t, int normalized, int32_t first[257], int32_t **order)
 {
     int cnt[256] = {0};
     for (int i = 0; i < t->nadded; i++) {
@@ -130,14 +129,17 @@ static int parse_post(struct tok *t, const cJSON *j, struct err *e)
             const cJSON *ids = cJSON_GetObjectItemCaseSensitive(def, "ids"), *x;
             if (!cJSON_IsArray(ids)) {
                 free(pre), free(post);
-                return err_set(e, "tokenizer.json: TemplateProcessing special token '%s' has no ids",
+                return err_set(e,
+                               "tokenizer.json: TemplateProcessing special token '%s' has no ids",
                                name->valuestring);
             }
             cJSON_ArrayForEach(x, ids)
             {
                 int32_t v = (int32_t)x->valuedouble;
-                if (seen_seq) ids_append(&post, &npost, &v, 1);
-                else ids_append(&pre, &npre, &v, 1);
+                if (seen_seq)
+                    ids_append(&post, &npost, &v, 1);
+                else
+                    ids_append(&pre, &npre, &v, 1);
             }
         }
     } else if (!strcmp(s, "RobertaProcessing") || !strcmp(s, "BertProcessing")) {
@@ -191,7 +193,8 @@ static int load_config(struct tok *t, const char *dir, struct err *e)
     if (cJSON_IsBool(ab) || cJSON_IsBool(ae)) {
         /* as transformers does: explicit flags rebuild the single-sequence template */
         t->npost_pre = t->npost_post = 0;
-        if (cJSON_IsTrue(ab) && t->bos_id >= 0) ids_append(&t->post_pre, &t->npost_pre, &t->bos_id, 1);
+        if (cJSON_IsTrue(ab) && t->bos_id >= 0)
+            ids_append(&t->post_pre, &t->npost_pre, &t->bos_id, 1);
         if (cJSON_IsTrue(ae) && t->eos_id >= 0)
             ids_append(&t->post_post, &t->npost_post, &t->eos_id, 1);
     }
@@ -250,8 +253,7 @@ static int load_json(struct tok *t, const cJSON *root, struct err *e)
         t->pre = xcalloc(1, sizeof *t->pre);
         if (tok_pre_parse(pj, t->pre, e) != 0) return -1;
     }
-    if (parse_post(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), e) != 0)
-        return -1;
+    if (parse_post(t, cJSON_GetObjectItemCaseSensitive(root, "post_processor"), e) != 0) return -1;
     if (tok_decoder_parse(cJSON_GetObjectItemCaseSensitive(root, "decoder"), &t->dec, e) != 0)
         return -1;
 
@@ -263,8 +265,10 @@ static int load_json(struct tok *t, const cJSON *root, struct err *e)
     for (int i = 0; i < t->nadded; i++) {
         if (!t->added[i].normalized) continue;
         struct tok_buf b = {0};
-        if (t->norm) tok_norm_apply(t->norm, t->added[i].content, t->added[i].len, &b, &m);
-        else tok_buf_put(&b, t->added[i].content, t->added[i].len);
+        if (t->norm)
+            tok_norm_apply(t->norm, t->added[i].content, t->added[i].len, &b, &m);
+        else
+            tok_buf_put(&b, t->added[i].content, t->added[i].len);
         t->norm_content[i] = b.p ? b.p : xstrdup("");
         t->norm_len[i] = b.len;
         t->has_norm_added = 1;
@@ -517,7 +521,8 @@ static int normalized_segment(struct enc *c, const char *s, size_t len, int firs
     c->normed.len = 0;
     if (tok_norm_apply(t->norm, s, len, &c->normed, &c->m) != 0) return -1;
     /* model_segment copies into the arena, so c->normed stays intact while it is cut */
-    if (t->has_norm_added) return split_added(c, 1, c->normed.p, c->normed.len, first, model_segment);
+    if (t->has_norm_added)
+        return split_added(c, 1, c->normed.p, c->normed.len, first, model_segment);
     return model_segment(c, c->normed.p, c->normed.len, first);
 }
 

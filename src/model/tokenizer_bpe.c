@@ -112,8 +112,8 @@ int tok_bpe_parse(const cJSON *model, struct tok_bpe *b, struct err *e)
             }
             l = it->valuestring, ll = (size_t)(sp - l);
             r = sp + 1, rl = strlen(r);
-        } else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 &&
-                   cJSON_IsString(it->child) && cJSON_IsString(it->child->next)) {
+        } else if (cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2 && cJSON_IsString(it->child) &&
+                   cJSON_IsString(it->child->next)) {
             l = it->child->valuestring, ll = strlen(l);
             r = it->child->next->valuestring, rl = strlen(r);
         } else {
@@ -124,12 +124,15 @@ int tok_bpe_parse(const cJSON *model, struct tok_bpe *b, struct err *e)
         int32_t a, c, n;
         tmp.len = 0;
         tok_buf_put(&tmp, l, ll);
-        if (plen && rl >= plen && !memcmp(r, b->prefix, plen)) tok_buf_put(&tmp, r + plen, rl - plen);
-        else tok_buf_put(&tmp, r, rl);
+        if (plen && rl >= plen && !memcmp(r, b->prefix, plen))
+            tok_buf_put(&tmp, r + plen, rl - plen);
+        else
+            tok_buf_put(&tmp, r, rl);
         if (!strmap_get(&b->vocab, l, ll, &a) || !strmap_get(&b->vocab, r, rl, &c) ||
             !strmap_get(&b->vocab, tmp.p, tmp.len, &n)) {
-            err_set(e, "tokenizer.json: merge %d ('%.*s' + '%.*s') uses a token missing from the "
-                       "vocabulary",
+            err_set(e,
+                    "tokenizer.json: merge %d ('%.*s' + '%.*s') uses a token missing from the "
+                    "vocabulary",
                     rank, (int)ll, l, (int)rl, r);
             tok_buf_dispose(&tmp);
             return -1;
@@ -298,8 +301,7 @@ void tok_bpe_word(const struct tok_bpe *b, const char *w, size_t len, struct tok
         int32_t right = s->next[left], r2, n2;
         /* stale: the left symbol was merged away, or its pair changed since the push */
         if (s->id[left] < 0 || right < 0) continue;
-        if (!merge_get(b, s->id[left], s->id[right], &r2, &n2) || n2 != nid ||
-            (uint32_t)r2 != rank)
+        if (!merge_get(b, s->id[left], s->id[right], &r2, &n2) || n2 != nid || (uint32_t)r2 != rank)
             continue;
         s->id[left] = nid;
         s->id[right] = -1;

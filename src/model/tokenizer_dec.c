@@ -50,7 +50,8 @@ static int parse_one(const cJSON *j, struct tok_decoder *d, struct err *e)
         const cJSON *s = cJSON_GetObjectItemCaseSensitive(pat, "String");
         const cJSON *r = cJSON_GetObjectItemCaseSensitive(pat, "Regex");
         const cJSON *c = cJSON_GetObjectItemCaseSensitive(j, "content");
-        if (!cJSON_IsString(c)) return err_set(e, "tokenizer.json: Replace decoder without content");
+        if (!cJSON_IsString(c))
+            return err_set(e, "tokenizer.json: Replace decoder without content");
         x->content = xstrdup(c->valuestring);
         x->clen = strlen(x->content);
         if (cJSON_IsString(s) && s->valuestring[0]) {
@@ -81,13 +82,16 @@ static int parse_one(const cJSON *j, struct tok_decoder *d, struct err *e)
         const char *rs = cJSON_IsString(r) ? r->valuestring : "\xe2\x96\x81";
         size_t l;
         if (!rs[0] || tok_utf8_len((const unsigned char *)rs, strlen(rs)) != (int)strlen(rs))
-            return err_set(e, "tokenizer.json: Metaspace decoder replacement must be one character");
+            return err_set(e,
+                           "tokenizer.json: Metaspace decoder replacement must be one character");
         x->repl_cp = tok_utf8_get((const unsigned char *)rs, &l);
         const cJSON *ps = cJSON_GetObjectItemCaseSensitive(j, "prepend_scheme");
         const cJSON *aps = cJSON_GetObjectItemCaseSensitive(j, "add_prefix_space");
         x->prepend = 1;
-        if (cJSON_IsString(ps)) x->prepend = strcmp(ps->valuestring, "never") != 0;
-        else if (cJSON_IsFalse(aps)) x->prepend = 0;
+        if (cJSON_IsString(ps))
+            x->prepend = strcmp(ps->valuestring, "never") != 0;
+        else if (cJSON_IsFalse(aps))
+            x->prepend = 0;
     } else {
         return err_set(e, "tokenizer.json: decoder type '%s' is not supported", ty);
     }
@@ -157,7 +161,7 @@ static int byte_token(const char *s, size_t n)
     int v = 0;
     for (int i = 3; i < 5; i++) {
         char c = s[i];
-        int d = c >= '0' && c <= '9' ? c - '0'
+        int d = c >= '0' && c <= '9'   ? c - '0'
                 : c >= 'A' && c <= 'F' ? c - 'A' + 10
                 : c >= 'a' && c <= 'f' ? c - 'a' + 10
                                        : -1;
@@ -260,7 +264,8 @@ void tok_decoder_run(const struct tok_decoder *d, const struct tok_strs *in, str
                     continue;
                 }
                 if (run.len) { /* a run of bytes: its text if valid UTF-8, else one U+FFFD each */
-                    if (tok_utf8_check(run.p, run.len) == run.len) tok_strs_push(nx, run.p, run.len);
+                    if (tok_utf8_check(run.p, run.len) == run.len)
+                        tok_strs_push(nx, run.p, run.len);
                     else
                         for (size_t q = 0; q < run.len; q++) tok_strs_push(nx, FFFD, 3);
                     run.len = 0;
@@ -273,9 +278,12 @@ void tok_decoder_run(const struct tok_decoder *d, const struct tok_strs *in, str
                 const char *s = cur->buf.p + cur->off[i];
                 size_t l = cur->off[i + 1] - cur->off[i];
                 t.len = 0;
-                if (x->kind == TOK_DEC_REPLACE) replace_token(x, s, l, &t);
-                else if (x->kind == TOK_DEC_STRIP) strip_token(x, s, l, &t);
-                else metaspace_token(x, i == 0, s, l, &t);
+                if (x->kind == TOK_DEC_REPLACE)
+                    replace_token(x, s, l, &t);
+                else if (x->kind == TOK_DEC_STRIP)
+                    strip_token(x, s, l, &t);
+                else
+                    metaspace_token(x, i == 0, s, l, &t);
                 tok_strs_push(nx, t.p, t.len);
             }
         }
@@ -291,9 +299,9 @@ void tok_decoder_run(const struct tok_decoder *d, const struct tok_strs *in, str
 /* ---- streaming ---- */
 
 struct stage {
-    int fused;         /* input is chunks of one growing token */
-    int hold_all;      /* fused mode, not decidable before the end: keep everything */
-    size_t count;      /* tokens seen (list mode) or leading chars examined (fused Strip) */
+    int fused;    /* input is chunks of one growing token */
+    int hold_all; /* fused mode, not decidable before the end: keep everything */
+    size_t count; /* tokens seen (list mode) or leading chars examined (fused Strip) */
     struct tok_buf hold;
     struct tok_utf8_lossy lossy;
 };
@@ -314,7 +322,8 @@ static void emit_run(struct tok_stream *s, int k, struct stage *g)
     if (!g->hold.len) return;
     struct tok_buf r = g->hold;
     memset(&g->hold, 0, sizeof g->hold);
-    if (tok_utf8_check(r.p, r.len) == r.len) emit(s, k + 1, r.p, r.len);
+    if (tok_utf8_check(r.p, r.len) == r.len)
+        emit(s, k + 1, r.p, r.len);
     else
         for (size_t q = 0; q < r.len; q++) emit(s, k + 1, FFFD, 3);
     r.len = 0;
@@ -500,9 +509,12 @@ char *tok_stream_finish_len(struct tok_stream *s, size_t *len)
                 tok_buf_dispose(&bytes);
             } else if (x->kind == TOK_DEC_BYTEFALLBACK) {
                 int byte = byte_token(h.p, h.len);
-                if (byte < 0) tok_buf_put(&b, h.p, h.len);
-                else if (byte < 0x80) tok_buf_putc(&b, (char)byte);
-                else tok_buf_put(&b, FFFD, 3);
+                if (byte < 0)
+                    tok_buf_put(&b, h.p, h.len);
+                else if (byte < 0x80)
+                    tok_buf_putc(&b, (char)byte);
+                else
+                    tok_buf_put(&b, FFFD, 3);
             } else if (x->kind == TOK_DEC_STRIP) {
                 strip_token(x, h.p ? h.p : "", h.len, &b);
             } else {

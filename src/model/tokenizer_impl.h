@@ -106,7 +106,7 @@ struct tok_norm {
     int nsubs;
     char *str; /* PREPEND: the prefix; REPLACE: the replacement content */
     size_t slen;
-    pcre2_code *re; /* REPLACE: the pattern (a literal is quoted into a regex) */
+    pcre2_code *re;  /* REPLACE: the pattern (a literal is quoted into a regex) */
     int left, right; /* STRIP */
 };
 
@@ -133,10 +133,10 @@ enum tok_split_behavior {
 
 enum tok_pre_kind {
     TOK_PRE_SEQUENCE,
-    TOK_PRE_SPLIT,      /* regex or literal, with a behavior and invert */
-    TOK_PRE_BYTELEVEL,  /* optional prefix space, optional GPT-2 regex, then the byte map */
-    TOK_PRE_METASPACE,  /* spaces -> replacement, prepend scheme, optional split */
-    TOK_PRE_CHARCLASS,  /* Digits, Punctuation, Whitespace(Split): a regex + behavior */
+    TOK_PRE_SPLIT,     /* regex or literal, with a behavior and invert */
+    TOK_PRE_BYTELEVEL, /* optional prefix space, optional GPT-2 regex, then the byte map */
+    TOK_PRE_METASPACE, /* spaces -> replacement, prepend scheme, optional split */
+    TOK_PRE_CHARCLASS, /* Digits, Punctuation, Whitespace(Split): a regex + behavior */
 };
 
 enum tok_prepend { TOK_PREPEND_ALWAYS, TOK_PREPEND_FIRST, TOK_PREPEND_NEVER };
@@ -192,7 +192,7 @@ struct tok_bpe {
     size_t mcap;
     int32_t unk_id; /* -1 when none */
     int byte_fallback, fuse_unk, ignore_merges;
-    int32_t byte_id[256]; /* id of "<0xXX>" or -1 */
+    int32_t byte_id[256];  /* id of "<0xXX>" or -1 */
     char *prefix, *suffix; /* continuing_subword_prefix, end_of_word_suffix (or NULL) */
 };
 
@@ -226,7 +226,7 @@ enum tok_dec_kind {
 
 struct tok_dec {
     enum tok_dec_kind kind;
-    pcre2_code *re;    /* REPLACE: regex pattern (NULL for a literal) */
+    pcre2_code *re;      /* REPLACE: regex pattern (NULL for a literal) */
     char *pat, *content; /* REPLACE: literal pattern and content */
     size_t plen, clen;
     uint32_t strip_cp; /* STRIP: the character; start/stop counts */
@@ -276,10 +276,10 @@ struct tok {
 
     struct tok_added *added; /* sorted by id */
     int nadded;
-    struct strmap added_map;    /* content -> index into added */
-    int32_t first_raw[257];     /* added-token candidates bucketed by first byte (raw pass) */
-    int32_t *raw_order;         /* indices into added, grouped by first byte, longest first */
-    int32_t first_norm[257];    /* the same for normalized added tokens (normalized content) */
+    struct strmap added_map; /* content -> index into added */
+    int32_t first_raw[257];  /* added-token candidates bucketed by first byte (raw pass) */
+    int32_t *raw_order;      /* indices into added, grouped by first byte, longest first */
+    int32_t first_norm[257]; /* the same for normalized added tokens (normalized content) */
     int32_t *norm_order;
     char **norm_content; /* normalized content of added tokens (normalized = true) */
     size_t *norm_len;

@@ -26,8 +26,10 @@ static int ccc_of(uint32_t cp)
     size_t lo = 0, hi = NELEM(uni_ccc);
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (uni_ccc[mid].cp < cp) lo = mid + 1;
-        else hi = mid;
+        if (uni_ccc[mid].cp < cp)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return lo < NELEM(uni_ccc) && uni_ccc[lo].cp == cp ? uni_ccc[lo].ccc : 0;
 }
@@ -37,8 +39,10 @@ static long decomp_index(uint32_t cp)
     size_t lo = 0, hi = NELEM(uni_decomp);
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (uni_decomp[mid].cp < cp) lo = mid + 1;
-        else hi = mid;
+        if (uni_decomp[mid].cp < cp)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return lo < NELEM(uni_decomp) && uni_decomp[lo].cp == cp ? (long)lo : -1;
 }
@@ -53,8 +57,10 @@ static uint32_t compose_pair(uint32_t a, uint32_t b)
     size_t lo = 0, hi = NELEM(uni_comp);
     while (lo < hi) {
         size_t mid = (lo + hi) / 2;
-        if (uni_comp[mid].a < a || (uni_comp[mid].a == a && uni_comp[mid].b < b)) lo = mid + 1;
-        else hi = mid;
+        if (uni_comp[mid].a < a || (uni_comp[mid].a == a && uni_comp[mid].b < b))
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     if (lo < NELEM(uni_comp) && uni_comp[lo].a == a && uni_comp[lo].b == b) return uni_comp[lo].c;
     return 0;
@@ -169,8 +175,10 @@ void tok_unicode_lowercase(const char *s, size_t len, struct tok_buf *out)
         size_t lo = 0, hi = NELEM(uni_lower);
         while (lo < hi) {
             size_t mid = (lo + hi) / 2;
-            if (uni_lower[mid].cp < cp) lo = mid + 1;
-            else hi = mid;
+            if (uni_lower[mid].cp < cp)
+                lo = mid + 1;
+            else
+                hi = mid;
         }
         tok_buf_reserve(out, 8); /* a lowercase form is at most two characters */
         if (lo < NELEM(uni_lower) && uni_lower[lo].cp == cp) {
@@ -201,9 +209,12 @@ static pcre2_code *parse_pattern(const cJSON *pat, const char *what, struct err 
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(pat, "String");
     const cJSON *r = cJSON_GetObjectItemCaseSensitive(pat, "Regex");
     pcre2_code *re = NULL;
-    if (cJSON_IsString(s)) re = tok_regex_literal(s->valuestring, strlen(s->valuestring), e);
-    else if (cJSON_IsString(r)) re = tok_regex_compile(r->valuestring, strlen(r->valuestring), e);
-    else err_set(e, "tokenizer.json: %s has no String or Regex pattern", what);
+    if (cJSON_IsString(s))
+        re = tok_regex_literal(s->valuestring, strlen(s->valuestring), e);
+    else if (cJSON_IsString(r))
+        re = tok_regex_compile(r->valuestring, strlen(r->valuestring), e);
+    else
+        err_set(e, "tokenizer.json: %s has no String or Regex pattern", what);
     if (!re) err_wrap(e, "tokenizer.json: %s pattern", what);
     return re;
 }

@@ -50,17 +50,23 @@ static int parse_behavior(const cJSON *j, enum tok_split_behavior *b, struct err
         return 0;
     }
     const char *s = v->valuestring;
-    if (!strcmp(s, "Removed")) *b = TOK_SPLIT_REMOVED;
-    else if (!strcmp(s, "Isolated")) *b = TOK_SPLIT_ISOLATED;
-    else if (!strcmp(s, "MergedWithPrevious")) *b = TOK_SPLIT_MERGED_PREV;
-    else if (!strcmp(s, "MergedWithNext")) *b = TOK_SPLIT_MERGED_NEXT;
-    else if (!strcmp(s, "Contiguous")) *b = TOK_SPLIT_CONTIGUOUS;
-    else return err_set(e, "tokenizer.json: split behavior '%s' is not supported", s);
+    if (!strcmp(s, "Removed"))
+        *b = TOK_SPLIT_REMOVED;
+    else if (!strcmp(s, "Isolated"))
+        *b = TOK_SPLIT_ISOLATED;
+    else if (!strcmp(s, "MergedWithPrevious"))
+        *b = TOK_SPLIT_MERGED_PREV;
+    else if (!strcmp(s, "MergedWithNext"))
+        *b = TOK_SPLIT_MERGED_NEXT;
+    else if (!strcmp(s, "Contiguous"))
+        *b = TOK_SPLIT_CONTIGUOUS;
+    else
+        return err_set(e, "tokenizer.json: split behavior '%s' is not supported", s);
     return 0;
 }
 
-static int charclass(struct tok_pre *p, const char *pattern, enum tok_split_behavior b,
-                     int invert, struct err *e)
+static int charclass(struct tok_pre *p, const char *pattern, enum tok_split_behavior b, int invert,
+                     struct err *e)
 {
     p->kind = TOK_PRE_CHARCLASS;
     p->behavior = b;
@@ -92,10 +98,12 @@ int tok_pre_parse(const cJSON *j, struct tok_pre *p, struct err *e)
         const cJSON *pat = cJSON_GetObjectItemCaseSensitive(j, "pattern");
         const cJSON *s = cJSON_GetObjectItemCaseSensitive(pat, "String");
         const cJSON *r = cJSON_GetObjectItemCaseSensitive(pat, "Regex");
-        if (cJSON_IsString(s)) p->re = tok_regex_literal(s->valuestring, strlen(s->valuestring), e);
+        if (cJSON_IsString(s))
+            p->re = tok_regex_literal(s->valuestring, strlen(s->valuestring), e);
         else if (cJSON_IsString(r))
             p->re = tok_regex_compile(r->valuestring, strlen(r->valuestring), e);
-        else return err_set(e, "tokenizer.json: Split has no String or Regex pattern");
+        else
+            return err_set(e, "tokenizer.json: Split has no String or Regex pattern");
         if (!p->re) return err_wrap(e, "tokenizer.json: Split pattern");
         p->invert = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "invert"));
         return parse_behavior(j, &p->behavior, e);
@@ -123,9 +131,12 @@ int tok_pre_parse(const cJSON *j, struct tok_pre *p, struct err *e)
         const cJSON *ps = cJSON_GetObjectItemCaseSensitive(j, "prepend_scheme");
         const cJSON *aps = cJSON_GetObjectItemCaseSensitive(j, "add_prefix_space");
         if (cJSON_IsString(ps)) {
-            if (!strcmp(ps->valuestring, "always")) p->prepend = TOK_PREPEND_ALWAYS;
-            else if (!strcmp(ps->valuestring, "first")) p->prepend = TOK_PREPEND_FIRST;
-            else if (!strcmp(ps->valuestring, "never")) p->prepend = TOK_PREPEND_NEVER;
+            if (!strcmp(ps->valuestring, "always"))
+                p->prepend = TOK_PREPEND_ALWAYS;
+            else if (!strcmp(ps->valuestring, "first"))
+                p->prepend = TOK_PREPEND_FIRST;
+            else if (!strcmp(ps->valuestring, "never"))
+                p->prepend = TOK_PREPEND_NEVER;
             else
                 return err_set(e, "tokenizer.json: Metaspace prepend_scheme '%s' is not supported",
                                ps->valuestring);
@@ -196,9 +207,12 @@ static int split_piece(const pcre2_code *re, enum tok_split_behavior beh, int in
         if (prev != ms) seg_push(m, prev, ms, 0);
         seg_push(m, ms, me, 1);
         prev = me;
-        if (me > ms) from = me;
-        else if (me >= n) break;
-        else from = me + (size_t)tok_utf8_len((const unsigned char *)s + me, n - me);
+        if (me > ms)
+            from = me;
+        else if (me >= n)
+            break;
+        else
+            from = me + (size_t)tok_utf8_len((const unsigned char *)s + me, n - me);
     }
     if (prev != n) seg_push(m, prev, n, 0);
     size_t ns = m->nseg / 3;
@@ -220,7 +234,8 @@ static int split_piece(const pcre2_code *re, enum tok_split_behavior beh, int in
     case TOK_SPLIT_CONTIGUOUS:
         for (size_t i = 0; i < ns; i++) {
             int im = (int)g[3 * i + 2];
-            if (im == prev_match && w > 0) g[3 * (w - 1) + 1] = g[3 * i + 1];
+            if (im == prev_match && w > 0)
+                g[3 * (w - 1) + 1] = g[3 * i + 1];
             else {
                 g[3 * w] = g[3 * i], g[3 * w + 1] = g[3 * i + 1], g[3 * w + 2] = 0;
                 w++;
@@ -231,7 +246,8 @@ static int split_piece(const pcre2_code *re, enum tok_split_behavior beh, int in
     case TOK_SPLIT_MERGED_PREV:
         for (size_t i = 0; i < ns; i++) {
             int im = (int)g[3 * i + 2];
-            if (im && !prev_match && w > 0) g[3 * (w - 1) + 1] = g[3 * i + 1];
+            if (im && !prev_match && w > 0)
+                g[3 * (w - 1) + 1] = g[3 * i + 1];
             else {
                 g[3 * w] = g[3 * i], g[3 * w + 1] = g[3 * i + 1], g[3 * w + 2] = 0;
                 w++;
@@ -245,7 +261,8 @@ static int split_piece(const pcre2_code *re, enum tok_split_behavior beh, int in
         for (size_t k = ns; k-- > 0;) {
             int im = (int)g[3 * k + 2];
             size_t a = g[3 * k], b = g[3 * k + 1];
-            if (im && !prev_match && top < ns) g[3 * top] = a;
+            if (im && !prev_match && top < ns)
+                g[3 * top] = a;
             else {
                 top--;
                 g[3 * top] = a, g[3 * top + 1] = b, g[3 * top + 2] = 0;
@@ -319,15 +336,18 @@ static int apply_one(const struct tok_pre *p, struct tok_buf *arena, const struc
         size_t start = arena->len;
         tok_buf_reserve(arena, pc->len * (size_t)p->repl_len + (size_t)p->repl_len);
         const char *s = arena->p + pc->off; /* stable: capacity reserved above */
-        int starts_with = pc->len > 0 && (s[0] == ' ' || (pc->len >= (size_t)p->repl_len &&
-                                                          !memcmp(s, p->repl, (size_t)p->repl_len)));
+        int starts_with =
+            pc->len > 0 && (s[0] == ' ' || (pc->len >= (size_t)p->repl_len &&
+                                            !memcmp(s, p->repl, (size_t)p->repl_len)));
         int prepend = !starts_with && (p->prepend == TOK_PREPEND_ALWAYS ||
                                        (p->prepend == TOK_PREPEND_FIRST && pc->first));
         char *o = arena->p + arena->len;
         if (prepend) memcpy(o, p->repl, (size_t)p->repl_len), o += p->repl_len;
         for (size_t i = 0; i < pc->len; i++) {
-            if (s[i] == ' ') memcpy(o, p->repl, (size_t)p->repl_len), o += p->repl_len;
-            else *o++ = s[i];
+            if (s[i] == ' ')
+                memcpy(o, p->repl, (size_t)p->repl_len), o += p->repl_len;
+            else
+                *o++ = s[i];
         }
         arena->len = (size_t)(o - arena->p);
         arena->p[arena->len] = 0;

@@ -91,7 +91,8 @@ static int utf8_classify(const unsigned char *s, size_t n)
     if (c < 0x80) return 1;
     int need;
     unsigned lo = 0x80, hi = 0xBF;
-    if (c >= 0xC2 && c <= 0xDF) need = 2;
+    if (c >= 0xC2 && c <= 0xDF)
+        need = 2;
     else if (c >= 0xE0 && c <= 0xEF) {
         need = 3;
         if (c == 0xE0) lo = 0xA0;
@@ -265,8 +266,7 @@ static pcre2_code *compile(const char *pattern, size_t len, uint32_t extra, stru
 {
     int ec;
     PCRE2_SIZE eo;
-    pcre2_code *re =
-        pcre2_compile((PCRE2_SPTR)pattern, len, PCRE2_UTF | extra, &ec, &eo, NULL);
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, PCRE2_UTF | extra, &ec, &eo, NULL);
     if (!re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(ec, msg, sizeof msg);

@@ -237,8 +237,8 @@ static const char *mini(const char *model_extra, const char *norm, const char *p
              "\"ab\":4,\"abc\":5,\" \":6,\"\\u2581\":7,\"\\u2581a\":8,\"<0x41>\":9,\"<0xC3>\":10,"
              "\"<0xA9>\":11,\"d\":12,\"<s>\":13,\"<m>\":14,\"\\u2581ab\":15},"
              "\"merges\":[\"a b\",[\"ab\",\"c\"],\"\\u2581 a\",\"\\u2581a b\"]}}",
-             added ? added : "[]", norm ? norm : "null", pre ? pre : "null",
-             post ? post : "null", dec ? dec : "null", model_extra ? model_extra : "");
+             added ? added : "[]", norm ? norm : "null", pre ? pre : "null", post ? post : "null",
+             dec ? dec : "null", model_extra ? model_extra : "");
     return buf;
 }
 
@@ -260,7 +260,8 @@ static void test_unsupported(void)
     struct {
         const char *json, *needle;
     } cases[] = {
-        {"{\"model\":{\"type\":\"Unigram\",\"vocab\":[]}}", "model type 'Unigram' is not supported"},
+        {"{\"model\":{\"type\":\"Unigram\",\"vocab\":[]}}",
+         "model type 'Unigram' is not supported"},
         {"{\"model\":{\"type\":\"WordPiece\",\"vocab\":{}}}",
          "model type 'WordPiece' is not supported"},
         {NULL, "normalizer type 'Precompiled' is not supported"},
@@ -275,8 +276,10 @@ static void test_unsupported(void)
                   NULL, NULL));
     snprintf(json[1], sizeof json[1], "%s",
              mini(NULL, NULL, "{\"type\":\"UnicodeScripts\"}", NULL, NULL, NULL));
-    snprintf(json[2], sizeof json[2], "%s", mini(NULL, NULL, NULL, NULL, "{\"type\":\"CTC\"}", NULL));
-    snprintf(json[3], sizeof json[3], "%s", mini(NULL, NULL, NULL, "{\"type\":\"Foo\"}", NULL, NULL));
+    snprintf(json[2], sizeof json[2], "%s",
+             mini(NULL, NULL, NULL, NULL, "{\"type\":\"CTC\"}", NULL));
+    snprintf(json[3], sizeof json[3], "%s",
+             mini(NULL, NULL, NULL, "{\"type\":\"Foo\"}", NULL, NULL));
     for (int i = 2; i <= 5; i++) cases[i].json = json[i - 2];
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         struct err e = {0};
@@ -349,12 +352,16 @@ static void test_bpe_and_added(void)
     CHECK(!strcmp(s, "aA\xc3\xa9"), "byte fallback decode: '%s'", s);
     free(s);
     s = tok_decode(t, (int32_t[]){8, 10, 9}, 3, 0);
-    CHECK(!strcmp(s, "a\xef\xbf\xbd\xef\xbf\xbd"), "invalid byte run: one U+FFFD per byte: '%s'", s);
+    CHECK(!strcmp(s, "a\xef\xbf\xbd\xef\xbf\xbd"), "invalid byte run: one U+FFFD per byte: '%s'",
+          s);
     free(s);
     s = tok_decode(t, (int32_t[]){10, 10, 1}, 3, 0);
-    CHECK(!strcmp(s, "\xef\xbf\xbd\xef\xbf\xbd" "a"), "one U+FFFD per byte: '%s'", s);
+    CHECK(!strcmp(s, "\xef\xbf\xbd\xef\xbf\xbd"
+                     "a"),
+          "one U+FFFD per byte: '%s'", s);
     free(s);
-    int32_t seqs[][5] = {{8, 10, 11, 7, 1}, {7, 7, 8, 10, 9}, {10, 11, 10, 11, 7}, {7, 10, 7, 11, 7}};
+    int32_t seqs[][5] = {
+        {8, 10, 11, 7, 1}, {7, 7, 8, 10, 9}, {10, 11, 10, 11, 7}, {7, 10, 7, 11, 7}};
     for (int i = 0; i < 4; i++) check_stream(t, seqs[i], 5, 0, "byte fallback stream");
     tok_destroy(t);
 }
@@ -379,7 +386,8 @@ static int pieces_are(const char *pre_json, const char *text, const char *const 
     tok_pieces_push(&in, 0, strlen(text), 1);
     int ok = tok_pre_apply(&p, &arena, &in, &out, &m) == 0 && (int)out.n == nw;
     for (int i = 0; ok && i < nw; i++)
-        ok = out.v[i].len == strlen(want[i]) && !memcmp(arena.p + out.v[i].off, want[i], out.v[i].len);
+        ok = out.v[i].len == strlen(want[i]) &&
+             !memcmp(arena.p + out.v[i].off, want[i], out.v[i].len);
     if (!ok) {
         fprintf(stderr, "  got %zu pieces:", out.n);
         for (size_t i = 0; i < out.n; i++)
@@ -408,10 +416,11 @@ static void test_pre_tokenizers(void)
            "the", "final", "countdown");
     PIECES("{\"type\":\"Split\",\"pattern\":{\"String\":\"-\"},\"behavior\":\"Isolated\"}", txt,
            "the", "-", "final", "-", "-", "countdown");
-    PIECES("{\"type\":\"Split\",\"pattern\":{\"String\":\"-\"},\"behavior\":\"MergedWithPrevious\"}",
-           txt, "the-", "final-", "-", "countdown");
-    PIECES("{\"type\":\"Split\",\"pattern\":{\"String\":\"-\"},\"behavior\":\"MergedWithNext\"}", txt,
-           "the", "-final", "-", "-countdown");
+    PIECES(
+        "{\"type\":\"Split\",\"pattern\":{\"String\":\"-\"},\"behavior\":\"MergedWithPrevious\"}",
+        txt, "the-", "final-", "-", "countdown");
+    PIECES("{\"type\":\"Split\",\"pattern\":{\"String\":\"-\"},\"behavior\":\"MergedWithNext\"}",
+           txt, "the", "-final", "-", "-countdown");
     PIECES("{\"type\":\"Split\",\"pattern\":{\"String\":\"-\"},\"behavior\":\"Contiguous\"}", txt,
            "the", "-", "final", "--", "countdown");
     PIECES("{\"type\":\"Split\",\"pattern\":{\"Regex\":\"[a-z]+\"},\"behavior\":\"Removed\","
@@ -424,15 +433,22 @@ static void test_pre_tokenizers(void)
            "it");
     PIECES("{\"type\":\"WhitespaceSplit\"}", " Hey  man!\tok ", "Hey", "man!", "ok");
     PIECES("{\"type\":\"Metaspace\",\"prepend_scheme\":\"always\",\"split\":true}", "Hey   friend!",
-           "\xe2\x96\x81Hey", "\xe2\x96\x81", "\xe2\x96\x81", "\xe2\x96\x81" "friend!");
+           "\xe2\x96\x81Hey", "\xe2\x96\x81", "\xe2\x96\x81",
+           "\xe2\x96\x81"
+           "friend!");
     PIECES("{\"type\":\"Metaspace\",\"prepend_scheme\":\"never\",\"split\":true}", "Hey friend",
-           "Hey", "\xe2\x96\x81" "friend");
+           "Hey",
+           "\xe2\x96\x81"
+           "friend");
     PIECES("{\"type\":\"Metaspace\",\"prepend_scheme\":\"first\",\"split\":false}", "a b",
-           "\xe2\x96\x81" "a\xe2\x96\x81" "b");
+           "\xe2\x96\x81"
+           "a\xe2\x96\x81"
+           "b");
     PIECES("{\"type\":\"ByteLevel\",\"add_prefix_space\":true,\"use_regex\":true}", "Hello world",
            "\xc4\xa0Hello", "\xc4\xa0world");
     PIECES("{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":false}", "a b\n",
-           "a\xc4\xa0" "b\xc4\x8a");
+           "a\xc4\xa0"
+           "b\xc4\x8a");
     PIECES("{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"WhitespaceSplit\"},{\"type\":"
            "\"Digits\",\"individual_digits\":true}]}",
            "ab12 c3", "ab", "1", "2", "c", "3");
@@ -461,8 +477,12 @@ static void test_normalizers(void)
     expect_norm(TOK_NF_C, "a\xcc\x81\xcc\xa3", "\xe1\xba\xa1\xcc\x81", "NFC reorders marks");
     expect_norm(TOK_NF_C, "\xe2\x84\xab", "\xc3\x85", "NFC singleton Angstrom");
     struct tok_buf b = {0};
-    tok_unicode_lowercase("\xc3\x80" "BC\xc4\xb0\xce\xa3", 8, &b);
-    CHECK(!strcmp(b.p, "\xc3\xa0" "bci\xcc\x87\xcf\x83"), "lowercase: '%s'", b.p);
+    tok_unicode_lowercase("\xc3\x80"
+                          "BC\xc4\xb0\xce\xa3",
+                          8, &b);
+    CHECK(!strcmp(b.p, "\xc3\xa0"
+                       "bci\xcc\x87\xcf\x83"),
+          "lowercase: '%s'", b.p);
     tok_buf_dispose(&b);
 
     struct err e = {0};
@@ -520,12 +540,13 @@ static void test_decoders(void)
         tok_destroy(t);
     }
     /* Strip with stop after Fuse holds the tail until the end */
-    t = load_text(mini(NULL, NULL, NULL, NULL,
-                       "{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Fuse\"},{\"type\":\"Strip\","
-                       "\"content\":\"a\",\"start\":2,\"stop\":1},{\"type\":\"Replace\",\"pattern\":"
-                       "{\"String\":\"bc\"},\"content\":\"X\"}]}",
-                       NULL),
-                  &e);
+    t = load_text(
+        mini(NULL, NULL, NULL, NULL,
+             "{\"type\":\"Sequence\",\"decoders\":[{\"type\":\"Fuse\"},{\"type\":\"Strip\","
+             "\"content\":\"a\",\"start\":2,\"stop\":1},{\"type\":\"Replace\",\"pattern\":"
+             "{\"String\":\"bc\"},\"content\":\"X\"}]}",
+             NULL),
+        &e);
     CHECK(t != NULL, "strip decoder: %s", e.msg);
     if (t) {
         int32_t q[] = {1, 1, 1, 2, 3, 6, 4, 3, 1};
@@ -581,8 +602,14 @@ static void test_lossy_utf8(void)
     struct {
         const char *in, *want;
     } v[] = {
-        {"a\x80" "b", "a\xef\xbf\xbd" "b"},
-        {"\xe2\x82" "a", "\xef\xbf\xbd" "a"},
+        {"a\x80"
+         "b",
+         "a\xef\xbf\xbd"
+         "b"},
+        {"\xe2\x82"
+         "a",
+         "\xef\xbf\xbd"
+         "a"},
         {"\xf0\x9f\x98", "\xef\xbf\xbd"},
         {"\xed\xa0\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"},
         {"\xc0\xaf", "\xef\xbf\xbd\xef\xbf\xbd"},
@@ -595,8 +622,8 @@ static void test_lossy_utf8(void)
             struct tok_buf b = {0};
             tok_utf8_lossy_feed(&u, (const unsigned char *)v[i].in, cut, 0, &b);
             tok_utf8_lossy_feed(&u, (const unsigned char *)v[i].in + cut, len - cut, 1, &b);
-            CHECK(b.len == strlen(v[i].want) && !memcmp(b.p, v[i].want, b.len),
-                  "lossy %zu cut %zu", i, cut);
+            CHECK(b.len == strlen(v[i].want) && !memcmp(b.p, v[i].want, b.len), "lossy %zu cut %zu",
+                  i, cut);
             tok_buf_dispose(&b);
         }
     }
