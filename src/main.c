@@ -15,7 +15,7 @@ static const struct {
     {"tokenize", cli_tokenize, "text to token ids"},
     {"detokenize", cli_detokenize, "token ids to text"},
     {"template", cli_template, "render a chat template"},
-    {"bench", cli_bench, "benchmarks: make-model, decode"},
+    {"bench", cli_bench, "benchmarks: make-model, decode, tokenize"},
 };
 
 static void usage(FILE *f)

@@ -33,9 +33,22 @@ int tok_encode(const struct tok *t, const char *text, size_t len, int add_specia
 
 /** Decodes ids to a heap NUL-terminated string; skip_special drops special tokens. */
 char *tok_decode(const struct tok *t, const int32_t *ids, size_t n, int skip_special);
+/** tok_decode that also reports the length (the text may contain NUL, e.g. from <0x00>). */
+char *tok_decode_len(const struct tok *t, const int32_t *ids, size_t n, int skip_special,
+                     size_t *len);
 
 /** The id of a token string (added or vocabulary), or -1. */
 int32_t tok_token_id(const struct tok *t, const char *token);
+
+/** 1 when id is a special added token (what skip_special drops). */
+int tok_is_special(const struct tok *t, int32_t id);
+
+/** bos_token / eos_token of tokenizer_config.json, or -1 when absent. */
+int32_t tok_bos_id(const struct tok *t);
+int32_t tok_eos_id(const struct tok *t);
+
+/** The token string of an id (owned by t), or NULL when the id is unknown. */
+const char *tok_id_to_token(const struct tok *t, int32_t id);
 
 /** Streaming detokenizer: feed ids one at a time, get text as soon as it is final. */
 struct tok_stream;
@@ -45,5 +58,8 @@ void tok_stream_destroy(struct tok_stream *s);
 char *tok_stream_push(struct tok_stream *s, int32_t id);
 /** Flushes what is left (incomplete UTF-8 becomes U+FFFD as in a one-shot decode). */
 char *tok_stream_finish(struct tok_stream *s);
+/** The same, reporting the length of the returned text (which may contain NUL). */
+char *tok_stream_push_len(struct tok_stream *s, int32_t id, size_t *len);
+char *tok_stream_finish_len(struct tok_stream *s, size_t *len);
 
 #endif
