@@ -5,7 +5,7 @@ JOBS ?= $(shell nproc)
 MODEL ?= ../shared/testdata/models/llama-tiny
 PROMPT_IDS ?= 1292 308 1057 261 618
 
-.PHONY: all setup build run test test-asan bench fmt clean
+.PHONY: all setup build run test test-asan test-fuzz bench fmt clean
 
 all: build
 
@@ -24,6 +24,12 @@ run: setup build
 test: setup build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 	$(MAKE) test-asan
+	$(MAKE) test-fuzz
+
+# Every libFuzzer target for a bounded time (clang, ASan + UBSan).
+FUZZ_SECONDS ?= 15
+test-fuzz:
+	tests/fuzz/run.sh $(FUZZ_SECONDS)
 
 # The unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-asan:
@@ -38,4 +44,4 @@ fmt:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu' '*.cuh')
 
 clean:
-	rm -rf $(BUILD) $(BUILD)-asan
+	rm -rf $(BUILD) $(BUILD)-asan build-fuzz
