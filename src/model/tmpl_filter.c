@@ -224,7 +224,8 @@ static struct tval f_select(struct rt *rt, struct tval v, struct targs *a, int b
                             int reject)
 {
     uint32_t n;
-    const struct tval *it = tv_iter(rt, v, &n);
+    /* jinja2 guards with `if value:`, so None and empty inputs give nothing */
+    const struct tval *it = tv_truthy(v) ? tv_iter(rt, v, &n) : (n = 0, NULL);
     struct tval out = tv_list(rt, 0);
     int off = by_attr ? 1 : 0;
     struct tval *attr = by_attr ? targ(a, 0, "attribute") : NULL;
@@ -248,7 +249,7 @@ static struct tval f_select(struct rt *rt, struct tval v, struct targs *a, int b
 static struct tval f_map(struct rt *rt, struct tval v, struct targs *a)
 {
     uint32_t n;
-    const struct tval *it = tv_iter(rt, v, &n);
+    const struct tval *it = tv_truthy(v) ? tv_iter(rt, v, &n) : (n = 0, NULL);
     struct tval out = tv_list(rt, n);
     struct tval *attr = targ(a, -1, "attribute"), *def = targ(a, -1, "default");
     struct tval *fname = attr ? NULL : targ(a, 0, NULL);
@@ -437,26 +438,6 @@ static struct tval f_join(struct rt *rt, struct tval v, struct targs *a)
     return tv_sref(b.p ? b.p : "", b.n);
 }
 
-static struct tval f_escape(struct rt *rt, struct tval v)
-{
-    struct tval s = str_of(rt, v);
-    struct tbuf b = {0};
-    for (uint32_t i = 0; i < s.n; i++) {
-        char c = s.u.s[i];
-        const char *r = c == '&'    ? "&amp;"
-                        : c == '<'  ? "&lt;"
-                        : c == '>'  ? "&gt;"
-                        : c == '"'  ? "&#34;"
-                        : c == '\'' ? "&#39;"
-                                    : NULL;
-        if (r)
-            tb_puts(rt, &b, r);
-        else
-            tb_put(rt, &b, &c, 1);
-    }
-    return tv_sref(b.p ? b.p : "", b.n);
-}
-
 static struct tval f_case(struct rt *rt, struct tval v, int mode)
 {
     /* 0 upper, 1 lower, 2 capitalize, 3 jinja2 title (words start after space - ( { [ <) */
@@ -490,7 +471,11 @@ struct tval tmpl_filter(struct rt *rt, const char *name, size_t nlen, struct tva
     if (NAMEIS("trim")) return tmpl_call_method(rt, str_of(rt, v), "strip", a);
     if (NAMEIS("length") || NAMEIS("count")) return tv_int(tv_len(rt, v));
     if (NAMEIS("string")) return str_of(rt, v);
-    if (NAMEIS("safe")) return v;
+    if (NAMEIS("safe")) {
+        struct tval m = str_of(rt, v);
+        m.markup = 1;
+        return m;
+    }
     if (NAMEIS("default") || NAMEIS("d")) {
         struct tval *def = targ(a, 0, "default_value");
         int boolean = arg_bool(targ(a, 1, "boolean"), 0);
@@ -554,7 +539,7 @@ struct tval tmpl_filter(struct rt *rt, const char *name, size_t nlen, struct tva
     }
     if (NAMEIS("sort")) return f_sort(rt, v, a);
     if (NAMEIS("dictsort")) return f_dictsort(rt, v, a);
-    if (NAMEIS("escape") || NAMEIS("e") || NAMEIS("forceescape")) return f_escape(rt, v);
+    if (NAMEIS("escape") || NAMEIS("e") || NAMEIS("forceescape")) return tv_escape(rt, v);
     if (NAMEIS("indent")) return f_indent(rt, v, a);
     if (NAMEIS("wordcount")) {
         struct tval s = str_of(rt, v);

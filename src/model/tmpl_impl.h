@@ -61,6 +61,7 @@ struct tloop;
 
 struct tval {
     uint8_t t;
+    uint8_t markup; /* TV_STR from |safe or |escape: `+` escapes the other operand */
     uint32_t n;
     union {
         int64_t i;
@@ -299,6 +300,8 @@ void fmt_float(char *out, size_t cap, double f); /* Python repr of a float */
 struct tval tv_to_str(struct rt *rt, struct tval v);
 struct tval tv_concat(struct rt *rt, struct tval a, struct tval b); /* both TV_STR */
 struct tval tv_from_json(struct rt *rt, const void *cjson);
+/** HTML-escapes str(v) (& < > " ') into a markup string; markup passes unchanged. */
+struct tval tv_escape(struct rt *rt, struct tval v);
 /** Length in bytes of the UTF-8 sequence starting at s (1 for invalid bytes). */
 size_t utf8_len(const char *s, size_t n);
 int u_isspace(const char *s, size_t n, size_t *clen);

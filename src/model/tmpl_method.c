@@ -683,7 +683,9 @@ struct tval tmpl_call_global(struct rt *rt, const char *name, struct targs *a)
         if (!f || f->t != TV_STR) rt_fail(rt, "TypeError: strftime_now needs a format string");
         char fmt[256], out[512];
         snprintf(fmt, sizeof fmt, "%.*s", (int)f->n, f->u.s);
-        time_t now = time(NULL);
+        /* SOURCE_DATE_EPOCH pins "now" for reproducible prompts (and tests) */
+        const char *sde = getenv("SOURCE_DATE_EPOCH");
+        time_t now = sde && *sde ? (time_t)strtoll(sde, NULL, 10) : time(NULL);
         struct tm tm;
         localtime_r(&now, &tm);
         size_t n = strftime(out, sizeof out, fmt, &tm);

@@ -308,7 +308,18 @@ static struct tval binop(struct rt *rt, int op, struct tval a, struct tval b)
             return tv_int(r);
         }
         if (nums) return tv_float(tv_num(a) + tv_num(b));
-        if (a.t == TV_STR && b.t == TV_STR) return tv_concat(rt, a, b);
+        if (a.t == TV_STR && b.t == TV_STR) {
+            /* Markup + str escapes the str, as markupsafe does */
+            if (a.markup != b.markup) {
+                if (a.markup)
+                    b = tv_escape(rt, b);
+                else
+                    a = tv_escape(rt, a);
+            }
+            struct tval r2 = tv_concat(rt, a, b);
+            r2.markup = a.markup;
+            return r2;
+        }
         if (a.t == TV_LIST && b.t == TV_LIST && !a.u.l->gen && !b.u.l->gen &&
             a.u.l->tuple == b.u.l->tuple) {
             struct tval l = tv_list(rt, a.u.l->n + b.u.l->n);

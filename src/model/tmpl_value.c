@@ -587,6 +587,34 @@ struct tval tv_to_str(struct rt *rt, struct tval v)
     return tv_sref(b.p ? b.p : "", b.n);
 }
 
+struct tval tv_escape(struct rt *rt, struct tval v)
+{
+    if (v.t == TV_STR && v.markup) return v;
+    struct tval s = tv_to_str(rt, v);
+    struct tbuf b = {0};
+    size_t run = 0;
+    for (uint32_t i = 0; i < s.n; i++) {
+        char c = s.u.s[i];
+        const char *r = c == '&'    ? "&amp;"
+                        : c == '<'  ? "&lt;"
+                        : c == '>'  ? "&gt;"
+                        : c == '"'  ? "&#34;"
+                        : c == '\'' ? "&#39;"
+                                    : NULL;
+        if (!r) {
+            run++;
+            continue;
+        }
+        tb_put(rt, &b, s.u.s + i - run, run);
+        run = 0;
+        tb_puts(rt, &b, r);
+    }
+    tb_put(rt, &b, s.u.s + s.n - run, run);
+    struct tval out = tv_sref(b.p ? b.p : "", b.n);
+    out.markup = 1;
+    return out;
+}
+
 static void tb_json_str(struct rt *rt, struct tbuf *b, const char *s, size_t n)
 {
     tb_puts(rt, b, "\"");
