@@ -158,8 +158,7 @@ static struct tval split(struct rt *rt, struct tval s, struct targs *a, int from
         while (i < s.n && u_isspace(s.u.s + i, s.n - i, &cl)) i += cl;
         if (i >= s.n) break;
         if (maxsplit == 0) {
-            struct tval rest = strip(rt, tv_sref(s.u.s + i, s.n - i), NULL, 0, 1);
-            tl_push(rt, out.u.l, rest);
+            tl_push(rt, out.u.l, tv_sref(s.u.s + i, s.n - i));
             break;
         }
         size_t b = i;
