@@ -23,7 +23,7 @@
 #define TMPL_MAX_MEMORY (256u << 20) /* arena bytes per render */
 #define TMPL_MAX_OUTPUT (64u << 20)  /* bytes of rendered text */
 #define TMPL_MAX_DEPTH  400          /* nested evaluation (C stack frames / 2) */
-#define TMPL_MAX_STEPS  50000000ull  /* loop iterations + calls per render */
+#define TMPL_MAX_STEPS  10000000ull  /* loop iterations + calls per render */
 
 /* ---- arena ---- */
 

@@ -347,6 +347,9 @@ static struct tval binop(struct rt *rt, int op, struct tval a, struct tval b)
             a = b;
             b = t;
         }
+        if ((a.t == TV_INT || a.t == TV_BOOL) && (b.t == TV_STR || b.t == TV_LIST) &&
+            a.u.i > 0 && (double)a.u.i * (b.t == TV_STR ? b.n : b.u.l->n * 16.0) > TMPL_MAX_OUTPUT)
+            rt_fail(rt, "MemoryError: repetition result too large");
         if ((a.t == TV_INT || a.t == TV_BOOL) && b.t == TV_STR) {
             struct tbuf buf = {0};
             for (int64_t i = 0; i < a.u.i; i++) tb_put(rt, &buf, b.u.s, b.n);
