@@ -43,8 +43,8 @@ char *tmpl_render(const struct tmpl *t, const cJSON *context, size_t *out_len, s
  * every member of `extra_vars` (bos_token, eos_token, date_string, ...).
  */
 char *tmpl_apply_chat(const char *template_src, const cJSON *messages, const cJSON *tools,
-                      const cJSON *documents, int add_generation_prompt,
-                      const cJSON *extra_vars, size_t *out_len, struct err *e);
+                      const cJSON *documents, int add_generation_prompt, const cJSON *extra_vars,
+                      size_t *out_len, struct err *e);
 
 /**
  * Reads a model folder's chat template: DIR/chat_template.jinja when present, else

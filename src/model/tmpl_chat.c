@@ -12,8 +12,8 @@
 #include "common/util.h"
 
 char *tmpl_apply_chat(const char *template_src, const cJSON *messages, const cJSON *tools,
-                      const cJSON *documents, int add_generation_prompt,
-                      const cJSON *extra_vars, size_t *out_len, struct err *e)
+                      const cJSON *documents, int add_generation_prompt, const cJSON *extra_vars,
+                      size_t *out_len, struct err *e)
 {
     if (!template_src) {
         err_set(e, "no chat template");

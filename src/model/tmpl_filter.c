@@ -15,17 +15,21 @@
 #define NAMEIS(w) (nlen == sizeof(w) - 1 && !memcmp(name, w, nlen))
 
 static const char *const filters[] = {
-    "abs", "attr", "batch", "capitalize", "center", "count", "d", "default", "dictsort", "e",
-    "escape", "first", "float", "forceescape", "format", "indent", "int", "items", "join",
-    "last", "length", "list", "lower", "map", "max", "min", "pprint", "reject", "rejectattr",
-    "replace", "reverse", "round", "safe", "select", "selectattr", "sort", "string", "sum",
-    "title", "tojson", "trim", "truncate", "unique", "upper", "wordcount", NULL};
+    "abs",        "attr",     "batch",     "capitalize", "center", "count",  "d",
+    "default",    "dictsort", "e",         "escape",     "first",  "float",  "forceescape",
+    "format",     "indent",   "int",       "items",      "join",   "last",   "length",
+    "list",       "lower",    "map",       "max",        "min",    "pprint", "reject",
+    "rejectattr", "replace",  "reverse",   "round",      "safe",   "select", "selectattr",
+    "sort",       "string",   "sum",       "title",      "tojson", "trim",   "truncate",
+    "unique",     "upper",    "wordcount", NULL};
 
 static const char *const tests[] = {
-    "!=", "<", "<=", "==", ">", ">=", "boolean", "callable", "defined", "divisibleby", "eq",
-    "equalto", "escaped", "even", "false", "filter", "float", "ge", "greaterthan", "gt", "in",
-    "integer", "iterable", "le", "lessthan", "lower", "lt", "mapping", "ne", "none", "number",
-    "odd", "sameas", "sequence", "string", "test", "true", "undefined", "upper", NULL};
+    "!=",       "<",        "<=",          "==",       ">",           ">=",       "boolean",
+    "callable", "defined",  "divisibleby", "eq",       "equalto",     "escaped",  "even",
+    "false",    "filter",   "float",       "ge",       "greaterthan", "gt",       "in",
+    "integer",  "iterable", "le",          "lessthan", "lower",       "lt",       "mapping",
+    "ne",       "none",     "number",      "odd",      "sameas",      "sequence", "string",
+    "test",     "true",     "undefined",   "upper",    NULL};
 
 static int known(const char *const *list, const char *name, size_t nlen)
 {
@@ -106,7 +110,8 @@ static void msort(struct rt *rt, struct tval *keys, struct tval *items, uint32_t
     uint32_t h = n / 2;
     msort(rt, keys, items, h, rev);
     msort(rt, keys + h, items + h, n - h, rev);
-    struct tval *tk = rt_alloc(rt, (size_t)n * sizeof *tk), *ti = rt_alloc(rt, (size_t)n * sizeof *ti);
+    struct tval *tk = rt_alloc(rt, (size_t)n * sizeof *tk),
+                *ti = rt_alloc(rt, (size_t)n * sizeof *ti);
     uint32_t i = 0, j = h, o = 0;
     while (i < h && j < n) {
         int c = tv_cmp(rt, keys[j], keys[i]);
@@ -148,8 +153,7 @@ static int line_break(const char *s, size_t n, size_t i, size_t *len)
         return 1;
     }
     *len = 1;
-    return c == '\n' || c == '\r' || c == '\v' || c == '\f' || c == 0x1c || c == 0x1d ||
-           c == 0x1e;
+    return c == '\n' || c == '\r' || c == '\v' || c == '\f' || c == 0x1c || c == 0x1d || c == 0x1e;
 }
 
 static struct tval f_indent(struct rt *rt, struct tval v, struct targs *a)
@@ -220,8 +224,7 @@ static struct tval f_tojson(struct rt *rt, struct tval v, struct targs *a)
     return tv_sref(b.p ? b.p : "", b.n);
 }
 
-static struct tval f_select(struct rt *rt, struct tval v, struct targs *a, int by_attr,
-                            int reject)
+static struct tval f_select(struct rt *rt, struct tval v, struct targs *a, int by_attr, int reject)
 {
     uint32_t n;
     /* jinja2 guards with `if value:`, so None and empty inputs give nothing */

@@ -95,10 +95,10 @@ struct tnode;
 struct tfunc {
     uint8_t kind;
     const char *name;
-    struct tval self;          /* TFN_METHOD: the receiver; TFN_CYCLE: the loop */
-    const struct tnode *node;  /* TFN_MACRO / TFN_CALLER: definition */
-    struct tscope *scope;      /* where it was defined */
-    struct tval caller;        /* TFN_MACRO called from {% call %} */
+    struct tval self;         /* TFN_METHOD: the receiver; TFN_CYCLE: the loop */
+    const struct tnode *node; /* TFN_MACRO / TFN_CALLER: definition */
+    struct tscope *scope;     /* where it was defined */
+    struct tval caller;       /* TFN_MACRO called from {% call %} */
 };
 
 struct tloop {
@@ -110,27 +110,27 @@ struct tloop {
 
 enum tn_kind {
     /* statements */
-    N_DATA, /* str/len: literal text */
-    N_OUTPUT, /* a */
-    N_IF,       /* a: cond, kids: then, kids2: else */
-    N_FOR,      /* a: target, b: iterable, c: filter, kids: body, kids2: else */
-    N_SET,      /* a: target, b: value */
-    N_SETBLOCK, /* a: target, kids: body */
-    N_MACRO,    /* str: name, names/kids2: params/defaults, kids: body */
-    N_CALLBLOCK, /* a: call expr, names/kids2: caller params, kids: body */
+    N_DATA,        /* str/len: literal text */
+    N_OUTPUT,      /* a */
+    N_IF,          /* a: cond, kids: then, kids2: else */
+    N_FOR,         /* a: target, b: iterable, c: filter, kids: body, kids2: else */
+    N_SET,         /* a: target, b: value */
+    N_SETBLOCK,    /* a: target, kids: body */
+    N_MACRO,       /* str: name, names/kids2: params/defaults, kids: body */
+    N_CALLBLOCK,   /* a: call expr, names/kids2: caller params, kids: body */
     N_FILTERBLOCK, /* a: filter chain with a NULL innermost operand, kids: body */
     N_BREAK,
     N_CONTINUE,
     N_BODY, /* kids: a plain sequence ({% generation %}, {% with %}) */
     /* expressions */
-    E_LIT,   /* lit */
-    E_NAME,  /* str */
-    E_ATTR,  /* a.str */
-    E_ITEM,  /* a[b] */
-    E_SLICE, /* a[b:c:d], NULL parts omitted */
-    E_CALL,  /* a(kids, names=kids2) */
+    E_LIT,    /* lit */
+    E_NAME,   /* str */
+    E_ATTR,   /* a.str */
+    E_ITEM,   /* a[b] */
+    E_SLICE,  /* a[b:c:d], NULL parts omitted */
+    E_CALL,   /* a(kids, names=kids2) */
     E_FILTER, /* a|str(kids, names=kids2) */
-    E_TEST,  /* a is [not] str(kids); op: negated */
+    E_TEST,   /* a is [not] str(kids); op: negated */
     E_NEG,
     E_POS,
     E_NOT,
@@ -182,8 +182,19 @@ struct tmpl {
 
 /* ---- lexer ---- */
 
-enum tk_type { TK_DATA, TK_VAR_BEGIN, TK_VAR_END, TK_BLOCK_BEGIN, TK_BLOCK_END, TK_NAME,
-               TK_STRING, TK_INT, TK_FLOAT, TK_OP, TK_EOF };
+enum tk_type {
+    TK_DATA,
+    TK_VAR_BEGIN,
+    TK_VAR_END,
+    TK_BLOCK_BEGIN,
+    TK_BLOCK_END,
+    TK_NAME,
+    TK_STRING,
+    TK_INT,
+    TK_FLOAT,
+    TK_OP,
+    TK_EOF
+};
 
 struct tok {
     uint8_t type;
@@ -214,7 +225,7 @@ struct rt {
     const struct tdict *ctx; /* the caller's variables */
     int depth, line;
     uint64_t steps;
-    int loopctl; /* 1 break, 2 continue, pending */
+    int loopctl;               /* 1 break, 2 continue, pending */
     int json_ascii, json_sort; /* tojson's ensure_ascii and sort_keys */
 };
 
@@ -263,7 +274,7 @@ static inline struct tval tv_sref(const char *s, size_t n)
     return v;
 }
 struct tval tv_str(struct rt *rt, const char *s, size_t n); /* copies */
-struct tval tv_cstr(const char *s);                          /* static text */
+struct tval tv_cstr(const char *s);                         /* static text */
 struct tval tv_list(struct rt *rt, uint32_t cap);
 void tl_push(struct rt *rt, struct tlist *l, struct tval v);
 struct tval tv_dict(struct rt *rt, uint32_t cap);

@@ -111,20 +111,47 @@ static int lex_string(struct lexer *L, char q)
         unsigned long cp = 0;
         int hex = 0;
         switch (x) {
-        case 'n': d[o++] = '\n'; break;
-        case 't': d[o++] = '\t'; break;
-        case 'r': d[o++] = '\r'; break;
-        case '\\': d[o++] = '\\'; break;
-        case '\'': d[o++] = '\''; break;
-        case '"': d[o++] = '"'; break;
-        case 'a': d[o++] = '\a'; break;
-        case 'b': d[o++] = '\b'; break;
-        case 'f': d[o++] = '\f'; break;
-        case 'v': d[o++] = '\v'; break;
-        case '\n': break; /* line continuation */
-        case 'x': hex = 2; break;
-        case 'u': hex = 4; break;
-        case 'U': hex = 8; break;
+        case 'n':
+            d[o++] = '\n';
+            break;
+        case 't':
+            d[o++] = '\t';
+            break;
+        case 'r':
+            d[o++] = '\r';
+            break;
+        case '\\':
+            d[o++] = '\\';
+            break;
+        case '\'':
+            d[o++] = '\'';
+            break;
+        case '"':
+            d[o++] = '"';
+            break;
+        case 'a':
+            d[o++] = '\a';
+            break;
+        case 'b':
+            d[o++] = '\b';
+            break;
+        case 'f':
+            d[o++] = '\f';
+            break;
+        case 'v':
+            d[o++] = '\v';
+            break;
+        case '\n':
+            break; /* line continuation */
+        case 'x':
+            hex = 2;
+            break;
+        case 'u':
+            hex = 4;
+            break;
+        case 'U':
+            hex = 8;
+            break;
         default:
             if (x >= '0' && x <= '7') {
                 int m = 0;
@@ -192,10 +219,10 @@ static int lex_number(struct lexer *L)
     /* "a.1.2" is two subscripts, not a float: jinja2 only reads a fraction when the
      * number does not follow a dot. */
     int after_dot = L->pos > 0 && L->s[L->pos - 1] == '.';
-    if (!after_dot && i + 1 < L->n && L->s[i] == '.' && L->s[i + 1] >= '0' &&
-        L->s[i + 1] <= '9') {
+    if (!after_dot && i + 1 < L->n && L->s[i] == '.' && L->s[i + 1] >= '0' && L->s[i + 1] <= '9') {
         isfloat = 1;
-        buf[o++] = L->s[i++];
+        if (o < sizeof buf - 1) buf[o++] = L->s[i];
+        i++;
         while (i < L->n && ((L->s[i] >= '0' && L->s[i] <= '9') || L->s[i] == '_')) {
             if (L->s[i] != '_' && o < sizeof buf - 1) buf[o++] = L->s[i];
             i++;
@@ -214,6 +241,7 @@ static int lex_number(struct lexer *L)
         }
     }
     buf[o] = 0;
+    if (o >= sizeof buf - 1) return lfail(L, "number literal too long");
     struct tok *t = push(L, isfloat ? TK_FLOAT : TK_INT);
     if (!t) return lfail(L, "template too large");
     if (isfloat) {
@@ -268,9 +296,9 @@ static int lex_tag(struct lexer *L, int is_block, int *line_starting)
             if (lex_number(L)) return -1;
         } else if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_') {
             size_t q = p;
-            while (q < L->n && ((L->s[q] >= 'a' && L->s[q] <= 'z') ||
-                                (L->s[q] >= 'A' && L->s[q] <= 'Z') ||
-                                (L->s[q] >= '0' && L->s[q] <= '9') || L->s[q] == '_'))
+            while (q < L->n &&
+                   ((L->s[q] >= 'a' && L->s[q] <= 'z') || (L->s[q] >= 'A' && L->s[q] <= 'Z') ||
+                    (L->s[q] >= '0' && L->s[q] <= '9') || L->s[q] == '_'))
                 q++;
             struct tok *t = push(L, TK_NAME);
             if (!t) return lfail(L, "template too large");

@@ -14,16 +14,17 @@
 #include <time.h>
 
 static const char *const str_methods[] = {
-    "capitalize", "center", "count", "endswith", "find", "format", "index", "isalnum",
-    "isalpha", "isdigit", "isdecimal", "islower", "isnumeric", "isspace", "isupper", "join",
-    "ljust", "lower", "lstrip", "partition", "removeprefix", "removesuffix", "replace",
-    "rfind", "rjust", "rsplit", "rstrip", "split", "splitlines", "startswith", "strip",
-    "swapcase", "title", "upper", "zfill", NULL};
+    "capitalize", "center",    "count",        "endswith",     "find",       "format",
+    "index",      "isalnum",   "isalpha",      "isdigit",      "isdecimal",  "islower",
+    "isnumeric",  "isspace",   "isupper",      "join",         "ljust",      "lower",
+    "lstrip",     "partition", "removeprefix", "removesuffix", "replace",    "rfind",
+    "rjust",      "rsplit",    "rstrip",       "split",        "splitlines", "startswith",
+    "strip",      "swapcase",  "title",        "upper",        "zfill",      NULL};
 static const char *const dict_methods[] = {"get", "items", "keys", "values", "copy", NULL};
-static const char *const list_methods[] = {"append", "copy", "count", "extend", "index",
-                                           "insert", "pop", NULL};
-static const char *const globals[] = {"range", "dict", "namespace", "raise_exception",
-                                      "strftime_now", NULL};
+static const char *const list_methods[] = {"append", "copy",   "count", "extend",
+                                           "index",  "insert", "pop",   NULL};
+static const char *const globals[] = {"range",           "dict",         "namespace",
+                                      "raise_exception", "strftime_now", NULL};
 
 static int find_name(const char *const *list, const char *name, size_t n)
 {
@@ -35,10 +36,14 @@ static int find_name(const char *const *list, const char *name, size_t n)
 int tmpl_has_method(struct tval self, const char *name, size_t nlen)
 {
     switch (self.t) {
-    case TV_STR: return find_name(str_methods, name, nlen) >= 0;
-    case TV_DICT: return find_name(dict_methods, name, nlen) >= 0;
-    case TV_LIST: return !self.u.l->gen && find_name(list_methods, name, nlen) >= 0;
-    default: return 0;
+    case TV_STR:
+        return find_name(str_methods, name, nlen) >= 0;
+    case TV_DICT:
+        return find_name(dict_methods, name, nlen) >= 0;
+    case TV_LIST:
+        return !self.u.l->gen && find_name(list_methods, name, nlen) >= 0;
+    default:
+        return 0;
     }
 }
 
@@ -107,9 +112,8 @@ static struct tval split(struct rt *rt, struct tval s, struct targs *a, int from
         if (!from_right) {
             size_t i = 0;
             for (;;) {
-                const char *hit = maxsplit-- != 0 && i <= s.n
-                                      ? memmem(s.u.s + i, s.n - i, p.u.s, p.n)
-                                      : NULL;
+                const char *hit =
+                    maxsplit-- != 0 && i <= s.n ? memmem(s.u.s + i, s.n - i, p.u.s, p.n) : NULL;
                 if (!hit) break;
                 tl_push(rt, parts.u.l, tv_sref(s.u.s + i, (size_t)(hit - s.u.s) - i));
                 i = (size_t)(hit - s.u.s) + p.n;
@@ -659,7 +663,9 @@ struct tval tmpl_call_global(struct rt *rt, const char *name, struct targs *a)
         if (!v[2]) rt_fail(rt, "ValueError: range() arg 3 must not be zero");
         /* jinja2's sandbox refuses ranges over MAX_RANGE (100000) items */
         double cnt = ((double)v[1] - (double)v[0]) / (double)v[2];
-        if (cnt > 100000) rt_fail(rt, "OverflowError: Range too big. The sandbox blocks ranges larger than MAX_RANGE (100000).");
+        if (cnt > 100000)
+            rt_fail(rt, "OverflowError: Range too big. The sandbox blocks ranges larger than "
+                        "MAX_RANGE (100000).");
         struct tval out = tv_list(rt, cnt > 0 ? (uint32_t)ceil(cnt) : 0);
         for (int64_t i = v[0]; v[2] > 0 ? i < v[1] : i > v[1]; i += v[2])
             tl_push(rt, out.u.l, tv_int(i));

@@ -103,14 +103,22 @@ static int is_name(struct tok *t, const char *w)
 static const char *describe(struct tok *t, char *buf, size_t cap)
 {
     switch (t->type) {
-    case TK_EOF: return "end of template";
-    case TK_BLOCK_END: return "end of statement block";
-    case TK_VAR_END: return "end of print statement";
-    case TK_STRING: return "string";
+    case TK_EOF:
+        return "end of template";
+    case TK_BLOCK_END:
+        return "end of statement block";
+    case TK_VAR_END:
+        return "end of print statement";
+    case TK_STRING:
+        return "string";
     case TK_INT:
-    case TK_FLOAT: return "number";
-    case TK_DATA: return "template data";
-    default: snprintf(buf, cap, "'%.*s'", (int)(t->n > 40 ? 40 : t->n), t->s); return buf;
+    case TK_FLOAT:
+        return "number";
+    case TK_DATA:
+        return "template data";
+    default:
+        snprintf(buf, cap, "'%.*s'", (int)(t->n > 40 ? 40 : t->n), t->s);
+        return buf;
     }
 }
 
@@ -162,8 +170,7 @@ static struct tnode *parse_tuple(struct parser *P, int allow_cond)
     while (is_op(cur(P), ",")) {
         P->i++;
         struct tok *t = cur(P);
-        if (t->type == TK_BLOCK_END || t->type == TK_VAR_END || is_op(t, ")") ||
-            is_name(t, "in"))
+        if (t->type == TK_BLOCK_END || t->type == TK_VAR_END || is_op(t, ")") || is_name(t, "in"))
             break;
         nv_push(P, &v, parse_expr(P, allow_cond));
     }
@@ -234,10 +241,10 @@ static struct tnode *parse_test(struct parser *P, struct tnode *operand)
     if (is_op(t, "(")) {
         parse_args(P, te);
     } else if ((t->type == TK_NAME && !is_name(t, "else") && !is_name(t, "or") &&
-                !is_name(t, "and") && !is_name(t, "if") && !is_name(t, "in") &&
-                !is_name(t, "is") && !is_name(t, "not")) ||
-               t->type == TK_STRING || t->type == TK_INT || t->type == TK_FLOAT ||
-               is_op(t, "[") || is_op(t, "{")) {
+                !is_name(t, "and") && !is_name(t, "if") && !is_name(t, "in") && !is_name(t, "is") &&
+                !is_name(t, "not")) ||
+               t->type == TK_STRING || t->type == TK_INT || t->type == TK_FLOAT || is_op(t, "[") ||
+               is_op(t, "{")) {
         /* `is divisibleby 3`, `is sameas false`: one argument without parentheses */
         struct tnode *arg = parse_postfix(P, parse_primary(P));
         te->kids = palloc(P, sizeof *te->kids);
@@ -445,7 +452,8 @@ static struct tnode *parse_primary(struct parser *P)
             break;
         }
         /* fallthrough */
-    default: pfail(P, "unexpected %s", describe(t, b, sizeof b));
+    default:
+        pfail(P, "unexpected %s", describe(t, b, sizeof b));
     }
     P->depth--;
     return nd;
@@ -537,15 +545,15 @@ static struct tnode *parse_compare(struct parser *P)
     struct tnode *l = parse_math1(P), *result = NULL;
     for (;;) {
         struct tok *t = cur(P);
-        int op = is_op(t, "==")   ? OP_EQ
-                 : is_op(t, "!=") ? OP_NE
-                 : is_op(t, "<")  ? OP_LT
-                 : is_op(t, "<=") ? OP_LE
-                 : is_op(t, ">")  ? OP_GT
-                 : is_op(t, ">=") ? OP_GE
-                 : is_name(t, "in") ? OP_IN
+        int op = is_op(t, "==")                                     ? OP_EQ
+                 : is_op(t, "!=")                                   ? OP_NE
+                 : is_op(t, "<")                                    ? OP_LT
+                 : is_op(t, "<=")                                   ? OP_LE
+                 : is_op(t, ">")                                    ? OP_GT
+                 : is_op(t, ">=")                                   ? OP_GE
+                 : is_name(t, "in")                                 ? OP_IN
                  : (is_name(t, "not") && is_name(peek(P, 1), "in")) ? OP_NOTIN
-                                                                     : 0;
+                                                                    : 0;
         if (!op) break;
         P->i += op == OP_NOTIN ? 2 : 1;
         struct tnode *r = parse_math1(P);
@@ -820,8 +828,7 @@ static struct tnode *parse_body(struct parser *P, const char *const *ends, struc
             nd->a = parse_tuple(P, 1);
             if (cur(P)->type != TK_VAR_END) {
                 char b[64];
-                pfail(P, "expected end of print statement, got %s",
-                      describe(cur(P), b, sizeof b));
+                pfail(P, "expected end of print statement, got %s", describe(cur(P), b, sizeof b));
             }
             P->i++;
             nv_push(P, out, nd);

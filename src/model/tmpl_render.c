@@ -139,8 +139,7 @@ static struct tval loop_attr(struct rt *rt, struct tval lv, const char *name, si
     if (IS("depth")) return tv_int(1);
     if (IS("depth0")) return tv_int(0);
     if (IS("previtem"))
-        return L->index0 > 0 ? L->items[L->index0 - 1]
-                             : undef_fmt(rt, "there is no previous item");
+        return L->index0 > 0 ? L->items[L->index0 - 1] : undef_fmt(rt, "there is no previous item");
     if (IS("nextitem"))
         return L->index0 + 1 < L->length ? L->items[L->index0 + 1]
                                          : undef_fmt(rt, "there is no next item");
@@ -154,7 +153,8 @@ struct tval rt_getattr(struct rt *rt, struct tval obj, const char *name, size_t 
     char b[64];
     if (n > 100) n = 100;
     switch (obj.t) {
-    case TV_UNDEF: fail_undef(rt, obj);
+    case TV_UNDEF:
+        fail_undef(rt, obj);
     case TV_DICT:
         if (tmpl_has_method(obj, name, n)) return bound(rt, obj, name, n, TFN_METHOD);
         /* fallthrough */
@@ -163,7 +163,8 @@ struct tval rt_getattr(struct rt *rt, struct tval obj, const char *name, size_t 
         if (v) return *v;
         break;
     }
-    case TV_LOOP: return loop_attr(rt, obj, name, n);
+    case TV_LOOP:
+        return loop_attr(rt, obj, name, n);
     default:
         if (tmpl_has_method(obj, name, n)) return bound(rt, obj, name, n, TFN_METHOD);
         break;
@@ -190,8 +191,7 @@ struct tval rt_getitem(struct rt *rt, struct tval obj, struct tval key)
                 if (i < 0) i += cnt;
                 if (i >= 0 && i < cnt) return ch[i];
             }
-            return undef_fmt(rt, "%s has no element %" PRId64, obj_desc(obj, b, sizeof b),
-                             key.u.i);
+            return undef_fmt(rt, "%s has no element %" PRId64, obj_desc(obj, b, sizeof b), key.u.i);
         }
     }
     if (key.t == TV_STR) return rt_getattr(rt, obj, key.u.s, key.n);
@@ -277,8 +277,8 @@ _Noreturn static void bad_operands(struct rt *rt, const char *op, struct tval a,
     if (!strcmp(op, "+") && (a.t == TV_STR || (a.t == TV_LIST && !a.u.l->gen)))
         rt_fail(rt, "TypeError: can only concatenate %s (not \"%s\") to %s", tv_typename(a),
                 tv_typename(b), tv_typename(a));
-    rt_fail(rt, "TypeError: unsupported operand type(s) for %s: '%s' and '%s'", op,
-            tv_typename(a), tv_typename(b));
+    rt_fail(rt, "TypeError: unsupported operand type(s) for %s: '%s' and '%s'", op, tv_typename(a),
+            tv_typename(b));
 }
 
 static int64_t checked(struct rt *rt, int overflow, int64_t r)
@@ -293,15 +293,24 @@ static struct tval binop(struct rt *rt, int op, struct tval a, struct tval b)
     int nums = tv_is_num(a) && tv_is_num(b);
     int64_t r;
     switch (op) {
-    case OP_CONCAT: return tv_concat(rt, tv_to_str(rt, a), tv_to_str(rt, b));
-    case OP_EQ: return tv_bool(tv_eq(a, b));
-    case OP_NE: return tv_bool(!tv_eq(a, b));
-    case OP_LT: return tv_bool(tv_cmp(rt, a, b) < 0);
-    case OP_LE: return tv_bool(tv_cmp(rt, a, b) <= 0);
-    case OP_GT: return tv_bool(tv_cmp(rt, a, b) > 0);
-    case OP_GE: return tv_bool(tv_cmp(rt, a, b) >= 0);
-    case OP_IN: return tv_bool(contains(rt, b, a));
-    case OP_NOTIN: return tv_bool(!contains(rt, b, a));
+    case OP_CONCAT:
+        return tv_concat(rt, tv_to_str(rt, a), tv_to_str(rt, b));
+    case OP_EQ:
+        return tv_bool(tv_eq(a, b));
+    case OP_NE:
+        return tv_bool(!tv_eq(a, b));
+    case OP_LT:
+        return tv_bool(tv_cmp(rt, a, b) < 0);
+    case OP_LE:
+        return tv_bool(tv_cmp(rt, a, b) <= 0);
+    case OP_GT:
+        return tv_bool(tv_cmp(rt, a, b) > 0);
+    case OP_GE:
+        return tv_bool(tv_cmp(rt, a, b) >= 0);
+    case OP_IN:
+        return tv_bool(contains(rt, b, a));
+    case OP_NOTIN:
+        return tv_bool(!contains(rt, b, a));
     case OP_ADD:
         if (both_int) {
             checked(rt, __builtin_add_overflow(a.u.i, b.u.i, &r), 0);
@@ -347,8 +356,8 @@ static struct tval binop(struct rt *rt, int op, struct tval a, struct tval b)
             a = b;
             b = t;
         }
-        if ((a.t == TV_INT || a.t == TV_BOOL) && (b.t == TV_STR || b.t == TV_LIST) &&
-            a.u.i > 0 && (double)a.u.i * (b.t == TV_STR ? b.n : b.u.l->n * 16.0) > TMPL_MAX_OUTPUT)
+        if ((a.t == TV_INT || a.t == TV_BOOL) && (b.t == TV_STR || b.t == TV_LIST) && a.u.i > 0 &&
+            (double)a.u.i * (b.t == TV_STR ? b.n : b.u.l->n * 16.0) > TMPL_MAX_OUTPUT)
             rt_fail(rt, "MemoryError: repetition result too large");
         if ((a.t == TV_INT || a.t == TV_BOOL) && b.t == TV_STR) {
             struct tbuf buf = {0};
@@ -470,7 +479,8 @@ static struct tval call_macro(struct rt *rt, struct tfunc *f, struct targs *a)
     for (int k = 0; k < a->nkw; k++) {
         int known = !strcmp(a->kwn[k], "caller");
         for (int i = 0; i < np && !known; i++) known = !strcmp(a->kwn[k], nd->names[i]);
-        if (!known) td_set(rt, kwargs.u.d, tv_cstr(a->kwn[k]), a->kwv[k]);
+        if (!known)
+            td_set(rt, kwargs.u.d, tv_cstr(a->kwn[k]), a->kwv[k]);
         else if (!strcmp(a->kwn[k], "caller"))
             scope_set(rt, s, "caller", 6, a->kwv[k]);
     }
@@ -492,15 +502,21 @@ struct tval rt_call(struct rt *rt, struct tval fn, struct targs *a)
     struct tval r;
     switch (f->kind) {
     case TFN_MACRO:
-    case TFN_CALLER: r = call_macro(rt, f, a); break;
-    case TFN_METHOD: r = tmpl_call_method(rt, f->self, f->name, a); break;
+    case TFN_CALLER:
+        r = call_macro(rt, f, a);
+        break;
+    case TFN_METHOD:
+        r = tmpl_call_method(rt, f->self, f->name, a);
+        break;
     case TFN_CYCLE: {
         if (!a->npos) rt_fail(rt, "TypeError: no items for cycling given");
         struct tloop *L = f->self.u.loop;
         r = a->pos[L->index0 % a->npos];
         break;
     }
-    default: r = tmpl_call_global(rt, f->name, a); break;
+    default:
+        r = tmpl_call_global(rt, f->name, a);
+        break;
     }
     rt->depth--;
     return r;
@@ -554,9 +570,15 @@ static struct tval eval(struct rt *rt, const struct tnode *nd, struct tscope *s)
     struct tval v, w;
     enter(rt);
     switch (nd->kind) {
-    case E_LIT: v = nd->lit; break;
-    case E_NAME: v = lookup(rt, s, nd->str, nd->len); break;
-    case E_ATTR: v = rt_getattr(rt, eval(rt, nd->a, s), nd->str, nd->len); break;
+    case E_LIT:
+        v = nd->lit;
+        break;
+    case E_NAME:
+        v = lookup(rt, s, nd->str, nd->len);
+        break;
+    case E_ATTR:
+        v = rt_getattr(rt, eval(rt, nd->a, s), nd->str, nd->len);
+        break;
     case E_ITEM:
         v = eval(rt, nd->a, s);
         v = rt_getitem(rt, v, eval(rt, nd->b, s));
@@ -569,8 +591,12 @@ static struct tval eval(struct rt *rt, const struct tnode *nd, struct tscope *s)
         v = do_slice(rt, o, nd->b ? &p[0] : NULL, nd->c ? &p[1] : NULL, nd->d ? &p[2] : NULL);
         break;
     }
-    case E_CALL: v = eval_call(rt, nd, s, NULL); break;
-    case E_FILTER: v = eval_filter(rt, nd, s, NULL); break;
+    case E_CALL:
+        v = eval_call(rt, nd, s, NULL);
+        break;
+    case E_FILTER:
+        v = eval_filter(rt, nd, s, NULL);
+        break;
     case E_TEST: {
         struct targs a;
         w = eval(rt, nd->a, s);
@@ -592,7 +618,9 @@ static struct tval eval(struct rt *rt, const struct tnode *nd, struct tscope *s)
             v = v.t == TV_INT ? tv_int(-v.u.i) : tv_float(-v.u.f);
         }
         break;
-    case E_NOT: v = tv_bool(!tv_truthy(eval(rt, nd->a, s))); break;
+    case E_NOT:
+        v = tv_bool(!tv_truthy(eval(rt, nd->a, s)));
+        break;
     case E_AND:
         v = eval(rt, nd->a, s);
         if (tv_truthy(v)) v = eval(rt, nd->b, s);
@@ -605,7 +633,9 @@ static struct tval eval(struct rt *rt, const struct tnode *nd, struct tscope *s)
         if (tv_truthy(eval(rt, nd->a, s)))
             v = eval(rt, nd->b, s);
         else
-            v = nd->c ? eval(rt, nd->c, s) : undef_fmt(rt, "the inline if-expression evaluated to false and no else section was defined.");
+            v = nd->c ? eval(rt, nd->c, s)
+                      : undef_fmt(rt, "the inline if-expression evaluated to false and no else "
+                                      "section was defined.");
         break;
     case E_BIN:
         v = eval(rt, nd->a, s);
@@ -622,13 +652,13 @@ static struct tval eval(struct rt *rt, const struct tnode *nd, struct tscope *s)
         v = tv_dict(rt, (uint32_t)nd->nkids);
         for (int i = 0; i < nd->nkids; i++) {
             struct tval k = eval(rt, nd->kids[i], s);
-            if (k.t == TV_LIST && !k.u.l->tuple)
-                rt_fail(rt, "TypeError: unhashable type: 'list'");
+            if (k.t == TV_LIST && !k.u.l->tuple) rt_fail(rt, "TypeError: unhashable type: 'list'");
             if (k.t == TV_DICT) rt_fail(rt, "TypeError: unhashable type: 'dict'");
             td_set(rt, v.u.d, k, eval(rt, nd->kids2[i], s));
         }
         break;
-    default: rt_fail(rt, "TemplateRuntimeError: not an expression");
+    default:
+        rt_fail(rt, "TemplateRuntimeError: not an expression");
     }
     rt->depth--;
     return v;
@@ -716,18 +746,30 @@ static void exec_node(struct rt *rt, const struct tnode *nd, struct tscope *s)
     rt->line = nd->line;
     enter(rt);
     switch (nd->kind) {
-    case N_DATA: tb_put(rt, rt->out, nd->str, nd->len); break;
-    case N_OUTPUT: tb_str(rt, rt->out, eval(rt, nd->a, s)); break;
+    case N_DATA:
+        tb_put(rt, rt->out, nd->str, nd->len);
+        break;
+    case N_OUTPUT:
+        tb_str(rt, rt->out, eval(rt, nd->a, s));
+        break;
     case N_IF:
         if (tv_truthy(eval(rt, nd->a, s)))
             exec_body(rt, nd->kids, nd->nkids, s);
         else
             exec_body(rt, nd->kids2, nd->nkids2, s);
         break;
-    case N_FOR: exec_for(rt, nd, s); break;
-    case N_SET: assign(rt, nd->a, eval(rt, nd->b, s), s); break;
-    case N_SETBLOCK: assign(rt, nd->a, capture(rt, nd->kids, nd->nkids, s), s); break;
-    case N_MACRO: scope_set(rt, s, nd->str, nd->len, make_func(rt, TFN_MACRO, nd, s)); break;
+    case N_FOR:
+        exec_for(rt, nd, s);
+        break;
+    case N_SET:
+        assign(rt, nd->a, eval(rt, nd->b, s), s);
+        break;
+    case N_SETBLOCK:
+        assign(rt, nd->a, capture(rt, nd->kids, nd->nkids, s), s);
+        break;
+    case N_MACRO:
+        scope_set(rt, s, nd->str, nd->len, make_func(rt, TFN_MACRO, nd, s));
+        break;
     case N_CALLBLOCK: {
         struct tval caller = make_func(rt, TFN_CALLER, nd, s);
         tb_str(rt, rt->out, eval_call(rt, nd->a, s, &caller));
@@ -738,10 +780,17 @@ static void exec_node(struct rt *rt, const struct tnode *nd, struct tscope *s)
         tb_str(rt, rt->out, eval_filter(rt, nd->a, s, &body));
         break;
     }
-    case N_BREAK: rt->loopctl = 1; break;
-    case N_CONTINUE: rt->loopctl = 2; break;
-    case N_BODY: exec_body(rt, nd->kids, nd->nkids, s); break;
-    default: rt_fail(rt, "TemplateRuntimeError: not a statement");
+    case N_BREAK:
+        rt->loopctl = 1;
+        break;
+    case N_CONTINUE:
+        rt->loopctl = 2;
+        break;
+    case N_BODY:
+        exec_body(rt, nd->kids, nd->nkids, s);
+        break;
+    default:
+        rt_fail(rt, "TemplateRuntimeError: not a statement");
     }
     rt->depth--;
 }

@@ -18,7 +18,7 @@
 struct tchunk {
     struct tchunk *prev;
     size_t cap, used;
-    const char *last;   /* most recent allocation, for ta_grow_last */
+    const char *last; /* most recent allocation, for ta_grow_last */
     size_t last_n;
     _Alignas(16) char data[];
 };
@@ -153,8 +153,7 @@ struct tval *td_get(const struct tdict *d, struct tval k)
 struct tval *td_gets(const struct tdict *d, const char *k, size_t n)
 {
     for (uint32_t i = 0; i < d->n; i++)
-        if (d->k[i].t == TV_STR && d->k[i].n == n && !memcmp(d->k[i].u.s, k, n))
-            return &d->v[i];
+        if (d->k[i].t == TV_STR && d->k[i].n == n && !memcmp(d->k[i].u.s, k, n)) return &d->v[i];
     return NULL;
 }
 
@@ -197,14 +196,21 @@ int tv_truthy(struct tval v)
 {
     switch (v.t) {
     case TV_UNDEF:
-    case TV_NONE: return 0;
+    case TV_NONE:
+        return 0;
     case TV_BOOL:
-    case TV_INT: return v.u.i != 0;
-    case TV_FLOAT: return v.u.f != 0;
-    case TV_STR: return v.n > 0;
-    case TV_LIST: return v.u.l->gen || v.u.l->n > 0; /* a generator is always true */
-    case TV_DICT: return v.u.d->n > 0;
-    default: return 1;
+    case TV_INT:
+        return v.u.i != 0;
+    case TV_FLOAT:
+        return v.u.f != 0;
+    case TV_STR:
+        return v.n > 0;
+    case TV_LIST:
+        return v.u.l->gen || v.u.l->n > 0; /* a generator is always true */
+    case TV_DICT:
+        return v.u.d->n > 0;
+    default:
+        return 1;
     }
 }
 
@@ -217,8 +223,10 @@ int tv_eq(struct tval a, struct tval b)
     if (a.t != b.t) return 0;
     switch (a.t) {
     case TV_UNDEF:
-    case TV_NONE: return 1;
-    case TV_STR: return a.n == b.n && !memcmp(a.u.s, b.u.s, a.n);
+    case TV_NONE:
+        return 1;
+    case TV_STR:
+        return a.n == b.n && !memcmp(a.u.s, b.u.s, a.n);
     case TV_LIST:
         if (a.u.l == b.u.l) return 1;
         if (a.u.l->tuple != b.u.l->tuple || a.u.l->gen || b.u.l->gen) return 0;
@@ -234,10 +242,14 @@ int tv_eq(struct tval a, struct tval b)
             if (!o || !tv_eq(a.u.d->v[i], *o)) return 0;
         }
         return 1;
-    case TV_NS: return a.u.d == b.u.d;
-    case TV_FUNC: return a.u.fn == b.u.fn;
-    case TV_LOOP: return a.u.loop == b.u.loop;
-    default: return 0;
+    case TV_NS:
+        return a.u.d == b.u.d;
+    case TV_FUNC:
+        return a.u.fn == b.u.fn;
+    case TV_LOOP:
+        return a.u.loop == b.u.loop;
+    default:
+        return 0;
     }
 }
 
@@ -266,25 +278,37 @@ int tv_cmp(struct rt *rt, struct tval a, struct tval b)
         }
         return (a.u.l->n > b.u.l->n) - (a.u.l->n < b.u.l->n);
     }
-    rt_fail(rt, "TypeError: '<' not supported between instances of '%s' and '%s'",
-            tv_typename(a), tv_typename(b));
+    rt_fail(rt, "TypeError: '<' not supported between instances of '%s' and '%s'", tv_typename(a),
+            tv_typename(b));
 }
 
 const char *tv_typename(struct tval v)
 {
     switch (v.t) {
-    case TV_UNDEF: return "Undefined";
-    case TV_NONE: return "NoneType";
-    case TV_BOOL: return "bool";
-    case TV_INT: return "int";
-    case TV_FLOAT: return "float";
-    case TV_STR: return "str";
-    case TV_LIST: return v.u.l->gen ? "generator" : v.u.l->tuple ? "tuple" : "list";
-    case TV_DICT: return "dict";
-    case TV_NS: return "Namespace";
-    case TV_FUNC: return v.u.fn->kind == TFN_MACRO ? "Macro" : "function";
-    case TV_LOOP: return "LoopContext";
-    default: return "object";
+    case TV_UNDEF:
+        return "Undefined";
+    case TV_NONE:
+        return "NoneType";
+    case TV_BOOL:
+        return "bool";
+    case TV_INT:
+        return "int";
+    case TV_FLOAT:
+        return "float";
+    case TV_STR:
+        return "str";
+    case TV_LIST:
+        return v.u.l->gen ? "generator" : v.u.l->tuple ? "tuple" : "list";
+    case TV_DICT:
+        return "dict";
+    case TV_NS:
+        return "Namespace";
+    case TV_FUNC:
+        return v.u.fn->kind == TFN_MACRO ? "Macro" : "function";
+    case TV_LOOP:
+        return "LoopContext";
+    default:
+        return "object";
     }
 }
 
@@ -304,27 +328,32 @@ static uint32_t u_decode(const char *s, size_t n, size_t *len)
     const unsigned char *u = (const unsigned char *)s;
     *len = k;
     switch (k) {
-    case 2: return ((uint32_t)(u[0] & 0x1f) << 6) | (u[1] & 0x3f);
-    case 3: return ((uint32_t)(u[0] & 0x0f) << 12) | ((uint32_t)(u[1] & 0x3f) << 6) | (u[2] & 0x3f);
+    case 2:
+        return ((uint32_t)(u[0] & 0x1f) << 6) | (u[1] & 0x3f);
+    case 3:
+        return ((uint32_t)(u[0] & 0x0f) << 12) | ((uint32_t)(u[1] & 0x3f) << 6) | (u[2] & 0x3f);
     case 4:
         return ((uint32_t)(u[0] & 0x07) << 18) | ((uint32_t)(u[1] & 0x3f) << 12) |
                ((uint32_t)(u[2] & 0x3f) << 6) | (u[3] & 0x3f);
-    default: return u[0];
+    default:
+        return u[0];
     }
 }
 
 int u_isspace(const char *s, size_t n, size_t *clen)
 {
     uint32_t c = u_decode(s, n, clen);
-    return c == ' ' || (c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x1f) || c == 0x85 ||
-           c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 ||
-           c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+    return c == ' ' || (c >= 9 && c <= 13) || (c >= 0x1c && c <= 0x1f) || c == 0x85 || c == 0xa0 ||
+           c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 ||
+           c == 0x202f || c == 0x205f || c == 0x3000;
 }
 
 const struct tval *tv_iter(struct rt *rt, struct tval v, uint32_t *n)
 {
     switch (v.t) {
-    case TV_UNDEF: *n = 0; return NULL;
+    case TV_UNDEF:
+        *n = 0;
+        return NULL;
     case TV_LIST:
         if (v.u.l->gen) {
             if (v.u.l->used) {
@@ -335,7 +364,9 @@ const struct tval *tv_iter(struct rt *rt, struct tval v, uint32_t *n)
         }
         *n = v.u.l->n;
         return v.u.l->v;
-    case TV_DICT: *n = v.u.d->n; return v.u.d->k;
+    case TV_DICT:
+        *n = v.u.d->n;
+        return v.u.d->k;
     case TV_STR: {
         struct tval *out = rt_alloc(rt, (size_t)v.n * sizeof *out);
         uint32_t k = 0;
@@ -347,14 +378,16 @@ const struct tval *tv_iter(struct rt *rt, struct tval v, uint32_t *n)
         *n = k;
         return out;
     }
-    default: rt_fail(rt, "TypeError: '%s' object is not iterable", tv_typename(v));
+    default:
+        rt_fail(rt, "TypeError: '%s' object is not iterable", tv_typename(v));
     }
 }
 
 int64_t tv_len(struct rt *rt, struct tval v)
 {
     switch (v.t) {
-    case TV_UNDEF: return 0;
+    case TV_UNDEF:
+        return 0;
     case TV_STR: {
         int64_t k = 0;
         for (size_t i = 0; i < v.n; i += utf8_len(v.u.s + i, v.n - i)) k++;
@@ -364,8 +397,10 @@ int64_t tv_len(struct rt *rt, struct tval v)
         if (!v.u.l->gen) return v.u.l->n;
         break;
     case TV_DICT:
-    case TV_NS: return v.u.d->n;
-    default: break;
+    case TV_NS:
+        return v.u.d->n;
+    default:
+        break;
     }
     rt_fail(rt, "TypeError: object of type '%s' has no len()", tv_typename(v));
 }
@@ -375,7 +410,8 @@ int64_t tv_len(struct rt *rt, struct tval v)
 void tb_put(struct rt *rt, struct tbuf *b, const char *s, size_t n)
 {
     if (!n) return;
-    if (b->n + n > TMPL_MAX_OUTPUT) rt_fail(rt, "MemoryError: output exceeds %u bytes", TMPL_MAX_OUTPUT);
+    if (b->n + n > TMPL_MAX_OUTPUT)
+        rt_fail(rt, "MemoryError: output exceeds %u bytes", TMPL_MAX_OUTPUT);
     if (b->n + n > b->cap) {
         size_t nc = b->cap ? b->cap * 2 : 256;
         while (nc < b->n + n) nc *= 2;
@@ -461,9 +497,9 @@ static int u_printable(uint32_t c)
 {
     if (c < 0x20 || c == 0x7f) return 0;
     if (c >= 0x80 && c <= 0xa0) return 0;
-    if (c == 0xad || c == 0x1680 || (c >= 0x2000 && c <= 0x200f) ||
-        (c >= 0x2028 && c <= 0x202f) || (c >= 0x205f && c <= 0x206f) || c == 0x3000 ||
-        c == 0xfeff || (c >= 0xd800 && c <= 0xdfff) || (c >= 0xe000 && c <= 0xf8ff) ||
+    if (c == 0xad || c == 0x1680 || (c >= 0x2000 && c <= 0x200f) || (c >= 0x2028 && c <= 0x202f) ||
+        (c >= 0x205f && c <= 0x206f) || c == 0x3000 || c == 0xfeff ||
+        (c >= 0xd800 && c <= 0xdfff) || (c >= 0xe000 && c <= 0xf8ff) ||
         (c >= 0xfff9 && c <= 0xfffb))
         return 0;
     return 1;
@@ -519,10 +555,14 @@ static void tb_value(struct rt *rt, struct tbuf *b, struct tval v, int repr)
     case TV_UNDEF:
         if (repr) tb_puts(rt, b, "Undefined");
         return;
-    case TV_NONE: tb_puts(rt, b, "None"); return;
+    case TV_NONE:
+        tb_puts(rt, b, "None");
+        return;
     case TV_BOOL:
     case TV_INT:
-    case TV_FLOAT: tb_num(rt, b, v); return;
+    case TV_FLOAT:
+        tb_num(rt, b, v);
+        return;
     case TV_STR:
         if (repr)
             tb_repr_str(rt, b, v.u.s, v.n);
@@ -565,7 +605,9 @@ static void tb_value(struct rt *rt, struct tbuf *b, struct tval v, int repr)
         tb_puts(rt, b, v.u.fn->name ? v.u.fn->name : "?");
         tb_puts(rt, b, "'>");
         return;
-    case TV_LOOP: tb_puts(rt, b, "<LoopContext>"); return;
+    case TV_LOOP:
+        tb_puts(rt, b, "<LoopContext>");
+        return;
     }
 }
 
@@ -624,13 +666,27 @@ static void tb_json_str(struct rt *rt, struct tbuf *b, const char *s, size_t n)
         const char *esc = NULL;
         char u[8];
         switch (c) {
-        case '"': esc = "\\\""; break;
-        case '\\': esc = "\\\\"; break;
-        case '\n': esc = "\\n"; break;
-        case '\r': esc = "\\r"; break;
-        case '\t': esc = "\\t"; break;
-        case '\b': esc = "\\b"; break;
-        case '\f': esc = "\\f"; break;
+        case '"':
+            esc = "\\\"";
+            break;
+        case '\\':
+            esc = "\\\\";
+            break;
+        case '\n':
+            esc = "\\n";
+            break;
+        case '\r':
+            esc = "\\r";
+            break;
+        case '\t':
+            esc = "\\t";
+            break;
+        case '\b':
+            esc = "\\b";
+            break;
+        case '\f':
+            esc = "\\f";
+            break;
         default:
             if (c < 0x20) {
                 snprintf(u, sizeof u, "\\u%04x", c);
@@ -677,9 +733,15 @@ void tb_json(struct rt *rt, struct tbuf *b, struct tval v, int indent, const cha
 {
     char s[64];
     switch (v.t) {
-    case TV_NONE: tb_puts(rt, b, "null"); return;
-    case TV_BOOL: tb_puts(rt, b, v.u.i ? "true" : "false"); return;
-    case TV_INT: tb_num(rt, b, v); return;
+    case TV_NONE:
+        tb_puts(rt, b, "null");
+        return;
+    case TV_BOOL:
+        tb_puts(rt, b, v.u.i ? "true" : "false");
+        return;
+    case TV_INT:
+        tb_num(rt, b, v);
+        return;
     case TV_FLOAT:
         if (isnan(v.u.f))
             tb_puts(rt, b, "NaN");
@@ -688,7 +750,9 @@ void tb_json(struct rt *rt, struct tbuf *b, struct tval v, int indent, const cha
         else
             tb_num(rt, b, v);
         return;
-    case TV_STR: tb_json_str(rt, b, v.u.s, v.n); return;
+    case TV_STR:
+        tb_json_str(rt, b, v.u.s, v.n);
+        return;
     case TV_LIST:
         if (!v.u.l->gen) {
             struct tlist *l = v.u.l;
@@ -748,7 +812,8 @@ void tb_json(struct rt *rt, struct tbuf *b, struct tval v, int indent, const cha
         tb_puts(rt, b, "}");
         return;
     }
-    default: break;
+    default:
+        break;
     }
     snprintf(s, sizeof s, "%s", tv_typename(v));
     rt_fail(rt, "TypeError: Object of type %s is not JSON serializable", s);

@@ -20,15 +20,15 @@
 
 static int failures, checks;
 
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        checks++;                                                                          \
-        if (!(cond)) {                                                                     \
-            failures++;                                                                    \
-            fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fputc('\n', stderr);                                                           \
-        }                                                                                  \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        checks++;                                                                                  \
+        if (!(cond)) {                                                                             \
+            failures++;                                                                            \
+            fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                        \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+        }                                                                                          \
     } while (0)
 
 static char *render_ctx(const char *src, const char *ctx_json, struct err *e)
@@ -53,8 +53,8 @@ static void expect_at(int line, const char *src, const char *ctx, const char *wa
     checks++;
     if (!got || strcmp(got, want)) {
         failures++;
-        fprintf(stderr, "%s:%d: template %s\n  want [%s]\n  got  [%s]\n", __FILE__, line, src,
-                want, got ? got : e.msg);
+        fprintf(stderr, "%s:%d: template %s\n  want [%s]\n  got  [%s]\n", __FILE__, line, src, want,
+                got ? got : e.msg);
     }
     free(got);
 }
@@ -68,8 +68,8 @@ static void expect_err_at(int line, const char *src, const char *ctx, const char
     checks++;
     if (got || !strstr(e.msg, msg)) {
         failures++;
-        fprintf(stderr, "%s:%d: template %s\n  want error containing [%s]\n  got  [%s]\n",
-                __FILE__, line, src, msg, got ? got : e.msg);
+        fprintf(stderr, "%s:%d: template %s\n  want error containing [%s]\n  got  [%s]\n", __FILE__,
+                line, src, msg, got ? got : e.msg);
     }
     free(got);
 }
@@ -214,8 +214,7 @@ static void test_filters(void)
     EXPECT("{{ ['a', 'b'] | map('upper') | list }} {{ [1, 2, 3] | select('odd') | list }}", NULL,
            "['A', 'B'] [1, 3]");
     EXPECT("{{ [1, 2, 3] | reject('even') | list }}", NULL, "[1, 3]");
-    EXPECT("{{ 'aXa' | replace('a', 'b') }} {{ 'aaa' | replace('a', 'b', 2) }}", NULL,
-           "bXb bba");
+    EXPECT("{{ 'aXa' | replace('a', 'b') }} {{ 'aaa' | replace('a', 'b', 2) }}", NULL, "bXb bba");
     EXPECT("{{ 'hEllo' | upper }} {{ 'hEllo' | lower }} {{ 'hEllo wOrld' | capitalize }}", NULL,
            "HELLO hello Hello world");
     EXPECT("{{ 'hello wORLD-x' | title }}", NULL, "Hello World-X");
@@ -259,8 +258,7 @@ static void test_tests(void)
            "TrueFalseTrueFalseTrue");
     EXPECT("{{ 2 is ge 3 }}{{ 'a' is in 'abc' }}{{ range is callable }}{{ none is sameas none }}",
            NULL, "FalseTrueTrueTrue");
-    EXPECT("{{ x is not defined }}{{ 1 is not string }}{{ 'ab' is lower }}", NULL,
-           "TrueTrueTrue");
+    EXPECT("{{ x is not defined }}{{ 1 is not string }}{{ 'ab' is lower }}", NULL, "TrueTrueTrue");
 }
 
 static void test_loops(void)
@@ -269,8 +267,7 @@ static void test_loops(void)
            "{{ loop.revindex0 }}{{ loop.first }}{{ loop.last }}{{ loop.length }}"
            "{{ loop.cycle('x', 'y') }}{{ loop.previtem | default('-') }}"
            "{{ loop.nextitem | default('-') }};{% endfor %}",
-           NULL,
-           "1032TrueFalse3x-b;2121FalseFalse3yac;3210FalseTrue3xb-;");
+           NULL, "1032TrueFalse3x-b;2121FalseFalse3yac;3210FalseTrue3xb-;");
     EXPECT("{% for x in [] %}a{% else %}empty{% endfor %}", NULL, "empty");
     EXPECT("{% for x in range(10) if x is odd %}{{ x }}{{ ',' if not loop.last }}{% endfor %}",
            NULL, "1,3,5,7,9");
@@ -296,8 +293,7 @@ static void test_statements(void)
     EXPECT("{% set ns = namespace(n=0, s='') %}{% for i in [1, 2, 3] %}{% set ns.n = ns.n + i %}"
            "{% endfor %}{{ ns.n }}",
            NULL, "6");
-    EXPECT("{% set x %}a{{ 1 + 1 }}{% endset %}{{ x }}|{% set a, b = 1, 2 %}{{ b }}", NULL,
-           "a2|2");
+    EXPECT("{% set x %}a{{ 1 + 1 }}{% endset %}{{ x }}|{% set a, b = 1, 2 %}{{ b }}", NULL, "a2|2");
     EXPECT("{% macro m(a, b='d') %}{{ a }}-{{ b }}{% endmacro %}{{ m(1) }} {{ m(1, b=2) }}", NULL,
            "1-d 1-2");
     EXPECT("{% macro v() %}{{ varargs }}{{ kwargs }}{% endmacro %}{{ v(1, 2, k=3) }}", NULL,
@@ -309,8 +305,8 @@ static void test_statements(void)
     EXPECT("{% raw %}{{ not rendered }}{% endraw %}", NULL, "{{ not rendered }}");
     EXPECT("a{# comment #}b{% generation %}c{% endgeneration %}", NULL, "abc");
     EXPECT("{{ dict(a=1, b='x') }} {{ range(3) | list }}", NULL, "{'a': 1, 'b': 'x'} [0, 1, 2]");
-    EXPECT("{% set l = [1] %}{% set _ = l.append(2) %}{{ l }} {{ l.index(2) }} {{ l.pop() }}",
-           NULL, "[1, 2] 1 2");
+    EXPECT("{% set l = [1] %}{% set _ = l.append(2) %}{{ l }} {{ l.index(2) }} {{ l.pop() }}", NULL,
+           "[1, 2] 1 2");
     EXPECT("{{ d.get('a') }} {{ d.get('z', 0) }} {{ d.keys() | list }} {{ d.values() | list }}",
            "{\"d\": {\"a\": 1}}", "1 0 ['a'] [1]");
     EXPECT("{% for k, v in d.items() %}{{ k }}{{ v }}{% endfor %}", "{\"d\": {\"a\": 1}}", "a1");
@@ -334,8 +330,8 @@ static void test_string_methods(void)
            "hi 2! n=1");
     EXPECT("{{ '-'.join(['a', 'b']) }} {{ 'abcb'.find('b') }} {{ 'abcb'.count('b') }}", NULL,
            "a-b 1 2");
-    EXPECT("{{ '12'.isdigit() }}{{ 'ab'.isalpha() }}{{ 'a1'.isalnum() }}{{ ' '.isspace() }}",
-           NULL, "TrueTrueTrueTrue");
+    EXPECT("{{ '12'.isdigit() }}{{ 'ab'.isalpha() }}{{ 'a1'.isalnum() }}{{ ' '.isspace() }}", NULL,
+           "TrueTrueTrueTrue");
     EXPECT("{{ 'abc'.find('z') }} {{ 'a\\nb'.splitlines() }}", NULL, "-1 ['a', 'b']");
 }
 
@@ -355,6 +351,11 @@ static void test_whitespace(void)
     EXPECT("x\r\n{% if true %}\r\ny\r\n{% endif %}", NULL, "x\ny\n");
     EXPECT("{{ x }}  {% if true %}z{% endif %}", "{\"x\": 1}", "1  z");
 }
+
+/* regression (fuzzer): a 200-digit float literal overran the lexer's number buffer */
+#define LONG_DIGITS                                                                                \
+    "4444444444444444444444444444444444444444444444444444444444444444444444444444444444444"        \
+    "4444444444444444444444444444444444444444444444444444444444444444444444444444444444444"
 
 static void test_errors(void)
 {
@@ -385,9 +386,19 @@ static void test_errors(void)
     strcat(deep, " }}");
     EXPECT_ERR(deep, NULL, "nested too deeply");
     /* bad input is an error, never a crash */
-    const char *junk[] = {"{{", "{%", "{#", "{{ }}", "{% for %}", "{% set %}",
-                          "{{ a[ }}", "{{ (1, }}", "{{ 'a' | }}", "{% macro %}",
-                          "{% raw %}x", "{{ 1 ** -1 }}{{ 9223372036854775807 + 1 }}"};
+    const char *junk[] = {"{{",
+                          "{%",
+                          "{#",
+                          "{{ }}",
+                          "{% for %}",
+                          "{% set %}",
+                          "{{ a[ }}",
+                          "{{ (1, }}",
+                          "{{ 'a' | }}",
+                          "{% macro %}",
+                          "{% raw %}x",
+                          "{{ 1" LONG_DIGITS "." LONG_DIGITS " }}",
+                          "{{ 1 ** -1 }}{{ 9223372036854775807 + 1 }}"};
     for (size_t i = 0; i < sizeof junk / sizeof junk[0]; i++) {
         struct err e = {{0}};
         char *out = render_ctx(junk[i], NULL, &e);
