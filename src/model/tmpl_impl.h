@@ -315,6 +315,8 @@ struct tval tv_from_json(struct rt *rt, const void *cjson);
 struct tval tv_escape(struct rt *rt, struct tval v);
 /** Length in bytes of the UTF-8 sequence starting at s (1 for invalid bytes). */
 size_t utf8_len(const char *s, size_t n);
+/** The code point at s (a lone byte for invalid UTF-8); *len gets its byte length. */
+uint32_t u_decode(const char *s, size_t n, size_t *len);
 int u_isspace(const char *s, size_t n, size_t *clen);
 
 /* filters, tests, methods, globals */
