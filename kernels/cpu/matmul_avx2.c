@@ -231,6 +231,54 @@ static void gemv_affine4_m1(const struct qweight *w, int64_t r0, int64_t r1, con
     }
 }
 
+/* One weight group of the integer 4-bit kernel: cpg chunks of 64 values (32 bytes). */
+ALWAYS_INLINE __m256 affine4_group(const uint8_t *row, const int8_t *xq, int64_t g, int cpg,
+                                   const float *ssx, __m256 tot)
+{
+    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256i ah = _mm256_setzero_si256(), al = ah;
+    for (int64_t c = g * cpg; c < (g + 1) * cpg; c++) {
+        /* Streams 1 KB ahead: the prefetcher alone leaves the loads waiting. */
+        _mm_prefetch((const char *)(row + c * 32 + 1024), _MM_HINT_T0);
+        __m256i v = _mm256_loadu_si256((const __m256i *)(row + c * 32));
+        __m256i lo = _mm256_and_si256(v, m4);
+        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        const __m256i *b = (const __m256i *)(xq + c * 128);
+        __m256i ph = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(b)),
+                                      _mm256_maddubs_epi16(hi, _mm256_loadu_si256(b + 1)));
+        __m256i pl = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(b + 2)),
+                                      _mm256_maddubs_epi16(hi, _mm256_loadu_si256(b + 3)));
+        ah = _mm256_add_epi32(ah, _mm256_madd_epi16(ph, ones));
+        al = _mm256_add_epi32(al, _mm256_madd_epi16(pl, ones));
+    }
+    __m256i comb = _mm256_add_epi32(_mm256_slli_epi32(ah, 8), al);
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(comb), _mm256_broadcast_ss(ssx + g), tot);
+}
+
+/* Per-row prologue of the integer kernel, vectorized for bf16: the combined scales
+ * ssx[g] = s_g * sx_g, and the returned bias term sum_g b_g * xsum_g. */
+static float affine_row_prologue(const struct qweight *w, int64_t r, const float *xs,
+                                 const float *xsc, float *ssx)
+{
+    int64_t groups = w->k / w->group, g = 0;
+    float bias_sum = 0;
+    if (w->sdtype == ST_BF16) {
+        const uint16_t *sr = (const uint16_t *)w->scales + r * groups;
+        const uint16_t *br = (const uint16_t *)w->biases + r * groups;
+        __m256 bacc = _mm256_setzero_ps();
+        for (; g + 8 <= groups; g += 8) {
+            _mm256_storeu_ps(ssx + g, _mm256_mul_ps(load_bf16(sr + g), _mm256_loadu_ps(xsc + g)));
+            bacc = _mm256_fmadd_ps(load_bf16(br + g), _mm256_loadu_ps(xs + g), bacc);
+        }
+        bias_sum = hsum(bacc);
+    }
+    for (; g < groups; g++) {
+        ssx[g] = quant_load_scale(w->scales, w->sdtype, r * groups + g) * xsc[g];
+        bias_sum += quant_load_scale(w->biases, w->sdtype, r * groups + g) * xs[g];
+    }
+    return bias_sum;
+}
+
 /*
  * Affine 4-bit, one x row, groups of 64 or more: integer dot products. x is split per
  * weight group into a 16-bit fixed-point value held as two int8 halves (x ~ sx * (256 hi +
@@ -272,33 +320,19 @@ static void gemv_affine4_int(const struct qweight *w, int64_t r0, int64_t r1, co
             xq[slot + 64] = (int8_t)lo;
         }
     }
-    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    int64_t cpg = w->group / 64;
+    float *ssx = scratch_get(SCRATCH_GEMM_B, (size_t)groups); /* unused during a gemv */
+    int cpg = w->group / 64;
     for (int64_t r = r0; r < r1; r++) {
+        float bias_sum = affine_row_prologue(w, r, xs, xsc, ssx);
         const uint8_t *row = w->w + (size_t)r * w->row_bytes;
         __m256 tot = _mm256_setzero_ps();
-        float bias_sum = 0;
-        for (int64_t g = 0; g < groups; g++) {
-            __m256i ah = _mm256_setzero_si256(), al = ah;
-            for (int64_t c = g * cpg; c < (g + 1) * cpg; c++) {
-                /* Streams 1 KB ahead: the prefetcher alone leaves the loads waiting. */
-                _mm_prefetch((const char *)(row + c * 32 + 1024), _MM_HINT_T0);
-                __m256i v = _mm256_loadu_si256((const __m256i *)(row + c * 32));
-                __m256i lo = _mm256_and_si256(v, m4);
-                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                const __m256i *b = (const __m256i *)(xq + c * 128);
-                __m256i ph = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(b)),
-                                              _mm256_maddubs_epi16(hi, _mm256_loadu_si256(b + 1)));
-                __m256i pl = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(b + 2)),
-                                              _mm256_maddubs_epi16(hi, _mm256_loadu_si256(b + 3)));
-                ah = _mm256_add_epi32(ah, _mm256_madd_epi16(ph, ones));
-                al = _mm256_add_epi32(al, _mm256_madd_epi16(pl, ones));
-            }
-            __m256i comb = _mm256_add_epi32(_mm256_slli_epi32(ah, 8), al);
-            float sc = quant_load_scale(w->scales, w->sdtype, r * groups + g) * xsc[g];
-            bias_sum += quant_load_scale(w->biases, w->sdtype, r * groups + g) * xs[g];
-            tot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(comb), _mm256_set1_ps(sc), tot);
-        }
+        /* constant trip counts for the common group sizes let the chunk loop unroll */
+        if (cpg == 1)
+            for (int64_t g = 0; g < groups; g++) tot = affine4_group(row, xq, g, 1, ssx, tot);
+        else if (cpg == 2)
+            for (int64_t g = 0; g < groups; g++) tot = affine4_group(row, xq, g, 2, ssx, tot);
+        else
+            for (int64_t g = 0; g < groups; g++) tot = affine4_group(row, xq, g, cpg, ssx, tot);
         y[r] = hsum(tot) + bias_sum;
     }
 }
