@@ -307,17 +307,18 @@ static void gemv_affine4_int(const struct qweight *w, int64_t r0, int64_t r1, co
         xs[g] = sum;
         float sx = mx > 0 ? mx / 32639.0f : 1.0f, inv = 1.0f / sx;
         xsc[g] = sx;
+        /* element e of chunk c: evens at c*128 + e/2, odds at c*128 + 32 + e/2 (hi halves),
+         * the lo halves 64 bytes further */
         for (int j = 0; j < w->group; j++) {
-            int64_t e = g * w->group + j, c = e / 64, in = e % 64, blk = in / 32, pos = in % 32;
-            int odd = (int)(pos & 1);
-            int64_t slot = c * 128 + (int64_t)odd * 32 + blk * 16 + pos / 2;
+            uint64_t e = (uint64_t)(g * w->group + j), in = e & 63;
+            int8_t *slot = xq + (e >> 6) * 128 + (in & 1) * 32 + (in >> 1);
             float t = xg[j] * inv;
-            int hi = (int)rintf(t * (1.0f / 256.0f));
-            hi = hi > 127 ? 127 : hi < -127 ? -127 : hi;
-            int lo = (int)rintf(t - 256.0f * (float)hi);
-            lo = lo > 127 ? 127 : lo < -128 ? -128 : lo;
-            xq[slot] = (int8_t)hi;
-            xq[slot + 64] = (int8_t)lo;
+            float h = rintf(t * (1.0f / 256.0f));
+            h = h > 127.0f ? 127.0f : h < -127.0f ? -127.0f : h;
+            float l = rintf(t - 256.0f * h);
+            l = l > 127.0f ? 127.0f : l < -128.0f ? -128.0f : l;
+            slot[0] = (int8_t)h;
+            slot[64] = (int8_t)l;
         }
     }
     float *ssx = scratch_get(SCRATCH_GEMM_B, (size_t)groups); /* unused during a gemv */
