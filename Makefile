@@ -1,9 +1,10 @@
 # Thin wrapper over CMake. `make run` serves (for now: generates from) the default model,
+# MODEL=DIR and PROMPT=TEXT pick others;
 # `make test` sets up, builds and runs every test.
 BUILD ?= build
 JOBS ?= $(shell nproc)
 MODEL ?= ../shared/testdata/models/llama-tiny
-PROMPT_IDS ?= 1292 308 1057 261 618
+PROMPT ?= Once upon a time
 
 .PHONY: all setup build run test test-asan test-fuzz bench fmt clean
 
@@ -19,7 +20,7 @@ build: $(BUILD)/Makefile
 	cmake --build $(BUILD) -j $(JOBS)
 
 run: setup build
-	$(BUILD)/pagoda generate --model $(MODEL) --prompt-ids "$(PROMPT_IDS)" -n 32
+	$(BUILD)/pagoda generate --model $(MODEL) --prompt "$(PROMPT)" -n 32
 
 test: setup build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
