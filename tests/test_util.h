@@ -5,10 +5,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static int test_failures;
+static int test_failures, test_checks;
 
 #define CHECK(cond, ...)                                                                           \
     do {                                                                                           \
+        test_checks++;                                                                             \
         if (!(cond)) {                                                                             \
             fprintf(stderr, "%s:%d: check failed: %s: ", __FILE__, __LINE__, #cond);               \
             fprintf(stderr, __VA_ARGS__);                                                          \

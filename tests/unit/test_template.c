@@ -18,18 +18,7 @@
 #include "common/util.h"
 #include "model/tmpl.h"
 
-static int failures, checks;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        checks++;                                                                                  \
-        if (!(cond)) {                                                                             \
-            failures++;                                                                            \
-            fprintf(stderr, "%s:%d: ", __FILE__, __LINE__);                                        \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fputc('\n', stderr);                                                                   \
-        }                                                                                          \
-    } while (0)
+#include "test_util.h"
 
 static char *render_ctx(const char *src, const char *ctx_json, struct err *e)
 {
@@ -50,9 +39,9 @@ static void expect_at(int line, const char *src, const char *ctx, const char *wa
 {
     struct err e = {{0}};
     char *got = render_ctx(src, ctx, &e);
-    checks++;
+    test_checks++;
     if (!got || strcmp(got, want)) {
-        failures++;
+        test_failures++;
         fprintf(stderr, "%s:%d: template %s\n  want [%s]\n  got  [%s]\n", __FILE__, line, src, want,
                 got ? got : e.msg);
     }
@@ -65,9 +54,9 @@ static void expect_err_at(int line, const char *src, const char *ctx, const char
 {
     struct err e = {{0}};
     char *got = render_ctx(src, ctx, &e);
-    checks++;
+    test_checks++;
     if (got || !strstr(e.msg, msg)) {
-        failures++;
+        test_failures++;
         fprintf(stderr, "%s:%d: template %s\n  want error containing [%s]\n  got  [%s]\n", __FILE__,
                 line, src, msg, got ? got : e.msg);
     }
@@ -134,8 +123,8 @@ static void test_golden(const char *data)
         free(src);
     }
     printf("golden renders: %d/%d identical\n", pass, n);
-    checks++;
-    if (pass != n) failures++;
+    test_checks++;
+    if (pass != n) test_failures++;
     cJSON_Delete(g);
 }
 
@@ -518,6 +507,6 @@ int main(int argc, char **argv)
     test_errors();
     test_loader();
     test_models(argv[1]);
-    printf("%d checks, %d failures\n", checks, failures);
-    return failures ? 1 : 0;
+    printf("%d checks, %d failures\n", test_checks, test_failures);
+    return test_failures ? 1 : 0;
 }

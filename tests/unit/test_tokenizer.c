@@ -18,18 +18,7 @@
 #include "model/tokenizer.h"
 #include "model/tokenizer_impl.h"
 
-static int failures, checks;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        checks++;                                                                                  \
-        if (!(cond)) {                                                                             \
-            failures++;                                                                            \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fprintf(stderr, "\n");                                                                 \
-        }                                                                                          \
-    } while (0)
+#include "test_util.h"
 
 static const char *testdata;
 
@@ -121,7 +110,7 @@ static void test_golden_tokenizer(const char *name)
     cJSON *g = read_json(path);
     struct tok *t = load_or_die(dir);
     const cJSON *cases = cJSON_GetObjectItemCaseSensitive(g, "cases"), *c;
-    int ncase = 0, before = failures;
+    int ncase = 0, before = test_failures;
     cJSON_ArrayForEach(c, cases)
     {
         const char *text = cJSON_GetObjectItemCaseSensitive(c, "text")->valuestring;
@@ -159,7 +148,7 @@ static void test_golden_tokenizer(const char *name)
         ncase++;
     }
     CHECK(ncase > 0, "%s: golden.json has no cases", name);
-    printf("tokenizers/%s: %d cases, %s\n", name, ncase, failures == before ? "ok" : "FAILED");
+    printf("tokenizers/%s: %d cases, %s\n", name, ncase, test_failures == before ? "ok" : "FAILED");
     tok_destroy(t);
     cJSON_Delete(g);
 }
@@ -655,6 +644,6 @@ int main(int argc, char **argv)
     snprintf(path, sizeof path, "%s/tokenizer.json", tmpdir);
     unlink(path);
     rmdir(tmpdir);
-    printf("%d checks, %d failures\n", checks, failures);
-    return failures ? 1 : 0;
+    printf("%d checks, %d failures\n", test_checks, test_failures);
+    return test_failures ? 1 : 0;
 }
