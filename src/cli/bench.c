@@ -19,13 +19,7 @@
 
 /* ---- make-model ---- */
 
-enum fill_kind {
-    FILL_BF16_UNIFORM,
-    FILL_BF16_CONST,
-    FILL_RANDOM_BITS,
-    FILL_BF16_SCALED_CONST,
-    FILL_U8_CONST
-};
+enum fill_kind { FILL_BF16_UNIFORM, FILL_BF16_CONST, FILL_RANDOM_BITS, FILL_U8_CONST };
 
 struct fill {
     enum fill_kind kind;
@@ -55,7 +49,6 @@ static void fill_cb(void *ctx, uint8_t *buf, size_t off, size_t n)
         }
         break;
     case FILL_BF16_CONST:
-    case FILL_BF16_SCALED_CONST:
         for (size_t i = 0; i < n / 2; i++) ((uint16_t *)buf)[i] = f32_to_bf16(f->a);
         break;
     case FILL_RANDOM_BITS:
