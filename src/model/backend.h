@@ -101,6 +101,16 @@ struct backend {
 /** The CPU backend on a pool of `threads` threads (<= 0: one per core). */
 int backend_cpu_create(struct backend *be, int threads, struct err *e);
 
+/**
+ * The backend a device string names: "cpu", "cuda" or "cuda:N". NULL or "" picks cuda
+ * when this build has the CUDA backend and a GPU is present, else cpu. `threads` sizes
+ * the CPU pool (<= 0: one per core).
+ */
+int backend_create(struct backend *be, const char *device, int threads, struct err *e);
+
+/** Whether this build has the CUDA backend and sees at least one GPU. */
+int backend_cuda_available(void);
+
 void backend_destroy(struct backend *be);
 
 #endif

@@ -1,0 +1,178 @@
+/*
+ * engine: the serving core. Requests go in, token events come out; in between, a step
+ * scheduler (after vLLM v1) batches the prefill and decode work of every live request
+ * into one forward pass per step, over a block-paged KV pool with hashed prefix sharing.
+ *
+ *     struct engine *en = engine_create(&cfg, &e);        // loads the model, starts the loop
+ *     uint64_t id = engine_submit(en, &req, &e);         // 0 + err when the request is invalid
+ *     ...  req.on_event(req.user, &ev) fires on the engine thread for every new token,
+ *          and once more (or with the last token) when the request finishes
+ *     engine_abort(en, id);                              // any time; a finish event follows
+ *     engine_destroy(en);                                // aborts what is left, joins
+ *
+ * Threads: engine_submit, engine_abort and engine_stats may be called from any thread.
+ * Event callbacks run on the engine thread: they must be quick (copy the event, post it
+ * to another thread) and may call engine_abort but not engine_destroy. Pointers inside
+ * an event are valid only during the callback.
+ *
+ * With cfg.manual set there is no engine thread: the caller drives engine_step(), and
+ * callbacks run inside it (tests that need exact arrival points, offline tools).
+ */
+#ifndef PAGODA_SCHED_ENGINE_H
+#define PAGODA_SCHED_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "model/config.h"
+#include "model/sampler.h"
+
+enum finish_reason {
+    FINISH_NONE = 0, /* still running */
+    FINISH_STOP,     /* an end-of-sequence or stop token id */
+    FINISH_LENGTH,   /* max_tokens, or the context length */
+    FINISH_ABORT,    /* engine_abort or engine_destroy */
+    FINISH_ERROR,    /* the request cannot be served (it never fits the KV pool) */
+};
+
+const char *finish_reason_name(enum finish_reason r); /* "stop", "length", "abort", "error" */
+
+#define ENGINE_MAX_TOP_LOGPROBS 20
+
+struct logit_bias {
+    int32_t id;
+    float bias; /* added to the logit before any other processing */
+};
+
+/*
+ * Sampling per request. Processing order (as vLLM): logit bias, repetition / presence /
+ * frequency penalties (over the output tokens; repetition also over the prompt), then
+ * greedy when temperature <= 0, else temperature, top-k, top-p, min-p, and a draw from the
+ * request's own generator (seeded: the same tokens whatever else is in the batch).
+ * Reported log-probabilities are those of the raw model distribution.
+ */
+struct sampling_params {
+    float temperature;        /* <= 0: greedy */
+    float top_p;              /* (0, 1]; 1 = off */
+    int top_k;                /* <= 0 = off */
+    float min_p;              /* [0, 1]; 0 = off */
+    float repetition_penalty; /* > 0; 1 = off */
+    float presence_penalty;   /* [-2, 2]; 0 = off */
+    float frequency_penalty;  /* [-2, 2]; 0 = off */
+    int has_seed;
+    uint64_t seed;
+    int max_tokens; /* >= 1: output tokens at most */
+    int ignore_eos; /* keep going past end-of-sequence tokens */
+    const int32_t *stop_ids; /* finish (reason stop) on any of these; copied by submit */
+    int n_stop_ids;
+    const struct logit_bias *logit_bias; /* copied by submit */
+    int n_logit_bias;
+    int logprobs;        /* report the chosen token's log-probability */
+    int top_logprobs;    /* and this many alternatives, 0..ENGINE_MAX_TOP_LOGPROBS */
+    int prompt_logprobs; /* >= 0 alternatives per prompt position; -1 = none. A request
+                            with prompt logprobs computes its whole prompt (no cache reuse). */
+};
+
+/** Greedy-free defaults: temperature 1, no filters, no penalties, max_tokens 16. */
+void sampling_params_default(struct sampling_params *sp);
+
+enum engine_event_kind {
+    ENGINE_EV_TOKEN,          /* a new output token (finish set when it is the last) */
+    ENGINE_EV_PROMPT_LOGPROBS, /* once, before the first token, when prompt_logprobs >= 0 */
+    ENGINE_EV_FINISH,         /* the request ended with no token to carry it (abort, error) */
+};
+
+struct engine_event {
+    enum engine_event_kind kind;
+    uint64_t req_id;
+    /* ENGINE_EV_TOKEN */
+    int32_t token;
+    float logprob;                   /* when logprobs was asked */
+    int n_top;                       /* alternatives, best first */
+    const struct token_logprob *top; /* [n_top] */
+    /* ENGINE_EV_PROMPT_LOGPROBS: for prompt position i (i >= 1) the log-probability of
+     * prompt[i] given the tokens before it (position 0 has none: NaN), and top[i * n_top
+     * ...] its alternatives. */
+    int n_prompt_lp;
+    const float *prompt_lp;
+    const struct token_logprob *prompt_top;
+    /* every kind */
+    enum finish_reason finish; /* FINISH_NONE until the request's last event */
+    int n_prompt;              /* prompt tokens */
+    int n_cached;              /* prompt tokens served from the prefix cache */
+    int n_output;              /* output tokens so far, this one included */
+};
+
+typedef void (*engine_event_fn)(void *user, const struct engine_event *ev);
+
+struct engine_request {
+    const int32_t *prompt; /* copied by submit */
+    int n_prompt;
+    struct sampling_params sp;
+    int priority; /* lower runs first (vLLM); ties by arrival */
+    engine_event_fn on_event;
+    void *user;
+};
+
+struct engine_config {
+    const char *model_dir;
+    const char *device; /* "cpu" (default); "cuda", "cuda:N" where built */
+    int threads;        /* CPU compute threads; <= 0: one per core */
+    int block_size;     /* tokens per KV block; 0: 16 */
+    int num_blocks;     /* KV blocks; 0: from kv_cache_memory */
+    size_t kv_cache_memory;      /* bytes for the KV pool; 0: a default */
+    int max_num_batched_tokens;  /* token budget per step; 0: 2048 */
+    int max_num_seqs;            /* running requests at most; 0: 256 */
+    int max_model_len;           /* 0: the model's context length */
+    int disable_prefix_caching;  /* 1: no hashing, no reuse */
+    int manual;                  /* 1: no engine thread, see engine_step */
+};
+
+/* Step-time histogram bounds in seconds (a last bucket catches the rest). */
+#define ENGINE_STEP_BUCKETS 12
+extern const double engine_step_bucket_bounds[ENGINE_STEP_BUCKETS];
+
+struct engine_stats {
+    int running, waiting;
+    int kv_blocks_total, kv_blocks_used, kv_blocks_free, kv_blocks_cached;
+    uint64_t prefix_query_tokens, prefix_hit_tokens;
+    uint64_t preemptions;
+    uint64_t prompt_tokens;     /* tokens prefilled (computed, not served from cache) */
+    uint64_t generation_tokens; /* tokens decoded */
+    uint64_t requests_finished[FINISH_ERROR + 1]; /* by reason */
+    uint64_t steps;
+    uint64_t step_hist[ENGINE_STEP_BUCKETS + 1]; /* counts per bucket (cumulate for Prometheus) */
+    double step_time_sum;                        /* seconds */
+};
+
+/** Loads the model and sizes the KV pool; starts the engine thread unless manual. */
+struct engine *engine_create(const struct engine_config *cfg, struct err *e);
+
+const struct model_config *engine_model_config(const struct engine *en);
+/** The context length requests must fit: prompt + max_tokens <= this. */
+int engine_max_model_len(const struct engine *en);
+int engine_block_size(const struct engine *en);
+
+/**
+ * Queues a request; returns its id (> 0), or 0 with a message naming the bad field
+ * (empty prompt, a token id outside the vocabulary, prompt + max_tokens over the context,
+ * a sampling value out of range).
+ */
+uint64_t engine_submit(struct engine *en, const struct engine_request *req, struct err *e);
+
+/** Ends a request at the next step (its blocks return to the pool); unknown ids are ignored. */
+void engine_abort(struct engine *en, uint64_t id);
+
+/** Manual mode: runs one step; returns the requests still live (running + waiting). */
+int engine_step(struct engine *en);
+
+/** Requests not yet finished (running + waiting). */
+int engine_live(struct engine *en);
+
+void engine_stats(struct engine *en, struct engine_stats *out);
+
+/** Aborts every live request (finish events fire), stops the thread, frees everything. */
+void engine_destroy(struct engine *en);
+
+#endif
