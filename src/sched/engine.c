@@ -352,7 +352,13 @@ static int one_iteration(struct engine *en)
     pthread_mutex_unlock(&en->mu);
     finish_aborted(en, &en->waiting);
     finish_aborted(en, &en->running);
-    if (en->waiting.n || en->running.n) step_run(en);
+    if ((en->waiting.n || en->running.n) && step_run(en) == 0 && !en->running.n &&
+        en->waiting.n) {
+        /* Nothing runs and the first waiting request cannot start even in an idle pool:
+         * it can never run, so it ends instead of stalling the queue. */
+        req_finish(en, en->waiting.head, FINISH_ERROR, 1);
+    }
+    step_publish_gauges(en);
     return en->waiting.n + en->running.n;
 }
 

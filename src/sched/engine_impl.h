@@ -101,7 +101,10 @@ struct engine {
 };
 
 /* step.c */
-void step_run(struct engine *en);
+/* One step; returns the sequences it ran. */
+int step_run(struct engine *en);
+/* Publishes the running/waiting/KV gauges to the shared statistics. */
+void step_publish_gauges(struct engine *en);
 void req_finish(struct engine *en, struct request *r, enum finish_reason why, int emit);
 
 /* sample.c: the next token of r from its logits row (left unchanged). */

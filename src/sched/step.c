@@ -279,7 +279,7 @@ static int finish_seq(struct engine *en, struct step_seq *p, struct step_counts 
     return sampled;
 }
 
-void step_run(struct engine *en)
+int step_run(struct engine *en)
 {
     double t0 = util_now();
     struct step_counts sc = {0};
@@ -296,11 +296,6 @@ void step_run(struct engine *en)
 
     pthread_mutex_lock(&en->mu);
     struct engine_stats *st = &en->stats;
-    st->running = en->running.n;
-    st->waiting = en->waiting.n + en->incoming.n;
-    st->kv_blocks_free = en->pool.n_free;
-    st->kv_blocks_cached = en->pool.n_cached;
-    st->kv_blocks_used = en->pool.n_blocks - en->pool.n_free;
     st->prefix_query_tokens += sc.q_tokens;
     st->prefix_hit_tokens += sc.hit_tokens;
     st->preemptions += sc.preempt;
@@ -313,5 +308,18 @@ void step_run(struct engine *en)
         st->step_hist[bk]++;
         st->step_time_sum += dt;
     }
+    pthread_mutex_unlock(&en->mu);
+    return n_plan;
+}
+
+void step_publish_gauges(struct engine *en)
+{
+    pthread_mutex_lock(&en->mu);
+    struct engine_stats *st = &en->stats;
+    st->running = en->running.n;
+    st->waiting = en->waiting.n + en->incoming.n;
+    st->kv_blocks_free = en->pool.n_free;
+    st->kv_blocks_cached = en->pool.n_cached;
+    st->kv_blocks_used = en->pool.n_blocks - en->pool.n_free;
     pthread_mutex_unlock(&en->mu);
 }
