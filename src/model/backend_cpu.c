@@ -11,6 +11,8 @@
 
 struct cpu_ctx {
     struct threadpool *tp;
+    int32_t *tok_seq; /* [cap] sequence of each token of the current step */
+    int tok_cap;
 };
 
 /* Zeroed, 64-byte aligned. calloc hands large blocks out as fresh pages that the kernel
@@ -46,10 +48,17 @@ static int cpu_weight_prepare(void *ctx, struct qweight *w, struct err *e)
     return 0; /* consumed in place from the mapping */
 }
 
+/* Maps each token of the step to its sequence, for attention. The map grows to the
+ * largest step seen and is then reused. */
 static void cpu_batch_begin(void *ctx, const struct fwd_batch *b)
 {
-    (void)ctx;
-    (void)b;
+    struct cpu_ctx *c = ctx;
+    if (b->n_tokens > c->tok_cap) {
+        c->tok_cap = b->n_tokens;
+        c->tok_seq = xrealloc(c->tok_seq, sizeof(int32_t) * (size_t)c->tok_cap);
+    }
+    for (int s = 0; s < b->n_seqs; s++)
+        for (int t = b->q_start[s]; t < b->q_start[s + 1]; t++) c->tok_seq[t] = s;
 }
 
 static void cpu_embed(void *ctx, float *out, const struct qweight *table, const struct fwd_batch *b,
@@ -158,14 +167,8 @@ static void cpu_attention(void *ctx, float *out, const float *q, const struct kv
                           const struct attn_params *p)
 {
     struct cpu_ctx *c = ctx;
-    int32_t stack_map[512];
-    int32_t *tok_seq =
-        b->n_tokens <= 512 ? stack_map : xmalloc(sizeof(int32_t) * (size_t)b->n_tokens);
-    for (int s = 0; s < b->n_seqs; s++)
-        for (int t = b->q_start[s]; t < b->q_start[s + 1]; t++) tok_seq[t] = s;
-    struct attn_job j = {out, q, kv, g, b, p, tok_seq};
+    struct attn_job j = {out, q, kv, g, b, p, c->tok_seq};
     tp_run(c->tp, attn_task, &j);
-    if (tok_seq != stack_map) free(tok_seq);
 }
 
 static void cpu_act_mul(void *ctx, float *out, const float *gate, const float *up, int64_t n,
@@ -202,6 +205,7 @@ static void cpu_destroy(void *ctx)
 {
     struct cpu_ctx *c = ctx;
     tp_destroy(c->tp);
+    free(c->tok_seq);
     free(c);
 }
 
