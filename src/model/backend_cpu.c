@@ -13,19 +13,23 @@ struct cpu_ctx {
     struct threadpool *tp;
 };
 
+/* Zeroed, 64-byte aligned. calloc hands large blocks out as fresh pages that the kernel
+ * zeroes on first touch, so a big KV pool costs nothing until it is used. The pointer the
+ * allocator returned sits just before the aligned one. */
 static void *cpu_alloc(void *ctx, size_t bytes)
 {
     (void)ctx;
-    void *p = NULL;
-    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
-    memset(p, 0, bytes);
-    return p;
+    char *raw = calloc(1, bytes + 64 + sizeof(void *));
+    if (!raw) return NULL;
+    uintptr_t a = ((uintptr_t)raw + sizeof(void *) + 63) & ~(uintptr_t)63;
+    ((void **)a)[-1] = raw;
+    return (void *)a;
 }
 
 static void cpu_free(void *ctx, void *p)
 {
     (void)ctx;
-    free(p);
+    if (p) free(((void **)p)[-1]);
 }
 
 static void cpu_copy(void *ctx, void *dst, const void *src, size_t bytes)
