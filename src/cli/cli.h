@@ -15,5 +15,7 @@ int cli_detokenize(int argc, char **argv);
 int cli_bench_tokenize(int argc, char **argv);
 int cli_bench_throughput(int argc, char **argv);
 int cli_template(int argc, char **argv);
+/** `pagoda serve`: the HTTP server; returns after SIGTERM / SIGINT. */
+int cli_serve(int argc, char **argv);
 
 #endif
