@@ -407,7 +407,7 @@ int http_gen_parse(enum http_api api, const cJSON *body, const struct http_model
     g->n = 1;
     g->skip_special = 1;
     http_sampling_default(&g->sp);
-    if (http_check_model(body, m, 1, he) < 0) goto fail;
+    if (http_check_model(body, m, api == HTTP_API_MESSAGES, he) < 0) goto fail;
     if (reject_unsupported(api, body, he) < 0) goto fail;
     if (parse_sampling(api, body, m, g, he) < 0) goto fail;
     if (parse_logprobs(api, body, g, he) < 0) goto fail;
