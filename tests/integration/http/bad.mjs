@@ -42,7 +42,7 @@ const CASES = [
   ['/v1/chat/completions', chat({ seed: 'x' }), 400, 'seed'],
   ['/v1/chat/completions', chat({ tools: [{ type: 'function', function: { name: 'f' } }] }), 400, 'tools'],
   ['/v1/chat/completions', chat({ model: 'nope' }), 404, 'model'],
-  ['/v1/messages', anth({ model: undefined }), 400, 'model'],
+  ['/v1/messages', anth({ model: undefined }), 400, /model/],
   ['/v1/completions', cmpl({ prompt: [1, 2, 99999] }), 400, 'prompt'],
   ['/v1/completions', cmpl({ prompt: [-1] }), 400, 'prompt'],
   ['/v1/completions', cmpl({ prompt: [[1, 2], [3, 1e9]] }), 400, 'prompt[1]'],
