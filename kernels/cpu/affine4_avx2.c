@@ -120,7 +120,7 @@ static float bias_dot(const struct qweight *w, int64_t r, const float *xs)
  */
 ALWAYS_INLINE void q4_tile(const struct qweight *w, int64_t r, int64_t g0, int64_t g1,
                            const uint8_t *xp, size_t stride, const int MR, const int CPG, int cpg,
-                           float *acc, int64_t ldacc, int resume)
+                           float *acc, int64_t ldacc, int resume, float *ssx)
 {
     if (CPG) cpg = CPG;
     int64_t groups = w->k / w->group, chunks = w->k / 64;
@@ -128,11 +128,22 @@ ALWAYS_INLINE void q4_tile(const struct qweight *w, int64_t r, int64_t g0, int64
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     const __m256i c256 = _mm256_set1_epi16(256);
     __m256 tot[QMR];
-    const float *xsc[QMR];
+    /* ssx[i][g - g0] = s_g * sx_g (the same products as scalar multiplies) */
+    int64_t ng = g1 - g0;
 #pragma GCC unroll 4
     for (int i = 0; i < MR; i++) {
         tot[i] = resume ? _mm256_loadu_ps(acc + i * ldacc) : _mm256_setzero_ps();
-        xsc[i] = (const float *)(xp + (size_t)i * stride + chunks * 128) + groups;
+        const float *xsc = (const float *)(xp + (size_t)i * stride + chunks * 128) + groups;
+        float *d = ssx + i * ng;
+        int64_t g = g0;
+        if (w->sdtype == ST_BF16) {
+            const uint16_t *sr = (const uint16_t *)w->scales + r * groups;
+            for (; g + 8 <= g1; g += 8)
+                _mm256_storeu_ps(d + (g - g0),
+                                 _mm256_mul_ps(load_bf16(sr + g), _mm256_loadu_ps(xsc + g)));
+        }
+        for (; g < g1; g++)
+            d[g - g0] = quant_load_scale(w->scales, w->sdtype, r * groups + g) * xsc[g];
     }
     for (int64_t g = g0; g < g1; g++) {
         __m256i s[QMR];
@@ -156,39 +167,47 @@ ALWAYS_INLINE void q4_tile(const struct qweight *w, int64_t r, int64_t g0, int64
                                                                _mm256_madd_epi16(pl, ones)));
             }
         }
-        float sc = quant_load_scale(w->scales, w->sdtype, r * groups + g);
 #pragma GCC unroll 4
         for (int i = 0; i < MR; i++)
-            tot[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), _mm256_set1_ps(sc * xsc[i][g]), tot[i]);
+            tot[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]),
+                                     _mm256_broadcast_ss(ssx + i * ng + (g - g0)), tot[i]);
     }
 #pragma GCC unroll 4
     for (int i = 0; i < MR; i++) _mm256_storeu_ps(acc + i * ldacc, tot[i]);
 }
 
-typedef void (*q4_fn)(const struct qweight *w, int64_t r, int64_t g0, int64_t g1,
+typedef void (*q4_fn)(const struct qweight *w, int64_t r, int nrows, int64_t g0, int64_t g1,
                       const uint8_t *xp, size_t stride, int cpg, float *acc, int64_t ldacc,
-                      int resume);
+                      int resume, float *ssx);
+/* Weight rows [r, r + nrows), their chains 8 floats apart in acc. */
 #define Q4(MR, CPG)                                                                                \
-    static void q4_##MR##_##CPG(const struct qweight *w, int64_t r, int64_t g0, int64_t g1,        \
-                                const uint8_t *xp, size_t stride, int cpg, float *acc,             \
-                                int64_t ldacc, int resume)                                         \
+    static void q4_##MR##_##CPG(const struct qweight *w, int64_t r, int nrows, int64_t g0,         \
+                                int64_t g1, const uint8_t *xp, size_t stride, int cpg, float *acc, \
+                                int64_t ldacc, int resume, float *ssx)                             \
     {                                                                                              \
-        q4_tile(w, r, g0, g1, xp, stride, MR, CPG, cpg, acc, ldacc, resume);                      \
+        for (int j = 0; j < nrows; j++)                                                            \
+            q4_tile(w, r + j, g0, g1, xp, stride, MR, CPG, cpg, acc + j * 8, ldacc, resume, ssx);  \
     }
-Q4(1, 1) Q4(1, 2) Q4(1, 0) Q4(2, 1) Q4(2, 2) Q4(2, 0)
-Q4(3, 1) Q4(3, 2) Q4(3, 0) Q4(4, 1) Q4(4, 2) Q4(4, 0)
-/* [MR - 1][groups of 64, of 128, other] */
-static const q4_fn q4_tab[QMR][3] = {
-    {q4_1_1, q4_1_2, q4_1_0}, {q4_2_1, q4_2_2, q4_2_0},
-    {q4_3_1, q4_3_2, q4_3_0}, {q4_4_1, q4_4_2, q4_4_0},
+Q4(1, 1)
+Q4(1, 2)
+Q4(1, 0)
+Q4(2, 1)
+Q4(2, 2)
+Q4(2, 0) Q4(3, 1) Q4(3, 2) Q4(3, 0) Q4(4, 1) Q4(4, 2) Q4(4, 0)
+    /* [MR - 1][groups of 64, of 128, other] */
+    static const q4_fn q4_tab[QMR][3] = {
+        {q4_1_1, q4_1_2, q4_1_0},
+        {q4_2_1, q4_2_2, q4_2_0},
+        {q4_3_1, q4_3_2, q4_3_0},
+        {q4_4_1, q4_4_2, q4_4_0},
 };
 
-/* Blocking: up to SMALL_M x rows, whole weight rows one at a time (decode); above, blocks
+/* Blocking: up to SMALL_M x rows, whole weight rows (decode); above, blocks
  * of QNB weight rows by panels of about QKC columns (x panel of 4 rows: 4 KB; weight panel:
  * 8 KB), the chains parked between panels. */
 #define SMALL_M 3
-#define QNB 32
-#define QKC 512
+#define QNB     32
+#define QKC     512
 
 void affine4_matmul(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp,
                     size_t stride, int m, float *y, int64_t ldy)
@@ -196,26 +215,26 @@ void affine4_matmul(const struct qweight *w, int64_t r0, int64_t r1, const uint8
     int64_t k = w->k, G = w->group, groups = k / G, chunks = k / 64;
     int cpg = (int)(G / 64), ci = cpg == 1 ? 0 : cpg == 2 ? 1 : 2;
     int small = m <= SMALL_M;
-    int nbmax = small ? 1 : QNB;
+    int nbmax = small ? 16 : QNB;
     int64_t gpp = small ? groups : (QKC / G > 0 ? QKC / G : 1); /* groups per panel */
     int64_t ldacc = (int64_t)nbmax * 8;
     float *acc = scratch_get(SCRATCH_GEMM_A, (size_t)m * (size_t)ldacc);
+    float *ssx = scratch_get(SCRATCH_GEMV, (size_t)(QMR * gpp)); /* a tile's combined scales */
     for (int64_t rb = r0; rb < r1; rb += nbmax) {
         int nb = (int)(r1 - rb < nbmax ? r1 - rb : nbmax);
         for (int64_t g0 = 0; g0 < groups; g0 += gpp) {
             int64_t g1 = g0 + gpp < groups ? g0 + gpp : groups;
             for (int i0 = 0; i0 < m; i0 += QMR) {
                 int mr = m - i0 < QMR ? m - i0 : QMR;
-                for (int j = 0; j < nb; j++)
-                    q4_tab[mr - 1][ci](w, rb + j, g0, g1, xp + (size_t)i0 * stride, stride, cpg,
-                                       acc + i0 * ldacc + j * 8, ldacc, g0 > 0);
+                q4_tab[mr - 1][ci](w, rb, nb, g0, g1, xp + (size_t)i0 * stride, stride, cpg,
+                                   acc + i0 * ldacc, ldacc, g0 > 0, ssx);
             }
         }
         for (int i = 0; i < m; i++) {
             const float *xs = (const float *)(xp + (size_t)i * stride + chunks * 128);
             for (int j = 0; j < nb; j++)
-                y[i * ldy + rb + j] = hsum(_mm256_loadu_ps(acc + i * ldacc + j * 8)) +
-                                      bias_dot(w, rb + j, xs);
+                y[i * ldy + rb + j] =
+                    hsum(_mm256_loadu_ps(acc + i * ldacc + j * 8)) + bias_dot(w, rb + j, xs);
         }
     }
 }
