@@ -33,17 +33,19 @@ static inline void store_i8x32(int8_t *dst, __m256i a, __m256i b, __m256i c, __m
     _mm256_storeu_si256((__m256i *)dst, p);
 }
 
+/* round half to even, as rintf */
+#define ROUND_NEAREST (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+
 /* Splits 32 scaled values (4 vectors) into hi and lo halves, stored 64 bytes apart. */
 static inline void split32(int8_t *dst, const __m256 *t)
 {
     const __m256 lim_h = _mm256_set1_ps(127.0f), lim_l = _mm256_set1_ps(-128.0f);
     const __m256 c256 = _mm256_set1_ps(256.0f), inv256 = _mm256_set1_ps(1.0f / 256.0f);
-    const int rn = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
     __m256i h[4], l[4];
     for (int v = 0; v < 4; v++) {
-        __m256 hv = _mm256_round_ps(_mm256_mul_ps(t[v], inv256), rn);
+        __m256 hv = _mm256_round_ps(_mm256_mul_ps(t[v], inv256), ROUND_NEAREST);
         hv = _mm256_min_ps(_mm256_max_ps(hv, _mm256_sub_ps(_mm256_setzero_ps(), lim_h)), lim_h);
-        __m256 lv = _mm256_round_ps(_mm256_fnmadd_ps(c256, hv, t[v]), rn);
+        __m256 lv = _mm256_round_ps(_mm256_fnmadd_ps(c256, hv, t[v]), ROUND_NEAREST);
         lv = _mm256_min_ps(_mm256_max_ps(lv, lim_l), lim_h);
         h[v] = _mm256_cvtps_epi32(hv);
         l[v] = _mm256_cvtps_epi32(lv);
@@ -193,7 +195,8 @@ Q4(1, 2)
 Q4(1, 0)
 Q4(2, 1)
 Q4(2, 2)
-Q4(2, 0) Q4(3, 1) Q4(3, 2) Q4(3, 0) Q4(4, 1) Q4(4, 2) Q4(4, 0)
+Q4(2, 0)
+Q4(3, 1) Q4(3, 2) Q4(3, 0) Q4(4, 1) Q4(4, 2) Q4(4, 0)
     /* [MR - 1][groups of 64, of 128, other] */
     static const q4_fn q4_tab[QMR][3] = {
         {q4_1_1, q4_1_2, q4_1_0},

@@ -272,7 +272,8 @@ FTL(1, 2)
 FTL(1, 3)
 FTL(2, 1)
 FTL(2, 2)
-FTL(2, 3) FTL(3, 1) FTL(3, 2) FTL(3, 3)
+FTL(2, 3)
+FTL(3, 1) FTL(3, 2) FTL(3, 3)
     /* Large m, f32 panels: [MR - 1][NR - 1] */
     static const ftile_fn ft_large[3][3] = {
         {ftl_1_1, ftl_1_2, ftl_1_3}, {ftl_2_1, ftl_2_2, ftl_2_3}, {ftl_3_1, ftl_3_2, ftl_3_3}};

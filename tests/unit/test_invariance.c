@@ -77,8 +77,8 @@ static void mat_make(struct mat *m, enum wfmt fmt, int bits, int group, int64_t 
     } else if (group) {
         m->scales = xmalloc(ng);
         for (size_t i = 0; i < ng; i++)
-            m->scales[i] = fmt == WFMT_NVFP4 ? (uint8_t)(0x30 + rnd() % 16)
-                                             : (uint8_t)(120 + rnd() % 8);
+            m->scales[i] =
+                fmt == WFMT_NVFP4 ? (uint8_t)(0x30 + rnd() % 16) : (uint8_t)(120 + rnd() % 8);
         w->sdtype = ST_U8;
     }
     w->scales = m->scales;
@@ -134,20 +134,32 @@ int main(void)
         enum st_dtype sd;
         const char *name;
     } fmts[] = {
-        {WFMT_F32, 32, 0, ST_U8, "f32"},           {WFMT_F16, 16, 0, ST_U8, "f16"},
-        {WFMT_BF16, 16, 0, ST_U8, "bf16"},         {WFMT_AFFINE, 2, 32, ST_BF16, "mlx2 g32"},
-        {WFMT_AFFINE, 2, 64, ST_BF16, "mlx2 g64"}, {WFMT_AFFINE, 2, 128, ST_BF16, "mlx2 g128"},
-        {WFMT_AFFINE, 3, 32, ST_BF16, "mlx3 g32"}, {WFMT_AFFINE, 3, 64, ST_BF16, "mlx3 g64"},
-        {WFMT_AFFINE, 3, 128, ST_BF16, "mlx3 g128"}, {WFMT_AFFINE, 4, 32, ST_BF16, "mlx4 g32"},
-        {WFMT_AFFINE, 4, 64, ST_BF16, "mlx4 g64"}, {WFMT_AFFINE, 4, 128, ST_BF16, "mlx4 g128"},
+        {WFMT_F32, 32, 0, ST_U8, "f32"},
+        {WFMT_F16, 16, 0, ST_U8, "f16"},
+        {WFMT_BF16, 16, 0, ST_U8, "bf16"},
+        {WFMT_AFFINE, 2, 32, ST_BF16, "mlx2 g32"},
+        {WFMT_AFFINE, 2, 64, ST_BF16, "mlx2 g64"},
+        {WFMT_AFFINE, 2, 128, ST_BF16, "mlx2 g128"},
+        {WFMT_AFFINE, 3, 32, ST_BF16, "mlx3 g32"},
+        {WFMT_AFFINE, 3, 64, ST_BF16, "mlx3 g64"},
+        {WFMT_AFFINE, 3, 128, ST_BF16, "mlx3 g128"},
+        {WFMT_AFFINE, 4, 32, ST_BF16, "mlx4 g32"},
+        {WFMT_AFFINE, 4, 64, ST_BF16, "mlx4 g64"},
+        {WFMT_AFFINE, 4, 128, ST_BF16, "mlx4 g128"},
         {WFMT_AFFINE, 4, 64, ST_F16, "mlx4 g64 f16 scales"},
         {WFMT_AFFINE, 4, 128, ST_F32, "mlx4 g128 f32 scales"},
-        {WFMT_AFFINE, 5, 32, ST_BF16, "mlx5 g32"}, {WFMT_AFFINE, 5, 64, ST_BF16, "mlx5 g64"},
-        {WFMT_AFFINE, 5, 128, ST_BF16, "mlx5 g128"}, {WFMT_AFFINE, 6, 32, ST_BF16, "mlx6 g32"},
-        {WFMT_AFFINE, 6, 64, ST_BF16, "mlx6 g64"}, {WFMT_AFFINE, 6, 128, ST_BF16, "mlx6 g128"},
-        {WFMT_AFFINE, 8, 32, ST_BF16, "mlx8 g32"}, {WFMT_AFFINE, 8, 64, ST_BF16, "mlx8 g64"},
-        {WFMT_AFFINE, 8, 128, ST_BF16, "mlx8 g128"}, {WFMT_MXFP4, 4, 32, ST_U8, "mxfp4"},
-        {WFMT_MXFP8, 8, 32, ST_U8, "mxfp8"},       {WFMT_NVFP4, 4, 16, ST_U8, "nvfp4"},
+        {WFMT_AFFINE, 5, 32, ST_BF16, "mlx5 g32"},
+        {WFMT_AFFINE, 5, 64, ST_BF16, "mlx5 g64"},
+        {WFMT_AFFINE, 5, 128, ST_BF16, "mlx5 g128"},
+        {WFMT_AFFINE, 6, 32, ST_BF16, "mlx6 g32"},
+        {WFMT_AFFINE, 6, 64, ST_BF16, "mlx6 g64"},
+        {WFMT_AFFINE, 6, 128, ST_BF16, "mlx6 g128"},
+        {WFMT_AFFINE, 8, 32, ST_BF16, "mlx8 g32"},
+        {WFMT_AFFINE, 8, 64, ST_BF16, "mlx8 g64"},
+        {WFMT_AFFINE, 8, 128, ST_BF16, "mlx8 g128"},
+        {WFMT_MXFP4, 4, 32, ST_U8, "mxfp4"},
+        {WFMT_MXFP8, 8, 32, ST_U8, "mxfp8"},
+        {WFMT_NVFP4, 4, 16, ST_U8, "nvfp4"},
     };
     /* n = 40: thread ranges of 16, 16 and 8 rows (tails of every tile width); k crosses a
      * 512-column panel and, for the float formats, leaves a 7-column tail. */
