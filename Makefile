@@ -3,8 +3,8 @@
 # `make test` sets up, builds and runs every test.
 BUILD ?= build
 JOBS ?= $(shell nproc)
-MODEL ?= ../shared/testdata/models/llama-tiny
-PROMPT ?= Once upon a time
+MODEL ?= models/demo
+PROMPT ?= ROMEO:
 
 .PHONY: all setup build run test test-asan test-fuzz bench fmt clean
 
@@ -20,7 +20,7 @@ build: $(BUILD)/Makefile
 	cmake --build $(BUILD) -j $(JOBS)
 
 run: setup build
-	$(BUILD)/pagoda generate --model $(MODEL) --prompt "$(PROMPT)" -n 32
+	$(BUILD)/pagoda generate --model $(MODEL) --prompt "$(PROMPT)" -n 64
 
 test: setup build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
