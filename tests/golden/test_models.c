@@ -184,8 +184,7 @@ static int check_folder(const char *bin, const char *dir, const char *name)
     int before = test_failures, ci = 0;
     for (const cJSON *cs = cases ? cases->child : NULL; cs; cs = cs->next, ci++)
         test_failures += check_case(bin, dir, name, ci, cs);
-    printf("%-24s %-20s %d cases: %s\n", name, arch, ci,
-           test_failures == before ? "ok" : "FAILED");
+    printf("%-24s %-20s %d cases: %s\n", name, arch, ci, test_failures == before ? "ok" : "FAILED");
     cJSON_Delete(g);
     return 1;
 }
