@@ -32,11 +32,11 @@ FUZZ_SECONDS ?= 15
 test-fuzz:
 	tests/fuzz/run.sh $(FUZZ_SECONDS)
 
-# The unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# The unit tests and the engine test again under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-asan:
 	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug "-DPAGODA_SANITIZE=address;undefined"
 	cmake --build $(BUILD)-asan -j $(JOBS)
-	cd $(BUILD)-asan && ctest --output-on-failure -j $(JOBS) -L unit
+	cd $(BUILD)-asan && ctest --output-on-failure -j $(JOBS) -L 'unit|engine'
 
 bench: build
 	$(BUILD)/pagoda bench decode --model $(MODEL) --prompt-len 128 --gen-len 32

@@ -9,6 +9,7 @@ static const struct {
     int (*run)(int argc, char **argv);
     const char *help;
 } commands[] = {
+    {"serve", cli_serve, "serve the OpenAI and Anthropic HTTP APIs"},
     {"info", cli_info, "describe a model folder"},
     {"generate", cli_generate, "generate tokens from a prompt"},
     {"score", cli_score, "log-probabilities of a prompt's tokens"},

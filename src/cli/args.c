@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "common/util.h"
 
@@ -64,6 +65,74 @@ int arg_ids(const char *s, int32_t **ids, size_t *n)
     }
     *ids = a;
     *n = cnt;
+    return 0;
+}
+
+const char arg_engine_usage[] =
+    "  --device D                  cpu, cuda or cuda:N (default: cuda when a GPU is present)\n"
+    "  --threads N                 CPU compute threads (default: one per core)\n"
+    "  --num-blocks N              KV blocks in the pool (default: from --kv-cache-memory)\n"
+    "  --kv-cache-memory BYTES     KV pool size, e.g. 2GiB (default 1GiB on the CPU)\n"
+    "  --block-size N              tokens per KV block (default 16)\n"
+    "  --max-num-batched-tokens N  token budget of one step (default 2048)\n"
+    "  --max-num-seqs N            running requests at most (default 256)\n"
+    "  --max-model-len N           context length (default: the model's)\n"
+    "  --no-enable-prefix-caching  no prefix sharing between requests\n";
+
+static int parse_bytes(const char *opt, const char *v, size_t *out)
+{
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (errno || end == v || x != x || x < 0) goto bad;
+    double mul = 1;
+    if (!strcasecmp(end, "") || !strcasecmp(end, "b")) mul = 1;
+    else if (!strcasecmp(end, "k") || !strcasecmp(end, "kib")) mul = 1024.0;
+    else if (!strcasecmp(end, "m") || !strcasecmp(end, "mib")) mul = 1024.0 * 1024;
+    else if (!strcasecmp(end, "g") || !strcasecmp(end, "gib")) mul = 1024.0 * 1024 * 1024;
+    else if (!strcasecmp(end, "kb")) mul = 1e3;
+    else if (!strcasecmp(end, "mb")) mul = 1e6;
+    else if (!strcasecmp(end, "gb")) mul = 1e9;
+    else goto bad;
+    x *= mul;
+    if (x < 1 || x > 1e15) goto bad;
+    *out = (size_t)x;
+    return 0;
+bad:
+    fprintf(stderr, "pagoda: %s: '%s' is not a byte size (e.g. 512MiB, 2GiB)\n", opt, v);
+    return -1;
+}
+
+int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg)
+{
+    const char *a = argv[*i];
+    static const char *const ints[] = {"--threads",      "--num-blocks",
+                                       "--block-size",   "--max-num-batched-tokens",
+                                       "--max-num-seqs", "--max-model-len"};
+    if (!strcmp(a, "--no-enable-prefix-caching")) {
+        cfg->disable_prefix_caching = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--device")) {
+        const char *v = arg_value(argc, argv, i);
+        if (!v) return -1;
+        cfg->device = v;
+        return 1;
+    }
+    if (!strcmp(a, "--kv-cache-memory")) {
+        const char *v = arg_value(argc, argv, i);
+        return !v || parse_bytes(a, v, &cfg->kv_cache_memory) ? -1 : 1;
+    }
+    for (size_t k = 0; k < sizeof ints / sizeof *ints; k++) {
+        if (strcmp(a, ints[k])) continue;
+        const char *v = arg_value(argc, argv, i);
+        long x;
+        if (!v || arg_int(a, v, 1, k == 2 ? 1024 : INT32_MAX, &x)) return -1;
+        int *dst[] = {&cfg->threads,      &cfg->num_blocks,   &cfg->block_size,
+                      &cfg->max_num_batched_tokens, &cfg->max_num_seqs, &cfg->max_model_len};
+        *dst[k] = (int)x;
+        return 1;
+    }
     return 0;
 }
 

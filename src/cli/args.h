@@ -7,6 +7,7 @@
 
 #include "model/backend.h"
 #include "model/model.h"
+#include "sched/engine.h"
 
 /** Value of option argv[*i] (advancing *i), or NULL with a message when it is missing. */
 const char *arg_value(int argc, char **argv, int *i);
@@ -17,6 +18,18 @@ int arg_float(const char *opt, const char *v, double *out);
 
 /** Parses "1 2 3" (spaces or commas) into a heap array; -1 with a message on bad input. */
 int arg_ids(const char *s, int32_t **ids, size_t *n);
+
+/**
+ * The engine options shared by generate, serve and bench: --device, --threads,
+ * --num-blocks, --block-size, --kv-cache-memory (bytes, with an optional K/M/G/KiB/MiB/GiB
+ * suffix), --max-num-batched-tokens, --max-num-seqs, --max-model-len,
+ * --no-enable-prefix-caching. Returns 1 when argv[*i] was one (consumed, *i advanced past
+ * its value), 0 when it is not an engine option, -1 (message printed) on a bad value.
+ */
+int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg);
+
+/** Usage lines for the engine options. */
+extern const char arg_engine_usage[];
 
 /*
  * A model on a backend with step buffers and a KV pool, and a helper to build one batch

@@ -11,21 +11,27 @@
 
 struct cpu_ctx {
     struct threadpool *tp;
+    int32_t *tok_seq; /* [cap] sequence of each token of the current step */
+    int tok_cap;
 };
 
+/* Zeroed, 64-byte aligned. calloc hands large blocks out as fresh pages that the kernel
+ * zeroes on first touch, so a big KV pool costs nothing until it is used. The pointer the
+ * allocator returned sits just before the aligned one. */
 static void *cpu_alloc(void *ctx, size_t bytes)
 {
     (void)ctx;
-    void *p = NULL;
-    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0) return NULL;
-    memset(p, 0, bytes);
-    return p;
+    char *raw = calloc(1, bytes + 64 + sizeof(void *));
+    if (!raw) return NULL;
+    uintptr_t a = ((uintptr_t)raw + sizeof(void *) + 63) & ~(uintptr_t)63;
+    ((void **)a)[-1] = raw;
+    return (void *)a;
 }
 
 static void cpu_free(void *ctx, void *p)
 {
     (void)ctx;
-    free(p);
+    if (p) free(((void **)p)[-1]);
 }
 
 static void cpu_copy(void *ctx, void *dst, const void *src, size_t bytes)
@@ -42,10 +48,17 @@ static int cpu_weight_prepare(void *ctx, struct qweight *w, struct err *e)
     return 0; /* consumed in place from the mapping */
 }
 
+/* Maps each token of the step to its sequence, for attention. The map grows to the
+ * largest step seen and is then reused. */
 static void cpu_batch_begin(void *ctx, const struct fwd_batch *b)
 {
-    (void)ctx;
-    (void)b;
+    struct cpu_ctx *c = ctx;
+    if (b->n_tokens > c->tok_cap) {
+        c->tok_cap = b->n_tokens;
+        c->tok_seq = xrealloc(c->tok_seq, sizeof(int32_t) * (size_t)c->tok_cap);
+    }
+    for (int s = 0; s < b->n_seqs; s++)
+        for (int t = b->q_start[s]; t < b->q_start[s + 1]; t++) c->tok_seq[t] = s;
 }
 
 static void cpu_embed(void *ctx, float *out, const struct qweight *table, const struct fwd_batch *b,
@@ -154,14 +167,8 @@ static void cpu_attention(void *ctx, float *out, const float *q, const struct kv
                           const struct attn_params *p)
 {
     struct cpu_ctx *c = ctx;
-    int32_t stack_map[512];
-    int32_t *tok_seq =
-        b->n_tokens <= 512 ? stack_map : xmalloc(sizeof(int32_t) * (size_t)b->n_tokens);
-    for (int s = 0; s < b->n_seqs; s++)
-        for (int t = b->q_start[s]; t < b->q_start[s + 1]; t++) tok_seq[t] = s;
-    struct attn_job j = {out, q, kv, g, b, p, tok_seq};
+    struct attn_job j = {out, q, kv, g, b, p, c->tok_seq};
     tp_run(c->tp, attn_task, &j);
-    if (tok_seq != stack_map) free(tok_seq);
 }
 
 static void cpu_act_mul(void *ctx, float *out, const float *gate, const float *up, int64_t n,
@@ -198,6 +205,7 @@ static void cpu_destroy(void *ctx)
 {
     struct cpu_ctx *c = ctx;
     tp_destroy(c->tp);
+    free(c->tok_seq);
     free(c);
 }
 

@@ -1,0 +1,207 @@
+/*
+ * bench throughput: offline, in-process engine throughput. N random-token prompts (with an
+ * optional shared prefix) are submitted at once; the engine batches them under its limits.
+ * Reports requests/s, output and total tokens/s, the decode-phase rate once every request
+ * has its first token, and the prefix-cache hit rate.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "common/util.h"
+#include "model/sampler.h"
+#include "sched/engine.h"
+
+struct tp_state {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n, remaining, first_seen;
+    uint64_t tokens, tokens_at_all_first;
+    double t_all_first;
+    uint8_t *started; /* per request: has its first token */
+};
+
+struct tp_req {
+    struct tp_state *st;
+    int idx;
+};
+
+static void tp_event(void *user, const struct engine_event *ev)
+{
+    struct tp_req *q = user;
+    struct tp_state *st = q->st;
+    pthread_mutex_lock(&st->mu);
+    if (ev->kind == ENGINE_EV_TOKEN) {
+        st->tokens++;
+        if (!st->started[q->idx]) {
+            st->started[q->idx] = 1;
+            pthread_cond_signal(&st->cv);
+            if (++st->first_seen == st->n) {
+                st->t_all_first = util_now();
+                st->tokens_at_all_first = st->tokens;
+            }
+        }
+    }
+    if (ev->finish != FINISH_NONE) {
+        st->remaining--;
+        pthread_cond_signal(&st->cv);
+    }
+    pthread_mutex_unlock(&st->mu);
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: pagoda bench throughput --model DIR [--num-prompts N] [--input-len I]\n"
+               "         [--output-len O] [--prefix-len P] [--seed S] [--json] [engine options]\n"
+               "  --num-prompts N   requests, all submitted at once (default 64)\n"
+               "  --input-len I     prompt tokens (default 128)\n"
+               "  --output-len O    output tokens per request, end-of-sequence ignored (default 128)\n"
+               "  --prefix-len P    the first P prompt tokens are shared by every request (default 0);\n"
+               "                    the first request runs its prompt before the others arrive\n"
+               "  --json            one JSON object instead of the table\n");
+    fputs(arg_engine_usage, f);
+}
+
+int cli_bench_throughput(int argc, char **argv)
+{
+    const char *dir = NULL;
+    long n = 64, in_len = 128, out_len = 128, prefix = 0, seed = 1;
+    int json = 0;
+    struct engine_config cfg = {0};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        int eo = arg_engine_option(argc, argv, &i, &cfg);
+        if (eo < 0) return 2;
+        if (eo) continue;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--json")) {
+            json = 1;
+        } else if (!strcmp(a, "--model") || !strcmp(a, "--num-prompts") ||
+                   !strcmp(a, "--input-len") || !strcmp(a, "--output-len") ||
+                   !strcmp(a, "--prefix-len") || !strcmp(a, "--seed")) {
+            if (!(v = arg_value(argc, argv, &i))) return 2;
+            if (!strcmp(a, "--model"))
+                dir = v;
+            else if (!strcmp(a, "--num-prompts") && arg_int(a, v, 1, 1 << 20, &n))
+                return 2;
+            else if (!strcmp(a, "--input-len") && arg_int(a, v, 1, 1 << 24, &in_len))
+                return 2;
+            else if (!strcmp(a, "--output-len") && arg_int(a, v, 1, 1 << 24, &out_len))
+                return 2;
+            else if (!strcmp(a, "--prefix-len") && arg_int(a, v, 0, 1 << 24, &prefix))
+                return 2;
+            else if (!strcmp(a, "--seed") && arg_int(a, v, 0, 0x7fffffffffffffffL, &seed))
+                return 2;
+        } else {
+            fprintf(stderr, "pagoda bench throughput: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!dir) {
+        fprintf(stderr, "pagoda bench throughput: --model is required\n");
+        return 2;
+    }
+    if (prefix > in_len) {
+        fprintf(stderr, "pagoda bench throughput: --prefix-len must not exceed --input-len\n");
+        return 2;
+    }
+    cfg.model_dir = dir;
+    struct err e = {0};
+    struct engine *en = engine_create(&cfg, &e);
+    if (!en) {
+        fprintf(stderr, "pagoda bench throughput: %s\n", e.msg);
+        return 1;
+    }
+    int vocab = engine_model_config(en)->vocab;
+    struct rng rng;
+    rng_seed(&rng, (uint64_t)seed);
+    int32_t *prompts = xmalloc(sizeof(int32_t) * (size_t)n * (size_t)in_len);
+    for (long r = 0; r < n; r++)
+        for (long t = 0; t < in_len; t++)
+            prompts[r * in_len + t] =
+                (int32_t)(rng_next(&rng) % (uint64_t)vocab); /* shared prefix below */
+    for (long r = 1; r < n; r++)
+        memcpy(prompts + r * in_len, prompts, sizeof(int32_t) * (size_t)prefix);
+
+    struct tp_state st = {.n = (int)n, .remaining = 0};
+    pthread_mutex_init(&st.mu, NULL);
+    pthread_cond_init(&st.cv, NULL);
+    st.started = xcalloc((size_t)n, 1);
+    struct tp_req *reqs = xmalloc(sizeof *reqs * (size_t)n);
+    struct sampling_params sp;
+    sampling_params_default(&sp);
+    sp.temperature = 0;
+    sp.ignore_eos = 1;
+    sp.max_tokens = (int)out_len;
+    int rc = 0;
+    double t0 = util_now();
+    pthread_mutex_lock(&st.mu);
+    for (long r = 0; r < n; r++) {
+        reqs[r] = (struct tp_req){&st, (int)r};
+        struct engine_request q = {.prompt = prompts + r * in_len,
+                                   .n_prompt = (int)in_len,
+                                   .sp = sp,
+                                   .on_event = tp_event,
+                                   .user = &reqs[r]};
+        if (!engine_submit(en, &q, &e)) {
+            fprintf(stderr, "pagoda bench throughput: %s\n", e.msg);
+            rc = 1;
+            break;
+        }
+        st.remaining++;
+        /* With a shared prefix, the first request computes (and caches) it before the
+         * others arrive, as in a server that already holds a system prompt. */
+        if (r == 0 && prefix >= engine_block_size(en))
+            while (!st.started[0] && st.remaining > 0) pthread_cond_wait(&st.cv, &st.mu);
+    }
+    while (st.remaining > 0) pthread_cond_wait(&st.cv, &st.mu);
+    pthread_mutex_unlock(&st.mu);
+    double t1 = util_now(), el = t1 - t0;
+    struct engine_stats es;
+    engine_stats(en, &es);
+    engine_destroy(en);
+
+    if (rc == 0) {
+        double out_tok = (double)st.tokens, in_tok = (double)n * (double)in_len;
+        double dec_t = t1 - st.t_all_first;
+        double dec_rate = dec_t > 0 ? (double)(st.tokens - st.tokens_at_all_first) / dec_t : 0;
+        double hit = es.prefix_query_tokens
+                         ? (double)es.prefix_hit_tokens / (double)es.prefix_query_tokens
+                         : 0;
+        if (json) {
+            printf("{\"num_prompts\": %ld, \"input_len\": %ld, \"output_len\": %ld, "
+                   "\"prefix_len\": %ld, \"elapsed_s\": %.3f, \"requests_per_s\": %.3f, "
+                   "\"output_tokens_per_s\": %.2f, \"total_tokens_per_s\": %.2f, "
+                   "\"decode_tokens_per_s\": %.2f, \"prefix_hit_rate\": %.4f, "
+                   "\"preemptions\": %llu, \"steps\": %llu}\n",
+                   n, in_len, out_len, prefix, el, (double)n / el, out_tok / el,
+                   (in_tok + out_tok) / el, dec_rate, hit, (unsigned long long)es.preemptions,
+                   (unsigned long long)es.steps);
+        } else {
+            printf("requests          %ld x (%ld in + %ld out, %ld shared)\n", n, in_len, out_len,
+                   prefix);
+            printf("elapsed           %.2f s over %llu steps\n", el,
+                   (unsigned long long)es.steps);
+            printf("requests/s        %.3f\n", (double)n / el);
+            printf("output tokens/s   %.2f\n", out_tok / el);
+            printf("total tokens/s    %.2f\n", (in_tok + out_tok) / el);
+            printf("decode tokens/s   %.2f (once every request had its first token)\n", dec_rate);
+            printf("prefix hit rate   %.1f%% (%llu of %llu prompt tokens)\n", 100 * hit,
+                   (unsigned long long)es.prefix_hit_tokens,
+                   (unsigned long long)es.prefix_query_tokens);
+            printf("preemptions       %llu\n", (unsigned long long)es.preemptions);
+        }
+    }
+    pthread_mutex_destroy(&st.mu);
+    pthread_cond_destroy(&st.cv);
+    free(st.started);
+    free(reqs);
+    free(prompts);
+    return rc;
+}

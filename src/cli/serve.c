@@ -1,0 +1,105 @@
+/* serve: the HTTP server (OpenAI and Anthropic APIs) in front of the engine. */
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "http/server.h"
+
+/* The model served when --model is not given (when that folder exists). */
+#define DEFAULT_MODEL "models/demo"
+
+static void usage_serve(FILE *f)
+{
+    fprintf(f,
+            "usage: pagoda serve [--model DIR] [options]\n"
+            "  --model DIR              model folder (default " DEFAULT_MODEL ")\n"
+            "  --served-model-name S    the model name clients send (default: DIR's name)\n"
+            "  --host H                 listen address (default 127.0.0.1)\n"
+            "  --port P                 listen port (default 8080; 0 picks a free one)\n"
+            "  --http-threads N         event-loop threads (default 1)\n"
+            "  --tls-cert F --tls-key F serve HTTPS (HTTP/2 by ALPN) with these PEM files\n"
+            "  --api-key KEY            require 'Authorization: Bearer KEY' or 'x-api-key'\n"
+            "  --max-body-size BYTES    largest request body (default 8388608)\n"
+            "  --shutdown-timeout S     seconds in-flight requests get on SIGTERM (default 30)\n"
+            "%s",
+            arg_engine_usage);
+}
+
+int cli_serve(int argc, char **argv)
+{
+    struct http_config cfg;
+    http_config_default(&cfg);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        int r = arg_engine_option(argc, argv, &i, &cfg.engine);
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage_serve(stdout);
+            return 0;
+        }
+        static const char *const with_value[] = {
+            "--model",         "--served-model-name", "--host",    "--port",
+            "--http-threads",  "--tls-cert",          "--tls-key", "--api-key",
+            "--max-body-size", "--shutdown-timeout",  NULL};
+        int known = 0;
+        for (int k = 0; with_value[k]; k++) known |= !strcmp(a, with_value[k]);
+        if (!known) {
+            fprintf(stderr, "pagoda serve: unknown option '%s'\n", a);
+            usage_serve(stderr);
+            return 2;
+        }
+        if (!(v = arg_value(argc, argv, &i))) return 2;
+        long n;
+        double d;
+        if (!strcmp(a, "--model"))
+            cfg.model_dir = v;
+        else if (!strcmp(a, "--served-model-name"))
+            cfg.served_name = v;
+        else if (!strcmp(a, "--host"))
+            cfg.host = v;
+        else if (!strcmp(a, "--tls-cert"))
+            cfg.tls_cert = v;
+        else if (!strcmp(a, "--tls-key"))
+            cfg.tls_key = v;
+        else if (!strcmp(a, "--api-key"))
+            cfg.api_key = v;
+        else if (!strcmp(a, "--port")) {
+            if (arg_int(a, v, 0, 65535, &n)) return 2;
+            cfg.port = (int)n;
+        } else if (!strcmp(a, "--http-threads")) {
+            if (arg_int(a, v, 1, 256, &n)) return 2;
+            cfg.threads = (int)n;
+        } else if (!strcmp(a, "--max-body-size")) {
+            if (arg_int(a, v, 1024, 1L << 32, &n)) return 2;
+            cfg.max_body = (size_t)n;
+        } else if (!strcmp(a, "--shutdown-timeout")) {
+            if (arg_float(a, v, &d)) return 2;
+            if (d < 0 || d > 86400) {
+                fprintf(stderr, "pagoda serve: --shutdown-timeout must be 0..86400 seconds\n");
+                return 2;
+            }
+            cfg.shutdown_timeout = d;
+        }
+    }
+    struct stat st;
+    if (!cfg.model_dir && stat(DEFAULT_MODEL, &st) == 0 && S_ISDIR(st.st_mode))
+        cfg.model_dir = DEFAULT_MODEL;
+    if (!cfg.model_dir) {
+        fprintf(stderr, "pagoda serve: --model DIR is required (no %s folder here)\n",
+                DEFAULT_MODEL);
+        return 2;
+    }
+    if (cfg.api_key && !cfg.api_key[0]) {
+        fprintf(stderr, "pagoda serve: --api-key must not be empty\n");
+        return 2;
+    }
+    struct err e = {0};
+    if (http_serve(&cfg, &e) != 0) {
+        fprintf(stderr, "pagoda serve: %s\n", e.msg);
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,76 @@
+/*
+ * http internal: the structures the server's files share. One http_loop per event-loop
+ * thread owns its connections, its requests (jobs) and two receivers: engine events and
+ * control messages from the main thread. Nothing here is touched off its loop thread
+ * except the atomics of http_server.
+ */
+#ifndef PAGODA_HTTP_INTERNAL_H
+#define PAGODA_HTTP_INTERNAL_H
+
+#ifndef H2O_USE_LIBUV
+#define H2O_USE_LIBUV 0
+#endif
+#include <h2o.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "http/metrics.h"
+#include "http/request.h"
+#include "http/server.h"
+
+struct http_server {
+    struct http_config cfg;
+    struct http_model model;
+    struct tok *tok;
+    char *tmpl_src;
+    cJSON *tmpl_vars;
+    char *name;
+    _Atomic(struct engine *) engine; /* NULL while the model loads */
+    struct http_metrics *metrics;
+    atomic_int shutting_down;
+    atomic_int jobs; /* generation requests not finished, over all loops */
+    atomic_ulong next_id;
+    time_t started;
+    h2o_globalconf_t conf;
+    SSL_CTX *ssl;
+    int listen_fd;
+    struct http_loop *loops;
+    int n_loops;
+};
+
+struct http_loop {
+    struct http_server *srv;
+    h2o_evloop_t *loop;
+    h2o_context_t ctx;
+    h2o_accept_ctx_t accept;
+    h2o_socket_t *listener;
+    h2o_multithread_receiver_t events;  /* engine thread -> this loop: token events */
+    h2o_multithread_receiver_t control; /* main thread -> this loop: shutdown stages */
+    h2o_linklist_t jobs;                /* struct http_job of this loop */
+    int exit;
+    pthread_t thread;
+};
+
+/** The loop of the calling handler's context. */
+struct http_loop *http_loop_of(h2o_req_t *req);
+
+/** Sends a complete response (body copied) and counts it. */
+void http_reply(h2o_req_t *req, enum http_route route, int status, const char *content_type,
+                const char *body, size_t len);
+/** Sends he as an OpenAI- or Anthropic-shaped error body. */
+void http_reply_error(h2o_req_t *req, enum http_route route, const struct http_error *he);
+
+/** Starts a generation request (takes g); answers itself, errors included. */
+void http_job_start(struct http_loop *l, h2o_req_t *req, enum http_route route, struct http_gen *g);
+/** Receiver callback of http_loop.events. */
+void http_job_on_events(h2o_multithread_receiver_t *r, h2o_linklist_t *messages);
+/** Aborts the engine requests of every job of the loop (shutdown). */
+void http_job_abort_all(struct http_loop *l);
+
+/** The route handlers; each answers req. */
+int http_routes_dispatch(struct http_loop *l, h2o_req_t *req);
+
+/** A fresh response id suffix (hex). */
+void http_new_id(struct http_server *s, char *buf, size_t n);
+
+#endif

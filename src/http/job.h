@@ -1,0 +1,89 @@
+/*
+ * http job: the state of one generation request between the route that parsed it and the
+ * response (see job.c for the threading and lifetime rules), and the formatters that
+ * turn it into OpenAI / Anthropic bodies and SSE events (format.c).
+ */
+#ifndef PAGODA_HTTP_JOB_H
+#define PAGODA_HTTP_JOB_H
+
+#include "http/choice.h"
+#include "http/internal.h"
+
+/** One token's log-probabilities as reported to clients. */
+struct http_lp {
+    int32_t id;
+    int has_lp; /* 0 for the first prompt token (no log-probability) */
+    float logprob;
+    int n_top;
+    struct token_logprob top[ENGINE_MAX_TOP_LOGPROBS];
+};
+
+struct ev_rec {
+    enum engine_event_kind kind;
+    int32_t token;
+    float logprob;
+    int n_top;
+    struct token_logprob top[ENGINE_MAX_TOP_LOGPROBS];
+    enum finish_reason finish;
+    int n_prompt, n_cached, n_output;
+    int n_plp;
+    float *plp;                 /* prompt logprobs [n_plp] (heap) */
+    struct token_logprob *ptop; /* [n_plp * n_top] (heap) */
+    double t;                   /* engine-side arrival, seconds */
+};
+
+struct job_choice {
+    struct http_job *job;
+    int index, prompt;
+    uint64_t req_id; /* 0 once finished (or never submitted) */
+    /* engine thread -> loop thread */
+    pthread_mutex_t mu;
+    struct ev_rec *q;
+    int nq, capq, pending;
+    h2o_multithread_message_t msg;
+    /* loop thread */
+    struct ev_rec *work;
+    int capw;
+    struct http_choice ch;
+    int seen, done;
+    int n_prompt, n_cached, n_output;
+    enum finish_reason finish;
+    double t_last;
+    int sent_first;       /* streaming: the choice's first chunk is out */
+    long text_off;        /* completions logprobs: text offset of the next token */
+    struct http_buf text; /* non-streaming: all text */
+    struct http_lp *lps;  /* non-streaming: logprobs of every token */
+    int n_lps, cap_lps;
+    struct http_lp *plps; /* echo: prompt logprobs */
+    int n_plps;
+};
+
+struct http_job {
+    struct http_loop *loop;
+    h2o_req_t *req; /* NULL once h2o disposed it */
+    enum http_route route;
+    struct http_gen g;
+    struct job_choice *c;
+    int n_c, live, refs;
+    int complete; /* every choice finished: the tail is written */
+    int final_sent, inflight, started, header_sent, counted_stream;
+    int msg_started;   /* Anthropic stream: message_start is out */
+    int failed_status; /* non-zero: answer with this error */
+    struct http_error err;
+    struct http_buf out, sending;
+    h2o_generator_t gen;
+    char id[48];
+    long created;
+    double t_start;
+    h2o_linklist_t link;
+};
+
+/** The complete non-streaming body of a finished job. */
+void http_fmt_final(struct http_job *j, struct http_buf *out);
+/** SSE events for choice `index`: new text, its tokens' logprobs, and the finish. */
+void http_fmt_stream_choice(struct http_job *j, int index, const char *delta, size_t len,
+                            const struct http_lp *lps, int n_lps, int finished);
+/** The end of a stream: usage, [DONE] / message_stop, or the error event. */
+void http_fmt_stream_tail(struct http_job *j, struct http_buf *out);
+
+#endif

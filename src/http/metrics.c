@@ -1,0 +1,202 @@
+#include "http/metrics.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+
+/* Status codes counted one by one; anything else lands in the last slot ("other"). */
+static const int statuses[] = {200, 400, 401, 404, 405, 413, 500, 503};
+#define N_STATUS ((int)(sizeof statuses / sizeof statuses[0]) + 1)
+
+#define TTFT_BUCKETS 12
+static const double ttft_bounds[TTFT_BUCKETS] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06,
+                                                 0.08,  0.1,   0.25, 0.5,  1.0,  2.5};
+#define ITL_BUCKETS 12
+static const double itl_bounds[ITL_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.015, 0.02,
+                                               0.025, 0.05,   0.075, 0.1,  0.2,   0.5};
+
+struct hist {
+    pthread_mutex_t mu;
+    const double *bounds;
+    int n;
+    uint64_t counts[16]; /* per bucket, the last catches the rest */
+    double sum;
+    uint64_t total;
+};
+
+struct http_metrics {
+    atomic_ulong requests[HTTP_ROUTE_N][N_STATUS];
+    atomic_long streams;
+    struct hist ttft, itl;
+};
+
+static const char *const route_names[HTTP_ROUTE_N] = {"/v1/chat/completions",
+                                                      "/v1/completions",
+                                                      "/v1/messages",
+                                                      "/v1/messages/count_tokens",
+                                                      "/v1/models",
+                                                      "/health",
+                                                      "/metrics",
+                                                      "/tokenize",
+                                                      "/detokenize",
+                                                      "other"};
+
+const char *http_route_name(enum http_route r)
+{
+    return r >= 0 && r < HTTP_ROUTE_N ? route_names[r] : "other";
+}
+
+struct http_metrics *http_metrics_create(void)
+{
+    struct http_metrics *m = xcalloc(1, sizeof *m);
+    for (int r = 0; r < HTTP_ROUTE_N; r++)
+        for (int s = 0; s < N_STATUS; s++) atomic_init(&m->requests[r][s], 0);
+    atomic_init(&m->streams, 0);
+    pthread_mutex_init(&m->ttft.mu, NULL);
+    pthread_mutex_init(&m->itl.mu, NULL);
+    m->ttft.bounds = ttft_bounds, m->ttft.n = TTFT_BUCKETS;
+    m->itl.bounds = itl_bounds, m->itl.n = ITL_BUCKETS;
+    return m;
+}
+
+void http_metrics_destroy(struct http_metrics *m)
+{
+    if (!m) return;
+    pthread_mutex_destroy(&m->ttft.mu);
+    pthread_mutex_destroy(&m->itl.mu);
+    free(m);
+}
+
+void http_metrics_request(struct http_metrics *m, enum http_route r, int status)
+{
+    int s = 0;
+    while (s < N_STATUS - 1 && statuses[s] != status) s++;
+    if (r < 0 || r >= HTTP_ROUTE_N) r = HTTP_ROUTE_OTHER;
+    atomic_fetch_add(&m->requests[r][s], 1);
+}
+
+void http_metrics_streams(struct http_metrics *m, int delta)
+{
+    atomic_fetch_add(&m->streams, delta);
+}
+
+static void hist_observe(struct hist *h, double v)
+{
+    int b = 0;
+    while (b < h->n && v > h->bounds[b]) b++;
+    pthread_mutex_lock(&h->mu);
+    h->counts[b]++;
+    h->sum += v;
+    h->total++;
+    pthread_mutex_unlock(&h->mu);
+}
+
+void http_metrics_ttft(struct http_metrics *m, double seconds)
+{
+    hist_observe(&m->ttft, seconds);
+}
+
+void http_metrics_itl(struct http_metrics *m, double seconds)
+{
+    hist_observe(&m->itl, seconds);
+}
+
+static void head(struct http_buf *o, const char *name, const char *type, const char *help)
+{
+    http_buf_printf(o, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* Cumulative buckets, +Inf, _sum and _count of counts[n + 1]. */
+static void hist_lines(struct http_buf *o, const char *name, const double *bounds, int n,
+                       const uint64_t *counts, double sum)
+{
+    uint64_t cum = 0;
+    for (int b = 0; b < n; b++) {
+        cum += counts[b];
+        http_buf_printf(o, "%s_bucket{le=\"%g\"} %llu\n", name, bounds[b], (unsigned long long)cum);
+    }
+    cum += counts[n];
+    http_buf_printf(o, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.9g\n%s_count %llu\n", name,
+                    (unsigned long long)cum, name, sum, name, (unsigned long long)cum);
+}
+
+static void hist_render(struct http_buf *o, struct hist *h, const char *name, const char *help)
+{
+    uint64_t counts[16];
+    pthread_mutex_lock(&h->mu);
+    memcpy(counts, h->counts, sizeof counts);
+    double sum = h->sum;
+    pthread_mutex_unlock(&h->mu);
+    head(o, name, "histogram", help);
+    hist_lines(o, name, h->bounds, h->n, counts, sum);
+}
+
+static void engine_render(const struct engine_stats *st, struct http_buf *o)
+{
+    head(o, "pagoda_requests_running", "gauge", "Requests in the running batch.");
+    http_buf_printf(o, "pagoda_requests_running %d\n", st->running);
+    head(o, "pagoda_requests_waiting", "gauge", "Requests waiting to be scheduled.");
+    http_buf_printf(o, "pagoda_requests_waiting %d\n", st->waiting);
+    head(o, "pagoda_kv_blocks", "gauge", "KV cache blocks by state.");
+    http_buf_printf(o,
+                    "pagoda_kv_blocks{state=\"total\"} %d\npagoda_kv_blocks{state=\"used\"} %d\n"
+                    "pagoda_kv_blocks{state=\"free\"} %d\npagoda_kv_blocks{state=\"cached\"} %d\n",
+                    st->kv_blocks_total, st->kv_blocks_used, st->kv_blocks_free,
+                    st->kv_blocks_cached);
+    head(o, "pagoda_kv_usage_ratio", "gauge", "Fraction of KV cache blocks in use.");
+    http_buf_printf(o, "pagoda_kv_usage_ratio %.6f\n",
+                    st->kv_blocks_total ? (double)st->kv_blocks_used / st->kv_blocks_total : 0.0);
+    head(o, "pagoda_prefix_cache_queries_total", "counter",
+         "Prompt tokens looked up in the prefix cache.");
+    http_buf_printf(o, "pagoda_prefix_cache_queries_total %llu\n",
+                    (unsigned long long)st->prefix_query_tokens);
+    head(o, "pagoda_prefix_cache_hits_total", "counter",
+         "Prompt tokens served from the prefix cache.");
+    http_buf_printf(o, "pagoda_prefix_cache_hits_total %llu\n",
+                    (unsigned long long)st->prefix_hit_tokens);
+    head(o, "pagoda_preemptions_total", "counter", "Requests preempted for KV space.");
+    http_buf_printf(o, "pagoda_preemptions_total %llu\n", (unsigned long long)st->preemptions);
+    head(o, "pagoda_prompt_tokens_total", "counter", "Prompt tokens prefilled.");
+    http_buf_printf(o, "pagoda_prompt_tokens_total %llu\n", (unsigned long long)st->prompt_tokens);
+    head(o, "pagoda_generation_tokens_total", "counter", "Tokens generated.");
+    http_buf_printf(o, "pagoda_generation_tokens_total %llu\n",
+                    (unsigned long long)st->generation_tokens);
+    head(o, "pagoda_requests_finished_total", "counter", "Finished requests by reason.");
+    static const char *const reasons[] = {"none", "stop", "length", "abort", "error"};
+    for (int r = FINISH_STOP; r <= FINISH_ERROR; r++)
+        http_buf_printf(o, "pagoda_requests_finished_total{reason=\"%s\"} %llu\n", reasons[r],
+                        (unsigned long long)st->requests_finished[r]);
+    head(o, "pagoda_engine_steps_total", "counter", "Engine steps run.");
+    http_buf_printf(o, "pagoda_engine_steps_total %llu\n", (unsigned long long)st->steps);
+    head(o, "pagoda_engine_step_seconds", "histogram", "Duration of one engine step.");
+    hist_lines(o, "pagoda_engine_step_seconds", engine_step_bucket_bounds, ENGINE_STEP_BUCKETS,
+               st->step_hist, st->step_time_sum);
+}
+
+void http_metrics_render(struct http_metrics *m, const struct engine_stats *st, struct http_buf *o)
+{
+    head(o, "pagoda_http_requests_total", "counter",
+         "HTTP requests answered, by route and status.");
+    for (int r = 0; r < HTTP_ROUTE_N; r++)
+        for (int s = 0; s < N_STATUS; s++) {
+            unsigned long v = atomic_load(&m->requests[r][s]);
+            if (!v) continue;
+            if (s < N_STATUS - 1)
+                http_buf_printf(o, "pagoda_http_requests_total{route=\"%s\",status=\"%d\"} %lu\n",
+                                route_names[r], statuses[s], v);
+            else
+                http_buf_printf(o,
+                                "pagoda_http_requests_total{route=\"%s\",status=\"other\"} %lu\n",
+                                route_names[r], v);
+        }
+    head(o, "pagoda_http_active_streams", "gauge", "Streaming responses in progress.");
+    http_buf_printf(o, "pagoda_http_active_streams %ld\n", (long)atomic_load(&m->streams));
+    hist_render(o, &m->ttft, "pagoda_time_to_first_token_seconds",
+                "Seconds from a request's arrival to its first token.");
+    hist_render(o, &m->itl, "pagoda_inter_token_latency_seconds",
+                "Seconds between consecutive tokens of a sequence.");
+    if (st) engine_render(st, o);
+}

@@ -1,0 +1,47 @@
+/*
+ * http metrics: the server's counters and histograms, updated from every loop thread
+ * (atomics and one mutex per histogram), rendered with the engine's statistics in the
+ * Prometheus text format (version 0.0.4) for GET /metrics.
+ */
+#ifndef PAGODA_HTTP_METRICS_H
+#define PAGODA_HTTP_METRICS_H
+
+#include "http/json.h"
+#include "sched/engine.h"
+
+enum http_route {
+    HTTP_ROUTE_CHAT,
+    HTTP_ROUTE_COMPLETIONS,
+    HTTP_ROUTE_MESSAGES,
+    HTTP_ROUTE_COUNT_TOKENS,
+    HTTP_ROUTE_MODELS,
+    HTTP_ROUTE_HEALTH,
+    HTTP_ROUTE_METRICS,
+    HTTP_ROUTE_TOKENIZE,
+    HTTP_ROUTE_DETOKENIZE,
+    HTTP_ROUTE_OTHER, /* unknown paths (404) */
+    HTTP_ROUTE_N
+};
+
+/** The route label ("/v1/chat/completions", ..., "other"). */
+const char *http_route_name(enum http_route r);
+
+struct http_metrics;
+
+struct http_metrics *http_metrics_create(void);
+void http_metrics_destroy(struct http_metrics *m);
+
+/** One answered request (status: the HTTP status sent). */
+void http_metrics_request(struct http_metrics *m, enum http_route r, int status);
+/** Streams open now: +1 when one starts, -1 when it ends. */
+void http_metrics_streams(struct http_metrics *m, int delta);
+/** Seconds from a request's arrival to its first token. */
+void http_metrics_ttft(struct http_metrics *m, double seconds);
+/** Seconds between two tokens of one sequence. */
+void http_metrics_itl(struct http_metrics *m, double seconds);
+
+/** Appends the exposition of the HTTP metrics and of st (when non-NULL) to out. */
+void http_metrics_render(struct http_metrics *m, const struct engine_stats *st,
+                         struct http_buf *out);
+
+#endif

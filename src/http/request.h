@@ -1,0 +1,87 @@
+/*
+ * http request: the body of a generation request (OpenAI chat or completions, Anthropic
+ * messages) parsed and validated into what the engine needs: token-id prompts, sampling
+ * parameters, stop strings and the output options. Pure: needs the tokenizer and the
+ * chat template, not the engine, so every rule here is unit-tested on its own.
+ *
+ *     struct http_gen g;
+ *     if (http_gen_parse(HTTP_API_CHAT, body, &model, &g, &he) < 0) reply_error(&he);
+ *     ... submit g.n_prompts * g.n engine requests ...
+ *     http_gen_dispose(&g);
+ */
+#ifndef PAGODA_HTTP_REQUEST_H
+#define PAGODA_HTTP_REQUEST_H
+
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "http/json.h"
+#include "model/tokenizer.h"
+#include "sched/engine.h"
+
+enum http_api {
+    HTTP_API_CHAT,        /* POST /v1/chat/completions */
+    HTTP_API_COMPLETIONS, /* POST /v1/completions */
+    HTTP_API_MESSAGES,    /* POST /v1/messages (Anthropic) */
+};
+
+#define HTTP_MAX_STOP     16  /* stop strings per request */
+#define HTTP_MAX_STOP_LEN 256 /* bytes per stop string */
+#define HTTP_MAX_N        16  /* choices per prompt */
+#define HTTP_MAX_PROMPTS  64  /* prompts per completions request */
+
+/** What the routes know of the served model. */
+struct http_model {
+    const char *name;       /* the served model name ("model" must equal it) */
+    const struct tok *tok;  /* tokenizer */
+    const char *tmpl_src;   /* chat template source, NULL when the model has none */
+    const cJSON *tmpl_vars; /* bos_token, eos_token, ... for the template */
+    int32_t vocab;          /* token ids must be < this */
+    int max_model_len;      /* prompt + max_tokens must fit */
+};
+
+/** One parsed generation request. */
+struct http_gen {
+    enum http_api api;
+    int32_t **prompts;  /* [n_prompts] token ids */
+    int *n_prompt;      /* [n_prompts] */
+    char **prompt_text; /* [n_prompts] the prompt as text (for echo) */
+    int n_prompts;
+    int n; /* choices per prompt */
+    struct sampling_params sp;
+    int max_tokens_given; /* 0: max_tokens was derived from the context */
+    char *stop[HTTP_MAX_STOP];
+    int n_stop;
+    int32_t *stop_ids; /* stop_token_ids */
+    int n_stop_ids;
+    struct logit_bias *bias;
+    int n_bias;
+    int stream, include_usage;
+    int echo;          /* completions: prepend the prompt */
+    int logprobs;      /* report per-token log-probabilities */
+    int top_logprobs;  /* alternatives per token */
+    int tokens_as_ids; /* return_tokens_as_token_ids */
+    int skip_special;  /* drop special tokens from text (default 1) */
+};
+
+/** Sampling defaults of the HTTP APIs: temperature 1, no filters, max_tokens 16. */
+void http_sampling_default(struct sampling_params *sp);
+
+/** Parses and validates body for api into g. 0, or -1 with he (g then holds nothing). */
+int http_gen_parse(enum http_api api, const cJSON *body, const struct http_model *m,
+                   struct http_gen *g, struct http_error *he);
+void http_gen_dispose(struct http_gen *g);
+
+/**
+ * The prompt token ids of a chat (OpenAI messages) or an Anthropic request: messages
+ * checked, the template applied, the text tokenized. Heap ids in *ids. 0 or -1 + he.
+ */
+int http_chat_prompt(enum http_api api, const cJSON *body, const struct http_model *m,
+                     int32_t **ids, int *n, char **text, struct http_error *he);
+
+/** Checks the "model" field against the served name (404 when it differs). */
+int http_check_model(const cJSON *body, const struct http_model *m, int required,
+                     struct http_error *he);
+
+#endif

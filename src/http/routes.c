@@ -1,0 +1,312 @@
+/* Route dispatch (method, auth, readiness) and the routes that answer at once: models,
+ * health, metrics, tokenize, detokenize and count_tokens. Generation routes parse their
+ * body here and hand it to a job. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "http/internal.h"
+
+void http_reply(h2o_req_t *req, enum http_route route, int status, const char *content_type,
+                const char *body, size_t len)
+{
+    static const struct {
+        int status;
+        const char *reason;
+    } reasons[] = {{200, "OK"},
+                   {400, "Bad Request"},
+                   {401, "Unauthorized"},
+                   {404, "Not Found"},
+                   {405, "Method Not Allowed"},
+                   {413, "Payload Too Large"},
+                   {500, "Internal Server Error"},
+                   {503, "Service Unavailable"}};
+    const char *reason = "Error";
+    for (size_t i = 0; i < sizeof reasons / sizeof reasons[0]; i++)
+        if (reasons[i].status == status) reason = reasons[i].reason;
+    req->res.status = status;
+    req->res.reason = reason;
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, content_type,
+                   strlen(content_type));
+    http_metrics_request(http_loop_of(req)->srv->metrics, route, status);
+    h2o_send_inline(req, body, len);
+}
+
+void http_reply_error(h2o_req_t *req, enum http_route route, const struct http_error *he)
+{
+    int anthropic = route == HTTP_ROUTE_MESSAGES || route == HTTP_ROUTE_COUNT_TOKENS;
+    char *body = anthropic ? http_error_anthropic(he) : http_error_openai(he);
+    if (he->status == 401)
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_WWW_AUTHENTICATE, NULL,
+                       H2O_STRLIT("Bearer"));
+    http_reply(req, route, he->status, "application/json", body, strlen(body));
+    free(body);
+}
+
+static void reply_buf(h2o_req_t *req, enum http_route route, struct http_buf *b)
+{
+    http_reply(req, route, 200, "application/json", b->p ? b->p : "", b->len);
+    http_buf_dispose(b);
+}
+
+static int header_is(h2o_req_t *req, const char *name, const char *value, size_t vlen)
+{
+    ssize_t i = h2o_find_header_by_str(&req->headers, name, strlen(name), -1);
+    if (i < 0) return 0;
+    h2o_iovec_t v = req->headers.entries[i].value;
+    /* Constant time over the key's length. */
+    if (v.len != vlen) return 0;
+    unsigned char diff = 0;
+    for (size_t k = 0; k < vlen; k++) diff |= (unsigned char)(v.base[k] ^ value[k]);
+    return diff == 0;
+}
+
+static int authorized(struct http_server *s, h2o_req_t *req)
+{
+    const char *key = s->cfg.api_key;
+    if (!key) return 1;
+    size_t kl = strlen(key);
+    char *bearer = xmalloc(kl + 8);
+    memcpy(bearer, "Bearer ", 7);
+    memcpy(bearer + 7, key, kl + 1);
+    int ok =
+        header_is(req, "authorization", bearer, kl + 7) || header_is(req, "x-api-key", key, kl);
+    free(bearer);
+    return ok;
+}
+
+static cJSON *body_json(h2o_req_t *req, struct http_error *he)
+{
+    return http_json_parse_body(req->entity.base ? req->entity.base : "", req->entity.len, he);
+}
+
+static void route_models(struct http_server *s, h2o_req_t *req)
+{
+    struct http_buf b = {0};
+    if (h2o_find_header_by_str(&req->headers, H2O_STRLIT("anthropic-version"), -1) >= 0) {
+        char ts[32];
+        struct tm tm;
+        gmtime_r(&s->started, &tm);
+        strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
+        http_buf_puts(&b, "{\"data\":[{\"type\":\"model\",\"id\":");
+        http_buf_json_str(&b, s->name, strlen(s->name));
+        http_buf_puts(&b, ",\"display_name\":");
+        http_buf_json_str(&b, s->name, strlen(s->name));
+        http_buf_printf(&b, ",\"created_at\":\"%s\"}],\"has_more\":false,\"first_id\":", ts);
+        http_buf_json_str(&b, s->name, strlen(s->name));
+        http_buf_puts(&b, ",\"last_id\":");
+        http_buf_json_str(&b, s->name, strlen(s->name));
+        http_buf_puts(&b, "}");
+    } else {
+        http_buf_puts(&b, "{\"object\":\"list\",\"data\":[{\"id\":");
+        http_buf_json_str(&b, s->name, strlen(s->name));
+        http_buf_printf(&b,
+                        ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"pagoda\","
+                        "\"max_model_len\":%d}]}",
+                        (long)s->started, s->model.max_model_len);
+    }
+    reply_buf(req, HTTP_ROUTE_MODELS, &b);
+}
+
+static void route_metrics(struct http_server *s, h2o_req_t *req)
+{
+    struct http_buf b = {0};
+    struct engine *en = atomic_load(&s->engine);
+    struct engine_stats st;
+    if (en) engine_stats(en, &st);
+    http_metrics_render(s->metrics, en ? &st : NULL, &b);
+    http_reply(req, HTTP_ROUTE_METRICS, 200, "text/plain; version=0.0.4; charset=utf-8", b.p,
+               b.len);
+    http_buf_dispose(&b);
+}
+
+/* POST /tokenize: {"prompt": text, "add_special_tokens"} or {"messages": [...]}. */
+static void route_tokenize(struct http_server *s, h2o_req_t *req, const cJSON *body)
+{
+    struct http_error he = {0};
+    int32_t *ids = NULL;
+    int n = 0;
+    if (http_check_model(body, &s->model, 0, &he) < 0) goto fail;
+    if (cJSON_GetObjectItemCaseSensitive(body, "messages")) {
+        if (http_chat_prompt(HTTP_API_CHAT, body, &s->model, &ids, &n, NULL, &he) < 0) goto fail;
+    } else {
+        const char *prompt = NULL;
+        int add = 1;
+        if (http_json_str(body, "prompt", &prompt, &he) < 0) goto fail;
+        if (!prompt) {
+            http_error_set(&he, 400, "prompt", "'prompt' (a string) or 'messages' is required");
+            goto fail;
+        }
+        if (http_json_bool(body, "add_special_tokens", &add, &he) < 0) goto fail;
+        size_t nn = 0;
+        struct err e = {0};
+        if (tok_encode(s->tok, prompt, strlen(prompt), add, &ids, &nn, &e) != 0) {
+            http_error_set(&he, 400, "prompt", "the prompt cannot be tokenized: %s", e.msg);
+            goto fail;
+        }
+        n = (int)nn;
+    }
+    struct http_buf b = {0};
+    http_buf_printf(&b, "{\"count\":%d,\"max_model_len\":%d,\"tokens\":[", n,
+                    s->model.max_model_len);
+    for (int i = 0; i < n; i++) http_buf_printf(&b, "%s%d", i ? "," : "", ids[i]);
+    http_buf_puts(&b, "]}");
+    free(ids);
+    reply_buf(req, HTTP_ROUTE_TOKENIZE, &b);
+    return;
+fail:
+    free(ids);
+    http_reply_error(req, HTTP_ROUTE_TOKENIZE, &he);
+}
+
+/* POST /detokenize: {"tokens": [ids]} -> {"prompt": text}. */
+static void route_detokenize(struct http_server *s, h2o_req_t *req, const cJSON *body)
+{
+    struct http_error he = {0};
+    if (http_check_model(body, &s->model, 0, &he) < 0) goto fail;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(body, "tokens");
+    if (!cJSON_IsArray(t)) {
+        http_error_set(&he, 400, "tokens", "'tokens' must be an array of token ids");
+        goto fail;
+    }
+    int n = cJSON_GetArraySize(t), i = 0;
+    int32_t *ids = xmalloc(sizeof *ids * (size_t)(n ? n : 1));
+    const cJSON *v;
+    cJSON_ArrayForEach(v, t)
+    {
+        if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int64_t)v->valuedouble ||
+            v->valuedouble < 0 || v->valuedouble >= s->model.vocab) {
+            free(ids);
+            http_error_set(&he, 400, "tokens",
+                           "'tokens[%d]' is not a token id of the vocabulary (0..%d)", i,
+                           s->model.vocab - 1);
+            goto fail;
+        }
+        ids[i++] = (int32_t)v->valuedouble;
+    }
+    size_t len = 0;
+    char *text = tok_decode_len(s->tok, ids, (size_t)n, 0, &len);
+    free(ids);
+    struct http_buf b = {0};
+    http_buf_puts(&b, "{\"prompt\":");
+    http_buf_json_str(&b, text ? text : "", text ? len : 0);
+    http_buf_puts(&b, "}");
+    free(text);
+    reply_buf(req, HTTP_ROUTE_DETOKENIZE, &b);
+    return;
+fail:
+    http_reply_error(req, HTTP_ROUTE_DETOKENIZE, &he);
+}
+
+static void route_count_tokens(struct http_server *s, h2o_req_t *req, const cJSON *body)
+{
+    struct http_error he = {0};
+    int32_t *ids = NULL;
+    int n = 0;
+    if (http_check_model(body, &s->model, 1, &he) < 0 ||
+        http_chat_prompt(HTTP_API_MESSAGES, body, &s->model, &ids, &n, NULL, &he) < 0) {
+        http_reply_error(req, HTTP_ROUTE_COUNT_TOKENS, &he);
+        return;
+    }
+    free(ids);
+    struct http_buf b = {0};
+    http_buf_printf(&b, "{\"input_tokens\":%d}", n);
+    reply_buf(req, HTTP_ROUTE_COUNT_TOKENS, &b);
+}
+
+static const struct {
+    const char *path;
+    const char *method;
+    enum http_route route;
+} routes[] = {
+    {"/v1/chat/completions", "POST", HTTP_ROUTE_CHAT},
+    {"/v1/completions", "POST", HTTP_ROUTE_COMPLETIONS},
+    {"/v1/messages", "POST", HTTP_ROUTE_MESSAGES},
+    {"/v1/messages/count_tokens", "POST", HTTP_ROUTE_COUNT_TOKENS},
+    {"/v1/models", "GET", HTTP_ROUTE_MODELS},
+    {"/health", "GET", HTTP_ROUTE_HEALTH},
+    {"/metrics", "GET", HTTP_ROUTE_METRICS},
+    {"/tokenize", "POST", HTTP_ROUTE_TOKENIZE},
+    {"/detokenize", "POST", HTTP_ROUTE_DETOKENIZE},
+};
+
+int http_routes_dispatch(struct http_loop *l, h2o_req_t *req)
+{
+    struct http_server *s = l->srv;
+    size_t plen = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
+    int found = -1;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
+        if (strlen(routes[i].path) == plen && !memcmp(routes[i].path, req->path.base, plen))
+            found = (int)i;
+    struct http_error he = {0};
+    enum http_route route = found >= 0 ? routes[found].route : HTTP_ROUTE_OTHER;
+    if (found < 0) {
+        http_error_set(&he, 404, NULL, "no route for %.*s %.*s", (int)req->method.len,
+                       req->method.base, (int)(plen < 200 ? plen : 200), req->path.base);
+        http_reply_error(req, route, &he);
+        return 0;
+    }
+    const char *method = routes[found].method;
+    int head = h2o_memis(req->method.base, req->method.len, H2O_STRLIT("HEAD"));
+    if (!h2o_memis(req->method.base, req->method.len, method, strlen(method)) &&
+        !(head && !strcmp(method, "GET"))) {
+        http_error_set(&he, 405, NULL, "%s only accepts %s", routes[found].path, method);
+        http_reply_error(req, route, &he);
+        return 0;
+    }
+    struct engine *en = atomic_load(&s->engine);
+    int shutting = atomic_load(&s->shutting_down);
+    if (route == HTTP_ROUTE_HEALTH) {
+        const char *b = shutting ? "{\"status\":\"shutting_down\"}"
+                        : en     ? "{\"status\":\"ok\"}"
+                                 : "{\"status\":\"loading\"}";
+        http_reply(req, route, en && !shutting ? 200 : 503, "application/json", b, strlen(b));
+        return 0;
+    }
+    if (route == HTTP_ROUTE_METRICS) {
+        route_metrics(s, req);
+        return 0;
+    }
+    if (!authorized(s, req)) {
+        http_error_set(&he, 401, NULL,
+                       "Incorrect or missing API key: send it as "
+                       "'Authorization: Bearer KEY' or 'x-api-key: KEY'");
+        snprintf(he.code, sizeof he.code, "invalid_api_key");
+        http_reply_error(req, route, &he);
+        return 0;
+    }
+    if (!en || shutting) {
+        http_error_set(&he, 503, NULL,
+                       shutting ? "the server is shutting down" : "the model is still loading");
+        http_reply_error(req, route, &he);
+        return 0;
+    }
+    if (route == HTTP_ROUTE_MODELS) {
+        route_models(s, req);
+        return 0;
+    }
+    cJSON *body = body_json(req, &he);
+    if (!body) {
+        http_reply_error(req, route, &he);
+        return 0;
+    }
+    if (route == HTTP_ROUTE_TOKENIZE)
+        route_tokenize(s, req, body);
+    else if (route == HTTP_ROUTE_DETOKENIZE)
+        route_detokenize(s, req, body);
+    else if (route == HTTP_ROUTE_COUNT_TOKENS)
+        route_count_tokens(s, req, body);
+    else {
+        enum http_api api = route == HTTP_ROUTE_CHAT          ? HTTP_API_CHAT
+                            : route == HTTP_ROUTE_COMPLETIONS ? HTTP_API_COMPLETIONS
+                                                              : HTTP_API_MESSAGES;
+        struct http_gen g;
+        if (http_gen_parse(api, body, &s->model, &g, &he) < 0)
+            http_reply_error(req, route, &he);
+        else
+            http_job_start(l, req, route, &g);
+    }
+    cJSON_Delete(body);
+    return 0;
+}

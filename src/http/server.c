@@ -1,0 +1,288 @@
+/*
+ * The transport: a listening socket shared by --http-threads event loops (each an h2o
+ * evloop with its own context), HTTP/1.1 with keep-alive, h2c by prior knowledge or
+ * Upgrade (h2o's HTTP/1 side hands those over), TLS with ALPN "h2" / "http/1.1", and the
+ * shutdown sequence driven by the main thread on SIGTERM / SIGINT.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <libgen.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "common/util.h"
+#include "http/internal.h"
+#include "model/config.h"
+#include "model/tmpl.h"
+
+enum { CTRL_STOP_ACCEPT, CTRL_ABORT_ALL, CTRL_EXIT };
+
+struct ctrl_msg {
+    h2o_multithread_message_t super;
+    int kind;
+};
+
+void http_config_default(struct http_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->host = "127.0.0.1";
+    cfg->port = 8080;
+    cfg->threads = 1;
+    cfg->max_body = 8u << 20;
+    cfg->shutdown_timeout = 30;
+}
+
+struct http_loop *http_loop_of(h2o_req_t *req)
+{
+    return H2O_STRUCT_FROM_MEMBER(struct http_loop, ctx, req->conn->ctx);
+}
+
+void http_new_id(struct http_server *s, char *buf, size_t n)
+{
+    unsigned long k = atomic_fetch_add(&s->next_id, 1);
+    /* A per-process random prefix keeps ids unique across restarts. */
+    snprintf(buf, n, "%08lx%08lx", (unsigned long)s->started & 0xffffffffUL, k);
+}
+
+static void on_accept(h2o_socket_t *listener, const char *err)
+{
+    if (err) return;
+    struct http_loop *l = listener->data;
+    h2o_socket_t *sock = h2o_evloop_socket_accept(listener);
+    if (sock) h2o_accept(&l->accept, sock);
+}
+
+static void on_control(h2o_multithread_receiver_t *r, h2o_linklist_t *messages)
+{
+    struct http_loop *l = H2O_STRUCT_FROM_MEMBER(struct http_loop, control, r);
+    while (!h2o_linklist_is_empty(messages)) {
+        struct ctrl_msg *m = H2O_STRUCT_FROM_MEMBER(struct ctrl_msg, super.link, messages->next);
+        h2o_linklist_unlink(&m->super.link);
+        switch (m->kind) {
+        case CTRL_STOP_ACCEPT:
+            if (l->listener) {
+                h2o_socket_read_stop(l->listener);
+                h2o_socket_close(l->listener);
+                l->listener = NULL;
+            }
+            h2o_context_request_shutdown(&l->ctx);
+            break;
+        case CTRL_ABORT_ALL:
+            http_job_abort_all(l);
+            break;
+        default:
+            l->exit = 1;
+        }
+        free(m);
+    }
+}
+
+static void send_control(struct http_loop *l, int kind)
+{
+    struct ctrl_msg *m = xcalloc(1, sizeof *m);
+    m->kind = kind;
+    h2o_multithread_send_message(&l->control, &m->super);
+}
+
+static int on_req(h2o_handler_t *self, h2o_req_t *req)
+{
+    (void)self;
+    return http_routes_dispatch(http_loop_of(req), req);
+}
+
+static void *loop_main(void *arg)
+{
+    struct http_loop *l = arg;
+    while (!l->exit) h2o_evloop_run(l->loop, INT32_MAX);
+    return NULL;
+}
+
+static int loop_start(struct http_server *s, struct http_loop *l, struct err *e)
+{
+    l->srv = s;
+    l->loop = h2o_evloop_create();
+    h2o_context_init(&l->ctx, l->loop, &s->conf);
+    h2o_linklist_init_anchor(&l->jobs);
+    h2o_multithread_register_receiver(l->ctx.queue, &l->events, http_job_on_events);
+    h2o_multithread_register_receiver(l->ctx.queue, &l->control, on_control);
+    l->accept.ctx = &l->ctx;
+    l->accept.hosts = s->conf.hosts;
+    l->accept.ssl_ctx = s->ssl;
+    int fd = dup(s->listen_fd);
+    if (fd < 0) return err_set(e, "dup: %s", strerror(errno));
+    l->listener = h2o_evloop_socket_create(l->loop, fd, H2O_SOCKET_FLAG_DONT_READ);
+    l->listener->data = l;
+    h2o_socket_read_start(l->listener, on_accept);
+    if (pthread_create(&l->thread, NULL, loop_main, l) != 0)
+        return err_set(e, "cannot start an event-loop thread");
+    return 0;
+}
+
+static int open_listener(struct http_server *s, struct err *e)
+{
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    char port[16];
+    snprintf(port, sizeof port, "%d", s->cfg.port);
+    int rc = getaddrinfo(s->cfg.host, port, &hints, &res);
+    if (rc != 0) return err_set(e, "--host %s: %s", s->cfg.host, gai_strerror(rc));
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    int on = 1;
+    if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
+    if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
+        int er = errno;
+        if (fd >= 0) close(fd);
+        freeaddrinfo(res);
+        return err_set(e, "cannot listen on %s:%d: %s", s->cfg.host, s->cfg.port, strerror(er));
+    }
+    freeaddrinfo(res);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    getsockname(fd, (struct sockaddr *)&ss, &sl);
+    s->cfg.port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                 : ((struct sockaddr_in *)&ss)->sin_port);
+    s->listen_fd = fd;
+    return 0;
+}
+
+static int setup_tls(struct http_server *s, struct err *e)
+{
+    if (!s->cfg.tls_cert && !s->cfg.tls_key) return 0;
+    if (!s->cfg.tls_cert || !s->cfg.tls_key)
+        return err_set(e, "--tls-cert and --tls-key go together");
+    SSL_load_error_strings();
+    SSL_library_init();
+    s->ssl = SSL_CTX_new(TLS_server_method());
+    SSL_CTX_set_min_proto_version(s->ssl, TLS1_2_VERSION);
+    if (SSL_CTX_use_certificate_chain_file(s->ssl, s->cfg.tls_cert) != 1 ||
+        SSL_CTX_use_PrivateKey_file(s->ssl, s->cfg.tls_key, SSL_FILETYPE_PEM) != 1 ||
+        SSL_CTX_check_private_key(s->ssl) != 1) {
+        char buf[256];
+        ERR_error_string_n(ERR_get_error(), buf, sizeof buf);
+        return err_set(e, "TLS certificate %s / key %s: %s", s->cfg.tls_cert, s->cfg.tls_key, buf);
+    }
+    h2o_ssl_register_alpn_protocols(s->ssl, h2o_http2_alpn_protocols);
+    return 0;
+}
+
+/* Tokenizer, chat template and names: what the routes need before the engine is up. */
+static int load_model_side(struct http_server *s, struct err *e)
+{
+    const char *dir = s->cfg.model_dir;
+    if (!(s->tok = tok_load(dir, e))) return -1;
+    struct err te = {0};
+    s->tmpl_src = tmpl_load_from_model(dir, NULL, &te); /* NULL: no template, chat is a 400 */
+    s->tmpl_vars = tmpl_special_tokens(dir);
+    if (s->cfg.served_name) {
+        s->name = xstrdup(s->cfg.served_name);
+    } else {
+        char *copy = xstrdup(dir);
+        size_t n = strlen(copy);
+        while (n > 1 && copy[n - 1] == '/') copy[--n] = 0;
+        s->name = xstrdup(basename(copy));
+        free(copy);
+    }
+    s->model.name = s->name;
+    s->model.tok = s->tok;
+    s->model.tmpl_src = s->tmpl_src;
+    s->model.tmpl_vars = s->tmpl_vars;
+    return 0;
+}
+
+static void wait_jobs(struct http_server *s, double seconds)
+{
+    double until = util_now() + seconds;
+    while (atomic_load(&s->jobs) > 0 && util_now() < until) usleep(10000);
+}
+
+int http_serve(const struct http_config *cfg, struct err *e)
+{
+    static struct http_server server; /* reachable for the whole process */
+    struct http_server *s = &server;
+    memset(s, 0, sizeof *s);
+    s->cfg = *cfg;
+    s->cfg.engine.model_dir = cfg->model_dir;
+    s->started = time(NULL);
+    atomic_init(&s->engine, NULL);
+    atomic_init(&s->jobs, 0);
+    atomic_init(&s->shutting_down, 0);
+    atomic_init(&s->next_id, 1);
+    if (s->cfg.threads < 1) s->cfg.threads = 1;
+
+    /* Signals: the main thread waits for them; every other thread inherits the mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    if (load_model_side(s, e) < 0) return -1;
+    if (setup_tls(s, e) < 0) return -1;
+    if (open_listener(s, e) < 0) return -1;
+    s->metrics = http_metrics_create();
+
+    h2o_config_init(&s->conf);
+    s->conf.max_request_entity_size = s->cfg.max_body;
+    s->conf.server_name = h2o_iovec_init(H2O_STRLIT("pagoda"));
+    h2o_hostconf_t *host =
+        h2o_config_register_host(&s->conf, h2o_iovec_init(H2O_STRLIT("default")), 65535);
+    h2o_pathconf_t *path = h2o_config_register_path(host, "/", 0);
+    h2o_handler_t *handler = h2o_create_handler(path, sizeof *handler);
+    handler->on_req = on_req;
+
+    s->n_loops = s->cfg.threads;
+    s->loops = xcalloc((size_t)s->n_loops, sizeof *s->loops);
+    for (int i = 0; i < s->n_loops; i++)
+        if (loop_start(s, &s->loops[i], e) < 0) return -1;
+    fprintf(stderr, "pagoda serve: listening on %s://%s:%d (%d event loop%s); loading %s\n",
+            s->ssl ? "https" : "http", s->cfg.host, s->cfg.port, s->n_loops,
+            s->n_loops > 1 ? "s" : "", cfg->model_dir);
+
+    struct engine *en = engine_create(&s->cfg.engine, e);
+    if (!en) {
+        err_wrap(e, "loading %s", cfg->model_dir);
+        for (int i = 0; i < s->n_loops; i++) send_control(&s->loops[i], CTRL_EXIT);
+        for (int i = 0; i < s->n_loops; i++) pthread_join(s->loops[i].thread, NULL);
+        return -1;
+    }
+    int32_t vocab = engine_model_config(en)->vocab;
+    if (tok_vocab_size(s->tok) < vocab) vocab = tok_vocab_size(s->tok);
+    s->model.vocab = vocab;
+    s->model.max_model_len = engine_max_model_len(en);
+    atomic_store(&s->engine, en);
+    fprintf(stderr, "pagoda serve: ready: model '%s', context %d tokens\n", s->name,
+            s->model.max_model_len);
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "pagoda serve: %s: stopping (in-flight requests get %.0f s)\n",
+            sig == SIGINT ? "SIGINT" : "SIGTERM", s->cfg.shutdown_timeout);
+    atomic_store(&s->shutting_down, 1);
+    for (int i = 0; i < s->n_loops; i++) send_control(&s->loops[i], CTRL_STOP_ACCEPT);
+    close(s->listen_fd);
+    wait_jobs(s, s->cfg.shutdown_timeout);
+    if (atomic_load(&s->jobs) > 0) {
+        fprintf(stderr, "pagoda serve: aborting %d request(s)\n", atomic_load(&s->jobs));
+        for (int i = 0; i < s->n_loops; i++) send_control(&s->loops[i], CTRL_ABORT_ALL);
+        wait_jobs(s, 5);
+    }
+    /* Let the last responses leave the sockets. */
+    usleep(50000);
+    for (int i = 0; i < s->n_loops; i++) send_control(&s->loops[i], CTRL_EXIT);
+    for (int i = 0; i < s->n_loops; i++) pthread_join(s->loops[i].thread, NULL);
+    atomic_store(&s->engine, NULL);
+    engine_destroy(en);
+    fprintf(stderr, "pagoda serve: stopped\n");
+    return 0;
+}

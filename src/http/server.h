@@ -1,0 +1,42 @@
+/*
+ * http server: `pagoda serve`. The engine behind h2o: OpenAI (/v1/chat/completions,
+ * /v1/completions, /v1/models) and Anthropic (/v1/messages, /v1/messages/count_tokens)
+ * routes with SSE streaming, /health, /metrics, /tokenize and /detokenize, over HTTP/1.1,
+ * h2c (prior knowledge and Upgrade) and h2 over TLS (ALPN).
+ *
+ *     struct http_config cfg;
+ *     http_config_default(&cfg);
+ *     cfg.model_dir = "models/demo";
+ *     return http_serve(&cfg, &e) == 0 ? 0 : 1;   // returns after SIGTERM / SIGINT
+ */
+#ifndef PAGODA_HTTP_SERVER_H
+#define PAGODA_HTTP_SERVER_H
+
+#include <stddef.h>
+
+#include "common/err.h"
+#include "sched/engine.h"
+
+struct http_config {
+    const char *model_dir;
+    const char *served_name;        /* the "model" clients name; default: the folder's base name */
+    const char *host;               /* default 127.0.0.1 */
+    int port;                       /* default 8080; 0 picks a free port (printed at start) */
+    int threads;                    /* event loops; default 1 */
+    const char *tls_cert, *tls_key; /* PEM files: serve HTTPS (h2 via ALPN, and HTTP/1.1) */
+    const char *api_key;            /* required on every route but /health and /metrics */
+    size_t max_body;                /* request body bytes at most; default 8 MiB */
+    double shutdown_timeout;        /* seconds in-flight requests get at shutdown; default 30 */
+    struct engine_config engine;
+};
+
+void http_config_default(struct http_config *cfg);
+
+/**
+ * Serves until SIGTERM or SIGINT, then stops accepting, lets in-flight requests finish
+ * for up to shutdown_timeout seconds, aborts the rest and returns 0. -1 + err when the
+ * server cannot start (bad model, port in use, bad certificate).
+ */
+int http_serve(const struct http_config *cfg, struct err *e);
+
+#endif

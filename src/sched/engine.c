@@ -1,0 +1,477 @@
+/* The engine's API: creation, submission, aborts, the engine thread, statistics. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "sched/engine_impl.h"
+
+const double engine_step_bucket_bounds[ENGINE_STEP_BUCKETS] = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0};
+
+const char *finish_reason_name(enum finish_reason r)
+{
+    switch (r) {
+    case FINISH_STOP:
+        return "stop";
+    case FINISH_LENGTH:
+        return "length";
+    case FINISH_ABORT:
+        return "abort";
+    case FINISH_ERROR:
+        return "error";
+    default:
+        return "none";
+    }
+}
+
+void sampling_params_default(struct sampling_params *sp)
+{
+    memset(sp, 0, sizeof *sp);
+    sp->temperature = 1.0f;
+    sp->top_p = 1.0f;
+    sp->repetition_penalty = 1.0f;
+    sp->max_tokens = 16;
+    sp->prompt_logprobs = -1;
+}
+
+/* ---- request lists ---- */
+
+void list_append(struct req_list *l, struct request *r)
+{
+    r->next = NULL;
+    r->prev = l->tail;
+    if (l->tail)
+        l->tail->next = r;
+    else
+        l->head = r;
+    l->tail = r;
+    l->n++;
+}
+
+void list_remove(struct req_list *l, struct request *r)
+{
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        l->head = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    else
+        l->tail = r->prev;
+    r->prev = r->next = NULL;
+    l->n--;
+}
+
+static int before(const struct request *a, const struct request *b)
+{
+    return a->priority != b->priority ? a->priority < b->priority : a->arrival < b->arrival;
+}
+
+void list_insert_ordered(struct req_list *l, struct request *r)
+{
+    struct request *at = l->tail;
+    while (at && before(r, at)) at = at->prev;
+    /* insert after `at` (or at the head) */
+    r->prev = at;
+    r->next = at ? at->next : l->head;
+    if (r->next)
+        r->next->prev = r;
+    else
+        l->tail = r;
+    if (at)
+        at->next = r;
+    else
+        l->head = r;
+    l->n++;
+}
+
+/* ---- creation ---- */
+
+static void *engine_main(void *arg);
+
+struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
+{
+    struct engine *en = xcalloc(1, sizeof *en);
+    en->cfg = *cfg_in;
+    struct engine_config *cfg = &en->cfg;
+    if (cfg->block_size <= 0) cfg->block_size = 16;
+    if (cfg->max_num_batched_tokens <= 0) cfg->max_num_batched_tokens = 2048;
+    if (cfg->max_num_seqs <= 0) cfg->max_num_seqs = 256;
+    if (backend_create(&en->be, cfg->device, cfg->threads, e)) {
+        free(en);
+        return NULL;
+    }
+    en->m = model_load(cfg->model_dir, &en->be, e);
+    if (!en->m) {
+        backend_destroy(&en->be);
+        free(en);
+        return NULL;
+    }
+    const struct model_config *mc = &en->m->cfg;
+    en->vocab = mc->vocab;
+    en->block_size = cfg->block_size;
+    int ctx = mc->max_pos > 0 ? mc->max_pos : 4096;
+    if (cfg->max_model_len > 0) ctx = cfg->max_model_len;
+
+    size_t per_block = model_kv_bytes_per_token(en->m) * (size_t)en->block_size;
+    long n_blocks = cfg->num_blocks;
+    if (n_blocks <= 0) {
+        size_t mem = cfg->kv_cache_memory ? cfg->kv_cache_memory : (size_t)1 << 30;
+        n_blocks = (long)(mem / per_block);
+        /* no point in more than every running request at full length */
+        long useful = ((long)ctx + en->block_size - 1) / en->block_size * (long)cfg->max_num_seqs;
+        if (n_blocks > useful) n_blocks = useful;
+    }
+    if (n_blocks < 1) {
+        err_set(e, "the KV pool holds no block: %zu bytes per block of %d tokens", per_block,
+                en->block_size);
+        engine_destroy(en);
+        return NULL;
+    }
+    if ((long)ctx > n_blocks * en->block_size) ctx = (int)(n_blocks * en->block_size);
+    en->max_model_len = ctx;
+    en->max_blocks = (ctx + en->block_size - 1) / en->block_size;
+    int seq_cap = cfg->max_num_seqs < cfg->max_num_batched_tokens ? cfg->max_num_seqs
+                                                                  : cfg->max_num_batched_tokens;
+    int lp_rows = cfg->max_num_batched_tokens < 256 ? cfg->max_num_batched_tokens : 256;
+    en->max_logits = seq_cap + lp_rows;
+    if (model_state_alloc(en->m, cfg->max_num_batched_tokens, en->max_logits, (int)n_blocks,
+                          en->block_size, e)) {
+        engine_destroy(en);
+        return NULL;
+    }
+    en->window = mc->sliding_window;
+    en->sliding_only = mc->sliding_window > 0;
+    for (int l = 0; l < mc->n_layers; l++)
+        if (!mc->layer_kinds || mc->layer_kinds[l] != LAYER_SLIDING) en->sliding_only = 0;
+
+    /* The fingerprint: architecture, shapes, weight bytes and the KV format. */
+    char fp[512];
+    int fpn = snprintf(fp, sizeof fp, "%s|%d|%d|%d|%d|%d|%d|%zu|%lld|kv=f32|bs=%d",
+                       mc->arch_name, mc->hidden, mc->n_layers, mc->n_heads, mc->n_kv_heads,
+                       mc->head_dim, mc->vocab, model_weight_bytes(en->m),
+                       (long long)model_param_count(en->m), en->block_size);
+    kv_pool_init(&en->pool, (int)n_blocks, en->block_size, fp, (size_t)fpn);
+
+    int T = cfg->max_num_batched_tokens;
+    en->b_tokens = xmalloc(sizeof(int32_t) * (size_t)T);
+    en->b_pos = xmalloc(sizeof(int32_t) * (size_t)T);
+    en->b_slot = xmalloc(sizeof(int32_t) * (size_t)T);
+    en->b_qstart = xmalloc(sizeof(int32_t) * (size_t)(seq_cap + 1));
+    en->b_seqlen = xmalloc(sizeof(int32_t) * (size_t)seq_cap);
+    en->b_bt = xmalloc(sizeof(int32_t) * (size_t)seq_cap * (size_t)en->max_blocks);
+    en->b_logit_rows = xmalloc(sizeof(int32_t) * (size_t)en->max_logits);
+    en->logits = xmalloc(sizeof(float) * (size_t)en->max_logits * (size_t)en->vocab);
+    en->plan = xmalloc(sizeof(struct step_seq) * (size_t)seq_cap);
+    en->hit_blocks = xmalloc(sizeof(int32_t) * (size_t)en->max_blocks);
+    en->hit_hashes = xmalloc(sizeof(struct kv_hash) * (size_t)en->max_blocks);
+    en->work = xmalloc(sizeof(float) * (size_t)en->vocab);
+    en->counts = xcalloc((size_t)en->vocab, sizeof(uint32_t));
+    en->cand = xmalloc(sizeof(int32_t) * (size_t)en->vocab);
+    rng_seed(&en->seeder, 0x70a60da5eedull ^ (uint64_t)(util_now() * 1e9));
+
+    pthread_mutex_init(&en->mu, NULL);
+    pthread_cond_init(&en->cv, NULL);
+    en->next_id = 1;
+    en->stats.kv_blocks_total = (int)n_blocks;
+    en->stats.kv_blocks_free = (int)n_blocks;
+    if (!cfg->manual) {
+        if (pthread_create(&en->thread, NULL, engine_main, en)) {
+            err_set(e, "cannot start the engine thread");
+            engine_destroy(en);
+            return NULL;
+        }
+        en->has_thread = 1;
+    }
+    return en;
+}
+
+const struct model_config *engine_model_config(const struct engine *en)
+{
+    return &en->m->cfg;
+}
+
+int engine_max_model_len(const struct engine *en)
+{
+    return en->max_model_len;
+}
+
+int engine_block_size(const struct engine *en)
+{
+    return en->block_size;
+}
+
+/* ---- submission ---- */
+
+static int check_params(const struct engine *en, const struct engine_request *q, struct err *e)
+{
+    const struct sampling_params *sp = &q->sp;
+    if (q->n_prompt < 1 || !q->prompt) return err_set(e, "prompt: must hold at least one token"), -1;
+    for (int i = 0; i < q->n_prompt; i++)
+        if (q->prompt[i] < 0 || q->prompt[i] >= en->vocab)
+            return err_set(e, "prompt: token id %d at position %d is outside the vocabulary (0..%d)",
+                           (int)q->prompt[i], i, en->vocab - 1),
+                   -1;
+    if (sp->max_tokens < 1) return err_set(e, "max_tokens: must be at least 1"), -1;
+    if ((long)q->n_prompt + sp->max_tokens > en->max_model_len)
+        return err_set(e,
+                       "max_tokens: the prompt (%d tokens) plus max_tokens (%d) exceeds the "
+                       "context length (%d)",
+                       q->n_prompt, sp->max_tokens, en->max_model_len),
+               -1;
+    if (!(sp->temperature >= 0) || sp->temperature > 100)
+        return err_set(e, "temperature: must be in [0, 100]"), -1;
+    if (!(sp->top_p > 0 && sp->top_p <= 1)) return err_set(e, "top_p: must be in (0, 1]"), -1;
+    if (!(sp->min_p >= 0 && sp->min_p <= 1)) return err_set(e, "min_p: must be in [0, 1]"), -1;
+    if (!(sp->repetition_penalty > 0 && sp->repetition_penalty <= 100))
+        return err_set(e, "repetition_penalty: must be in (0, 100]"), -1;
+    if (!(sp->presence_penalty >= -2 && sp->presence_penalty <= 2))
+        return err_set(e, "presence_penalty: must be in [-2, 2]"), -1;
+    if (!(sp->frequency_penalty >= -2 && sp->frequency_penalty <= 2))
+        return err_set(e, "frequency_penalty: must be in [-2, 2]"), -1;
+    if (sp->top_logprobs < 0 || sp->top_logprobs > ENGINE_MAX_TOP_LOGPROBS)
+        return err_set(e, "top_logprobs: must be in [0, %d]", ENGINE_MAX_TOP_LOGPROBS), -1;
+    if (sp->prompt_logprobs < -1 || sp->prompt_logprobs > ENGINE_MAX_TOP_LOGPROBS)
+        return err_set(e, "prompt_logprobs: must be in [0, %d]", ENGINE_MAX_TOP_LOGPROBS), -1;
+    for (int i = 0; i < sp->n_stop_ids; i++)
+        if (sp->stop_ids[i] < 0 || sp->stop_ids[i] >= en->vocab)
+            return err_set(e, "stop_token_ids: %d is outside the vocabulary", (int)sp->stop_ids[i]),
+                   -1;
+    for (int i = 0; i < sp->n_logit_bias; i++) {
+        if (sp->logit_bias[i].id < 0 || sp->logit_bias[i].id >= en->vocab)
+            return err_set(e, "logit_bias: token id %d is outside the vocabulary",
+                           (int)sp->logit_bias[i].id),
+                   -1;
+        float b = sp->logit_bias[i].bias;
+        if (!(b >= -100 && b <= 100))
+            return err_set(e, "logit_bias: the bias of token %d must be in [-100, 100]",
+                           (int)sp->logit_bias[i].id),
+                   -1;
+    }
+    return 0;
+}
+
+uint64_t engine_submit(struct engine *en, const struct engine_request *q, struct err *e)
+{
+    if (check_params(en, q, e)) return 0;
+    struct request *r = xcalloc(1, sizeof *r);
+    r->n_prompt = r->n_tokens = q->n_prompt;
+    r->cap = q->n_prompt + q->sp.max_tokens;
+    r->tokens = xmalloc(sizeof(int32_t) * (size_t)r->cap);
+    memcpy(r->tokens, q->prompt, sizeof(int32_t) * (size_t)q->n_prompt);
+    r->blocks = xmalloc(sizeof(int32_t) * (size_t)en->max_blocks);
+    r->hashes = xmalloc(sizeof(struct kv_hash) * (size_t)en->max_blocks);
+    r->sp = q->sp;
+    if (q->sp.n_stop_ids) {
+        r->stop_ids = xmalloc(sizeof(int32_t) * (size_t)q->sp.n_stop_ids);
+        memcpy(r->stop_ids, q->sp.stop_ids, sizeof(int32_t) * (size_t)q->sp.n_stop_ids);
+    }
+    if (q->sp.n_logit_bias) {
+        r->bias = xmalloc(sizeof(struct logit_bias) * (size_t)q->sp.n_logit_bias);
+        memcpy(r->bias, q->sp.logit_bias, sizeof(struct logit_bias) * (size_t)q->sp.n_logit_bias);
+    }
+    r->sp.stop_ids = r->stop_ids;
+    r->sp.logit_bias = r->bias;
+    if (q->sp.prompt_logprobs >= 0) {
+        int k = q->sp.prompt_logprobs;
+        r->plp = xmalloc(sizeof(float) * (size_t)q->n_prompt);
+        r->plp[0] = NAN;
+        if (k) r->ptop = xmalloc(sizeof(struct token_logprob) * (size_t)k * (size_t)q->n_prompt);
+        if (k) memset(r->ptop, 0, sizeof(struct token_logprob) * (size_t)k);
+    }
+    r->priority = q->priority;
+    r->cb = q->on_event;
+    r->user = q->user;
+    r->state = RS_WAITING;
+
+    pthread_mutex_lock(&en->mu);
+    r->id = en->next_id++;
+    if (q->sp.has_seed)
+        rng_seed(&r->rng, q->sp.seed);
+    else
+        rng_seed(&r->rng, rng_next(&en->seeder));
+    list_append(&en->incoming, r);
+    en->live++;
+    pthread_cond_signal(&en->cv);
+    pthread_mutex_unlock(&en->mu);
+    return r->id;
+}
+
+void engine_abort(struct engine *en, uint64_t id)
+{
+    pthread_mutex_lock(&en->mu);
+    if (en->n_aborts == en->cap_aborts) {
+        en->cap_aborts = en->cap_aborts ? 2 * en->cap_aborts : 64;
+        en->aborts = xrealloc(en->aborts, sizeof(uint64_t) * (size_t)en->cap_aborts);
+    }
+    en->aborts[en->n_aborts++] = id;
+    pthread_cond_signal(&en->cv);
+    pthread_mutex_unlock(&en->mu);
+}
+
+/* ---- the loop ---- */
+
+static int find_and_mark(struct req_list *l, uint64_t id)
+{
+    for (struct request *r = l->head; r; r = r->next)
+        if (r->id == id) {
+            r->aborted = 1;
+            return 1;
+        }
+    return 0;
+}
+
+/* Moves new requests into the waiting queue and applies aborts. Called with mu held. */
+static void intake_locked(struct engine *en)
+{
+    while (en->incoming.head) {
+        struct request *r = en->incoming.head;
+        list_remove(&en->incoming, r);
+        r->arrival = en->arrivals++;
+        list_insert_ordered(&en->waiting, r);
+    }
+    for (int i = 0; i < en->n_aborts; i++)
+        if (!find_and_mark(&en->waiting, en->aborts[i])) find_and_mark(&en->running, en->aborts[i]);
+    en->n_aborts = 0;
+}
+
+static void finish_aborted(struct engine *en, struct req_list *l)
+{
+    for (struct request *r = l->head, *nx; r; r = nx) {
+        nx = r->next;
+        if (r->aborted) req_finish(en, r, FINISH_ABORT, 1);
+    }
+}
+
+static int one_iteration(struct engine *en)
+{
+    pthread_mutex_lock(&en->mu);
+    intake_locked(en);
+    pthread_mutex_unlock(&en->mu);
+    finish_aborted(en, &en->waiting);
+    finish_aborted(en, &en->running);
+    if ((en->waiting.n || en->running.n) && step_run(en) == 0 && !en->running.n &&
+        en->waiting.n) {
+        /* Nothing runs and the first waiting request cannot start even in an idle pool:
+         * it can never run, so it ends instead of stalling the queue. */
+        req_finish(en, en->waiting.head, FINISH_ERROR, 1);
+    }
+    step_publish_gauges(en);
+    return en->waiting.n + en->running.n;
+}
+
+int engine_step(struct engine *en)
+{
+    return one_iteration(en);
+}
+
+static void *engine_main(void *arg)
+{
+    struct engine *en = arg;
+    for (;;) {
+        pthread_mutex_lock(&en->mu);
+        while (!en->stop && !en->incoming.head && !en->n_aborts && !en->waiting.n &&
+               !en->running.n)
+            pthread_cond_wait(&en->cv, &en->mu);
+        int stop = en->stop;
+        pthread_mutex_unlock(&en->mu);
+        if (stop) break;
+        one_iteration(en);
+    }
+    return NULL;
+}
+
+int engine_live(struct engine *en)
+{
+    pthread_mutex_lock(&en->mu);
+    int n = en->live;
+    pthread_mutex_unlock(&en->mu);
+    return n;
+}
+
+void engine_stats(struct engine *en, struct engine_stats *out)
+{
+    pthread_mutex_lock(&en->mu);
+    *out = en->stats;
+    pthread_mutex_unlock(&en->mu);
+}
+
+static void free_request(struct request *r)
+{
+    free(r->tokens);
+    free(r->blocks);
+    free(r->hashes);
+    free(r->stop_ids);
+    free(r->bias);
+    free(r->plp);
+    free(r->ptop);
+    free(r);
+}
+
+void req_finish(struct engine *en, struct request *r, enum finish_reason why, int emit)
+{
+    if (r->state == RS_RUNNING)
+        list_remove(&en->running, r);
+    else if (r->state == RS_WAITING)
+        list_remove(&en->waiting, r);
+    kv_release(&en->pool, r->blocks, r->n_blocks);
+    r->n_blocks = 0;
+    r->state = RS_DONE;
+    if (emit && r->cb) {
+        struct engine_event ev = {.kind = ENGINE_EV_FINISH,
+                                  .req_id = r->id,
+                                  .token = -1,
+                                  .finish = why,
+                                  .n_prompt = r->n_prompt,
+                                  .n_cached = r->n_cached,
+                                  .n_output = r->n_output};
+        r->cb(r->user, &ev);
+    }
+    pthread_mutex_lock(&en->mu);
+    en->live--;
+    en->stats.requests_finished[why]++;
+    pthread_mutex_unlock(&en->mu);
+    free_request(r);
+}
+
+void engine_destroy(struct engine *en)
+{
+    if (!en) return;
+    if (en->has_thread) {
+        pthread_mutex_lock(&en->mu);
+        en->stop = 1;
+        pthread_cond_signal(&en->cv);
+        pthread_mutex_unlock(&en->mu);
+        pthread_join(en->thread, NULL);
+    }
+    if (en->b_tokens) {
+        pthread_mutex_lock(&en->mu);
+        intake_locked(en);
+        pthread_mutex_unlock(&en->mu);
+        while (en->running.head) req_finish(en, en->running.head, FINISH_ABORT, 1);
+        while (en->waiting.head) req_finish(en, en->waiting.head, FINISH_ABORT, 1);
+        pthread_mutex_destroy(&en->mu);
+        pthread_cond_destroy(&en->cv);
+    }
+    free(en->aborts);
+    free(en->b_tokens);
+    free(en->b_pos);
+    free(en->b_slot);
+    free(en->b_qstart);
+    free(en->b_seqlen);
+    free(en->b_bt);
+    free(en->b_logit_rows);
+    free(en->logits);
+    free(en->plan);
+    free(en->hit_blocks);
+    free(en->hit_hashes);
+    free(en->work);
+    free(en->counts);
+    free(en->cand);
+    kv_pool_dispose(&en->pool);
+    if (en->m) model_destroy(en->m);
+    backend_destroy(&en->be);
+    free(en);
+}

@@ -1,0 +1,119 @@
+/* Internals shared by the engine's files: requests, the engine state, the step. */
+#ifndef PAGODA_SCHED_ENGINE_IMPL_H
+#define PAGODA_SCHED_ENGINE_IMPL_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include "model/backend.h"
+#include "model/model.h"
+#include "paged_kv/kv_pool.h"
+#include "sched/engine.h"
+
+enum req_state { RS_WAITING, RS_RUNNING, RS_DONE };
+
+struct request {
+    uint64_t id;
+    uint64_t arrival; /* submission order */
+    int priority;
+    enum req_state state;
+    struct request *prev, *next; /* in the waiting or running list */
+
+    int32_t *tokens; /* prompt, then output: [cap] */
+    int n_tokens, n_prompt, cap;
+    int n_computed;     /* tokens whose K/V are in the pool */
+    int n_output;
+    int n_cached;       /* prompt tokens served from the prefix cache (first schedule) */
+    int scheduled_once; /* n_cached is final */
+
+    int32_t *blocks; /* block table: [max_blocks]; -1 = released (outside the window) */
+    int n_blocks;
+    struct kv_hash *hashes; /* of full blocks of tokens: [max_blocks] */
+    int n_hashes;           /* hashes known (computed from tokens) */
+    int n_committed;        /* blocks registered in the index */
+
+    struct sampling_params sp; /* stop_ids / logit_bias point into owned copies */
+    int32_t *stop_ids;
+    struct logit_bias *bias;
+    struct rng rng;
+    int aborted;
+
+    /* prompt logprobs, filled while the prompt is computed */
+    float *plp;
+    struct token_logprob *ptop;
+    int plp_sent;
+
+    engine_event_fn cb;
+    void *user;
+};
+
+struct req_list {
+    struct request *head, *tail;
+    int n;
+};
+
+/* One planned sequence of a step. */
+struct step_seq {
+    struct request *r;
+    int n_new;
+    int logit_row; /* first logit row of this sequence, -1 when none */
+    int n_logits;  /* rows: 1, or one per new token for prompt logprobs */
+    int all_rows;  /* a row for every new token (prompt logprobs) */
+};
+
+struct engine {
+    struct engine_config cfg;
+    struct backend be;
+    struct model *m;
+    int vocab, block_size, max_blocks, max_model_len, max_logits;
+    int sliding_only; /* every layer is windowed: blocks behind the window are released */
+    int window;
+    struct kv_pool pool;
+
+    /* guarded by mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct req_list incoming;
+    uint64_t *aborts;
+    int n_aborts, cap_aborts;
+    int stop;
+    struct engine_stats stats;
+    uint64_t next_id;
+    int live; /* requests submitted and not finished */
+
+    /* engine thread only */
+    struct req_list waiting, running;
+    pthread_t thread;
+    int has_thread;
+    uint64_t arrivals;
+    struct rng seeder;
+
+    /* step buffers, sized at start-up */
+    int32_t *b_tokens, *b_pos, *b_slot, *b_qstart, *b_seqlen, *b_bt, *b_logit_rows;
+    float *logits; /* [max_logits, vocab] */
+    struct step_seq *plan;
+    int32_t *hit_blocks;
+    struct kv_hash *hit_hashes;
+    float *work;        /* [vocab] sampling scratch */
+    uint32_t *counts;   /* [vocab] zeroed between uses */
+    int32_t *cand;      /* [vocab] candidate ids */
+    struct token_logprob top[ENGINE_MAX_TOP_LOGPROBS];
+};
+
+/* step.c */
+/* One step; returns the sequences it ran. */
+int step_run(struct engine *en);
+/* Publishes the running/waiting/KV gauges to the shared statistics. */
+void step_publish_gauges(struct engine *en);
+void req_finish(struct engine *en, struct request *r, enum finish_reason why, int emit);
+
+/* sample.c: the next token of r from its logits row (left unchanged). */
+int32_t sample_next(struct engine *en, struct request *r, const float *logits);
+
+/* lists */
+void list_append(struct req_list *l, struct request *r);
+void list_remove(struct req_list *l, struct request *r);
+/* Inserts by (priority, arrival): lower first. */
+void list_insert_ordered(struct req_list *l, struct request *r);
+
+#endif

@@ -1,0 +1,325 @@
+/*
+ * One engine step (after vLLM v1's scheduler): plan which tokens of which requests run,
+ * allocate their KV blocks (plan, then commit), run one forward pass over the flattened
+ * batch, then sample, emit events and retire finished requests.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "sched/engine_impl.h"
+
+static int min_i(int a, int b)
+{
+    return a < b ? a : b;
+}
+
+/* Hashes of the request's full blocks of tokens, extended as tokens are appended. */
+static void update_hashes(struct engine *en, struct request *r)
+{
+    int full = r->n_tokens / en->block_size;
+    for (int i = r->n_hashes; i < full; i++)
+        r->hashes[i] = kv_block_hash(&en->pool, i ? &r->hashes[i - 1] : NULL,
+                                     r->tokens + (size_t)i * en->block_size, en->block_size,
+                                     NULL, 0);
+    if (full > r->n_hashes) r->n_hashes = full;
+}
+
+static int wants_prompt_rows(const struct request *r)
+{
+    return r->plp && !r->plp_sent && r->n_computed < r->n_prompt;
+}
+
+static void preempt(struct engine *en, struct request *v, uint64_t *n_preempt)
+{
+    list_remove(&en->running, v);
+    kv_release(&en->pool, v->blocks, v->n_blocks);
+    v->n_blocks = 0;
+    v->n_computed = 0;
+    v->n_committed = 0;
+    v->state = RS_WAITING;
+    list_insert_ordered(&en->waiting, v);
+    (*n_preempt)++;
+}
+
+/* Blocks r still needs so that n_new more tokens have rows. */
+static int blocks_needed(const struct engine *en, int computed, int have, int n_new)
+{
+    int want = (computed + n_new + en->block_size - 1) / en->block_size;
+    return want > have ? want - have : 0;
+}
+
+/* Caps a chunk by the logit rows left for prompt log-probabilities. */
+static int cap_prompt_rows(const struct request *r, int n_new, int lp_left)
+{
+    return wants_prompt_rows(r) ? min_i(n_new, lp_left) : n_new;
+}
+
+struct step_counts {
+    uint64_t preempt, prompt_tokens, gen_tokens, q_tokens, hit_tokens;
+};
+
+static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left)
+{
+    int budget = en->cfg.max_num_batched_tokens, n_plan = 0, preempted = 0;
+    int seq_cap = min_i(en->cfg.max_num_seqs, en->cfg.max_num_batched_tokens);
+
+    /* Running requests first, in priority order; when blocks run out, the last one (lowest
+     * priority, latest arrival) goes back to waiting and will be recomputed. */
+    for (struct request *r = en->running.head; r && budget > 0 && n_plan < seq_cap;) {
+        int n_new = cap_prompt_rows(r, min_i(r->n_tokens - r->n_computed, budget), *lp_left);
+        if (n_new <= 0) {
+            r = r->next;
+            continue;
+        }
+        int need = blocks_needed(en, r->n_computed, r->n_blocks, n_new), self = 0;
+        while (!kv_can_allocate(&en->pool, need, NULL, 0)) {
+            struct request *v = en->running.tail;
+            preempted = 1;
+            preempt(en, v, &sc->preempt);
+            if (v == r) {
+                self = 1;
+                break;
+            }
+        }
+        if (self) break;
+        kv_allocate(&en->pool, need, r->blocks + r->n_blocks);
+        r->n_blocks += need;
+        en->plan[n_plan++] = (struct step_seq){r, n_new, -1, 0, 0};
+        budget -= n_new;
+        if (wants_prompt_rows(r)) *lp_left -= n_new;
+        r = r->next;
+    }
+    if (preempted) return n_plan;
+
+    /* Then waiting ones, while the budget, the sequence cap and the pool allow. */
+    while (en->waiting.head && budget > 0 && en->running.n < en->cfg.max_num_seqs &&
+           n_plan < seq_cap) {
+        struct request *r = en->waiting.head;
+        update_hashes(en, r);
+        int n_hit = 0;
+        if (!en->cfg.disable_prefix_caching && !r->plp) {
+            n_hit = kv_lookup_prefix(&en->pool, r->hashes, r->n_hashes, en->hit_blocks);
+            if (n_hit * en->block_size >= r->n_tokens) n_hit--; /* compute at least one token */
+        }
+        int computed = n_hit * en->block_size;
+        int n_new = min_i(r->n_tokens - computed, budget);
+        if (wants_prompt_rows(r)) n_new = min_i(n_new, *lp_left);
+        if (n_new <= 0) break;
+        int need = blocks_needed(en, computed, n_hit, n_new);
+        if (!kv_can_allocate(&en->pool, need, en->hit_blocks, n_hit)) break;
+        kv_touch(&en->pool, en->hit_blocks, n_hit);
+        memcpy(r->blocks, en->hit_blocks, sizeof(int32_t) * (size_t)n_hit);
+        kv_allocate(&en->pool, need, r->blocks + n_hit);
+        r->n_blocks = n_hit + need;
+        r->n_computed = computed;
+        r->n_committed = n_hit;
+        if (!r->scheduled_once) {
+            r->n_cached = computed;
+            r->scheduled_once = 1;
+        }
+        sc->q_tokens += (uint64_t)r->n_tokens;
+        sc->hit_tokens += (uint64_t)computed;
+        list_remove(&en->waiting, r);
+        r->state = RS_RUNNING;
+        list_insert_ordered(&en->running, r);
+        en->plan[n_plan++] = (struct step_seq){r, n_new, -1, 0, 0};
+        budget -= n_new;
+        if (wants_prompt_rows(r)) *lp_left -= n_new;
+    }
+    return n_plan;
+}
+
+/* Flattens the plan into the forward batch. Returns the number of logit rows. */
+static int build_batch(struct engine *en, int n_plan, struct fwd_batch *b)
+{
+    int bs = en->block_size, nt = 0, nl = 0;
+    for (int s = 0; s < n_plan; s++) {
+        struct step_seq *p = &en->plan[s];
+        struct request *r = p->r;
+        en->b_qstart[s] = nt;
+        for (int j = 0; j < p->n_new; j++, nt++) {
+            int pos = r->n_computed + j;
+            en->b_tokens[nt] = r->tokens[pos];
+            en->b_pos[nt] = pos;
+            en->b_slot[nt] = r->blocks[pos / bs] * bs + pos % bs;
+        }
+        en->b_seqlen[s] = r->n_computed + p->n_new;
+        int32_t *row = en->b_bt + (size_t)s * en->max_blocks;
+        for (int i = 0; i < r->n_blocks; i++) row[i] = r->blocks[i] < 0 ? 0 : r->blocks[i];
+        int done = r->n_computed + p->n_new == r->n_tokens;
+        if (wants_prompt_rows(r)) {
+            p->logit_row = nl;
+            p->n_logits = p->n_new;
+            p->all_rows = 1;
+            for (int j = 0; j < p->n_new; j++) en->b_logit_rows[nl++] = en->b_qstart[s] + j;
+        } else if (done) {
+            p->logit_row = nl;
+            p->n_logits = 1;
+            en->b_logit_rows[nl++] = nt - 1;
+        }
+    }
+    en->b_qstart[n_plan] = nt;
+    *b = (struct fwd_batch){.n_tokens = nt,
+                            .tokens = en->b_tokens,
+                            .pos = en->b_pos,
+                            .slot = en->b_slot,
+                            .n_seqs = n_plan,
+                            .q_start = en->b_qstart,
+                            .seq_len = en->b_seqlen,
+                            .block_table = en->b_bt,
+                            .max_blocks = en->max_blocks,
+                            .n_logits = nl,
+                            .logit_rows = en->b_logit_rows};
+    return nl;
+}
+
+/* Log-probabilities of prompt tokens predicted by rows of this chunk. */
+static void record_prompt_logprobs(struct engine *en, struct request *r, int first_pos, int n,
+                                   const float *rows)
+{
+    int k = r->sp.prompt_logprobs;
+    for (int j = 0; j < n; j++) {
+        int target = first_pos + j + 1;
+        if (target >= r->n_prompt) break;
+        const float *row = rows + (size_t)j * en->vocab;
+        r->plp[target] = sampler_logprob(row, en->vocab, r->tokens[target]);
+        if (k) sampler_top_logprobs(row, en->vocab, k, r->ptop + (size_t)target * k);
+    }
+}
+
+static void emit(struct request *r, const struct engine_event *ev)
+{
+    if (r->cb) r->cb(r->user, ev);
+}
+
+static enum finish_reason stop_check(const struct engine *en, const struct request *r, int32_t t)
+{
+    if (!r->sp.ignore_eos) {
+        const struct model_config *c = &en->m->cfg;
+        for (int i = 0; i < c->n_eos; i++)
+            if (c->eos_ids[i] == t) return FINISH_STOP;
+    }
+    for (int i = 0; i < r->sp.n_stop_ids; i++)
+        if (r->sp.stop_ids[i] == t) return FINISH_STOP;
+    if (r->n_output >= r->sp.max_tokens || r->n_tokens >= en->max_model_len) return FINISH_LENGTH;
+    return FINISH_NONE;
+}
+
+/* After the forward pass: advance, cache, sample, emit; returns tokens sampled. */
+static int finish_seq(struct engine *en, struct step_seq *p, struct step_counts *sc)
+{
+    struct request *r = p->r;
+    int bs = en->block_size, old = r->n_computed;
+    r->n_computed += p->n_new;
+    if (old < r->n_prompt) sc->prompt_tokens += (uint64_t)(min_i(r->n_computed, r->n_prompt) - old);
+
+    if (p->all_rows)
+        record_prompt_logprobs(en, r, old, p->n_logits, en->logits + (size_t)p->logit_row * en->vocab);
+
+    /* Register newly full blocks for prefix sharing. */
+    if (!en->cfg.disable_prefix_caching) {
+        update_hashes(en, r);
+        int full = r->n_computed / bs;
+        for (int i = r->n_committed; i < full && i < r->n_hashes; i++)
+            if (r->blocks[i] >= 0) kv_commit_hash(&en->pool, r->blocks[i], r->hashes[i]);
+        if (full > r->n_committed) r->n_committed = full;
+    }
+
+    int sampled = 0;
+    if (r->n_computed == r->n_tokens && p->n_logits > 0) {
+        if (r->plp && !r->plp_sent) {
+            struct engine_event ev = {.kind = ENGINE_EV_PROMPT_LOGPROBS,
+                                      .req_id = r->id,
+                                      .token = -1,
+                                      .n_prompt_lp = r->n_prompt,
+                                      .prompt_lp = r->plp,
+                                      .prompt_top = r->ptop,
+                                      .n_top = r->sp.prompt_logprobs,
+                                      .n_prompt = r->n_prompt,
+                                      .n_cached = r->n_cached};
+            emit(r, &ev);
+            r->plp_sent = 1;
+        }
+        const float *row = en->logits + (size_t)(p->logit_row + p->n_logits - 1) * en->vocab;
+        int32_t t = sample_next(en, r, row);
+        r->tokens[r->n_tokens++] = t;
+        r->n_output++;
+        sampled = 1;
+        struct engine_event ev = {.kind = ENGINE_EV_TOKEN,
+                                  .req_id = r->id,
+                                  .token = t,
+                                  .n_prompt = r->n_prompt,
+                                  .n_cached = r->n_cached,
+                                  .n_output = r->n_output};
+        if (r->sp.logprobs || r->sp.top_logprobs) ev.logprob = sampler_logprob(row, en->vocab, t);
+        if (r->sp.top_logprobs) {
+            sampler_top_logprobs(row, en->vocab, r->sp.top_logprobs, en->top);
+            ev.n_top = r->sp.top_logprobs < en->vocab ? r->sp.top_logprobs : en->vocab;
+            ev.top = en->top;
+        }
+        ev.finish = stop_check(en, r, t);
+        emit(r, &ev);
+        if (ev.finish != FINISH_NONE) {
+            req_finish(en, r, ev.finish, 0);
+            return sampled;
+        }
+    }
+
+    /* Every layer windowed: blocks wholly behind the next query's window are released
+     * (they stay cached under their hash). */
+    if (en->sliding_only) {
+        int lo = r->n_computed - en->window + 1; /* first key the next token still sees */
+        for (int i = 0; (i + 1) * bs <= lo && i < r->n_blocks; i++)
+            if (r->blocks[i] >= 0) {
+                kv_release(&en->pool, &r->blocks[i], 1);
+                r->blocks[i] = -1;
+            }
+    }
+    return sampled;
+}
+
+int step_run(struct engine *en)
+{
+    double t0 = util_now();
+    struct step_counts sc = {0};
+    int seq_cap = min_i(en->cfg.max_num_seqs, en->cfg.max_num_batched_tokens);
+    int lp_left = en->max_logits - seq_cap;
+    int n_plan = plan_step(en, &sc, &lp_left);
+    if (n_plan > 0) {
+        struct fwd_batch b;
+        build_batch(en, n_plan, &b);
+        model_forward(en->m, &b, en->logits);
+        for (int s = 0; s < n_plan; s++) sc.gen_tokens += (uint64_t)finish_seq(en, &en->plan[s], &sc);
+    }
+    double dt = util_now() - t0;
+
+    pthread_mutex_lock(&en->mu);
+    struct engine_stats *st = &en->stats;
+    st->prefix_query_tokens += sc.q_tokens;
+    st->prefix_hit_tokens += sc.hit_tokens;
+    st->preemptions += sc.preempt;
+    st->prompt_tokens += sc.prompt_tokens;
+    st->generation_tokens += sc.gen_tokens;
+    if (n_plan > 0) {
+        st->steps++;
+        int bk = 0;
+        while (bk < ENGINE_STEP_BUCKETS && dt > engine_step_bucket_bounds[bk]) bk++;
+        st->step_hist[bk]++;
+        st->step_time_sum += dt;
+    }
+    pthread_mutex_unlock(&en->mu);
+    return n_plan;
+}
+
+void step_publish_gauges(struct engine *en)
+{
+    pthread_mutex_lock(&en->mu);
+    struct engine_stats *st = &en->stats;
+    st->running = en->running.n;
+    st->waiting = en->waiting.n + en->incoming.n;
+    st->kv_blocks_free = en->pool.n_free;
+    st->kv_blocks_cached = en->pool.n_cached;
+    st->kv_blocks_used = en->pool.n_blocks - en->pool.n_free;
+    pthread_mutex_unlock(&en->mu);
+}

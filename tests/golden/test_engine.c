@@ -1,0 +1,447 @@
+/*
+ * The engine on the reference models, in-process (manual stepping, so arrivals land at
+ * exact steps):
+ *   - batch invariance: every golden prompt alone, then all of them concurrently with
+ *     staggered arrivals, small step budgets (varied chunk sizes) and a pool small enough
+ *     to force preemption: identical greedy tokens, which pass the golden rule;
+ *   - prefix sharing: a repeated prompt and a shared-prefix prompt hit the cache (asserted
+ *     in tokens) and give identical tokens;
+ *   - a seeded sampled request gives identical tokens alone and inside a batch;
+ *   - sampling controls with exact outcomes (top_k 1, logit bias, stop ids, max_tokens),
+ *     prompt log-probabilities against the golden, aborts;
+ *   - after every scenario the pool is all free again.
+ * usage: golden_test_engine PAGODA_BINARY TESTDATA_DIR
+ */
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "sched/engine.h"
+#include "test_util.h"
+
+#define MAX_CASES 16
+#define MAX_OUT 64
+
+static const char *supported[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
+                                  "Qwen3ForCausalLM", "Gemma2ForCausalLM",  "Gemma3ForCausalLM"};
+
+struct result {
+    int32_t ids[MAX_OUT];
+    int n;
+    enum finish_reason finish;
+    int n_cached, got_plp;
+    float plp[512];
+};
+
+static void on_event(void *user, const struct engine_event *ev)
+{
+    struct result *r = user;
+    if (ev->kind == ENGINE_EV_TOKEN && r->n < MAX_OUT) r->ids[r->n++] = ev->token;
+    if (ev->kind == ENGINE_EV_PROMPT_LOGPROBS) {
+        r->got_plp = 1;
+        for (int i = 0; i < ev->n_prompt_lp && i < 512; i++) r->plp[i] = ev->prompt_lp[i];
+    }
+    if (ev->finish != FINISH_NONE) {
+        r->finish = ev->finish;
+        r->n_cached = ev->n_cached;
+    }
+}
+
+struct golden_case {
+    int32_t *prompt;
+    int n_prompt;
+    const cJSON *greedy, *steps, *plp;
+};
+
+static uint64_t submit(struct engine *en, const struct golden_case *c, struct sampling_params sp,
+                       struct result *res)
+{
+    memset(res, 0, sizeof *res);
+    struct engine_request q = {.prompt = c->prompt,
+                               .n_prompt = c->n_prompt,
+                               .sp = sp,
+                               .on_event = on_event,
+                               .user = res};
+    struct err e = {0};
+    uint64_t id = engine_submit(en, &q, &e);
+    CHECK(id > 0, "submit: %s", e.msg);
+    return id;
+}
+
+static void drain(struct engine *en)
+{
+    for (int guard = 0; engine_step(en) > 0 && guard < 100000; guard++) {
+    }
+}
+
+static struct sampling_params greedy_params(int n)
+{
+    struct sampling_params sp;
+    sampling_params_default(&sp);
+    sp.temperature = 0;
+    sp.max_tokens = n;
+    sp.ignore_eos = 1;
+    return sp;
+}
+
+static void check_pool_free(struct engine *en, const char *name, const char *what)
+{
+    struct engine_stats st;
+    engine_stats(en, &st);
+    CHECK(st.kv_blocks_free == st.kv_blocks_total && st.kv_blocks_used == 0 && st.running == 0 &&
+              st.waiting == 0,
+          "%s %s: pool not all free (%d of %d free, %d running, %d waiting)", name, what,
+          st.kv_blocks_free, st.kv_blocks_total, st.running, st.waiting);
+}
+
+/* The testdata README rule on the ids (log-probabilities are the golden CLI test's job). */
+static void check_golden_rule(const char *name, int ci, const struct golden_case *c,
+                              const struct result *r)
+{
+    int n = cJSON_GetArraySize(c->greedy);
+    CHECK(r->n == n, "%s case %d: %d tokens, want %d", name, ci, r->n, n);
+    for (int i = 0; i < n && i < r->n; i++) {
+        int want = cJSON_GetArrayItem(c->greedy, i)->valueint;
+        if (r->ids[i] == want) continue;
+        const cJSON *st = cJSON_GetArrayItem(c->steps, i);
+        double margin = cJSON_GetObjectItem(st, "margin")->valuedouble;
+        const cJSON *top = cJSON_GetObjectItem(st, "top");
+        int second = cJSON_GetArrayItem(cJSON_GetArrayItem(top, 1), 0)->valueint;
+        CHECK(margin < 0.05 && r->ids[i] == second, "%s case %d step %d: token %d, golden %d", name,
+              ci, i, r->ids[i], want);
+        break;
+    }
+}
+
+static int same_ids(const struct result *a, const struct result *b)
+{
+    return a->n == b->n && !memcmp(a->ids, b->ids, sizeof(int32_t) * (size_t)a->n);
+}
+
+static struct engine *open_engine(const char *dir, int budget, int blocks, int caching)
+{
+    struct engine_config cfg = {.model_dir = dir,
+                                .device = "cpu",
+                                .max_num_batched_tokens = budget,
+                                .num_blocks = blocks,
+                                .disable_prefix_caching = !caching,
+                                .manual = 1};
+    struct err e = {0};
+    struct engine *en = engine_create(&cfg, &e);
+    CHECK(en != NULL, "%s: engine_create: %s", dir, e.msg);
+    return en;
+}
+
+static void test_model(const char *dir, const char *name, struct golden_case *cs, int nc)
+{
+    int n_gen = cJSON_GetArraySize(cs[0].greedy);
+    struct result alone[MAX_CASES], conc[MAX_CASES];
+
+    /* 1. Each prompt alone (its own step budget of 2048: one prefill chunk). */
+    struct engine *en = open_engine(dir, 2048, 0, 0);
+    if (!en) return;
+    for (int i = 0; i < nc; i++) {
+        submit(en, &cs[i], greedy_params(n_gen), &alone[i]);
+        drain(en);
+        CHECK(alone[i].finish == FINISH_LENGTH, "%s case %d: finish %s", name, i,
+              finish_reason_name(alone[i].finish));
+        check_golden_rule(name, i, &cs[i], &alone[i]);
+    }
+    check_pool_free(en, name, "alone");
+    engine_destroy(en);
+
+    /* 2. All concurrently: staggered arrivals, small budgets, a pool that forces preemption. */
+    int max_need = 0;
+    for (int i = 0; i < nc; i++) {
+        int need = (cs[i].n_prompt + n_gen + 15) / 16;
+        if (need > max_need) max_need = need;
+    }
+    static const int budgets[] = {64, 23};
+    for (int b = 0; b < 2; b++) {
+        en = open_engine(dir, budgets[b], max_need + 2, 1);
+        if (!en) return;
+        int next = 0;
+        for (int step = 0; next < nc || engine_live(en) > 0; step++) {
+            if (next < nc && step % (b + 2) == 0) {
+                submit(en, &cs[next], greedy_params(n_gen), &conc[next]);
+                next++;
+            }
+            engine_step(en);
+            if (step > 200000) break;
+        }
+        struct engine_stats st;
+        engine_stats(en, &st);
+        /* Models windowed on every layer release blocks behind the window instead. */
+        const struct model_config *mc = engine_model_config(en);
+        int sliding_only = mc->sliding_window > 0;
+        for (int l = 0; l < mc->n_layers; l++)
+            sliding_only &= mc->layer_kinds && mc->layer_kinds[l] == LAYER_SLIDING;
+        CHECK(st.preemptions > 0 || sliding_only,
+              "%s budget %d: the small pool forced no preemption", name, budgets[b]);
+        for (int i = 0; i < nc; i++)
+            CHECK(same_ids(&alone[i], &conc[i]),
+                  "%s budget %d case %d: batched tokens differ from the solo run (first %d vs %d)",
+                  name, budgets[b], i, alone[i].ids[0], conc[i].ids[0]);
+        check_pool_free(en, name, "concurrent");
+        engine_destroy(en);
+    }
+
+    /* 3. Prefix sharing: the longest prompt twice, then its first 40 tokens + a new tail. */
+    int longest = 0;
+    for (int i = 1; i < nc; i++)
+        if (cs[i].n_prompt > cs[longest].n_prompt) longest = i;
+    const struct golden_case *L = &cs[longest];
+    en = open_engine(dir, 2048, 0, 1);
+    if (!en) return;
+    struct result r1, r2, r3, r3_alone;
+    submit(en, L, greedy_params(n_gen), &r1);
+    drain(en);
+    submit(en, L, greedy_params(n_gen), &r2);
+    drain(en);
+    int want_hit = (L->n_prompt - 1) / 16 * 16;
+    CHECK(r1.n_cached == 0 && r2.n_cached == want_hit, "%s: cached %d then %d, want 0 then %d",
+          name, r1.n_cached, r2.n_cached, want_hit);
+    CHECK(same_ids(&r1, &r2), "%s: the cached run gives other tokens", name);
+    if (L->n_prompt > 48) {
+        struct golden_case fork = *L;
+        fork.prompt = xmalloc(sizeof(int32_t) * (size_t)L->n_prompt);
+        memcpy(fork.prompt, L->prompt, sizeof(int32_t) * (size_t)L->n_prompt);
+        for (int i = 40; i < fork.n_prompt; i++) fork.prompt[i] = (fork.prompt[i] * 7 + 3) % 64;
+        submit(en, &fork, greedy_params(8), &r3);
+        drain(en);
+        CHECK(r3.n_cached == 32, "%s: shared prefix of 40 tokens hit %d tokens, want 32", name,
+              r3.n_cached);
+        struct engine *solo = open_engine(dir, 2048, 0, 0);
+        submit(solo, &fork, greedy_params(8), &r3_alone);
+        drain(solo);
+        CHECK(r3_alone.n_cached == 0 && same_ids(&r3, &r3_alone),
+              "%s: the shared-prefix request gives other tokens than without the cache", name);
+        engine_destroy(solo);
+        free(fork.prompt);
+    }
+    struct engine_stats st;
+    engine_stats(en, &st);
+    CHECK(st.prefix_hit_tokens >= (uint64_t)want_hit, "%s: hit tokens %llu", name,
+          (unsigned long long)st.prefix_hit_tokens);
+    check_pool_free(en, name, "prefix");
+    engine_destroy(en);
+}
+
+/* Sampling and control paths on one model: exact outcomes. */
+static void test_controls(const char *dir, struct golden_case *cs, int nc)
+{
+    struct engine *en = open_engine(dir, 2048, 0, 1);
+    if (!en) return;
+    const struct golden_case *c = &cs[nc > 4 ? 4 : 0];
+    struct result g, r, others[MAX_CASES];
+    submit(en, c, greedy_params(12), &g);
+    drain(en);
+
+    /* top_k 1 at any temperature is greedy */
+    struct sampling_params sp = greedy_params(12);
+    sp.temperature = 1.5f;
+    sp.top_k = 1;
+    submit(en, c, sp, &r);
+    drain(en);
+    CHECK(same_ids(&g, &r), "top_k 1 differs from greedy");
+    /* min_p 1 keeps only the most likely token */
+    sp = greedy_params(12);
+    sp.temperature = 1.0f;
+    sp.min_p = 1.0f;
+    submit(en, c, sp, &r);
+    drain(en);
+    CHECK(same_ids(&g, &r), "min_p 1 differs from greedy");
+    /* a +100 logit bias forces a token */
+    struct logit_bias lb = {.id = 7, .bias = 100};
+    sp = greedy_params(5);
+    sp.logit_bias = &lb;
+    sp.n_logit_bias = 1;
+    submit(en, c, sp, &r);
+    drain(en);
+    CHECK(r.n == 5 && r.ids[0] == 7 && r.ids[4] == 7, "logit bias: %d tokens, first %d", r.n,
+          r.ids[0]);
+    /* a stop id ends the request with reason stop, the stop token included */
+    sp = greedy_params(12);
+    int32_t stop = g.ids[3];
+    sp.stop_ids = &stop;
+    sp.n_stop_ids = 1;
+    submit(en, c, sp, &r);
+    drain(en);
+    int first = 0;
+    while (g.ids[first] != stop) first++;
+    CHECK(r.finish == FINISH_STOP && r.n == first + 1, "stop id: finish %s after %d tokens",
+          finish_reason_name(r.finish), r.n);
+    /* max_tokens gives reason length */
+    submit(en, c, greedy_params(3), &r);
+    drain(en);
+    CHECK(r.finish == FINISH_LENGTH && r.n == 3 && !memcmp(r.ids, g.ids, 3 * sizeof(int32_t)),
+          "max_tokens 3");
+    /* presence penalty 2 with a large repetition penalty: no token repeats in 12 (greedy) */
+    sp = greedy_params(12);
+    sp.repetition_penalty = 100.0f;
+    submit(en, c, sp, &r);
+    drain(en);
+    int repeats = 0;
+    for (int i = 0; i < r.n; i++) {
+        for (int k = 0; k < i; k++) repeats += r.ids[k] == r.ids[i];
+        for (int k = 0; k < c->n_prompt; k++) repeats += c->prompt[k] == r.ids[i];
+    }
+    CHECK(repeats == 0, "repetition penalty 100: %d repeats", repeats);
+
+    /* a seeded sampled request: the same tokens alone and inside a busy batch */
+    struct sampling_params ss;
+    sampling_params_default(&ss);
+    ss.temperature = 0.9f;
+    ss.top_p = 0.95f;
+    ss.top_k = 40;
+    ss.max_tokens = 24;
+    ss.ignore_eos = 1;
+    ss.has_seed = 1;
+    ss.seed = 1234;
+    struct result s_alone, s_batch;
+    submit(en, c, ss, &s_alone);
+    drain(en);
+    engine_destroy(en);
+    en = open_engine(dir, 37, 0, 0);
+    for (int i = 0; i < nc; i++) {
+        struct sampling_params o = ss;
+        o.seed = 99 + (uint64_t)i;
+        submit(en, &cs[i], o, &others[i]);
+        if (i == 1) submit(en, c, ss, &s_batch);
+        engine_step(en);
+    }
+    drain(en);
+    CHECK(s_alone.n == 24 && same_ids(&s_alone, &s_batch),
+          "the seeded request differs inside a batch (%d vs %d tokens)", s_alone.n, s_batch.n);
+    check_pool_free(en, "controls", "seeded");
+
+    /* prompt log-probabilities against the golden, within 1e-3 */
+    struct sampling_params pp = greedy_params(1);
+    pp.prompt_logprobs = 0;
+    const struct golden_case *lpc = &cs[nc > 5 ? 5 : 0];
+    submit(en, lpc, pp, &r);
+    drain(en);
+    CHECK(r.got_plp, "no prompt logprobs event");
+    CHECK(isnan(r.plp[0]), "position 0 has no log-probability");
+    int bad = 0;
+    for (int i = 1; i < lpc->n_prompt && i < 512; i++)
+        if (fabs(r.plp[i] - cJSON_GetArrayItem(lpc->plp, i)->valuedouble) > 1e-3) bad++;
+    CHECK(bad == 0, "%d prompt logprobs off by more than 1e-3", bad);
+
+    /* abort: a running request and a waiting one both end with reason abort */
+    struct result a1, a2;
+    uint64_t id1 = submit(en, c, greedy_params(40), &a1);
+    engine_step(en);
+    engine_step(en);
+    uint64_t id2 = submit(en, c, greedy_params(40), &a2);
+    engine_abort(en, id1);
+    engine_abort(en, id2);
+    engine_abort(en, 999999); /* unknown ids are ignored */
+    drain(en);
+    CHECK(a1.finish == FINISH_ABORT && a2.finish == FINISH_ABORT && a1.n < 40,
+          "abort: %s %s after %d tokens", finish_reason_name(a1.finish),
+          finish_reason_name(a2.finish), a1.n);
+    check_pool_free(en, "controls", "abort");
+
+    /* invalid requests are refused with the field named */
+    struct engine_request q = {.prompt = c->prompt, .n_prompt = c->n_prompt};
+    sampling_params_default(&q.sp);
+    struct err e = {0};
+    q.sp.top_p = 0;
+    CHECK(engine_submit(en, &q, &e) == 0 && strstr(e.msg, "top_p"), "top_p 0: %s", e.msg);
+    sampling_params_default(&q.sp);
+    q.sp.max_tokens = engine_max_model_len(en);
+    CHECK(engine_submit(en, &q, &e) == 0 && strstr(e.msg, "context length"), "too long: %s",
+          e.msg);
+    sampling_params_default(&q.sp);
+    int32_t bad_id = 1 << 30;
+    q.prompt = &bad_id;
+    q.n_prompt = 1;
+    CHECK(engine_submit(en, &q, &e) == 0 && strstr(e.msg, "vocabulary"), "bad id: %s", e.msg);
+    engine_destroy(en);
+}
+
+static int load_cases(const char *dir, cJSON **root, struct golden_case *cs)
+{
+    char path[4400];
+    snprintf(path, sizeof path, "%s/golden.json", dir);
+    char *s = util_read_file(path, NULL, NULL);
+    *root = s ? cJSON_Parse(s) : NULL;
+    free(s);
+    const cJSON *cases = cJSON_GetObjectItem(*root, "cases");
+    int n = 0;
+    for (const cJSON *c = cases ? cases->child : NULL; c && n < MAX_CASES; c = c->next, n++) {
+        const cJSON *p = cJSON_GetObjectItem(c, "prompt_ids");
+        cs[n].n_prompt = cJSON_GetArraySize(p);
+        cs[n].prompt = xmalloc(sizeof(int32_t) * (size_t)cs[n].n_prompt);
+        int k = 0;
+        for (const cJSON *x = p->child; x; x = x->next) cs[n].prompt[k++] = x->valueint;
+        cs[n].greedy = cJSON_GetObjectItem(c, "greedy_ids");
+        cs[n].steps = cJSON_GetObjectItem(c, "steps");
+        cs[n].plp = cJSON_GetObjectItem(c, "prompt_logprobs");
+    }
+    return n;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3) {
+        fprintf(stderr, "usage: %s PAGODA_BINARY TESTDATA_DIR\n", argv[0]);
+        return 2;
+    }
+    char mdir[4096];
+    snprintf(mdir, sizeof mdir, "%s/models", argv[2]);
+    DIR *d = opendir(mdir);
+    if (!d) {
+        fprintf(stderr, "test data missing: cannot open %s\n", mdir);
+        return 1;
+    }
+    char *names[256];
+    int nn = 0, tested = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && nn < 256)
+        if (de->d_name[0] != '.') names[nn++] = xstrdup(de->d_name);
+    closedir(d);
+    qsort(names, (size_t)nn, sizeof names[0], cmp_str);
+    for (int i = 0; i < nn; i++) {
+        char dir[4200], path[4400];
+        snprintf(dir, sizeof dir, "%s/%s", mdir, names[i]);
+        snprintf(path, sizeof path, "%s/config.json", dir);
+        char *cfg = util_read_file(path, NULL, NULL);
+        cJSON *c = cfg ? cJSON_Parse(cfg) : NULL;
+        free(cfg);
+        const cJSON *ar = cJSON_GetObjectItem(c, "architectures");
+        int ok = 0;
+        for (size_t k = 0; ar && cJSON_IsString(ar->child) && k < 6; k++)
+            ok |= !strcmp(ar->child->valuestring, supported[k]);
+        cJSON_Delete(c);
+        if (!ok) {
+            free(names[i]);
+            continue;
+        }
+        cJSON *root;
+        struct golden_case cs[MAX_CASES];
+        int nc = load_cases(dir, &root, cs);
+        CHECK(nc > 0, "%s: no golden cases", names[i]);
+        int before = test_failures;
+        if (nc > 0) test_model(dir, names[i], cs, nc);
+        if (!strcmp(names[i], "llama-tiny") || !strcmp(names[i], "qwen3-tiny-mlx8"))
+            test_controls(dir, cs, nc);
+        printf("%-24s %s\n", names[i], test_failures == before ? "ok" : "FAILED");
+        tested++;
+        for (int k = 0; k < nc; k++) free(cs[k].prompt);
+        cJSON_Delete(root);
+        free(names[i]);
+    }
+    CHECK(tested >= 12, "only %d model folders tested", tested);
+    TEST_DONE();
+}

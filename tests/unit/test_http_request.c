@@ -1,0 +1,163 @@
+/* Request parsing, error bodies, UTF-8 checks and stop strings of the HTTP server,
+ * without a server: the real tokenizer and chat template of a tiny model. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "http/choice.h"
+#include "http/request.h"
+#include "model/tmpl.h"
+#include "test_util.h"
+
+static struct http_model model;
+
+static int parse(enum http_api api, const char *json, struct http_gen *g, struct http_error *he)
+{
+    cJSON *body = cJSON_Parse(json);
+    memset(he, 0, sizeof *he);
+    int rc = http_gen_parse(api, body, &model, g, he);
+    cJSON_Delete(body);
+    return rc;
+}
+
+static void test_errors(void)
+{
+    struct http_error he = {0};
+    http_error_set(&he, 400, "temperature", "'%s' must be a number", "temperature");
+    char *o = http_error_openai(&he);
+    CHECK(!strcmp(o, "{\"error\":{\"message\":\"'temperature' must be a number\",\"type\":"
+                     "\"invalid_request_error\",\"param\":\"temperature\",\"code\":null}}"),
+          "%s", o);
+    free(o);
+    char *a = http_error_anthropic(&he);
+    CHECK(!strcmp(a, "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\","
+                     "\"message\":\"'temperature' must be a number\"}}"),
+          "%s", a);
+    free(a);
+    CHECK(http_utf8_valid("h\xc3\xa9", 3), "valid");
+    CHECK(!http_utf8_valid("\xc3", 1), "cut");
+    CHECK(!http_utf8_valid("\xc0\xaf", 2), "overlong");
+    CHECK(!http_utf8_valid("\xed\xa0\x80", 3), "surrogate");
+    CHECK(http_utf8_complete("ab\xe2\x82", 4) == 2, "incomplete tail");
+    struct http_buf b = {0};
+    http_buf_json_str(&b, "a\"\n\x01", 4);
+    CHECK(!strcmp(b.p, "\"a\\\"\\n\\u0001\""), "%s", b.p);
+    http_buf_dispose(&b);
+}
+
+static void test_parse(void)
+{
+    struct http_gen g;
+    struct http_error he;
+    CHECK(parse(HTTP_API_CHAT,
+                "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                "\"temperature\":0.5,\"top_k\":5,\"stop\":\"x\",\"n\":2,\"seed\":3,"
+                "\"logprobs\":true,\"top_logprobs\":4}",
+                &g, &he) == 0,
+          "%s", he.msg);
+    CHECK(g.n == 2 && g.n_prompts == 1 && g.sp.temperature == 0.5f && g.sp.top_k == 5, "fields");
+    CHECK(g.n_stop == 1 && !strcmp(g.stop[0], "x") && g.sp.has_seed && g.sp.seed == 3, "stop");
+    CHECK(g.logprobs == 1 && g.top_logprobs == 4 && g.sp.top_logprobs == 4, "logprobs");
+    CHECK(g.sp.max_tokens == model.max_model_len - g.n_prompt[0], "default max %d",
+          g.sp.max_tokens);
+    http_gen_dispose(&g);
+
+    CHECK(parse(HTTP_API_COMPLETIONS, "{\"model\":\"tiny\",\"prompt\":[[1,2],[3]],\"echo\":true}",
+                &g, &he) == 0,
+          "%s", he.msg);
+    CHECK(g.n_prompts == 2 && g.n_prompt[0] == 2 && g.prompts[1][0] == 3, "id prompts");
+    CHECK(g.sp.max_tokens == 16 && g.echo, "completion defaults");
+    http_gen_dispose(&g);
+
+    static const struct {
+        enum http_api api;
+        const char *body;
+        int status;
+        const char *param;
+    } bad[] = {
+        {HTTP_API_CHAT, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"bot\",\"content\":\"x\"}]}",
+         400, "messages[0].role"},
+        {HTTP_API_CHAT,
+         "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],"
+         "\"temperature\":3}",
+         400, "temperature"},
+        {HTTP_API_CHAT, "{\"model\":\"other\",\"messages\":[]}", 404, "model"},
+        {HTTP_API_COMPLETIONS, "{\"model\":\"tiny\",\"prompt\":[1,2048]}", 400, "prompt"},
+        {HTTP_API_COMPLETIONS, "{\"model\":\"tiny\",\"prompt\":\"a\",\"max_tokens\":4096}", 400,
+         "max_tokens"},
+        {HTTP_API_COMPLETIONS, "{\"model\":\"tiny\",\"prompt\":\"a\",\"suffix\":\"b\"}", 400,
+         "suffix"},
+        {HTTP_API_COMPLETIONS, "{\"model\":\"tiny\",\"prompt\":\"a\",\"stop\":[\"\"]}", 400,
+         "stop"},
+        {HTTP_API_MESSAGES,
+         "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}", 400,
+         "max_tokens"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK(parse(bad[i].api, bad[i].body, &g, &he) == -1, "case %zu accepted", i);
+        CHECK(he.status == bad[i].status && !strcmp(he.param, bad[i].param), "case %zu: %d %s (%s)",
+              i, he.status, he.param, he.msg);
+    }
+}
+
+/* Stop strings: held back while they may start, cut on a match, released at the end. */
+static void test_stops(const struct tok *t)
+{
+    const char *text = "Hello world, hello there";
+    int32_t *ids;
+    size_t n;
+    struct err e = {0};
+    CHECK(tok_encode(t, text, strlen(text), 0, &ids, &n, &e) == 0, "%s", e.msg);
+    char *stops[] = {"lo there", "world,"};
+    struct http_choice c;
+    http_choice_init(&c, t, 1, stops, 2);
+    struct http_buf out = {0};
+    int matched = 0;
+    for (size_t i = 0; i < n && !matched; i++) {
+        matched = http_choice_push(&c, ids[i], &out);
+        /* Never a released prefix of a stop string at the end of the output. */
+        CHECK(!out.len || !strstr(out.p, "world"), "released '%s'", out.p);
+    }
+    CHECK(matched && c.stop_index == 1, "matched %d index %d", matched, c.stop_index);
+    CHECK(out.len == 6 && !memcmp(out.p, "Hello ", 6), "'%.*s'", (int)out.len, out.p);
+    http_choice_dispose(&c);
+    http_buf_dispose(&out);
+
+    char *none[] = {"there!"};
+    http_choice_init(&c, t, 1, none, 1);
+    for (size_t i = 0; i < n; i++) CHECK(!http_choice_push(&c, ids[i], &out), "false match");
+    CHECK(out.len < strlen(text), "'there' is held back");
+    http_choice_finish(&c, &out);
+    CHECK(out.len == strlen(text) && !memcmp(out.p, text, out.len), "'%s'", out.p);
+    http_choice_dispose(&c);
+    http_buf_dispose(&out);
+    free(ids);
+}
+
+int main(int argc, char **argv)
+{
+    const char *data = argc > 1 ? argv[1] : "../shared/testdata";
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/models/llama-tiny", data);
+    struct err e = {0};
+    struct tok *t = tok_load(dir, &e);
+    if (!t) {
+        fprintf(stderr, "cannot load %s: %s\n", dir, e.msg);
+        return 1;
+    }
+    char *src = tmpl_load_from_model(dir, NULL, &e);
+    cJSON *vars = tmpl_special_tokens(dir);
+    model = (struct http_model){.name = "tiny",
+                                .tok = t,
+                                .tmpl_src = src,
+                                .tmpl_vars = vars,
+                                .vocab = tok_vocab_size(t),
+                                .max_model_len = 4096};
+    CHECK(model.vocab == 2048, "vocab %d", model.vocab);
+    test_errors();
+    test_parse();
+    test_stops(t);
+    free(src);
+    cJSON_Delete(vars);
+    tok_destroy(t);
+    TEST_DONE();
+}
