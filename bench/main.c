@@ -158,10 +158,13 @@ int main(int argc, char **argv)
     model = o.model ? xstrdup(o.model) : first_model(c, &e);
     if (!model) goto fail;
 
+    /* Each run of a sweep gets its own prompts (a prefix cache must not carry one run's
+     * prompts into the next); the warm-up prompts come after all of them. */
+    int n_runs = o.n_sweep ? o.n_sweep : 1;
     int base = o.num_prompts > 0 ? o.num_prompts : 1000;
     struct dataset_cfg dc = {.kind = o.dataset,
                              .path = o.dataset_path,
-                             .num = base + o.warmup,
+                             .num = base * n_runs + o.warmup,
                              .input_len = o.input_len,
                              .output_len = o.output_len,
                              .range_ratio = o.range_ratio,
@@ -176,7 +179,6 @@ int main(int argc, char **argv)
         dc.output_len = 0;
     if (dataset_build(&dc, &ds, &e)) goto fail;
 
-    int n_runs = o.n_sweep ? o.n_sweep : 1;
     const char *load_name = o.rate_given ? "request rate" : "concurrency";
     struct summary *sums = xcalloc((size_t)n_runs, sizeof *sums);
     cJSON *doc = cJSON_CreateObject();
@@ -184,8 +186,7 @@ int main(int argc, char **argv)
     cJSON *runs_json = o.n_sweep ? cJSON_AddArrayToObject(doc, "runs") : NULL;
     int show = o.progress < 0 ? isatty(2) : o.progress;
     fprintf(stderr, "pagoda-bench: %s %s, model %s, %s, %d prompts\n", o.base_url,
-            o.chat ? "chat" : "completions", model, o.http2 ? "HTTP/2 (h2c)" : "HTTP/1.1",
-            ds.n - o.warmup);
+            o.chat ? "chat" : "completions", model, o.http2 ? "HTTP/2 (h2c)" : "HTTP/1.1", base);
     for (int k = 0; k < n_runs && !run_interrupted; k++) {
         struct run_cfg rc_ = {.path = o.chat ? "/v1/chat/completions" : "/v1/completions",
                               .req = {.chat = o.chat,
@@ -200,7 +201,8 @@ int main(int argc, char **argv)
                               .num_prompts = o.num_prompts,
                               .duration = o.duration,
                               .warmup = o.warmup,
-                              .warmup_base = base,
+                              .warmup_base = base * n_runs,
+                              .first_index = k * base,
                               .timeout = o.timeout,
                               .progress = show,
                               .seed = o.seed};

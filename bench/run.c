@@ -170,7 +170,7 @@ int run_bench(struct hc *c, const struct run_cfg *cfg, const struct dataset *ds,
             return err_set(e, "every warm-up request failed: %s", first);
     }
     R.cfg = cfg;
-    loop(&R, cfg->num_prompts, cfg->rate, cfg->concurrency, cfg->progress, 0);
+    loop(&R, cfg->num_prompts, cfg->rate, cfg->concurrency, cfg->progress, cfg->first_index);
     out->r = xcalloc((size_t)(R.n_res ? R.n_res : 1), sizeof *out->r);
     for (int i = 0; i < R.n_res; i++) {
         out->r[i] = *R.res[i]; /* the record moves; its heap parts go with it */

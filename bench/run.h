@@ -24,6 +24,7 @@ struct run_cfg {
     double duration;      /* s after which no request is sent; 0: none */
     int warmup;           /* unmeasured requests first */
     int warmup_base;      /* the dataset index of the first warm-up prompt */
+    int first_index;      /* the dataset index of the first measured prompt */
     double timeout;       /* per request, s */
     int progress;         /* a live progress line on stderr */
     uint64_t seed;

@@ -211,15 +211,28 @@ void summary_compute(const struct req_result *r, int n, double duration, const s
         }
     }
     for (int b = 0; b < s->n_bins; b++) {
-        /* the last bin may be partial: divide by the time it covers; a sliver of a bin is
-         * too noisy to be the peak */
+        /* the last bin may be partial: divide by the time it covers */
         double width = s->bin_s;
         if (b == s->n_bins - 1 && duration > b * s->bin_s) width = duration - b * s->bin_s;
         s->out_tps[b] /= width;
-        if ((width >= s->bin_s * 0.5 || s->n_bins == 1) &&
-            s->out_tps[b] > s->peak_output_throughput)
-            s->peak_output_throughput = s->out_tps[b];
     }
+    /* Peak: the most output tokens in a whole second (vLLM's definition); runs shorter than a
+     * second have only their average. */
+    int secs = (int)floor(duration);
+    if (secs < 1) s->peak_output_throughput = s->output_throughput;
+    double *per_s = xcalloc((size_t)(secs > 0 ? secs : 1), sizeof *per_s);
+    for (int i = 0; i < n && secs > 0; i++) {
+        const struct req_result *q = &r[i];
+        if (!q->ok || !q->n_chunk_t) continue;
+        double w = (double)req_output_tokens(q) / q->n_chunk_t;
+        for (int j = 0; j < q->n_chunk_t; j++) {
+            int b = (int)floor(q->chunk_t[j]);
+            if (b >= 0 && b < secs) per_s[b] += w;
+        }
+    }
+    for (int b = 0; b < secs; b++)
+        if (per_s[b] > s->peak_output_throughput) s->peak_output_throughput = per_s[b];
+    free(per_s);
 }
 
 static void line(FILE *f, const char *name, double v, int prec)

@@ -58,7 +58,7 @@ struct summary {
     double duration; /* s, first send to last completion */
     long long input_tokens, output_tokens;
     double request_throughput, output_throughput, total_token_throughput; /* per s */
-    double peak_output_throughput; /* the best timeline bin */
+    double peak_output_throughput; /* the most output tokens in one whole second */
     struct dist ttft, tpot, itl, e2el;
     int slo_set, good;
     double goodput;               /* requests/s meeting every objective */
