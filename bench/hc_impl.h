@@ -1,4 +1,4 @@
-/* hc internals shared by the HTTP/1.1 (hc.c) and HTTP/2 (hc_h2.c) halves. */
+/* hc internals shared by the core (hc.c), HTTP/1.1 (hc_h1.c) and HTTP/2 (hc_h2.c) parts. */
 #ifndef PAGODA_BENCH_HC_IMPL_H
 #define PAGODA_BENCH_HC_IMPL_H
 
@@ -69,6 +69,14 @@ int hc_conn_flush(struct hc_conn *k);
 void hc_req_finish(struct hc_req *r, int ok, const char *error);
 /** Frees a finished request unless nghttp2 still holds its stream. */
 void hc_req_release(struct hc_req *r);
+
+/** HTTP/1.1: sends r on k (k becomes busy with it). */
+void hc_h1_send(struct hc_conn *k, struct hc_req *r);
+/** HTTP/1.1: k failed; its request is sent again on a new connection when it saw no response
+ * byte on a reused one, else it fails. k is closed. */
+void hc_h1_conn_failed(struct hc_conn *k, const char *why);
+/** HTTP/1.1: reads what k has and feeds the response parser. */
+void hc_h1_readable(struct hc_conn *k);
 
 int hc_h2_start(struct hc_conn *k, struct err *e);
 int hc_h2_submit(struct hc_conn *k, struct hc_req *r);

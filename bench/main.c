@@ -266,7 +266,10 @@ int main(int argc, char **argv)
         if (sums[k].failed) status = status ? status : 3;
     cJSON_Delete(doc);
     free(sums);
-    if (run_interrupted) fprintf(stderr, "pagoda-bench: interrupted\n");
+    if (run_interrupted) {
+        fprintf(stderr, "pagoda-bench: interrupted\n");
+        status = 130;
+    }
     goto done;
 fail:
     fprintf(stderr, "pagoda-bench: %s\n", e.msg);

@@ -56,7 +56,10 @@ void opts_usage(FILE *f)
 
 static int bad(const char *opt, const char *v, const char *what)
 {
-    fprintf(stderr, "pagoda-bench: %s %s: %s\n", opt, v ? v : "", what);
+    if (v)
+        fprintf(stderr, "pagoda-bench: %s %s: %s\n", opt, v, what);
+    else
+        fprintf(stderr, "pagoda-bench: %s: %s\n", opt, what);
     return -1;
 }
 

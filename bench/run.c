@@ -172,12 +172,17 @@ int run_bench(struct hc *c, const struct run_cfg *cfg, const struct dataset *ds,
     R.cfg = cfg;
     loop(&R, cfg->num_prompts, cfg->rate, cfg->concurrency, cfg->progress, cfg->first_index);
     out->r = xcalloc((size_t)(R.n_res ? R.n_res : 1), sizeof *out->r);
+    int k = 0;
     for (int i = 0; i < R.n_res; i++) {
-        out->r[i] = *R.res[i]; /* the record moves; its heap parts go with it */
+        /* requests cut off by ^C are not failures of the server: leave them out */
+        if (R.res[i]->error && !strcmp(R.res[i]->error, "interrupted"))
+            req_result_dispose(R.res[i]);
+        else
+            out->r[k++] = *R.res[i]; /* the record moves; its heap parts go with it */
         free(R.res[i]);
     }
     free(R.res);
-    out->n = R.n_res;
+    out->n = k;
     out->duration = R.t_last - R.t0;
     out->interrupted = run_interrupted;
     free(R.inflight);
