@@ -1,12 +1,13 @@
-# Thin wrapper over CMake. `make run` serves (for now: generates from) the default model,
-# MODEL=DIR and PROMPT=TEXT pick others;
+# Thin wrapper over CMake. `make run` serves the bundled demo model on PORT (MODEL=DIR picks
+# another); `make generate` prints a completion of PROMPT offline;
 # `make test` sets up, builds and runs every test.
 BUILD ?= build
 JOBS ?= $(shell nproc)
-MODEL ?= ../shared/testdata/models/llama-tiny
-PROMPT ?= Once upon a time
+MODEL ?= models/demo
+PROMPT ?= ROMEO:
+PORT ?= 8080
 
-.PHONY: all setup build run test test-asan test-fuzz bench fmt clean
+.PHONY: all setup build run generate test test-asan test-fuzz bench fmt clean
 
 all: build
 
@@ -20,7 +21,10 @@ build: $(BUILD)/Makefile
 	cmake --build $(BUILD) -j $(JOBS)
 
 run: setup build
-	$(BUILD)/pagoda generate --model $(MODEL) --prompt "$(PROMPT)" -n 32
+	$(BUILD)/pagoda serve --model $(MODEL) --port $(PORT)
+
+generate: setup build
+	$(BUILD)/pagoda generate --model $(MODEL) --prompt "$(PROMPT)" -n 64
 
 test: setup build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)

@@ -6,6 +6,7 @@
  *     0.05 with our token in the golden top 2 (then the paths legitimately diverge);
  *   - while the paths agree, every golden top-5 log-probability within 1e-3 (float32 path);
  *   - prompt log-probabilities within 1e-3.
+ * The bundled models/demo (relative to the working directory) is compared the same way.
  * usage: golden_test_models PAGODA_BINARY TESTDATA_DIR
  */
 #include <cjson/cJSON.h>
@@ -154,6 +155,40 @@ static int check_case(const char *bin, const char *dir, const char *name, int ci
     return fails;
 }
 
+/* Compares one model folder with its golden.json; returns 1 when compared, 0 when skipped. */
+static int check_folder(const char *bin, const char *dir, const char *name)
+{
+    char path[8192];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *cfg = util_read_file(path, NULL, NULL);
+    cJSON *c = cfg ? cJSON_Parse(cfg) : NULL;
+    free(cfg);
+    const cJSON *ar = cJSON_GetObjectItem(c, "architectures");
+    char arch[128];
+    snprintf(arch, sizeof arch, "%s",
+             ar && cJSON_IsString(ar->child) ? ar->child->valuestring : "(none)");
+    int ok = 0;
+    for (size_t k = 0; k < sizeof supported / sizeof supported[0]; k++)
+        ok |= !strcmp(arch, supported[k]);
+    cJSON_Delete(c);
+    if (!ok) {
+        printf("%-24s %s: not a dense architecture of this engine, not compared\n", name, arch);
+        return 0;
+    }
+    snprintf(path, sizeof path, "%s/golden.json", dir);
+    char *gtext = util_read_file(path, NULL, NULL);
+    cJSON *g = gtext ? cJSON_Parse(gtext) : NULL;
+    free(gtext);
+    const cJSON *cases = cJSON_GetObjectItem(g, "cases");
+    CHECK(cJSON_GetArraySize(cases) > 0, "%s: golden.json has no cases", name);
+    int before = test_failures, ci = 0;
+    for (const cJSON *cs = cases ? cases->child : NULL; cs; cs = cs->next, ci++)
+        test_failures += check_case(bin, dir, name, ci, cs);
+    printf("%-24s %-20s %d cases: %s\n", name, arch, ci, test_failures == before ? "ok" : "FAILED");
+    cJSON_Delete(g);
+    return 1;
+}
+
 static int cmp_str(const void *a, const void *b)
 {
     return strcmp(*(char *const *)a, *(char *const *)b);
@@ -181,39 +216,13 @@ int main(int argc, char **argv)
     qsort(names, (size_t)nn, sizeof names[0], cmp_str);
     int tested = 0;
     for (int i = 0; i < nn; i++) {
-        char path[8192], dir[4200];
+        char dir[4200];
         snprintf(dir, sizeof dir, "%s/%s", mdir, names[i]);
-        snprintf(path, sizeof path, "%s/config.json", dir);
-        char *cfg = util_read_file(path, NULL, NULL);
-        cJSON *c = cfg ? cJSON_Parse(cfg) : NULL;
-        free(cfg);
-        const cJSON *ar = cJSON_GetObjectItem(c, "architectures");
-        char arch[128];
-        snprintf(arch, sizeof arch, "%s",
-                 ar && cJSON_IsString(ar->child) ? ar->child->valuestring : "(none)");
-        int ok = 0;
-        for (size_t k = 0; k < sizeof supported / sizeof supported[0]; k++)
-            ok |= !strcmp(arch, supported[k]);
-        cJSON_Delete(c);
-        if (!ok) {
-            printf("%-24s %s: not a dense architecture of this engine, not compared\n", names[i],
-                   arch);
-            continue;
-        }
-        snprintf(path, sizeof path, "%s/golden.json", dir);
-        char *gtext = util_read_file(path, NULL, NULL);
-        cJSON *g = gtext ? cJSON_Parse(gtext) : NULL;
-        free(gtext);
-        const cJSON *cases = cJSON_GetObjectItem(g, "cases");
-        CHECK(cJSON_GetArraySize(cases) > 0, "%s: golden.json has no cases", names[i]);
-        int before = test_failures, ci = 0;
-        for (const cJSON *cs = cases ? cases->child : NULL; cs; cs = cs->next, ci++)
-            test_failures += check_case(argv[1], dir, names[i], ci, cs);
-        printf("%-24s %-20s %d cases: %s\n", names[i], arch, ci,
-               test_failures == before ? "ok" : "FAILED");
-        tested++;
-        cJSON_Delete(g);
+        tested += check_folder(argv[1], dir, names[i]);
     }
+    /* The bundled demo model (tools/train_demo.py wrote its golden with transformers). */
+    CHECK(check_folder(argv[1], "models/demo", "models/demo") == 1,
+          "models/demo is missing or not a dense architecture");
     for (int i = 0; i < nn; i++) free(names[i]);
     /* The reference data holds 12 dense folders (6 architectures, 6 quantized copies). */
     CHECK(tested >= 12, "only %d dense model folders found", tested);
