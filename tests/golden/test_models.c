@@ -6,7 +6,10 @@
  *     0.05 with our token in the golden top 2 (then the paths legitimately diverge);
  *   - while the paths agree, every golden top-5 log-probability within 1e-3 (float32 path);
  *   - prompt log-probabilities within 1e-3.
- * The bundled models/demo (relative to the working directory) is compared the same way.
+ * The bundled models/demo (relative to the working directory) is compared the same way, and
+ * so is every variant under tests/golden/variants (rope scalings, nvfp4), assembled in a
+ * temporary folder from its config.json, golden.json and weights with the tokenizer (and,
+ * without its own weights, the weights) of the reference model its golden names as `base`.
  * usage: golden_test_models PAGODA_BINARY TESTDATA_DIR
  */
 #include <cjson/cJSON.h>
@@ -15,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/util.h"
 #include "test_util.h"
@@ -189,6 +193,39 @@ static int check_folder(const char *bin, const char *dir, const char *name)
     return 1;
 }
 
+/* Builds a variant's folder under tmp (links to its files and the base model's); returns 1
+ * when compared. */
+static int check_variant(const char *bin, const char *mdir, const char *vdir, const char *name,
+                         const char *tmp)
+{
+    char path[8192], dir[4400];
+    snprintf(path, sizeof path, "%s/golden.json", vdir);
+    char *g = util_read_file(path, NULL, NULL);
+    cJSON *j = g ? cJSON_Parse(g) : NULL;
+    free(g);
+    const cJSON *base = cJSON_GetObjectItem(j, "base");
+    if (!cJSON_IsString(base)) {
+        CHECK(0, "%s: golden.json names no base model", name);
+        cJSON_Delete(j);
+        return 0;
+    }
+    snprintf(dir, sizeof dir, "%s/%s", tmp, name);
+    const char *fmt =
+        "mkdir -p '%s' && for f in '%s/%s'/*; do ln -sf \"$(realpath \"$f\")\" "
+        "'%s'/; done && for f in '%s'/*; do ln -sf \"$(realpath \"$f\")\" '%s'/; done";
+    int len = snprintf(NULL, 0, fmt, dir, mdir, base->valuestring, dir, vdir, dir);
+    char *cmd = xmalloc((size_t)len + 1);
+    snprintf(cmd, (size_t)len + 1, fmt, dir, mdir, base->valuestring, dir, vdir, dir);
+    cJSON_Delete(j);
+    int rc = system(cmd);
+    free(cmd);
+    if (rc != 0) {
+        CHECK(0, "%s: cannot assemble the variant folder", name);
+        return 0;
+    }
+    return check_folder(bin, dir, name);
+}
+
 static int cmp_str(const void *a, const void *b)
 {
     return strcmp(*(char *const *)a, *(char *const *)b);
@@ -224,6 +261,26 @@ int main(int argc, char **argv)
     CHECK(check_folder(argv[1], "models/demo", "models/demo") == 1,
           "models/demo is missing or not a dense architecture");
     for (int i = 0; i < nn; i++) free(names[i]);
+
+    /* Variants with goldens of their own. */
+    char tmp[] = "/tmp/pagoda-variants-XXXXXX";
+    int variants = 0;
+    d = opendir("tests/golden/variants");
+    CHECK(d && mkdtemp(tmp), "tests/golden/variants or a temporary folder is missing");
+    while (d && (de = readdir(d))) {
+        char vdir[4200];
+        snprintf(vdir, sizeof vdir, "tests/golden/variants/%s", de->d_name);
+        char gp[4400];
+        snprintf(gp, sizeof gp, "%s/golden.json", vdir);
+        if (de->d_name[0] == '.' || access(gp, R_OK) != 0) continue;
+        variants += check_variant(argv[1], mdir, vdir, de->d_name, tmp);
+    }
+    if (d) closedir(d);
+    char rm[256];
+    snprintf(rm, sizeof rm, "rm -rf '%s'", tmp);
+    if (system(rm) != 0) fprintf(stderr, "could not remove %s\n", tmp);
+    CHECK(variants == 4, "%d variants compared, want 4", variants);
+
     /* The reference data holds 12 dense folders (6 architectures, 6 quantized copies). */
     CHECK(tested >= 12, "only %d dense model folders found", tested);
     TEST_DONE();
