@@ -24,7 +24,8 @@ static void usage_generate(FILE *f)
                "  --ignore-eos      do not stop at the end-of-sequence token\n"
                "  --top-logprobs K  alternatives reported per step with --json (default 5)\n"
                "  --json            one JSON object: prompt_ids, ids, logprobs, top_logprobs\n"
-               "  --threads N       compute threads (default: one per core)\n");
+               "  --threads N       compute threads (default: one per core)\n"
+               "  --device D        cpu, cuda or cuda:N (default: cuda when a GPU is present)\n");
 }
 
 static void print_ids(const char *key, const int32_t *ids, size_t n)
@@ -36,7 +37,7 @@ static void print_ids(const char *key, const int32_t *ids, size_t n)
 
 int cli_generate(int argc, char **argv)
 {
-    const char *dir = NULL, *prompt = NULL, *prompt_ids = NULL;
+    const char *dir = NULL, *prompt = NULL, *prompt_ids = NULL, *device = NULL;
     long n_gen = 32, top_k = 5, threads = 0, seed = -1;
     double temperature = 0.8;
     int json = 0, ignore_eos = 0;
@@ -51,10 +52,13 @@ int cli_generate(int argc, char **argv)
             ignore_eos = 1;
         } else if (!strcmp(a, "--model") || !strcmp(a, "--prompt") || !strcmp(a, "--prompt-ids") ||
                    !strcmp(a, "-n") || !strcmp(a, "--temperature") || !strcmp(a, "--seed") ||
-                   !strcmp(a, "--top-logprobs") || !strcmp(a, "--threads")) {
+                   !strcmp(a, "--top-logprobs") || !strcmp(a, "--threads") ||
+                   !strcmp(a, "--device")) {
             if (!(v = arg_value(argc, argv, &i))) return 2;
             if (!strcmp(a, "--model"))
                 dir = v;
+            else if (!strcmp(a, "--device"))
+                device = v;
             else if (!strcmp(a, "--prompt"))
                 prompt = v;
             else if (!strcmp(a, "--prompt-ids"))
@@ -114,7 +118,7 @@ int cli_generate(int argc, char **argv)
     struct runner r;
     int max_ctx = (int)(n_prompt + (size_t)n_gen + 1);
     int chunk = n_prompt < PREFILL_CHUNK ? (int)n_prompt : PREFILL_CHUNK;
-    if (runner_open(&r, dir, (int)threads, 1, max_ctx, chunk, 1)) {
+    if (runner_open(&r, dir, device, (int)threads, 1, max_ctx, chunk, 1)) {
         free(ids);
         tok_destroy(tok);
         return 1;
@@ -205,20 +209,24 @@ out:
 
 int cli_score(int argc, char **argv)
 {
-    const char *dir = NULL, *prompt_ids = NULL;
+    const char *dir = NULL, *prompt_ids = NULL, *device = NULL;
     long threads = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: pagoda score --model DIR --prompt-ids \"1 2 3\" [--json] [--threads N]\n"
+                   "         [--device cpu|cuda|cuda:N]\n"
                    "  prints {\"prompt_logprobs\": [null, ...]}: log p(id[i] | id[:i])\n");
             return 0;
         } else if (!strcmp(a, "--json")) {
             /* the only output format */
-        } else if (!strcmp(a, "--model") || !strcmp(a, "--prompt-ids") || !strcmp(a, "--threads")) {
+        } else if (!strcmp(a, "--model") || !strcmp(a, "--prompt-ids") || !strcmp(a, "--threads") ||
+                   !strcmp(a, "--device")) {
             if (!(v = arg_value(argc, argv, &i))) return 2;
             if (!strcmp(a, "--model"))
                 dir = v;
+            else if (!strcmp(a, "--device"))
+                device = v;
             else if (!strcmp(a, "--prompt-ids"))
                 prompt_ids = v;
             else if (arg_int(a, v, 1, 1024, &threads))
@@ -242,7 +250,7 @@ int cli_score(int argc, char **argv)
     }
     int chunk = n < 256 ? (int)n : 256;
     struct runner r;
-    if (runner_open(&r, dir, (int)threads, 1, (int)n, chunk, chunk)) {
+    if (runner_open(&r, dir, device, (int)threads, 1, (int)n, chunk, chunk)) {
         free(ids);
         return 1;
     }
