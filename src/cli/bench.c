@@ -19,7 +19,13 @@
 
 /* ---- make-model ---- */
 
-enum fill_kind { FILL_BF16_UNIFORM, FILL_BF16_CONST, FILL_RANDOM_BITS, FILL_U8_CONST };
+enum fill_kind {
+    FILL_BF16_UNIFORM,
+    FILL_BF16_CONST,
+    FILL_RANDOM_BITS,
+    FILL_U8_CONST,
+    FILL_FP8_RANDOM /* random e4m3 codes, never the NaN codes 0x7f / 0xff */
+};
 
 struct fill {
     enum fill_kind kind;
@@ -60,11 +66,17 @@ static void fill_cb(void *ctx, uint8_t *buf, size_t off, size_t n)
     case FILL_U8_CONST:
         memset(buf, f->byte, n);
         break;
+    case FILL_FP8_RANDOM:
+        for (size_t i = 0; i < n; i++) {
+            uint8_t b = (uint8_t)(mix(f->seed + off + i) >> 24);
+            buf[i] = (b & 0x7f) == 0x7f ? (uint8_t)(b ^ 1) : b;
+        }
+        break;
     }
 }
 
 struct mm_spec {
-    const char *format; /* bf16 | mlx4 | mlx8 | mxfp4 */
+    const char *format; /* bf16 | mlx4 | mlx8 | mxfp4 | mxfp8 */
     int bits, group;
 };
 
@@ -83,7 +95,8 @@ static void add_linear(struct st_writer *w, struct fill **pool, int *np, const c
         st_writer_add(w, name, ST_BF16, 2, shape, fill_cb, fw);
         return;
     }
-    *fw = (struct fill){FILL_RANDOM_BITS, seed, 0, 0};
+    *fw = (struct fill){!strcmp(f->format, "mxfp8") ? FILL_FP8_RANDOM : FILL_RANDOM_BITS, seed, 0,
+                        0};
     int64_t wshape[2] = {n, k * f->bits / 32}, sshape[2] = {n, k / f->group};
     st_writer_add(w, name, ST_U32, 2, wshape, fill_cb, fw);
     struct fill *fs = &(*pool)[(*np)++];
@@ -91,6 +104,12 @@ static void add_linear(struct st_writer *w, struct fill **pool, int *np, const c
     if (!strcmp(f->format, "mxfp4")) {
         /* e2m1 magnitudes reach 6: a scale of 2^round(log2(a / 3)) keeps |w| near a. */
         *fs = (struct fill){FILL_U8_CONST, 0, 0, (uint8_t)(127 + (int)lrintf(log2f(a / 3.0f)))};
+        st_writer_add(w, name, ST_U8, 2, sshape, fill_cb, fs);
+        return;
+    }
+    if (!strcmp(f->format, "mxfp8")) {
+        /* random e4m3 codes have magnitudes of about 128 (RMS): scale them down to a */
+        *fs = (struct fill){FILL_U8_CONST, 0, 0, (uint8_t)(127 + (int)lrintf(log2f(a / 128.0f)))};
         st_writer_add(w, name, ST_U8, 2, sshape, fill_cb, fs);
         return;
     }
@@ -137,7 +156,8 @@ static int make_model(int argc, char **argv)
     if (!out) {
         fprintf(stderr,
                 "usage: pagoda bench make-model --arch llama|qwen3 --hidden H --layers L "
-                "--heads A --kv-heads K --ffn F --vocab V --format bf16|mlx4|mlx8|mxfp4 OUT\n");
+                "--heads A --kv-heads K --ffn F --vocab V --format bf16|mlx4|mlx8|mxfp4|mxfp8 "
+                "OUT\n");
         return 2;
     }
     int qwen3 = !strcmp(arch, "qwen3");
@@ -154,8 +174,11 @@ static int make_model(int argc, char **argv)
         f = (struct mm_spec){"mlx8", 8, 64};
     else if (!strcmp(format, "mxfp4"))
         f = (struct mm_spec){"mxfp4", 4, 32};
+    else if (!strcmp(format, "mxfp8"))
+        f = (struct mm_spec){"mxfp8", 8, 32};
     else {
-        fprintf(stderr, "pagoda bench make-model: --format must be bf16, mlx4, mlx8 or mxfp4\n");
+        fprintf(stderr,
+                "pagoda bench make-model: --format must be bf16, mlx4, mlx8, mxfp4 or mxfp8\n");
         return 2;
     }
     if (H % A || A % K || (f.group && (H % f.group || F % f.group))) {
@@ -247,7 +270,8 @@ static int make_model(int argc, char **argv)
             cJSON *q = cJSON_AddObjectToObject(c, i ? "quantization_config" : "quantization");
             cJSON_AddNumberToObject(q, "group_size", f.group);
             cJSON_AddNumberToObject(q, "bits", f.bits);
-            if (!strcmp(f.format, "mxfp4")) cJSON_AddStringToObject(q, "mode", "mxfp4");
+            if (!strcmp(f.format, "mxfp4") || !strcmp(f.format, "mxfp8"))
+                cJSON_AddStringToObject(q, "mode", f.format);
         }
     }
     char *text = cJSON_Print(c);
