@@ -13,7 +13,7 @@
 #include "kernels/cuda/cuda.cuh"
 
 #define ATT_WARPS 4
-#define ATT_HG 4 /* query heads per block */
+#define ATT_HG    4 /* query heads per block */
 
 __global__ void k_kv_store(__nv_bfloat16 *kc, __nv_bfloat16 *vc, const float *__restrict__ k,
                            const float *__restrict__ v, const int32_t *__restrict__ slot, int row)
@@ -59,8 +59,7 @@ static __device__ __forceinline__ void load_row(const __nv_bfloat16 *p, float *o
     }
 }
 
-template <int DPL>
-__global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(cu_attn_args a)
+template <int DPL> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(cu_attn_args a)
 {
     const int D = DPL * 32;
     const int t = blockIdx.x;
@@ -86,9 +85,9 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(cu_attn_args a)
 #pragma unroll
         for (int j = 0; j < DPL; j++) {
             acc[hh][j] = 0.0f;
-            q[hh][j] = hh < nh ? a.q[((int64_t)t * a.n_heads + h0 + hh) * D + lane * DPL + j] *
-                                     a.scale
-                               : 0.0f;
+            q[hh][j] = hh < nh
+                           ? a.q[((int64_t)t * a.n_heads + h0 + hh) * D + lane * DPL + j] * a.scale
+                           : 0.0f;
         }
     }
     const int32_t *bt = a.block_table + (int64_t)s * a.max_blocks;

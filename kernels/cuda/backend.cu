@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 extern "C" {
 #include "model/backend.h"
@@ -25,8 +26,8 @@ int backend_cuda_device_count(void);
 #include "kernels/cuda/cuda.cuh"
 
 #define CU_GRAPH_MAX_TOKENS 512
-#define CU_GRAPHS 16
-#define CU_WORKSPACE (32u << 20)
+#define CU_GRAPHS           16
+#define CU_WORKSPACE        (32u << 20)
 
 void cu_fatal(const char *what, const char *msg, const char *file, int line)
 {
@@ -47,7 +48,13 @@ enum opk {
     OP_SOFTCAP,
     OP_GATHER,
     OP_ARGMAX,
+    OP_GEMV,    /* m <= CU_GEMV_MAX_M: one or more matrices over the same x, maybe paired */
+    OP_ADD_RMS, /* add followed by rms_norm of the sum */
 };
+
+static const char *const op_names[] = {
+    "embed",   "gemm", "add_bias", "rms_norm",    "rope",   "kv_store", "attention",
+    "act_mul", "add",  "softcap",  "gather_rows", "argmax", "gemv",     "add+rms_norm"};
 
 /* One recorded operation. Zeroed before filling so that tapes compare with memcmp. */
 struct op {
@@ -58,7 +65,16 @@ struct op {
     const void *p[4];
     dweight w;
     cu_attn_args att;
+    cu_gemv_set gs;
 };
+
+/* Per-operation device time, when PAGODA_CUDA_PROFILE=1 (operations run eagerly). */
+struct prof_ent {
+    char name[64];
+    double ms;
+    long calls;
+};
+#define PROF_MAX 96
 
 struct graph_entry {
     op *ops;
@@ -96,6 +112,16 @@ struct cu_ctx {
     graph_entry graphs[CU_GRAPHS];
     uint64_t clock;
     int graphs_on;
+    int fuse; /* merge neighbouring operations (PAGODA_CUDA_FUSE=0: off) */
+
+    /* profiling */
+    int prof;
+    cudaEvent_t *ev;
+    int ev_cap;
+    prof_ent pe[PROF_MAX];
+    int n_pe;
+    double prof_wall, prof_kernels;
+    long prof_steps;
 
     /* weights: device descriptors and allocations */
     dweight **wdesc;
@@ -157,7 +183,108 @@ static void exec_op(cu_ctx *c, const op *o)
     case OP_ARGMAX:
         cu_argmax(s, (int32_t *)o->p[0], (const float *)o->p[1], o->i[0], o->i[1]);
         break;
+    case OP_GEMV:
+        cu_gemv_multi(s, o->gs, (const float *)o->p[1], o->i[0]);
+        break;
+    case OP_ADD_RMS:
+        cu_add_rms_norm(s, (float *)o->p[0], (float *)o->p[1], (const float *)o->p[2],
+                        (const float *)o->p[3], o->i[0], o->i[1], o->f[0]);
+        break;
     }
+}
+
+static void op_label(const op *o, char *buf, size_t n)
+{
+    switch (o->kind) {
+    case OP_GEMV: {
+        char f[16];
+        snprintf(f, sizeof f, "%s%d", o->gs.w[0].fmt == DF_BF16 ? "bf16" : "q", o->gs.w[0].bits);
+        snprintf(buf, n, "gemv %s %s%lldx%lld m<=%d", f,
+                 o->gs.pair     ? "gate+up+act "
+                 : o->gs.nw > 1 ? "fused "
+                                : "",
+                 (long long)o->gs.row_end[o->gs.nw - 1] * (o->gs.pair ? 2 : 1),
+                 (long long)o->gs.w[0].k,
+                 o->i[0] == 1   ? 1
+                 : o->i[0] <= 4 ? 4
+                                : 8);
+        break;
+    }
+    case OP_MATMUL:
+        snprintf(buf, n, "gemm %s %lldx%lld", o->w.fmt == DF_BF16 ? "bf16/cuBLASLt" : "tensor-core",
+                 (long long)o->w.n, (long long)o->w.k);
+        break;
+    case OP_ATTN:
+        snprintf(buf, n, "attention (%s, %d splits)", o->att.n_tokens > 256 ? "prefill" : "decode",
+                 o->att.splits);
+        break;
+    default:
+        snprintf(buf, n, "%s", op_names[o->kind]);
+    }
+}
+
+static void prof_add(cu_ctx *c, const char *name, double ms)
+{
+    int i = 0;
+    while (i < c->n_pe && strcmp(c->pe[i].name, name)) i++;
+    if (i == c->n_pe) {
+        if (c->n_pe == PROF_MAX) return;
+        snprintf(c->pe[c->n_pe++].name, sizeof c->pe[0].name, "%s", name);
+    }
+    c->pe[i].ms += ms;
+    c->pe[i].calls++;
+}
+
+/* Runs the tape eagerly with an event pair around every operation. */
+static void exec_profiled(cu_ctx *c)
+{
+    if (2 * c->n_ops > c->ev_cap) {
+        for (int i = 0; i < c->ev_cap; i++) CU(cudaEventDestroy(c->ev[i]));
+        free(c->ev);
+        c->ev_cap = 2 * c->n_ops;
+        c->ev = (cudaEvent_t *)malloc(sizeof(cudaEvent_t) * (size_t)c->ev_cap);
+        for (int i = 0; i < c->ev_cap; i++) CU(cudaEventCreate(&c->ev[i]));
+    }
+    CU(cudaStreamSynchronize(c->st));
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < c->n_ops; i++) {
+        CU(cudaEventRecord(c->ev[2 * i], c->st));
+        exec_op(c, &c->tape[i]);
+        CU(cudaEventRecord(c->ev[2 * i + 1], c->st));
+    }
+    CU(cudaStreamSynchronize(c->st));
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    c->prof_wall += (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    c->prof_steps++;
+    for (int i = 0; i < c->n_ops; i++) {
+        float ms = 0;
+        CU(cudaEventElapsedTime(&ms, c->ev[2 * i], c->ev[2 * i + 1]));
+        char name[64];
+        op_label(&c->tape[i], name, sizeof name);
+        prof_add(c, name, ms);
+        c->prof_kernels += ms;
+    }
+}
+
+static int cmp_pe(const void *a, const void *b)
+{
+    double x = ((const prof_ent *)a)->ms, y = ((const prof_ent *)b)->ms;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static void prof_report(cu_ctx *c)
+{
+    if (!c->prof || !c->prof_steps) return;
+    qsort(c->pe, (size_t)c->n_pe, sizeof c->pe[0], cmp_pe);
+    fprintf(stderr, "\ncuda profile: %ld flushes, %.2f ms wall, %.2f ms in operations (%.1f%%)\n",
+            c->prof_steps, c->prof_wall, c->prof_kernels, 100.0 * c->prof_kernels / c->prof_wall);
+    fprintf(stderr, "%-48s %8s %10s %10s %6s\n", "operation", "calls", "total ms", "us/call",
+            "share");
+    for (int i = 0; i < c->n_pe; i++)
+        fprintf(stderr, "%-48s %8ld %10.2f %10.2f %5.1f%%\n", c->pe[i].name, c->pe[i].calls,
+                c->pe[i].ms, 1e3 * c->pe[i].ms / (double)c->pe[i].calls,
+                100.0 * c->pe[i].ms / c->prof_kernels);
 }
 
 static void graphs_clear(cu_ctx *c)
@@ -215,7 +342,9 @@ static void flush(cu_ctx *c)
 {
     if (!c->n_ops) return;
     CU(cudaSetDevice(c->dev));
-    if (c->graph_step && c->graphs_on) {
+    if (c->prof) {
+        exec_profiled(c);
+    } else if (c->graph_step && c->graphs_on) {
         graph_entry *g = graph_find(c);
         if (!g) g = graph_capture(c);
         g->last_use = ++c->clock;
@@ -325,9 +454,10 @@ static int cu_weight_prepare(void *ctx, struct qweight *w, struct err *e)
     d.n = w->n;
     d.k = w->k;
     d.row_bytes = (int64_t)w->row_bytes;
-    d.sdtype = w->sdtype == ST_BF16 ? DS_BF16 : w->sdtype == ST_F16 ? DS_F16
-                                            : w->sdtype == ST_F32 ? DS_F32
-                                                                  : DS_U8;
+    d.sdtype = w->sdtype == ST_BF16  ? DS_BF16
+               : w->sdtype == ST_F16 ? DS_F16
+               : w->sdtype == ST_F32 ? DS_F32
+                                     : DS_U8;
     size_t data = (size_t)w->n * w->row_bytes, groups = 0, ssz = 0;
     if (w->scales) {
         groups = (size_t)(w->n * (w->k / w->group));
@@ -341,8 +471,9 @@ static int cu_weight_prepare(void *ctx, struct qweight *w, struct err *e)
         cudaGetLastError();
         size_t fr = 0, tot = 0;
         cudaMemGetInfo(&fr, &tot);
-        return err_set(e, "cuda:%d: out of device memory for a %lld x %lld weight (%zu bytes, %zu "
-                          "free of %zu)",
+        return err_set(e,
+                       "cuda:%d: out of device memory for a %lld x %lld weight (%zu bytes, %zu "
+                       "free of %zu)",
                        c->dev, (long long)w->n, (long long)w->k, total, fr, tot);
     }
     CU(cudaMemcpy(p, w->w, data, cudaMemcpyHostToDevice));
@@ -448,13 +579,45 @@ static void cu_embed_op(void *ctx, float *out, const struct qweight *table,
     o->f[0] = scale;
 }
 
+/* The last recorded operation when it is of `kind`, else NULL. */
+static op *last_op(cu_ctx *c, int kind)
+{
+    if (!c->fuse || !c->n_ops || c->tape[c->n_ops - 1].kind != kind) return NULL;
+    return &c->tape[c->n_ops - 1];
+}
+
 static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweight *w, int m)
 {
     cu_ctx *c = (cu_ctx *)ctx;
     const dweight &d = dw(w);
+    if (m <= CU_GEMV_MAX_M && cu_gemv_fast(d)) {
+        /* Another matrix over the same x as the previous product: one launch for both. */
+        op *p = last_op(c, OP_GEMV);
+        if (p && !p->gs.pair && p->gs.nw < 3 && p->p[1] == x && p->i[0] == m && (void *)y != x) {
+            int ok = 1;
+            for (int i = 0; i < p->gs.nw; i++) ok &= p->gs.y[i] != y && (void *)p->gs.y[i] != x;
+            cu_gemv_set g = p->gs;
+            g.w[g.nw] = d;
+            g.y[g.nw] = y;
+            g.row_end[g.nw] = g.row_end[g.nw - 1] + d.n;
+            g.nw++;
+            if (ok && cu_gemv_set_ok(g)) {
+                p->gs = g;
+                return;
+            }
+        }
+        op *o = record(c, OP_GEMV);
+        o->p[1] = x;
+        o->i[0] = m;
+        o->gs.w[0] = d;
+        o->gs.y[0] = y;
+        o->gs.row_end[0] = d.n;
+        o->gs.nw = 1;
+        return;
+    }
     if (m > CU_GEMV_MAX_M && d.fmt == DF_BF16)
-        c->xb = (__nv_bfloat16 *)grow(c, c->xb, &c->xb_cap, sizeof(__nv_bfloat16) * (size_t)m *
-                                                                 (size_t)d.k);
+        c->xb = (__nv_bfloat16 *)grow(c, c->xb, &c->xb_cap,
+                                      sizeof(__nv_bfloat16) * (size_t)m * (size_t)d.k);
     op *o = record(c, OP_MATMUL);
     o->p[0] = y;
     o->p[1] = x;
@@ -471,10 +634,26 @@ static void cu_add_bias_op(void *ctx, float *y, const float *bias, int m, int n)
     o->i[1] = n;
 }
 
-static void cu_rms_norm_op(void *ctx, float *out, const float *x, const float *w, int rows,
-                           int dim, float eps)
+static void cu_rms_norm_op(void *ctx, float *out, const float *x, const float *w, int rows, int dim,
+                           float eps)
 {
-    op *o = record((cu_ctx *)ctx, OP_RMS);
+    cu_ctx *c = (cu_ctx *)ctx;
+    /* x += y just recorded: the norm of the sum reads it in the same kernel. */
+    op *p = last_op(c, OP_ADD);
+    if (p && p->p[0] == x && p->n == (int64_t)rows * dim) {
+        const void *y = p->p[1];
+        memset(p, 0, sizeof *p);
+        p->kind = OP_ADD_RMS;
+        p->p[0] = out;
+        p->p[1] = x;
+        p->p[2] = y;
+        p->p[3] = w;
+        p->i[0] = rows;
+        p->i[1] = dim;
+        p->f[0] = eps;
+        return;
+    }
+    op *o = record(c, OP_RMS);
     o->p[0] = out;
     o->p[1] = x;
     o->p[2] = w;
@@ -542,11 +721,11 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
      * that consecutive decode steps record the same tape. */
     int max_keys = b->max_blocks * g->block_size;
     if (p->window > 0 && p->window < max_keys) max_keys = p->window;
-    a.splits = cu_attn_splits(b->n_tokens, p->n_kv_heads * chunks, max_keys,
-                              c->prop.multiProcessorCount);
+    a.splits =
+        cu_attn_splits(b->n_tokens, p->n_kv_heads * chunks, max_keys, c->prop.multiProcessorCount);
     if (a.splits > 1) {
-        size_t need = sizeof(float) * (size_t)b->n_tokens * p->n_heads * a.splits *
-                      (size_t)(p->head_dim + 2);
+        size_t need =
+            sizeof(float) * (size_t)b->n_tokens * p->n_heads * a.splits * (size_t)(p->head_dim + 2);
         c->part = (float *)grow(c, c->part, &c->part_cap, need);
         a.part = c->part;
     }
@@ -557,7 +736,20 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
 static void cu_act_mul_op(void *ctx, float *out, const float *gate, const float *up, int64_t n,
                           enum act_kind act)
 {
-    op *o = record((cu_ctx *)ctx, OP_ACT);
+    cu_ctx *c = (cu_ctx *)ctx;
+    /* gate and up products just recorded as one launch: fuse the activation into it. */
+    op *p = last_op(c, OP_GEMV);
+    if (p && p->gs.nw == 2 && !p->gs.pair && p->gs.y[0] == out && p->gs.y[0] == gate &&
+        p->gs.y[1] == up && p->gs.w[0].n == p->gs.w[1].n && n == (int64_t)p->i[0] * p->gs.w[0].n) {
+        p->gs.pair = 1;
+        p->gs.gelu = act == ACT_GELU_TANH;
+        p->gs.row_end[1] = p->gs.row_end[0];
+        if (cu_gemv_set_ok(p->gs)) return;
+        p->gs.pair = 0;
+        p->gs.gelu = 0;
+        p->gs.row_end[1] = 2 * p->gs.row_end[0];
+    }
+    op *o = record(c, OP_ACT);
     o->p[0] = out;
     o->p[1] = gate;
     o->p[2] = up;
@@ -639,6 +831,9 @@ static void cu_destroy(void *ctx)
 {
     cu_ctx *c = (cu_ctx *)ctx;
     flush(c);
+    prof_report(c);
+    for (int i = 0; i < c->ev_cap; i++) CU(cudaEventDestroy(c->ev[i]));
+    free(c->ev);
     CU(cudaSetDevice(c->dev));
     CU(cudaStreamSynchronize(c->st));
     graphs_clear(c);
@@ -662,28 +857,12 @@ static void cu_destroy(void *ctx)
 }
 
 static const struct backend_ops cuda_ops = {
-    "cuda",
-    2,
-    cu_info,
-    cu_alloc,
-    cu_free,
-    cu_upload,
-    cu_download,
-    cu_weight_prepare,
-    cu_batch_begin,
-    cu_embed_op,
-    cu_matmul_op,
-    cu_add_bias_op,
-    cu_rms_norm_op,
-    cu_rope_op,
-    cu_kv_store_op,
-    cu_attention_op,
-    cu_act_mul_op,
-    cu_add_op,
-    cu_softcap_op,
-    cu_gather_rows_op,
-    cu_argmax_op,
-    cu_destroy,
+    "cuda",         2,           cu_info,        cu_alloc,
+    cu_free,        cu_upload,   cu_download,    cu_weight_prepare,
+    cu_batch_begin, cu_embed_op, cu_matmul_op,   cu_add_bias_op,
+    cu_rms_norm_op, cu_rope_op,  cu_kv_store_op, cu_attention_op,
+    cu_act_mul_op,  cu_add_op,   cu_softcap_op,  cu_gather_rows_op,
+    cu_argmax_op,   cu_destroy,
 };
 
 int backend_cuda_device_count(void)
@@ -720,6 +899,10 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     CU(cudaMalloc(&c->g.workspace, c->g.workspace_bytes));
     const char *env = getenv("PAGODA_CUDA_GRAPHS");
     c->graphs_on = !(env && !strcmp(env, "0"));
+    env = getenv("PAGODA_CUDA_PROFILE");
+    c->prof = env && !strcmp(env, "1");
+    env = getenv("PAGODA_CUDA_FUSE");
+    c->fuse = !(env && !strcmp(env, "0"));
     env = getenv("PAGODA_CUDA_GEMM");
     c->g.no_lt = env && !strcmp(env, "tc");
     be->ops = &cuda_ops;

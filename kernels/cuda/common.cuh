@@ -124,7 +124,7 @@ static __device__ __forceinline__ float dq_elem(const dweight &W, int64_t r, int
  * spanning several groups reads one scale per 16 values (the smallest group).
  */
 template <int FMT, int BITS> struct unit_traits {
-    static constexpr int vals = FMT == DF_F32   ? 4
+    static constexpr int vals = FMT == DF_F32                         ? 4
                                 : BITS == 3 || BITS == 5 || BITS == 6 ? 32
                                                                       : 128 / BITS;
     static constexpr int bytes = vals * BITS / 8;
@@ -146,8 +146,7 @@ static __device__ __forceinline__ float group_bias(const dweight &W, int64_t r, 
 
 /* Decodes unit u of row r into v[vals]. */
 template <int FMT, int BITS>
-static __device__ __forceinline__ void decode_unit(const dweight &W, int64_t r, int64_t u,
-                                                   float *v)
+static __device__ __forceinline__ void decode_unit(const dweight &W, int64_t r, int64_t u, float *v)
 {
     constexpr int V = unit_traits<FMT, BITS>::vals;
     const uint8_t *row = W.w + r * W.row_bytes;

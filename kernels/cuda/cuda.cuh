@@ -21,6 +21,17 @@ bool cu_gemv_fast(const dweight &w);
 /** y[i, r] (row stride ldy) = dot(W row r, x row i) for i < m <= CU_GEMV_MAX_M. */
 void cu_gemv(cudaStream_t s, const dweight &w, const float *x, int m, float *y, int64_t ldy);
 
+/* Up to 3 matrices of one format and k over the same x, in one launch; y[j] is [m, n_j].
+ * pair: 2 matrices of equal n (gate, up): y[0] = act(gate) * up, y[1] = up. */
+struct cu_gemv_set {
+    dweight w[3];
+    float *y[3];
+    int64_t row_end[3]; /* cumulative rows */
+    int nw, pair, gelu;
+};
+bool cu_gemv_set_ok(const cu_gemv_set &g);
+void cu_gemv_multi(cudaStream_t s, const cu_gemv_set &g, const float *x, int m);
+
 /* A cuBLASLt plan of one shape. */
 struct cu_lt_plan {
     int m, n, k;
@@ -51,15 +62,15 @@ void cu_gemm(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, const float *x, i
 /* ---- attention (attention.cu) ---- */
 
 struct cu_attn_args {
-    const float *q;      /* [n_tokens, n_heads, D] */
-    float *out;          /* [n_tokens, n_heads, D] */
+    const float *q;             /* [n_tokens, n_heads, D] */
+    float *out;                 /* [n_tokens, n_heads, D] */
     const __nv_bfloat16 *k, *v; /* [n_blocks, block_size, n_kv_heads, D] */
     const int32_t *pos, *tok_seq, *seq_len, *block_table;
     int n_tokens, n_heads, n_kv_heads, head_dim, block_size, max_blocks;
     float scale, softcap;
     int window;
-    int splits;       /* key ranges per (token, kv head); partials combined after */
-    float *part;      /* [n_tokens, n_heads, splits, D + 2] when splits > 1 */
+    int splits;  /* key ranges per (token, kv head); partials combined after */
+    float *part; /* [n_tokens, n_heads, splits, D + 2] when splits > 1 */
 };
 
 void cu_kv_store(cudaStream_t s, __nv_bfloat16 *kc, __nv_bfloat16 *vc, const float *k,
@@ -79,6 +90,9 @@ void cu_rope(cudaStream_t s, float *x, int rows, int heads, int d, const float *
 void cu_act_mul(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n,
                 int gelu);
 void cu_add(cudaStream_t s, float *x, const float *y, int64_t n);
+/** x += y, then out = rms_norm(x) * w, over rows of dim (out may be y). */
+void cu_add_rms_norm(cudaStream_t s, float *out, float *x, const float *y, const float *w, int rows,
+                     int dim, float eps);
 void cu_add_bias(cudaStream_t s, float *y, const float *bias, int m, int n);
 void cu_softcap(cudaStream_t s, float *x, int64_t n, float cap);
 void cu_gather_rows(cudaStream_t s, float *dst, const float *src, const int32_t *rows, int n,

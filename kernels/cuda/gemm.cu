@@ -24,9 +24,9 @@ static void lt_fatal(cublasStatus_t st, const char *what, const char *file, int 
         if (lt_s_ != CUBLAS_STATUS_SUCCESS) lt_fatal(lt_s_, #call, __FILE__, __LINE__);            \
     } while (0)
 
-#define TM 64
-#define TN 64
-#define TK 64
+#define TM   64
+#define TN   64
+#define TK   64
 #define TPAD 8
 
 struct gemm_smem {
@@ -210,8 +210,8 @@ static cu_lt_plan *lt_plan(cu_gemm_ctx *g, int m, int n, int k)
                                             &g->workspace_bytes, sizeof g->workspace_bytes));
     cublasLtMatmulHeuristicResult_t res;
     int found = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g->lt, p->op, p->a, p->b, p->c, p->c, pref,
-                                                       1, &res, &found);
+    cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(g->lt, p->op, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
     cublasLtMatmulPreferenceDestroy(pref);
     p->m = m;
     p->n = n;

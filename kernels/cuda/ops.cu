@@ -61,6 +61,34 @@ void cu_rms_norm(cudaStream_t s, float *out, const float *x, const float *w, int
     CU_LAUNCHED();
 }
 
+__global__ void k_add_rms_norm(float *out, float *x, const float *y, const float *__restrict__ w,
+                               int dim, float eps)
+{
+    __shared__ float sh[32];
+    float *xr = x + (int64_t)blockIdx.x * dim;
+    const float *yr = y + (int64_t)blockIdx.x * dim;
+    float *o = out + (int64_t)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = xr[i] + yr[i];
+        xr[i] = v;
+        ss = fmaf(v, v, ss);
+    }
+    ss = block_sum(ss, sh);
+    float inv = rsqrtf(ss / (float)dim + eps);
+    /* each thread rereads only the elements it wrote */
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i] * inv * w[i];
+}
+
+void cu_add_rms_norm(cudaStream_t s, float *out, float *x, const float *y, const float *w, int rows,
+                     int dim, float eps)
+{
+    if (rows <= 0) return;
+    int threads = dim >= 1024 ? 1024 : dim >= 256 ? 256 : dim >= 128 ? 128 : 32;
+    k_add_rms_norm<<<(unsigned)rows, threads, 0, s>>>(out, x, y, w, dim, eps);
+    CU_LAUNCHED();
+}
+
 __global__ void k_rope(float *x, int64_t total, int heads, int half, const float *__restrict__ c,
                        const float *__restrict__ sn)
 {
@@ -101,8 +129,7 @@ __global__ void k_act_mul(float *out, const float *gate, const float *up, int64_
     }
 }
 
-void cu_act_mul(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n,
-                int gelu)
+void cu_act_mul(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n, int gelu)
 {
     if (n <= 0) return;
     k_act_mul<<<blocks_for(n, 256), 256, 0, s>>>(out, gate, up, n, gelu);

@@ -95,8 +95,8 @@ static void add_linear(struct st_writer *w, struct fill **pool, int *np, const c
         st_writer_add(w, name, ST_BF16, 2, shape, fill_cb, fw);
         return;
     }
-    *fw = (struct fill){!strcmp(f->format, "mxfp8") ? FILL_FP8_RANDOM : FILL_RANDOM_BITS, seed, 0,
-                        0};
+    *fw =
+        (struct fill){!strcmp(f->format, "mxfp8") ? FILL_FP8_RANDOM : FILL_RANDOM_BITS, seed, 0, 0};
     int64_t wshape[2] = {n, k * f->bits / 32}, sshape[2] = {n, k / f->group};
     st_writer_add(w, name, ST_U32, 2, wshape, fill_cb, fw);
     struct fill *fs = &(*pool)[(*np)++];
@@ -390,7 +390,8 @@ static int bench_decode(int argc, char **argv)
     /* One untimed prefill and decode step (kernel loading, plans, graphs), then the
      * sequence starts over. */
     {
-        for (long i = 0; i < P; i++) prompt[i] = (int32_t)(mix(x + (uint64_t)i) % (uint64_t)c->vocab);
+        for (long i = 0; i < P; i++)
+            prompt[i] = (int32_t)(mix(x + (uint64_t)i) % (uint64_t)c->vocab);
         const int32_t *tp = prompt;
         int cnt = (int)P, a0 = 0, sid = 0;
         runner_step(&r, 1, &sid, &tp, &cnt, &a0);
@@ -448,8 +449,7 @@ static int bench_decode(int argc, char **argv)
                "\"effective_read_gb_s\": %.2f, \"measured_read_gb_s\": %.2f, "
                "\"prefill_gflop_s\": %.1f}\n",
                dir, bi.device, nth, cpu_isa_name(cpu_isa_get()), B, P, G, prefill_tps, decode_tps,
-               med * 1e3,
-               (double)(B * G) / t_decode, step_bytes, eff_bw / 1e9, bw / 1e9,
+               med * 1e3, (double)(B * G) / t_decode, step_bytes, eff_bw / 1e9, bw / 1e9,
                prefill_tps * gflop_tok / 1e9);
     } else {
         printf("model      %s (%s, %.2f GB of weights streamed per decode step)\n", dir,

@@ -56,9 +56,9 @@ struct attn_params {
 
 /* What a backend runs on, for reports and memory planning. */
 struct backend_info {
-    char device[160];  /* "cpu (8 threads)", "NVIDIA H200 (cuda:0, sm_90, 132 SMs)" */
-    size_t mem_total;  /* bytes of the memory the backend allocates from */
-    size_t mem_free;   /* of which free now */
+    char device[160];   /* "cpu (8 threads)", "NVIDIA H200 (cuda:0, sm_90, 132 SMs)" */
+    size_t mem_total;   /* bytes of the memory the backend allocates from */
+    size_t mem_free;    /* of which free now */
     int kv_value_bytes; /* bytes per stored K/V value */
 };
 

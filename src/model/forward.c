@@ -126,8 +126,7 @@ void model_forward(struct model *m, const struct fwd_batch *b, float *logits)
     o->matmul(ctx, m->logits, m->xl, &m->lm_head, b->n_logits);
     if (c->final_softcap > 0)
         o->softcap(ctx, m->logits, (int64_t)b->n_logits * c->vocab, c->final_softcap);
-    if (logits)
-        o->download(ctx, logits, m->logits, sizeof(float) * (size_t)b->n_logits * c->vocab);
+    if (logits) o->download(ctx, logits, m->logits, sizeof(float) * (size_t)b->n_logits * c->vocab);
 }
 
 void model_argmax(struct model *m, int n, int32_t *out)
