@@ -87,22 +87,14 @@ static int parse_bytes(const char *opt, const char *v, size_t *out)
     double x = strtod(v, &end);
     if (errno || end == v || x != x || x < 0) goto bad;
     double mul = 1;
-    if (!strcasecmp(end, "") || !strcasecmp(end, "b"))
-        mul = 1;
-    else if (!strcasecmp(end, "k") || !strcasecmp(end, "kib"))
-        mul = 1024.0;
-    else if (!strcasecmp(end, "m") || !strcasecmp(end, "mib"))
-        mul = 1024.0 * 1024;
-    else if (!strcasecmp(end, "g") || !strcasecmp(end, "gib"))
-        mul = 1024.0 * 1024 * 1024;
-    else if (!strcasecmp(end, "kb"))
-        mul = 1e3;
-    else if (!strcasecmp(end, "mb"))
-        mul = 1e6;
-    else if (!strcasecmp(end, "gb"))
-        mul = 1e9;
-    else
-        goto bad;
+    if (!strcasecmp(end, "") || !strcasecmp(end, "b")) mul = 1;
+    else if (!strcasecmp(end, "k") || !strcasecmp(end, "kib")) mul = 1024.0;
+    else if (!strcasecmp(end, "m") || !strcasecmp(end, "mib")) mul = 1024.0 * 1024;
+    else if (!strcasecmp(end, "g") || !strcasecmp(end, "gib")) mul = 1024.0 * 1024 * 1024;
+    else if (!strcasecmp(end, "kb")) mul = 1e3;
+    else if (!strcasecmp(end, "mb")) mul = 1e6;
+    else if (!strcasecmp(end, "gb")) mul = 1e9;
+    else goto bad;
     x *= mul;
     if (x < 1 || x > 1e15) goto bad;
     *out = (size_t)x;
@@ -148,9 +140,8 @@ int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg)
         const char *v = arg_value(argc, argv, i);
         long x;
         if (!v || arg_int(a, v, 1, k == 2 ? 1024 : INT32_MAX, &x)) return -1;
-        int *dst[] = {&cfg->threads,      &cfg->num_blocks,
-                      &cfg->block_size,   &cfg->max_num_batched_tokens,
-                      &cfg->max_num_seqs, &cfg->max_model_len};
+        int *dst[] = {&cfg->threads,      &cfg->num_blocks,   &cfg->block_size,
+                      &cfg->max_num_batched_tokens, &cfg->max_num_seqs, &cfg->max_model_len};
         *dst[k] = (int)x;
         return 1;
     }
