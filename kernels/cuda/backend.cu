@@ -451,6 +451,13 @@ static int cu_weight_prepare(void *ctx, struct qweight *w, struct err *e)
     }
     d.bits = w->bits;
     d.group = w->group;
+    d.gshift = -1;
+    if (w->group > 0) {
+        d.gpr = w->k / w->group;
+        if (!(w->group & (w->group - 1)))
+            for (d.gshift = 0; (1 << d.gshift) < w->group; d.gshift++) {
+            }
+    }
     d.n = w->n;
     d.k = w->k;
     d.row_bytes = (int64_t)w->row_bytes;

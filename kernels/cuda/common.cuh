@@ -34,6 +34,8 @@ enum dsc { DS_BF16, DS_F16, DS_F32, DS_U8 };
 /* The device view of one weight matrix (passed by value to kernels). */
 struct dweight {
     int fmt, bits, group, sdtype;
+    int gshift;  /* log2(group) when group is a power of two, else -1 */
+    int64_t gpr; /* groups per row (k / group) */
     int64_t n, k;
     int64_t row_bytes;
     const uint8_t *w;
@@ -93,11 +95,18 @@ static __device__ __forceinline__ uint32_t field(const uint8_t *row, int64_t j, 
     return (v >> (bit & 7)) & ((1u << bits) - 1);
 }
 
+/* Index of the scale of (r, c): shifts for power-of-two groups, no 64-bit division. */
+static __device__ __forceinline__ int64_t group_index(const dweight &W, int64_t r, int64_t c)
+{
+    int gc = W.gshift >= 0 ? (int)c >> W.gshift : (int)c / W.group;
+    return r * W.gpr + gc;
+}
+
 /* Any single element (row r, column c) of any format: embeddings, the generic paths. */
 static __device__ __forceinline__ float dq_elem(const dweight &W, int64_t r, int64_t c)
 {
     const uint8_t *row = W.w + r * W.row_bytes;
-    int64_t gi = W.group ? r * (W.k / W.group) + c / W.group : 0;
+    int64_t gi = W.group ? group_index(W, r, c) : 0;
     switch (W.fmt) {
     case DF_F32:
         return ((const float *)row)[c];
@@ -133,7 +142,7 @@ template <int FMT, int BITS> struct unit_traits {
 /* The scale of value `c` of row r for group-quantized formats. */
 static __device__ __forceinline__ float group_scale(const dweight &W, int64_t r, int64_t c)
 {
-    int64_t gi = r * (W.k / W.group) + c / W.group;
+    int64_t gi = group_index(W, r, c);
     if (W.fmt == DF_AFFINE) return load_scale(W.scales, W.sdtype, gi);
     uint32_t s = ((const uint8_t *)W.scales)[gi];
     return W.fmt == DF_NVFP4 ? fp8(s) : e8m0(s);
@@ -141,7 +150,7 @@ static __device__ __forceinline__ float group_scale(const dweight &W, int64_t r,
 
 static __device__ __forceinline__ float group_bias(const dweight &W, int64_t r, int64_t c)
 {
-    return load_scale(W.biases, W.sdtype, r * (W.k / W.group) + c / W.group);
+    return load_scale(W.biases, W.sdtype, group_index(W, r, c));
 }
 
 /* Decodes unit u of row r into v[vals]. */
