@@ -215,8 +215,7 @@ static void op_label(const op *o, char *buf, size_t n)
                  (long long)o->w.n, (long long)o->w.k);
         break;
     case OP_ATTN:
-        snprintf(buf, n, "attention (%s, %d splits)", o->att.n_tokens > 256 ? "prefill" : "decode",
-                 o->att.splits);
+        snprintf(buf, n, "attention (%d tokens, %d splits)", o->att.n_tokens, o->att.splits);
         break;
     default:
         snprintf(buf, n, "%s", op_names[o->kind]);
