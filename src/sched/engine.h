@@ -122,6 +122,8 @@ struct engine_config {
     int block_size;             /* tokens per KV block; 0: 16 */
     int num_blocks;             /* KV blocks; 0: from kv_cache_memory */
     size_t kv_cache_memory;     /* bytes for the KV pool; 0: a default */
+    double gpu_memory_utilization; /* GPU share for weights + activations + KV (0: 0.9);
+                                      sizes the KV pool on a GPU when kv_cache_memory is 0 */
     int max_num_batched_tokens; /* token budget per step; 0: 2048 */
     int max_num_seqs;           /* running requests at most; 0: 256 */
     int max_model_len;          /* 0: the model's context length */
