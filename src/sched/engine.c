@@ -119,6 +119,19 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
     long n_blocks = cfg->num_blocks;
     if (n_blocks <= 0) {
         size_t mem = cfg->kv_cache_memory ? cfg->kv_cache_memory : (size_t)1 << 30;
+        if (!cfg->kv_cache_memory && strcmp(en->be.ops->name, "cpu") != 0 && en->be.ops->info) {
+            /* On a GPU the pool takes what --gpu-memory-utilization leaves once the
+             * weights (already resident) and the step buffers are accounted for. */
+            struct backend_info bi;
+            en->be.ops->info(en->be.ctx, &bi);
+            size_t act = sizeof(float) * (size_t)cfg->max_num_batched_tokens *
+                             (size_t)(3 * mc->hidden + 2 * mc->n_heads * mc->head_dim +
+                                      2 * mc->n_kv_heads * mc->head_dim + 2 * mc->ffn) +
+                         sizeof(float) * 2 * (size_t)(cfg->max_num_seqs + 256) * (size_t)mc->vocab;
+            double util = cfg->gpu_memory_utilization > 0 ? cfg->gpu_memory_utilization : 0.9;
+            mem =
+                backend_kv_budget(&bi, util, model_weight_bytes(en->m) + act + ((size_t)256 << 20));
+        }
         n_blocks = (long)(mem / per_block);
         /* no point in more than every running request at full length */
         long useful = ((long)ctx + en->block_size - 1) / en->block_size * (long)cfg->max_num_seqs;
@@ -149,10 +162,10 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
 
     /* The fingerprint: architecture, shapes, weight bytes and the KV format. */
     char fp[512];
-    int fpn =
-        snprintf(fp, sizeof fp, "%s|%d|%d|%d|%d|%d|%d|%zu|%lld|kv=f32|bs=%d", mc->arch_name,
-                 mc->hidden, mc->n_layers, mc->n_heads, mc->n_kv_heads, mc->head_dim, mc->vocab,
-                 model_weight_bytes(en->m), (long long)model_param_count(en->m), en->block_size);
+    int fpn = snprintf(fp, sizeof fp, "%s|%d|%d|%d|%d|%d|%d|%zu|%lld|kv=%s:%d|bs=%d", mc->arch_name,
+                       mc->hidden, mc->n_layers, mc->n_heads, mc->n_kv_heads, mc->head_dim,
+                       mc->vocab, model_weight_bytes(en->m), (long long)model_param_count(en->m),
+                       en->be.ops->name, en->be.ops->kv_value_bytes, en->block_size);
     kv_pool_init(&en->pool, (int)n_blocks, en->block_size, fp, (size_t)fpn);
 
     int T = cfg->max_num_batched_tokens;
