@@ -47,6 +47,8 @@ struct http_loop {
     h2o_multithread_receiver_t events;  /* engine thread -> this loop: token events */
     h2o_multithread_receiver_t control; /* main thread -> this loop: shutdown stages */
     h2o_linklist_t jobs;                /* struct http_job of this loop */
+    h2o_timeout_t probe_timeout;        /* the client probe's period */
+    h2o_timeout_entry_t probe;          /* looks for HTTP/1.1 clients that hung up */
     int exit;
     pthread_t thread;
 };
@@ -66,6 +68,12 @@ void http_job_start(struct http_loop *l, h2o_req_t *req, enum http_route route, 
 void http_job_on_events(h2o_multithread_receiver_t *r, h2o_linklist_t *messages);
 /** Aborts the engine requests of every job of the loop (shutdown). */
 void http_job_abort_all(struct http_loop *l);
+/**
+ * Aborts the jobs whose HTTP/1.1 client closed its connection before the response started
+ * (h2o reads no HTTP/1.1 socket while a request is handled, so nothing else notices).
+ * Runs every 100 ms on each loop.
+ */
+void http_job_probe_clients(struct http_loop *l);
 
 /** The route handlers; each answers req. */
 int http_routes_dispatch(struct http_loop *l, h2o_req_t *req);

@@ -12,7 +12,9 @@
  */
 #include <math.h>
 #include <stdio.h>
+#include <errno.h>
 #include <stdlib.h>
+#include <sys/socket.h>
 #include <string.h>
 
 #include "common/util.h"
@@ -331,6 +333,23 @@ void http_job_on_events(h2o_multithread_receiver_t *r, h2o_linklist_t *messages)
         process(j, c, evs, n);
         job_flush(j);
         job_release(j);
+    }
+}
+
+void http_job_probe_clients(struct http_loop *l)
+{
+    for (h2o_linklist_t *n = l->jobs.next; n != &l->jobs; n = n->next) {
+        struct http_job *j = H2O_STRUCT_FROM_MEMBER(struct http_job, link, n);
+        if (!j->req || j->complete || j->header_sent || j->req->version >= 0x200) continue;
+        h2o_socket_t *sock = j->req->conn->callbacks->get_socket
+                                 ? j->req->conn->callbacks->get_socket(j->req->conn)
+                                 : NULL;
+        int fd = sock ? h2o_socket_get_fd(sock) : -1;
+        if (fd < 0) continue;
+        char c;
+        ssize_t got = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            abort_choices(j); /* end of stream or a reset: the client is gone */
     }
 }
 

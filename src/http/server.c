@@ -105,6 +105,15 @@ static void *loop_main(void *arg)
     return NULL;
 }
 
+#define PROBE_MS 100
+
+static void on_probe(h2o_timeout_entry_t *entry)
+{
+    struct http_loop *l = H2O_STRUCT_FROM_MEMBER(struct http_loop, probe, entry);
+    http_job_probe_clients(l);
+    h2o_timeout_link(l->loop, &l->probe_timeout, &l->probe);
+}
+
 static int loop_start(struct http_server *s, struct http_loop *l, struct err *e)
 {
     l->srv = s;
@@ -113,6 +122,9 @@ static int loop_start(struct http_server *s, struct http_loop *l, struct err *e)
     h2o_linklist_init_anchor(&l->jobs);
     h2o_multithread_register_receiver(l->ctx.queue, &l->events, http_job_on_events);
     h2o_multithread_register_receiver(l->ctx.queue, &l->control, on_control);
+    h2o_timeout_init(l->loop, &l->probe_timeout, PROBE_MS);
+    l->probe.cb = on_probe;
+    h2o_timeout_link(l->loop, &l->probe_timeout, &l->probe);
     l->accept.ctx = &l->ctx;
     l->accept.hosts = s->conf.hosts;
     l->accept.ssl_ctx = s->ssl;

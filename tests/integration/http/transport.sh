@@ -73,6 +73,20 @@ grep -q '^pagoda_http_requests_total{route="/v1/completions",status="200"} 40[3-
   fail "request counter: $(grep http_requests "$TMP/metrics")"
 grep -q '^pagoda_time_to_first_token_seconds_count [1-9]' "$TMP/metrics" || fail "ttft histogram"
 
+# An HTTP/1.1 client that hangs up on a long non-streaming request: the request is aborted
+# and its KV blocks freed within a moment, not when it would have finished.
+curl -s --http1.1 --max-time 0.5 "$BASE/v1/completions" \
+  -d '{"model":"llama-tiny","prompt":[7,8,9],"max_tokens":4000,"temperature":0,"ignore_eos":true}' \
+  >/dev/null && fail "the long request finished within 0.5 s"
+ok=
+for _ in $(seq 20); do
+  curl -sS "$BASE/metrics" >"$TMP/metrics"
+  if grep -q '^pagoda_requests_finished_total{reason="abort"} 1$' "$TMP/metrics" &&
+    grep -q '^pagoda_kv_blocks{state="used"} 0$' "$TMP/metrics"; then ok=1; break; fi
+  sleep 0.1
+done
+[ -n "$ok" ] || fail "hung-up HTTP/1.1 request not aborted: $(grep -E 'finished_total|kv_blocks' "$TMP/metrics")"
+
 # Graceful shutdown: a stream in flight at SIGTERM still ends with [DONE]; new
 # connections are refused; exit status 0.
 curl -sSN "$BASE/v1/completions" -d '{"model":"llama-tiny","prompt":[5,6,7],"max_tokens":400,"temperature":0,"ignore_eos":true,"stream":true}' >"$TMP/long" &
