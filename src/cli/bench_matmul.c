@@ -45,6 +45,15 @@ int cli_bench_matmul(int argc, char **argv)
             usage(stdout);
             return 0;
         }
+        static const char *const opts[] = {"--format", "--rows",    "--n",
+                                           "--k",      "--threads", "--reps"};
+        int known = 0;
+        for (size_t o = 0; o < sizeof opts / sizeof opts[0]; o++) known |= !strcmp(a, opts[o]);
+        if (!known) {
+            fprintf(stderr, "pagoda bench matmul: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
         if (!(v = arg_value(argc, argv, &i))) return 2;
         int bad = 0;
         if (!strcmp(a, "--format"))
@@ -57,13 +66,8 @@ int cli_bench_matmul(int argc, char **argv)
             bad = arg_int(a, v, 64, 1 << 16, &k);
         else if (!strcmp(a, "--threads"))
             bad = arg_int(a, v, 1, 256, &th);
-        else if (!strcmp(a, "--reps"))
+        else
             bad = arg_int(a, v, 1, 100000, &reps);
-        else {
-            fprintf(stderr, "pagoda bench matmul: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
-        }
         if (bad) return 2;
     }
     int q4 = !strcmp(fmt, "mlx4");
