@@ -20,6 +20,8 @@
 #include "kernels/cpu/impl.h"
 #include "kernels/cpu/quant.h"
 
+int affine4_vnni;
+
 size_t affine4_prep_bytes(const struct qweight *w)
 {
     return (size_t)(w->k / 64) * 128 + (size_t)(w->k / w->group) * 2 * sizeof(float);
@@ -113,97 +115,9 @@ static float bias_dot(const struct qweight *w, int64_t r, const float *xs)
     return s;
 }
 
-#define QMR 4 /* x rows per tile */
+#include "kernels/cpu/affine4_tile.h"
 
-/*
- * Groups [g0, g1) of weight row r against MR prepared x rows: continues the float chains
- * in acc ([i][8], i ldacc floats apart). CPG (64-column chunks per group) is a constant for
- * the common group sizes, 0 for any other (then cpg gives it).
- */
-ALWAYS_INLINE void q4_tile(const struct qweight *w, int64_t r, int64_t g0, int64_t g1,
-                           const uint8_t *xp, size_t stride, const int MR, const int CPG, int cpg,
-                           float *acc, int64_t ldacc, int resume, float *ssx)
-{
-    if (CPG) cpg = CPG;
-    int64_t groups = w->k / w->group, chunks = w->k / 64;
-    const uint8_t *row = w->w + (size_t)r * w->row_bytes;
-    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    const __m256i c256 = _mm256_set1_epi16(256);
-    __m256 tot[QMR];
-    /* ssx[i][g - g0] = s_g * sx_g (the same products as scalar multiplies) */
-    int64_t ng = g1 - g0;
-#pragma GCC unroll 4
-    for (int i = 0; i < MR; i++) {
-        tot[i] = resume ? _mm256_loadu_ps(acc + i * ldacc) : _mm256_setzero_ps();
-        const float *xsc = (const float *)(xp + (size_t)i * stride + chunks * 128) + groups;
-        float *d = ssx + i * ng;
-        int64_t g = g0;
-        if (w->sdtype == ST_BF16) {
-            const uint16_t *sr = (const uint16_t *)w->scales + r * groups;
-            for (; g + 8 <= g1; g += 8)
-                _mm256_storeu_ps(d + (g - g0),
-                                 _mm256_mul_ps(load_bf16(sr + g), _mm256_loadu_ps(xsc + g)));
-        }
-        for (; g < g1; g++)
-            d[g - g0] = quant_load_scale(w->scales, w->sdtype, r * groups + g) * xsc[g];
-    }
-    for (int64_t g = g0; g < g1; g++) {
-        __m256i s[QMR];
-#pragma GCC unroll 4
-        for (int i = 0; i < MR; i++) s[i] = _mm256_setzero_si256();
-        for (int64_t c = g * cpg; c < (g + 1) * cpg; c++) {
-            /* Streams 1 KB ahead: the prefetcher alone leaves the loads waiting. */
-            _mm_prefetch((const char *)(row + c * 32 + 1024), _MM_HINT_T0);
-            __m256i v = _mm256_loadu_si256((const __m256i *)(row + c * 32));
-            __m256i lo = _mm256_and_si256(v, m4);
-            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-#pragma GCC unroll 4
-            for (int i = 0; i < MR; i++) {
-                const __m256i *b = (const __m256i *)(xp + (size_t)i * stride + c * 128);
-                __m256i ph = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(b)),
-                                              _mm256_maddubs_epi16(hi, _mm256_loadu_si256(b + 1)));
-                __m256i pl = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(b + 2)),
-                                              _mm256_maddubs_epi16(hi, _mm256_loadu_si256(b + 3)));
-                /* 256 * hi products + lo products, exact in int32 */
-                s[i] = _mm256_add_epi32(s[i], _mm256_add_epi32(_mm256_madd_epi16(ph, c256),
-                                                               _mm256_madd_epi16(pl, ones)));
-            }
-        }
-#pragma GCC unroll 4
-        for (int i = 0; i < MR; i++)
-            tot[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]),
-                                     _mm256_broadcast_ss(ssx + i * ng + (g - g0)), tot[i]);
-    }
-#pragma GCC unroll 4
-    for (int i = 0; i < MR; i++) _mm256_storeu_ps(acc + i * ldacc, tot[i]);
-}
-
-typedef void (*q4_fn)(const struct qweight *w, int64_t r, int nrows, int64_t g0, int64_t g1,
-                      const uint8_t *xp, size_t stride, int cpg, float *acc, int64_t ldacc,
-                      int resume, float *ssx);
-/* Weight rows [r, r + nrows), their chains 8 floats apart in acc. */
-#define Q4(MR, CPG)                                                                                \
-    static void q4_##MR##_##CPG(const struct qweight *w, int64_t r, int nrows, int64_t g0,         \
-                                int64_t g1, const uint8_t *xp, size_t stride, int cpg, float *acc, \
-                                int64_t ldacc, int resume, float *ssx)                             \
-    {                                                                                              \
-        for (int j = 0; j < nrows; j++)                                                            \
-            q4_tile(w, r + j, g0, g1, xp, stride, MR, CPG, cpg, acc + j * 8, ldacc, resume, ssx);  \
-    }
-Q4(1, 1)
-Q4(1, 2)
-Q4(1, 0)
-Q4(2, 1)
-Q4(2, 2)
-Q4(2, 0)
-Q4(3, 1) Q4(3, 2) Q4(3, 0) Q4(4, 1) Q4(4, 2) Q4(4, 0)
-    /* [MR - 1][groups of 64, of 128, other] */
-    static const q4_fn q4_tab[QMR][3] = {
-        {q4_1_1, q4_1_2, q4_1_0},
-        {q4_2_1, q4_2_2, q4_2_0},
-        {q4_3_1, q4_3_2, q4_3_0},
-        {q4_4_1, q4_4_2, q4_4_0},
-};
+Q4_TABLE(q4_tab, 0)
 
 /* Blocking: up to SMALL_M x rows, whole weight rows (decode); above, blocks
  * of QNB weight rows by panels of about QKC columns (x panel of 4 rows: 4 KB; weight panel:
@@ -219,6 +133,11 @@ void affine4_matmul(const struct qweight *w, int64_t r0, int64_t r1, const uint8
     int cpg = (int)(G / 64), ci = cpg == 1 ? 0 : cpg == 2 ? 1 : 2;
     int small = m <= SMALL_M;
     int nbmax = small ? 16 : QNB;
+#if defined(PAGODA_AVXVNNI)
+    const q4_fn(*tab)[3] = affine4_vnni ? q4_tab_vnni : q4_tab;
+#else
+    const q4_fn(*tab)[3] = q4_tab;
+#endif
     int64_t gpp = small ? groups : (QKC / G > 0 ? QKC / G : 1); /* groups per panel */
     int64_t ldacc = (int64_t)nbmax * 8;
     float *acc = scratch_get(SCRATCH_GEMM_A, (size_t)m * (size_t)ldacc);
@@ -229,8 +148,8 @@ void affine4_matmul(const struct qweight *w, int64_t r0, int64_t r1, const uint8
             int64_t g1 = g0 + gpp < groups ? g0 + gpp : groups;
             for (int i0 = 0; i0 < m; i0 += QMR) {
                 int mr = m - i0 < QMR ? m - i0 : QMR;
-                q4_tab[mr - 1][ci](w, rb, nb, g0, g1, xp + (size_t)i0 * stride, stride, cpg,
-                                   acc + i0 * ldacc, ldacc, g0 > 0, ssx);
+                tab[mr - 1][ci](w, rb, nb, g0, g1, xp + (size_t)i0 * stride, stride, cpg,
+                                acc + i0 * ldacc, ldacc, g0 > 0, ssx);
             }
         }
         for (int i = 0; i < m; i++) {

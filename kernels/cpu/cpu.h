@@ -14,7 +14,9 @@
 #include "common/threadpool.h"
 #include "model/weights.h"
 
-enum cpu_isa { CPU_ISA_PORTABLE, CPU_ISA_AVX2 };
+/* AVXVNNI: the AVX2 kernels, with AVX-VNNI integer dot products where they apply (the same
+ * results as AVX2, bit for bit). */
+enum cpu_isa { CPU_ISA_PORTABLE, CPU_ISA_AVX2, CPU_ISA_AVXVNNI };
 
 /** Detects the best instruction set and fills lookup tables. Call once before any kernel. */
 void cpu_kernels_init(void);

@@ -33,6 +33,9 @@ struct cpu_impl {
 extern const struct cpu_impl cpu_impl_portable;
 #if defined(PAGODA_X86)
 extern const struct cpu_impl cpu_impl_avx2;
+/* Set with CPU_ISA_AVXVNNI: the AVX2 table's affine 4-bit kernel runs its AVX-VNNI tiles
+ * (bitwise the same results). */
+extern int affine4_vnni;
 #endif
 
 /* The table in use. */

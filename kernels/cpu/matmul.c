@@ -16,8 +16,14 @@ int cpu_isa_available(enum cpu_isa isa)
     if (isa == CPU_ISA_PORTABLE) return 1;
 #if defined(PAGODA_X86)
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+               __builtin_cpu_supports("f16c");
+    if (isa == CPU_ISA_AVX2) return avx2;
+#if defined(PAGODA_AVXVNNI)
+    return avx2 && __builtin_cpu_supports("avxvnni");
+#else
+    return 0;
+#endif
 #else
     return 0;
 #endif
@@ -25,7 +31,7 @@ int cpu_isa_available(enum cpu_isa isa)
 
 const char *cpu_isa_name(enum cpu_isa isa)
 {
-    return isa == CPU_ISA_AVX2 ? "avx2" : "portable";
+    return isa == CPU_ISA_AVXVNNI ? "avxvnni" : isa == CPU_ISA_AVX2 ? "avx2" : "portable";
 }
 
 void cpu_isa_set(enum cpu_isa isa)
@@ -33,7 +39,8 @@ void cpu_isa_set(enum cpu_isa isa)
     if (!cpu_isa_available(isa)) isa = CPU_ISA_PORTABLE;
     current_isa = isa;
 #if defined(PAGODA_X86)
-    cpu_impl = isa == CPU_ISA_AVX2 ? &cpu_impl_avx2 : &cpu_impl_portable;
+    cpu_impl = isa != CPU_ISA_PORTABLE ? &cpu_impl_avx2 : &cpu_impl_portable;
+    affine4_vnni = isa == CPU_ISA_AVXVNNI;
 #else
     cpu_impl = &cpu_impl_portable;
 #endif
@@ -50,8 +57,10 @@ void cpu_kernels_init(void)
     const char *force = getenv("PAGODA_CPU_ISA");
     if (force && !strcmp(force, "portable"))
         cpu_isa_set(CPU_ISA_PORTABLE);
-    else
+    else if ((force && !strcmp(force, "avx2")) || !cpu_isa_available(CPU_ISA_AVXVNNI))
         cpu_isa_set(CPU_ISA_AVX2);
+    else
+        cpu_isa_set(CPU_ISA_AVXVNNI);
 }
 
 /* ---- portable kernels ---- */

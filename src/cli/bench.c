@@ -482,7 +482,10 @@ int cli_bench(int argc, char **argv)
     if (argc >= 2 && !strcmp(argv[1], "make-model")) return make_model(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "decode")) return bench_decode(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "tokenize")) return cli_bench_tokenize(argc - 1, argv + 1);
-    if (argc >= 2 && !strcmp(argv[1], "throughput")) return cli_bench_throughput(argc - 1, argv + 1);
-    fprintf(stderr, "usage: pagoda bench make-model ... | decode ... | throughput ... | tokenize ...\n");
+    if (argc >= 2 && !strcmp(argv[1], "throughput"))
+        return cli_bench_throughput(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "matmul")) return cli_bench_matmul(argc - 1, argv + 1);
+    fprintf(stderr, "usage: pagoda bench make-model ... | decode ... | throughput ... | matmul ... "
+                    "| tokenize ...\n");
     return 2;
 }

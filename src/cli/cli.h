@@ -14,6 +14,7 @@ int cli_detokenize(int argc, char **argv);
 /** `pagoda bench tokenize`: argv[0] is "tokenize"; --model DIR --text-file F [--min-seconds S]. */
 int cli_bench_tokenize(int argc, char **argv);
 int cli_bench_throughput(int argc, char **argv);
+int cli_bench_matmul(int argc, char **argv);
 int cli_template(int argc, char **argv);
 /** `pagoda serve`: the HTTP server; returns after SIGTERM / SIGINT. */
 int cli_serve(int argc, char **argv);

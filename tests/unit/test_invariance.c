@@ -177,6 +177,8 @@ int main(void)
         check_invariance(tps, &mt.w, x, fmts[fi].name, CPU_ISA_PORTABLE);
         if (cpu_isa_available(CPU_ISA_AVX2))
             check_invariance(tps, &mt.w, x, fmts[fi].name, CPU_ISA_AVX2);
+        if (cpu_isa_available(CPU_ISA_AVXVNNI))
+            check_invariance(tps, &mt.w, x, fmts[fi].name, CPU_ISA_AVXVNNI);
         free(x);
         mat_free(&mt);
     }

@@ -255,6 +255,14 @@ static void test_matmul_formats(struct threadpool *tp)
                 double es = rel_err_mag(ys, yp, mag, rows * n);
                 CHECK(es < 1e-5, "%s g%d m=%d: avx2 vs portable rel err %g", fmts[fi].name,
                       fmts[fi].group, rows, es);
+                /* AVX-VNNI changes only how exact integer sums are formed: same bits */
+                if (cpu_isa_available(CPU_ISA_AVXVNNI)) {
+                    cpu_isa_set(CPU_ISA_AVXVNNI);
+                    cpu_matmul(tp, yp, x, &m.w, rows);
+                    CHECK(!memcmp(yp, ys, sizeof(float) * (size_t)(rows * n)),
+                          "%s g%d m=%d: avxvnni differs from avx2", fmts[fi].name, fmts[fi].group,
+                          rows);
+                }
             }
             free(x);
             free(yp);

@@ -1,0 +1,135 @@
+/*
+ * bench matmul: times one CPU matrix product y = x . W^T (random bf16 or MLX 4-bit group-64
+ * weights, the shapes of a model's layers) for a given number of x rows, best of repeated
+ * runs: the kernel alone, without the rest of a forward pass.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/args.h"
+#include "cli/cli.h"
+#include "common/threadpool.h"
+#include "common/util.h"
+#include "kernels/cpu/cpu.h"
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static uint32_t next_u32(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static float next_f(void)
+{
+    return (float)(next_u32() % 2000001) / 1000000.0f - 1.0f;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: pagoda bench matmul [--format bf16|mlx4] [--rows M] [--n N] [--k K]\n"
+               "         [--threads T] [--reps R]\n"
+               "  --rows M     x rows (default 16)\n"
+               "  --n N, --k K weight rows and columns (default 8192 x 2048; K a multiple of 64)\n"
+               "  --threads T  (default 2)   --reps R  timed runs, best reported (default 20)\n");
+}
+
+int cli_bench_matmul(int argc, char **argv)
+{
+    const char *fmt = "bf16";
+    long m = 16, n = 8192, k = 2048, th = 2, reps = 20;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        static const char *const opts[] = {"--format", "--rows",    "--n",
+                                           "--k",      "--threads", "--reps"};
+        int known = 0;
+        for (size_t o = 0; o < sizeof opts / sizeof opts[0]; o++) known |= !strcmp(a, opts[o]);
+        if (!known) {
+            fprintf(stderr, "pagoda bench matmul: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+        if (!(v = arg_value(argc, argv, &i))) return 2;
+        int bad = 0;
+        if (!strcmp(a, "--format"))
+            fmt = v;
+        else if (!strcmp(a, "--rows"))
+            bad = arg_int(a, v, 1, 4096, &m);
+        else if (!strcmp(a, "--n"))
+            bad = arg_int(a, v, 1, 1 << 20, &n);
+        else if (!strcmp(a, "--k"))
+            bad = arg_int(a, v, 64, 1 << 16, &k);
+        else if (!strcmp(a, "--threads"))
+            bad = arg_int(a, v, 1, 256, &th);
+        else
+            bad = arg_int(a, v, 1, 100000, &reps);
+        if (bad) return 2;
+    }
+    int q4 = !strcmp(fmt, "mlx4");
+    if (!q4 && strcmp(fmt, "bf16")) {
+        fprintf(stderr, "pagoda bench matmul: --format must be bf16 or mlx4\n");
+        return 2;
+    }
+    if (k % 64) {
+        fprintf(stderr, "pagoda bench matmul: --k must be a multiple of 64\n");
+        return 2;
+    }
+    cpu_kernels_init();
+    struct qweight w = {0};
+    w.n = n;
+    w.k = k;
+    size_t nk = (size_t)n * (size_t)k, ng = nk / 64;
+    uint16_t *sc = NULL, *bi = NULL;
+    uint8_t *data;
+    if (q4) {
+        w.fmt = WFMT_AFFINE;
+        w.bits = 4;
+        w.group = 64;
+        w.sdtype = ST_BF16;
+        w.row_bytes = (size_t)k / 2;
+        data = xmalloc(nk / 2);
+        for (size_t i = 0; i < nk / 2; i++) data[i] = (uint8_t)next_u32();
+        sc = xmalloc(ng * 2);
+        bi = xmalloc(ng * 2);
+        for (size_t i = 0; i < ng; i++) {
+            sc[i] = f32_to_bf16(0.01f + 0.001f * next_f());
+            bi[i] = f32_to_bf16(0.05f * next_f());
+        }
+        w.scales = sc;
+        w.biases = bi;
+    } else {
+        w.fmt = WFMT_BF16;
+        w.bits = 16;
+        w.row_bytes = (size_t)k * 2;
+        data = xmalloc(nk * 2);
+        for (size_t i = 0; i < nk; i++) ((uint16_t *)data)[i] = f32_to_bf16(next_f());
+    }
+    w.w = data;
+    float *x = xmalloc(sizeof(float) * (size_t)m * (size_t)k);
+    float *y = xmalloc(sizeof(float) * (size_t)m * (size_t)n);
+    for (size_t i = 0; i < (size_t)m * (size_t)k; i++) x[i] = next_f();
+    struct threadpool *tp = tp_create((int)th);
+    cpu_matmul(tp, y, x, &w, (int)m); /* warm-up */
+    double best = 1e30;
+    for (long r = 0; r < reps; r++) {
+        double t = util_now();
+        cpu_matmul(tp, y, x, &w, (int)m);
+        t = util_now() - t;
+        if (t < best) best = t;
+    }
+    double flop = 2.0 * (double)m * (double)n * (double)k;
+    printf("matmul %s %ld x %ld, %ld rows, %ld threads (%s): best %.3f ms, %.1f GFLOP/s\n", fmt, n,
+           k, m, th, cpu_isa_name(cpu_isa_get()), best * 1e3, flop / best * 1e-9);
+    tp_destroy(tp);
+    free(x);
+    free(y);
+    free(data);
+    free(sc);
+    free(bi);
+    return 0;
+}
