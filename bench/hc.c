@@ -129,7 +129,7 @@ void hc_destroy(struct hc *c)
 
 void hc_req_release(struct hc_req *r)
 {
-    if (r->h2_open) return;
+    if (r->h2_open || r->c->submitting == r) return;
     free(r->path);
     free(r->body);
     free(r);
@@ -244,6 +244,41 @@ int hc_conn_flush(struct hc_conn *k)
     return 0;
 }
 
+/* Starts r on a connection; r may finish (fail) before this returns. */
+static void start(struct hc *c, struct hc_req *r)
+{
+    struct err e = {{0}};
+    if (c->proto == HC_HTTP1) {
+        struct hc_conn *k = NULL;
+        for (struct hc_conn *it = c->conns; it; it = it->next)
+            if (!it->dead && !it->h2 && !it->req && it->connected) {
+                k = it;
+                break;
+            }
+        if (!k) {
+            k = hc_conn_open(c, 0, &e);
+            r->fresh_conn = 1;
+        }
+        if (!k) {
+            hc_req_finish(r, 0, e.msg);
+            return;
+        }
+        hc_h1_send(k, r);
+        return;
+    }
+    int slot = c->h2_next++ % c->n_h2;
+    struct hc_conn *k = c->h2_conns[slot];
+    if (!k) {
+        k = hc_conn_open(c, 1, &e);
+        if (!k) {
+            hc_req_finish(r, 0, e.msg);
+            return;
+        }
+        c->h2_conns[slot] = k;
+    }
+    hc_h2_submit(k, r);
+}
+
 struct hc_req *hc_submit(struct hc *c, const char *method, const char *path, const char *body,
                          size_t body_len, const struct hc_callbacks *cb, void *ctx)
 {
@@ -261,36 +296,15 @@ struct hc_req *hc_submit(struct hc *c, const char *method, const char *path, con
     r->cb = *cb;
     r->ctx = ctx;
     c->active++;
-    struct err e = {{0}};
-    if (c->proto == HC_HTTP1) {
-        struct hc_conn *k = NULL;
-        for (struct hc_conn *it = c->conns; it; it = it->next)
-            if (!it->dead && !it->h2 && !it->req && it->connected) {
-                k = it;
-                break;
-            }
-        if (!k) {
-            k = hc_conn_open(c, 0, &e);
-            r->fresh_conn = 1;
-        }
-        if (!k) {
-            hc_req_finish(r, 0, e.msg);
-            return NULL;
-        }
-        hc_h1_send(k, r);
-        return r;
+    /* A request can fail inside start() (connection refused, a send error with no way to
+     * retry): its memory is then kept until here, so that NULL can be returned safely. */
+    c->submitting = r;
+    start(c, r);
+    c->submitting = NULL;
+    if (r->done) {
+        hc_req_release(r);
+        return NULL;
     }
-    int slot = c->h2_next++ % c->n_h2;
-    struct hc_conn *k = c->h2_conns[slot];
-    if (!k) {
-        k = hc_conn_open(c, 1, &e);
-        if (!k) {
-            hc_req_finish(r, 0, e.msg);
-            return NULL;
-        }
-        c->h2_conns[slot] = k;
-    }
-    if (hc_h2_submit(k, r) < 0) return NULL;
     return r;
 }
 

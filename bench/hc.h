@@ -54,7 +54,10 @@ struct hc *hc_create(const struct hc_url *u, enum hc_proto proto, int connection
 /** Fails whatever is in flight (on_done with "client closed") and frees everything. */
 void hc_destroy(struct hc *c);
 
-/** Queues a request; body is copied. Returns a handle valid until its on_done returns. */
+/**
+ * Queues a request; body is copied. Returns a handle valid until its on_done returns, or
+ * NULL when the request already failed (its on_done has run) before hc_submit returned.
+ */
 struct hc_req *hc_submit(struct hc *c, const char *method, const char *path, const char *body,
                          size_t body_len, const struct hc_callbacks *cb, void *ctx);
 

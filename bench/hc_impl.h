@@ -58,6 +58,7 @@ struct hc {
     int n_h2, h2_next;
     struct hc_conn **h2_conns;
     int active;
+    struct hc_req *submitting; /* the request inside hc_submit (not freed before it returns) */
 };
 
 struct hc_conn *hc_conn_open(struct hc *c, int h2, struct err *e);
