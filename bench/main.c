@@ -185,8 +185,13 @@ int main(int argc, char **argv)
     cJSON_AddItemToObject(doc, "config", config_json(&o, model));
     cJSON *runs_json = o.n_sweep ? cJSON_AddArrayToObject(doc, "runs") : NULL;
     int show = o.progress < 0 ? isatty(2) : o.progress;
-    fprintf(stderr, "pagoda-bench: %s %s, model %s, %s, %d prompts\n", o.base_url,
-            o.chat ? "chat" : "completions", model, o.http2 ? "HTTP/2 (h2c)" : "HTTP/1.1", base);
+    char amount[64];
+    if (o.num_prompts > 0)
+        snprintf(amount, sizeof amount, "%d prompts", o.num_prompts);
+    else
+        snprintf(amount, sizeof amount, "for %g s", o.duration);
+    fprintf(stderr, "pagoda-bench: %s %s, model %s, %s, %s\n", o.base_url,
+            o.chat ? "chat" : "completions", model, o.http2 ? "HTTP/2 (h2c)" : "HTTP/1.1", amount);
     for (int k = 0; k < n_runs && !run_interrupted; k++) {
         struct run_cfg rc_ = {.path = o.chat ? "/v1/chat/completions" : "/v1/completions",
                               .req = {.chat = o.chat,
