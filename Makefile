@@ -40,7 +40,8 @@ test-fuzz:
 
 # The unit tests and the engine test again under AddressSanitizer + UndefinedBehaviorSanitizer.
 test-asan:
-	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug "-DPAGODA_SANITIZE=address;undefined"
+	cmake -S . -B $(BUILD)-asan -DCMAKE_BUILD_TYPE=Debug "-DPAGODA_SANITIZE=address;undefined" \
+	  -DPAGODA_CUDA=OFF
 	cmake --build $(BUILD)-asan -j $(JOBS)
 	cd $(BUILD)-asan && ctest --output-on-failure -j $(JOBS) -L 'unit|engine'
 

@@ -27,8 +27,9 @@ const char *cpu_isa_name(enum cpu_isa isa);
 
 /**
  * y[m, n] = x[m, k] . W^T for W [n, k] in any format (k a multiple of its group size).
- * Small m (decode) streams each weight row once for all m rows; larger m (prefill) runs a
- * packed, register-blocked GEMM over tiles of dequantized weights.
+ * Batch-invariant: row i of y is bitwise the same for any m and any thread count (each
+ * output has one fixed arithmetic; see kernels/cpu/impl.h). Small m (decode) streams each
+ * weight row once for all m rows; larger m runs register tiles over widened panels.
  */
 void cpu_matmul(struct threadpool *tp, float *y, const float *x, const struct qweight *w, int m);
 

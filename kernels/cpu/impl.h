@@ -1,6 +1,11 @@
 /*
  * impl: the per-instruction-set kernel table behind kernels/cpu/cpu.h. Internal to
  * kernels/cpu; the portable table lives in matmul.c, the AVX2 one in matmul_avx2.c.
+ *
+ * Batch invariance: each table computes output (i, r) of a matmul with one fixed sequence
+ * of float operations that depends only on x row i and weight row r, never on m, on the
+ * other rows, or on which thread owns r. Register and cache blocking only decide how many
+ * such sequences run side by side.
  */
 #ifndef PAGODA_KERNELS_CPU_IMPL_H
 #define PAGODA_KERNELS_CPU_IMPL_H
@@ -10,20 +15,15 @@
 
 #include "model/weights.h"
 
-/* GEMM blocking: an MR x NR register tile of C, KC columns of k per packed panel. */
-#define GEMM_MR 6
-#define GEMM_NR 16
-#define GEMM_KC 256
-
 struct cpu_impl {
-    /* y[i*ldy + r] = dot(W row r, x row i) for r in [r0, r1), i in [0, m). */
-    void (*gemv)(const struct qweight *w, int64_t r0, int64_t r1, const float *x, int m, float *y,
-                 int64_t ldy);
-    /* Packs rows [r0, r0+nr) x cols [k0, k0+kc) of W as float dst[kc][GEMM_NR]
-     * (columns nr..NR-1 zero). */
-    void (*pack_b)(const struct qweight *w, int64_t r0, int nr, int64_t k0, int kc, float *dst);
-    /* C[mr][nr] (row stride ldc) += A[kc][GEMM_MR] . B[kc][GEMM_NR]. */
-    void (*micro)(int kc, const float *a, const float *b, float *c, int64_t ldc, int mr, int nr);
+    /* Bytes per x row of the kernel's own input layout for w, or 0 when it reads x as is. */
+    size_t (*prep_bytes)(const struct qweight *w);
+    /* Writes rows [0, m) of x in that layout, row i at xp + i * stride. */
+    void (*prep)(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride);
+    /* y[i*ldy + r] = dot(W row r, x row i) for r in [r0, r1), i in [0, m); xp is the
+     * prepared x (NULL when prep_bytes is 0). */
+    void (*matmul)(const struct qweight *w, int64_t r0, int64_t r1, const float *x,
+                   const uint8_t *xp, size_t stride, int m, float *y, int64_t ldy);
     float (*dot)(const float *a, const float *b, int n);
     void (*axpy)(float *y, float a, const float *x, int n);
     /* XOR of every 64-bit word of p[0, n) (n a multiple of 64): a pure streaming read. */
@@ -37,9 +37,5 @@ extern const struct cpu_impl cpu_impl_avx2;
 
 /* The table in use. */
 extern const struct cpu_impl *cpu_impl;
-
-/* Portable pieces the SIMD table reuses for formats it has no special path for. */
-void cpu_pack_b_generic(const struct qweight *w, int64_t r0, int nr, int64_t k0, int kc,
-                        float *dst);
 
 #endif

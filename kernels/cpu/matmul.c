@@ -56,11 +56,18 @@ void cpu_kernels_init(void)
 
 /* ---- portable kernels ---- */
 
-/* Columns decoded per chunk by the generic paths: a multiple of every group size. */
+/* Columns decoded per chunk: a multiple of every group size. Output (i, r) is
+ * sum over chunks c (in order) of [sum over j in c (in order) of w_j * x_ij], the same
+ * sequence for the streaming path (small m) and the blocked one (large m). */
 #define CHUNK 256
+/* The blocked path: MR x rows by NR weight rows per tile, over CHUNK-deep decoded panels. */
+#define PMR 4
+#define PNR 16
+/* At or below this many x rows, each weight row is decoded once and dotted with every row. */
+#define STREAM_MAX_M 8
 
-static void gemv_portable(const struct qweight *w, int64_t r0, int64_t r1, const float *x, int m,
-                          float *y, int64_t ldy)
+static void matmul_stream_portable(const struct qweight *w, int64_t r0, int64_t r1, const float *x,
+                                   int m, float *y, int64_t ldy)
 {
     float buf[CHUNK];
     for (int64_t r = r0; r < r1; r++) {
@@ -78,27 +85,48 @@ static void gemv_portable(const struct qweight *w, int64_t r0, int64_t r1, const
     }
 }
 
-void cpu_pack_b_generic(const struct qweight *w, int64_t r0, int nr, int64_t k0, int kc, float *dst)
+/* Rows [r0, r1) of W, decoded one CHUNK panel of PNR rows at a time and reused by every x
+ * row; each output keeps its own running chunk sum, so the result equals the stream path. */
+static void matmul_blocked_portable(const struct qweight *w, int64_t r0, int64_t r1, const float *x,
+                                    int m, float *y, int64_t ldy)
 {
-    float row[GEMM_KC];
-    for (int r = 0; r < GEMM_NR; r++) {
-        if (r < nr)
-            quant_dequant_row(w, r0 + r, k0, kc, row);
-        else
-            memset(row, 0, sizeof(float) * (size_t)kc);
-        for (int k = 0; k < kc; k++) dst[k * GEMM_NR + r] = row[k];
+    float *pb = scratch_get(SCRATCH_GEMM_B, (size_t)PNR * CHUNK);
+    for (int i = 0; i < m; i++) memset(y + i * ldy + r0, 0, sizeof(float) * (size_t)(r1 - r0));
+    for (int64_t rb = r0; rb < r1; rb += PNR) {
+        int nr = (int)(r1 - rb < PNR ? r1 - rb : PNR);
+        for (int64_t k0 = 0; k0 < w->k; k0 += CHUNK) {
+            int len = (int)(w->k - k0 < CHUNK ? w->k - k0 : CHUNK);
+            for (int r = 0; r < nr; r++) quant_dequant_row(w, rb + r, k0, len, pb + r * CHUNK);
+            for (int i0 = 0; i0 < m; i0 += PMR) {
+                int mr = m - i0 < PMR ? m - i0 : PMR;
+                float acc[PMR][PNR] = {{0}};
+                for (int j = 0; j < len; j++)
+                    for (int i = 0; i < mr; i++) {
+                        float xv = x[(size_t)(i0 + i) * w->k + k0 + j];
+                        for (int r = 0; r < nr; r++) acc[i][r] += pb[r * CHUNK + j] * xv;
+                    }
+                for (int i = 0; i < mr; i++)
+                    for (int r = 0; r < nr; r++) y[(i0 + i) * ldy + rb + r] += acc[i][r];
+            }
+        }
     }
 }
 
-static void micro_portable(int kc, const float *a, const float *b, float *c, int64_t ldc, int mr,
-                           int nr)
+static void matmul_portable(const struct qweight *w, int64_t r0, int64_t r1, const float *x,
+                            const uint8_t *xp, size_t stride, int m, float *y, int64_t ldy)
 {
-    float acc[GEMM_MR][GEMM_NR] = {{0}};
-    for (int k = 0; k < kc; k++)
-        for (int i = 0; i < GEMM_MR; i++)
-            for (int j = 0; j < GEMM_NR; j++) acc[i][j] += a[k * GEMM_MR + i] * b[k * GEMM_NR + j];
-    for (int i = 0; i < mr; i++)
-        for (int j = 0; j < nr; j++) c[i * ldc + j] += acc[i][j];
+    (void)xp;
+    (void)stride;
+    if (m <= STREAM_MAX_M)
+        matmul_stream_portable(w, r0, r1, x, m, y, ldy);
+    else
+        matmul_blocked_portable(w, r0, r1, x, m, y, ldy);
+}
+
+static size_t prep_bytes_none(const struct qweight *w)
+{
+    (void)w;
+    return 0;
 }
 
 static float dot_portable(const float *a, const float *b, int n)
@@ -127,9 +155,9 @@ static uint64_t read_sum_portable(const void *p, size_t n)
 }
 
 const struct cpu_impl cpu_impl_portable = {
-    .gemv = gemv_portable,
-    .pack_b = cpu_pack_b_generic,
-    .micro = micro_portable,
+    .prep_bytes = prep_bytes_none,
+    .prep = NULL,
+    .matmul = matmul_portable,
     .dot = dot_portable,
     .axpy = axpy_portable,
     .read_sum = read_sum_portable,
@@ -137,72 +165,50 @@ const struct cpu_impl cpu_impl_portable = {
 
 /* ---- the threaded driver ---- */
 
-/* At or below this many rows of x, a weight row is streamed once and dotted with every x
- * row (memory-bound decode); above it the packed GEMM wins. */
-#define GEMV_MAX_M 8
-
 struct mm_job {
     float *y;
     const float *x;
     const struct qweight *w;
     int m;
+    uint8_t *xp; /* prepared x, `stride` bytes per row, or NULL */
+    size_t stride;
 };
 
-static void mm_gemv_task(void *p, int ith, int nth)
+static void mm_prep_task(void *p, int ith, int nth)
+{
+    struct mm_job *j = p;
+    long lo, hi;
+    tp_range(j->m, ith, nth, 1, &lo, &hi);
+    if (lo < hi)
+        cpu_impl->prep(j->w, j->x + (size_t)lo * j->w->k, (int)(hi - lo), j->xp + lo * j->stride,
+                       j->stride);
+}
+
+/* Weight rows are split between threads in multiples of 16; each thread computes its rows
+ * for every x row, so no output depends on the split. */
+static void mm_task(void *p, int ith, int nth)
 {
     struct mm_job *j = p;
     long lo, hi;
     tp_range((long)j->w->n, ith, nth, 16, &lo, &hi);
-    if (lo < hi) cpu_impl->gemv(j->w, lo, hi, j->x, j->m, j->y, j->w->n);
-}
-
-/* Packs rows [0, m) x cols [k0, k0+kc) of x as blocks of [kc][MR] (rows past m zero). */
-static void pack_a(const float *x, int m, int64_t k, int64_t k0, int kc, float *dst)
-{
-    for (int mb = 0; mb < m; mb += GEMM_MR) {
-        float *d = dst + (size_t)mb * kc;
-        for (int i = 0; i < GEMM_MR; i++) {
-            if (mb + i < m) {
-                const float *src = x + (size_t)(mb + i) * k + k0;
-                for (int kk = 0; kk < kc; kk++) d[kk * GEMM_MR + i] = src[kk];
-            } else {
-                for (int kk = 0; kk < kc; kk++) d[kk * GEMM_MR + i] = 0;
-            }
-        }
-    }
-}
-
-static void mm_gemm_task(void *p, int ith, int nth)
-{
-    struct mm_job *j = p;
-    const struct qweight *w = j->w;
-    long lo, hi;
-    tp_range((long)w->n, ith, nth, GEMM_NR, &lo, &hi);
-    if (lo >= hi) return;
-    int mpad = (j->m + GEMM_MR - 1) / GEMM_MR * GEMM_MR;
-    float *pa = scratch_get(SCRATCH_GEMM_A, (size_t)mpad * GEMM_KC);
-    float *pb = scratch_get(SCRATCH_GEMM_B, (size_t)GEMM_KC * GEMM_NR);
-    for (int i = 0; i < j->m; i++)
-        memset(j->y + (size_t)i * w->n + lo, 0, sizeof(float) * (size_t)(hi - lo));
-    for (int64_t k0 = 0; k0 < w->k; k0 += GEMM_KC) {
-        int kc = (int)(w->k - k0 < GEMM_KC ? w->k - k0 : GEMM_KC);
-        pack_a(j->x, j->m, w->k, k0, kc, pa);
-        for (long nb = lo; nb < hi; nb += GEMM_NR) {
-            int nr = (int)(hi - nb < GEMM_NR ? hi - nb : GEMM_NR);
-            cpu_impl->pack_b(w, nb, nr, k0, kc, pb);
-            for (int mb = 0; mb < j->m; mb += GEMM_MR) {
-                int mr = j->m - mb < GEMM_MR ? j->m - mb : GEMM_MR;
-                cpu_impl->micro(kc, pa + (size_t)mb * kc, pb, j->y + (size_t)mb * w->n + nb, w->n,
-                                mr, nr);
-            }
-        }
-    }
+    if (lo < hi) cpu_impl->matmul(j->w, lo, hi, j->x, j->xp, j->stride, j->m, j->y, j->w->n);
 }
 
 void cpu_matmul(struct threadpool *tp, float *y, const float *x, const struct qweight *w, int m)
 {
-    struct mm_job j = {y, x, w, m};
-    tp_run(tp, m <= GEMV_MAX_M ? mm_gemv_task : mm_gemm_task, &j);
+    struct mm_job j = {y, x, w, m, NULL, 0};
+    size_t bytes = cpu_impl->prep_bytes(w);
+    if (bytes) {
+        j.stride = (bytes + 63) / 64 * 64;
+        j.xp = (uint8_t *)scratch_get(SCRATCH_MM_X, (size_t)m * j.stride / sizeof(float));
+        /* Small inputs are laid out by the calling thread alone: cheaper than a second
+         * hand-off to the pool. */
+        if (m >= 4 && tp_size(tp) > 1)
+            tp_run(tp, mm_prep_task, &j);
+        else
+            cpu_impl->prep(w, x, m, j.xp, j.stride);
+    }
+    tp_run(tp, mm_task, &j);
 }
 
 void cpu_embed_row(const struct qweight *w, int64_t id, float scale, float *out)

@@ -73,6 +73,7 @@ const char arg_engine_usage[] =
     "  --threads N                 CPU compute threads (default: one per core)\n"
     "  --num-blocks N              KV blocks in the pool (default: from --kv-cache-memory)\n"
     "  --kv-cache-memory BYTES     KV pool size, e.g. 2GiB (default 1GiB on the CPU)\n"
+    "  --gpu-memory-utilization F  GPU share for weights, activations and KV (default 0.9)\n"
     "  --block-size N              tokens per KV block (default 16)\n"
     "  --max-num-batched-tokens N  token budget of one step (default 2048)\n"
     "  --max-num-seqs N            running requests at most (default 256)\n"
@@ -86,14 +87,22 @@ static int parse_bytes(const char *opt, const char *v, size_t *out)
     double x = strtod(v, &end);
     if (errno || end == v || x != x || x < 0) goto bad;
     double mul = 1;
-    if (!strcasecmp(end, "") || !strcasecmp(end, "b")) mul = 1;
-    else if (!strcasecmp(end, "k") || !strcasecmp(end, "kib")) mul = 1024.0;
-    else if (!strcasecmp(end, "m") || !strcasecmp(end, "mib")) mul = 1024.0 * 1024;
-    else if (!strcasecmp(end, "g") || !strcasecmp(end, "gib")) mul = 1024.0 * 1024 * 1024;
-    else if (!strcasecmp(end, "kb")) mul = 1e3;
-    else if (!strcasecmp(end, "mb")) mul = 1e6;
-    else if (!strcasecmp(end, "gb")) mul = 1e9;
-    else goto bad;
+    if (!strcasecmp(end, "") || !strcasecmp(end, "b"))
+        mul = 1;
+    else if (!strcasecmp(end, "k") || !strcasecmp(end, "kib"))
+        mul = 1024.0;
+    else if (!strcasecmp(end, "m") || !strcasecmp(end, "mib"))
+        mul = 1024.0 * 1024;
+    else if (!strcasecmp(end, "g") || !strcasecmp(end, "gib"))
+        mul = 1024.0 * 1024 * 1024;
+    else if (!strcasecmp(end, "kb"))
+        mul = 1e3;
+    else if (!strcasecmp(end, "mb"))
+        mul = 1e6;
+    else if (!strcasecmp(end, "gb"))
+        mul = 1e9;
+    else
+        goto bad;
     x *= mul;
     if (x < 1 || x > 1e15) goto bad;
     *out = (size_t)x;
@@ -119,6 +128,17 @@ int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg)
         cfg->device = v;
         return 1;
     }
+    if (!strcmp(a, "--gpu-memory-utilization")) {
+        const char *v = arg_value(argc, argv, i);
+        double x;
+        if (!v || arg_float(a, v, &x)) return -1;
+        if (x <= 0 || x > 1) {
+            fprintf(stderr, "pagoda: %s: '%s' is not in (0, 1]\n", a, v);
+            return -1;
+        }
+        cfg->gpu_memory_utilization = x;
+        return 1;
+    }
     if (!strcmp(a, "--kv-cache-memory")) {
         const char *v = arg_value(argc, argv, i);
         return !v || parse_bytes(a, v, &cfg->kv_cache_memory) ? -1 : 1;
@@ -128,20 +148,21 @@ int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg)
         const char *v = arg_value(argc, argv, i);
         long x;
         if (!v || arg_int(a, v, 1, k == 2 ? 1024 : INT32_MAX, &x)) return -1;
-        int *dst[] = {&cfg->threads,      &cfg->num_blocks,   &cfg->block_size,
-                      &cfg->max_num_batched_tokens, &cfg->max_num_seqs, &cfg->max_model_len};
+        int *dst[] = {&cfg->threads,      &cfg->num_blocks,
+                      &cfg->block_size,   &cfg->max_num_batched_tokens,
+                      &cfg->max_num_seqs, &cfg->max_model_len};
         *dst[k] = (int)x;
         return 1;
     }
     return 0;
 }
 
-int runner_open(struct runner *r, const char *dir, int threads, int n_seqs, int max_ctx,
-                int max_tokens, int max_logits)
+int runner_open(struct runner *r, const char *dir, const char *device, int threads, int n_seqs,
+                int max_ctx, int max_tokens, int max_logits)
 {
     memset(r, 0, sizeof *r);
     struct err e = {0};
-    if (backend_cpu_create(&r->be, threads, &e)) {
+    if (backend_create(&r->be, device, threads, &e)) {
         fprintf(stderr, "pagoda: %s\n", e.msg);
         return -1;
     }
@@ -230,6 +251,6 @@ int runner_step(struct runner *r, int n, const int *seq_ids, const int32_t *cons
         .n_logits = nl,
         .logit_rows = r->logit_rows,
     };
-    model_forward(r->m, &b, r->logits);
+    model_forward(r->m, &b, r->keep_logits ? NULL : r->logits);
     return nl;
 }

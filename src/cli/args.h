@@ -45,10 +45,12 @@ struct runner {
     int32_t *bt_step;     /* the rows of this step's sequences, in step order */
     int32_t *len;         /* [n_seqs] tokens already in each sequence's KV */
     float *logits;        /* [max_logits, vocab] host */
+    int keep_logits;      /* 1: logits stay in backend memory (model_argmax reads them) */
 };
 
-int runner_open(struct runner *r, const char *dir, int threads, int n_seqs, int max_ctx,
-                int max_tokens, int max_logits);
+/** `device` as backend_create takes it (NULL: cuda when a GPU is present, else cpu). */
+int runner_open(struct runner *r, const char *dir, const char *device, int threads, int n_seqs,
+                int max_ctx, int max_tokens, int max_logits);
 void runner_close(struct runner *r);
 
 /**

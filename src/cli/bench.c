@@ -19,7 +19,13 @@
 
 /* ---- make-model ---- */
 
-enum fill_kind { FILL_BF16_UNIFORM, FILL_BF16_CONST, FILL_RANDOM_BITS, FILL_U8_CONST };
+enum fill_kind {
+    FILL_BF16_UNIFORM,
+    FILL_BF16_CONST,
+    FILL_RANDOM_BITS,
+    FILL_U8_CONST,
+    FILL_FP8_RANDOM /* random e4m3 codes, never the NaN codes 0x7f / 0xff */
+};
 
 struct fill {
     enum fill_kind kind;
@@ -60,11 +66,17 @@ static void fill_cb(void *ctx, uint8_t *buf, size_t off, size_t n)
     case FILL_U8_CONST:
         memset(buf, f->byte, n);
         break;
+    case FILL_FP8_RANDOM:
+        for (size_t i = 0; i < n; i++) {
+            uint8_t b = (uint8_t)(mix(f->seed + off + i) >> 24);
+            buf[i] = (b & 0x7f) == 0x7f ? (uint8_t)(b ^ 1) : b;
+        }
+        break;
     }
 }
 
 struct mm_spec {
-    const char *format; /* bf16 | mlx4 | mlx8 | mxfp4 */
+    const char *format; /* bf16 | mlx4 | mlx8 | mxfp4 | mxfp8 */
     int bits, group;
 };
 
@@ -83,7 +95,8 @@ static void add_linear(struct st_writer *w, struct fill **pool, int *np, const c
         st_writer_add(w, name, ST_BF16, 2, shape, fill_cb, fw);
         return;
     }
-    *fw = (struct fill){FILL_RANDOM_BITS, seed, 0, 0};
+    *fw =
+        (struct fill){!strcmp(f->format, "mxfp8") ? FILL_FP8_RANDOM : FILL_RANDOM_BITS, seed, 0, 0};
     int64_t wshape[2] = {n, k * f->bits / 32}, sshape[2] = {n, k / f->group};
     st_writer_add(w, name, ST_U32, 2, wshape, fill_cb, fw);
     struct fill *fs = &(*pool)[(*np)++];
@@ -91,6 +104,12 @@ static void add_linear(struct st_writer *w, struct fill **pool, int *np, const c
     if (!strcmp(f->format, "mxfp4")) {
         /* e2m1 magnitudes reach 6: a scale of 2^round(log2(a / 3)) keeps |w| near a. */
         *fs = (struct fill){FILL_U8_CONST, 0, 0, (uint8_t)(127 + (int)lrintf(log2f(a / 3.0f)))};
+        st_writer_add(w, name, ST_U8, 2, sshape, fill_cb, fs);
+        return;
+    }
+    if (!strcmp(f->format, "mxfp8")) {
+        /* random e4m3 codes have magnitudes of about 128 (RMS): scale them down to a */
+        *fs = (struct fill){FILL_U8_CONST, 0, 0, (uint8_t)(127 + (int)lrintf(log2f(a / 128.0f)))};
         st_writer_add(w, name, ST_U8, 2, sshape, fill_cb, fs);
         return;
     }
@@ -137,7 +156,8 @@ static int make_model(int argc, char **argv)
     if (!out) {
         fprintf(stderr,
                 "usage: pagoda bench make-model --arch llama|qwen3 --hidden H --layers L "
-                "--heads A --kv-heads K --ffn F --vocab V --format bf16|mlx4|mlx8|mxfp4 OUT\n");
+                "--heads A --kv-heads K --ffn F --vocab V --format bf16|mlx4|mlx8|mxfp4|mxfp8 "
+                "OUT\n");
         return 2;
     }
     int qwen3 = !strcmp(arch, "qwen3");
@@ -154,8 +174,11 @@ static int make_model(int argc, char **argv)
         f = (struct mm_spec){"mlx8", 8, 64};
     else if (!strcmp(format, "mxfp4"))
         f = (struct mm_spec){"mxfp4", 4, 32};
+    else if (!strcmp(format, "mxfp8"))
+        f = (struct mm_spec){"mxfp8", 8, 32};
     else {
-        fprintf(stderr, "pagoda bench make-model: --format must be bf16, mlx4, mlx8 or mxfp4\n");
+        fprintf(stderr,
+                "pagoda bench make-model: --format must be bf16, mlx4, mlx8, mxfp4 or mxfp8\n");
         return 2;
     }
     if (H % A || A % K || (f.group && (H % f.group || F % f.group))) {
@@ -247,7 +270,8 @@ static int make_model(int argc, char **argv)
             cJSON *q = cJSON_AddObjectToObject(c, i ? "quantization_config" : "quantization");
             cJSON_AddNumberToObject(q, "group_size", f.group);
             cJSON_AddNumberToObject(q, "bits", f.bits);
-            if (!strcmp(f.format, "mxfp4")) cJSON_AddStringToObject(q, "mode", "mxfp4");
+            if (!strcmp(f.format, "mxfp4") || !strcmp(f.format, "mxfp8"))
+                cJSON_AddStringToObject(q, "mode", f.format);
         }
     }
     char *text = cJSON_Print(c);
@@ -299,7 +323,7 @@ static double measure_read_bw(int threads)
 
 static int bench_decode(int argc, char **argv)
 {
-    const char *dir = NULL;
+    const char *dir = NULL, *device = NULL;
     long B = 1, P = 128, G = 32, threads = 0;
     int json = 0, no_bw = 0;
     for (int i = 1; i < argc; i++) {
@@ -315,6 +339,8 @@ static int bench_decode(int argc, char **argv)
         if (!(v = arg_value(argc, argv, &i))) return 2;
         if (!strcmp(a, "--model"))
             dir = v;
+        else if (!strcmp(a, "--device"))
+            device = v;
         else if (!strcmp(a, "--batch")) {
             if (arg_int(a, v, 1, 4096, &B)) return 2;
         } else if (!strcmp(a, "--prompt-len")) {
@@ -330,20 +356,25 @@ static int bench_decode(int argc, char **argv)
     }
     if (!dir) {
         fprintf(stderr, "usage: pagoda bench decode --model DIR [--batch B] [--prompt-len P] "
-                        "[--gen-len G] [--threads N] [--json] [--no-bandwidth]\n");
+                        "[--gen-len G] [--threads N] [--device D] [--json] [--no-bandwidth]\n");
         return 2;
     }
     int nth = threads ? (int)threads : util_num_cores();
     /* Prefill one sequence per step (P tokens), so the step shape matches a prompt. */
     struct runner r;
     int max_tokens = (int)(P > B ? P : B);
-    if (runner_open(&r, dir, nth, (int)B, (int)(P + G + 1), max_tokens, (int)B)) return 1;
+    if (runner_open(&r, dir, device, nth, (int)B, (int)(P + G + 1), max_tokens, (int)B)) return 1;
     const struct model_config *c = &r.m->cfg;
+    int on_cpu = !strcmp(r.be.ops->name, "cpu");
+    struct backend_info bi;
+    r.be.ops->info(r.be.ctx, &bi);
+    /* Greedy picks happen where the logits are (no logits copied to the host). */
+    r.keep_logits = 1;
     /* Pin and pre-read the weights so the figures measure compute and memory, not the page
-     * cache refilling from disk. */
+     * cache refilling from disk (a GPU backend holds its own copy already). */
     struct err le = {0};
-    if (st_lock(&r.m->st, &le)) fprintf(stderr, "pagoda bench: warning: %s\n", le.msg);
-    {
+    if (on_cpu && st_lock(&r.m->st, &le)) fprintf(stderr, "pagoda bench: warning: %s\n", le.msg);
+    if (on_cpu) {
         struct threadpool *tp = tp_create(nth);
         uint64_t sink = 0;
         for (int f = 0; f < r.m->st.nfiles; f++)
@@ -356,6 +387,24 @@ static int bench_decode(int argc, char **argv)
     const int32_t **toks = xmalloc(sizeof(int32_t *) * (size_t)B);
     int *counts = xmalloc(sizeof(int) * (size_t)B), *all = xcalloc((size_t)B, sizeof(int));
     uint64_t x = 12345;
+    /* One untimed prefill and decode step (kernel loading, plans, graphs), then the
+     * sequence starts over. */
+    {
+        for (long i = 0; i < P; i++)
+            prompt[i] = (int32_t)(mix(x + (uint64_t)i) % (uint64_t)c->vocab);
+        const int32_t *tp = prompt;
+        int cnt = (int)P, a0 = 0, sid = 0;
+        runner_step(&r, 1, &sid, &tp, &cnt, &a0);
+        for (long s = 0; s < B; s++) {
+            next[s] = 0;
+            toks[s] = &next[s];
+            counts[s] = 1;
+        }
+        memset(r.len, 0, sizeof(int32_t) * (size_t)B);
+        for (long s = 0; s < B; s++) r.len[s] = (int32_t)P;
+        runner_step(&r, (int)B, NULL, toks, counts, all);
+        memset(r.len, 0, sizeof(int32_t) * (size_t)B);
+    }
     double t0 = util_now();
     for (long s = 0; s < B; s++) {
         for (long i = 0; i < P; i++) prompt[i] = (int32_t)(mix(x++) % (uint64_t)c->vocab);
@@ -373,14 +422,8 @@ static int bench_decode(int argc, char **argv)
     t0 = util_now();
     for (long g = 0; g < G; g++) {
         double ts = util_now();
-        runner_step(&r, (int)B, NULL, toks, counts, all);
-        for (long s = 0; s < B; s++) {
-            const float *lg = r.logits + (size_t)s * c->vocab;
-            int32_t best = 0;
-            for (int v = 1; v < c->vocab; v++)
-                if (lg[v] > lg[best]) best = v;
-            next[s] = best;
-        }
+        int nl = runner_step(&r, (int)B, NULL, toks, counts, all);
+        model_argmax(r.m, nl, next);
         step_t[g] = util_now() - ts;
     }
     double t_decode = util_now() - t0;
@@ -394,24 +437,28 @@ static int bench_decode(int argc, char **argv)
     double prefill_tps = (double)(B * P) / t_prefill;
     double decode_tps = (double)B / med;
     double eff_bw = (double)step_bytes / med;
-    double bw = no_bw ? 0 : measure_read_bw(nth);
+    double bw = no_bw || !on_cpu ? 0 : measure_read_bw(nth);
     double gflop_tok =
         2.0 * (double)(model_param_count(r.m) - (int64_t)r.m->embed.n * r.m->embed.k);
     if (json) {
-        printf("{\"model\": \"%s\", \"threads\": %d, \"isa\": \"%s\", \"batch\": %ld, "
+        printf("{\"model\": \"%s\", \"device\": \"%s\", \"threads\": %d, \"isa\": \"%s\", "
+               "\"batch\": %ld, "
                "\"prompt_len\": %ld, \"gen_len\": %ld, \"prefill_tokens_per_s\": %.2f, "
                "\"decode_tokens_per_s\": %.2f, \"decode_step_ms_median\": %.3f, "
                "\"decode_tokens_per_s_mean\": %.2f, \"weight_bytes_per_step\": %zu, "
                "\"effective_read_gb_s\": %.2f, \"measured_read_gb_s\": %.2f, "
                "\"prefill_gflop_s\": %.1f}\n",
-               dir, nth, cpu_isa_name(cpu_isa_get()), B, P, G, prefill_tps, decode_tps, med * 1e3,
-               (double)(B * G) / t_decode, step_bytes, eff_bw / 1e9, bw / 1e9,
+               dir, bi.device, nth, cpu_isa_name(cpu_isa_get()), B, P, G, prefill_tps, decode_tps,
+               med * 1e3, (double)(B * G) / t_decode, step_bytes, eff_bw / 1e9, bw / 1e9,
                prefill_tps * gflop_tok / 1e9);
     } else {
         printf("model      %s (%s, %.2f GB of weights streamed per decode step)\n", dir,
                c->arch_name, (double)step_bytes / 1e9);
-        printf("setup      %d threads (%s), batch %ld, prompt %ld, generate %ld\n", nth,
-               cpu_isa_name(cpu_isa_get()), B, P, G);
+        if (on_cpu)
+            printf("setup      %d threads (%s), batch %ld, prompt %ld, generate %ld\n", nth,
+                   cpu_isa_name(cpu_isa_get()), B, P, G);
+        else
+            printf("setup      %s, batch %ld, prompt %ld, generate %ld\n", bi.device, B, P, G);
         printf("prefill    %.2f tokens/s (%.1f GFLOP/s)\n", prefill_tps,
                prefill_tps * gflop_tok / 1e9);
         printf("decode     %.2f tokens/s (median step %.2f ms; mean %.2f tokens/s)\n", decode_tps,

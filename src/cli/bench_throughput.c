@@ -54,14 +54,16 @@ static void tp_event(void *user, const struct engine_event *ev)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: pagoda bench throughput --model DIR [--num-prompts N] [--input-len I]\n"
-               "         [--output-len O] [--prefix-len P] [--seed S] [--json] [engine options]\n"
-               "  --num-prompts N   requests, all submitted at once (default 64)\n"
-               "  --input-len I     prompt tokens (default 128)\n"
-               "  --output-len O    output tokens per request, end-of-sequence ignored (default 128)\n"
-               "  --prefix-len P    the first P prompt tokens are shared by every request (default 0);\n"
-               "                    the first request runs its prompt before the others arrive\n"
-               "  --json            one JSON object instead of the table\n");
+    fprintf(
+        f,
+        "usage: pagoda bench throughput --model DIR [--num-prompts N] [--input-len I]\n"
+        "         [--output-len O] [--prefix-len P] [--seed S] [--json] [engine options]\n"
+        "  --num-prompts N   requests, all submitted at once (default 64)\n"
+        "  --input-len I     prompt tokens (default 128)\n"
+        "  --output-len O    output tokens per request, end-of-sequence ignored (default 128)\n"
+        "  --prefix-len P    the first P prompt tokens are shared by every request (default 0);\n"
+        "                    the first request runs its prompt before the others arrive\n"
+        "  --json            one JSON object instead of the table\n");
     fputs(arg_engine_usage, f);
 }
 
@@ -186,8 +188,7 @@ int cli_bench_throughput(int argc, char **argv)
         } else {
             printf("requests          %ld x (%ld in + %ld out, %ld shared)\n", n, in_len, out_len,
                    prefix);
-            printf("elapsed           %.2f s over %llu steps\n", el,
-                   (unsigned long long)es.steps);
+            printf("elapsed           %.2f s over %llu steps\n", el, (unsigned long long)es.steps);
             printf("requests/s        %.3f\n", (double)n / el);
             printf("output tokens/s   %.2f\n", out_tok / el);
             printf("total tokens/s    %.2f\n", (in_tok + out_tok) / el);

@@ -411,20 +411,24 @@ out:
 
 int cli_score(int argc, char **argv)
 {
-    const char *dir = NULL, *prompt_ids = NULL;
+    const char *dir = NULL, *prompt_ids = NULL, *device = NULL;
     long threads = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: pagoda score --model DIR --prompt-ids \"1 2 3\" [--json] [--threads N]\n"
+                   "         [--device cpu|cuda|cuda:N]\n"
                    "  prints {\"prompt_logprobs\": [null, ...]}: log p(id[i] | id[:i])\n");
             return 0;
         } else if (!strcmp(a, "--json")) {
             /* the only output format */
-        } else if (!strcmp(a, "--model") || !strcmp(a, "--prompt-ids") || !strcmp(a, "--threads")) {
+        } else if (!strcmp(a, "--model") || !strcmp(a, "--prompt-ids") || !strcmp(a, "--threads") ||
+                   !strcmp(a, "--device")) {
             if (!(v = arg_value(argc, argv, &i))) return 2;
             if (!strcmp(a, "--model"))
                 dir = v;
+            else if (!strcmp(a, "--device"))
+                device = v;
             else if (!strcmp(a, "--prompt-ids"))
                 prompt_ids = v;
             else if (arg_int(a, v, 1, 1024, &threads))
@@ -448,7 +452,7 @@ int cli_score(int argc, char **argv)
     }
     int chunk = n < 256 ? (int)n : 256;
     struct runner r;
-    if (runner_open(&r, dir, (int)threads, 1, (int)n, chunk, chunk)) {
+    if (runner_open(&r, dir, device, (int)threads, 1, (int)n, chunk, chunk)) {
         free(ids);
         return 1;
     }

@@ -37,15 +37,31 @@ static void tally(struct fmt_tally *t, int *n, const struct qweight *w)
 
 int cli_info(int argc, char **argv)
 {
-    const char *dir = NULL;
+    const char *dir = NULL, *device = NULL;
+    double util = 0.9;
     int json = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json"))
             json = 1;
         else if (!strcmp(argv[i], "--model")) {
             if (!(dir = arg_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(argv[i], "--device")) {
+            if (!(device = arg_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(argv[i], "--gpu-memory-utilization")) {
+            const char *v = arg_value(argc, argv, &i);
+            if (!v || arg_float(argv[i - 1], v, &util)) return 2;
+            if (util <= 0 || util > 1) {
+                fprintf(stderr, "pagoda info: --gpu-memory-utilization must be in (0, 1]\n");
+                return 2;
+            }
         } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf("usage: pagoda info --model DIR [--json]\n");
+            printf("usage: pagoda info --model DIR [--device D] [--gpu-memory-utilization F] "
+                   "[--json]\n"
+                   "  --device D                  the device whose memory plan is shown (cpu, "
+                   "cuda, cuda:N;\n"
+                   "                              default: cuda when a GPU is present)\n"
+                   "  --gpu-memory-utilization F  share of GPU memory for weights, activations "
+                   "and KV (0.9)\n");
             return 0;
         } else {
             fprintf(stderr, "pagoda info: unknown option '%s'\n", argv[i]);
@@ -56,8 +72,19 @@ int cli_info(int argc, char **argv)
         fprintf(stderr, "pagoda info: --model DIR is required\n");
         return 2;
     }
-    struct backend be;
+    /* The model is read on the CPU backend (weights stay mapped); a GPU is only asked for
+     * its name and memory. */
     struct err e = {0};
+    struct backend dev;
+    if (backend_create(&dev, device, 1, &e)) {
+        fprintf(stderr, "pagoda: %s\n", e.msg);
+        return 1;
+    }
+    struct backend_info bi;
+    dev.ops->info(dev.ctx, &bi);
+    int gpu = strcmp(dev.ops->name, "cpu") != 0;
+    backend_destroy(&dev);
+    struct backend be;
     backend_cpu_create(&be, 1, &e);
     struct model *m = model_load(dir, &be, &e);
     if (!m) {
@@ -78,7 +105,7 @@ int cli_info(int argc, char **argv)
     }
     int64_t params = model_param_count(m);
     size_t wbytes = model_weight_bytes(m);
-    size_t kv_tok = model_kv_bytes_per_token(m);
+    size_t kv_tok = model_kv_bytes_per_token(m) / sizeof(float) * (size_t)bi.kv_value_bytes;
     size_t kv_ctx = kv_tok * (size_t)c->max_pos;
     /* Step buffers for a 512-token prefill step plus one row of logits. */
     size_t act = sizeof(float) * 512 *
@@ -86,6 +113,11 @@ int cli_info(int argc, char **argv)
                               2 * c->n_kv_heads * c->head_dim + 2 * c->ffn) +
                  sizeof(float) * (size_t)c->vocab;
     double bpw = 8.0 * (double)wbytes / (double)params;
+    /* The GPU plan: weights and activations resident, the rest of the allowed share is KV
+     * blocks of 16 tokens. */
+    size_t resident = wbytes + act + ((size_t)64 << 20); /* + library workspace, graphs */
+    size_t budget = backend_kv_budget(&bi, util, resident);
+    size_t kv_blocks = kv_tok ? budget / (kv_tok * 16) : 0;
     int sliding = 0;
     for (int l = 0; l < c->n_layers; l++) sliding += c->layer_kinds[l] == LAYER_SLIDING;
     if (json) {
@@ -104,8 +136,16 @@ int cli_info(int argc, char **argv)
                    i ? ", " : "", t[i].name, (long long)t[i].params,
                    8.0 * (double)t[i].bytes / (double)t[i].params);
         printf("], \"memory\": {\"weights\": %zu, \"kv_per_token\": %zu, "
-               "\"kv_full_context\": %zu, \"activations\": %zu, \"total\": %zu}}\n",
-               wbytes, kv_tok, kv_ctx, act, wbytes + kv_ctx + act);
+               "\"kv_full_context\": %zu, \"activations\": %zu, \"total\": %zu}, "
+               "\"device\": {\"name\": \"%s\", \"memory\": %zu, \"free\": %zu, "
+               "\"kv_value_bytes\": %d",
+               wbytes, kv_tok, kv_ctx, act, wbytes + kv_ctx + act, bi.device, bi.mem_total,
+               bi.mem_free, bi.kv_value_bytes);
+        if (gpu)
+            printf(", \"gpu_memory_utilization\": %.3f, \"kv_pool_bytes\": %zu, "
+                   "\"kv_blocks\": %zu, \"kv_tokens\": %zu",
+                   util, budget, kv_blocks, kv_blocks * 16);
+        printf("}}\n");
     } else {
         printf("architecture    %s (%s)\n", c->arch_name, arch_family(c->arch));
         printf("dimensions      hidden %d, %d layers, %d heads / %d kv heads of %d, ffn %d\n",
@@ -123,9 +163,18 @@ int cli_info(int argc, char **argv)
             printf("  %-12s  %lld parameters, %.3f bits per weight\n", t[i].name,
                    (long long)t[i].params, 8.0 * (double)t[i].bytes / (double)t[i].params);
         printf("memory          weights %.2f MiB + KV %.2f MiB for the full context "
-               "(%zu bytes/token, float32) + activations %.2f MiB = %.2f MiB\n",
+               "(%zu bytes/token, %s) + activations %.2f MiB = %.2f MiB\n",
                (double)wbytes / 1048576.0, (double)kv_ctx / 1048576.0, kv_tok,
-               (double)act / 1048576.0, (double)(wbytes + kv_ctx + act) / 1048576.0);
+               bi.kv_value_bytes == 2 ? "bf16" : "float32", (double)act / 1048576.0,
+               (double)(wbytes + kv_ctx + act) / 1048576.0);
+        printf("device          %s, %.2f GiB (%.2f GiB free)\n", bi.device,
+               (double)bi.mem_total / 1073741824.0, (double)bi.mem_free / 1073741824.0);
+        if (gpu)
+            printf("memory plan     %.0f%% of the GPU: weights %.2f GiB + activations and "
+                   "workspace %.2f GiB + KV pool %.2f GiB = %zu blocks of 16 tokens (%zu tokens)\n",
+                   util * 100, (double)wbytes / 1073741824.0,
+                   (double)(resident - wbytes) / 1073741824.0, (double)budget / 1073741824.0,
+                   kv_blocks, kv_blocks * 16);
     }
     model_destroy(m);
     backend_destroy(&be);

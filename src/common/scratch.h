@@ -7,7 +7,14 @@
 
 #include <stddef.h>
 
-enum scratch_slot { SCRATCH_GEMM_A, SCRATCH_GEMM_B, SCRATCH_GEMV, SCRATCH_ATTN, SCRATCH_SLOTS };
+enum scratch_slot {
+    SCRATCH_GEMM_A,
+    SCRATCH_GEMM_B,
+    SCRATCH_GEMV,
+    SCRATCH_ATTN,
+    SCRATCH_MM_X, /* a matmul's prepared input, written by the calling thread, read by all */
+    SCRATCH_SLOTS
+};
 
 /** This thread's buffer `slot` with room for at least `floats` floats (contents undefined). */
 float *scratch_get(enum scratch_slot slot, size_t floats);

@@ -44,3 +44,13 @@ int backend_create(struct backend *be, const char *device, int threads, struct e
     err_set(e, "--device %s: expected cpu, cuda or cuda:N", device);
     return -1;
 }
+
+size_t backend_kv_budget(const struct backend_info *bi, double util, size_t resident)
+{
+    double allowed = util * (double)bi->mem_total;
+    if (allowed <= (double)resident) return 0;
+    size_t b = (size_t)(allowed - (double)resident);
+    /* Weights already loaded are not free any more: cap by what is free beyond them. */
+    if (bi->mem_free && b > bi->mem_free) b = bi->mem_free;
+    return b;
+}

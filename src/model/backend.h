@@ -37,7 +37,8 @@ struct fwd_batch {
     const int32_t *logit_rows; /* [n_logits] token rows whose next-token logits are wanted */
 };
 
-/* KV storage of one layer: K and V as [n_blocks][block_size][n_kv_heads][head_dim] float. */
+/* KV storage of one layer: K and V as [n_blocks][block_size][n_kv_heads][head_dim] values of
+ * the backend's KV type (backend_ops.kv_value_bytes: float32 on the CPU, bf16 on CUDA). */
 struct kv_layer {
     float *k, *v;
 };
@@ -53,8 +54,18 @@ struct attn_params {
     int window;    /* 0 = full causal attention; else keys with pos > q_pos - window */
 };
 
+/* What a backend runs on, for reports and memory planning. */
+struct backend_info {
+    char device[160];   /* "cpu (8 threads)", "NVIDIA H200 (cuda:0, sm_90, 132 SMs)" */
+    size_t mem_total;   /* bytes of the memory the backend allocates from */
+    size_t mem_free;    /* of which free now */
+    int kv_value_bytes; /* bytes per stored K/V value */
+};
+
 struct backend_ops {
     const char *name;
+    int kv_value_bytes; /* bytes per stored K or V value (4: float32, 2: bf16) */
+    void (*info)(void *ctx, struct backend_info *out);
     void *(*alloc)(void *ctx, size_t bytes);
     void (*free)(void *ctx, void *p);
     void (*upload)(void *ctx, void *dst, const void *src, size_t bytes);
@@ -90,6 +101,9 @@ struct backend_ops {
     /* dst[i] = src[rows[i]] for rows of dim floats */
     void (*gather_rows)(void *ctx, float *dst, const float *src, const int32_t *rows, int n,
                         int dim);
+    /* out[i] (host memory) = index of the largest value of row i of x [rows, n] (the
+     * lowest index among equals): greedy sampling without moving logits to the host. */
+    void (*argmax)(void *ctx, int32_t *out, const float *x, int rows, int n);
     void (*destroy)(void *ctx);
 };
 
@@ -112,5 +126,12 @@ int backend_create(struct backend *be, const char *device, int threads, struct e
 int backend_cuda_available(void);
 
 void backend_destroy(struct backend *be);
+
+/**
+ * Bytes left for the KV pool when the backend may use `util` (0, 1] of its memory and
+ * `resident` bytes (weights, activations, workspaces) are taken: util * total - resident,
+ * at most what is free now, 0 when nothing is left.
+ */
+size_t backend_kv_budget(const struct backend_info *bi, double util, size_t resident);
 
 #endif

@@ -1,7 +1,9 @@
 /* The CPU backend: float32 activations in host memory, kernels from kernels/cpu. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/scratch.h"
 #include "common/threadpool.h"
@@ -201,6 +203,30 @@ static void cpu_gather_rows(void *ctx, float *dst, const float *src, const int32
         memmove(dst + (size_t)i * dim, src + (size_t)rows[i] * dim, sizeof(float) * (size_t)dim);
 }
 
+static void cpu_argmax(void *ctx, int32_t *out, const float *x, int rows, int n)
+{
+    (void)ctx;
+    for (int r = 0; r < rows; r++) {
+        const float *v = x + (size_t)r * n;
+        int32_t best = 0;
+        for (int i = 1; i < n; i++)
+            if (v[i] > v[best]) best = i;
+        out[r] = best;
+    }
+}
+
+static void cpu_info(void *ctx, struct backend_info *out)
+{
+    struct cpu_ctx *c = ctx;
+    memset(out, 0, sizeof *out);
+    snprintf(out->device, sizeof out->device, "cpu (%d threads)", tp_size(c->tp));
+    long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES),
+         psz = sysconf(_SC_PAGESIZE);
+    out->mem_total = pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz : 0;
+    out->mem_free = avail > 0 && psz > 0 ? (size_t)avail * (size_t)psz : 0;
+    out->kv_value_bytes = (int)sizeof(float);
+}
+
 static void cpu_destroy(void *ctx)
 {
     struct cpu_ctx *c = ctx;
@@ -211,6 +237,8 @@ static void cpu_destroy(void *ctx)
 
 static const struct backend_ops cpu_ops = {
     .name = "cpu",
+    .kv_value_bytes = sizeof(float),
+    .info = cpu_info,
     .alloc = cpu_alloc,
     .free = cpu_free,
     .upload = cpu_copy,
@@ -228,6 +256,7 @@ static const struct backend_ops cpu_ops = {
     .add = cpu_add,
     .softcap = cpu_softcap_op,
     .gather_rows = cpu_gather_rows,
+    .argmax = cpu_argmax,
     .destroy = cpu_destroy,
 };
 

@@ -126,5 +126,10 @@ void model_forward(struct model *m, const struct fwd_batch *b, float *logits)
     o->matmul(ctx, m->logits, m->xl, &m->lm_head, b->n_logits);
     if (c->final_softcap > 0)
         o->softcap(ctx, m->logits, (int64_t)b->n_logits * c->vocab, c->final_softcap);
-    o->download(ctx, logits, m->logits, sizeof(float) * (size_t)b->n_logits * c->vocab);
+    if (logits) o->download(ctx, logits, m->logits, sizeof(float) * (size_t)b->n_logits * c->vocab);
+}
+
+void model_argmax(struct model *m, int n, int32_t *out)
+{
+    m->be->ops->argmax(m->be->ctx, out, m->logits, n, m->cfg.vocab);
 }

@@ -301,7 +301,8 @@ struct model *model_load(const char *dir, struct backend *be, struct err *e)
 
 size_t model_kv_bytes_per_token(const struct model *m)
 {
-    return (size_t)2 * m->cfg.n_layers * m->cfg.n_kv_heads * m->cfg.head_dim * sizeof(float);
+    size_t vb = m->be->ops->kv_value_bytes > 0 ? (size_t)m->be->ops->kv_value_bytes : sizeof(float);
+    return (size_t)2 * m->cfg.n_layers * m->cfg.n_kv_heads * m->cfg.head_dim * vb;
 }
 
 int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blocks, int block_size,
@@ -334,10 +335,11 @@ int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blo
     m->host_sin = xmalloc(sizeof(float) * T * D / 2);
     m->kvg = (struct kv_geom){n_blocks, block_size, c->n_kv_heads, c->head_dim};
     m->kv = xcalloc((size_t)c->n_layers, sizeof *m->kv);
-    size_t kv_elems = (size_t)n_blocks * block_size * kvdim;
+    size_t vb = o->kv_value_bytes > 0 ? (size_t)o->kv_value_bytes : sizeof(float);
+    size_t kv_bytes = (size_t)n_blocks * block_size * kvdim * vb;
     for (int l = 0; l < c->n_layers; l++) {
-        m->kv[l].k = A(kv_elems);
-        m->kv[l].v = A(kv_elems);
+        m->kv[l].k = o->alloc(ctx, kv_bytes);
+        m->kv[l].v = o->alloc(ctx, kv_bytes);
         if (!m->kv[l].k || !m->kv[l].v)
             return err_set(e, "out of memory for the KV cache (%d blocks of %d tokens)", n_blocks,
                            block_size);

@@ -62,11 +62,16 @@ struct model *model_load(const char *dir, struct backend *be, struct err *e);
 int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blocks, int block_size,
                       struct err *e);
 
-/** KV bytes one token takes across all layers (float32 K and V). */
+/** KV bytes one token takes across all layers (K and V in the backend's KV type). */
 size_t model_kv_bytes_per_token(const struct model *m);
 
-/** Runs one step; writes logits [b->n_logits, vocab] to host memory. */
+/** Runs one step; writes logits [b->n_logits, vocab] to host memory, or leaves them in
+ * backend memory (m->logits) when `logits` is NULL (see model_argmax). */
 void model_forward(struct model *m, const struct fwd_batch *b, float *logits);
+
+/** Greedy tokens of the last step's n logit rows (after model_forward with NULL logits),
+ * computed where the logits live; written to host memory. */
+void model_argmax(struct model *m, int n, int32_t *out);
 
 void model_destroy(struct model *m);
 

@@ -32,7 +32,7 @@ struct kv_block {
 struct kv_pool {
     int n_blocks, block_size;
     struct kv_block *b;
-    int32_t head, tail; /* free list: head is evicted first */
+    int32_t head, tail;   /* free list: head is evicted first */
     int n_free, n_cached; /* free blocks; of those, the ones with a hash */
     int32_t *index;       /* open addressing: block id or -1 */
     uint32_t index_mask;

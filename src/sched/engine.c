@@ -149,10 +149,10 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
 
     /* The fingerprint: architecture, shapes, weight bytes and the KV format. */
     char fp[512];
-    int fpn = snprintf(fp, sizeof fp, "%s|%d|%d|%d|%d|%d|%d|%zu|%lld|kv=f32|bs=%d",
-                       mc->arch_name, mc->hidden, mc->n_layers, mc->n_heads, mc->n_kv_heads,
-                       mc->head_dim, mc->vocab, model_weight_bytes(en->m),
-                       (long long)model_param_count(en->m), en->block_size);
+    int fpn =
+        snprintf(fp, sizeof fp, "%s|%d|%d|%d|%d|%d|%d|%zu|%lld|kv=f32|bs=%d", mc->arch_name,
+                 mc->hidden, mc->n_layers, mc->n_heads, mc->n_kv_heads, mc->head_dim, mc->vocab,
+                 model_weight_bytes(en->m), (long long)model_param_count(en->m), en->block_size);
     kv_pool_init(&en->pool, (int)n_blocks, en->block_size, fp, (size_t)fpn);
 
     int T = cfg->max_num_batched_tokens;
@@ -208,10 +208,12 @@ int engine_block_size(const struct engine *en)
 static int check_params(const struct engine *en, const struct engine_request *q, struct err *e)
 {
     const struct sampling_params *sp = &q->sp;
-    if (q->n_prompt < 1 || !q->prompt) return err_set(e, "prompt: must hold at least one token"), -1;
+    if (q->n_prompt < 1 || !q->prompt)
+        return err_set(e, "prompt: must hold at least one token"), -1;
     for (int i = 0; i < q->n_prompt; i++)
         if (q->prompt[i] < 0 || q->prompt[i] >= en->vocab)
-            return err_set(e, "prompt: token id %d at position %d is outside the vocabulary (0..%d)",
+            return err_set(e,
+                           "prompt: token id %d at position %d is outside the vocabulary (0..%d)",
                            (int)q->prompt[i], i, en->vocab - 1),
                    -1;
     if (sp->max_tokens < 1) return err_set(e, "max_tokens: must be at least 1"), -1;
@@ -352,8 +354,7 @@ static int one_iteration(struct engine *en)
     pthread_mutex_unlock(&en->mu);
     finish_aborted(en, &en->waiting);
     finish_aborted(en, &en->running);
-    if ((en->waiting.n || en->running.n) && step_run(en) == 0 && !en->running.n &&
-        en->waiting.n) {
+    if ((en->waiting.n || en->running.n) && step_run(en) == 0 && !en->running.n && en->waiting.n) {
         /* Nothing runs and the first waiting request cannot start even in an idle pool:
          * it can never run, so it ends instead of stalling the queue. */
         req_finish(en, en->waiting.head, FINISH_ERROR, 1);
@@ -372,8 +373,7 @@ static void *engine_main(void *arg)
     struct engine *en = arg;
     for (;;) {
         pthread_mutex_lock(&en->mu);
-        while (!en->stop && !en->incoming.head && !en->n_aborts && !en->waiting.n &&
-               !en->running.n)
+        while (!en->stop && !en->incoming.head && !en->n_aborts && !en->waiting.n && !en->running.n)
             pthread_cond_wait(&en->cv, &en->mu);
         int stop = en->stop;
         pthread_mutex_unlock(&en->mu);

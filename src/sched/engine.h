@@ -62,8 +62,8 @@ struct sampling_params {
     float frequency_penalty;  /* [-2, 2]; 0 = off */
     int has_seed;
     uint64_t seed;
-    int max_tokens; /* >= 1: output tokens at most */
-    int ignore_eos; /* keep going past end-of-sequence tokens */
+    int max_tokens;          /* >= 1: output tokens at most */
+    int ignore_eos;          /* keep going past end-of-sequence tokens */
     const int32_t *stop_ids; /* finish (reason stop) on any of these; copied by submit */
     int n_stop_ids;
     const struct logit_bias *logit_bias; /* copied by submit */
@@ -78,9 +78,9 @@ struct sampling_params {
 void sampling_params_default(struct sampling_params *sp);
 
 enum engine_event_kind {
-    ENGINE_EV_TOKEN,          /* a new output token (finish set when it is the last) */
+    ENGINE_EV_TOKEN,           /* a new output token (finish set when it is the last) */
     ENGINE_EV_PROMPT_LOGPROBS, /* once, before the first token, when prompt_logprobs >= 0 */
-    ENGINE_EV_FINISH,         /* the request ended with no token to carry it (abort, error) */
+    ENGINE_EV_FINISH,          /* the request ended with no token to carry it (abort, error) */
 };
 
 struct engine_event {
@@ -117,16 +117,18 @@ struct engine_request {
 
 struct engine_config {
     const char *model_dir;
-    const char *device; /* "cpu" (default); "cuda", "cuda:N" where built */
-    int threads;        /* CPU compute threads; <= 0: one per core */
-    int block_size;     /* tokens per KV block; 0: 16 */
-    int num_blocks;     /* KV blocks; 0: from kv_cache_memory */
-    size_t kv_cache_memory;      /* bytes for the KV pool; 0: a default */
-    int max_num_batched_tokens;  /* token budget per step; 0: 2048 */
-    int max_num_seqs;            /* running requests at most; 0: 256 */
-    int max_model_len;           /* 0: the model's context length */
-    int disable_prefix_caching;  /* 1: no hashing, no reuse */
-    int manual;                  /* 1: no engine thread, see engine_step */
+    const char *device;         /* "cpu" (default); "cuda", "cuda:N" where built */
+    int threads;                /* CPU compute threads; <= 0: one per core */
+    int block_size;             /* tokens per KV block; 0: 16 */
+    int num_blocks;             /* KV blocks; 0: from kv_cache_memory */
+    size_t kv_cache_memory;     /* bytes for the KV pool; 0: a default */
+    double gpu_memory_utilization; /* GPU share for weights + activations + KV (0: 0.9);
+                                      sizes the KV pool on a GPU when kv_cache_memory is 0 */
+    int max_num_batched_tokens; /* token budget per step; 0: 2048 */
+    int max_num_seqs;           /* running requests at most; 0: 256 */
+    int max_model_len;          /* 0: the model's context length */
+    int disable_prefix_caching; /* 1: no hashing, no reuse */
+    int manual;                 /* 1: no engine thread, see engine_step */
 };
 
 /* Step-time histogram bounds in seconds (a last bucket catches the rest). */

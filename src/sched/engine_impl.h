@@ -21,7 +21,7 @@ struct request {
 
     int32_t *tokens; /* prompt, then output: [cap] */
     int n_tokens, n_prompt, cap;
-    int n_computed;     /* tokens whose K/V are in the pool */
+    int n_computed; /* tokens whose K/V are in the pool */
     int n_output;
     int n_cached;       /* prompt tokens served from the prefix cache (first schedule) */
     int scheduled_once; /* n_cached is final */
@@ -94,9 +94,9 @@ struct engine {
     struct step_seq *plan;
     int32_t *hit_blocks;
     struct kv_hash *hit_hashes;
-    float *work;        /* [vocab] sampling scratch */
-    uint32_t *counts;   /* [vocab] zeroed between uses */
-    int32_t *cand;      /* [vocab] candidate ids */
+    float *work;      /* [vocab] sampling scratch */
+    uint32_t *counts; /* [vocab] zeroed between uses */
+    int32_t *cand;    /* [vocab] candidate ids */
     struct token_logprob top[ENGINE_MAX_TOP_LOGPROBS];
 };
 

@@ -118,7 +118,8 @@ int32_t sample_next(struct engine *en, struct request *r, const float *logits)
         sp->frequency_penalty != 0) {
         float *x = en->work;
         memcpy(x, logits, sizeof(float) * (size_t)V);
-        for (int i = 0; i < sp->n_logit_bias; i++) x[sp->logit_bias[i].id] += sp->logit_bias[i].bias;
+        for (int i = 0; i < sp->n_logit_bias; i++)
+            x[sp->logit_bias[i].id] += sp->logit_bias[i].bias;
         apply_penalties(en, r, x);
         w = x;
     }

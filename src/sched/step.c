@@ -19,9 +19,9 @@ static void update_hashes(struct engine *en, struct request *r)
 {
     int full = r->n_tokens / en->block_size;
     for (int i = r->n_hashes; i < full; i++)
-        r->hashes[i] = kv_block_hash(&en->pool, i ? &r->hashes[i - 1] : NULL,
-                                     r->tokens + (size_t)i * en->block_size, en->block_size,
-                                     NULL, 0);
+        r->hashes[i] =
+            kv_block_hash(&en->pool, i ? &r->hashes[i - 1] : NULL,
+                          r->tokens + (size_t)i * en->block_size, en->block_size, NULL, 0);
     if (full > r->n_hashes) r->n_hashes = full;
 }
 
@@ -215,7 +215,8 @@ static int finish_seq(struct engine *en, struct step_seq *p, struct step_counts 
     if (old < r->n_prompt) sc->prompt_tokens += (uint64_t)(min_i(r->n_computed, r->n_prompt) - old);
 
     if (p->all_rows)
-        record_prompt_logprobs(en, r, old, p->n_logits, en->logits + (size_t)p->logit_row * en->vocab);
+        record_prompt_logprobs(en, r, old, p->n_logits,
+                               en->logits + (size_t)p->logit_row * en->vocab);
 
     /* Register newly full blocks for prefix sharing. */
     if (!en->cfg.disable_prefix_caching) {
@@ -290,7 +291,8 @@ int step_run(struct engine *en)
         struct fwd_batch b;
         build_batch(en, n_plan, &b);
         model_forward(en->m, &b, en->logits);
-        for (int s = 0; s < n_plan; s++) sc.gen_tokens += (uint64_t)finish_seq(en, &en->plan[s], &sc);
+        for (int s = 0; s < n_plan; s++)
+            sc.gen_tokens += (uint64_t)finish_seq(en, &en->plan[s], &sc);
     }
     double dt = util_now() - t0;
 

@@ -24,7 +24,7 @@
 #include "test_util.h"
 
 #define MAX_CASES 16
-#define MAX_OUT 64
+#define MAX_OUT   64
 
 static const char *supported[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
                                   "Qwen3ForCausalLM", "Gemma2ForCausalLM",  "Gemma3ForCausalLM"};
@@ -61,11 +61,8 @@ static uint64_t submit(struct engine *en, const struct golden_case *c, struct sa
                        struct result *res)
 {
     memset(res, 0, sizeof *res);
-    struct engine_request q = {.prompt = c->prompt,
-                               .n_prompt = c->n_prompt,
-                               .sp = sp,
-                               .on_event = on_event,
-                               .user = res};
+    struct engine_request q = {
+        .prompt = c->prompt, .n_prompt = c->n_prompt, .sp = sp, .on_event = on_event, .user = res};
     struct err e = {0};
     uint64_t id = engine_submit(en, &q, &e);
     CHECK(id > 0, "submit: %s", e.msg);
@@ -355,8 +352,7 @@ static void test_controls(const char *dir, struct golden_case *cs, int nc)
     CHECK(engine_submit(en, &q, &e) == 0 && strstr(e.msg, "top_p"), "top_p 0: %s", e.msg);
     sampling_params_default(&q.sp);
     q.sp.max_tokens = engine_max_model_len(en);
-    CHECK(engine_submit(en, &q, &e) == 0 && strstr(e.msg, "context length"), "too long: %s",
-          e.msg);
+    CHECK(engine_submit(en, &q, &e) == 0 && strstr(e.msg, "context length"), "too long: %s", e.msg);
     sampling_params_default(&q.sp);
     int32_t bad_id = 1 << 30;
     q.prompt = &bad_id;

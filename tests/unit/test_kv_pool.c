@@ -13,8 +13,8 @@ static struct kv_hash chain(const struct kv_pool *p, const int32_t *toks, int n_
 {
     struct kv_hash h = {0};
     for (int i = 0; i < n_blocks; i++) {
-        h = kv_block_hash(p, i ? &out[i - 1] : NULL, toks + i * p->block_size, p->block_size,
-                          NULL, 0);
+        h = kv_block_hash(p, i ? &out[i - 1] : NULL, toks + i * p->block_size, p->block_size, NULL,
+                          0);
         out[i] = h;
     }
     return h;

@@ -1,0 +1,43 @@
+/*
+ * avx2: helpers shared by the AVX2 + FMA kernel files (internal to kernels/cpu; include only
+ * from files compiled with -mavx2 -mfma -mf16c).
+ */
+#ifndef PAGODA_KERNELS_CPU_AVX2_H
+#define PAGODA_KERNELS_CPU_AVX2_H
+
+#include <immintrin.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/weights.h"
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* The one horizontal-sum tree of every AVX2 kernel: (lanes 0-3 + 4-7), then pairs. */
+ALWAYS_INLINE float hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 8 bf16 -> 8 float: widen to 32 bits and shift into the high half. */
+ALWAYS_INLINE __m256 load_bf16(const uint16_t *p)
+{
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+/* Affine 4-bit with groups of 64 or more: the integer kernel (affine4_avx2.c), used for
+ * every m. x is first prepared per row into affine4_prep_bytes() bytes. */
+static inline int affine4_int(const struct qweight *w)
+{
+    return w->fmt == WFMT_AFFINE && w->bits == 4 && w->group % 64 == 0;
+}
+size_t affine4_prep_bytes(const struct qweight *w);
+void affine4_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride);
+void affine4_matmul(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp,
+                    size_t stride, int m, float *y, int64_t ldy);
+
+#endif

@@ -1,0 +1,917 @@
+/*
+ * The CUDA backend: the operations of model/backend.h on one GPU.
+ *
+ * Weights are copied to device memory as stored and decoded in registers by the kernels.
+ * Activations are float32; KV rows are bf16. Step metadata (tokens, positions, slots,
+ * block tables, logit rows) is uploaded once per step by batch_begin into fixed device
+ * buffers that the kernels read.
+ *
+ * Operations are recorded on a tape and run when a result is needed (download, argmax,
+ * upload, free, the next batch_begin). A decode step (at most CU_GRAPH_MAX_TOKENS tokens)
+ * runs as a CUDA graph: the tape of a step is captured once and replayed whenever a later
+ * step records the same tape (same operations on the same buffers and shapes; the values
+ * that change per step live in the metadata buffers), so a step costs one graph launch.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+extern "C" {
+#include "model/backend.h"
+int backend_cuda_create(struct backend *be, int device, struct err *e);
+int backend_cuda_device_count(void);
+}
+
+#include "kernels/cuda/cuda.cuh"
+
+#define CU_GRAPH_MAX_TOKENS 512
+#define CU_GRAPHS           16
+#define CU_WORKSPACE        (32u << 20)
+
+void cu_fatal(const char *what, const char *msg, const char *file, int line)
+{
+    fprintf(stderr, "pagoda: CUDA error at %s:%d: %s: %s\n", file, line, what, msg);
+    abort();
+}
+
+enum opk {
+    OP_EMBED,
+    OP_MATMUL,
+    OP_BIAS,
+    OP_RMS,
+    OP_ROPE,
+    OP_KV_STORE,
+    OP_ATTN,
+    OP_ACT,
+    OP_ADD,
+    OP_SOFTCAP,
+    OP_GATHER,
+    OP_ARGMAX,
+    OP_GEMV,    /* m <= CU_GEMV_MAX_M: one or more matrices over the same x, maybe paired */
+    OP_ADD_RMS, /* add followed by rms_norm of the sum */
+};
+
+static const char *const op_names[] = {
+    "embed",   "gemm", "add_bias", "rms_norm",    "rope",   "kv_store", "attention",
+    "act_mul", "add",  "softcap",  "gather_rows", "argmax", "gemv",     "add+rms_norm"};
+
+/* One recorded operation. Zeroed before filling so that tapes compare with memcmp. */
+struct op {
+    int kind;
+    int i[4];
+    int64_t n;
+    float f[2];
+    const void *p[4];
+    dweight w;
+    cu_attn_args att;
+    cu_gemv_set gs;
+};
+
+/* Per-operation device time, when PAGODA_CUDA_PROFILE=1 (operations run eagerly). */
+struct prof_ent {
+    char name[64];
+    double ms;
+    long calls;
+};
+#define PROF_MAX 96
+
+struct graph_entry {
+    op *ops;
+    int n_ops;
+    uint64_t gen, last_use;
+    cudaGraphExec_t exec;
+};
+
+struct cu_ctx {
+    int dev;
+    cudaStream_t st;
+    cudaDeviceProp prop;
+    cu_gemm_ctx g;
+
+    /* step metadata: one device buffer and its pinned staging copy */
+    int32_t *d_meta, *h_meta;
+    size_t cap_tok, cap_seq, cap_bt; /* capacities (elements) */
+    int32_t *d_tokens, *d_pos, *d_slot, *d_tok_seq, *d_logit_rows, *d_seq_len, *d_bt;
+    const int32_t *h_logit_rows; /* the host array of the current batch */
+    int n_tokens, n_seqs, max_blocks, n_logits;
+    int graph_step;
+
+    /* scratch */
+    __nv_bfloat16 *xb;
+    size_t xb_cap;
+    float *part;
+    size_t part_cap;
+    int32_t *d_small; /* argmax results and ad-hoc gather rows */
+    size_t small_cap;
+    int32_t *h_small;
+
+    uint64_t gen; /* bumped when any buffer a tape points to moves */
+    op *tape;
+    int n_ops, cap_ops;
+    graph_entry graphs[CU_GRAPHS];
+    uint64_t clock;
+    int graphs_on;
+    int fuse; /* merge neighbouring operations (PAGODA_CUDA_FUSE=0: off) */
+
+    /* profiling */
+    int prof;
+    cudaEvent_t *ev;
+    int ev_cap;
+    prof_ent pe[PROF_MAX];
+    int n_pe;
+    double prof_wall, prof_kernels;
+    long prof_steps;
+
+    /* weights: device descriptors and allocations */
+    dweight **wdesc;
+    void **walloc;
+    int n_w, cap_w;
+    size_t weight_bytes;
+};
+
+/* ---- tape execution ---- */
+
+static void exec_op(cu_ctx *c, const op *o)
+{
+    cudaStream_t s = c->st;
+    switch (o->kind) {
+    case OP_EMBED:
+        cu_embed(s, (float *)o->p[0], o->w, (const int32_t *)o->p[1], o->i[0], o->f[0]);
+        break;
+    case OP_MATMUL: {
+        int m = o->i[0];
+        if (m <= 0) break;
+        if (m <= CU_GEMV_MAX_M)
+            cu_gemv(s, o->w, (const float *)o->p[1], m, (float *)o->p[0], o->w.n);
+        else
+            cu_gemm(s, &c->g, o->w, (const float *)o->p[1], m, (float *)o->p[0], c->xb);
+        break;
+    }
+    case OP_BIAS:
+        cu_add_bias(s, (float *)o->p[0], (const float *)o->p[1], o->i[0], o->i[1]);
+        break;
+    case OP_RMS:
+        cu_rms_norm(s, (float *)o->p[0], (const float *)o->p[1], (const float *)o->p[2], o->i[0],
+                    o->i[1], o->f[0]);
+        break;
+    case OP_ROPE:
+        cu_rope(s, (float *)o->p[0], o->i[0], o->i[1], o->i[2], (const float *)o->p[1],
+                (const float *)o->p[2]);
+        break;
+    case OP_KV_STORE:
+        cu_kv_store(s, (__nv_bfloat16 *)o->p[0], (__nv_bfloat16 *)o->p[1], (const float *)o->p[2],
+                    (const float *)o->p[3], c->d_slot, o->i[0], o->i[1]);
+        break;
+    case OP_ATTN:
+        cu_attention(s, o->att);
+        break;
+    case OP_ACT:
+        cu_act_mul(s, (float *)o->p[0], (const float *)o->p[1], (const float *)o->p[2], o->n,
+                   o->i[0]);
+        break;
+    case OP_ADD:
+        cu_add(s, (float *)o->p[0], (const float *)o->p[1], o->n);
+        break;
+    case OP_SOFTCAP:
+        cu_softcap(s, (float *)o->p[0], o->n, o->f[0]);
+        break;
+    case OP_GATHER:
+        cu_gather_rows(s, (float *)o->p[0], (const float *)o->p[1], (const int32_t *)o->p[2],
+                       o->i[0], o->i[1]);
+        break;
+    case OP_ARGMAX:
+        cu_argmax(s, (int32_t *)o->p[0], (const float *)o->p[1], o->i[0], o->i[1]);
+        break;
+    case OP_GEMV:
+        cu_gemv_multi(s, o->gs, (const float *)o->p[1], o->i[0]);
+        break;
+    case OP_ADD_RMS:
+        cu_add_rms_norm(s, (float *)o->p[0], (float *)o->p[1], (const float *)o->p[2],
+                        (const float *)o->p[3], o->i[0], o->i[1], o->f[0]);
+        break;
+    }
+}
+
+static void op_label(const op *o, char *buf, size_t n)
+{
+    switch (o->kind) {
+    case OP_GEMV: {
+        char f[16];
+        snprintf(f, sizeof f, "%s%d", o->gs.w[0].fmt == DF_BF16 ? "bf16" : "q", o->gs.w[0].bits);
+        snprintf(buf, n, "gemv %s %s%lldx%lld m<=%d", f,
+                 o->gs.pair     ? "gate+up+act "
+                 : o->gs.nw > 1 ? "fused "
+                                : "",
+                 (long long)o->gs.row_end[o->gs.nw - 1] * (o->gs.pair ? 2 : 1),
+                 (long long)o->gs.w[0].k,
+                 o->i[0] == 1   ? 1
+                 : o->i[0] <= 4 ? 4
+                                : 8);
+        break;
+    }
+    case OP_MATMUL:
+        snprintf(buf, n, "gemm %s %lldx%lld", o->w.fmt == DF_BF16 ? "bf16/cuBLASLt" : "tensor-core",
+                 (long long)o->w.n, (long long)o->w.k);
+        break;
+    case OP_ATTN:
+        snprintf(buf, n, "attention (%d tokens, %d splits)", o->att.n_tokens, o->att.splits);
+        break;
+    default:
+        snprintf(buf, n, "%s", op_names[o->kind]);
+    }
+}
+
+static void prof_add(cu_ctx *c, const char *name, double ms)
+{
+    int i = 0;
+    while (i < c->n_pe && strcmp(c->pe[i].name, name)) i++;
+    if (i == c->n_pe) {
+        if (c->n_pe == PROF_MAX) return;
+        snprintf(c->pe[c->n_pe++].name, sizeof c->pe[0].name, "%s", name);
+    }
+    c->pe[i].ms += ms;
+    c->pe[i].calls++;
+}
+
+/* Runs the tape eagerly with an event pair around every operation. */
+static void exec_profiled(cu_ctx *c)
+{
+    if (2 * c->n_ops > c->ev_cap) {
+        for (int i = 0; i < c->ev_cap; i++) CU(cudaEventDestroy(c->ev[i]));
+        free(c->ev);
+        c->ev_cap = 2 * c->n_ops;
+        c->ev = (cudaEvent_t *)malloc(sizeof(cudaEvent_t) * (size_t)c->ev_cap);
+        for (int i = 0; i < c->ev_cap; i++) CU(cudaEventCreate(&c->ev[i]));
+    }
+    CU(cudaStreamSynchronize(c->st));
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int i = 0; i < c->n_ops; i++) {
+        CU(cudaEventRecord(c->ev[2 * i], c->st));
+        exec_op(c, &c->tape[i]);
+        CU(cudaEventRecord(c->ev[2 * i + 1], c->st));
+    }
+    CU(cudaStreamSynchronize(c->st));
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    c->prof_wall += (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    c->prof_steps++;
+    for (int i = 0; i < c->n_ops; i++) {
+        float ms = 0;
+        CU(cudaEventElapsedTime(&ms, c->ev[2 * i], c->ev[2 * i + 1]));
+        char name[64];
+        op_label(&c->tape[i], name, sizeof name);
+        prof_add(c, name, ms);
+        c->prof_kernels += ms;
+    }
+}
+
+static int cmp_pe(const void *a, const void *b)
+{
+    double x = ((const prof_ent *)a)->ms, y = ((const prof_ent *)b)->ms;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+static void prof_report(cu_ctx *c)
+{
+    if (!c->prof || !c->prof_steps) return;
+    qsort(c->pe, (size_t)c->n_pe, sizeof c->pe[0], cmp_pe);
+    fprintf(stderr, "\ncuda profile: %ld flushes, %.2f ms wall, %.2f ms in operations (%.1f%%)\n",
+            c->prof_steps, c->prof_wall, c->prof_kernels, 100.0 * c->prof_kernels / c->prof_wall);
+    fprintf(stderr, "%-48s %8s %10s %10s %6s\n", "operation", "calls", "total ms", "us/call",
+            "share");
+    for (int i = 0; i < c->n_pe; i++)
+        fprintf(stderr, "%-48s %8ld %10.2f %10.2f %5.1f%%\n", c->pe[i].name, c->pe[i].calls,
+                c->pe[i].ms, 1e3 * c->pe[i].ms / (double)c->pe[i].calls,
+                100.0 * c->pe[i].ms / c->prof_kernels);
+}
+
+static void graphs_clear(cu_ctx *c)
+{
+    for (int i = 0; i < CU_GRAPHS; i++) {
+        graph_entry *g = &c->graphs[i];
+        if (!g->ops) continue;
+        CU(cudaGraphExecDestroy(g->exec));
+        free(g->ops);
+        memset(g, 0, sizeof *g);
+    }
+}
+
+static graph_entry *graph_find(cu_ctx *c)
+{
+    for (int i = 0; i < CU_GRAPHS; i++) {
+        graph_entry *g = &c->graphs[i];
+        if (g->ops && g->gen == c->gen && g->n_ops == c->n_ops &&
+            !memcmp(g->ops, c->tape, sizeof(op) * (size_t)c->n_ops))
+            return g;
+    }
+    return NULL;
+}
+
+static graph_entry *graph_capture(cu_ctx *c)
+{
+    graph_entry *g = &c->graphs[0];
+    for (int i = 0; i < CU_GRAPHS; i++) {
+        if (!c->graphs[i].ops) {
+            g = &c->graphs[i];
+            break;
+        }
+        if (c->graphs[i].last_use < g->last_use) g = &c->graphs[i];
+    }
+    if (g->ops) {
+        CU(cudaGraphExecDestroy(g->exec));
+        free(g->ops);
+    }
+    cudaGraph_t graph;
+    CU(cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal));
+    for (int i = 0; i < c->n_ops; i++) exec_op(c, &c->tape[i]);
+    CU(cudaStreamEndCapture(c->st, &graph));
+    CU(cudaGraphInstantiate(&g->exec, graph, 0));
+    CU(cudaGraphDestroy(graph));
+    g->ops = (op *)malloc(sizeof(op) * (size_t)c->n_ops);
+    if (!g->ops) cu_fatal("malloc", "out of host memory", __FILE__, __LINE__);
+    memcpy(g->ops, c->tape, sizeof(op) * (size_t)c->n_ops);
+    g->n_ops = c->n_ops;
+    g->gen = c->gen;
+    return g;
+}
+
+/* Runs every recorded operation (as a graph on decode steps). */
+static void flush(cu_ctx *c)
+{
+    if (!c->n_ops) return;
+    CU(cudaSetDevice(c->dev));
+    if (c->prof) {
+        exec_profiled(c);
+    } else if (c->graph_step && c->graphs_on) {
+        graph_entry *g = graph_find(c);
+        if (!g) g = graph_capture(c);
+        g->last_use = ++c->clock;
+        CU(cudaGraphLaunch(g->exec, c->st));
+    } else {
+        for (int i = 0; i < c->n_ops; i++) exec_op(c, &c->tape[i]);
+    }
+    c->n_ops = 0;
+}
+
+static op *record(cu_ctx *c, int kind)
+{
+    if (c->n_ops == c->cap_ops) {
+        c->cap_ops = c->cap_ops ? c->cap_ops * 2 : 1024;
+        c->tape = (op *)realloc(c->tape, sizeof(op) * (size_t)c->cap_ops);
+        if (!c->tape) cu_fatal("realloc", "out of host memory", __FILE__, __LINE__);
+    }
+    op *o = &c->tape[c->n_ops++];
+    memset(o, 0, sizeof *o);
+    o->kind = kind;
+    return o;
+}
+
+/* Device scratch that tapes point to: growing it moves it, which invalidates graphs. */
+static void *grow(cu_ctx *c, void *p, size_t *cap, size_t need)
+{
+    if (need <= *cap) return p;
+    flush(c);
+    CU(cudaStreamSynchronize(c->st));
+    if (p) CU(cudaFree(p));
+    size_t n = need + need / 2;
+    CU(cudaMalloc(&p, n));
+    *cap = n;
+    c->gen++;
+    graphs_clear(c);
+    return p;
+}
+
+/* ---- memory ---- */
+
+static void *cu_alloc(void *ctx, size_t bytes)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    CU(cudaSetDevice(c->dev));
+    void *p = NULL;
+    if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) {
+        cudaGetLastError(); /* an allocation failure is reported as NULL, not fatal */
+        return NULL;
+    }
+    CU(cudaMemsetAsync(p, 0, bytes, c->st));
+    return p;
+}
+
+static void cu_free(void *ctx, void *p)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    flush(c);
+    CU(cudaStreamSynchronize(c->st));
+    CU(cudaFree(p));
+}
+
+static void cu_upload(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    flush(c);
+    CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->st));
+}
+
+static void cu_download(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    flush(c);
+    CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->st));
+    CU(cudaStreamSynchronize(c->st));
+}
+
+static int cu_weight_prepare(void *ctx, struct qweight *w, struct err *e)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    dweight d;
+    memset(&d, 0, sizeof d);
+    switch (w->fmt) {
+    case WFMT_F32:
+        d.fmt = DF_F32;
+        break;
+    case WFMT_F16:
+        d.fmt = DF_F16;
+        break;
+    case WFMT_BF16:
+        d.fmt = DF_BF16;
+        break;
+    case WFMT_AFFINE:
+        d.fmt = DF_AFFINE;
+        break;
+    case WFMT_MXFP4:
+        d.fmt = DF_MXFP4;
+        break;
+    case WFMT_MXFP8:
+        d.fmt = DF_MXFP8;
+        break;
+    case WFMT_NVFP4:
+        d.fmt = DF_NVFP4;
+        break;
+    }
+    d.bits = w->bits;
+    d.group = w->group;
+    d.gshift = -1;
+    if (w->group > 0) {
+        d.gpr = w->k / w->group;
+        if (!(w->group & (w->group - 1)))
+            for (d.gshift = 0; (1 << d.gshift) < w->group; d.gshift++) {
+            }
+    }
+    d.n = w->n;
+    d.k = w->k;
+    d.row_bytes = (int64_t)w->row_bytes;
+    d.sdtype = w->sdtype == ST_BF16  ? DS_BF16
+               : w->sdtype == ST_F16 ? DS_F16
+               : w->sdtype == ST_F32 ? DS_F32
+                                     : DS_U8;
+    size_t data = (size_t)w->n * w->row_bytes, groups = 0, ssz = 0;
+    if (w->scales) {
+        groups = (size_t)(w->n * (w->k / w->group));
+        ssz = w->fmt == WFMT_AFFINE ? st_dtype_size(w->sdtype) : 1;
+    }
+    size_t a1 = (data + 255) & ~(size_t)255, a2 = (groups * ssz + 255) & ~(size_t)255;
+    size_t total = a1 + a2 + (w->biases ? a2 : 0);
+    CU(cudaSetDevice(c->dev));
+    uint8_t *p = NULL;
+    if (cudaMalloc((void **)&p, total ? total : 256) != cudaSuccess) {
+        cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        return err_set(e,
+                       "cuda:%d: out of device memory for a %lld x %lld weight (%zu bytes, %zu "
+                       "free of %zu)",
+                       c->dev, (long long)w->n, (long long)w->k, total, fr, tot);
+    }
+    CU(cudaMemcpy(p, w->w, data, cudaMemcpyHostToDevice));
+    d.w = p;
+    if (w->scales) {
+        CU(cudaMemcpy(p + a1, w->scales, groups * ssz, cudaMemcpyHostToDevice));
+        d.scales = p + a1;
+    }
+    if (w->biases) {
+        CU(cudaMemcpy(p + a1 + a2, w->biases, groups * ssz, cudaMemcpyHostToDevice));
+        d.biases = p + a1 + a2;
+    }
+    if (c->n_w == c->cap_w) {
+        c->cap_w = c->cap_w ? c->cap_w * 2 : 256;
+        c->wdesc = (dweight **)realloc(c->wdesc, sizeof(dweight *) * (size_t)c->cap_w);
+        c->walloc = (void **)realloc(c->walloc, sizeof(void *) * (size_t)c->cap_w);
+        if (!c->wdesc || !c->walloc) cu_fatal("realloc", "out of host memory", __FILE__, __LINE__);
+    }
+    dweight *h = (dweight *)malloc(sizeof *h);
+    if (!h) cu_fatal("malloc", "out of host memory", __FILE__, __LINE__);
+    *h = d;
+    c->wdesc[c->n_w] = h;
+    c->walloc[c->n_w++] = p;
+    c->weight_bytes += total;
+    w->dev = h;
+    return 0;
+}
+
+static const dweight &dw(const struct qweight *w)
+{
+    if (!w->dev) cu_fatal("weight", "used before weight_prepare", __FILE__, __LINE__);
+    return *(const dweight *)w->dev;
+}
+
+/* ---- step metadata ---- */
+
+static size_t grow_cap(size_t have, size_t need)
+{
+    if (need <= have) return have;
+    size_t n = have ? have : 64;
+    while (n < need) n *= 2;
+    return n;
+}
+
+static void cu_batch_begin(void *ctx, const struct fwd_batch *b)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    flush(c);
+    CU(cudaSetDevice(c->dev));
+    CU(cudaStreamSynchronize(c->st)); /* the staging buffer is reused below */
+    size_t nt = (size_t)(b->n_tokens > b->n_logits ? b->n_tokens : b->n_logits);
+    size_t ct = grow_cap(c->cap_tok, nt), cs = grow_cap(c->cap_seq, (size_t)b->n_seqs + 1),
+           cb = grow_cap(c->cap_bt, (size_t)b->n_seqs * (size_t)b->max_blocks);
+    if (ct != c->cap_tok || cs != c->cap_seq || cb != c->cap_bt || !c->d_meta) {
+        if (c->d_meta) CU(cudaFree(c->d_meta));
+        if (c->h_meta) CU(cudaFreeHost(c->h_meta));
+        size_t total = 5 * ct + 2 * cs + cb;
+        CU(cudaMalloc((void **)&c->d_meta, total * sizeof(int32_t)));
+        CU(cudaMallocHost((void **)&c->h_meta, total * sizeof(int32_t)));
+        c->cap_tok = ct;
+        c->cap_seq = cs;
+        c->cap_bt = cb;
+        c->d_tokens = c->d_meta;
+        c->d_pos = c->d_meta + ct;
+        c->d_slot = c->d_meta + 2 * ct;
+        c->d_tok_seq = c->d_meta + 3 * ct;
+        c->d_logit_rows = c->d_meta + 4 * ct;
+        c->d_seq_len = c->d_meta + 5 * ct;
+        c->d_bt = c->d_meta + 5 * ct + 2 * cs;
+        c->gen++;
+        graphs_clear(c);
+    }
+    int32_t *h = c->h_meta;
+    size_t n = (size_t)b->n_tokens;
+    memcpy(h, b->tokens, n * 4);
+    memcpy(h + ct, b->pos, n * 4);
+    memcpy(h + 2 * ct, b->slot, n * 4);
+    for (int s = 0; s < b->n_seqs; s++)
+        for (int t = b->q_start[s]; t < b->q_start[s + 1]; t++) h[3 * ct + t] = s;
+    if (b->n_logits) memcpy(h + 4 * ct, b->logit_rows, (size_t)b->n_logits * 4);
+    memcpy(h + 5 * ct, b->seq_len, (size_t)b->n_seqs * 4);
+    memcpy(h + 5 * ct + 2 * cs, b->block_table, (size_t)b->n_seqs * b->max_blocks * 4);
+    CU(cudaMemcpyAsync(c->d_meta, h, (5 * ct + 2 * cs + cb) * 4, cudaMemcpyHostToDevice, c->st));
+    c->h_logit_rows = b->logit_rows;
+    c->n_tokens = b->n_tokens;
+    c->n_seqs = b->n_seqs;
+    c->max_blocks = b->max_blocks;
+    c->n_logits = b->n_logits;
+    c->graph_step = b->n_tokens <= CU_GRAPH_MAX_TOKENS;
+}
+
+/* ---- operations ---- */
+
+static void cu_embed_op(void *ctx, float *out, const struct qweight *table,
+                        const struct fwd_batch *b, float scale)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    op *o = record(c, OP_EMBED);
+    o->p[0] = out;
+    o->w = dw(table);
+    o->p[1] = c->d_tokens;
+    o->i[0] = b->n_tokens;
+    o->f[0] = scale;
+}
+
+/* The last recorded operation when it is of `kind`, else NULL. */
+static op *last_op(cu_ctx *c, int kind)
+{
+    if (!c->fuse || !c->n_ops || c->tape[c->n_ops - 1].kind != kind) return NULL;
+    return &c->tape[c->n_ops - 1];
+}
+
+static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweight *w, int m)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    const dweight &d = dw(w);
+    if (m <= CU_GEMV_MAX_M && cu_gemv_fast(d)) {
+        /* Another matrix over the same x as the previous product: one launch for both. */
+        op *p = last_op(c, OP_GEMV);
+        if (p && !p->gs.pair && p->gs.nw < 3 && p->p[1] == x && p->i[0] == m && (void *)y != x) {
+            int ok = 1;
+            for (int i = 0; i < p->gs.nw; i++) ok &= p->gs.y[i] != y && (void *)p->gs.y[i] != x;
+            cu_gemv_set g = p->gs;
+            g.w[g.nw] = d;
+            g.y[g.nw] = y;
+            g.row_end[g.nw] = g.row_end[g.nw - 1] + d.n;
+            g.nw++;
+            if (ok && cu_gemv_set_ok(g)) {
+                p->gs = g;
+                return;
+            }
+        }
+        op *o = record(c, OP_GEMV);
+        o->p[1] = x;
+        o->i[0] = m;
+        o->gs.w[0] = d;
+        o->gs.y[0] = y;
+        o->gs.row_end[0] = d.n;
+        o->gs.nw = 1;
+        return;
+    }
+    if (m > CU_GEMV_MAX_M && d.fmt == DF_BF16)
+        c->xb = (__nv_bfloat16 *)grow(c, c->xb, &c->xb_cap,
+                                      sizeof(__nv_bfloat16) * (size_t)m * (size_t)d.k);
+    op *o = record(c, OP_MATMUL);
+    o->p[0] = y;
+    o->p[1] = x;
+    o->w = d;
+    o->i[0] = m;
+}
+
+static void cu_add_bias_op(void *ctx, float *y, const float *bias, int m, int n)
+{
+    op *o = record((cu_ctx *)ctx, OP_BIAS);
+    o->p[0] = y;
+    o->p[1] = bias;
+    o->i[0] = m;
+    o->i[1] = n;
+}
+
+static void cu_rms_norm_op(void *ctx, float *out, const float *x, const float *w, int rows, int dim,
+                           float eps)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    /* x += y just recorded: the norm of the sum reads it in the same kernel. */
+    op *p = last_op(c, OP_ADD);
+    if (p && p->p[0] == x && p->n == (int64_t)rows * dim) {
+        const void *y = p->p[1];
+        memset(p, 0, sizeof *p);
+        p->kind = OP_ADD_RMS;
+        p->p[0] = out;
+        p->p[1] = x;
+        p->p[2] = y;
+        p->p[3] = w;
+        p->i[0] = rows;
+        p->i[1] = dim;
+        p->f[0] = eps;
+        return;
+    }
+    op *o = record(c, OP_RMS);
+    o->p[0] = out;
+    o->p[1] = x;
+    o->p[2] = w;
+    o->i[0] = rows;
+    o->i[1] = dim;
+    o->f[0] = eps;
+}
+
+static void cu_rope_op(void *ctx, float *x, int rows, int heads, int d, const float *cos_t,
+                       const float *sin_t)
+{
+    op *o = record((cu_ctx *)ctx, OP_ROPE);
+    o->p[0] = x;
+    o->p[1] = cos_t;
+    o->p[2] = sin_t;
+    o->i[0] = rows;
+    o->i[1] = heads;
+    o->i[2] = d;
+}
+
+static void cu_kv_store_op(void *ctx, const struct kv_layer *kv, const struct kv_geom *g,
+                           const float *k, const float *v, const struct fwd_batch *b)
+{
+    op *o = record((cu_ctx *)ctx, OP_KV_STORE);
+    o->p[0] = kv->k;
+    o->p[1] = kv->v;
+    o->p[2] = k;
+    o->p[3] = v;
+    o->i[0] = b->n_tokens;
+    o->i[1] = g->n_kv_heads * g->head_dim;
+}
+
+static void cu_attention_op(void *ctx, float *out, const float *q, const struct kv_layer *kv,
+                            const struct kv_geom *g, const struct fwd_batch *b,
+                            const struct attn_params *p)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    if (p->head_dim % 32 || p->head_dim > 256 || p->n_heads % p->n_kv_heads) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "head_dim %d with %d/%d heads is not supported", p->head_dim,
+                 p->n_heads, p->n_kv_heads);
+        cu_fatal("attention", msg, __FILE__, __LINE__);
+    }
+    cu_attn_args a;
+    memset(&a, 0, sizeof a);
+    a.q = q;
+    a.out = out;
+    a.k = (const __nv_bfloat16 *)kv->k;
+    a.v = (const __nv_bfloat16 *)kv->v;
+    a.pos = c->d_pos;
+    a.tok_seq = c->d_tok_seq;
+    a.seq_len = c->d_seq_len;
+    a.block_table = c->d_bt;
+    a.n_tokens = b->n_tokens;
+    a.n_heads = p->n_heads;
+    a.n_kv_heads = p->n_kv_heads;
+    a.head_dim = p->head_dim;
+    a.block_size = g->block_size;
+    a.max_blocks = b->max_blocks;
+    a.scale = p->scale;
+    a.softcap = p->softcap;
+    a.window = p->window;
+    int group = p->n_heads / p->n_kv_heads, chunks = (group + 3) / 4;
+    /* The split count depends on the block-table width, not on this step's lengths, so
+     * that consecutive decode steps record the same tape. */
+    int max_keys = b->max_blocks * g->block_size;
+    if (p->window > 0 && p->window < max_keys) max_keys = p->window;
+    a.splits =
+        cu_attn_splits(b->n_tokens, p->n_kv_heads * chunks, max_keys, c->prop.multiProcessorCount);
+    if (a.splits > 1) {
+        size_t need =
+            sizeof(float) * (size_t)b->n_tokens * p->n_heads * a.splits * (size_t)(p->head_dim + 2);
+        c->part = (float *)grow(c, c->part, &c->part_cap, need);
+        a.part = c->part;
+    }
+    op *o = record(c, OP_ATTN);
+    o->att = a;
+}
+
+static void cu_act_mul_op(void *ctx, float *out, const float *gate, const float *up, int64_t n,
+                          enum act_kind act)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    /* gate and up products just recorded as one launch: fuse the activation into it. */
+    op *p = last_op(c, OP_GEMV);
+    if (p && p->gs.nw == 2 && !p->gs.pair && p->gs.y[0] == out && p->gs.y[0] == gate &&
+        p->gs.y[1] == up && p->gs.w[0].n == p->gs.w[1].n && n == (int64_t)p->i[0] * p->gs.w[0].n) {
+        p->gs.pair = 1;
+        p->gs.gelu = act == ACT_GELU_TANH;
+        p->gs.row_end[1] = p->gs.row_end[0];
+        if (cu_gemv_set_ok(p->gs)) return;
+        p->gs.pair = 0;
+        p->gs.gelu = 0;
+        p->gs.row_end[1] = 2 * p->gs.row_end[0];
+    }
+    op *o = record(c, OP_ACT);
+    o->p[0] = out;
+    o->p[1] = gate;
+    o->p[2] = up;
+    o->n = n;
+    o->i[0] = act == ACT_GELU_TANH;
+}
+
+static void cu_add_op(void *ctx, float *x, const float *y, int64_t n)
+{
+    op *o = record((cu_ctx *)ctx, OP_ADD);
+    o->p[0] = x;
+    o->p[1] = y;
+    o->n = n;
+}
+
+static void cu_softcap_op(void *ctx, float *x, int64_t n, float cap)
+{
+    op *o = record((cu_ctx *)ctx, OP_SOFTCAP);
+    o->p[0] = x;
+    o->n = n;
+    o->f[0] = cap;
+}
+
+static void cu_gather_rows_op(void *ctx, float *dst, const float *src, const int32_t *rows, int n,
+                              int dim)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    const int32_t *drows = c->d_logit_rows;
+    if (rows != c->h_logit_rows || n > c->n_logits) {
+        /* Rows other than this step's logit rows: upload them first. */
+        c->d_small =
+            (int32_t *)grow(c, c->d_small, &c->small_cap, sizeof(int32_t) * (size_t)(n + 64));
+        flush(c);
+        CU(cudaMemcpyAsync(c->d_small, rows, sizeof(int32_t) * (size_t)n, cudaMemcpyHostToDevice,
+                           c->st));
+        CU(cudaStreamSynchronize(c->st));
+        drows = c->d_small;
+    }
+    op *o = record(c, OP_GATHER);
+    o->p[0] = dst;
+    o->p[1] = src;
+    o->p[2] = drows;
+    o->i[0] = n;
+    o->i[1] = dim;
+    if (drows == c->d_small) flush(c); /* d_small may be reused before the next flush */
+}
+
+static void cu_argmax_op(void *ctx, int32_t *out, const float *x, int rows, int n)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    if (rows <= 0) return;
+    c->d_small = (int32_t *)grow(c, c->d_small, &c->small_cap, sizeof(int32_t) * (size_t)rows);
+    op *o = record(c, OP_ARGMAX);
+    o->p[0] = c->d_small;
+    o->p[1] = x;
+    o->i[0] = rows;
+    o->i[1] = n;
+    flush(c);
+    CU(cudaMemcpyAsync(out, c->d_small, sizeof(int32_t) * (size_t)rows, cudaMemcpyDeviceToHost,
+                       c->st));
+    CU(cudaStreamSynchronize(c->st));
+}
+
+static void cu_info(void *ctx, struct backend_info *out)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    memset(out, 0, sizeof *out);
+    CU(cudaSetDevice(c->dev));
+    snprintf(out->device, sizeof out->device, "%.100s (cuda:%d, sm_%d%d, %d SMs)", c->prop.name,
+             c->dev, c->prop.major, c->prop.minor, c->prop.multiProcessorCount);
+    size_t fr = 0, tot = 0;
+    CU(cudaMemGetInfo(&fr, &tot));
+    out->mem_total = tot;
+    out->mem_free = fr;
+    out->kv_value_bytes = 2;
+}
+
+static void cu_destroy(void *ctx)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    flush(c);
+    prof_report(c);
+    for (int i = 0; i < c->ev_cap; i++) CU(cudaEventDestroy(c->ev[i]));
+    free(c->ev);
+    CU(cudaSetDevice(c->dev));
+    CU(cudaStreamSynchronize(c->st));
+    graphs_clear(c);
+    for (int i = 0; i < c->n_w; i++) {
+        CU(cudaFree(c->walloc[i]));
+        free(c->wdesc[i]);
+    }
+    free(c->walloc);
+    free(c->wdesc);
+    if (c->d_meta) CU(cudaFree(c->d_meta));
+    if (c->h_meta) CU(cudaFreeHost(c->h_meta));
+    if (c->xb) CU(cudaFree(c->xb));
+    if (c->part) CU(cudaFree(c->part));
+    if (c->d_small) CU(cudaFree(c->d_small));
+    cu_gemm_ctx_destroy(&c->g);
+    cublasLtDestroy(c->g.lt);
+    CU(cudaFree(c->g.workspace));
+    CU(cudaStreamDestroy(c->st));
+    free(c->tape);
+    free(c);
+}
+
+static const struct backend_ops cuda_ops = {
+    "cuda",         2,           cu_info,        cu_alloc,
+    cu_free,        cu_upload,   cu_download,    cu_weight_prepare,
+    cu_batch_begin, cu_embed_op, cu_matmul_op,   cu_add_bias_op,
+    cu_rms_norm_op, cu_rope_op,  cu_kv_store_op, cu_attention_op,
+    cu_act_mul_op,  cu_add_op,   cu_softcap_op,  cu_gather_rows_op,
+    cu_argmax_op,   cu_destroy,
+};
+
+int backend_cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+int backend_cuda_create(struct backend *be, int device, struct err *e)
+{
+    int n = backend_cuda_device_count();
+    if (device >= n)
+        return err_set(e, "--device cuda:%d: %s", device,
+                       n ? "no such GPU" : "no CUDA GPU is visible to this process");
+    cu_ctx *c = (cu_ctx *)calloc(1, sizeof *c);
+    if (!c) return err_set(e, "out of host memory");
+    c->dev = device;
+    CU(cudaSetDevice(device));
+    CU(cudaGetDeviceProperties(&c->prop, device));
+    if (c->prop.major < 8) {
+        err_set(e, "cuda:%d (%.100s) has compute capability %d.%d; pagoda needs 8.0 or newer",
+                device, c->prop.name, c->prop.major, c->prop.minor);
+        free(c);
+        return -1;
+    }
+    CU(cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking));
+    if (cublasLtCreate(&c->g.lt) != CUBLAS_STATUS_SUCCESS)
+        cu_fatal("cublasLtCreate", "cannot create a cuBLASLt handle", __FILE__, __LINE__);
+    c->g.workspace_bytes = CU_WORKSPACE;
+    CU(cudaMalloc(&c->g.workspace, c->g.workspace_bytes));
+    const char *env = getenv("PAGODA_CUDA_GRAPHS");
+    c->graphs_on = !(env && !strcmp(env, "0"));
+    env = getenv("PAGODA_CUDA_PROFILE");
+    c->prof = env && !strcmp(env, "1");
+    env = getenv("PAGODA_CUDA_FUSE");
+    c->fuse = !(env && !strcmp(env, "0"));
+    env = getenv("PAGODA_CUDA_GEMM");
+    c->g.no_lt = env && !strcmp(env, "tc");
+    be->ops = &cuda_ops;
+    be->ctx = c;
+    return 0;
+}

@@ -1,0 +1,237 @@
+/*
+ * Shared pieces of the CUDA kernels: error checks, the device view of a weight matrix and
+ * the in-register decoders of every weight format (see model/weights.h for the layouts).
+ *
+ * A matrix is consumed as stored: packed codes, scales and biases are copied to the
+ * device unchanged and every kernel decodes the values it needs into registers.
+ */
+#ifndef PAGODA_KERNELS_CUDA_COMMON_CUH
+#define PAGODA_KERNELS_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+/* Reports a failed CUDA call with its file and line and ends the process: a CUDA error
+ * leaves the context unusable, so no operation can continue after one. */
+void cu_fatal(const char *what, const char *msg, const char *file, int line);
+
+#define CU(call)                                                                                   \
+    do {                                                                                           \
+        cudaError_t cu_e_ = (call);                                                                \
+        if (cu_e_ != cudaSuccess) cu_fatal(#call, cudaGetErrorString(cu_e_), __FILE__, __LINE__);  \
+    } while (0)
+
+/* After every kernel launch. */
+#define CU_LAUNCHED() CU(cudaGetLastError())
+
+/* Formats as the kernels see them. */
+enum dfmt { DF_F32, DF_F16, DF_BF16, DF_AFFINE, DF_MXFP4, DF_MXFP8, DF_NVFP4 };
+/* Scale/bias storage of affine weights. */
+enum dsc { DS_BF16, DS_F16, DS_F32, DS_U8 };
+
+/* The device view of one weight matrix (passed by value to kernels). */
+struct dweight {
+    int fmt, bits, group, sdtype;
+    int gshift;  /* log2(group) when group is a power of two, else -1 */
+    int64_t gpr; /* groups per row (k / group) */
+    int64_t n, k;
+    int64_t row_bytes;
+    const uint8_t *w;
+    const void *scales;
+    const void *biases;
+};
+
+static __device__ __forceinline__ float bf16_bits(uint32_t h)
+{
+    return __uint_as_float(h << 16);
+}
+
+static __device__ __forceinline__ float load_scale(const void *p, int dt, int64_t i)
+{
+    if (dt == DS_BF16) return bf16_bits(((const uint16_t *)p)[i]);
+    if (dt == DS_F16) return __half2float(((const __half *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+/* 2^(e - 127) for an e8m0 byte; 255 is NaN. */
+static __device__ __forceinline__ float e8m0(uint32_t e)
+{
+    if (e == 0) return __uint_as_float(0x00400000u);
+    if (e == 255) return __uint_as_float(0x7fc00000u);
+    return __uint_as_float(e << 23);
+}
+
+/* e2m1 code (bit 3 sign) to float: 0, .5, 1, 1.5, 2, 3, 4, 6. */
+static __device__ __forceinline__ float fp4(uint32_t c)
+{
+    uint32_t e = (c >> 1) & 3, m = c & 1;
+    uint32_t bits = e ? ((e + 126u) << 23) | (m << 22) : (m ? 0x3f000000u : 0u);
+    return __uint_as_float(bits | ((c & 8u) << 28));
+}
+
+/* e4m3 ("fn": 0x7f/0xff NaN, no infinities) to float. */
+static __device__ __forceinline__ float fp8(uint32_t c)
+{
+    uint32_t e = (c >> 3) & 15, m = c & 7;
+    float v;
+    if (e == 0)
+        v = (float)m * (1.0f / 512.0f);
+    else if (e == 15 && m == 7)
+        v = __uint_as_float(0x7fc00000u);
+    else
+        v = __uint_as_float(((e + 120u) << 23) | (m << 20));
+    return (c & 0x80) ? -v : v;
+}
+
+/* Field j of an LSB-first stream of `bits`-bit values. */
+static __device__ __forceinline__ uint32_t field(const uint8_t *row, int64_t j, int bits)
+{
+    int64_t bit = j * bits;
+    const uint8_t *p = row + (bit >> 3);
+    uint32_t v = p[0];
+    if ((bit & 7) + bits > 8) v |= (uint32_t)p[1] << 8;
+    return (v >> (bit & 7)) & ((1u << bits) - 1);
+}
+
+/* Index of the scale of (r, c): shifts for power-of-two groups, no 64-bit division. */
+static __device__ __forceinline__ int64_t group_index(const dweight &W, int64_t r, int64_t c)
+{
+    int gc = W.gshift >= 0 ? (int)c >> W.gshift : (int)c / W.group;
+    return r * W.gpr + gc;
+}
+
+/* Any single element (row r, column c) of any format: embeddings, the generic paths. */
+static __device__ __forceinline__ float dq_elem(const dweight &W, int64_t r, int64_t c)
+{
+    const uint8_t *row = W.w + r * W.row_bytes;
+    int64_t gi = W.group ? group_index(W, r, c) : 0;
+    switch (W.fmt) {
+    case DF_F32:
+        return ((const float *)row)[c];
+    case DF_F16:
+        return __half2float(((const __half *)row)[c]);
+    case DF_BF16:
+        return bf16_bits(((const uint16_t *)row)[c]);
+    case DF_AFFINE:
+        return load_scale(W.scales, W.sdtype, gi) * (float)field(row, c, W.bits) +
+               load_scale(W.biases, W.sdtype, gi);
+    case DF_MXFP4:
+        return fp4(field(row, c, 4)) * e8m0(((const uint8_t *)W.scales)[gi]);
+    case DF_NVFP4:
+        return fp4(field(row, c, 4)) * fp8(((const uint8_t *)W.scales)[gi]);
+    default: /* DF_MXFP8 */
+        return fp8(row[c]) * e8m0(((const uint8_t *)W.scales)[gi]);
+    }
+}
+
+/*
+ * Unit decoders for the fast paths: a unit is the values one thread decodes at once from
+ * one aligned load. Formats with 16, 8, 4 or 2 bits use 16-byte units (8, 16, 32 or 64
+ * values; f32 uses 4); 3, 5 and 6 bits use 32-value units of 12, 20 or 24 bytes. A unit
+ * spanning several groups reads one scale per 16 values (the smallest group).
+ */
+template <int FMT, int BITS> struct unit_traits {
+    static constexpr int vals = FMT == DF_F32                         ? 4
+                                : BITS == 3 || BITS == 5 || BITS == 6 ? 32
+                                                                      : 128 / BITS;
+    static constexpr int bytes = vals * BITS / 8;
+};
+
+/* The scale of value `c` of row r for group-quantized formats. */
+static __device__ __forceinline__ float group_scale(const dweight &W, int64_t r, int64_t c)
+{
+    int64_t gi = group_index(W, r, c);
+    if (W.fmt == DF_AFFINE) return load_scale(W.scales, W.sdtype, gi);
+    uint32_t s = ((const uint8_t *)W.scales)[gi];
+    return W.fmt == DF_NVFP4 ? fp8(s) : e8m0(s);
+}
+
+static __device__ __forceinline__ float group_bias(const dweight &W, int64_t r, int64_t c)
+{
+    return load_scale(W.biases, W.sdtype, group_index(W, r, c));
+}
+
+/* Decodes unit u of row r into v[vals]. */
+template <int FMT, int BITS>
+static __device__ __forceinline__ void decode_unit(const dweight &W, int64_t r, int64_t u, float *v)
+{
+    constexpr int V = unit_traits<FMT, BITS>::vals;
+    const uint8_t *row = W.w + r * W.row_bytes;
+    if (FMT == DF_BF16 || FMT == DF_F16) {
+        uint4 q = __ldg((const uint4 *)row + u);
+        uint32_t w4[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if (FMT == DF_BF16) {
+                v[2 * i] = __uint_as_float(w4[i] << 16);
+                v[2 * i + 1] = __uint_as_float(w4[i] & 0xffff0000u);
+            } else {
+                __half2 h = *(const __half2 *)&w4[i];
+                float2 f = __half22float2(h);
+                v[2 * i] = f.x;
+                v[2 * i + 1] = f.y;
+            }
+        }
+        return;
+    }
+    if (FMT == DF_F32) {
+        float4 q = __ldg((const float4 *)row + u);
+        v[0] = q.x;
+        v[1] = q.y;
+        v[2] = q.z;
+        v[3] = q.w;
+        return;
+    }
+    /* Packed words of the unit. */
+    constexpr int NW = unit_traits<FMT, BITS>::bytes / 4;
+    uint32_t w[NW];
+    if (NW % 4 == 0) {
+#pragma unroll
+        for (int i = 0; i < NW / 4; i++) {
+            uint4 q = __ldg((const uint4 *)(row + u * unit_traits<FMT, BITS>::bytes) + i);
+            w[4 * i] = q.x;
+            w[4 * i + 1] = q.y;
+            w[4 * i + 2] = q.z;
+            w[4 * i + 3] = q.w;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < NW; i++)
+            w[i] = __ldg((const uint32_t *)(row + u * unit_traits<FMT, BITS>::bytes) + i);
+    }
+    int64_t c0 = u * V;
+    constexpr int SUB = V < 16 ? V : 16;
+    float sc = 1.0f, bi = 0.0f;
+#pragma unroll
+    for (int s = 0; s < V / SUB; s++) {
+        /* One scale (and bias) per 16 values (groups are never smaller), read once when
+         * the whole unit sits in one group. */
+        if (s == 0 || W.group < V) {
+            sc = group_scale(W, r, c0 + s * SUB);
+            if (FMT == DF_AFFINE) bi = group_bias(W, r, c0 + s * SUB);
+        }
+#pragma unroll
+        for (int j = 0; j < SUB; j++) {
+            int idx = s * SUB + j;
+            uint32_t q;
+            if (FMT == DF_MXFP8) {
+                q = (w[idx / 4] >> (8 * (idx % 4))) & 0xff;
+                v[idx] = fp8(q) * sc;
+            } else if (FMT == DF_MXFP4 || FMT == DF_NVFP4) {
+                q = (w[idx / 8] >> (4 * (idx % 8))) & 15;
+                v[idx] = fp4(q) * sc;
+            } else {
+                constexpr int B = BITS;
+                int bit = idx * B, wi = bit / 32, sh = bit % 32;
+                uint64_t cat = w[wi];
+                if (sh + B > 32 && wi + 1 < NW) cat |= (uint64_t)w[wi + 1] << 32;
+                q = (uint32_t)((cat >> sh) & ((1ull << B) - 1));
+                v[idx] = sc * (float)q + bi;
+            }
+        }
+    }
+}
+
+#endif

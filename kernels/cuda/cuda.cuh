@@ -1,0 +1,104 @@
+/*
+ * cuda kernels: the launchers behind the CUDA backend (kernels/cuda/backend.cu). All take
+ * device pointers and a stream; shapes follow the backend operations of model/backend.h.
+ * Activations are float32; KV rows are stored as bf16.
+ */
+#ifndef PAGODA_KERNELS_CUDA_CUDA_CUH
+#define PAGODA_KERNELS_CUDA_CUDA_CUH
+
+#include <cublasLt.h>
+
+#include "kernels/cuda/common.cuh"
+
+/* ---- matrix products (gemv.cu, gemm.cu) ---- */
+
+/* Largest m the register-blocked matrix-vector kernels take; larger m goes to GEMM. */
+#define CU_GEMV_MAX_M 8
+
+/** Whether the fast matrix-vector kernel handles this matrix (else the generic one runs). */
+bool cu_gemv_fast(const dweight &w);
+
+/** y[i, r] (row stride ldy) = dot(W row r, x row i) for i < m <= CU_GEMV_MAX_M. */
+void cu_gemv(cudaStream_t s, const dweight &w, const float *x, int m, float *y, int64_t ldy);
+
+/* Up to 3 matrices of one format and k over the same x, in one launch; y[j] is [m, n_j].
+ * pair: 2 matrices of equal n (gate, up): y[0] = act(gate) * up, y[1] = up. */
+struct cu_gemv_set {
+    dweight w[3];
+    float *y[3];
+    int64_t row_end[3]; /* cumulative rows */
+    int nw, pair, gelu;
+};
+bool cu_gemv_set_ok(const cu_gemv_set &g);
+void cu_gemv_multi(cudaStream_t s, const cu_gemv_set &g, const float *x, int m);
+
+/* A cuBLASLt plan of one shape. */
+struct cu_lt_plan {
+    int m, n, k;
+    int ok; /* 0: cuBLASLt has no algorithm for this shape */
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+};
+
+#define CU_LT_PLANS 64
+
+struct cu_gemm_ctx {
+    cublasLtHandle_t lt;
+    void *workspace;
+    size_t workspace_bytes;
+    cu_lt_plan plans[CU_LT_PLANS];
+    int n_plans, next_plan;
+    int no_lt; /* 1: every format through the tensor-core kernel (tests, comparisons) */
+};
+
+void cu_gemm_ctx_destroy(cu_gemm_ctx *g);
+
+/** y[m, n] = x[m, k] . W^T for any m: bf16 weights through cuBLASLt (x rounded to bf16 in
+ * xb, m * k values), other formats through a tensor-core kernel that dequantizes tiles. */
+void cu_gemm(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, const float *x, int m, float *y,
+             __nv_bfloat16 *xb);
+
+/* ---- attention (attention.cu) ---- */
+
+struct cu_attn_args {
+    const float *q;             /* [n_tokens, n_heads, D] */
+    float *out;                 /* [n_tokens, n_heads, D] */
+    const __nv_bfloat16 *k, *v; /* [n_blocks, block_size, n_kv_heads, D] */
+    const int32_t *pos, *tok_seq, *seq_len, *block_table;
+    int n_tokens, n_heads, n_kv_heads, head_dim, block_size, max_blocks;
+    float scale, softcap;
+    int window;
+    int splits;  /* key ranges per (token, kv head); partials combined after */
+    float *part; /* [n_tokens, n_heads, splits, D + 2] when splits > 1 */
+};
+
+void cu_kv_store(cudaStream_t s, __nv_bfloat16 *kc, __nv_bfloat16 *vc, const float *k,
+                 const float *v, const int32_t *slot, int n_tokens, int row);
+void cu_attention(cudaStream_t s, const cu_attn_args &a);
+/** Splits that fill the GPU for a step of n_tokens over up to max_keys keys. */
+int cu_attn_splits(int n_tokens, int n_kv_heads, int max_keys, int sms);
+
+/* ---- element-wise and row-wise (ops.cu) ---- */
+
+void cu_embed(cudaStream_t s, float *out, const dweight &table, const int32_t *tokens, int n,
+              float scale);
+void cu_rms_norm(cudaStream_t s, float *out, const float *x, const float *w, int rows, int dim,
+                 float eps);
+void cu_rope(cudaStream_t s, float *x, int rows, int heads, int d, const float *cos_t,
+             const float *sin_t);
+void cu_act_mul(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n,
+                int gelu);
+void cu_add(cudaStream_t s, float *x, const float *y, int64_t n);
+/** x += y, then out = rms_norm(x) * w, over rows of dim (out may be y). */
+void cu_add_rms_norm(cudaStream_t s, float *out, float *x, const float *y, const float *w, int rows,
+                     int dim, float eps);
+void cu_add_bias(cudaStream_t s, float *y, const float *bias, int m, int n);
+void cu_softcap(cudaStream_t s, float *x, int64_t n, float cap);
+void cu_gather_rows(cudaStream_t s, float *dst, const float *src, const int32_t *rows, int n,
+                    int dim);
+void cu_to_bf16(cudaStream_t s, __nv_bfloat16 *dst, const float *src, int64_t n);
+/** out[i] = index of the largest of row i (the first on ties) for rows of n floats. */
+void cu_argmax(cudaStream_t s, int32_t *out, const float *x, int rows, int n);
+
+#endif

@@ -1,0 +1,283 @@
+/* Element-wise and row-wise kernels of the CUDA backend (float32 activations). */
+#include <math.h>
+
+#include "kernels/cuda/cuda.cuh"
+
+static unsigned blocks_for(int64_t n, int threads)
+{
+    int64_t b = (n + threads - 1) / threads;
+    return (unsigned)(b > 65535 * 16 ? 65535 * 16 : b);
+}
+
+__global__ void k_embed(float *out, dweight W, const int32_t *__restrict__ tokens, float scale)
+{
+    int t = blockIdx.y;
+    int64_t id = tokens[t];
+    for (int64_t c = blockIdx.x * blockDim.x + threadIdx.x; c < W.k; c += gridDim.x * blockDim.x)
+        out[(int64_t)t * W.k + c] = dq_elem(W, id, c) * scale;
+}
+
+void cu_embed(cudaStream_t s, float *out, const dweight &table, const int32_t *tokens, int n,
+              float scale)
+{
+    if (n <= 0) return;
+    dim3 grid((unsigned)((table.k + 255) / 256), (unsigned)n);
+    k_embed<<<grid, 256, 0, s>>>(out, table, tokens, scale);
+    CU_LAUNCHED();
+}
+
+static __device__ __forceinline__ float block_sum(float v, float *sh)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    float t = 0.0f;
+    for (int i = 0; i < nw; i++) t += sh[i];
+    return t;
+}
+
+__global__ void k_rms_norm(float *out, const float *x, const float *__restrict__ w, int dim,
+                           float eps)
+{
+    __shared__ float sh[32];
+    const float *xr = x + (int64_t)blockIdx.x * dim;
+    float *o = out + (int64_t)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+    ss = block_sum(ss, sh);
+    float inv = rsqrtf(ss / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i] * inv * w[i];
+}
+
+void cu_rms_norm(cudaStream_t s, float *out, const float *x, const float *w, int rows, int dim,
+                 float eps)
+{
+    if (rows <= 0) return;
+    int threads = dim >= 1024 ? 1024 : dim >= 256 ? 256 : dim >= 128 ? 128 : 32;
+    k_rms_norm<<<(unsigned)rows, threads, 0, s>>>(out, x, w, dim, eps);
+    CU_LAUNCHED();
+}
+
+__global__ void k_add_rms_norm(float *out, float *x, const float *y, const float *__restrict__ w,
+                               int dim, float eps)
+{
+    __shared__ float sh[32];
+    float *xr = x + (int64_t)blockIdx.x * dim;
+    const float *yr = y + (int64_t)blockIdx.x * dim;
+    float *o = out + (int64_t)blockIdx.x * dim;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float v = xr[i] + yr[i];
+        xr[i] = v;
+        ss = fmaf(v, v, ss);
+    }
+    ss = block_sum(ss, sh);
+    float inv = rsqrtf(ss / (float)dim + eps);
+    /* each thread rereads only the elements it wrote */
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i] * inv * w[i];
+}
+
+void cu_add_rms_norm(cudaStream_t s, float *out, float *x, const float *y, const float *w, int rows,
+                     int dim, float eps)
+{
+    if (rows <= 0) return;
+    int threads = dim >= 1024 ? 1024 : dim >= 256 ? 256 : dim >= 128 ? 128 : 32;
+    k_add_rms_norm<<<(unsigned)rows, threads, 0, s>>>(out, x, y, w, dim, eps);
+    CU_LAUNCHED();
+}
+
+__global__ void k_rope(float *x, int64_t total, int heads, int half, const float *__restrict__ c,
+                       const float *__restrict__ sn)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int j = (int)(i % half);
+        int64_t rh = i / half; /* row * heads + head */
+        int64_t r = rh / heads;
+        float *v = x + rh * 2 * half;
+        float a = v[j], b = v[j + half];
+        float cs = c[r * half + j], si = sn[r * half + j];
+        v[j] = a * cs - b * si;
+        v[j + half] = b * cs + a * si;
+    }
+}
+
+void cu_rope(cudaStream_t s, float *x, int rows, int heads, int d, const float *cos_t,
+             const float *sin_t)
+{
+    int64_t total = (int64_t)rows * heads * (d / 2);
+    if (total <= 0) return;
+    k_rope<<<blocks_for(total, 256), 256, 0, s>>>(x, total, heads, d / 2, cos_t, sin_t);
+    CU_LAUNCHED();
+}
+
+__global__ void k_act_mul(float *out, const float *gate, const float *up, int64_t n, int gelu)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float g = gate[i], r;
+        if (gelu) {
+            const float k = 0.7978845608028654f;
+            r = 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
+        } else {
+            r = g / (1.0f + expf(-g));
+        }
+        out[i] = r * up[i];
+    }
+}
+
+void cu_act_mul(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n, int gelu)
+{
+    if (n <= 0) return;
+    k_act_mul<<<blocks_for(n, 256), 256, 0, s>>>(out, gate, up, n, gelu);
+    CU_LAUNCHED();
+}
+
+__global__ void k_add(float *x, const float *y, int64_t n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] += y[i];
+}
+
+void cu_add(cudaStream_t s, float *x, const float *y, int64_t n)
+{
+    if (n <= 0) return;
+    k_add<<<blocks_for(n, 256), 256, 0, s>>>(x, y, n);
+    CU_LAUNCHED();
+}
+
+__global__ void k_add_bias(float *y, const float *__restrict__ b, int64_t total, int n)
+{
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += b[i % n];
+}
+
+void cu_add_bias(cudaStream_t s, float *y, const float *bias, int m, int n)
+{
+    int64_t total = (int64_t)m * n;
+    if (total <= 0) return;
+    k_add_bias<<<blocks_for(total, 256), 256, 0, s>>>(y, bias, total, n);
+    CU_LAUNCHED();
+}
+
+__global__ void k_softcap(float *x, int64_t n, float cap)
+{
+    float inv = 1.0f / cap;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = cap * tanhf(x[i] * inv);
+}
+
+void cu_softcap(cudaStream_t s, float *x, int64_t n, float cap)
+{
+    if (n <= 0) return;
+    k_softcap<<<blocks_for(n, 256), 256, 0, s>>>(x, n, cap);
+    CU_LAUNCHED();
+}
+
+/* In place (dst == src): rows copied in increasing i, as the CPU reference does. */
+__global__ void k_gather(float *dst, const float *src, const int32_t *__restrict__ rows, int n,
+                         int dim)
+{
+    for (int i = 0; i < n; i++) {
+        const float *s = src + (int64_t)rows[i] * dim;
+        float *d = dst + (int64_t)i * dim;
+        for (int j0 = 0; j0 < dim; j0 += blockDim.x) {
+            int j = j0 + threadIdx.x;
+            float v = j < dim ? s[j] : 0.0f;
+            __syncthreads();
+            if (j < dim) d[j] = v;
+        }
+        __syncthreads();
+    }
+}
+
+__global__ void k_gather_par(float *dst, const float *__restrict__ src,
+                             const int32_t *__restrict__ rows, int dim)
+{
+    const float *s = src + (int64_t)rows[blockIdx.x] * dim;
+    float *d = dst + (int64_t)blockIdx.x * dim;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) d[j] = s[j];
+}
+
+void cu_gather_rows(cudaStream_t s, float *dst, const float *src, const int32_t *rows, int n,
+                    int dim)
+{
+    if (n <= 0) return;
+    if (dst == src) {
+        k_gather<<<1, 1024, 0, s>>>(dst, src, rows, n, dim);
+    } else {
+        k_gather_par<<<(unsigned)n, 256, 0, s>>>(dst, src, rows, dim);
+    }
+    CU_LAUNCHED();
+}
+
+__global__ void k_to_bf16(__nv_bfloat16 *dst, const float *__restrict__ src, int64_t n)
+{
+    for (int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * 2; i < n;
+         i += (int64_t)gridDim.x * blockDim.x * 2) {
+        if (i + 1 < n)
+            *(__nv_bfloat162 *)(dst + i) = __floats2bfloat162_rn(src[i], src[i + 1]);
+        else
+            dst[i] = __float2bfloat16_rn(src[i]);
+    }
+}
+
+void cu_to_bf16(cudaStream_t s, __nv_bfloat16 *dst, const float *src, int64_t n)
+{
+    if (n <= 0) return;
+    k_to_bf16<<<blocks_for((n + 1) / 2, 256), 256, 0, s>>>(dst, src, n);
+    CU_LAUNCHED();
+}
+
+/* One block per row: the largest value, the lowest index among equals; NaN never wins. */
+__global__ void k_argmax(int32_t *out, const float *__restrict__ x, int n)
+{
+    const float *r = x + (int64_t)blockIdx.x * n;
+    float best = -INFINITY;
+    int bi = 0x7fffffff;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = r[i];
+        if (v > best || (v == best && i < bi)) {
+            best = v;
+            bi = i;
+        }
+    }
+    __shared__ float sv[32];
+    __shared__ int si[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > best || (ov == best && oi < bi)) {
+            best = ov;
+            bi = oi;
+        }
+    }
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) {
+        sv[warp] = best;
+        si[warp] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
+            if (sv[w] > best || (sv[w] == best && si[w] < bi)) {
+                best = sv[w];
+                bi = si[w];
+            }
+        out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+    }
+}
+
+void cu_argmax(cudaStream_t s, int32_t *out, const float *x, int rows, int n)
+{
+    if (rows <= 0) return;
+    k_argmax<<<(unsigned)rows, 1024, 0, s>>>(out, x, n);
+    CU_LAUNCHED();
+}

@@ -1,0 +1,536 @@
+/*
+ * CUDA backend against the CPU backend, operation by operation, on fresh random inputs.
+ * Each comparison is the norm-wise relative error |cuda - cpu| / |cpu| with a bound per
+ * operation (stated next to each check). Matrix products are compared with a float64
+ * product of the rows decoded by the CPU's reference decoder (kernels/cpu/quant.c):
+ *   - exact decodes and copies (embed, add, add_bias, gather_rows, argmax): 1e-6 or equal;
+ *   - float32 arithmetic in another order (norms, rope, activations, soft-capping): 1e-5;
+ *     matrix-vector products (m <= 8) against the float64 product: 3e-5;
+ *   - tensor-core products with bf16 operands (m > 8): 1e-2;
+ *   - attention (bf16 KV rows; inputs pre-rounded to bf16 so both sides see equal keys
+ *     and values; fast exponentials): 1e-4.
+ * Every output buffer is poisoned with NaN before the CUDA run, so unwritten elements fail.
+ * Without a GPU the test prints "no GPU: not run" and exits 77 (skipped).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/util.h"
+#include "kernels/cpu/quant.h"
+#include "model/backend.h"
+#include "test_util.h"
+
+static uint64_t rs;
+static uint32_t rnd(void)
+{
+    rs ^= rs << 13;
+    rs ^= rs >> 7;
+    rs ^= rs << 17;
+    return (uint32_t)(rs >> 16);
+}
+static float frand(void)
+{
+    return (float)(rnd() % 2000001) / 1000000.0f - 1.0f;
+}
+
+static struct backend cpu, gpu;
+
+static float *rvec(size_t n)
+{
+    float *v = xmalloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) v[i] = frand();
+    return v;
+}
+
+/* Device copy of host floats. */
+static float *dev(const float *h, size_t n)
+{
+    float *d = gpu.ops->alloc(gpu.ctx, sizeof(float) * (n ? n : 1));
+    if (n) gpu.ops->upload(gpu.ctx, d, h, sizeof(float) * n);
+    return d;
+}
+
+/* A device buffer of n floats filled with NaN. */
+static float *poisoned(size_t n)
+{
+    float *h = xmalloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++) h[i] = NAN;
+    float *d = dev(h, n);
+    free(h);
+    return d;
+}
+
+static float *back(const float *d, size_t n)
+{
+    float *h = xmalloc(sizeof(float) * (n ? n : 1));
+    gpu.ops->download(gpu.ctx, h, d, sizeof(float) * n);
+    return h;
+}
+
+static double rel_err(const float *a, const float *ref, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i]) && isfinite(ref[i])) return INFINITY;
+        double d = (double)a[i] - ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* ---- random weights of every format ---- */
+
+struct mat {
+    struct qweight w, wg; /* host (CPU backend) and prepared for the GPU */
+    uint8_t *data, *scales, *biases;
+};
+
+static void mat_make(struct mat *m, enum wfmt fmt, int bits, int group, int64_t n, int64_t k)
+{
+    memset(m, 0, sizeof *m);
+    struct qweight *w = &m->w;
+    w->fmt = fmt;
+    w->bits = bits;
+    w->group = group;
+    w->n = n;
+    w->k = k;
+    w->row_bytes = (size_t)(k * bits / 8);
+    size_t nb = (size_t)n * w->row_bytes;
+    m->data = xmalloc(nb + 8);
+    for (size_t i = 0; i < nb; i++) m->data[i] = (uint8_t)rnd();
+    if (fmt == WFMT_BF16)
+        for (size_t i = 0; i < nb / 2; i++) ((uint16_t *)m->data)[i] = f32_to_bf16(frand());
+    if (fmt == WFMT_F16)
+        for (size_t i = 0; i < nb / 2; i++) ((uint16_t *)m->data)[i] = f32_to_f16(frand());
+    if (fmt == WFMT_F32)
+        for (size_t i = 0; i < nb / 4; i++) ((float *)m->data)[i] = frand();
+    if (fmt == WFMT_MXFP8)
+        for (size_t i = 0; i < nb; i++)
+            if ((m->data[i] & 0x7f) == 0x7f) m->data[i] ^= 1;
+    w->w = m->data;
+    size_t ng = group ? (size_t)(n * (k / group)) : 0;
+    if (fmt == WFMT_AFFINE) {
+        m->scales = xmalloc(ng * 2);
+        m->biases = xmalloc(ng * 2);
+        for (size_t i = 0; i < ng; i++) {
+            ((uint16_t *)m->scales)[i] = f32_to_bf16(frand() * 0.1f);
+            ((uint16_t *)m->biases)[i] = f32_to_bf16(frand() * 0.5f);
+        }
+        w->sdtype = ST_BF16;
+        w->biases = m->biases;
+    } else if (group) {
+        m->scales = xmalloc(ng);
+        for (size_t i = 0; i < ng; i++)
+            m->scales[i] =
+                fmt == WFMT_NVFP4 ? (uint8_t)(0x30 + rnd() % 16) : (uint8_t)(120 + rnd() % 8);
+        w->sdtype = ST_U8;
+    }
+    w->scales = m->scales;
+    m->wg = m->w;
+    struct err e = {0};
+    CHECK(gpu.ops->weight_prepare(gpu.ctx, &m->wg, &e) == 0, "weight_prepare: %s", e.msg);
+}
+
+static void mat_free(struct mat *m)
+{
+    free(m->data);
+    free(m->scales);
+    free(m->biases);
+}
+
+/* y[i, r] = sum_c W[r, c] x[i, c] in float64 over the reference decode of W. */
+static void mm_ref(const struct qweight *w, const float *x, int m, float *y)
+{
+    float *row = xmalloc(sizeof(float) * (size_t)w->k);
+    for (int64_t r = 0; r < w->n; r++) {
+        quant_dequant_row(w, r, 0, w->k, row);
+        for (int i = 0; i < m; i++) {
+            double acc = 0;
+            for (int64_t c = 0; c < w->k; c++) acc += (double)row[c] * x[(size_t)i * w->k + c];
+            y[(size_t)i * w->n + r] = (float)acc;
+        }
+    }
+    free(row);
+}
+
+struct fmt_case {
+    enum wfmt fmt;
+    int bits, group;
+    int64_t n, k;
+};
+
+static const struct fmt_case fmts[] = {
+    {WFMT_F32, 32, 0, 70, 100},     {WFMT_F16, 16, 0, 96, 256},    {WFMT_BF16, 16, 0, 200, 512},
+    {WFMT_BF16, 16, 0, 33, 100}, /* generic path */
+    {WFMT_AFFINE, 2, 32, 64, 256},  {WFMT_AFFINE, 3, 32, 72, 256}, {WFMT_AFFINE, 3, 64, 40, 192},
+    {WFMT_AFFINE, 4, 32, 130, 256}, {WFMT_AFFINE, 4, 64, 64, 512}, {WFMT_AFFINE, 4, 128, 48, 1024},
+    {WFMT_AFFINE, 5, 32, 50, 256},  {WFMT_AFFINE, 6, 64, 50, 256}, {WFMT_AFFINE, 8, 32, 90, 256},
+    {WFMT_AFFINE, 8, 64, 64, 128},  {WFMT_MXFP4, 4, 32, 100, 256}, {WFMT_MXFP8, 8, 32, 100, 256},
+    {WFMT_NVFP4, 4, 16, 100, 256},  {WFMT_AFFINE, 4, 8, 16, 64}, /* group 8: generic */
+};
+
+static void test_matmul_embed(void)
+{
+    const int ms[] = {1, 3, 8, 37, 130};
+    for (size_t f = 0; f < sizeof fmts / sizeof fmts[0]; f++) {
+        const struct fmt_case *fc = &fmts[f];
+        struct mat m;
+        mat_make(&m, fc->fmt, fc->bits, fc->group, fc->n, fc->k);
+        char name[32];
+        qweight_format_name(&m.w, name, sizeof name);
+        for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+            int rows = ms[mi];
+            size_t nx = (size_t)rows * fc->k, ny = (size_t)rows * fc->n;
+            float *x = rvec(nx), *ref = xmalloc(sizeof(float) * ny);
+            mm_ref(&m.w, x, rows, ref);
+            float *dx = dev(x, nx), *dy = poisoned(ny);
+            gpu.ops->matmul(gpu.ctx, dy, dx, &m.wg, rows);
+            float *y = back(dy, ny);
+            double err = rel_err(y, ref, ny);
+            double bound = rows <= 8 ? 3e-5 : 1e-2;
+            CHECK(err <= bound, "matmul %s %lldx%lld m=%d: relative error %.3g > %.0e", name,
+                  (long long)fc->n, (long long)fc->k, rows, err, bound);
+            free(x);
+            free(ref);
+            free(y);
+            gpu.ops->free(gpu.ctx, dx);
+            gpu.ops->free(gpu.ctx, dy);
+        }
+        /* embed: exact decode of a few rows, scaled */
+        int32_t toks[5] = {0, (int32_t)(fc->n - 1), 3, 7 % fc->n, 11 % fc->n};
+        int32_t zero5[5] = {0}, one5[5] = {1, 1, 1, 1, 1}, qs[2] = {0, 5};
+        struct fwd_batch b = {.n_tokens = 5,
+                              .tokens = toks,
+                              .pos = zero5,
+                              .slot = zero5,
+                              .n_seqs = 1,
+                              .q_start = qs,
+                              .seq_len = one5,
+                              .block_table = zero5,
+                              .max_blocks = 1,
+                              .n_logits = 0,
+                              .logit_rows = zero5};
+        size_t ne = 5 * (size_t)fc->k;
+        float *ref = xmalloc(sizeof(float) * ne);
+        cpu.ops->batch_begin(cpu.ctx, &b);
+        cpu.ops->embed(cpu.ctx, ref, &m.w, &b, 1.5f);
+        float *de = poisoned(ne);
+        gpu.ops->batch_begin(gpu.ctx, &b);
+        gpu.ops->embed(gpu.ctx, de, &m.wg, &b, 1.5f);
+        float *e = back(de, ne);
+        double err = rel_err(e, ref, ne);
+        CHECK(err <= 1e-6, "embed %s: relative error %.3g > 1e-6", name, err);
+        free(ref);
+        free(e);
+        gpu.ops->free(gpu.ctx, de);
+        mat_free(&m);
+    }
+}
+
+/* Runs one element-wise op on both backends and compares. */
+static void test_elementwise(void)
+{
+    const int rows = 7, dim = 384;
+    size_t n = (size_t)rows * dim;
+    float *x = rvec(n), *y = rvec(n), *w = rvec(dim), *ref = xmalloc(sizeof(float) * n);
+    float *dx = dev(x, n), *dy = dev(y, n), *dw = dev(w, dim);
+    double err;
+
+    /* rms_norm (out-of-place and in place) */
+    cpu.ops->rms_norm(cpu.ctx, ref, x, w, rows, dim, 1e-6f);
+    float *dout = poisoned(n);
+    gpu.ops->rms_norm(gpu.ctx, dout, dx, dw, rows, dim, 1e-6f);
+    float *got = back(dout, n);
+    err = rel_err(got, ref, n);
+    CHECK(err <= 1e-5, "rms_norm: relative error %.3g > 1e-5", err);
+    free(got);
+
+    /* rope over 3 heads of d=128 per row: x [rows][3][128] = the first rows*384 values */
+    const int heads = 3, d = 128;
+    float *cs = rvec((size_t)rows * d / 2), *sn = rvec((size_t)rows * d / 2);
+    float *dcs = dev(cs, (size_t)rows * d / 2), *dsn = dev(sn, (size_t)rows * d / 2);
+    memcpy(ref, x, sizeof(float) * n);
+    cpu.ops->rope(cpu.ctx, ref, rows, heads, d, cs, sn);
+    float *dr = dev(x, n);
+    gpu.ops->rope(gpu.ctx, dr, rows, heads, d, dcs, dsn);
+    got = back(dr, n);
+    err = rel_err(got, ref, n);
+    CHECK(err <= 1e-5, "rope: relative error %.3g > 1e-5", err);
+    free(got);
+
+    for (int act = 0; act < 2; act++) {
+        cpu.ops->act_mul(cpu.ctx, ref, x, y, (int64_t)n, act ? ACT_GELU_TANH : ACT_SILU);
+        gpu.ops->act_mul(gpu.ctx, dout, dx, dy, (int64_t)n, act ? ACT_GELU_TANH : ACT_SILU);
+        got = back(dout, n);
+        err = rel_err(got, ref, n);
+        CHECK(err <= 1e-5, "act_mul %s: relative error %.3g > 1e-5", act ? "gelu" : "silu", err);
+        free(got);
+    }
+
+    memcpy(ref, x, sizeof(float) * n);
+    cpu.ops->add(cpu.ctx, ref, y, (int64_t)n);
+    float *da = dev(x, n);
+    gpu.ops->add(gpu.ctx, da, dy, (int64_t)n);
+    got = back(da, n);
+    CHECK(rel_err(got, ref, n) <= 1e-6, "add differs");
+    free(got);
+
+    memcpy(ref, x, sizeof(float) * n);
+    cpu.ops->add_bias(cpu.ctx, ref, w, rows, dim);
+    gpu.ops->upload(gpu.ctx, da, x, sizeof(float) * n);
+    gpu.ops->add_bias(gpu.ctx, da, dw, rows, dim);
+    got = back(da, n);
+    CHECK(rel_err(got, ref, n) <= 1e-6, "add_bias differs");
+    free(got);
+
+    memcpy(ref, x, sizeof(float) * n);
+    for (size_t i = 0; i < n; i++) ref[i] *= 40.0f;
+    float *dsc = dev(ref, n);
+    cpu.ops->softcap(cpu.ctx, ref, (int64_t)n, 30.0f);
+    gpu.ops->softcap(gpu.ctx, dsc, (int64_t)n, 30.0f);
+    got = back(dsc, n);
+    err = rel_err(got, ref, n);
+    CHECK(err <= 1e-5, "softcap: relative error %.3g > 1e-5", err);
+    free(got);
+
+    /* gather_rows with rows that are not the batch's logit rows */
+    int32_t rws[4] = {6, 0, 3, 3};
+    cpu.ops->gather_rows(cpu.ctx, ref, x, rws, 4, dim);
+    float *dg = poisoned(4 * (size_t)dim);
+    gpu.ops->gather_rows(gpu.ctx, dg, dx, rws, 4, dim);
+    got = back(dg, 4 * (size_t)dim);
+    CHECK(rel_err(got, ref, 4 * (size_t)dim) == 0, "gather_rows differs");
+    free(got);
+
+    /* argmax: ties go to the lowest index */
+    int32_t am_cpu[7], am_gpu[7];
+    float *lg = rvec(n);
+    lg[5] = lg[100] = 7.0f; /* row 0: tie between 5 and 100 */
+    float *dlg = dev(lg, n);
+    cpu.ops->argmax(cpu.ctx, am_cpu, lg, rows, dim);
+    gpu.ops->argmax(gpu.ctx, am_gpu, dlg, rows, dim);
+    for (int r = 0; r < rows; r++)
+        CHECK(am_cpu[r] == am_gpu[r], "argmax row %d: %d vs %d", r, am_gpu[r], am_cpu[r]);
+    CHECK(am_gpu[0] == 5, "argmax tie: %d", am_gpu[0]);
+
+    float *bufs[] = {dx, dy, dw, dout, dcs, dsn, dr, da, dsc, dg, dlg};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gpu.ops->free(gpu.ctx, bufs[i]);
+    free(x);
+    free(y);
+    free(w);
+    free(ref);
+    free(cs);
+    free(sn);
+    free(lg);
+}
+
+/*
+ * The backend merges neighbouring operations (q/k/v products over one x, gate and up
+ * products with the activation, a residual add with the next norm): run those sequences
+ * through the op table and compare with the CPU backend doing them one by one (bound
+ * 1e-4: the CPU's own decode kernels sum in another order than the float64 reference).
+ */
+static void test_fusions(void)
+{
+    const int H = 256, F = 512, KV = 128;
+    for (int m = 1; m <= 8; m += 7) {
+        struct mat wq, wk, wv, wg, wu;
+        mat_make(&wq, WFMT_BF16, 16, 0, H, H);
+        mat_make(&wk, WFMT_BF16, 16, 0, KV, H);
+        mat_make(&wv, WFMT_BF16, 16, 0, KV, H);
+        mat_make(&wg, WFMT_AFFINE, 4, 64, F, H);
+        mat_make(&wu, WFMT_AFFINE, 4, 64, F, H);
+        size_t nh = (size_t)m * H, nf = (size_t)m * F, nk = (size_t)m * KV;
+        float *x = rvec(nh), *res = rvec(nh), *nw = rvec(H);
+        float *q = xmalloc(4 * nh), *k = xmalloc(4 * nk), *v = xmalloc(4 * nk);
+        float *g = xmalloc(4 * nf), *u = xmalloc(4 * nf), *xr = xmalloc(4 * nh),
+              *h = xmalloc(4 * nh);
+        memcpy(xr, res, 4 * nh);
+        cpu.ops->matmul(cpu.ctx, q, x, &wq.w, m);
+        cpu.ops->matmul(cpu.ctx, k, x, &wk.w, m);
+        cpu.ops->matmul(cpu.ctx, v, x, &wv.w, m);
+        cpu.ops->matmul(cpu.ctx, g, x, &wg.w, m);
+        cpu.ops->matmul(cpu.ctx, u, x, &wu.w, m);
+        cpu.ops->act_mul(cpu.ctx, g, g, u, (int64_t)nf, ACT_SILU);
+        cpu.ops->add(cpu.ctx, xr, q, (int64_t)nh);
+        cpu.ops->rms_norm(cpu.ctx, h, xr, nw, m, H, 1e-5f);
+
+        float *dx = dev(x, nh), *dres = dev(res, nh), *dnw = dev(nw, H);
+        float *dq = poisoned(nh), *dk = poisoned(nk), *dv = poisoned(nk), *dg = poisoned(nf),
+              *du = poisoned(nf), *dh = poisoned(nh);
+        gpu.ops->matmul(gpu.ctx, dq, dx, &wq.wg, m);
+        gpu.ops->matmul(gpu.ctx, dk, dx, &wk.wg, m);
+        gpu.ops->matmul(gpu.ctx, dv, dx, &wv.wg, m);
+        gpu.ops->matmul(gpu.ctx, dg, dx, &wg.wg, m);
+        gpu.ops->matmul(gpu.ctx, du, dx, &wu.wg, m);
+        gpu.ops->act_mul(gpu.ctx, dg, dg, du, (int64_t)nf, ACT_SILU);
+        gpu.ops->add(gpu.ctx, dres, dq, (int64_t)nh);
+        gpu.ops->rms_norm(gpu.ctx, dh, dres, dnw, m, H, 1e-5f);
+        struct {
+            const char *name;
+            float *d, *ref;
+            size_t n;
+        } outs[] = {{"q", dq, q, nh},          {"k", dk, k, nk},
+                    {"v", dv, v, nk},          {"act(gate)*up", dg, g, nf},
+                    {"up", du, u, nf},         {"x + q", dres, xr, nh},
+                    {"norm(x + q)", dh, h, nh}};
+        for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) {
+            float *got = back(outs[i].d, outs[i].n);
+            double err = rel_err(got, outs[i].ref, outs[i].n);
+            CHECK(err <= 1e-4, "fused sequence m=%d, %s: relative error %.3g > 1e-4", m,
+                  outs[i].name, err);
+            free(got);
+            gpu.ops->free(gpu.ctx, outs[i].d);
+            free(outs[i].ref);
+        }
+        gpu.ops->free(gpu.ctx, dx);
+        gpu.ops->free(gpu.ctx, dnw);
+        free(x);
+        free(res);
+        free(nw);
+        struct mat *ms[] = {&wq, &wk, &wv, &wg, &wu};
+        for (int i = 0; i < 5; i++) mat_free(ms[i]);
+    }
+}
+
+static float round_bf16(float v)
+{
+    return bf16_to_f32(f32_to_bf16(v));
+}
+
+/*
+ * A mixed batch on paged KV: sequence 0 prefills 37 tokens from position 0, sequence 1
+ * decodes one token at position `dec_pos` over a context stored by an earlier step,
+ * sequence 2 prefills 20 tokens at positions 50..69 after 50 stored ones. Blocks are
+ * scattered (reversed order) to exercise the block tables.
+ */
+static void test_attention_case(int n_heads, int n_kv, int hd, int window, float softcap)
+{
+    const int bs = 16, max_blocks = 16, n_blocks = 3 * max_blocks, dec_pos = 200;
+    const int kv_row = n_kv * hd;
+    int32_t bt[3 * 16];
+    for (int i = 0; i < 3 * max_blocks; i++) bt[i] = n_blocks - 1 - i;
+    const int pre[3] = {0, dec_pos, 50}, cnt[3] = {37, 1, 20};
+    size_t kv_elems = (size_t)n_blocks * bs * kv_row;
+    float *kc = xcalloc(kv_elems, sizeof(float)), *vc = xcalloc(kv_elems, sizeof(float));
+    struct kv_layer kv_cpu = {kc, vc};
+    struct kv_layer kv_gpu = {gpu.ops->alloc(gpu.ctx, kv_elems * 2),
+                              gpu.ops->alloc(gpu.ctx, kv_elems * 2)};
+    struct kv_geom g = {n_blocks, bs, n_kv, hd};
+    struct attn_params p = {n_heads, n_kv, hd, 1.0f / sqrtf((float)hd), softcap, window};
+
+    /* Step 0 prefills the earlier context of sequences 1 and 2; step 1 is the mixed batch. */
+    for (int step = 0; step < 2; step++) {
+        int32_t tokens[512], pos[512], slot[512], qs[4], sl[3], lr[1] = {0};
+        int nt = 0, ns = 0;
+        for (int s = 0; s < 3; s++) {
+            int lo = step == 0 ? 0 : pre[s], c = step == 0 ? pre[s] : cnt[s];
+            if (c == 0) continue;
+            qs[ns] = nt;
+            for (int j = 0; j < c; j++, nt++) {
+                int ps = lo + j;
+                tokens[nt] = 0;
+                pos[nt] = ps;
+                slot[nt] = bt[s * max_blocks + ps / bs] * bs + ps % bs;
+            }
+            sl[ns] = lo + c;
+            ns++;
+        }
+        qs[ns] = nt;
+        /* block table rows of the sequences present in this step */
+        int32_t bts[3 * 16];
+        for (int s = 0, r = 0; s < 3; s++) {
+            int c = step == 0 ? pre[s] : cnt[s];
+            if (c == 0) continue;
+            memcpy(bts + r * max_blocks, bt + s * max_blocks, sizeof(int32_t) * max_blocks);
+            r++;
+        }
+        struct fwd_batch b = {.n_tokens = nt,
+                              .tokens = tokens,
+                              .pos = pos,
+                              .slot = slot,
+                              .n_seqs = ns,
+                              .q_start = qs,
+                              .seq_len = sl,
+                              .block_table = bts,
+                              .max_blocks = max_blocks,
+                              .n_logits = 0,
+                              .logit_rows = lr};
+        size_t nq = (size_t)nt * n_heads * hd, nk = (size_t)nt * kv_row;
+        float *q = rvec(nq), *k = rvec(nk), *v = rvec(nk);
+        for (size_t i = 0; i < nk; i++) {
+            k[i] = round_bf16(k[i] * 2.0f);
+            v[i] = round_bf16(v[i]);
+        }
+        for (size_t i = 0; i < nq; i++) q[i] *= 2.0f;
+        float *ref = xmalloc(sizeof(float) * nq);
+        cpu.ops->batch_begin(cpu.ctx, &b);
+        cpu.ops->kv_store(cpu.ctx, &kv_cpu, &g, k, v, &b);
+        cpu.ops->attention(cpu.ctx, ref, q, &kv_cpu, &g, &b, &p);
+        float *dq = dev(q, nq), *dk = dev(k, nk), *dv = dev(v, nk), *dout = poisoned(nq);
+        gpu.ops->batch_begin(gpu.ctx, &b);
+        gpu.ops->kv_store(gpu.ctx, &kv_gpu, &g, dk, dv, &b);
+        gpu.ops->attention(gpu.ctx, dout, dq, &kv_gpu, &g, &b, &p);
+        float *got = back(dout, nq);
+        double err = rel_err(got, ref, nq);
+        CHECK(err <= 1e-4,
+              "attention heads %d/%d d=%d window %d softcap %g step %d: relative error %.3g > "
+              "1e-4",
+              n_heads, n_kv, hd, window, softcap, step, err);
+        free(q);
+        free(k);
+        free(v);
+        free(ref);
+        free(got);
+        gpu.ops->free(gpu.ctx, dq);
+        gpu.ops->free(gpu.ctx, dk);
+        gpu.ops->free(gpu.ctx, dv);
+        gpu.ops->free(gpu.ctx, dout);
+    }
+    gpu.ops->free(gpu.ctx, kv_gpu.k);
+    gpu.ops->free(gpu.ctx, kv_gpu.v);
+    free(kc);
+    free(vc);
+}
+
+static void test_attention(void)
+{
+    test_attention_case(4, 2, 32, 0, 0);
+    test_attention_case(8, 8, 64, 0, 0);
+    test_attention_case(32, 8, 128, 0, 0);
+    test_attention_case(16, 2, 128, 0, 0); /* 8 query heads per KV head */
+    test_attention_case(4, 2, 256, 24, 0); /* sliding window */
+    test_attention_case(8, 4, 96, 0, 50.0f);
+}
+
+int main(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    if (!backend_cuda_available()) {
+        printf("no GPU: not run (this test compares the CUDA backend with the CPU one)\n");
+        return 77;
+    }
+    struct err e = {0};
+    CHECK(backend_cpu_create(&cpu, 0, &e) == 0, "cpu backend: %s", e.msg);
+    if (backend_create(&gpu, "cuda", 0, &e)) {
+        fprintf(stderr, "cuda backend: %s\n", e.msg);
+        return 1;
+    }
+    struct backend_info bi;
+    gpu.ops->info(gpu.ctx, &bi);
+    printf("device: %s\n", bi.device);
+    for (int round = 0; round < 2; round++) { /* fresh random inputs each round */
+        rs = 0x9e3779b97f4a7c15ull ^ (uint64_t)(util_now() * 1e6) ^ (uint64_t)round;
+        test_matmul_embed();
+        test_elementwise();
+        test_fusions();
+        test_attention();
+    }
+    backend_destroy(&gpu);
+    backend_destroy(&cpu);
+    TEST_DONE();
+}
