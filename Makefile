@@ -20,7 +20,9 @@ $(BUILD)/build.ninja $(BUILD)/Makefile:
 build: $(BUILD)/Makefile
 	cmake --build $(BUILD) -j $(JOBS)
 
-run: setup build
+# Builds only the server and the load client: the quickest way to a running server.
+run: setup $(BUILD)/Makefile
+	cmake --build $(BUILD) -j $(JOBS) --target pagoda pagoda-bench
 	$(BUILD)/pagoda serve --model $(MODEL) --port $(PORT)
 
 generate: setup build

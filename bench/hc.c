@@ -20,11 +20,16 @@
 int hc_url_parse(const char *s, struct hc_url *u, struct err *e)
 {
     memset(u, 0, sizeof *u);
-    if (!strncasecmp(s, "https://", 8))
-        return err_set(e, "%s: https is not supported; use http:// (HTTP/1.1, or h2c with --http2)",
-                       s);
-    if (strncasecmp(s, "http://", 7)) return err_set(e, "%s: the URL must start with http://", s);
-    const char *h = s + 7, *end = h + strcspn(h, "/?#");
+    size_t skip = 0;
+    if (!strncasecmp(s, "https://", 8)) {
+        u->tls = 1;
+        skip = 8;
+    } else if (!strncasecmp(s, "http://", 7)) {
+        skip = 7;
+    } else {
+        return err_set(e, "%s: the URL must start with http:// or https://", s);
+    }
+    const char *h = s + skip, *end = h + strcspn(h, "/?#");
     const char *colon = NULL;
     if (*h == '[') { /* [IPv6]:port */
         const char *rb = memchr(h, ']', (size_t)(end - h));
@@ -48,7 +53,7 @@ int hc_url_parse(const char *s, struct hc_url *u, struct err *e)
         long port = strtol(u->port, NULL, 10);
         if (port < 1 || port > 65535) return err_set(e, "%s: port out of range", s);
     } else {
-        strcpy(u->port, "80");
+        strcpy(u->port, u->tls ? "443" : "80");
     }
     size_t pl = strcspn(end, "?#");
     while (pl && end[pl - 1] == '/') pl--;
@@ -58,7 +63,7 @@ int hc_url_parse(const char *s, struct hc_url *u, struct err *e)
 }
 
 struct hc *hc_create(const struct hc_url *u, enum hc_proto proto, int connections,
-                     const char *api_key, struct err *e)
+                     const char *api_key, const struct hc_tls_opts *tls, struct err *e)
 {
     struct addrinfo hints = {0}, *res = NULL;
     hints.ai_family = AF_UNSPEC;
@@ -90,12 +95,17 @@ struct hc *hc_create(const struct hc_url *u, enum hc_proto proto, int connection
         hc_destroy(c);
         return NULL;
     }
+    if (u->tls && hc_tls_init(c, tls, e)) {
+        hc_destroy(c);
+        return NULL;
+    }
     return c;
 }
 
 static void free_conn(struct hc_conn *k)
 {
     if (k->sess) nghttp2_session_del(k->sess);
+    hc_tls_conn_free(k);
     free(k->out);
     free(k);
 }
@@ -122,6 +132,7 @@ void hc_destroy(struct hc *c)
     for (struct hc_conn *k = c->conns; k; k = k->next) hc_conn_close(k, "client closed");
     sweep(c);
     if (c->epfd >= 0) close(c->epfd);
+    hc_tls_free(c);
     free(c->h2_conns);
     free(c->auth_header);
     free(c);
@@ -129,7 +140,7 @@ void hc_destroy(struct hc *c)
 
 void hc_req_release(struct hc_req *r)
 {
-    if (r->h2_open) return;
+    if (r->h2_open || r->c->submitting == r) return;
     free(r->path);
     free(r->body);
     free(r);
@@ -182,7 +193,8 @@ struct hc_conn *hc_conn_open(struct hc *c, int h2, struct err *e)
     k->c = c;
     k->fd = fd;
     k->h2 = h2;
-    k->connected = rc == 0;
+    k->tcp_up = rc == 0;
+    k->connected = k->tcp_up && !c->tls;
     struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | EPOLLOUT, .data.ptr = k};
     if (epoll_ctl(c->epfd, EPOLL_CTL_ADD, fd, &ev) < 0) {
         err_set(e, "epoll_ctl: %s", strerror(errno));
@@ -192,6 +204,10 @@ struct hc_conn *hc_conn_open(struct hc *c, int h2, struct err *e)
     }
     k->next = c->conns;
     c->conns = k;
+    if (c->tls && hc_tls_attach(k, e) < 0) {
+        hc_conn_close(k, e->msg);
+        return NULL;
+    }
     if (h2 && hc_h2_start(k, e) < 0) {
         hc_conn_close(k, e->msg);
         return NULL;
@@ -228,7 +244,7 @@ int hc_conn_flush(struct hc_conn *k)
 {
     if (!k->connected) return 0;
     while (k->out_off < k->out_len) {
-        ssize_t w = send(k->fd, k->out + k->out_off, k->out_len - k->out_off, MSG_NOSIGNAL);
+        ssize_t w = hc_io_write(k, k->out + k->out_off, k->out_len - k->out_off);
         if (w < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) break;
@@ -242,6 +258,41 @@ int hc_conn_flush(struct hc_conn *k)
     int more = k->out_off < k->out_len || (k->sess && nghttp2_session_want_write(k->sess));
     hc_conn_want_write(k, more);
     return 0;
+}
+
+/* Starts r on a connection; r may finish (fail) before this returns. */
+static void start(struct hc *c, struct hc_req *r)
+{
+    struct err e = {{0}};
+    if (c->proto == HC_HTTP1) {
+        struct hc_conn *k = NULL;
+        for (struct hc_conn *it = c->conns; it; it = it->next)
+            if (!it->dead && !it->h2 && !it->req && it->connected) {
+                k = it;
+                break;
+            }
+        if (!k) {
+            k = hc_conn_open(c, 0, &e);
+            r->fresh_conn = 1;
+        }
+        if (!k) {
+            hc_req_finish(r, 0, e.msg);
+            return;
+        }
+        hc_h1_send(k, r);
+        return;
+    }
+    int slot = c->h2_next++ % c->n_h2;
+    struct hc_conn *k = c->h2_conns[slot];
+    if (!k) {
+        k = hc_conn_open(c, 1, &e);
+        if (!k) {
+            hc_req_finish(r, 0, e.msg);
+            return;
+        }
+        c->h2_conns[slot] = k;
+    }
+    hc_h2_submit(k, r);
 }
 
 struct hc_req *hc_submit(struct hc *c, const char *method, const char *path, const char *body,
@@ -261,36 +312,15 @@ struct hc_req *hc_submit(struct hc *c, const char *method, const char *path, con
     r->cb = *cb;
     r->ctx = ctx;
     c->active++;
-    struct err e = {{0}};
-    if (c->proto == HC_HTTP1) {
-        struct hc_conn *k = NULL;
-        for (struct hc_conn *it = c->conns; it; it = it->next)
-            if (!it->dead && !it->h2 && !it->req && it->connected) {
-                k = it;
-                break;
-            }
-        if (!k) {
-            k = hc_conn_open(c, 0, &e);
-            r->fresh_conn = 1;
-        }
-        if (!k) {
-            hc_req_finish(r, 0, e.msg);
-            return NULL;
-        }
-        hc_h1_send(k, r);
-        return r;
+    /* A request can fail inside start() (connection refused, a send error with no way to
+     * retry): its memory is then kept until here, so that NULL can be returned safely. */
+    c->submitting = r;
+    start(c, r);
+    c->submitting = NULL;
+    if (r->done) {
+        hc_req_release(r);
+        return NULL;
     }
-    int slot = c->h2_next++ % c->n_h2;
-    struct hc_conn *k = c->h2_conns[slot];
-    if (!k) {
-        k = hc_conn_open(c, 1, &e);
-        if (!k) {
-            hc_req_finish(r, 0, e.msg);
-            return NULL;
-        }
-        c->h2_conns[slot] = k;
-    }
-    if (hc_h2_submit(k, r) < 0) return NULL;
     return r;
 }
 
@@ -311,9 +341,12 @@ void hc_cancel(struct hc *c, struct hc_req *r, const char *reason)
     hc_req_finish(r, 0, reason);
 }
 
-static void writable(struct hc_conn *k)
+static void h2_readable(struct hc_conn *k);
+
+/* Drives the connect and the TLS handshake; returns 1 once the connection is ready. */
+static int establish(struct hc_conn *k)
 {
-    if (!k->connected) {
+    if (!k->tcp_up) {
         int err = 0;
         socklen_t len = sizeof err;
         getsockopt(k->fd, SOL_SOCKET, SO_ERROR, &err, &len);
@@ -321,10 +354,30 @@ static void writable(struct hc_conn *k)
             char why[512];
             snprintf(why, sizeof why, "connect to %s: %s", k->c->authority, strerror(err));
             hc_conn_close(k, why); /* a refused connection is a real failure: no retry */
-            return;
+            return 0;
+        }
+        k->tcp_up = 1;
+        k->connected = !k->ssl;
+    }
+    if (!k->connected) {
+        char why[512];
+        int rc = hc_tls_handshake(k, why, sizeof why);
+        if (rc < 0) {
+            hc_conn_close(k, why);
+            return 0;
+        }
+        if (rc == 0) {
+            hc_conn_want_write(k, k->tls_want_write);
+            return 0;
         }
         k->connected = 1;
     }
+    return 1;
+}
+
+static void writable(struct hc_conn *k)
+{
+    if (!k->connected && !establish(k)) return;
     if (k->h2)
         hc_h2_send(k);
     else
@@ -335,12 +388,12 @@ static void h2_readable(struct hc_conn *k)
 {
     char buf[65536];
     for (;;) {
-        ssize_t n = recv(k->fd, buf, sizeof buf, 0);
+        ssize_t n = hc_io_read(k, buf, sizeof buf);
         if (n < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) break;
             char why[160];
-            snprintf(why, sizeof why, "recv: %s", strerror(errno));
+            snprintf(why, sizeof why, "recv: %s", errno == EPROTO ? "TLS error" : strerror(errno));
             hc_conn_close(k, why);
             return;
         }
@@ -365,12 +418,14 @@ int hc_poll(struct hc *c, int timeout_ms)
         struct hc_conn *k = evs[i].data.ptr;
         if (k->dead) continue;
         uint32_t ev = evs[i].events;
-        if (ev & EPOLLOUT) writable(k);
-        if (k->dead) continue;
         if (!k->connected) {
-            if (ev & (EPOLLERR | EPOLLHUP)) writable(k); /* reports the connect error */
+            /* connecting or in the TLS handshake: any event moves it on (or reports the
+             * error); once ready, what was queued goes out */
+            if (establish(k)) writable(k);
             continue;
         }
+        if (ev & EPOLLOUT) writable(k);
+        if (k->dead) continue;
         if (ev & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
             if (k->h2)
                 h2_readable(k);

@@ -1,8 +1,9 @@
 /*
  * hc: a single-threaded HTTP client for one origin (http://host:port), driven by epoll, that
  * keeps many requests in flight: HTTP/1.1 with a pool of keep-alive connections (one request
- * per connection at a time), or HTTP/2 over cleartext with prior knowledge (h2c), many
- * streams multiplexed on a few connections (libnghttp2).
+ * per connection at a time), or HTTP/2 (h2c with prior knowledge, or h2 over TLS by ALPN)
+ * with many streams multiplexed on a few connections (libnghttp2). https URLs use TLS
+ * (OpenSSL).
  *
  *     struct hc *c = hc_create(&url, HC_HTTP2, 1, &e);
  *     hc_submit(c, "POST", "/v1/completions", body, len, &callbacks, ctx);
@@ -25,15 +26,22 @@ struct hc_req;
 
 /** http://host[:port][/prefix] split into its parts. */
 struct hc_url {
+    int tls; /* https */
     char host[256];
     char port[16];
     char prefix[512]; /* without a trailing slash; "" for none */
 };
 
-/** Parses an http:// URL (https is refused with a clear message). 0, or -1 + err. */
+/** Parses an http:// or https:// URL. 0, or -1 + err. */
 int hc_url_parse(const char *s, struct hc_url *u, struct err *e);
 
 enum hc_proto { HC_HTTP1, HC_HTTP2 };
+
+/** TLS settings for https URLs. */
+struct hc_tls_opts {
+    int insecure;       /* do not verify the server's certificate */
+    const char *cafile; /* PEM CA certificates to verify it with (default: the system's) */
+};
 
 struct hc_callbacks {
     /** The response status is known (HTTP/2: the :status header; HTTP/1.1: the head). */
@@ -45,16 +53,19 @@ struct hc_callbacks {
 };
 
 /**
- * Resolves the host and prepares the client (no connection is opened yet). http2: h2c
- * with prior knowledge over `connections` connections (streams spread round-robin).
- * api_key, when non-NULL, is sent as "Authorization: Bearer KEY".
+ * Resolves the host and prepares the client (no connection is opened yet). http2: HTTP/2
+ * over `connections` connections (streams spread round-robin). api_key, when non-NULL, is
+ * sent as "Authorization: Bearer KEY"; tls applies to https URLs (NULL: defaults).
  */
 struct hc *hc_create(const struct hc_url *u, enum hc_proto proto, int connections,
-                     const char *api_key, struct err *e);
+                     const char *api_key, const struct hc_tls_opts *tls, struct err *e);
 /** Fails whatever is in flight (on_done with "client closed") and frees everything. */
 void hc_destroy(struct hc *c);
 
-/** Queues a request; body is copied. Returns a handle valid until its on_done returns. */
+/**
+ * Queues a request; body is copied. Returns a handle valid until its on_done returns, or
+ * NULL when the request already failed (its on_done has run) before hc_submit returned.
+ */
 struct hc_req *hc_submit(struct hc *c, const char *method, const char *path, const char *body,
                          size_t body_len, const struct hc_callbacks *cb, void *ctx);
 

@@ -70,12 +70,12 @@ void hc_h1_readable(struct hc_conn *k)
 {
     char buf[65536];
     for (;;) {
-        ssize_t n = recv(k->fd, buf, sizeof buf, 0);
+        ssize_t n = hc_io_read(k, buf, sizeof buf);
         if (n < 0) {
             if (errno == EINTR) continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK) return;
             char why[160];
-            snprintf(why, sizeof why, "recv: %s", strerror(errno));
+            snprintf(why, sizeof why, "recv: %s", errno == EPROTO ? "TLS error" : strerror(errno));
             hc_h1_conn_failed(k, why);
             return;
         }

@@ -137,7 +137,7 @@ int hc_h2_submit(struct hc_conn *k, struct hc_req *r)
     int n = 0;
     char clen[32];
     add_nv(nv, &n, ":method", r->method);
-    add_nv(nv, &n, ":scheme", "http");
+    add_nv(nv, &n, ":scheme", k->c->tls ? "https" : "http");
     add_nv(nv, &n, ":authority", k->c->authority);
     add_nv(nv, &n, ":path", r->path);
     add_nv(nv, &n, "user-agent", "pagoda-bench");

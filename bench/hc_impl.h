@@ -33,7 +33,10 @@ struct hc_req {
 struct hc_conn {
     struct hc *c;
     int fd;
-    int connected;
+    int tcp_up;         /* the TCP connect completed */
+    int connected;      /* ready for HTTP bytes: TCP up and, with TLS, the handshake done */
+    struct ssl_st *ssl; /* TLS session, or NULL */
+    int tls_want_write; /* the handshake waits for the socket to be writable */
     int h2;
     char *out; /* bytes to write */
     size_t out_len, out_off, out_cap;
@@ -58,6 +61,8 @@ struct hc {
     int n_h2, h2_next;
     struct hc_conn **h2_conns;
     int active;
+    struct hc_req *submitting; /* the request inside hc_submit (not freed before it returns) */
+    struct ssl_ctx_st *tls;    /* TLS context for https, or NULL */
 };
 
 struct hc_conn *hc_conn_open(struct hc *c, int h2, struct err *e);
@@ -69,6 +74,17 @@ int hc_conn_flush(struct hc_conn *k);
 void hc_req_finish(struct hc_req *r, int ok, const char *error);
 /** Frees a finished request unless nghttp2 still holds its stream. */
 void hc_req_release(struct hc_req *r);
+
+/* TLS (hc_tls.c) and the socket calls every connection goes through. */
+int hc_tls_init(struct hc *c, const struct hc_tls_opts *o, struct err *e);
+void hc_tls_free(struct hc *c);
+int hc_tls_attach(struct hc_conn *k, struct err *e);
+void hc_tls_conn_free(struct hc_conn *k);
+/** 1 when done, 0 while it waits for the socket, -1 with a message in why. */
+int hc_tls_handshake(struct hc_conn *k, char *why, size_t n);
+/** recv/send on the connection, through TLS when it has it (-1 + errno EAGAIN: wait). */
+ssize_t hc_io_read(struct hc_conn *k, char *buf, size_t n);
+ssize_t hc_io_write(struct hc_conn *k, const char *buf, size_t n);
 
 /** HTTP/1.1: sends r on k (k becomes busy with it). */
 void hc_h1_send(struct hc_conn *k, struct hc_req *r);

@@ -1,13 +1,15 @@
 /*
  * pagoda-bench: a load client for OpenAI-compatible servers. It sends streamed completion or
- * chat requests over HTTP/1.1 or HTTP/2 (h2c), closed or open loop, and reports throughput,
- * latency percentiles (TTFT, TPOT, ITL, E2E), goodput and the server's prefix-cache hit rate.
+ * chat requests over HTTP/1.1 or HTTP/2 (h2c, or h2 over TLS), closed or open loop, and reports
+ * throughput, latency percentiles (TTFT, TPOT, ITL, E2E), goodput and the server's prefix-cache hit
+ * rate.
  */
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
@@ -66,6 +68,12 @@ static void read_metrics(struct hc *c, int enabled, struct prefix_counters *pc)
     free(body);
 }
 
+static const char *proto_name(const struct opts *o)
+{
+    int tls = !strncasecmp(o->base_url, "https://", 8);
+    return o->http2 ? (tls ? "h2" : "h2c") : "http/1.1";
+}
+
 static cJSON *config_json(const struct opts *o, const char *model)
 {
     static const char *const ds[] = {"random", "sharegpt", "prefix-repetition", "jsonl"};
@@ -73,7 +81,7 @@ static cJSON *config_json(const struct opts *o, const char *model)
     cJSON_AddStringToObject(c, "base_url", o->base_url);
     cJSON_AddStringToObject(c, "endpoint", o->chat ? "chat" : "completions");
     cJSON_AddStringToObject(c, "model", model);
-    cJSON_AddStringToObject(c, "protocol", o->http2 ? "h2c" : "http/1.1");
+    cJSON_AddStringToObject(c, "protocol", proto_name(o));
     cJSON_AddNumberToObject(c, "concurrency", o->concurrency);
     if (o->rate > 0)
         cJSON_AddNumberToObject(c, "request_rate", o->rate);
@@ -153,7 +161,8 @@ int main(int argc, char **argv)
         }
     }
     if (o.tokenizer && !(tok = tok_load(o.tokenizer, &e))) goto fail;
-    c = hc_create(&url, o.http2 ? HC_HTTP2 : HC_HTTP1, o.h2_connections, o.api_key, &e);
+    struct hc_tls_opts tls = {.insecure = o.insecure, .cafile = o.cafile};
+    c = hc_create(&url, o.http2 ? HC_HTTP2 : HC_HTTP1, o.h2_connections, o.api_key, &tls, &e);
     if (!c) goto fail;
     model = o.model ? xstrdup(o.model) : first_model(c, &e);
     if (!model) goto fail;
@@ -185,8 +194,17 @@ int main(int argc, char **argv)
     cJSON_AddItemToObject(doc, "config", config_json(&o, model));
     cJSON *runs_json = o.n_sweep ? cJSON_AddArrayToObject(doc, "runs") : NULL;
     int show = o.progress < 0 ? isatty(2) : o.progress;
-    fprintf(stderr, "pagoda-bench: %s %s, model %s, %s, %d prompts\n", o.base_url,
-            o.chat ? "chat" : "completions", model, o.http2 ? "HTTP/2 (h2c)" : "HTTP/1.1", base);
+    char amount[64];
+    if (o.num_prompts > 0)
+        snprintf(amount, sizeof amount, "%d prompts", o.num_prompts);
+    else
+        snprintf(amount, sizeof amount, "for %g s", o.duration);
+    fprintf(stderr, "pagoda-bench: %s %s, model %s, %s, %s\n", o.base_url,
+            o.chat ? "chat" : "completions", model,
+            o.http2   ? (url.tls ? "HTTP/2 (h2, TLS)" : "HTTP/2 (h2c)")
+            : url.tls ? "HTTP/1.1 over TLS"
+                      : "HTTP/1.1",
+            amount);
     for (int k = 0; k < n_runs && !run_interrupted; k++) {
         struct run_cfg rc_ = {.path = o.chat ? "/v1/chat/completions" : "/v1/completions",
                               .req = {.chat = o.chat,
@@ -245,7 +263,7 @@ int main(int argc, char **argv)
             if (o.plot_path) {
                 char title[512];
                 snprintf(title, sizeof title, "%s (%s, %s), %d requests", model,
-                         o.chat ? "chat" : "completions", o.http2 ? "h2c" : "HTTP/1.1", out.n);
+                         o.chat ? "chat" : "completions", proto_name(&o), out.n);
                 if (plot_run_svg(o.plot_path, out.r, out.n, s, title, &e))
                     fprintf(stderr, "pagoda-bench: %s\n", e.msg);
             }
@@ -256,7 +274,7 @@ int main(int argc, char **argv)
         sweep_table(stdout, sums, n_runs, load_name);
         char title[512];
         snprintf(title, sizeof title, "%s (%s, %s): throughput vs latency", model,
-                 o.chat ? "chat" : "completions", o.http2 ? "h2c" : "HTTP/1.1");
+                 o.chat ? "chat" : "completions", proto_name(&o));
         if (o.plot_path && plot_sweep_svg(o.plot_path, sums, n_runs, load_name, title, &e))
             fprintf(stderr, "pagoda-bench: %s\n", e.msg);
     }

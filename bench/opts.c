@@ -12,12 +12,14 @@ void opts_usage(FILE *f)
         "usage: pagoda-bench [options]\n"
         "Load-tests an OpenAI-compatible server (pagoda, vLLM, llama.cpp) with streamed requests.\n"
         "\nserver:\n"
-        "  --base-url URL           http://host:port[/prefix] (default http://127.0.0.1:8080)\n"
+        "  --base-url URL           http[s]://host:port[/prefix] (default http://127.0.0.1:8080)\n"
         "  --endpoint E             completions (default) or chat\n"
         "  --model NAME             model field of requests (default: first of GET /v1/models)\n"
-        "  --http2                  HTTP/2 over cleartext, prior knowledge (h2c)\n"
+        "  --http2                  HTTP/2: h2c (prior knowledge), or h2 by ALPN for https\n"
         "  --http2-connections N    connections the HTTP/2 streams are spread over (default 1)\n"
         "  --api-key KEY            Authorization: Bearer KEY (default $OPENAI_API_KEY)\n"
+        "  --cacert FILE            https: verify the server with these PEM CA certificates\n"
+        "  --insecure               https: do not verify the server's certificate\n"
         "\nload:\n"
         "  --concurrency C          requests in flight at most (closed loop without a rate)\n"
         "  --request-rate R         open loop: R requests/s (default inf: all at once)\n"
@@ -132,6 +134,9 @@ int opts_parse(int argc, char **argv, struct opts *o)
         } else if (!strcmp(a, "--no-metrics")) {
             o->metrics = 0;
             continue;
+        } else if (!strcmp(a, "--insecure")) {
+            o->insecure = 1;
+            continue;
         }
         if (strncmp(a, "--", 2)) return bad(a, NULL, "unexpected argument (see --help)");
         if (i + 1 >= argc) return bad(a, NULL, "needs a value (or is unknown: see --help)");
@@ -153,6 +158,8 @@ int opts_parse(int argc, char **argv, struct opts *o)
             rc = get_int(a, v, 1, 1024, &o->h2_connections);
         else if (!strcmp(a, "--api-key"))
             o->api_key = v;
+        else if (!strcmp(a, "--cacert"))
+            o->cafile = v;
         else if (!strcmp(a, "--concurrency"))
             rc = get_int(a, v, 1, 1000000, &o->concurrency);
         else if (!strcmp(a, "--request-rate")) {

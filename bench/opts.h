@@ -16,6 +16,8 @@ struct opts {
     const char *model;
     int http2, h2_connections;
     const char *api_key;
+    int insecure;
+    const char *cafile;
     int concurrency;
     double rate; /* 0 = infinite */
     int rate_given;

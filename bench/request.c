@@ -189,6 +189,8 @@ static void on_done(void *ctx, int ok, const char *error)
         r->error = http_error(r->status, b->errbody);
     else if (sse_pending(&b->sse))
         r->error = xstrdup("the stream ended inside an event");
+    else if (!r->done_seen) /* OpenAI-compatible streams end with it; without it, cut short */
+        r->error = xstrdup("the stream ended without data: [DONE]");
     r->ok = r->error == NULL;
     b->h = NULL;
     b->done(b->owner, b);

@@ -1,7 +1,8 @@
 /* The load client's HTTP/1.1 response parser: framing by length, chunks and close, split at
- * every byte; interim responses; keep-alive rules; malformed responses rejected. */
+ * every byte; interim responses; keep-alive rules; malformed responses rejected. And its URLs. */
 #include <string.h>
 
+#include "bench/hc.h"
 #include "bench/http1.h"
 #include "test_util.h"
 
@@ -116,8 +117,32 @@ static void test_errors(void)
     CHECK(h1_resp_feed(&r, s, strlen(s)) == -1 && !strcmp(r.error, "aborted"), "abort");
 }
 
+static void test_url(void)
+{
+    struct hc_url u;
+    struct err e = {{0}};
+    CHECK(hc_url_parse("http://127.0.0.1:8080", &u, &e) == 0 && !u.tls &&
+              !strcmp(u.host, "127.0.0.1") && !strcmp(u.port, "8080") && !u.prefix[0],
+          "plain: %s", e.msg);
+    CHECK(hc_url_parse("https://api.example.com/v1/", &u, &e) == 0 && u.tls &&
+              !strcmp(u.port, "443") && !strcmp(u.prefix, "/v1"),
+          "https default port, prefix without the trailing slash");
+    CHECK(hc_url_parse("HTTP://[::1]:9000/x?y", &u, &e) == 0 && !strcmp(u.host, "::1") &&
+              !strcmp(u.port, "9000") && !strcmp(u.prefix, "/x"),
+          "IPv6, query dropped");
+    CHECK(hc_url_parse("http://h", &u, &e) == 0 && !strcmp(u.port, "80"), "default port 80");
+    const char *bad[] = {"ftp://h",     "127.0.0.1:8080", "http://",
+                         "http://h:0",  "http://h:70000", "http://h:8a",
+                         "http://[::1", "http://[::1]x",  "http://h:"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        e.msg[0] = 0;
+        CHECK(hc_url_parse(bad[i], &u, &e) == -1 && e.msg[0], "accepted %s", bad[i]);
+    }
+}
+
 int main(void)
 {
+    test_url();
     test_framing();
     test_errors();
     TEST_DONE();

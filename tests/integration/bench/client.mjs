@@ -19,9 +19,9 @@ const tmp = mkdtempSync(join(tmpdir(), 'pagoda-bench-'));
 const srv = await startServer('llama-tiny', ['--http-threads', '2']);
 
 /** Runs pagoda-bench with --json; returns its exit status, output and the parsed report. */
-function bench(name, args) {
+function bench(name, args, base = srv.base) {
   const json = join(tmp, `${name}.json`);
-  const r = spawnSync(BENCH, ['--base-url', srv.base, '--no-progress', '--json', json, ...args],
+  const r = spawnSync(BENCH, ['--base-url', base, '--no-progress', '--json', json, ...args],
     { encoding: 'utf8', timeout: 120000 });
   const report = existsSync(json) ? JSON.parse(readFileSync(json, 'utf8')) : null;
   return { status: r.status, out: r.stdout, err: r.stderr, report };
@@ -178,6 +178,32 @@ await run([
       { encoding: 'utf8' });
     assert.equal(dead.status, 1);
     assert.match(dead.stderr, /Connection refused/);
+  }),
+
+  test('https: HTTP/1.1 and h2 by ALPN, the certificate verified', async () => {
+    const cert = join(tmp, 'cert.pem'), key = join(tmp, 'key.pem');
+    const gen = spawnSync('openssl', ['req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout',
+      key, '-out', cert, '-days', '2', '-subj', '/CN=localhost', '-addext',
+      'subjectAltName=IP:127.0.0.1,DNS:localhost'], { encoding: 'utf8' });
+    assert.equal(gen.status, 0, gen.stderr);
+    const tls = await startServer('llama-tiny', ['--tls-cert', cert, '--tls-key', key]);
+    try {
+      const args = [...common, '--cacert', cert, '--num-prompts', '12', '--concurrency', '4',
+        '--input-len', '16', '--output-len', '8'];
+      let s = consistent(bench('tls-h1', args, tls.base), 12);
+      assert.equal(s.config.protocol, 'http/1.1');
+      s = consistent(bench('tls-h2', [...args, '--http2'], tls.base), 12);
+      assert.equal(s.config.protocol, 'h2');
+      const untrusted = bench('tls-untrusted', ['--model', 'llama-tiny', '--num-prompts', '1'],
+        tls.base);
+      assert.equal(untrusted.status, 1);
+      assert.match(untrusted.err, /certificate verification failed: self.signed certificate/);
+      const plain = bench('tls-plain', ['--model', 'llama-tiny', '--num-prompts', '1'],
+        tls.base.replace('https:', 'http:'));
+      assert.notEqual(plain.status, 0, 'plain HTTP to a TLS port fails');
+    } finally {
+      await tls.stop();
+    }
   }),
 
   test('the KV pool is all free afterwards', async () => {
