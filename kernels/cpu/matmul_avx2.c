@@ -297,7 +297,8 @@ FTL(2, 1)
 FTL(2, 2)
 FTL(2, 3)
 FTL(3, 1)
-FTL(3, 2) FTL(3, 3) FTL(1, 4) FTL(2, 4) FTL(3, 4)
+FTL(3, 2)
+FTL(3, 3) FTL(1, 4) FTL(2, 4) FTL(3, 4)
     /* Large m, f32 panels: [MR - 1][NR - 1] */
     static const ftile_fn ft_large[3][4] = {{ftl_1_1, ftl_1_2, ftl_1_3, ftl_1_4},
                                             {ftl_2_1, ftl_2_2, ftl_2_3, ftl_2_4},
@@ -352,8 +353,16 @@ static void matmul_float(const struct qweight *w, int64_t r0, int64_t r1, const 
                     float *d = dec + (size_t)r * kc;
                     if (f == WFMT_BF16 || f == WFMT_F16) {
                         const uint8_t *wr = w->w + (size_t)(rb + r) * w->row_bytes + k0 * 2;
+                        /* The next panel of this row streams in while this one is widened
+                         * and multiplied (a panel's tiles take longer than its bytes). */
+                        const char *nx =
+                            k0 + kc < k16 ? (const char *)wr + kc * 2
+                            : rb + nbmax + r < r1
+                                ? (const char *)w->w + (size_t)(rb + nbmax + r) * w->row_bytes
+                                : (const char *)wr;
                         for (int64_t st = 0; st < kc / 16; st++) {
                             __m256 lo, hi;
+                            if (!(st & 1)) _mm_prefetch(nx + st * 32, _MM_HINT_T0);
                             wload16(f, wr, st, &lo, &hi);
                             _mm256_storeu_ps(d + st * 16, lo);
                             _mm256_storeu_ps(d + st * 16 + 8, hi);
