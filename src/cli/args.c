@@ -78,7 +78,8 @@ const char arg_engine_usage[] =
     "  --max-num-batched-tokens N  token budget of one step (default 2048)\n"
     "  --max-num-seqs N            running requests at most (default 256)\n"
     "  --max-model-len N           context length (default: the model's)\n"
-    "  --no-enable-prefix-caching  no prefix sharing between requests\n";
+    "  --no-enable-prefix-caching  no prefix sharing between requests\n"
+    "  --mlock                     lock the weights in memory (never paged out)\n";
 
 static int parse_bytes(const char *opt, const char *v, size_t *out)
 {
@@ -118,6 +119,10 @@ int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg)
     static const char *const ints[] = {"--threads",      "--num-blocks",
                                        "--block-size",   "--max-num-batched-tokens",
                                        "--max-num-seqs", "--max-model-len"};
+    if (!strcmp(a, "--mlock")) {
+        cfg->mlock = 1;
+        return 1;
+    }
     if (!strcmp(a, "--no-enable-prefix-caching")) {
         cfg->disable_prefix_caching = 1;
         return 1;

@@ -114,6 +114,8 @@ int cli_bench_throughput(int argc, char **argv)
         return 2;
     }
     cfg.model_dir = dir;
+    /* Weights read from disk mid-run would measure the disk: lock them, as bench decode does. */
+    cfg.mlock = 1;
     struct err e = {0};
     struct engine *en = engine_create(&cfg, &e);
     if (!en) {

@@ -109,6 +109,9 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
         free(en);
         return NULL;
     }
+    struct err le = {0};
+    if (cfg->mlock && st_lock(&en->m->st, &le)) /* as llama.cpp: warn and go on */
+        fprintf(stderr, "pagoda: warning: the weights stay pageable: %s\n", le.msg);
     const struct model_config *mc = &en->m->cfg;
     en->vocab = mc->vocab;
     en->block_size = cfg->block_size;

@@ -128,6 +128,7 @@ struct engine_config {
     int max_num_seqs;           /* running requests at most; 0: 256 */
     int max_model_len;          /* 0: the model's context length */
     int disable_prefix_caching; /* 1: no hashing, no reuse */
+    int mlock;                  /* 1: lock the weights in memory (the CPU reads them in place) */
     int manual;                 /* 1: no engine thread, see engine_step */
 };
 
