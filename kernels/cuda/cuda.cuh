@@ -71,7 +71,7 @@ struct cu_attn_args {
     int window;
     int splits;    /* key ranges per (token, kv head); partials combined after */
     int key_chunk; /* > 0: ranges of this many keys (batch-invariant), else keys / splits */
-    float *part; /* [n_tokens, n_heads, splits, D + 2] when splits > 1 */
+    float *part;   /* [n_tokens, n_heads, splits, D + 2] when splits > 1 */
 };
 
 /* Keys per attention range in batch-invariant mode. */

@@ -243,8 +243,8 @@ static int finish_seq(struct engine *en, struct step_seq *p, struct step_counts 
             r->plp_sent = 1;
         }
         const float *row = en->logits + (size_t)(p->logit_row + p->n_logits - 1) * en->vocab;
-        int32_t t = en->greedy_step ? en->greedy[p->logit_row + p->n_logits - 1]
-                                    : sample_next(en, r, row);
+        int32_t t =
+            en->greedy_step ? en->greedy[p->logit_row + p->n_logits - 1] : sample_next(en, r, row);
         r->tokens[r->n_tokens++] = t;
         r->n_output++;
         sampled = 1;
