@@ -16,6 +16,9 @@
 #include "kernels/cuda/cuda.cuh"
 
 #define GEMV_WARPS 8
+#ifndef GEMV_UNITS
+#define GEMV_UNITS 4 /* units each lane loads before decoding */
+#endif
 
 template <int FMT, int BITS, int M, bool PAIR>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
@@ -41,31 +44,47 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 #pragma unroll
         for (int i = 0; i < M; i++) acc[a][i] = 0.0f;
     if (live) {
-#pragma unroll 4
-        for (int64_t u = (int64_t)sub * 32 + lane; u < units; u += 32 * split) {
-            float v[NA][V];
-            decode_unit<FMT, BITS>(W, r, u, v[0]);
-            if (PAIR) decode_unit<FMT, BITS>(g.w[1], r, u, v[NA - 1]);
+        /* GEMV_UNITS units per lane per pass: all their loads first, then the math, in
+         * the order of u (the sum order is that of one unit at a time). */
+        const int64_t stride = 32 * split;
+        for (int64_t u0 = (int64_t)sub * 32 + lane; u0 < units; u0 += stride * GEMV_UNITS) {
+            unit_raw<FMT, BITS> R[GEMV_UNITS][NA];
 #pragma unroll
-            for (int i = 0; i < M; i++) {
-                if (i < m) { /* a predicate, not a break: acc stays in registers */
-                    const float4 *xp = (const float4 *)(x + (int64_t)i * W.k + u * V);
-                    float s[NA];
+            for (int k = 0; k < GEMV_UNITS; k++) {
+                const int64_t u = u0 + k * stride;
+                if (u < units) {
+                    load_unit<FMT, BITS>(W, r, u, R[k][0]);
+                    if (PAIR) load_unit<FMT, BITS>(g.w[1], r, u, R[k][NA - 1]);
+                }
+            }
 #pragma unroll
-                    for (int a = 0; a < NA; a++) s[a] = 0.0f;
+            for (int k = 0; k < GEMV_UNITS; k++) {
+                const int64_t u = u0 + k * stride;
+                if (u >= units) continue;
+                float v[NA][V];
 #pragma unroll
-                    for (int j = 0; j < V / 4; j++) {
-                        float4 xv = __ldg(xp + j);
+                for (int a = 0; a < NA; a++) decode_raw<FMT, BITS>(R[k][a], v[a]);
 #pragma unroll
-                        for (int a = 0; a < NA; a++) {
-                            s[a] = fmaf(v[a][4 * j], xv.x, s[a]);
-                            s[a] = fmaf(v[a][4 * j + 1], xv.y, s[a]);
-                            s[a] = fmaf(v[a][4 * j + 2], xv.z, s[a]);
-                            s[a] = fmaf(v[a][4 * j + 3], xv.w, s[a]);
+                for (int i = 0; i < M; i++) {
+                    if (i < m) { /* a predicate, not a break: acc stays in registers */
+                        const float4 *xp = (const float4 *)(x + (int64_t)i * W.k + u * V);
+                        float s[NA];
+#pragma unroll
+                        for (int a = 0; a < NA; a++) s[a] = 0.0f;
+#pragma unroll
+                        for (int j = 0; j < V / 4; j++) {
+                            float4 xv = __ldg(xp + j);
+#pragma unroll
+                            for (int a = 0; a < NA; a++) {
+                                s[a] = fmaf(v[a][4 * j], xv.x, s[a]);
+                                s[a] = fmaf(v[a][4 * j + 1], xv.y, s[a]);
+                                s[a] = fmaf(v[a][4 * j + 2], xv.z, s[a]);
+                                s[a] = fmaf(v[a][4 * j + 3], xv.w, s[a]);
+                            }
                         }
-                    }
 #pragma unroll
-                    for (int a = 0; a < NA; a++) acc[a][i] += s[a];
+                        for (int a = 0; a < NA; a++) acc[a][i] += s[a];
+                    }
                 }
             }
         }
