@@ -153,120 +153,85 @@ static __device__ __forceinline__ float group_bias(const dweight &W, int64_t r, 
     return load_scale(W.biases, W.sdtype, group_index(W, r, c));
 }
 
-/* The raw contents of one unit: its packed words and the scales (and biases) its values
- * need. Loading every unit a lane will decode before decoding any lets the loads of
- * several units (and their scales) be in flight together. */
-template <int FMT, int BITS> struct unit_raw {
-    static constexpr int V = unit_traits<FMT, BITS>::vals;
-    static constexpr int NW = unit_traits<FMT, BITS>::bytes / 4;
-    static constexpr int SUB = V < 16 ? V : 16;
-    static constexpr bool SCALED = FMT != DF_F32 && FMT != DF_F16 && FMT != DF_BF16;
-    static constexpr int NS = SCALED ? V / SUB : 1;
-    uint32_t w[NW];
-    float sc[NS], bi[NS];
-};
-
-/* Loads unit u of row r (no decoding). */
+/* Decodes unit u of row r into v[vals]. */
 template <int FMT, int BITS>
-static __device__ __forceinline__ void load_unit(const dweight &W, int64_t r, int64_t u,
-                                                 unit_raw<FMT, BITS> &R)
+static __device__ __forceinline__ void decode_unit(const dweight &W, int64_t r, int64_t u, float *v)
 {
-    typedef unit_raw<FMT, BITS> T;
-    const uint8_t *p = W.w + r * W.row_bytes + u * unit_traits<FMT, BITS>::bytes;
-    if (T::NW % 4 == 0) {
-#pragma unroll
-        for (int i = 0; i < T::NW / 4; i++) {
-            uint4 q = __ldg((const uint4 *)p + i);
-            R.w[4 * i] = q.x;
-            R.w[4 * i + 1] = q.y;
-            R.w[4 * i + 2] = q.z;
-            R.w[4 * i + 3] = q.w;
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < T::NW; i++) R.w[i] = __ldg((const uint32_t *)p + i);
-    }
-    if (!T::SCALED) return;
-    int64_t c0 = u * T::V;
-#pragma unroll
-    for (int s = 0; s < T::NS; s++) {
-        /* One scale (and bias) per 16 values (groups are never smaller), read once when
-         * the whole unit sits in one group. */
-        if (s == 0 || W.group < T::V) {
-            R.sc[s] = group_scale(W, r, c0 + s * T::SUB);
-            R.bi[s] = FMT == DF_AFFINE ? group_bias(W, r, c0 + s * T::SUB) : 0.0f;
-        } else {
-            R.sc[s] = R.sc[0];
-            R.bi[s] = R.bi[0];
-        }
-    }
-}
-
-template <int FMT, int BITS>
-static __device__ __forceinline__ void decode_scaled(const unit_raw<FMT, BITS> &R, float *v);
-
-/* Decodes a loaded unit into v[vals]. */
-template <int FMT, int BITS>
-static __device__ __forceinline__ void decode_raw(const unit_raw<FMT, BITS> &R, float *v)
-{
+    constexpr int V = unit_traits<FMT, BITS>::vals;
+    const uint8_t *row = W.w + r * W.row_bytes;
     if (FMT == DF_BF16 || FMT == DF_F16) {
+        uint4 q = __ldg((const uint4 *)row + u);
+        uint32_t w4[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             if (FMT == DF_BF16) {
-                v[2 * i] = __uint_as_float(R.w[i] << 16);
-                v[2 * i + 1] = __uint_as_float(R.w[i] & 0xffff0000u);
+                v[2 * i] = __uint_as_float(w4[i] << 16);
+                v[2 * i + 1] = __uint_as_float(w4[i] & 0xffff0000u);
             } else {
-                __half2 h = *(const __half2 *)&R.w[i];
+                __half2 h = *(const __half2 *)&w4[i];
                 float2 f = __half22float2(h);
                 v[2 * i] = f.x;
                 v[2 * i + 1] = f.y;
             }
         }
-    } else if (FMT == DF_F32) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) v[i] = __uint_as_float(R.w[i]);
-    } else {
-        decode_scaled<FMT, BITS>(R, v);
+        return;
     }
-}
-
-/* Group-quantized formats: integer or float codes times their scales (plus biases). */
-template <int FMT, int BITS>
-static __device__ __forceinline__ void decode_scaled(const unit_raw<FMT, BITS> &R, float *v)
-{
-    typedef unit_raw<FMT, BITS> T;
+    if (FMT == DF_F32) {
+        float4 q = __ldg((const float4 *)row + u);
+        v[0] = q.x;
+        v[1] = q.y;
+        v[2] = q.z;
+        v[3] = q.w;
+        return;
+    }
+    /* Packed words of the unit. */
+    constexpr int NW = unit_traits<FMT, BITS>::bytes / 4;
+    uint32_t w[NW];
+    if (NW % 4 == 0) {
 #pragma unroll
-    for (int s = 0; s < T::NS; s++) {
-        const float sc = R.sc[s], bi = R.bi[s];
+        for (int i = 0; i < NW / 4; i++) {
+            uint4 q = __ldg((const uint4 *)(row + u * unit_traits<FMT, BITS>::bytes) + i);
+            w[4 * i] = q.x;
+            w[4 * i + 1] = q.y;
+            w[4 * i + 2] = q.z;
+            w[4 * i + 3] = q.w;
+        }
+    } else {
 #pragma unroll
-        for (int j = 0; j < T::SUB; j++) {
-            int idx = s * T::SUB + j;
+        for (int i = 0; i < NW; i++)
+            w[i] = __ldg((const uint32_t *)(row + u * unit_traits<FMT, BITS>::bytes) + i);
+    }
+    int64_t c0 = u * V;
+    constexpr int SUB = V < 16 ? V : 16;
+    float sc = 1.0f, bi = 0.0f;
+#pragma unroll
+    for (int s = 0; s < V / SUB; s++) {
+        /* One scale (and bias) per 16 values (groups are never smaller), read once when
+         * the whole unit sits in one group. */
+        if (s == 0 || W.group < V) {
+            sc = group_scale(W, r, c0 + s * SUB);
+            if (FMT == DF_AFFINE) bi = group_bias(W, r, c0 + s * SUB);
+        }
+#pragma unroll
+        for (int j = 0; j < SUB; j++) {
+            int idx = s * SUB + j;
             uint32_t q;
             if (FMT == DF_MXFP8) {
-                q = (R.w[idx / 4] >> (8 * (idx % 4))) & 0xff;
+                q = (w[idx / 4] >> (8 * (idx % 4))) & 0xff;
                 v[idx] = fp8(q) * sc;
             } else if (FMT == DF_MXFP4 || FMT == DF_NVFP4) {
-                q = (R.w[idx / 8] >> (4 * (idx % 8))) & 15;
+                q = (w[idx / 8] >> (4 * (idx % 8))) & 15;
                 v[idx] = fp4(q) * sc;
             } else {
                 constexpr int B = BITS;
                 int bit = idx * B, wi = bit / 32, sh = bit % 32;
-                uint64_t cat = R.w[wi];
-                if (sh + B > 32 && wi + 1 < T::NW) cat |= (uint64_t)R.w[wi + 1] << 32;
+                uint64_t cat = w[wi];
+                if (sh + B > 32 && wi + 1 < NW) cat |= (uint64_t)w[wi + 1] << 32;
                 q = (uint32_t)((cat >> sh) & ((1ull << B) - 1));
                 v[idx] = sc * (float)q + bi;
             }
         }
     }
-}
-
-/* Decodes unit u of row r into v[vals]. */
-template <int FMT, int BITS>
-static __device__ __forceinline__ void decode_unit(const dweight &W, int64_t r, int64_t u, float *v)
-{
-    unit_raw<FMT, BITS> R;
-    load_unit<FMT, BITS>(W, r, u, R);
-    decode_raw<FMT, BITS>(R, v);
 }
 
 #endif

@@ -11,15 +11,11 @@
  * The order of the sums of one output does not depend on m: a row's result is the same
  * whether it is computed alone or with others (batch invariance within this kernel).
  */
-#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cuda/cuda.cuh"
 
 #define GEMV_WARPS 8
-#ifndef GEMV_ROWS
-#define GEMV_ROWS 4 /* rows per warp at m = 1 (k_gemv_rows) */
-#endif
 
 template <int FMT, int BITS, int M, bool PAIR>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
@@ -117,120 +113,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     }
 }
 
-/*
- * m = 1 with GEMV_ROWS rows per warp. A lane's x values for a unit are 4 * V contiguous
- * bytes, and lanes sit 4 * V bytes apart, so each x load instruction touches 32 cache
- * lines: the L1 throughput of those loads, not DRAM, limits the kernel above when a unit
- * packs many values (4-bit: 128 bytes of x per 16 bytes of weights). Here each lane loads
- * its x once per unit position and uses it for GEMV_ROWS rows. Per row the sums run in the
- * same order as in k_gemv with the same split, so results equal k_gemv's bit for bit.
- */
-template <int FMT, int BITS, bool PAIR>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-    k_gemv_rows(cu_gemv_set g, const float *__restrict__ x, int split)
-{
-    constexpr int V = unit_traits<FMT, BITS>::vals;
-    constexpr int NA = PAIR ? 2 : 1;
-    constexpr int R = GEMV_ROWS;
-    __shared__ float part[GEMV_WARPS][R][NA];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int groups_per_block = GEMV_WARPS / split;
-    const int64_t r0 = ((int64_t)blockIdx.x * groups_per_block + warp / split) * R;
-    const int sub = warp % split;
-    const int64_t total = g.row_end[g.nw - 1];
-    int wi[R];
-    int64_t rr[R];
-    bool live[R];
-#pragma unroll
-    for (int j = 0; j < R; j++) {
-        int64_t r = r0 + j;
-        int w = 0;
-        while (w + 1 < g.nw && r >= g.row_end[w]) w++;
-        live[j] = r < total;
-        wi[j] = w;
-        rr[j] = live[j] ? (w > 0 ? r - g.row_end[w - 1] : r) : 0;
-    }
-    const int64_t kk = g.w[0].k, units = kk / V;
-    float acc[R][NA];
-#pragma unroll
-    for (int j = 0; j < R; j++)
-#pragma unroll
-        for (int a = 0; a < NA; a++) acc[j][a] = 0.0f;
-    if (live[0]) {
-#pragma unroll 2
-        for (int64_t u = (int64_t)sub * 32 + lane; u < units; u += 32 * split) {
-            float xv[V];
-            const float4 *xp = (const float4 *)(x + u * V);
-#pragma unroll
-            for (int j = 0; j < V / 4; j++) {
-                float4 t = __ldg(xp + j);
-                xv[4 * j] = t.x;
-                xv[4 * j + 1] = t.y;
-                xv[4 * j + 2] = t.z;
-                xv[4 * j + 3] = t.w;
-            }
-#pragma unroll
-            for (int j = 0; j < R; j++) {
-                if (!live[j]) continue;
-                float v[NA][V];
-                decode_unit<FMT, BITS>(g.w[wi[j]], rr[j], u, v[0]);
-                if (PAIR) decode_unit<FMT, BITS>(g.w[1], rr[j], u, v[NA - 1]);
-                float sa[NA];
-#pragma unroll
-                for (int a = 0; a < NA; a++) sa[a] = 0.0f;
-#pragma unroll
-                for (int q = 0; q < V; q++)
-#pragma unroll
-                    for (int a = 0; a < NA; a++) sa[a] = fmaf(v[a][q], xv[q], sa[a]);
-#pragma unroll
-                for (int a = 0; a < NA; a++) acc[j][a] += sa[a];
-            }
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < R; j++)
-#pragma unroll
-        for (int a = 0; a < NA; a++)
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                acc[j][a] += __shfl_xor_sync(0xffffffffu, acc[j][a], o);
-    if (split > 1) {
-        if (lane == 0)
-#pragma unroll
-            for (int j = 0; j < R; j++)
-#pragma unroll
-                for (int a = 0; a < NA; a++) part[warp][j][a] = acc[j][a];
-        __syncthreads();
-        if (sub != 0) return;
-#pragma unroll
-        for (int j = 0; j < R; j++)
-#pragma unroll
-            for (int a = 0; a < NA; a++) {
-                float t = 0.0f;
-                for (int q = 0; q < split; q++) t += part[warp + q][j][a];
-                acc[j][a] = t;
-            }
-    }
-    if (lane != 0) return;
-#pragma unroll
-    for (int j = 0; j < R; j++) {
-        if (!live[j]) continue;
-        if (PAIR) {
-            float gt = acc[j][0], up = acc[j][NA - 1], act;
-            if (g.gelu) {
-                const float k0 = 0.7978845608028654f;
-                act = 0.5f * gt * (1.0f + tanhf(k0 * (gt + 0.044715f * gt * gt * gt)));
-            } else {
-                act = gt / (1.0f + expf(-gt));
-            }
-            g.y[0][rr[j]] = act * up;
-            g.y[1][rr[j]] = up;
-        } else {
-            g.y[wi[j]][rr[j]] = acc[j][0];
-        }
-    }
-}
-
 /* Any format, any k: one warp per row, one element at a time (rare shapes only). */
 __global__ void k_gemv_generic(dweight W, const float *__restrict__ x, float *__restrict__ y, int m,
                                int64_t ldy)
@@ -291,16 +173,7 @@ static void launch(cudaStream_t s, const cu_gemv_set &g, const float *x, int m)
         split *= 2;
     int rpb = GEMV_WARPS / split;
     dim3 grid((unsigned)((rows + rpb - 1) / rpb));
-    static int rows_on = -1; /* PAGODA_CUDA_GEMV_ROWS=0: one row per warp at m = 1 too */
-    if (rows_on < 0) {
-        const char *e = getenv("PAGODA_CUDA_GEMV_ROWS");
-        rows_on = !(e && !strcmp(e, "0"));
-    }
-    if (m == 1 && GEMV_ROWS > 1 && rows_on) {
-        int64_t per_block = (int64_t)rpb * GEMV_ROWS;
-        dim3 grid_r((unsigned)((rows + per_block - 1) / per_block));
-        k_gemv_rows<FMT, BITS, PAIR><<<grid_r, GEMV_WARPS * 32, 0, s>>>(g, x, split);
-    } else if (m == 1)
+    if (m == 1)
         k_gemv<FMT, BITS, 1, PAIR><<<grid, GEMV_WARPS * 32, 0, s>>>(g, x, m, split);
     else if (m <= 4)
         k_gemv<FMT, BITS, 4, PAIR><<<grid, GEMV_WARPS * 32, 0, s>>>(g, x, m, split);
