@@ -74,7 +74,7 @@ template <int DPL> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention
     int first = 0;
     if (a.window > 0 && qpos - a.window + 1 > 0) first = qpos - a.window + 1;
     const int n_keys = qpos + 1 - first;
-    const int chunk = (n_keys + a.splits - 1) / a.splits;
+    const int chunk = a.key_chunk > 0 ? a.key_chunk : (n_keys + a.splits - 1) / a.splits;
     const int k_lo = first + sp * chunk, k_hi = min(qpos + 1, k_lo + chunk);
 
     float q[ATT_HG][DPL], acc[ATT_HG][DPL], mx[ATT_HG], l[ATT_HG];

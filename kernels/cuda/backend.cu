@@ -113,6 +113,10 @@ struct cu_ctx {
     uint64_t clock;
     int graphs_on;
     int fuse; /* merge neighbouring operations (PAGODA_CUDA_FUSE=0: off) */
+    /* PAGODA_CUDA_BATCH_INVARIANT=1: a row's result does not depend on the batch: every
+     * product through the matrix-vector kernels (8 rows per launch), attention key ranges
+     * of a fixed width. Slower for large batches; for reproducible serving and tests. */
+    int invariant;
 
     /* profiling */
     int prof;
@@ -142,8 +146,11 @@ static void exec_op(cu_ctx *c, const op *o)
     case OP_MATMUL: {
         int m = o->i[0];
         if (m <= 0) break;
-        if (m <= CU_GEMV_MAX_M)
-            cu_gemv(s, o->w, (const float *)o->p[1], m, (float *)o->p[0], o->w.n);
+        if (m <= CU_GEMV_MAX_M || c->invariant)
+            for (int i0 = 0; i0 < m; i0 += CU_GEMV_MAX_M)
+                cu_gemv(s, o->w, (const float *)o->p[1] + (int64_t)i0 * o->w.k,
+                        m - i0 < CU_GEMV_MAX_M ? m - i0 : CU_GEMV_MAX_M,
+                        (float *)o->p[0] + (int64_t)i0 * o->w.n, o->w.n);
         else
             cu_gemm(s, &c->g, o->w, (const float *)o->p[1], m, (float *)o->p[0], c->xb);
         break;
@@ -183,9 +190,17 @@ static void exec_op(cu_ctx *c, const op *o)
     case OP_ARGMAX:
         cu_argmax(s, (int32_t *)o->p[0], (const float *)o->p[1], o->i[0], o->i[1]);
         break;
-    case OP_GEMV:
-        cu_gemv_multi(s, o->gs, (const float *)o->p[1], o->i[0]);
+    case OP_GEMV: {
+        /* More than CU_GEMV_MAX_M rows only in batch-invariant mode: 8 rows per launch. */
+        int m = o->i[0];
+        for (int i0 = 0; i0 < m; i0 += CU_GEMV_MAX_M) {
+            cu_gemv_set g = o->gs;
+            for (int j = 0; j < g.nw; j++) g.y[j] += (int64_t)i0 * g.w[j].n;
+            cu_gemv_multi(s, g, (const float *)o->p[1] + (int64_t)i0 * g.w[0].k,
+                          m - i0 < CU_GEMV_MAX_M ? m - i0 : CU_GEMV_MAX_M);
+        }
         break;
+    }
     case OP_ADD_RMS:
         cu_add_rms_norm(s, (float *)o->p[0], (float *)o->p[1], (const float *)o->p[2],
                         (const float *)o->p[3], o->i[0], o->i[1], o->f[0]);
@@ -596,7 +611,7 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
 {
     cu_ctx *c = (cu_ctx *)ctx;
     const dweight &d = dw(w);
-    if (m <= CU_GEMV_MAX_M && cu_gemv_fast(d)) {
+    if ((m <= CU_GEMV_MAX_M || c->invariant) && cu_gemv_fast(d)) {
         /* Another matrix over the same x as the previous product: one launch for both. */
         op *p = last_op(c, OP_GEMV);
         if (p && !p->gs.pair && p->gs.nw < 3 && p->p[1] == x && p->i[0] == m && (void *)y != x) {
@@ -621,7 +636,7 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
         o->gs.nw = 1;
         return;
     }
-    if (m > CU_GEMV_MAX_M && d.fmt == DF_BF16)
+    if (m > CU_GEMV_MAX_M && d.fmt == DF_BF16 && !c->invariant)
         c->xb = (__nv_bfloat16 *)grow(c, c->xb, &c->xb_cap,
                                       sizeof(__nv_bfloat16) * (size_t)m * (size_t)d.k);
     op *o = record(c, OP_MATMUL);
@@ -727,8 +742,15 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
      * that consecutive decode steps record the same tape. */
     int max_keys = b->max_blocks * g->block_size;
     if (p->window > 0 && p->window < max_keys) max_keys = p->window;
-    a.splits =
-        cu_attn_splits(b->n_tokens, p->n_kv_heads * chunks, max_keys, c->prop.multiProcessorCount);
+    if (c->invariant) {
+        /* Each token's keys fall into ranges of CU_ATTN_FIXED_KEYS from its first visible
+         * key, whatever else is in the batch; ranges past a token's keys stay empty. */
+        a.key_chunk = CU_ATTN_FIXED_KEYS;
+        a.splits = (max_keys + CU_ATTN_FIXED_KEYS - 1) / CU_ATTN_FIXED_KEYS;
+    } else {
+        a.splits = cu_attn_splits(b->n_tokens, p->n_kv_heads * chunks, max_keys,
+                                  c->prop.multiProcessorCount);
+    }
     if (a.splits > 1) {
         size_t need =
             sizeof(float) * (size_t)b->n_tokens * p->n_heads * a.splits * (size_t)(p->head_dim + 2);
@@ -911,6 +933,8 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->fuse = !(env && !strcmp(env, "0"));
     env = getenv("PAGODA_CUDA_GEMM");
     c->g.no_lt = env && !strcmp(env, "tc");
+    env = getenv("PAGODA_CUDA_BATCH_INVARIANT");
+    c->invariant = env && !strcmp(env, "1");
     be->ops = &cuda_ops;
     be->ctx = c;
     return 0;

@@ -69,9 +69,13 @@ struct cu_attn_args {
     int n_tokens, n_heads, n_kv_heads, head_dim, block_size, max_blocks;
     float scale, softcap;
     int window;
-    int splits;  /* key ranges per (token, kv head); partials combined after */
-    float *part; /* [n_tokens, n_heads, splits, D + 2] when splits > 1 */
+    int splits;    /* key ranges per (token, kv head); partials combined after */
+    int key_chunk; /* > 0: ranges of this many keys (batch-invariant), else keys / splits */
+    float *part;   /* [n_tokens, n_heads, splits, D + 2] when splits > 1 */
 };
+
+/* Keys per attention range in batch-invariant mode. */
+#define CU_ATTN_FIXED_KEYS 64
 
 void cu_kv_store(cudaStream_t s, __nv_bfloat16 *kc, __nv_bfloat16 *vc, const float *k,
                  const float *v, const int32_t *slot, int n_tokens, int row);

@@ -243,7 +243,8 @@ static int finish_seq(struct engine *en, struct step_seq *p, struct step_counts 
             r->plp_sent = 1;
         }
         const float *row = en->logits + (size_t)(p->logit_row + p->n_logits - 1) * en->vocab;
-        int32_t t = sample_next(en, r, row);
+        int32_t t =
+            en->greedy_step ? en->greedy[p->logit_row + p->n_logits - 1] : sample_next(en, r, row);
         r->tokens[r->n_tokens++] = t;
         r->n_output++;
         sampled = 1;
@@ -280,6 +281,23 @@ static int finish_seq(struct engine *en, struct step_seq *p, struct step_counts 
     return sampled;
 }
 
+/* Whether every token this step samples is a plain greedy pick (no logit bias, penalties
+ * or log-probabilities): then the backend picks them where the logits are, and only the
+ * token ids travel back instead of [rows, vocab] floats. */
+static int greedy_only(const struct engine *en, int n_plan)
+{
+    for (int s = 0; s < n_plan; s++) {
+        const struct step_seq *p = &en->plan[s];
+        if (p->n_logits == 0) continue;
+        const struct sampling_params *sp = &p->r->sp;
+        if (p->all_rows || sp->temperature > 0 || sp->n_logit_bias || sp->logprobs ||
+            sp->top_logprobs || sp->repetition_penalty != 1.0f || sp->presence_penalty != 0 ||
+            sp->frequency_penalty != 0)
+            return 0;
+    }
+    return 1;
+}
+
 int step_run(struct engine *en)
 {
     double t0 = util_now();
@@ -289,8 +307,14 @@ int step_run(struct engine *en)
     int n_plan = plan_step(en, &sc, &lp_left);
     if (n_plan > 0) {
         struct fwd_batch b;
-        build_batch(en, n_plan, &b);
-        model_forward(en->m, &b, en->logits);
+        int nl = build_batch(en, n_plan, &b);
+        en->greedy_step = greedy_only(en, n_plan);
+        if (en->greedy_step) {
+            model_forward(en->m, &b, NULL);
+            if (nl > 0) model_argmax(en->m, nl, en->greedy);
+        } else {
+            model_forward(en->m, &b, en->logits);
+        }
         for (int s = 0; s < n_plan; s++)
             sc.gen_tokens += (uint64_t)finish_seq(en, &en->plan[s], &sc);
     }
