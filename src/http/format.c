@@ -143,16 +143,7 @@ static void completion_logprobs(struct http_buf *o, struct http_job *j, const st
 
 static const char *openai_finish(enum finish_reason f)
 {
-    switch (f) {
-    case FINISH_STOP:
-        return "stop";
-    case FINISH_LENGTH:
-        return "length";
-    case FINISH_ABORT:
-        return "abort";
-    default:
-        return "error";
-    }
+    return f == FINISH_NONE ? "error" : finish_reason_name(f);
 }
 
 static void anthropic_stop(struct http_job *j, struct http_buf *o)

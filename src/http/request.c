@@ -8,15 +8,6 @@
 
 #include "common/util.h"
 
-void http_sampling_default(struct sampling_params *sp)
-{
-    memset(sp, 0, sizeof *sp);
-    sp->temperature = 1.0f;
-    sp->top_p = 1.0f;
-    sp->repetition_penalty = 1.0f;
-    sp->max_tokens = 16;
-    sp->prompt_logprobs = -1;
-}
 
 void http_gen_dispose(struct http_gen *g)
 {
@@ -406,7 +397,7 @@ int http_gen_parse(enum http_api api, const cJSON *body, const struct http_model
     g->api = api;
     g->n = 1;
     g->skip_special = 1;
-    http_sampling_default(&g->sp);
+    sampling_params_default(&g->sp);
     if (http_check_model(body, m, api == HTTP_API_MESSAGES, he) < 0) goto fail;
     if (reject_unsupported(api, body, he) < 0) goto fail;
     if (parse_sampling(api, body, m, g, he) < 0) goto fail;

@@ -65,8 +65,6 @@ struct http_gen {
     int skip_special;  /* drop special tokens from text (default 1) */
 };
 
-/** Sampling defaults of the HTTP APIs: temperature 1, no filters, max_tokens 16. */
-void http_sampling_default(struct sampling_params *sp);
 
 /** Parses and validates body for api into g. 0, or -1 with he (g then holds nothing). */
 int http_gen_parse(enum http_api api, const cJSON *body, const struct http_model *m,
