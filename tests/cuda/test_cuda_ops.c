@@ -22,18 +22,7 @@
 #include "model/backend.h"
 #include "test_util.h"
 
-static uint64_t rs;
-static uint32_t rnd(void)
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (uint32_t)(rs >> 16);
-}
-static float frand(void)
-{
-    return (float)(rnd() % 2000001) / 1000000.0f - 1.0f;
-}
+#include "test_mat.h"
 
 static struct backend cpu, gpu;
 
@@ -83,62 +72,23 @@ static double rel_err(const float *a, const float *ref, size_t n)
 
 /* ---- random weights of every format ---- */
 
+/* A random matrix (test_mat.h) and its copy prepared for the GPU. */
 struct mat {
+    struct test_mat h;
     struct qweight w, wg; /* host (CPU backend) and prepared for the GPU */
-    uint8_t *data, *scales, *biases;
 };
 
 static void mat_make(struct mat *m, enum wfmt fmt, int bits, int group, int64_t n, int64_t k)
 {
-    memset(m, 0, sizeof *m);
-    struct qweight *w = &m->w;
-    w->fmt = fmt;
-    w->bits = bits;
-    w->group = group;
-    w->n = n;
-    w->k = k;
-    w->row_bytes = (size_t)(k * bits / 8);
-    size_t nb = (size_t)n * w->row_bytes;
-    m->data = xmalloc(nb + 8);
-    for (size_t i = 0; i < nb; i++) m->data[i] = (uint8_t)rnd();
-    if (fmt == WFMT_BF16)
-        for (size_t i = 0; i < nb / 2; i++) ((uint16_t *)m->data)[i] = f32_to_bf16(frand());
-    if (fmt == WFMT_F16)
-        for (size_t i = 0; i < nb / 2; i++) ((uint16_t *)m->data)[i] = f32_to_f16(frand());
-    if (fmt == WFMT_F32)
-        for (size_t i = 0; i < nb / 4; i++) ((float *)m->data)[i] = frand();
-    if (fmt == WFMT_MXFP8)
-        for (size_t i = 0; i < nb; i++)
-            if ((m->data[i] & 0x7f) == 0x7f) m->data[i] ^= 1;
-    w->w = m->data;
-    size_t ng = group ? (size_t)(n * (k / group)) : 0;
-    if (fmt == WFMT_AFFINE) {
-        m->scales = xmalloc(ng * 2);
-        m->biases = xmalloc(ng * 2);
-        for (size_t i = 0; i < ng; i++) {
-            ((uint16_t *)m->scales)[i] = f32_to_bf16(frand() * 0.1f);
-            ((uint16_t *)m->biases)[i] = f32_to_bf16(frand() * 0.5f);
-        }
-        w->sdtype = ST_BF16;
-        w->biases = m->biases;
-    } else if (group) {
-        m->scales = xmalloc(ng);
-        for (size_t i = 0; i < ng; i++)
-            m->scales[i] =
-                fmt == WFMT_NVFP4 ? (uint8_t)(0x30 + rnd() % 16) : (uint8_t)(120 + rnd() % 8);
-        w->sdtype = ST_U8;
-    }
-    w->scales = m->scales;
-    m->wg = m->w;
+    test_mat_make(&m->h, fmt, bits, group, n, k, ST_BF16);
+    m->w = m->wg = m->h.w;
     struct err e = {0};
     CHECK(gpu.ops->weight_prepare(gpu.ctx, &m->wg, &e) == 0, "weight_prepare: %s", e.msg);
 }
 
 static void mat_free(struct mat *m)
 {
-    free(m->data);
-    free(m->scales);
-    free(m->biases);
+    test_mat_free(&m->h);
 }
 
 /* y[i, r] = sum_c W[r, c] x[i, c] in float64 over the reference decode of W. */
@@ -524,7 +474,7 @@ int main(int argc, char **argv)
     gpu.ops->info(gpu.ctx, &bi);
     printf("device: %s\n", bi.device);
     for (int round = 0; round < 2; round++) { /* fresh random inputs each round */
-        rs = 0x9e3779b97f4a7c15ull ^ (uint64_t)(util_now() * 1e6) ^ (uint64_t)round;
+        test_rs = 0x9e3779b97f4a7c15ull ^ (uint64_t)(util_now() * 1e6) ^ (uint64_t)round;
         test_matmul_embed();
         test_elementwise();
         test_fusions();

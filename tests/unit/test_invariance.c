@@ -11,85 +11,8 @@
 #include "kernels/cpu/cpu.h"
 #include "test_util.h"
 
-static uint64_t rs = 0x9e3779b97f4a7c15ull;
-static uint32_t rnd(void)
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (uint32_t)(rs >> 16);
-}
-static float frand(void)
-{
-    return (float)(rnd() % 2000001) / 1000000.0f - 1.0f;
-}
-
-struct mat {
-    struct qweight w;
-    uint8_t *data, *scales, *biases;
-};
-
-/* Random codes and sane scales; affine scales and biases in the given dtype. */
-static void mat_make(struct mat *m, enum wfmt fmt, int bits, int group, int64_t n, int64_t k,
-                     enum st_dtype sdtype)
-{
-    memset(m, 0, sizeof *m);
-    struct qweight *w = &m->w;
-    w->fmt = fmt;
-    w->bits = bits;
-    w->group = group;
-    w->n = n;
-    w->k = k;
-    w->row_bytes = (size_t)(k * bits / 8);
-    size_t nb = (size_t)n * w->row_bytes;
-    m->data = xmalloc(nb + 8);
-    for (size_t i = 0; i < nb; i++) m->data[i] = (uint8_t)rnd();
-    if (fmt == WFMT_BF16)
-        for (size_t i = 0; i < nb / 2; i++) ((uint16_t *)m->data)[i] = f32_to_bf16(frand());
-    if (fmt == WFMT_F16)
-        for (size_t i = 0; i < nb / 2; i++) ((uint16_t *)m->data)[i] = f32_to_f16(frand());
-    if (fmt == WFMT_F32)
-        for (size_t i = 0; i < nb / 4; i++) ((float *)m->data)[i] = frand();
-    if (fmt == WFMT_MXFP8) /* no NaN codes */
-        for (size_t i = 0; i < nb; i++)
-            if ((m->data[i] & 0x7f) == 0x7f) m->data[i] ^= 1;
-    w->w = m->data;
-    size_t ng = group ? (size_t)(n * (k / group)) : 0;
-    if (fmt == WFMT_AFFINE) {
-        size_t es = sdtype == ST_F32 ? 4 : 2;
-        m->scales = xmalloc(ng * es);
-        m->biases = xmalloc(ng * es);
-        for (size_t i = 0; i < ng; i++) {
-            float s = frand() * 0.1f, b = frand() * 0.5f;
-            if (sdtype == ST_F32) {
-                ((float *)m->scales)[i] = s;
-                ((float *)m->biases)[i] = b;
-            } else if (sdtype == ST_F16) {
-                ((uint16_t *)m->scales)[i] = f32_to_f16(s);
-                ((uint16_t *)m->biases)[i] = f32_to_f16(b);
-            } else {
-                ((uint16_t *)m->scales)[i] = f32_to_bf16(s);
-                ((uint16_t *)m->biases)[i] = f32_to_bf16(b);
-            }
-        }
-        w->sdtype = sdtype;
-        w->biases = m->biases;
-    } else if (group) {
-        m->scales = xmalloc(ng);
-        for (size_t i = 0; i < ng; i++)
-            m->scales[i] =
-                fmt == WFMT_NVFP4 ? (uint8_t)(0x30 + rnd() % 16) : (uint8_t)(120 + rnd() % 8);
-        w->sdtype = ST_U8;
-    }
-    w->scales = m->scales;
-}
-
-static void mat_free(struct mat *m)
-{
-    free(m->data);
-    free(m->scales);
-    free(m->biases);
-}
+#define TEST_SEED 0x9e3779b97f4a7c15ull
+#include "test_mat.h"
 
 #define MAXM 300
 
@@ -166,8 +89,8 @@ int main(void)
     const int64_t n = 40;
     for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi++) {
         int64_t k = fmts[fi].group ? 640 : 647;
-        struct mat mt;
-        mat_make(&mt, fmts[fi].f, fmts[fi].bits, fmts[fi].group, n, k, fmts[fi].sd);
+        struct test_mat mt;
+        test_mat_make(&mt, fmts[fi].f, fmts[fi].bits, fmts[fi].group, n, k, fmts[fi].sd);
         /* rows of very different magnitudes: per-row input scaling must not leak */
         float *x = xmalloc(sizeof(float) * (size_t)(MAXM * k));
         for (int i = 0; i < MAXM; i++) {
@@ -180,7 +103,7 @@ int main(void)
         if (cpu_isa_available(CPU_ISA_AVXVNNI))
             check_invariance(tps, &mt.w, x, fmts[fi].name, CPU_ISA_AVXVNNI);
         free(x);
-        mat_free(&mt);
+        test_mat_free(&mt);
     }
     for (int t = 0; t < 3; t++) tp_destroy(tps[t]);
     TEST_DONE();

@@ -13,74 +13,7 @@
 #include "kernels/cpu/quant.h"
 #include "test_util.h"
 
-static uint64_t rs = 0x1234567;
-static uint32_t rnd(void)
-{
-    rs ^= rs << 13;
-    rs ^= rs >> 7;
-    rs ^= rs << 17;
-    return (uint32_t)(rs >> 16);
-}
-static float frand(void)
-{
-    return (float)(rnd() % 2000001) / 1000000.0f - 1.0f;
-}
-
-/* A random matrix of the given format: codes are random bits, scales in a sane range. */
-struct mat {
-    struct qweight w;
-    uint8_t *data, *scales, *biases;
-};
-
-static void mat_make(struct mat *m, enum wfmt fmt, int bits, int group, int64_t n, int64_t k)
-{
-    memset(m, 0, sizeof *m);
-    struct qweight *w = &m->w;
-    w->fmt = fmt;
-    w->bits = bits;
-    w->group = group;
-    w->n = n;
-    w->k = k;
-    w->row_bytes = (size_t)(k * bits / 8);
-    size_t nb = (size_t)n * w->row_bytes;
-    m->data = xmalloc(nb + 8);
-    for (size_t i = 0; i < nb; i++) m->data[i] = (uint8_t)rnd();
-    if (fmt == WFMT_BF16)
-        for (size_t i = 0; i < nb / 2; i++) ((uint16_t *)m->data)[i] = f32_to_bf16(frand());
-    if (fmt == WFMT_F16)
-        for (size_t i = 0; i < nb / 2; i++) ((uint16_t *)m->data)[i] = f32_to_f16(frand());
-    if (fmt == WFMT_F32)
-        for (size_t i = 0; i < nb / 4; i++) ((float *)m->data)[i] = frand();
-    if (fmt == WFMT_MXFP8) /* avoid the NaN codes 0x7f / 0xff */
-        for (size_t i = 0; i < nb; i++)
-            if ((m->data[i] & 0x7f) == 0x7f) m->data[i] ^= 1;
-    w->w = m->data;
-    size_t ng = group ? (size_t)(n * (k / group)) : 0;
-    if (fmt == WFMT_AFFINE) {
-        m->scales = xmalloc(ng * 2);
-        m->biases = xmalloc(ng * 2);
-        for (size_t i = 0; i < ng; i++) {
-            ((uint16_t *)m->scales)[i] = f32_to_bf16(frand() * 0.1f);
-            ((uint16_t *)m->biases)[i] = f32_to_bf16(frand() * 0.5f);
-        }
-        w->sdtype = ST_BF16;
-        w->biases = m->biases;
-    } else if (group) {
-        m->scales = xmalloc(ng);
-        for (size_t i = 0; i < ng; i++)
-            m->scales[i] = fmt == WFMT_NVFP4 ? (uint8_t)(0x30 + rnd() % 16) /* e4m3 ~0.25..1 */
-                                             : (uint8_t)(120 + rnd() % 8);
-        w->sdtype = ST_U8;
-    }
-    w->scales = m->scales;
-}
-
-static void mat_free(struct mat *m)
-{
-    free(m->data);
-    free(m->scales);
-    free(m->biases);
-}
+#include "test_mat.h"
 
 static void test_decodings(void)
 {
@@ -218,8 +151,8 @@ static void test_matmul_formats(struct threadpool *tp)
     const int ms[] = {1, 2, 5, 8, 9, 13, 40};
     const int64_t n = 72, k = 512; /* n not a multiple of the 16-wide tiles: edge paths run */
     for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi++) {
-        struct mat m;
-        mat_make(&m, fmts[fi].f, fmts[fi].bits, fmts[fi].group, n, k);
+        struct test_mat m;
+        test_mat_make(&m, fmts[fi].f, fmts[fi].bits, fmts[fi].group, n, k, ST_BF16);
         for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
             int rows = ms[mi];
             float *x = xmalloc(sizeof(float) * (size_t)(rows * k));
@@ -271,7 +204,7 @@ static void test_matmul_formats(struct threadpool *tp)
             free(mag);
             free(row);
         }
-        mat_free(&m);
+        test_mat_free(&m);
     }
 }
 
