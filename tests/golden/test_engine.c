@@ -26,6 +26,7 @@
 #include "common/util.h"
 #include "model/backend.h"
 #include "sched/engine.h"
+#include "golden/golden_util.h"
 #include "test_util.h"
 
 #define MAX_CASES 16
@@ -33,9 +34,6 @@
 
 static const char *device = "cpu";
 static double plp_tol = 1e-3;
-
-static const char *supported[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                  "Qwen3ForCausalLM", "Gemma2ForCausalLM",  "Gemma3ForCausalLM"};
 
 struct result {
     int32_t ids[MAX_OUT];
@@ -391,11 +389,6 @@ static int load_cases(const char *dir, cJSON **root, struct golden_case *cs)
     return n;
 }
 
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 int main(int argc, char **argv)
 {
     if (argc != 3 && !(argc == 5 && !strcmp(argv[3], "--device"))) {
@@ -418,30 +411,13 @@ int main(int argc, char **argv)
     printf("device %s\n", device);
     char mdir[4096];
     snprintf(mdir, sizeof mdir, "%s/models", argv[2]);
-    DIR *d = opendir(mdir);
-    if (!d) {
-        fprintf(stderr, "test data missing: cannot open %s\n", mdir);
-        return 1;
-    }
     char *names[256];
-    int nn = 0, tested = 0;
-    struct dirent *de;
-    while ((de = readdir(d)) && nn < 256)
-        if (de->d_name[0] != '.') names[nn++] = xstrdup(de->d_name);
-    closedir(d);
-    qsort(names, (size_t)nn, sizeof names[0], cmp_str);
+    int nn = golden_list(mdir, names, 256), tested = 0;
+    if (nn < 0) return 1;
     for (int i = 0; i < nn; i++) {
-        char dir[4200], path[4400];
+        char dir[4200], arch[128];
         snprintf(dir, sizeof dir, "%s/%s", mdir, names[i]);
-        snprintf(path, sizeof path, "%s/config.json", dir);
-        char *cfg = util_read_file(path, NULL, NULL);
-        cJSON *c = cfg ? cJSON_Parse(cfg) : NULL;
-        free(cfg);
-        const cJSON *ar = cJSON_GetObjectItem(c, "architectures");
-        int ok = 0;
-        for (size_t k = 0; ar && cJSON_IsString(ar->child) && k < 6; k++)
-            ok |= !strcmp(ar->child->valuestring, supported[k]);
-        cJSON_Delete(c);
+        int ok = golden_arch(dir, arch, sizeof arch);
         if (!ok) {
             free(names[i]);
             continue;

@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
+#include "golden/golden_util.h"
 #include "test_util.h"
 
 #include "model/backend.h"
@@ -37,9 +38,6 @@
 static double TOL = CPU_TOL;
 static const char *device = "cpu";
 static double max_dev; /* largest log-probability deviation seen */
-
-static const char *supported[] = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM",
-                                  "Qwen3ForCausalLM", "Gemma2ForCausalLM",  "Gemma3ForCausalLM"};
 
 static char *run(const char *cmd)
 {
@@ -178,19 +176,8 @@ static int check_case(const char *bin, const char *dir, const char *name, int ci
 /* Compares one model folder with its golden.json; returns 1 when compared, 0 when skipped. */
 static int check_folder(const char *bin, const char *dir, const char *name)
 {
-    char path[8192];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    char *cfg = util_read_file(path, NULL, NULL);
-    cJSON *c = cfg ? cJSON_Parse(cfg) : NULL;
-    free(cfg);
-    const cJSON *ar = cJSON_GetObjectItem(c, "architectures");
-    char arch[128];
-    snprintf(arch, sizeof arch, "%s",
-             ar && cJSON_IsString(ar->child) ? ar->child->valuestring : "(none)");
-    int ok = 0;
-    for (size_t k = 0; k < sizeof supported / sizeof supported[0]; k++)
-        ok |= !strcmp(arch, supported[k]);
-    cJSON_Delete(c);
+    char path[8192], arch[128];
+    int ok = golden_arch(dir, arch, sizeof arch);
     if (!ok) {
         printf("%-24s %s: not a dense architecture of this engine, not compared\n", name, arch);
         return 0;
@@ -242,11 +229,6 @@ static int check_variant(const char *bin, const char *mdir, const char *vdir, co
     return check_folder(bin, dir, name);
 }
 
-static int cmp_str(const void *a, const void *b)
-{
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
 int main(int argc, char **argv)
 {
     if (argc != 3 && !(argc == 5 && !strcmp(argv[3], "--device"))) {
@@ -266,18 +248,9 @@ int main(int argc, char **argv)
     printf("device %s, log-probability tolerance %g\n", device, TOL);
     char mdir[4096];
     snprintf(mdir, sizeof mdir, "%s/models", argv[2]);
-    DIR *d = opendir(mdir);
-    if (!d) {
-        fprintf(stderr, "test data missing: cannot open %s\n", mdir);
-        return 1;
-    }
     char *names[256];
-    int nn = 0;
-    struct dirent *de;
-    while ((de = readdir(d)) && nn < 256)
-        if (de->d_name[0] != '.') names[nn++] = xstrdup(de->d_name);
-    closedir(d);
-    qsort(names, (size_t)nn, sizeof names[0], cmp_str);
+    int nn = golden_list(mdir, names, 256);
+    if (nn < 0) return 1;
     int tested = 0;
     for (int i = 0; i < nn; i++) {
         char dir[4200];
@@ -292,7 +265,8 @@ int main(int argc, char **argv)
     /* Variants with goldens of their own. */
     char tmp[] = "/tmp/pagoda-variants-XXXXXX";
     int variants = 0;
-    d = opendir("tests/golden/variants");
+    DIR *d = opendir("tests/golden/variants");
+    struct dirent *de;
     CHECK(d && mkdtemp(tmp), "tests/golden/variants or a temporary folder is missing");
     while (d && (de = readdir(d))) {
         char vdir[4200];
