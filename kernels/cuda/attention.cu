@@ -14,10 +14,12 @@
 
 #define ATT_WARPS 4
 #define ATT_HG    4 /* query heads per block */
+#define ATT_U     4 /* keys in flight per warp */
 
 __global__ void k_kv_store(__nv_bfloat16 *kc, __nv_bfloat16 *vc, const float *__restrict__ k,
                            const float *__restrict__ v, const int32_t *__restrict__ slot, int row)
 {
+    allow_dependents();
     int t = blockIdx.y;
     int64_t dst = (int64_t)slot[t] * row;
     for (int j = blockIdx.x * blockDim.x + threadIdx.x; j < row; j += gridDim.x * blockDim.x) {
@@ -61,6 +63,7 @@ static __device__ __forceinline__ void load_row(const __nv_bfloat16 *p, float *o
 
 template <int DPL> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(cu_attn_args a)
 {
+    allow_dependents();
     const int D = DPL * 32;
     const int t = blockIdx.x;
     const int group = a.n_heads / a.n_kv_heads;
@@ -92,27 +95,37 @@ template <int DPL> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention
     }
     const int32_t *bt = a.block_table + (int64_t)s * a.max_blocks;
     const int64_t kv_row = (int64_t)a.n_kv_heads * D;
-    for (int kp = k_lo + warp; kp < k_hi; kp += ATT_WARPS) {
-        int64_t slot = (int64_t)bt[kp / a.block_size] * a.block_size + kp % a.block_size;
-        const int64_t off = slot * kv_row + (int64_t)kvh * D + lane * DPL;
-        float kr[DPL], vr[DPL];
-        load_row<DPL>(a.k + off, kr);
-        load_row<DPL>(a.v + off, vr);
+    /* ATT_U keys per warp and iteration: their block-table entries and rows are all
+     * loaded before the first is used, so the loads' latencies overlap. */
+    for (int base = k_lo + warp; base < k_hi; base += ATT_WARPS * ATT_U) {
+        float kr[ATT_U][DPL], vr[ATT_U][DPL];
 #pragma unroll
-        for (int hh = 0; hh < ATT_HG; hh++) {
-            if (hh >= nh) break;
-            float sc = 0.0f;
+        for (int u = 0; u < ATT_U; u++) {
+            int kp = min(base + u * ATT_WARPS, k_hi - 1);
+            int64_t slot = (int64_t)bt[kp / a.block_size] * a.block_size + kp % a.block_size;
+            const int64_t off = slot * kv_row + (int64_t)kvh * D + lane * DPL;
+            load_row<DPL>(a.k + off, kr[u]);
+            load_row<DPL>(a.v + off, vr[u]);
+        }
 #pragma unroll
-            for (int j = 0; j < DPL; j++) sc = fmaf(q[hh][j], kr[j], sc);
+        for (int u = 0; u < ATT_U; u++) {
+            if (base + u * ATT_WARPS >= k_hi) break;
 #pragma unroll
-            for (int o = 16; o > 0; o >>= 1) sc += __shfl_xor_sync(0xffffffffu, sc, o);
-            if (a.softcap > 0) sc = a.softcap * tanhf(sc / a.softcap);
-            float mn = fmaxf(mx[hh], sc);
-            float corr = __expf(mx[hh] - mn), p = __expf(sc - mn);
-            l[hh] = l[hh] * corr + p;
+            for (int hh = 0; hh < ATT_HG; hh++) {
+                if (hh >= nh) break;
+                float sc = 0.0f;
 #pragma unroll
-            for (int j = 0; j < DPL; j++) acc[hh][j] = fmaf(acc[hh][j], corr, p * vr[j]);
-            mx[hh] = mn;
+                for (int j = 0; j < DPL; j++) sc = fmaf(q[hh][j], kr[u][j], sc);
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) sc += __shfl_xor_sync(0xffffffffu, sc, o);
+                if (a.softcap > 0) sc = a.softcap * tanhf(sc / a.softcap);
+                float mn = fmaxf(mx[hh], sc);
+                float corr = __expf(mx[hh] - mn), p = __expf(sc - mn);
+                l[hh] = l[hh] * corr + p;
+#pragma unroll
+                for (int j = 0; j < DPL; j++) acc[hh][j] = fmaf(acc[hh][j], corr, p * vr[u][j]);
+                mx[hh] = mn;
+            }
         }
     }
 
@@ -158,6 +171,7 @@ template <int DPL> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention
 
 __global__ void k_attn_merge(float *out, const float *__restrict__ part, int splits, int D)
 {
+    allow_dependents();
     const int64_t th = blockIdx.x; /* token * n_heads + head */
     const float *p = part + th * splits * (D + 2);
     float M = -INFINITY;

@@ -117,9 +117,15 @@ struct cu_ctx {
      * product through the matrix-vector kernels (8 rows per launch), attention key ranges
      * of a fixed width. Slower for large batches; for reproducible serving and tests. */
     int invariant;
+    int row_gemv;     /* the m = 1 matrix-vector kernel (PAGODA_CUDA_GEMV_ROW=0: off) */
+    int early_launch; /* programmatic dependent launch of it (PAGODA_CUDA_PDL=0: off) */
 
     /* profiling */
-    int prof;
+    int trace; /* PAGODA_CUDA_TRACE=1: graph captures and replays, reported at exit */
+    long n_captures, n_replays, n_eager;
+    double capture_ms;
+    int prof;       /* PAGODA_CUDA_PROFILE: 1 every flush, 2 decode steps, 3 prefill steps */
+    long prof_seen; /* flushes of the profiled kind so far (the first, a warm-up, is skipped) */
     cudaEvent_t *ev;
     int ev_cap;
     prof_ent pe[PROF_MAX];
@@ -356,14 +362,29 @@ static void flush(cu_ctx *c)
 {
     if (!c->n_ops) return;
     CU(cudaSetDevice(c->dev));
-    if (c->prof) {
+    int profile = c->prof == 1;
+    if (c->prof > 1) {
+        int decode = c->n_tokens == c->n_seqs;
+        profile = (c->prof == 2 ? decode : !decode) && c->prof_seen++ > 0;
+    }
+    if (profile) {
         exec_profiled(c);
     } else if (c->graph_step && c->graphs_on) {
         graph_entry *g = graph_find(c);
-        if (!g) g = graph_capture(c);
+        if (!g) {
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            g = graph_capture(c);
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            c->capture_ms += (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+            c->n_captures++;
+        } else {
+            c->n_replays++;
+        }
         g->last_use = ++c->clock;
         CU(cudaGraphLaunch(g->exec, c->st));
     } else {
+        c->n_eager++;
         for (int i = 0; i < c->n_ops; i++) exec_op(c, &c->tape[i]);
     }
     c->n_ops = 0;
@@ -497,16 +518,20 @@ static int cu_weight_prepare(void *ctx, struct qweight *w, struct err *e)
                        "free of %zu)",
                        c->dev, (long long)w->n, (long long)w->k, total, fr, tot);
     }
-    CU(cudaMemcpy(p, w->w, data, cudaMemcpyHostToDevice));
+    /* On the backend's stream, which does not wait for the legacy default stream: a plain
+     * cudaMemcpy from pageable memory may return before its data has landed, and a kernel
+     * on this stream could then read the matrix before it is complete. */
+    CU(cudaMemcpyAsync(p, w->w, data, cudaMemcpyHostToDevice, c->st));
     d.w = p;
     if (w->scales) {
-        CU(cudaMemcpy(p + a1, w->scales, groups * ssz, cudaMemcpyHostToDevice));
+        CU(cudaMemcpyAsync(p + a1, w->scales, groups * ssz, cudaMemcpyHostToDevice, c->st));
         d.scales = p + a1;
     }
     if (w->biases) {
-        CU(cudaMemcpy(p + a1 + a2, w->biases, groups * ssz, cudaMemcpyHostToDevice));
+        CU(cudaMemcpyAsync(p + a1 + a2, w->biases, groups * ssz, cudaMemcpyHostToDevice, c->st));
         d.biases = p + a1 + a2;
     }
+    CU(cudaStreamSynchronize(c->st)); /* the host copy may go away after this call */
     if (c->n_w == c->cap_w) {
         c->cap_w = c->cap_w ? c->cap_w * 2 : 256;
         c->wdesc = (dweight **)realloc(c->wdesc, sizeof(dweight *) * (size_t)c->cap_w);
@@ -630,6 +655,8 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
         op *o = record(c, OP_GEMV);
         o->p[1] = x;
         o->i[0] = m;
+        o->gs.keep_order = c->invariant || !c->row_gemv;
+        o->gs.early = c->early_launch;
         o->gs.w[0] = d;
         o->gs.y[0] = y;
         o->gs.row_end[0] = d.n;
@@ -860,6 +887,11 @@ static void cu_destroy(void *ctx)
     cu_ctx *c = (cu_ctx *)ctx;
     flush(c);
     prof_report(c);
+    if (c->trace)
+        fprintf(stderr,
+                "cuda: %ld graphs captured (%.1f ms capturing and instantiating), %ld replays, "
+                "%ld eager flushes\n",
+                c->n_captures, c->capture_ms, c->n_replays, c->n_eager);
     for (int i = 0; i < c->ev_cap; i++) CU(cudaEventDestroy(c->ev[i]));
     free(c->ev);
     CU(cudaSetDevice(c->dev));
@@ -927,14 +959,24 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     CU(cudaMalloc(&c->g.workspace, c->g.workspace_bytes));
     const char *env = getenv("PAGODA_CUDA_GRAPHS");
     c->graphs_on = !(env && !strcmp(env, "0"));
+    env = getenv("PAGODA_CUDA_TRACE");
+    c->trace = env && !strcmp(env, "1");
     env = getenv("PAGODA_CUDA_PROFILE");
-    c->prof = env && !strcmp(env, "1");
+    c->prof = !env                      ? 0
+              : !strcmp(env, "1")       ? 1
+              : !strcmp(env, "decode")  ? 2
+              : !strcmp(env, "prefill") ? 3
+                                        : 0;
     env = getenv("PAGODA_CUDA_FUSE");
     c->fuse = !(env && !strcmp(env, "0"));
     env = getenv("PAGODA_CUDA_GEMM");
     c->g.no_lt = env && !strcmp(env, "tc");
     env = getenv("PAGODA_CUDA_BATCH_INVARIANT");
     c->invariant = env && !strcmp(env, "1");
+    env = getenv("PAGODA_CUDA_GEMV_ROW");
+    c->row_gemv = !(env && !strcmp(env, "0"));
+    env = getenv("PAGODA_CUDA_PDL");
+    c->early_launch = c->prop.major >= 9 && !(env && !strcmp(env, "0"));
     be->ops = &cuda_ops;
     be->ctx = c;
     return 0;

@@ -26,6 +26,16 @@ void cu_fatal(const char *what, const char *msg, const char *file, int line);
 /* After every kernel launch. */
 #define CU_LAUNCHED() CU(cudaGetLastError())
 
+/* Lets the next kernel of the stream start now if it was launched as a programmatic
+ * dependent (it still waits for this grid's results before reading them); kernels call it
+ * first thing so that a dependent's loads that need nothing from them overlap their tail. */
+static __device__ __forceinline__ void allow_dependents()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
 /* Formats as the kernels see them. */
 enum dfmt { DF_F32, DF_F16, DF_BF16, DF_AFFINE, DF_MXFP4, DF_MXFP8, DF_NVFP4 };
 /* Scale/bias storage of affine weights. */

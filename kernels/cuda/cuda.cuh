@@ -28,6 +28,11 @@ struct cu_gemv_set {
     float *y[3];
     int64_t row_end[3]; /* cumulative rows */
     int nw, pair, gelu;
+    /* 1: the same summation order for every m (batch-invariant mode): no m = 1 kernel */
+    int keep_order;
+    /* 1: the m = 1 kernel may start while the previous kernel finishes (programmatic
+     * dependent launch; it waits for that kernel's results before reading x) */
+    int early;
 };
 bool cu_gemv_set_ok(const cu_gemv_set &g);
 void cu_gemv_multi(cudaStream_t s, const cu_gemv_set &g, const float *x, int m);

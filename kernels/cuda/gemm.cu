@@ -76,6 +76,7 @@ template <int FMT, int BITS, bool FAST>
 __global__ void __launch_bounds__(128)
     k_gemm(dweight W, const float *__restrict__ x, float *__restrict__ y, int m)
 {
+    allow_dependents();
     __shared__ __align__(128) gemm_smem sm;
     const int64_t n0 = (int64_t)blockIdx.x * TN;
     const int m0 = blockIdx.y * TM;

@@ -13,6 +13,8 @@
  */
 #include <string.h>
 
+#include <cuda_fp8.h>
+
 #include "kernels/cuda/cuda.cuh"
 
 #define GEMV_WARPS 8
@@ -21,6 +23,7 @@ template <int FMT, int BITS, int M, bool PAIR>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv(cu_gemv_set g, const float *__restrict__ x, int m, int split)
 {
+    allow_dependents();
     constexpr int V = unit_traits<FMT, BITS>::vals;
     constexpr int NA = PAIR ? 2 : 1;
     __shared__ float part[GEMV_WARPS][NA][M];
@@ -117,6 +120,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
 __global__ void k_gemv_generic(dweight W, const float *__restrict__ x, float *__restrict__ y, int m,
                                int64_t ldy)
 {
+    allow_dependents();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + warp;
     if (r >= W.n) return;
@@ -130,6 +134,332 @@ __global__ void k_gemv_generic(dweight W, const float *__restrict__ x, float *__
         for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
         if (lane == 0) y[(int64_t)i * ldy + r] = s;
     }
+}
+
+/*
+ * m = 1 (one sequence decoding): the x row stays in registers and each block streams whole
+ * weight rows. A block has K / 1024 warps; warp w owns columns [1024 w, 1024 (w + 1)) and
+ * each lane 32 of them, as whole 16-byte units of the row: unit (32 c + lane) of the
+ * warp's slice for c < 32 / V. Every weight load of a warp is 512 contiguous bytes, and x
+ * is read once per block instead of once per row. The block loops over rows R at a time
+ * (loads of R rows in flight), a row's partial sums meet in shared memory.
+ *
+ * Packed integers become floats without conversion instructions: a byte q placed under
+ * the exponent of 2^23 (byte permute) is the float 2^23 + q, and one subtraction leaves q.
+ * An affine group then contributes scale * sum(x q) + bias * sum(x), with sum(x) of the
+ * lane's unit computed once.
+ */
+/* Rows in flight per block iteration: 8 16-byte loads per lane (4 KB per warp). */
+template <int NCH, int NA> struct row_r {
+    static constexpr int value = 8 / (NCH * NA) < 1 ? 1 : 8 / (NCH * NA);
+};
+
+/* The fields of matrix wi of a set (a uniform choice; keeps the set out of local memory). */
+struct row_mat {
+    const uint8_t *w;
+    const void *scales, *biases;
+    int64_t row_bytes, gpr, n;
+};
+
+static __device__ __forceinline__ row_mat row_mat_of(const dweight &w)
+{
+    row_mat m;
+    m.w = w.w;
+    m.scales = w.scales;
+    m.biases = w.biases;
+    m.row_bytes = w.row_bytes;
+    m.gpr = w.gpr;
+    m.n = w.n;
+    return m;
+}
+
+static __device__ __forceinline__ row_mat pick(const cu_gemv_set &g, int wi)
+{
+    if (wi == 0) return row_mat_of(g.w[0]);
+    if (wi == 1) return row_mat_of(g.w[1]);
+    return row_mat_of(g.w[2]);
+}
+
+/* Waits until the grids this one depends on have finished and their writes are visible
+ * (a no-op unless the kernel was launched as a programmatic dependent). */
+static __device__ __forceinline__ void grid_dependency_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* 2^23 + byte k of w, as a float, minus 2^23: the byte's integer value. */
+static __device__ __forceinline__ float byte_val(uint32_t w, int k)
+{
+    return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7650u | (uint32_t)k)) - 8388608.0f;
+}
+
+/* Dot of one 16-byte unit with the lane's x values of that unit (no scale applied). */
+template <int FMT, int BITS>
+static __device__ __forceinline__ float unit_dot(uint4 q, const float *xv)
+{
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+    float s0 = 0.0f, s1 = 0.0f;
+    if (FMT == DF_BF16) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            s0 = fmaf(__uint_as_float(w[i] << 16), xv[2 * i], s0);
+            s1 = fmaf(__uint_as_float(w[i] & 0xffff0000u), xv[2 * i + 1], s1);
+        }
+    } else if (FMT == DF_F16) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 f = __half22float2(*(const __half2 *)&w[i]);
+            s0 = fmaf(f.x, xv[2 * i], s0);
+            s1 = fmaf(f.y, xv[2 * i + 1], s1);
+        }
+    } else if (FMT == DF_MXFP8) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            __half2_raw lo =
+                __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[i] & 0xffff), __NV_E4M3);
+            __half2_raw hi =
+                __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[i] >> 16), __NV_E4M3);
+            float2 a = __half22float2(*(const __half2 *)&lo),
+                   b = __half22float2(*(const __half2 *)&hi);
+            s0 = fmaf(a.x, xv[4 * i], s0);
+            s1 = fmaf(a.y, xv[4 * i + 1], s1);
+            s0 = fmaf(b.x, xv[4 * i + 2], s0);
+            s1 = fmaf(b.y, xv[4 * i + 3], s1);
+        }
+    } else if (BITS == 8) { /* affine 8-bit: 16 bytes */
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            s0 = fmaf(byte_val(w[i], 0), xv[4 * i], s0);
+            s1 = fmaf(byte_val(w[i], 1), xv[4 * i + 1], s1);
+            s0 = fmaf(byte_val(w[i], 2), xv[4 * i + 2], s0);
+            s1 = fmaf(byte_val(w[i], 3), xv[4 * i + 3], s1);
+        }
+    } else { /* affine 4-bit: value 2b of a word is the low nibble of byte b */
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint32_t lo = w[i] & 0x0f0f0f0fu, hi = (w[i] >> 4) & 0x0f0f0f0fu;
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                s0 = fmaf(byte_val(lo, b), xv[8 * i + 2 * b], s0);
+                s1 = fmaf(byte_val(hi, b), xv[8 * i + 2 * b + 1], s1);
+            }
+        }
+    }
+    return s0 + s1;
+}
+
+template <int FMT, int BITS, bool PAIR>
+__global__ void __launch_bounds__(512) k_gemv_row(cu_gemv_set g, const float *__restrict__ x)
+{
+    allow_dependents();
+    constexpr int V = unit_traits<FMT, BITS>::vals, NCH = 32 / V, NA = PAIR ? 2 : 1;
+    constexpr int ROW_R = row_r<NCH, NA>::value;
+    constexpr bool GROUPED = FMT == DF_AFFINE || FMT == DF_MXFP8;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    __shared__ float part[2][ROW_R][NA][32];
+
+    float xv[32], xs[NCH];
+    bool have_x = false;
+    const int64_t rows = g.row_end[g.nw - 1];
+    const int gshift = g.w[0].gshift, sdt = g.w[0].sdtype;
+    int buf = 0;
+    for (int64_t r0 = (int64_t)blockIdx.x * ROW_R; r0 < rows;
+         r0 += (int64_t)gridDim.x * ROW_R, buf ^= 1) {
+        uint4 q[ROW_R][NA][NCH];
+        float sc[ROW_R][NA][NCH], bi[ROW_R][NA][NCH];
+        /* Issue every load of the R rows before using any. */
+#pragma unroll
+        for (int rr = 0; rr < ROW_R; rr++) {
+            int64_t r = r0 + rr;
+            const bool live = r < rows;
+            if (!live) r = rows - 1;
+            int wi = 0;
+            if (!PAIR)
+                while (wi + 1 < g.nw && r >= g.row_end[wi]) wi++;
+            const int64_t rl = wi ? r - g.row_end[wi - 1] : r;
+#pragma unroll
+            for (int a = 0; a < NA; a++) {
+                const row_mat M = pick(g, PAIR ? a : wi);
+                const uint8_t *row = M.w + rl * M.row_bytes;
+#pragma unroll
+                for (int c = 0; c < NCH; c++) {
+                    const int64_t u = (int64_t)warp * 32 * NCH + c * 32 + lane;
+                    q[rr][a][c] = __ldg((const uint4 *)row + u);
+                    sc[rr][a][c] = 1.0f;
+                    bi[rr][a][c] = 0.0f;
+                    if (GROUPED) {
+                        const int64_t gi = rl * M.gpr + ((u * V) >> gshift);
+                        if (FMT == DF_MXFP8) {
+                            sc[rr][a][c] = e8m0(((const uint8_t *)M.scales)[gi]);
+                        } else {
+                            sc[rr][a][c] = load_scale(M.scales, sdt, gi);
+                            bi[rr][a][c] = load_scale(M.biases, sdt, gi);
+                        }
+                    }
+                }
+            }
+        }
+        if (!have_x) {
+            /* x comes from the previous kernel: with programmatic dependent launch this
+             * block may start before that kernel ends, so the first rows' weight loads
+             * above overlap its tail, and only here does the block wait for it. */
+            grid_dependency_wait();
+            /* The lane's x values and, per unit, their sum. */
+#pragma unroll
+            for (int c = 0; c < NCH; c++) {
+                const int64_t u = (int64_t)warp * 32 * NCH + c * 32 + lane;
+                const float4 *xp = (const float4 *)(x + u * V);
+                float t = 0.0f;
+#pragma unroll
+                for (int j = 0; j < V / 4; j++) {
+                    float4 f = __ldg(xp + j);
+                    xv[c * V + 4 * j] = f.x;
+                    xv[c * V + 4 * j + 1] = f.y;
+                    xv[c * V + 4 * j + 2] = f.z;
+                    xv[c * V + 4 * j + 3] = f.w;
+                    t += (f.x + f.y) + (f.z + f.w);
+                }
+                xs[c] = t;
+            }
+            have_x = true;
+        }
+        float acc[ROW_R][NA];
+#pragma unroll
+        for (int rr = 0; rr < ROW_R; rr++)
+#pragma unroll
+            for (int a = 0; a < NA; a++) {
+                float t = 0.0f;
+#pragma unroll
+                for (int c = 0; c < NCH; c++) {
+                    float d = unit_dot<FMT, BITS>(q[rr][a][c], xv + c * V);
+                    if (FMT == DF_AFFINE)
+                        t += fmaf(sc[rr][a][c], d, bi[rr][a][c] * xs[c]);
+                    else if (FMT == DF_MXFP8)
+                        t = fmaf(sc[rr][a][c], d, t);
+                    else
+                        t += d;
+                }
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+                acc[rr][a] = t;
+            }
+        if (lane == 0)
+#pragma unroll
+            for (int rr = 0; rr < ROW_R; rr++)
+#pragma unroll
+                for (int a = 0; a < NA; a++) part[buf][rr][a][warp] = acc[rr][a];
+        __syncthreads();
+        if (threadIdx.x < ROW_R) {
+            const int rr = threadIdx.x;
+            const int64_t r = r0 + rr;
+            if (r < rows) {
+                float s[NA];
+#pragma unroll
+                for (int a = 0; a < NA; a++) {
+                    s[a] = 0.0f;
+                    for (int w = 0; w < nwarps; w++) s[a] += part[buf][rr][a][w];
+                }
+                if (PAIR) {
+                    float gt = s[0], up = s[NA - 1], act;
+                    if (g.gelu) {
+                        const float kk = 0.7978845608028654f;
+                        act = 0.5f * gt * (1.0f + tanhf(kk * (gt + 0.044715f * gt * gt * gt)));
+                    } else {
+                        act = gt / (1.0f + expf(-gt));
+                    }
+                    g.y[0][r] = act * up;
+                    g.y[1][r] = up;
+                } else {
+                    int wi = 0;
+                    while (wi + 1 < g.nw && r >= g.row_end[wi]) wi++;
+                    g.y[wi][wi ? r - g.row_end[wi - 1] : r] = s[0];
+                }
+            }
+        }
+    }
+    if (!have_x) grid_dependency_wait(); /* ends after the grid it depends on, in any case */
+}
+
+/* Whether k_gemv_row takes this set at m = 1. */
+static bool row_kernel_ok(const cu_gemv_set &g)
+{
+    const dweight &w = g.w[0];
+    if (w.k % 1024 || w.k > 16 * 1024) return false;
+    switch (w.fmt) {
+    case DF_BF16:
+    case DF_F16:
+        break;
+    case DF_MXFP8:
+        if (w.group != 32) return false;
+        break;
+    case DF_AFFINE:
+        if (w.bits != 4 && w.bits != 8) return false;
+        if (w.gshift < 0 || w.group % (128 / w.bits) || w.sdtype == DS_U8) return false;
+        break;
+    default:
+        return false;
+    }
+    for (int i = 0; i < g.nw; i++)
+        if (g.w[i].row_bytes % 16 || ((uintptr_t)g.w[i].w % 16)) return false;
+    return true;
+}
+
+template <int FMT, int BITS, bool PAIR>
+static void launch_row(cudaStream_t s, const cu_gemv_set &g, const float *x)
+{
+    static int blocks_per_sm[17], sms;
+    const int threads = (int)(g.w[0].k / 1024) * 32;
+    int &bps = blocks_per_sm[threads / 32];
+    if (!bps) {
+        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, k_gemv_row<FMT, BITS, PAIR>, threads,
+                                                         0));
+        if (bps < 1) bps = 1;
+        int dev;
+        CU(cudaGetDevice(&dev));
+        CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    }
+    const int64_t rows = g.row_end[g.nw - 1];
+    constexpr int R = row_r < 32 / unit_traits<FMT, BITS>::vals, PAIR ? 2 : 1 > ::value;
+    int64_t want = (rows + R - 1) / R, most = (int64_t)bps * sms;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)(want < most ? want : most));
+    cfg.blockDim = dim3((unsigned)threads);
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    if (g.early) {
+        cfg.attrs = attr;
+        cfg.numAttrs = 1;
+    }
+    CU(cudaLaunchKernelEx(&cfg, k_gemv_row<FMT, BITS, PAIR>, g, x));
+}
+
+static bool launch_row_any(cudaStream_t s, const cu_gemv_set &g, const float *x)
+{
+    if (!row_kernel_ok(g)) return false;
+    const int fmt = g.w[0].fmt, bits = g.w[0].bits;
+#define ROWK(F, B)                                                                                 \
+    do {                                                                                           \
+        if (g.pair)                                                                                \
+            launch_row<F, B, true>(s, g, x);                                                       \
+        else                                                                                       \
+            launch_row<F, B, false>(s, g, x);                                                      \
+    } while (0)
+    if (fmt == DF_BF16)
+        ROWK(DF_BF16, 16);
+    else if (fmt == DF_F16)
+        ROWK(DF_F16, 16);
+    else if (fmt == DF_MXFP8)
+        ROWK(DF_MXFP8, 8);
+    else if (bits == 4)
+        ROWK(DF_AFFINE, 4);
+    else
+        ROWK(DF_AFFINE, 8);
+#undef ROWK
+    return true;
 }
 
 static int unit_vals(const dweight &w)
@@ -203,6 +533,7 @@ bool cu_gemv_set_ok(const cu_gemv_set &g)
 void cu_gemv_multi(cudaStream_t s, const cu_gemv_set &g, const float *x, int m)
 {
     const dweight &w = g.w[0];
+    if (m == 1 && !g.keep_order && launch_row_any(s, g, x)) return;
     switch (w.fmt) {
     case DF_F32:
         return launch2<DF_F32, 32>(s, g, x, m);
@@ -248,5 +579,6 @@ void cu_gemv(cudaStream_t s, const dweight &w, const float *x, int m, float *y, 
     g.y[0] = y;
     g.row_end[0] = w.n;
     g.nw = 1;
+    g.keep_order = 1;
     cu_gemv_multi(s, g, x, m);
 }

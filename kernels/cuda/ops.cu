@@ -11,6 +11,7 @@ static unsigned blocks_for(int64_t n, int threads)
 
 __global__ void k_embed(float *out, dweight W, const int32_t *__restrict__ tokens, float scale)
 {
+    allow_dependents();
     int t = blockIdx.y;
     int64_t id = tokens[t];
     for (int64_t c = blockIdx.x * blockDim.x + threadIdx.x; c < W.k; c += gridDim.x * blockDim.x)
@@ -42,6 +43,7 @@ static __device__ __forceinline__ float block_sum(float v, float *sh)
 __global__ void k_rms_norm(float *out, const float *x, const float *__restrict__ w, int dim,
                            float eps)
 {
+    allow_dependents();
     __shared__ float sh[32];
     const float *xr = x + (int64_t)blockIdx.x * dim;
     float *o = out + (int64_t)blockIdx.x * dim;
@@ -64,6 +66,7 @@ void cu_rms_norm(cudaStream_t s, float *out, const float *x, const float *w, int
 __global__ void k_add_rms_norm(float *out, float *x, const float *y, const float *__restrict__ w,
                                int dim, float eps)
 {
+    allow_dependents();
     __shared__ float sh[32];
     float *xr = x + (int64_t)blockIdx.x * dim;
     const float *yr = y + (int64_t)blockIdx.x * dim;
@@ -92,6 +95,7 @@ void cu_add_rms_norm(cudaStream_t s, float *out, float *x, const float *y, const
 __global__ void k_rope(float *x, int64_t total, int heads, int half, const float *__restrict__ c,
                        const float *__restrict__ sn)
 {
+    allow_dependents();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x) {
         int j = (int)(i % half);
@@ -116,6 +120,7 @@ void cu_rope(cudaStream_t s, float *x, int rows, int heads, int d, const float *
 
 __global__ void k_act_mul(float *out, const float *gate, const float *up, int64_t n, int gelu)
 {
+    allow_dependents();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         float g = gate[i], r;
@@ -138,6 +143,7 @@ void cu_act_mul(cudaStream_t s, float *out, const float *gate, const float *up, 
 
 __global__ void k_add(float *x, const float *y, int64_t n)
 {
+    allow_dependents();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         x[i] += y[i];
@@ -152,6 +158,7 @@ void cu_add(cudaStream_t s, float *x, const float *y, int64_t n)
 
 __global__ void k_add_bias(float *y, const float *__restrict__ b, int64_t total, int n)
 {
+    allow_dependents();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * blockDim.x)
         y[i] += b[i % n];
@@ -167,6 +174,7 @@ void cu_add_bias(cudaStream_t s, float *y, const float *bias, int m, int n)
 
 __global__ void k_softcap(float *x, int64_t n, float cap)
 {
+    allow_dependents();
     float inv = 1.0f / cap;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
@@ -184,6 +192,7 @@ void cu_softcap(cudaStream_t s, float *x, int64_t n, float cap)
 __global__ void k_gather(float *dst, const float *src, const int32_t *__restrict__ rows, int n,
                          int dim)
 {
+    allow_dependents();
     for (int i = 0; i < n; i++) {
         const float *s = src + (int64_t)rows[i] * dim;
         float *d = dst + (int64_t)i * dim;
@@ -200,6 +209,7 @@ __global__ void k_gather(float *dst, const float *src, const int32_t *__restrict
 __global__ void k_gather_par(float *dst, const float *__restrict__ src,
                              const int32_t *__restrict__ rows, int dim)
 {
+    allow_dependents();
     const float *s = src + (int64_t)rows[blockIdx.x] * dim;
     float *d = dst + (int64_t)blockIdx.x * dim;
     for (int j = threadIdx.x; j < dim; j += blockDim.x) d[j] = s[j];
@@ -219,6 +229,7 @@ void cu_gather_rows(cudaStream_t s, float *dst, const float *src, const int32_t 
 
 __global__ void k_to_bf16(__nv_bfloat16 *dst, const float *__restrict__ src, int64_t n)
 {
+    allow_dependents();
     for (int64_t i = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) * 2; i < n;
          i += (int64_t)gridDim.x * blockDim.x * 2) {
         if (i + 1 < n)
@@ -238,6 +249,7 @@ void cu_to_bf16(cudaStream_t s, __nv_bfloat16 *dst, const float *src, int64_t n)
 /* One block per row: the largest value, the lowest index among equals; NaN never wins. */
 __global__ void k_argmax(int32_t *out, const float *__restrict__ x, int n)
 {
+    allow_dependents();
     const float *r = x + (int64_t)blockIdx.x * n;
     float best = -INFINITY;
     int bi = 0x7fffffff;

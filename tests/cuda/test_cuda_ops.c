@@ -113,13 +113,31 @@ struct fmt_case {
 };
 
 static const struct fmt_case fmts[] = {
-    {WFMT_F32, 32, 0, 70, 100},     {WFMT_F16, 16, 0, 96, 256},    {WFMT_BF16, 16, 0, 200, 512},
+    {WFMT_F32, 32, 0, 70, 100},
+    {WFMT_F16, 16, 0, 96, 256},
+    {WFMT_BF16, 16, 0, 200, 512},
     {WFMT_BF16, 16, 0, 33, 100}, /* generic path */
-    {WFMT_AFFINE, 2, 32, 64, 256},  {WFMT_AFFINE, 3, 32, 72, 256}, {WFMT_AFFINE, 3, 64, 40, 192},
-    {WFMT_AFFINE, 4, 32, 130, 256}, {WFMT_AFFINE, 4, 64, 64, 512}, {WFMT_AFFINE, 4, 128, 48, 1024},
-    {WFMT_AFFINE, 5, 32, 50, 256},  {WFMT_AFFINE, 6, 64, 50, 256}, {WFMT_AFFINE, 8, 32, 90, 256},
-    {WFMT_AFFINE, 8, 64, 64, 128},  {WFMT_MXFP4, 4, 32, 100, 256}, {WFMT_MXFP8, 8, 32, 100, 256},
-    {WFMT_NVFP4, 4, 16, 100, 256},  {WFMT_AFFINE, 4, 8, 16, 64}, /* group 8: generic */
+    {WFMT_AFFINE, 2, 32, 64, 256},
+    {WFMT_AFFINE, 3, 32, 72, 256},
+    {WFMT_AFFINE, 3, 64, 40, 192},
+    {WFMT_AFFINE, 4, 32, 130, 256},
+    {WFMT_AFFINE, 4, 64, 64, 512},
+    {WFMT_AFFINE, 4, 128, 48, 1024},
+    {WFMT_AFFINE, 5, 32, 50, 256},
+    {WFMT_AFFINE, 6, 64, 50, 256},
+    {WFMT_AFFINE, 8, 32, 90, 256},
+    {WFMT_AFFINE, 8, 64, 64, 128},
+    {WFMT_MXFP4, 4, 32, 100, 256},
+    {WFMT_MXFP8, 8, 32, 100, 256},
+    {WFMT_NVFP4, 4, 16, 100, 256},
+    {WFMT_AFFINE, 4, 8, 16, 64}, /* group 8: generic */
+    /* k a multiple of 1024: the m = 1 row kernel */
+    {WFMT_BF16, 16, 0, 300, 2048},
+    {WFMT_F16, 16, 0, 70, 1024},
+    {WFMT_AFFINE, 4, 64, 261, 3072},
+    {WFMT_AFFINE, 4, 32, 45, 1024},
+    {WFMT_AFFINE, 8, 64, 50, 2048},
+    {WFMT_MXFP8, 8, 32, 67, 1024},
 };
 
 static void test_matmul_embed(void)
@@ -283,16 +301,21 @@ static void test_elementwise(void)
  * through the op table and compare with the CPU backend doing them one by one (bound
  * 1e-4: the CPU's own decode kernels sum in another order than the float64 reference).
  */
-static void test_fusions(void)
+static void test_fusions_case(int H, int gate_bf16, int m)
 {
-    const int H = 256, F = 512, KV = 128;
-    for (int m = 1; m <= 8; m += 7) {
+    const int F = 2 * H, KV = H / 2;
+    {
         struct mat wq, wk, wv, wg, wu;
         mat_make(&wq, WFMT_BF16, 16, 0, H, H);
         mat_make(&wk, WFMT_BF16, 16, 0, KV, H);
         mat_make(&wv, WFMT_BF16, 16, 0, KV, H);
-        mat_make(&wg, WFMT_AFFINE, 4, 64, F, H);
-        mat_make(&wu, WFMT_AFFINE, 4, 64, F, H);
+        if (gate_bf16) {
+            mat_make(&wg, WFMT_BF16, 16, 0, F, H);
+            mat_make(&wu, WFMT_BF16, 16, 0, F, H);
+        } else {
+            mat_make(&wg, WFMT_AFFINE, 4, 64, F, H);
+            mat_make(&wu, WFMT_AFFINE, 4, 64, F, H);
+        }
         size_t nh = (size_t)m * H, nf = (size_t)m * F, nk = (size_t)m * KV;
         float *x = rvec(nh), *res = rvec(nh), *nw = rvec(H);
         float *q = xmalloc(4 * nh), *k = xmalloc(4 * nk), *v = xmalloc(4 * nk);
@@ -330,7 +353,7 @@ static void test_fusions(void)
         for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) {
             float *got = back(outs[i].d, outs[i].n);
             double err = rel_err(got, outs[i].ref, outs[i].n);
-            CHECK(err <= 1e-4, "fused sequence m=%d, %s: relative error %.3g > 1e-4", m,
+            CHECK(err <= 1e-4, "fused sequence H=%d m=%d, %s: relative error %.3g > 1e-4", H, m,
                   outs[i].name, err);
             free(got);
             gpu.ops->free(gpu.ctx, outs[i].d);
@@ -343,6 +366,16 @@ static void test_fusions(void)
         free(nw);
         struct mat *ms[] = {&wq, &wk, &wv, &wg, &wu};
         for (int i = 0; i < 5; i++) mat_free(ms[i]);
+    }
+}
+
+/* Small shapes take the general matrix-vector kernel; k = 1024 at m = 1 the row kernel. */
+static void test_fusions(void)
+{
+    for (int m = 1; m <= 8; m += 7) {
+        test_fusions_case(256, 0, m);
+        test_fusions_case(1024, 0, m);
+        test_fusions_case(1024, 1, m);
     }
 }
 
