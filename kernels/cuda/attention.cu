@@ -189,6 +189,238 @@ __global__ void k_attn_merge(float *out, const float *__restrict__ part, int spl
     }
 }
 
+/*
+ * Tensor-core attention (prefill and large batches): a block takes 64 query rows of one
+ * sequence and one KV head (the rows of a GQA group share every key), each of its 4 warps
+ * 16 of them. Key tiles of 64 keys are copied from the paged cache into shared memory with
+ * cp.async, the next tile's copy in flight while the current one is used. Scores S = Q K^T
+ * and the output O += P V run as bf16 mma.sync m16n8k16 with float32 accumulators; the
+ * softmax is online in float32 (FlashAttention-2 order). Q and P are rounded to bf16 as
+ * operands, so results differ from the float32 path by about 1e-3 relative.
+ */
+#define TC_KEYS 64
+
+template <int D> struct tc_smem {
+    __nv_bfloat16 k[2][TC_KEYS][D + 8]; /* 16 bytes of padding: conflict-free fragments */
+    __nv_bfloat16 v[2][TC_KEYS][D + 8];
+};
+
+static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
+{
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&h;
+}
+
+static __device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, uint32_t b0,
+                                                uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* 16 bytes global -> shared, zero-filled when !valid. */
+static __device__ __forceinline__ void cp16(void *dst, const void *src, bool valid)
+{
+    uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(n));
+}
+
+template <int D> __global__ void __launch_bounds__(128) k_attention_tc(cu_attn_args a)
+{
+    allow_dependents();
+    extern __shared__ __align__(16) unsigned char tc_raw[];
+    tc_smem<D> &sm = *(tc_smem<D> *)tc_raw;
+    constexpr int DK = D / 16; /* k-steps of Q K^T */
+    constexpr int DN = D / 8;  /* n-tiles of O */
+    constexpr int CH = D / 8;  /* 16-byte chunks per key row */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, tq = lane & 3;
+    const int s = a.tile_seq[blockIdx.x], row0 = a.tile_row[blockIdx.x];
+    const int kvh = blockIdx.y;
+    const int group = a.n_heads / a.n_kv_heads;
+    const int t0 = a.q_start[s], n_rows = (a.q_start[s + 1] - t0) * group;
+
+    /* This thread's two rows (g and g + 8 of the warp's 16): token, head, position. */
+    int tok[2], head[2], qpos[2], first[2];
+    bool live[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int r = row0 + warp * 16 + g + 8 * h;
+        live[h] = r < n_rows;
+        if (!live[h]) r = n_rows - 1;
+        tok[h] = t0 + r / group;
+        head[h] = kvh * group + r % group;
+        qpos[h] = a.pos[tok[h]];
+        first[h] = a.window > 0 ? max(0, qpos[h] - a.window + 1) : 0;
+    }
+    /* The block's key range: from the first row's first key to the last row's position. */
+    const int r_last = min(row0 + CU_ATTN_TC_ROWS, n_rows) - 1;
+    const int p_first = a.pos[t0 + row0 / group], p_last = a.pos[t0 + r_last / group];
+    const int k_lo = a.window > 0 ? max(0, p_first - a.window + 1) : 0, k_hi = p_last + 1;
+    const bool warp_live = row0 + warp * 16 < n_rows;
+
+    const int32_t *bt = a.block_table + (int64_t)s * a.max_blocks;
+    const int64_t kv_row = (int64_t)a.n_kv_heads * D;
+    auto load_tile = [&](int buf, int kt0) {
+        for (int i = threadIdx.x; i < TC_KEYS * CH; i += blockDim.x) {
+            const int key = i / CH, c = i % CH, kp = kt0 + key;
+            const bool ok = kp < k_hi;
+            int64_t off = 0;
+            if (ok) {
+                const int64_t slot =
+                    (int64_t)bt[kp / a.block_size] * a.block_size + kp % a.block_size;
+                off = slot * kv_row + (int64_t)kvh * D + c * 8;
+            }
+            cp16(&sm.k[buf][key][c * 8], a.k + off, ok);
+            cp16(&sm.v[buf][key][c * 8], a.v + off, ok);
+        }
+        asm volatile("cp.async.commit_group;");
+    };
+
+    const int kt_begin = k_lo / TC_KEYS * TC_KEYS;
+    load_tile(0, kt_begin);
+
+    /* Q fragments (A operand, row-major 16 x 16 per k-step), rounded to bf16. */
+    uint32_t qf[DK][4];
+#pragma unroll
+    for (int kk = 0; kk < DK; kk++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float *qr = a.q + ((int64_t)tok[h] * a.n_heads + head[h]) * D + kk * 16 + 2 * tq;
+            float2 lo = *(const float2 *)qr, hi = *(const float2 *)(qr + 8);
+            qf[kk][h] = pack_bf16(lo.x, lo.y);
+            qf[kk][2 + h] = pack_bf16(hi.x, hi.y);
+        }
+
+    float o[DN][4];
+#pragma unroll
+    for (int j = 0; j < DN; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float mx[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    int buf = 0;
+    for (int kt0 = kt_begin; kt0 < k_hi; kt0 += TC_KEYS, buf ^= 1) {
+        if (kt0 + TC_KEYS < k_hi) {
+            load_tile(buf ^ 1, kt0 + TC_KEYS);
+            asm volatile("cp.async.wait_group 1;");
+        } else {
+            asm volatile("cp.async.wait_group 0;");
+        }
+        __syncthreads();
+        if (warp_live) {
+            float sc[TC_KEYS / 8][4];
+#pragma unroll
+            for (int j = 0; j < TC_KEYS / 8; j++) {
+                sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+                for (int kk = 0; kk < DK; kk++) {
+                    const __nv_bfloat16 *kr = &sm.k[buf][8 * j + g][kk * 16 + 2 * tq];
+                    mma_bf16(sc[j], qf[kk], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
+                }
+            }
+            /* scale, soft-cap, mask; the tile's row maxima */
+            float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int j = 0; j < TC_KEYS / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int h = e >> 1, kp = kt0 + 8 * j + 2 * tq + (e & 1);
+                    float v = sc[j][e] * a.scale;
+                    if (a.softcap > 0) v = a.softcap * tanhf(v / a.softcap);
+                    if (kp < first[h] || kp > qpos[h]) v = -INFINITY;
+                    sc[j][e] = v;
+                    tmax[h] = fmaxf(tmax[h], v);
+                }
+            float corr[2];
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                tmax[h] = fmaxf(tmax[h], __shfl_xor_sync(0xffffffffu, tmax[h], 1));
+                tmax[h] = fmaxf(tmax[h], __shfl_xor_sync(0xffffffffu, tmax[h], 2));
+                const float mn = fmaxf(mx[h], tmax[h]);
+                /* all keys so far masked: nothing to scale, probabilities 0 */
+                const float base = mn == -INFINITY ? 0.0f : mn;
+                corr[h] = __expf(mx[h] - base);
+                mx[h] = mn;
+                tmax[h] = base;
+            }
+            float rs[2] = {0.0f, 0.0f};
+            uint32_t pf[TC_KEYS / 16][4];
+#pragma unroll
+            for (int j = 0; j < TC_KEYS / 8; j++) {
+                const float p0 = __expf(sc[j][0] - tmax[0]), p1 = __expf(sc[j][1] - tmax[0]);
+                const float p2 = __expf(sc[j][2] - tmax[1]), p3 = __expf(sc[j][3] - tmax[1]);
+                rs[0] += p0 + p1;
+                rs[1] += p2 + p3;
+                pf[j >> 1][(j & 1) * 2] = pack_bf16(p0, p1);
+                pf[j >> 1][(j & 1) * 2 + 1] = pack_bf16(p2, p3);
+            }
+#pragma unroll
+            for (int h = 0; h < 2; h++) l[h] = l[h] * corr[h] + rs[h];
+#pragma unroll
+            for (int j = 0; j < DN; j++) {
+                o[j][0] *= corr[0];
+                o[j][1] *= corr[0];
+                o[j][2] *= corr[1];
+                o[j][3] *= corr[1];
+            }
+            /* O += P V: V fragments (k = key, n = dim) by transposing loads */
+            const int mi = lane >> 3, ri = lane & 7;
+#pragma unroll
+            for (int ks = 0; ks < TC_KEYS / 16; ks++)
+#pragma unroll
+                for (int dt = 0; dt < D / 16; dt++) {
+                    const __nv_bfloat16 *vp =
+                        &sm.v[buf][ks * 16 + ri + (mi & 1) * 8][dt * 16 + (mi >> 1) * 8];
+                    uint32_t b0, b1, b2, b3;
+                    asm volatile(
+                        "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                        : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
+                        : "r"((uint32_t)__cvta_generic_to_shared(vp)));
+                    mma_bf16(o[2 * dt], pf[ks], b0, b1);
+                    mma_bf16(o[2 * dt + 1], pf[ks], b2, b3);
+                }
+        }
+        __syncthreads(); /* the buffer is refilled two tiles on */
+    }
+
+    if (!warp_live) return;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        if (!live[h]) continue;
+        const float inv = 1.0f / l[h];
+        float *out = a.out + ((int64_t)tok[h] * a.n_heads + head[h]) * D + 2 * tq;
+#pragma unroll
+        for (int j = 0; j < DN; j++)
+            *(float2 *)(out + 8 * j) = make_float2(o[j][2 * h] * inv, o[j][2 * h + 1] * inv);
+    }
+}
+
+bool cu_attn_tc_ok(int head_dim)
+{
+    return head_dim == 64 || head_dim == 128;
+}
+
+template <int D> static void launch_tc(cudaStream_t s, const cu_attn_args &a)
+{
+    static bool raised;
+    const size_t smem = sizeof(tc_smem<D>);
+    if (!raised) {
+        CU(cudaFuncSetAttribute(k_attention_tc<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)smem));
+        raised = true;
+    }
+    dim3 grid((unsigned)a.n_tiles, (unsigned)a.n_kv_heads);
+    k_attention_tc<D><<<grid, 128, smem, s>>>(a);
+    CU_LAUNCHED();
+}
+
 int cu_attn_splits(int n_tokens, int n_kv_heads, int max_keys, int sms)
 {
     int blocks = n_tokens * n_kv_heads;
@@ -216,6 +448,10 @@ template <int DPL> static void launch(cudaStream_t s, const cu_attn_args &a)
 
 void cu_attention(cudaStream_t s, const cu_attn_args &a)
 {
+    if (a.n_tiles > 0) {
+        if (a.head_dim == 64) return launch_tc<64>(s, a);
+        return launch_tc<128>(s, a);
+    }
     switch (a.head_dim / 32) {
     case 1:
         return launch<1>(s, a);

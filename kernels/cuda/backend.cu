@@ -28,6 +28,7 @@ int backend_cuda_device_count(void);
 #define CU_GRAPH_MAX_TOKENS 512
 #define CU_GRAPHS           16
 #define CU_WORKSPACE        (32u << 20)
+#define CU_TILE_TABLES      4
 
 void cu_fatal(const char *what, const char *msg, const char *file, int line)
 {
@@ -50,11 +51,13 @@ enum opk {
     OP_ARGMAX,
     OP_GEMV,    /* m <= CU_GEMV_MAX_M: one or more matrices over the same x, maybe paired */
     OP_ADD_RMS, /* add followed by rms_norm of the sum */
+    OP_ROPE_KV, /* rope of q, rope of k, kv_store of k and v */
 };
 
-static const char *const op_names[] = {
-    "embed",   "gemm", "add_bias", "rms_norm",    "rope",   "kv_store", "attention",
-    "act_mul", "add",  "softcap",  "gather_rows", "argmax", "gemv",     "add+rms_norm"};
+static const char *const op_names[] = {"embed", "gemm",         "add_bias",     "rms_norm",
+                                       "rope",  "kv_store",     "attention",    "act_mul",
+                                       "add",   "softcap",      "gather_rows",  "argmax",
+                                       "gemv",  "add+rms_norm", "rope+kv_store"};
 
 /* One recorded operation. Zeroed before filling so that tapes compare with memcmp. */
 struct op {
@@ -62,7 +65,7 @@ struct op {
     int i[4];
     int64_t n;
     float f[2];
-    const void *p[4];
+    const void *p[8];
     dweight w;
     cu_attn_args att;
     cu_gemv_set gs;
@@ -92,10 +95,19 @@ struct cu_ctx {
     /* step metadata: one device buffer and its pinned staging copy */
     int32_t *d_meta, *h_meta;
     size_t cap_tok, cap_seq, cap_bt; /* capacities (elements) */
-    int32_t *d_tokens, *d_pos, *d_slot, *d_tok_seq, *d_logit_rows, *d_seq_len, *d_bt;
+    int32_t *d_tokens, *d_pos, *d_slot, *d_tok_seq, *d_logit_rows, *d_seq_len, *d_q_start, *d_bt;
     const int32_t *h_logit_rows; /* the host array of the current batch */
     int n_tokens, n_seqs, max_blocks, n_logits;
     int graph_step;
+    /* Query-row tiles of the tensor-core attention kernel, one table per GQA group size
+     * seen in the step (computed when an attention operation is recorded). */
+    int32_t *d_tiles, *h_tiles;
+    size_t tiles_cap; /* int32 per table */
+    int tile_group[CU_TILE_TABLES], tile_n[CU_TILE_TABLES], n_tile_tables;
+    /* PAGODA_CUDA_ATTN: simt (default) the float32 kernel, tc the tensor-core kernel where
+     * the head size allows, auto tensor cores for steps with prompt tokens or >= 64 tokens */
+    int attn_mode; /* 0 auto, 1 simt, 2 tc */
+    int rope_kv;   /* PAGODA_CUDA_ROPE_KV=1: rope(q), rope(k), kv_store as one launch */
 
     /* scratch */
     __nv_bfloat16 *xb;
@@ -207,6 +219,11 @@ static void exec_op(cu_ctx *c, const op *o)
         }
         break;
     }
+    case OP_ROPE_KV:
+        cu_rope_kv(s, (float *)o->p[4], (float *)o->p[5], (const float *)o->p[2],
+                   (__nv_bfloat16 *)o->p[0], (__nv_bfloat16 *)o->p[1], c->d_slot, o->i[0], o->i[1],
+                   o->i[2], o->i[3], (const float *)o->p[6], (const float *)o->p[3]);
+        break;
     case OP_ADD_RMS:
         cu_add_rms_norm(s, (float *)o->p[0], (float *)o->p[1], (const float *)o->p[2],
                         (const float *)o->p[3], o->i[0], o->i[1], o->f[0]);
@@ -236,7 +253,10 @@ static void op_label(const op *o, char *buf, size_t n)
                  (long long)o->w.n, (long long)o->w.k);
         break;
     case OP_ATTN:
-        snprintf(buf, n, "attention (%d tokens, %d splits)", o->att.n_tokens, o->att.splits);
+        if (o->att.n_tiles)
+            snprintf(buf, n, "attention tc (%d tokens, %d tiles)", o->att.n_tokens, o->att.n_tiles);
+        else
+            snprintf(buf, n, "attention (%d tokens, %d splits)", o->att.n_tokens, o->att.splits);
         break;
     default:
         snprintf(buf, n, "%s", op_names[o->kind]);
@@ -588,6 +608,7 @@ static void cu_batch_begin(void *ctx, const struct fwd_batch *b)
         c->d_tok_seq = c->d_meta + 3 * ct;
         c->d_logit_rows = c->d_meta + 4 * ct;
         c->d_seq_len = c->d_meta + 5 * ct;
+        c->d_q_start = c->d_meta + 5 * ct + cs;
         c->d_bt = c->d_meta + 5 * ct + 2 * cs;
         c->gen++;
         graphs_clear(c);
@@ -601,6 +622,7 @@ static void cu_batch_begin(void *ctx, const struct fwd_batch *b)
         for (int t = b->q_start[s]; t < b->q_start[s + 1]; t++) h[3 * ct + t] = s;
     if (b->n_logits) memcpy(h + 4 * ct, b->logit_rows, (size_t)b->n_logits * 4);
     memcpy(h + 5 * ct, b->seq_len, (size_t)b->n_seqs * 4);
+    memcpy(h + 5 * ct + cs, b->q_start, (size_t)(b->n_seqs + 1) * 4);
     memcpy(h + 5 * ct + 2 * cs, b->block_table, (size_t)b->n_seqs * b->max_blocks * 4);
     CU(cudaMemcpyAsync(c->d_meta, h, (5 * ct + 2 * cs + cb) * 4, cudaMemcpyHostToDevice, c->st));
     c->h_logit_rows = b->logit_rows;
@@ -609,6 +631,55 @@ static void cu_batch_begin(void *ctx, const struct fwd_batch *b)
     c->max_blocks = b->max_blocks;
     c->n_logits = b->n_logits;
     c->graph_step = b->n_tokens <= CU_GRAPH_MAX_TOKENS;
+    c->n_tile_tables = 0;
+}
+
+/*
+ * The tile table of the tensor-core attention kernel for GQA groups of `group` query
+ * heads: tile i is (sequence, first row) with rows of 64. Built on the host once per step
+ * and group, and copied ahead of the step's operations (the previous step has finished:
+ * batch_begin waited for it). Returns the table index; *n gets the tile count.
+ */
+static int tile_table(cu_ctx *c, const struct fwd_batch *b, int group, int *n)
+{
+    for (int i = 0; i < c->n_tile_tables; i++)
+        if (c->tile_group[i] == group) {
+            *n = c->tile_n[i];
+            return i;
+        }
+    if (c->n_tile_tables == CU_TILE_TABLES) return -1;
+    /* at most one partial tile per sequence */
+    size_t need = 2 * ((size_t)b->n_tokens * group / CU_ATTN_TC_ROWS + (size_t)b->n_seqs + 1);
+    if (need > c->tiles_cap) {
+        flush(c);
+        CU(cudaStreamSynchronize(c->st));
+        if (c->d_tiles) CU(cudaFree(c->d_tiles));
+        if (c->h_tiles) CU(cudaFreeHost(c->h_tiles));
+        c->tiles_cap = need + need / 2;
+        CU(cudaMalloc((void **)&c->d_tiles, c->tiles_cap * CU_TILE_TABLES * sizeof(int32_t)));
+        CU(cudaMallocHost((void **)&c->h_tiles, c->tiles_cap * CU_TILE_TABLES * sizeof(int32_t)));
+        c->gen++;
+        graphs_clear(c);
+        c->n_tile_tables = 0; /* the step's earlier tables went with the flushed operations */
+    }
+    int ti = c->n_tile_tables++;
+    int32_t *seq = c->h_tiles + (size_t)ti * c->tiles_cap, *row = seq + c->tiles_cap / 2;
+    int nt = 0;
+    for (int s = 0; s < b->n_seqs; s++) {
+        int rows = (b->q_start[s + 1] - b->q_start[s]) * group;
+        for (int r = 0; r < rows; r += CU_ATTN_TC_ROWS, nt++) {
+            seq[nt] = s;
+            row[nt] = r;
+        }
+    }
+    int32_t *d = c->d_tiles + (size_t)ti * c->tiles_cap;
+    CU(cudaMemcpyAsync(d, seq, sizeof(int32_t) * (size_t)nt, cudaMemcpyHostToDevice, c->st));
+    CU(cudaMemcpyAsync(d + c->tiles_cap / 2, row, sizeof(int32_t) * (size_t)nt,
+                       cudaMemcpyHostToDevice, c->st));
+    c->tile_group[ti] = group;
+    c->tile_n[ti] = nt;
+    *n = nt;
+    return ti;
 }
 
 /* ---- operations ---- */
@@ -663,9 +734,16 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
         o->gs.nw = 1;
         return;
     }
-    if (m > CU_GEMV_MAX_M && d.fmt == DF_BF16 && !c->invariant)
+    if (m > CU_GEMV_MAX_M && d.fmt == DF_BF16 && !c->invariant) {
         c->xb = (__nv_bfloat16 *)grow(c, c->xb, &c->xb_cap,
                                       sizeof(__nv_bfloat16) * (size_t)m * (size_t)d.k);
+        if (!cu_gemm_ready(&c->g, d, m)) {
+            /* First product of this shape: the operations before it run first, so that
+             * the timing runs see this step's input (and no graph capture is under way). */
+            flush(c);
+            cu_gemm_prepare(c->st, &c->g, d, m, x, y, c->xb);
+        }
+    }
     op *o = record(c, OP_MATMUL);
     o->p[0] = y;
     o->p[1] = x;
@@ -725,7 +803,35 @@ static void cu_rope_op(void *ctx, float *x, int rows, int heads, int d, const fl
 static void cu_kv_store_op(void *ctx, const struct kv_layer *kv, const struct kv_geom *g,
                            const float *k, const float *v, const struct fwd_batch *b)
 {
-    op *o = record((cu_ctx *)ctx, OP_KV_STORE);
+    cu_ctx *c = (cu_ctx *)ctx;
+    /* rope(q), rope(k) just recorded with the same tables: all three in one launch */
+    if (c->fuse && c->rope_kv && c->n_ops >= 2) {
+        op *rq = &c->tape[c->n_ops - 2], *rk = &c->tape[c->n_ops - 1];
+        if (rq->kind == OP_ROPE && rk->kind == OP_ROPE && rk->p[0] == k && rq->p[0] != k &&
+            rq->p[0] != v && rq->i[0] == b->n_tokens && rk->i[0] == b->n_tokens &&
+            rq->i[2] == g->head_dim && rk->i[2] == g->head_dim && rk->i[1] == g->n_kv_heads &&
+            rq->p[1] == rk->p[1] && rq->p[2] == rk->p[2]) {
+            float *q = (float *)rq->p[0];
+            const void *cos_t = rq->p[1], *sin_t = rq->p[2];
+            int hq = rq->i[1];
+            c->n_ops--;
+            memset(rq, 0, sizeof *rq);
+            rq->kind = OP_ROPE_KV;
+            rq->p[4] = q;
+            rq->p[5] = k;
+            rq->p[6] = cos_t;
+            rq->p[0] = kv->k;
+            rq->p[1] = kv->v;
+            rq->p[2] = v;
+            rq->p[3] = sin_t;
+            rq->i[0] = b->n_tokens;
+            rq->i[1] = hq;
+            rq->i[2] = g->n_kv_heads;
+            rq->i[3] = g->head_dim;
+            return;
+        }
+    }
+    op *o = record(c, OP_KV_STORE);
     o->p[0] = kv->k;
     o->p[1] = kv->v;
     o->p[2] = k;
@@ -769,6 +875,24 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
      * that consecutive decode steps record the same tape. */
     int max_keys = b->max_blocks * g->block_size;
     if (p->window > 0 && p->window < max_keys) max_keys = p->window;
+    /* Tensor cores when the step has prompt tokens or many sequences: a tile of 64 rows
+     * then holds many rows or its key tiles are few; single-token steps of few sequences
+     * split their keys over the GPU instead (the float32 kernel). */
+    int use_tc = !c->invariant && cu_attn_tc_ok(p->head_dim) && c->attn_mode != 1 &&
+                 (c->attn_mode == 2 || b->n_tokens > b->n_seqs || b->n_tokens >= 64);
+    if (use_tc) {
+        int nt = 0, ti = tile_table(c, b, p->n_heads / p->n_kv_heads, &nt);
+        if (ti >= 0) {
+            a.n_tiles = nt;
+            a.tile_seq = c->d_tiles + (size_t)ti * c->tiles_cap;
+            a.tile_row = a.tile_seq + c->tiles_cap / 2;
+            a.q_start = c->d_q_start;
+            a.splits = 1;
+            op *o = record(c, OP_ATTN);
+            o->att = a;
+            return;
+        }
+    }
     if (c->invariant) {
         /* Each token's keys fall into ranges of CU_ATTN_FIXED_KEYS from its first visible
          * key, whatever else is in the batch; ranges past a token's keys stay empty. */
@@ -905,6 +1029,8 @@ static void cu_destroy(void *ctx)
     free(c->wdesc);
     if (c->d_meta) CU(cudaFree(c->d_meta));
     if (c->h_meta) CU(cudaFreeHost(c->h_meta));
+    if (c->d_tiles) CU(cudaFree(c->d_tiles));
+    if (c->h_tiles) CU(cudaFreeHost(c->h_tiles));
     if (c->xb) CU(cudaFree(c->xb));
     if (c->part) CU(cudaFree(c->part));
     if (c->d_small) CU(cudaFree(c->d_small));
@@ -971,8 +1097,14 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->fuse = !(env && !strcmp(env, "0"));
     env = getenv("PAGODA_CUDA_GEMM");
     c->g.no_lt = env && !strcmp(env, "tc");
+    env = getenv("PAGODA_CUDA_GEMM_TUNE");
+    c->g.no_tune = !(env && !strcmp(env, "1"));
     env = getenv("PAGODA_CUDA_BATCH_INVARIANT");
     c->invariant = env && !strcmp(env, "1");
+    env = getenv("PAGODA_CUDA_ATTN");
+    c->attn_mode = env && !strcmp(env, "tc") ? 2 : env && !strcmp(env, "auto") ? 0 : 1;
+    env = getenv("PAGODA_CUDA_ROPE_KV");
+    c->rope_kv = env && !strcmp(env, "1");
     env = getenv("PAGODA_CUDA_GEMV_ROW");
     c->row_gemv = !(env && !strcmp(env, "0"));
     env = getenv("PAGODA_CUDA_PDL");

@@ -40,13 +40,21 @@ void cu_gemv_multi(cudaStream_t s, const cu_gemv_set &g, const float *x, int m);
 /* A cuBLASLt plan of one shape. */
 struct cu_lt_plan {
     int m, n, k;
-    int ok; /* 0: cuBLASLt has no algorithm for this shape */
+    int ok;    /* 0: cuBLASLt has no algorithm for this shape */
+    int tuned; /* the algorithm is the one timed fastest for the shape's size class */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
 };
 
-#define CU_LT_PLANS 64
+/* The algorithm timed fastest for n x k products of m in (mb / 2, mb]. */
+struct cu_lt_best {
+    int mb, n, k;
+    cublasLtMatmulAlgo_t algo;
+};
+
+#define CU_LT_PLANS 256
+#define CU_LT_BEST  128
 
 struct cu_gemm_ctx {
     cublasLtHandle_t lt;
@@ -54,10 +62,23 @@ struct cu_gemm_ctx {
     size_t workspace_bytes;
     cu_lt_plan plans[CU_LT_PLANS];
     int n_plans, next_plan;
-    int no_lt; /* 1: every format through the tensor-core kernel (tests, comparisons) */
+    cu_lt_best best[CU_LT_BEST];
+    int n_best, next_best;
+    int no_lt;   /* 1: every format through the tensor-core kernel (tests, comparisons) */
+    int no_tune; /* 0: time cuBLASLt's candidates (PAGODA_CUDA_GEMM_TUNE=1), 1: its first choice */
 };
 
 void cu_gemm_ctx_destroy(cu_gemm_ctx *g);
+
+/** Whether a product of m rows by w has its plan (cu_gemm_prepare has nothing to do). */
+bool cu_gemm_ready(const cu_gemm_ctx *g, const dweight &w, int m);
+/** Before a product is recorded, with every earlier operation already on stream s and no
+ * capture under way: makes sure the plan of its shape exists and, the first time a size
+ * class of m is seen for an n x k matrix, times cuBLASLt's candidate algorithms on s (x
+ * [m, k] rounded into xb as input, y [m, n] as output, both overwritten) and keeps the
+ * fastest. */
+void cu_gemm_prepare(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, int m, const float *x,
+                     float *y, __nv_bfloat16 *xb);
 
 /** y[m, n] = x[m, k] . W^T for any m: bf16 weights through cuBLASLt (x rounded to bf16 in
  * xb, m * k values), other formats through a tensor-core kernel that dequantizes tiles. */
@@ -77,7 +98,17 @@ struct cu_attn_args {
     int splits;    /* key ranges per (token, kv head); partials combined after */
     int key_chunk; /* > 0: ranges of this many keys (batch-invariant), else keys / splits */
     float *part;   /* [n_tokens, n_heads, splits, D + 2] when splits > 1 */
+    /* Tensor-core path (n_tiles > 0): tile i covers query rows [tile_row[i], + 64) of
+     * sequence tile_seq[i], a sequence's rows being its tokens times the query heads of
+     * one KV head (row r: token q_start[s] + r / group, head r % group of the group). */
+    int n_tiles;
+    const int32_t *tile_seq, *tile_row, *q_start;
 };
+
+/* Query rows per block of the tensor-core attention kernel. */
+#define CU_ATTN_TC_ROWS 64
+/** Whether the tensor-core attention kernel takes this head size. */
+bool cu_attn_tc_ok(int head_dim);
 
 /* Keys per attention range in batch-invariant mode. */
 #define CU_ATTN_FIXED_KEYS 64
@@ -96,6 +127,11 @@ void cu_rms_norm(cudaStream_t s, float *out, const float *x, const float *w, int
                  float eps);
 void cu_rope(cudaStream_t s, float *x, int rows, int heads, int d, const float *cos_t,
              const float *sin_t);
+/** Rope on q [n, hq, d] and k [n, hkv, d] in place, then k and v stored at slot[t] of
+ * the bf16 caches: the three operations in one launch. */
+void cu_rope_kv(cudaStream_t s, float *q, float *k, const float *v, __nv_bfloat16 *kc,
+                __nv_bfloat16 *vc, const int32_t *slot, int n_tokens, int hq, int hkv, int d,
+                const float *cos_t, const float *sin_t);
 void cu_act_mul(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n,
                 int gelu);
 void cu_add(cudaStream_t s, float *x, const float *y, int64_t n);

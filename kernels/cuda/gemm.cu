@@ -222,10 +222,112 @@ static cu_lt_plan *lt_plan(cu_gemm_ctx *g, int m, int n, int k)
     return p;
 }
 
+static bool lt_usable(const cu_gemm_ctx *g, const dweight &w)
+{
+    return w.fmt == DF_BF16 && !g->no_lt && w.k % 8 == 0;
+}
+
+static int size_class(int m)
+{
+    int mb = 16;
+    while (mb < m) mb *= 2;
+    return mb;
+}
+
+/* Times each candidate algorithm of plan p (a few runs after one warm-up) and returns the
+ * fastest that ran; false when none did. */
+static bool lt_time(cudaStream_t s, cu_gemm_ctx *g, cu_lt_plan *p, const void *wd, float *y,
+                    const __nv_bfloat16 *xb, cublasLtMatmulAlgo_t *out)
+{
+    enum { CANDIDATES = 12, RUNS = 4 };
+    cublasLtMatmulPreference_t pref;
+    LT(cublasLtMatmulPreferenceCreate(&pref));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                            &g->workspace_bytes, sizeof g->workspace_bytes));
+    cublasLtMatmulHeuristicResult_t res[CANDIDATES];
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g->lt, p->op, p->a, p->b, p->c, p->c, pref,
+                                                       CANDIDATES, res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (st != CUBLAS_STATUS_SUCCESS || found <= 0) return false;
+    cudaEvent_t e0, e1;
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    const float one = 1.0f, zero = 0.0f;
+    float best = 0;
+    bool any = false;
+    for (int i = 0; i < found; i++) {
+        if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+        const cublasLtMatmulAlgo_t *algo = &res[i].algo;
+        bool ran = true;
+        for (int r = 0; r <= RUNS && ran; r++) {
+            if (r == 1) CU(cudaEventRecord(e0, s));
+            ran =
+                cublasLtMatmul(g->lt, p->op, &one, wd, p->a, xb, p->b, &zero, y, p->c, y, p->c,
+                               algo, g->workspace, g->workspace_bytes, s) == CUBLAS_STATUS_SUCCESS;
+        }
+        CU(cudaEventRecord(e1, s));
+        CU(cudaEventSynchronize(e1));
+        cudaGetLastError();
+        if (!ran) continue;
+        float ms = 0;
+        CU(cudaEventElapsedTime(&ms, e0, e1));
+        if (!any || ms < best) {
+            best = ms;
+            *out = *algo;
+            any = true;
+        }
+    }
+    CU(cudaEventDestroy(e0));
+    CU(cudaEventDestroy(e1));
+    return any;
+}
+
+bool cu_gemm_ready(const cu_gemm_ctx *g, const dweight &w, int m)
+{
+    if (!lt_usable(g, w) || g->no_tune) return true;
+    for (int i = 0; i < g->n_plans; i++) {
+        const cu_lt_plan *p = &g->plans[i];
+        if (p->m == m && p->n == (int)w.n && p->k == (int)w.k) return p->tuned || !p->ok;
+    }
+    return false;
+}
+
+void cu_gemm_prepare(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, int m, const float *x,
+                     float *y, __nv_bfloat16 *xb)
+{
+    if (!lt_usable(g, w)) return;
+    const int n = (int)w.n, k = (int)w.k;
+    cu_lt_plan *p = lt_plan(g, m, n, k);
+    if (!p->ok || p->tuned || g->no_tune) return;
+    const int mb = size_class(m);
+    cu_lt_best *b = NULL;
+    for (int i = 0; i < g->n_best && !b; i++)
+        if (g->best[i].mb == mb && g->best[i].n == n && g->best[i].k == k) b = &g->best[i];
+    if (!b) {
+        cu_to_bf16(s, xb, x, (int64_t)m * k); /* this step's input: x is complete on s */
+        cublasLtMatmulAlgo_t algo;
+        if (!lt_time(s, g, p, w.w, y, xb, &algo)) algo = p->algo;
+        int slot = g->n_best < CU_LT_BEST ? g->n_best++ : (g->next_best++ % CU_LT_BEST);
+        b = &g->best[slot];
+        b->mb = mb;
+        b->n = n;
+        b->k = k;
+        b->algo = algo;
+    }
+    /* The class's algorithm where it supports this m, else the heuristic's. */
+    cublasLtMatmulHeuristicResult_t chk;
+    if (cublasLtMatmulAlgoCheck(g->lt, p->op, p->a, p->b, p->c, p->c, &b->algo, &chk) ==
+            CUBLAS_STATUS_SUCCESS &&
+        chk.workspaceSize <= g->workspace_bytes)
+        p->algo = b->algo;
+    p->tuned = 1;
+}
+
 void cu_gemm(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, const float *x, int m, float *y,
              __nv_bfloat16 *xb)
 {
-    if (w.fmt == DF_BF16 && !g->no_lt && w.k % 8 == 0) {
+    if (lt_usable(g, w)) {
         cu_lt_plan *p = lt_plan(g, m, (int)w.n, (int)w.k);
         if (p->ok) {
             cu_to_bf16(s, xb, x, (int64_t)m * w.k);

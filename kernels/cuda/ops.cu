@@ -118,6 +118,45 @@ void cu_rope(cudaStream_t s, float *x, int rows, int heads, int d, const float *
     CU_LAUNCHED();
 }
 
+/* One block per token: rope on its query and key heads (in place), then the roped key
+ * and the value rows stored into the paged cache as bf16. */
+__global__ void k_rope_kv(float *q, float *k, const float *__restrict__ v, __nv_bfloat16 *kc,
+                          __nv_bfloat16 *vc, const int32_t *__restrict__ slot, int hq, int hkv,
+                          int half, const float *__restrict__ c, const float *__restrict__ sn)
+{
+    allow_dependents();
+    const int t = blockIdx.x, d = 2 * half, row = hkv * d;
+    const float *ct = c + (int64_t)t * half, *st = sn + (int64_t)t * half;
+    float *qt = q + (int64_t)t * hq * d, *kt = k + (int64_t)t * row;
+    const int64_t dst = (int64_t)slot[t] * row;
+    for (int i = threadIdx.x; i < (hq + hkv) * half; i += blockDim.x) {
+        const int h = i / half, j = i % half;
+        const bool is_q = h < hq;
+        float *x = is_q ? qt + h * d : kt + (h - hq) * d;
+        const float a = x[j], b = x[j + half], cs = ct[j], si = st[j];
+        const float ra = a * cs - b * si, rb = b * cs + a * si;
+        x[j] = ra;
+        x[j + half] = rb;
+        if (!is_q) {
+            const int64_t o = dst + (h - hq) * d + j;
+            kc[o] = __float2bfloat16_rn(ra);
+            kc[o + half] = __float2bfloat16_rn(rb);
+        }
+    }
+    const float *vt = v + (int64_t)t * row;
+    for (int i = threadIdx.x; i < row; i += blockDim.x) vc[dst + i] = __float2bfloat16_rn(vt[i]);
+}
+
+void cu_rope_kv(cudaStream_t s, float *q, float *k, const float *v, __nv_bfloat16 *kc,
+                __nv_bfloat16 *vc, const int32_t *slot, int n_tokens, int hq, int hkv, int d,
+                const float *cos_t, const float *sin_t)
+{
+    if (n_tokens <= 0) return;
+    k_rope_kv<<<(unsigned)n_tokens, 256, 0, s>>>(q, k, v, kc, vc, slot, hq, hkv, d / 2, cos_t,
+                                                 sin_t);
+    CU_LAUNCHED();
+}
+
 __global__ void k_act_mul(float *out, const float *gate, const float *up, int64_t n, int gelu)
 {
     allow_dependents();

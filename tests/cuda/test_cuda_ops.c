@@ -8,7 +8,11 @@
  *     matrix-vector products (m <= 8) against the float64 product: 3e-5;
  *   - tensor-core products with bf16 operands (m > 8): 1e-2;
  *   - attention (bf16 KV rows; inputs pre-rounded to bf16 so both sides see equal keys
- *     and values; fast exponentials): 1e-4.
+ *     and values; fast exponentials): 1e-4 for the float32 kernel, 1e-2 for the
+ *     tensor-core kernel (queries and probabilities rounded to bf16 as operands). Each
+ *     kernel runs every case, in a backend made with PAGODA_CUDA_ATTN=simt or =tc.
+ * The products, fusions and rope + kv_store run again in a backend with the paths that are
+ * off by default turned on (test_opt_in).
  * Every output buffer is poisoned with NaN before the CUDA run, so unwritten elements fail.
  * Without a GPU the test prints "no GPU: not run" and exits 77 (skipped).
  */
@@ -390,6 +394,81 @@ static float round_bf16(float v)
  * sequence 2 prefills 20 tokens at positions 50..69 after 50 stored ones. Blocks are
  * scattered (reversed order) to exercise the block tables.
  */
+static double attn_bound;
+
+/*
+ * rope(q), rope(k), kv_store(k, v) as the model records them (the CUDA backend runs the
+ * three as one launch): q and k after rope within 1e-5, the cache rows equal to the CPU's
+ * rounded to bf16 within 1e-3 norm-wise (a float32 difference in the last place can move
+ * a rounding; one such element of thousands stays far below the bound).
+ */
+static void test_rope_kv(int n, int hq, int hkv, int d)
+{
+    const int bs = 16, n_blocks = (n + bs - 1) / bs + 2, kv_row = hkv * d;
+    int32_t tokens[64], pos[64], slot[64], qs[2] = {0, n}, sl[1] = {n}, bt[16], lr[1] = {0};
+    for (int i = 0; i < n_blocks; i++) bt[i] = n_blocks - 1 - i;
+    for (int t = 0; t < n; t++) {
+        tokens[t] = 0;
+        pos[t] = t;
+        slot[t] = bt[t / bs] * bs + t % bs;
+    }
+    struct fwd_batch b = {.n_tokens = n,
+                          .tokens = tokens,
+                          .pos = pos,
+                          .slot = slot,
+                          .n_seqs = 1,
+                          .q_start = qs,
+                          .seq_len = sl,
+                          .block_table = bt,
+                          .max_blocks = n_blocks,
+                          .n_logits = 0,
+                          .logit_rows = lr};
+    size_t nq = (size_t)n * hq * d, nk = (size_t)n * kv_row, nh = (size_t)n * d / 2;
+    size_t kv_elems = (size_t)n_blocks * bs * kv_row;
+    float *q = rvec(nq), *k = rvec(nk), *v = rvec(nk), *cs = rvec(nh), *sn = rvec(nh);
+    float *dq = dev(q, nq), *dk = dev(k, nk), *dv = dev(v, nk), *dcs = dev(cs, nh),
+          *dsn = dev(sn, nh);
+    float *kc = xcalloc(kv_elems, sizeof(float)), *vc = xcalloc(kv_elems, sizeof(float));
+    struct kv_layer kv_cpu = {kc, vc};
+    struct kv_layer kv_gpu = {gpu.ops->alloc(gpu.ctx, kv_elems * 2),
+                              gpu.ops->alloc(gpu.ctx, kv_elems * 2)};
+    struct kv_geom g = {n_blocks, bs, hkv, d};
+    cpu.ops->batch_begin(cpu.ctx, &b);
+    cpu.ops->rope(cpu.ctx, q, n, hq, d, cs, sn);
+    cpu.ops->rope(cpu.ctx, k, n, hkv, d, cs, sn);
+    cpu.ops->kv_store(cpu.ctx, &kv_cpu, &g, k, v, &b);
+    gpu.ops->batch_begin(gpu.ctx, &b);
+    gpu.ops->rope(gpu.ctx, dq, n, hq, d, dcs, dsn);
+    gpu.ops->rope(gpu.ctx, dk, n, hkv, d, dcs, dsn);
+    gpu.ops->kv_store(gpu.ctx, &kv_gpu, &g, dk, dv, &b);
+    float *gq = back(dq, nq), *gk = back(dk, nk);
+    double err = rel_err(gq, q, nq);
+    CHECK(err <= 1e-5, "rope+kv_store n=%d: q relative error %.3g > 1e-5", n, err);
+    err = rel_err(gk, k, nk);
+    CHECK(err <= 1e-5, "rope+kv_store n=%d: k relative error %.3g > 1e-5", n, err);
+    uint16_t *hb = xmalloc(kv_elems * 2);
+    float *got = xmalloc(kv_elems * sizeof(float));
+    for (int which = 0; which < 2; which++) {
+        float *ref = which ? vc : kc;
+        gpu.ops->download(gpu.ctx, hb, which ? kv_gpu.v : kv_gpu.k, kv_elems * 2);
+        for (size_t i = 0; i < kv_elems; i++) {
+            got[i] = bf16_to_f32(hb[i]);
+            ref[i] = round_bf16(ref[i]);
+        }
+        err = rel_err(got, ref, kv_elems);
+        CHECK(err <= 1e-3, "rope+kv_store n=%d: %s cache relative error %.3g > 1e-3", n,
+              which ? "v" : "k", err);
+    }
+    free(hb);
+    free(got);
+    free(gq);
+    free(gk);
+    float *bufs[] = {q, k, v, cs, sn, kc, vc};
+    for (int i = 0; i < 7; i++) free(bufs[i]);
+    float *dbufs[] = {dq, dk, dv, dcs, dsn, kv_gpu.k, kv_gpu.v};
+    for (int i = 0; i < 7; i++) gpu.ops->free(gpu.ctx, dbufs[i]);
+}
+
 static void test_attention_case(int n_heads, int n_kv, int hd, int window, float softcap)
 {
     const int bs = 16, max_blocks = 16, n_blocks = 3 * max_blocks, dec_pos = 200;
@@ -459,10 +538,11 @@ static void test_attention_case(int n_heads, int n_kv, int hd, int window, float
         gpu.ops->attention(gpu.ctx, dout, dq, &kv_gpu, &g, &b, &p);
         float *got = back(dout, nq);
         double err = rel_err(got, ref, nq);
-        CHECK(err <= 1e-4,
-              "attention heads %d/%d d=%d window %d softcap %g step %d: relative error %.3g > "
-              "1e-4",
-              n_heads, n_kv, hd, window, softcap, step, err);
+        CHECK(err <= attn_bound,
+              "attention (%s) heads %d/%d d=%d window %d softcap %g step %d: relative error "
+              "%.3g > %.0e",
+              getenv("PAGODA_CUDA_ATTN"), n_heads, n_kv, hd, window, softcap, step, err,
+              attn_bound);
         free(q);
         free(k);
         free(v);
@@ -487,6 +567,47 @@ static void test_attention(void)
     test_attention_case(16, 2, 128, 0, 0); /* 8 query heads per KV head */
     test_attention_case(4, 2, 256, 24, 0); /* sliding window */
     test_attention_case(8, 4, 96, 0, 50.0f);
+    test_attention_case(32, 8, 128, 24, 0);   /* window, 128-wide heads */
+    test_attention_case(8, 4, 128, 0, 50.0f); /* soft-capping, 128-wide heads */
+    test_attention_case(8, 1, 64, 40, 30.0f); /* 8 heads per KV head, both */
+}
+
+/* The attention cases through each kernel: a backend of its own per mode. */
+static void test_attention_kernels(void)
+{
+    static const char *const mode[2] = {"simt", "tc"};
+    static const double bound[2] = {1e-4, 1e-2};
+    struct backend keep = gpu;
+    for (int i = 0; i < 2; i++) {
+        struct err e = {0};
+        setenv("PAGODA_CUDA_ATTN", mode[i], 1);
+        CHECK(backend_create(&gpu, "cuda", 0, &e) == 0, "cuda backend: %s", e.msg);
+        attn_bound = bound[i];
+        test_attention();
+        backend_destroy(&gpu);
+    }
+    unsetenv("PAGODA_CUDA_ATTN");
+    gpu = keep;
+}
+
+/* The paths that are off by default, in a backend of their own: timed cuBLASLt algorithm
+ * choice (PAGODA_CUDA_GEMM_TUNE=1) and rope + kv_store in one launch (PAGODA_CUDA_ROPE_KV=1),
+ * under the same bounds. */
+static void test_opt_in(void)
+{
+    struct backend keep = gpu;
+    struct err e = {0};
+    setenv("PAGODA_CUDA_GEMM_TUNE", "1", 1);
+    setenv("PAGODA_CUDA_ROPE_KV", "1", 1);
+    CHECK(backend_create(&gpu, "cuda", 0, &e) == 0, "cuda backend: %s", e.msg);
+    test_matmul_embed();
+    test_fusions();
+    test_rope_kv(1, 32, 8, 128);
+    test_rope_kv(37, 8, 2, 64);
+    backend_destroy(&gpu);
+    unsetenv("PAGODA_CUDA_GEMM_TUNE");
+    unsetenv("PAGODA_CUDA_ROPE_KV");
+    gpu = keep;
 }
 
 int main(int argc, char **argv)
@@ -511,7 +632,10 @@ int main(int argc, char **argv)
         test_matmul_embed();
         test_elementwise();
         test_fusions();
-        test_attention();
+        test_attention_kernels();
+        test_rope_kv(1, 32, 8, 128);
+        test_rope_kv(37, 8, 2, 64);
+        test_opt_in();
     }
     backend_destroy(&gpu);
     backend_destroy(&cpu);
