@@ -131,6 +131,7 @@ struct cu_ctx {
     int invariant;
     int row_gemv;     /* the m = 1 matrix-vector kernel (PAGODA_CUDA_GEMV_ROW=0: off) */
     int early_launch; /* programmatic dependent launch of it (PAGODA_CUDA_PDL=0: off) */
+    int gemv_tc;      /* PAGODA_CUDA_GEMV_TC=1: 4-bit m = 1 products on tensor cores */
 
     /* profiling */
     int trace; /* PAGODA_CUDA_TRACE=1: graph captures and replays, reported at exit */
@@ -728,6 +729,7 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
         o->i[0] = m;
         o->gs.keep_order = c->invariant || !c->row_gemv;
         o->gs.early = c->early_launch;
+        o->gs.tc4 = c->gemv_tc;
         o->gs.w[0] = d;
         o->gs.y[0] = y;
         o->gs.row_end[0] = d.n;
@@ -1107,6 +1109,8 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->rope_kv = env && !strcmp(env, "1");
     env = getenv("PAGODA_CUDA_GEMV_ROW");
     c->row_gemv = !(env && !strcmp(env, "0"));
+    env = getenv("PAGODA_CUDA_GEMV_TC");
+    c->gemv_tc = env && !strcmp(env, "1");
     env = getenv("PAGODA_CUDA_PDL");
     c->early_launch = c->prop.major >= 9 && !(env && !strcmp(env, "0"));
     be->ops = &cuda_ops;

@@ -33,8 +33,15 @@ struct cu_gemv_set {
     /* 1: the m = 1 kernel may start while the previous kernel finishes (programmatic
      * dependent launch; it waits for that kernel's results before reading x) */
     int early;
+    /* 1: affine 4-bit at m = 1 on tensor cores (gemv_tc.cu) where the shapes allow */
+    int tc4;
 };
 bool cu_gemv_set_ok(const cu_gemv_set &g);
+/** Whether the tensor-core 4-bit kernel takes this set (affine 4-bit, groups of 32 or more,
+ * k a multiple of 128 up to 16384, every matrix's rows a multiple of 16). */
+bool cu_gemv_q4_tc_ok(const cu_gemv_set &g);
+/** y = W x for m = 1 of affine 4-bit weights on tensor cores (x rounded to fp16). */
+void cu_gemv_q4_tc(cudaStream_t s, const cu_gemv_set &g, const float *x);
 void cu_gemv_multi(cudaStream_t s, const cu_gemv_set &g, const float *x, int m);
 
 /* A cuBLASLt plan of one shape. */

@@ -533,6 +533,7 @@ bool cu_gemv_set_ok(const cu_gemv_set &g)
 void cu_gemv_multi(cudaStream_t s, const cu_gemv_set &g, const float *x, int m)
 {
     const dweight &w = g.w[0];
+    if (m == 1 && !g.keep_order && g.tc4 && cu_gemv_q4_tc_ok(g)) return cu_gemv_q4_tc(s, g, x);
     if (m == 1 && !g.keep_order && launch_row_any(s, g, x)) return;
     switch (w.fmt) {
     case DF_F32:
