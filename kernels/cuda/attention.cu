@@ -407,15 +407,19 @@ bool cu_attn_tc_ok(int head_dim)
     return head_dim == 64 || head_dim == 128;
 }
 
+void cu_attention_init(void)
+{
+    /* More than 48 KB of shared memory must be allowed per kernel, before any launch (and
+     * outside graph capture). */
+    CU(cudaFuncSetAttribute(k_attention_tc<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            (int)sizeof(tc_smem<64>)));
+    CU(cudaFuncSetAttribute(k_attention_tc<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            (int)sizeof(tc_smem<128>)));
+}
+
 template <int D> static void launch_tc(cudaStream_t s, const cu_attn_args &a)
 {
-    static bool raised;
     const size_t smem = sizeof(tc_smem<D>);
-    if (!raised) {
-        CU(cudaFuncSetAttribute(k_attention_tc<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)smem));
-        raised = true;
-    }
     dim3 grid((unsigned)a.n_tiles, (unsigned)a.n_kv_heads);
     k_attention_tc<D><<<grid, 128, smem, s>>>(a);
     CU_LAUNCHED();

@@ -1105,6 +1105,7 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->invariant = env && !strcmp(env, "1");
     env = getenv("PAGODA_CUDA_ATTN");
     c->attn_mode = env && !strcmp(env, "tc") ? 2 : env && !strcmp(env, "auto") ? 0 : 1;
+    if (c->attn_mode != 1) cu_attention_init();
     env = getenv("PAGODA_CUDA_ROPE_KV");
     c->rope_kv = env && !strcmp(env, "1");
     env = getenv("PAGODA_CUDA_GEMV_ROW");

@@ -116,6 +116,8 @@ struct cu_attn_args {
 #define CU_ATTN_TC_ROWS 64
 /** Whether the tensor-core attention kernel takes this head size. */
 bool cu_attn_tc_ok(int head_dim);
+/** Once per device, before any attention launch. */
+void cu_attention_init(void);
 
 /* Keys per attention range in batch-invariant mode. */
 #define CU_ATTN_FIXED_KEYS 64
