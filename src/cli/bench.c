@@ -324,7 +324,7 @@ static double measure_read_bw(int threads)
 static int bench_decode(int argc, char **argv)
 {
     const char *dir = NULL, *device = NULL;
-    long B = 1, P = 128, G = 32, threads = 0;
+    long B = 1, P = 128, G = 32, threads = 0, K = 1;
     int json = 0, no_bw = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -349,6 +349,8 @@ static int bench_decode(int argc, char **argv)
             if (arg_int(a, v, 1, 1 << 20, &G)) return 2;
         } else if (!strcmp(a, "--threads")) {
             if (arg_int(a, v, 1, 1024, &threads)) return 2;
+        } else if (!strcmp(a, "--prefill-seqs")) {
+            if (arg_int(a, v, 1, 4096, &K)) return 2;
         } else {
             fprintf(stderr, "pagoda bench decode: unknown option '%s'\n", a);
             return 2;
@@ -356,13 +358,16 @@ static int bench_decode(int argc, char **argv)
     }
     if (!dir) {
         fprintf(stderr, "usage: pagoda bench decode --model DIR [--batch B] [--prompt-len P] "
-                        "[--gen-len G] [--threads N] [--device D] [--json] [--no-bandwidth]\n");
+                        "[--gen-len G] [--prefill-seqs K] [--threads N] [--device D] [--json] "
+                        "[--no-bandwidth]\n");
         return 2;
     }
+    if (K > B) K = B;
     int nth = threads ? (int)threads : util_num_cores();
-    /* Prefill one sequence per step (P tokens), so the step shape matches a prompt. */
+    /* Prefill K sequences per step (K * P tokens; one by default, so the step shape matches
+     * a prompt), as a server batches prompts under its step budget. */
     struct runner r;
-    int max_tokens = (int)(P > B ? P : B);
+    int max_tokens = (int)(P * K > B ? P * K : B);
     if (runner_open(&r, dir, device, nth, (int)B, (int)(P + G + 1), max_tokens, (int)B)) return 1;
     const struct model_config *c = &r.m->cfg;
     int on_cpu = !strcmp(r.be.ops->name, "cpu");
@@ -382,7 +387,8 @@ static int bench_decode(int argc, char **argv)
         tp_destroy(tp);
         if (sink == 42) fprintf(stderr, " ");
     }
-    int32_t *prompt = xmalloc(sizeof(int32_t) * (size_t)P);
+    int32_t *prompt = xmalloc(sizeof(int32_t) * (size_t)(P * K));
+    int *sids = xmalloc(sizeof(int) * (size_t)K);
     int32_t *next = xmalloc(sizeof(int32_t) * (size_t)B);
     const int32_t **toks = xmalloc(sizeof(int32_t *) * (size_t)B);
     int *counts = xmalloc(sizeof(int) * (size_t)B), *all = xcalloc((size_t)B, sizeof(int));
@@ -390,11 +396,14 @@ static int bench_decode(int argc, char **argv)
     /* One untimed prefill and decode step (kernel loading, plans, graphs), then the
      * sequence starts over. */
     {
-        for (long i = 0; i < P; i++)
+        for (long i = 0; i < P * K; i++)
             prompt[i] = (int32_t)(mix(x + (uint64_t)i) % (uint64_t)c->vocab);
-        const int32_t *tp = prompt;
-        int cnt = (int)P, a0 = 0, sid = 0;
-        runner_step(&r, 1, &sid, &tp, &cnt, &a0);
+        for (long s = 0; s < K; s++) {
+            sids[s] = (int)s;
+            toks[s] = prompt + s * P;
+            counts[s] = (int)P;
+        }
+        runner_step(&r, (int)K, sids, toks, counts, all);
         for (long s = 0; s < B; s++) {
             next[s] = 0;
             toks[s] = &next[s];
@@ -406,11 +415,16 @@ static int bench_decode(int argc, char **argv)
         memset(r.len, 0, sizeof(int32_t) * (size_t)B);
     }
     double t0 = util_now();
-    for (long s = 0; s < B; s++) {
-        for (long i = 0; i < P; i++) prompt[i] = (int32_t)(mix(x++) % (uint64_t)c->vocab);
-        const int32_t *tp = prompt;
-        int cnt = (int)P, a0 = 0, sid = (int)s;
-        runner_step(&r, 1, &sid, &tp, &cnt, &a0);
+    for (long s0 = 0; s0 < B; s0 += K) {
+        int n = (int)(B - s0 < K ? B - s0 : K);
+        for (int j = 0; j < n; j++) {
+            for (long i = 0; i < P; i++)
+                prompt[j * P + i] = (int32_t)(mix(x++) % (uint64_t)c->vocab);
+            sids[j] = (int)(s0 + j);
+            toks[j] = prompt + j * P;
+            counts[j] = (int)P;
+        }
+        runner_step(&r, n, sids, toks, counts, all);
     }
     double t_prefill = util_now() - t0;
     for (long s = 0; s < B; s++) {
@@ -442,15 +456,15 @@ static int bench_decode(int argc, char **argv)
         2.0 * (double)(model_param_count(r.m) - (int64_t)r.m->embed.n * r.m->embed.k);
     if (json) {
         printf("{\"model\": \"%s\", \"device\": \"%s\", \"threads\": %d, \"isa\": \"%s\", "
-               "\"batch\": %ld, "
+               "\"batch\": %ld, \"prefill_seqs\": %ld, "
                "\"prompt_len\": %ld, \"gen_len\": %ld, \"prefill_tokens_per_s\": %.2f, "
                "\"decode_tokens_per_s\": %.2f, \"decode_step_ms_median\": %.3f, "
                "\"decode_tokens_per_s_mean\": %.2f, \"weight_bytes_per_step\": %zu, "
                "\"effective_read_gb_s\": %.2f, \"measured_read_gb_s\": %.2f, "
                "\"prefill_gflop_s\": %.1f}\n",
-               dir, bi.device, nth, cpu_isa_name(cpu_isa_get()), B, P, G, prefill_tps, decode_tps,
-               med * 1e3, (double)(B * G) / t_decode, step_bytes, eff_bw / 1e9, bw / 1e9,
-               prefill_tps * gflop_tok / 1e9);
+               dir, bi.device, nth, cpu_isa_name(cpu_isa_get()), B, K, P, G, prefill_tps,
+               decode_tps, med * 1e3, (double)(B * G) / t_decode, step_bytes, eff_bw / 1e9,
+               bw / 1e9, prefill_tps * gflop_tok / 1e9);
     } else {
         printf("model      %s (%s, %.2f GB of weights streamed per decode step)\n", dir,
                c->arch_name, (double)step_bytes / 1e9);
@@ -459,8 +473,8 @@ static int bench_decode(int argc, char **argv)
                    cpu_isa_name(cpu_isa_get()), B, P, G);
         else
             printf("setup      %s, batch %ld, prompt %ld, generate %ld\n", bi.device, B, P, G);
-        printf("prefill    %.2f tokens/s (%.1f GFLOP/s)\n", prefill_tps,
-               prefill_tps * gflop_tok / 1e9);
+        printf("prefill    %.2f tokens/s (%.1f GFLOP/s; %ld prompt%s a step)\n", prefill_tps,
+               prefill_tps * gflop_tok / 1e9, K, K == 1 ? "" : "s");
         printf("decode     %.2f tokens/s (median step %.2f ms; mean %.2f tokens/s)\n", decode_tps,
                med * 1e3, (double)(B * G) / t_decode);
         if (bw > 0)
@@ -469,6 +483,7 @@ static int bench_decode(int argc, char **argv)
     }
     free(step_t);
     free(prompt);
+    free(sids);
     free(next);
     free(toks);
     free(counts);
