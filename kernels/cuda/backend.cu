@@ -52,12 +52,13 @@ enum opk {
     OP_GEMV,    /* m <= CU_GEMV_MAX_M: one or more matrices over the same x, maybe paired */
     OP_ADD_RMS, /* add followed by rms_norm of the sum */
     OP_ROPE_KV, /* rope of q, rope of k, kv_store of k and v */
+    OP_SAMPLE,
 };
 
-static const char *const op_names[] = {"embed", "gemm",         "add_bias",     "rms_norm",
-                                       "rope",  "kv_store",     "attention",    "act_mul",
-                                       "add",   "softcap",      "gather_rows",  "argmax",
-                                       "gemv",  "add+rms_norm", "rope+kv_store"};
+static const char *const op_names[] = {"embed", "gemm",         "add_bias",      "rms_norm",
+                                       "rope",  "kv_store",     "attention",     "act_mul",
+                                       "add",   "softcap",      "gather_rows",   "argmax",
+                                       "gemv",  "add+rms_norm", "rope+kv_store", "sample"};
 
 /* One recorded operation. Zeroed before filling so that tapes compare with memcmp. */
 struct op {
@@ -116,6 +117,8 @@ struct cu_ctx {
     size_t part_cap;
     int32_t *d_small; /* argmax results and ad-hoc gather rows */
     size_t small_cap;
+    struct sample_row *d_sample; /* sampling parameters of the rows being sampled */
+    size_t sample_cap;
     int32_t *h_small;
 
     uint64_t gen; /* bumped when any buffer a tape points to moves */
@@ -224,6 +227,10 @@ static void exec_op(cu_ctx *c, const op *o)
         cu_rope_kv(s, (float *)o->p[4], (float *)o->p[5], (const float *)o->p[2],
                    (__nv_bfloat16 *)o->p[0], (__nv_bfloat16 *)o->p[1], c->d_slot, o->i[0], o->i[1],
                    o->i[2], o->i[3], (const float *)o->p[6], (const float *)o->p[3]);
+        break;
+    case OP_SAMPLE:
+        cu_sample(s, (int32_t *)o->p[0], (const float *)o->p[1], o->i[0], o->i[1],
+                  (const sample_row *)o->p[2]);
         break;
     case OP_ADD_RMS:
         cu_add_rms_norm(s, (float *)o->p[0], (float *)o->p[1], (const float *)o->p[2],
@@ -994,6 +1001,30 @@ static void cu_argmax_op(void *ctx, int32_t *out, const float *x, int rows, int 
     CU(cudaStreamSynchronize(c->st));
 }
 
+static void cu_sample_op(void *ctx, int32_t *out, const float *x, int rows, int n,
+                         const struct sample_row *p)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    if (rows <= 0) return;
+    c->d_small = (int32_t *)grow(c, c->d_small, &c->small_cap, sizeof(int32_t) * (size_t)rows);
+    c->d_sample = (struct sample_row *)grow(c, c->d_sample, &c->sample_cap,
+                                            sizeof(struct sample_row) * (size_t)rows);
+    /* The parameters travel ahead of the step's operations, which have not run yet and do
+     * not read them; the previous step's sampling has finished (its results were copied). */
+    CU(cudaMemcpyAsync(c->d_sample, p, sizeof(struct sample_row) * (size_t)rows,
+                       cudaMemcpyHostToDevice, c->st));
+    op *o = record(c, OP_SAMPLE);
+    o->p[0] = c->d_small;
+    o->p[1] = x;
+    o->p[2] = c->d_sample;
+    o->i[0] = rows;
+    o->i[1] = n;
+    flush(c);
+    CU(cudaMemcpyAsync(out, c->d_small, sizeof(int32_t) * (size_t)rows, cudaMemcpyDeviceToHost,
+                       c->st));
+    CU(cudaStreamSynchronize(c->st));
+}
+
 static void cu_info(void *ctx, struct backend_info *out)
 {
     cu_ctx *c = (cu_ctx *)ctx;
@@ -1036,6 +1067,7 @@ static void cu_destroy(void *ctx)
     if (c->xb) CU(cudaFree(c->xb));
     if (c->part) CU(cudaFree(c->part));
     if (c->d_small) CU(cudaFree(c->d_small));
+    if (c->d_sample) CU(cudaFree(c->d_sample));
     cu_gemm_ctx_destroy(&c->g);
     cublasLtDestroy(c->g.lt);
     CU(cudaFree(c->g.workspace));
@@ -1045,13 +1077,33 @@ static void cu_destroy(void *ctx)
 }
 
 static const struct backend_ops cuda_ops = {
-    "cuda",         2,           cu_info,        cu_alloc,
-    cu_free,        cu_upload,   cu_download,    cu_weight_prepare,
-    cu_batch_begin, cu_embed_op, cu_matmul_op,   cu_add_bias_op,
-    cu_rms_norm_op, cu_rope_op,  cu_kv_store_op, cu_attention_op,
-    cu_act_mul_op,  cu_add_op,   cu_softcap_op,  cu_gather_rows_op,
-    cu_argmax_op,   cu_destroy,
+    .name = "cuda",
+    .kv_value_bytes = 2,
+    .info = cu_info,
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .upload = cu_upload,
+    .download = cu_download,
+    .weight_prepare = cu_weight_prepare,
+    .batch_begin = cu_batch_begin,
+    .embed = cu_embed_op,
+    .matmul = cu_matmul_op,
+    .add_bias = cu_add_bias_op,
+    .rms_norm = cu_rms_norm_op,
+    .rope = cu_rope_op,
+    .kv_store = cu_kv_store_op,
+    .attention = cu_attention_op,
+    .act_mul = cu_act_mul_op,
+    .add = cu_add_op,
+    .softcap = cu_softcap_op,
+    .gather_rows = cu_gather_rows_op,
+    .argmax = cu_argmax_op,
+    .destroy = cu_destroy,
+    .sample = NULL,
 };
+
+/* The same with sampling on the GPU (PAGODA_CUDA_SAMPLE=1), filled in at start. */
+static struct backend_ops cuda_ops_sample;
 
 int backend_cuda_device_count(void)
 {
@@ -1114,7 +1166,14 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->gemv_tc = env && !strcmp(env, "1");
     env = getenv("PAGODA_CUDA_PDL");
     c->early_launch = c->prop.major >= 9 && !(env && !strcmp(env, "0"));
-    be->ops = &cuda_ops;
+    env = getenv("PAGODA_CUDA_SAMPLE");
+    if (env && !strcmp(env, "1")) {
+        cuda_ops_sample = cuda_ops;
+        cuda_ops_sample.sample = cu_sample_op;
+        be->ops = &cuda_ops_sample;
+    } else {
+        be->ops = &cuda_ops;
+    }
     be->ctx = c;
     return 0;
 }

@@ -155,4 +155,10 @@ void cu_to_bf16(cudaStream_t s, __nv_bfloat16 *dst, const float *src, int64_t n)
 /** out[i] = index of the largest of row i (the first on ties) for rows of n floats. */
 void cu_argmax(cudaStream_t s, int32_t *out, const float *x, int rows, int n);
 
+/* ---- sampling (sample.cu) ---- */
+
+struct sample_row;
+/** out[i] = the token sampled from row i under p[i] (device memory; backend_ops.sample). */
+void cu_sample(cudaStream_t s, int32_t *out, const float *x, int rows, int n, const sample_row *p);
+
 #endif

@@ -57,12 +57,15 @@ static void usage(FILE *f)
     fprintf(
         f,
         "usage: pagoda bench throughput --model DIR [--num-prompts N] [--input-len I]\n"
-        "         [--output-len O] [--prefix-len P] [--seed S] [--json] [engine options]\n"
+        "         [--output-len O] [--prefix-len P] [--temperature T] [--top-p P] [--seed S]\n"
+        "         [--json] [engine options]\n"
         "  --num-prompts N   requests, all submitted at once (default 64)\n"
         "  --input-len I     prompt tokens (default 128)\n"
         "  --output-len O    output tokens per request, end-of-sequence ignored (default 128)\n"
         "  --prefix-len P    the first P prompt tokens are shared by every request (default 0);\n"
         "                    the first request runs its prompt before the others arrive\n"
+        "  --temperature T   sampling temperature of every request (default 0: greedy)\n"
+        "  --top-p P         nucleus of every request, in (0, 1] (default 1: off)\n"
         "  --json            one JSON object instead of the table\n");
     fputs(arg_engine_usage, f);
 }
@@ -71,6 +74,7 @@ int cli_bench_throughput(int argc, char **argv)
 {
     const char *dir = NULL;
     long n = 64, in_len = 128, out_len = 128, prefix = 0, seed = 1;
+    double temperature = 0, top_p = 1;
     int json = 0;
     struct engine_config cfg = {0};
     for (int i = 1; i < argc; i++) {
@@ -83,6 +87,13 @@ int cli_bench_throughput(int argc, char **argv)
             return 0;
         } else if (!strcmp(a, "--json")) {
             json = 1;
+        } else if (!strcmp(a, "--temperature") || !strcmp(a, "--top-p")) {
+            double *dst = !strcmp(a, "--temperature") ? &temperature : &top_p;
+            if (!(v = arg_value(argc, argv, &i)) || arg_float(a, v, dst)) return 2;
+            if (temperature < 0 || !(top_p > 0 && top_p <= 1)) {
+                fprintf(stderr, "pagoda bench throughput: %s %s is out of range\n", a, v);
+                return 2;
+            }
         } else if (!strcmp(a, "--model") || !strcmp(a, "--num-prompts") ||
                    !strcmp(a, "--input-len") || !strcmp(a, "--output-len") ||
                    !strcmp(a, "--prefix-len") || !strcmp(a, "--seed")) {
@@ -140,7 +151,10 @@ int cli_bench_throughput(int argc, char **argv)
     struct tp_req *reqs = xmalloc(sizeof *reqs * (size_t)n);
     struct sampling_params sp;
     sampling_params_default(&sp);
-    sp.temperature = 0;
+    sp.temperature = (float)temperature;
+    sp.top_p = (float)top_p;
+    sp.has_seed = 1;
+    sp.seed = (uint64_t)seed;
     sp.ignore_eos = 1;
     sp.max_tokens = (int)out_len;
     int rc = 0;
@@ -153,6 +167,7 @@ int cli_bench_throughput(int argc, char **argv)
                                    .sp = sp,
                                    .on_event = tp_event,
                                    .user = &reqs[r]};
+        q.sp.seed = (uint64_t)seed + (uint64_t)r; /* each request its own draws */
         if (!engine_submit(en, &q, &e)) {
             fprintf(stderr, "pagoda bench throughput: %s\n", e.msg);
             rc = 1;
@@ -180,16 +195,17 @@ int cli_bench_throughput(int argc, char **argv)
                          : 0;
         if (json) {
             printf("{\"num_prompts\": %ld, \"input_len\": %ld, \"output_len\": %ld, "
-                   "\"prefix_len\": %ld, \"elapsed_s\": %.3f, \"requests_per_s\": %.3f, "
+                   "\"prefix_len\": %ld, \"temperature\": %g, \"top_p\": %g, "
+                   "\"output_tokens\": %llu, \"elapsed_s\": %.3f, \"requests_per_s\": %.3f, "
                    "\"output_tokens_per_s\": %.2f, \"total_tokens_per_s\": %.2f, "
                    "\"decode_tokens_per_s\": %.2f, \"prefix_hit_rate\": %.4f, "
                    "\"preemptions\": %llu, \"steps\": %llu}\n",
-                   n, in_len, out_len, prefix, el, (double)n / el, out_tok / el,
-                   (in_tok + out_tok) / el, dec_rate, hit, (unsigned long long)es.preemptions,
-                   (unsigned long long)es.steps);
+                   n, in_len, out_len, prefix, temperature, top_p, (unsigned long long)st.tokens,
+                   el, (double)n / el, out_tok / el, (in_tok + out_tok) / el, dec_rate, hit,
+                   (unsigned long long)es.preemptions, (unsigned long long)es.steps);
         } else {
-            printf("requests          %ld x (%ld in + %ld out, %ld shared)\n", n, in_len, out_len,
-                   prefix);
+            printf("requests          %ld x (%ld in + %ld out, %ld shared), %s\n", n, in_len,
+                   out_len, prefix, temperature > 0 ? "sampled" : "greedy");
             printf("elapsed           %.2f s over %llu steps\n", el, (unsigned long long)es.steps);
             printf("requests/s        %.3f\n", (double)n / el);
             printf("output tokens/s   %.2f\n", out_tok / el);

@@ -62,6 +62,15 @@ struct backend_info {
     int kv_value_bytes; /* bytes per stored K/V value */
 };
 
+/* One logit row's sampling parameters for backends that sample where the logits are. */
+struct sample_row {
+    float temperature; /* <= 0: the largest value (the lowest index among equals) */
+    int top_k;         /* <= 0: off */
+    float top_p;       /* 1: off */
+    float min_p;       /* 0: off */
+    float u;           /* the row's uniform draw in [0, 1) */
+};
+
 struct backend_ops {
     const char *name;
     int kv_value_bytes; /* bytes per stored K or V value (4: float32, 2: bf16) */
@@ -105,6 +114,14 @@ struct backend_ops {
      * lowest index among equals): greedy sampling without moving logits to the host. */
     void (*argmax)(void *ctx, int32_t *out, const float *x, int rows, int n);
     void (*destroy)(void *ctx);
+    /* Optional (NULL: not offered). out[i] (host memory) = the token sampled from row i of
+     * x [rows, n] under p[i]: candidates are the finite values in canonical order (larger
+     * first, then lower index); top_k keeps the first top_k, min_p those within
+     * temperature * ln(min_p) of the largest, top_p the shortest prefix holding that share
+     * of the kept weight exp((x - max) / temperature); the token is the first of the kept
+     * in canonical order whose cumulative weight exceeds u times their total. */
+    void (*sample)(void *ctx, int32_t *out, const float *x, int rows, int n,
+                   const struct sample_row *p);
 };
 
 struct backend {

@@ -133,3 +133,13 @@ void model_argmax(struct model *m, int n, int32_t *out)
 {
     m->be->ops->argmax(m->be->ctx, out, m->logits, n, m->cfg.vocab);
 }
+
+int model_can_sample(const struct model *m)
+{
+    return m->be->ops->sample != NULL;
+}
+
+void model_sample(struct model *m, int n, const struct sample_row *p, int32_t *out)
+{
+    m->be->ops->sample(m->be->ctx, out, m->logits, n, m->cfg.vocab, p);
+}

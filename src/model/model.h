@@ -73,6 +73,13 @@ void model_forward(struct model *m, const struct fwd_batch *b, float *logits);
  * computed where the logits live; written to host memory. */
 void model_argmax(struct model *m, int n, int32_t *out);
 
+/** Whether the backend samples where the logits are (model_sample). */
+int model_can_sample(const struct model *m);
+
+/** Tokens sampled from the last step's n logit rows under p[i] (after model_forward with
+ * NULL logits), where the logits live; written to host memory. */
+void model_sample(struct model *m, int n, const struct sample_row *p, int32_t *out);
+
 void model_destroy(struct model *m);
 
 /** Parameter count (values of every matrix and vector). */

@@ -181,6 +181,7 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
     en->b_logit_rows = xmalloc(sizeof(int32_t) * (size_t)en->max_logits);
     en->logits = xmalloc(sizeof(float) * (size_t)en->max_logits * (size_t)en->vocab);
     en->greedy = xmalloc(sizeof(int32_t) * (size_t)en->max_logits);
+    en->srow = xcalloc((size_t)en->max_logits, sizeof(struct sample_row));
     en->plan = xmalloc(sizeof(struct step_seq) * (size_t)seq_cap);
     en->hit_blocks = xmalloc(sizeof(int32_t) * (size_t)en->max_blocks);
     en->hit_hashes = xmalloc(sizeof(struct kv_hash) * (size_t)en->max_blocks);
@@ -482,6 +483,7 @@ void engine_destroy(struct engine *en)
     free(en->b_logit_rows);
     free(en->logits);
     free(en->greedy);
+    free(en->srow);
     free(en->plan);
     free(en->hit_blocks);
     free(en->hit_hashes);

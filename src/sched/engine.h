@@ -117,19 +117,19 @@ struct engine_request {
 
 struct engine_config {
     const char *model_dir;
-    const char *device;         /* "cpu" (default); "cuda", "cuda:N" where built */
-    int threads;                /* CPU compute threads; <= 0: one per core */
-    int block_size;             /* tokens per KV block; 0: 16 */
-    int num_blocks;             /* KV blocks; 0: from kv_cache_memory */
-    size_t kv_cache_memory;     /* bytes for the KV pool; 0: a default */
+    const char *device;            /* "cpu" (default); "cuda", "cuda:N" where built */
+    int threads;                   /* CPU compute threads; <= 0: one per core */
+    int block_size;                /* tokens per KV block; 0: 16 */
+    int num_blocks;                /* KV blocks; 0: from kv_cache_memory */
+    size_t kv_cache_memory;        /* bytes for the KV pool; 0: a default */
     double gpu_memory_utilization; /* GPU share for weights + activations + KV (0: 0.9);
                                       sizes the KV pool on a GPU when kv_cache_memory is 0 */
-    int max_num_batched_tokens; /* token budget per step; 0: 2048 */
-    int max_num_seqs;           /* running requests at most; 0: 256 */
-    int max_model_len;          /* 0: the model's context length */
-    int disable_prefix_caching; /* 1: no hashing, no reuse */
-    int mlock;                  /* 1: lock the weights in memory (the CPU reads them in place) */
-    int manual;                 /* 1: no engine thread, see engine_step */
+    int max_num_batched_tokens;    /* token budget per step; 0: 2048 */
+    int max_num_seqs;              /* running requests at most; 0: 256 */
+    int max_model_len;             /* 0: the model's context length */
+    int disable_prefix_caching;    /* 1: no hashing, no reuse */
+    int mlock;                     /* 1: lock the weights in memory (the CPU reads them in place) */
+    int manual;                    /* 1: no engine thread, see engine_step */
 };
 
 /* Step-time histogram bounds in seconds (a last bucket catches the rest). */

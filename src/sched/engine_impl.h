@@ -92,7 +92,9 @@ struct engine {
     int32_t *b_tokens, *b_pos, *b_slot, *b_qstart, *b_seqlen, *b_bt, *b_logit_rows;
     float *logits;   /* [max_logits, vocab] */
     int32_t *greedy; /* [max_logits] tokens picked by the backend (greedy steps) */
-    int greedy_step; /* this step's tokens are in greedy[] (logits stayed on the backend) */
+    int greedy_step; /* this step's tokens are in greedy[] (picked or sampled where the logits
+                        are; the logits stayed on the backend) */
+    struct sample_row *srow; /* [max_logits] rows the backend samples (model_can_sample) */
     struct step_seq *plan;
     int32_t *hit_blocks;
     struct kv_hash *hit_hashes;

@@ -298,6 +298,41 @@ static int greedy_only(const struct engine *en, int n_plan)
     return 1;
 }
 
+/*
+ * Whether the backend can sample every row of this step (no logit bias, penalties or
+ * log-probabilities, which need the row on the host); if so fills en->srow, drawing each
+ * sampled row's uniform number from its request's generator, as sample_next would.
+ */
+static int device_sample(struct engine *en, int n_plan, int nl)
+{
+    if (!model_can_sample(en->m)) return 0;
+    for (int s = 0; s < n_plan; s++) {
+        const struct step_seq *p = &en->plan[s];
+        if (p->n_logits == 0) continue;
+        const struct sampling_params *sp = &p->r->sp;
+        if (p->all_rows || sp->n_logit_bias || sp->logprobs || sp->top_logprobs ||
+            sp->repetition_penalty != 1.0f || sp->presence_penalty != 0 ||
+            sp->frequency_penalty != 0)
+            return 0;
+    }
+    memset(en->srow, 0, sizeof(struct sample_row) * (size_t)nl);
+    for (int s = 0; s < n_plan; s++) {
+        const struct step_seq *p = &en->plan[s];
+        struct request *r = p->r;
+        /* finish_seq samples when this step completes the sequence's tokens */
+        if (p->n_logits == 0 || r->n_computed + p->n_new != r->n_tokens) continue;
+        const struct sampling_params *sp = &r->sp;
+        struct sample_row *row = &en->srow[p->logit_row + p->n_logits - 1];
+        row->temperature = sp->temperature;
+        if (sp->temperature <= 0) continue;
+        row->top_k = sp->top_k;
+        row->top_p = sp->top_p;
+        row->min_p = sp->min_p;
+        row->u = (float)rng_uniform(&r->rng);
+    }
+    return 1;
+}
+
 int step_run(struct engine *en)
 {
     double t0 = util_now();
@@ -312,6 +347,11 @@ int step_run(struct engine *en)
         if (en->greedy_step) {
             model_forward(en->m, &b, NULL);
             if (nl > 0) model_argmax(en->m, nl, en->greedy);
+        } else if (nl > 0 && device_sample(en, n_plan, nl)) {
+            /* sampled where the logits are: only the token ids travel */
+            en->greedy_step = 1;
+            model_forward(en->m, &b, NULL);
+            model_sample(en->m, nl, en->srow, en->greedy);
         } else {
             model_forward(en->m, &b, en->logits);
         }

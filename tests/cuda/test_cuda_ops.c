@@ -610,10 +610,114 @@ static void test_attention_kernels(void)
     gpu = keep;
 }
 
+/* Canonical order of backend_ops.sample: larger value first, then lower index. */
+static const float *cmp_vals;
+static int cmp_canon(const void *a, const void *b)
+{
+    int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    float x = cmp_vals[i], y = cmp_vals[j];
+    if (x != y) return x > y ? -1 : 1;
+    return i < j ? -1 : i > j;
+}
+
+/*
+ * Checks one sampled token against backend_ops.sample's definition computed in double:
+ * greedy rows exactly; otherwise the token must be the kept candidate (in canonical order)
+ * at which the cumulative weight first exceeds u times the kept total, where a target
+ * within 1e-6 of the total from a boundary may go either way (the backend sums float
+ * weights in fixed point).
+ */
+static void check_sample(const float *x, int n, const struct sample_row *p, int32_t got,
+                         const char *what)
+{
+    int32_t *ids = xmalloc(sizeof(int32_t) * (size_t)n);
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (x[i] > -INFINITY) ids[m++] = i;
+    cmp_vals = x;
+    qsort(ids, (size_t)m, sizeof ids[0], cmp_canon);
+    if (p->temperature <= 0 || m == 0) {
+        CHECK(got == (m ? ids[0] : 0), "sample %s: greedy token %d, want %d", what, got,
+              m ? ids[0] : 0);
+        free(ids);
+        return;
+    }
+    double mx = x[ids[0]], inv_t = 1.0 / p->temperature;
+    if (p->top_k > 0 && p->top_k < m) m = p->top_k;
+    if (p->min_p > 0) {
+        double cut = mx + log(p->min_p) / inv_t;
+        int k = 0;
+        while (k < m && x[ids[k]] >= cut) k++;
+        m = k;
+    }
+    double *cum = xmalloc(sizeof(double) * (size_t)(m + 1));
+    cum[0] = 0;
+    for (int i = 0; i < m; i++) cum[i + 1] = cum[i] + exp((x[ids[i]] - mx) * inv_t);
+    double tol = 1e-6 * cum[m];
+    int lo = m, hi = m; /* the nucleus may end anywhere in [lo, hi] */
+    if (p->top_p < 1.0f) {
+        double keep = p->top_p * cum[m];
+        lo = 1;
+        while (lo < m && cum[lo] < keep - tol) lo++;
+        hi = lo;
+        while (hi < m && cum[hi] < keep + tol) hi++;
+    }
+    int pos = 0;
+    while (pos < m && ids[pos] != got) pos++;
+    CHECK(pos < hi, "sample %s: token %d is not among the %d kept", what, got, hi);
+    if (pos < hi) {
+        /* with the nucleus ending at e, the target is u * cum[e] */
+        int ok = 0;
+        for (int e = lo; e <= hi && !ok; e++) {
+            double t = p->u * cum[e];
+            ok = pos < e && cum[pos] <= t + tol && cum[pos + 1] > t - tol;
+        }
+        CHECK(ok, "sample %s: token %d at position %d does not hold the draw u = %g", what, got,
+              pos, p->u);
+    }
+    free(cum);
+    free(ids);
+}
+
+/* backend_ops.sample (PAGODA_CUDA_SAMPLE=1): rows of random logits (some -inf, one of
+ * equal values) under each filter, checked against the definition, and every row sampled
+ * alone giving the same token as in the batch. */
+static void test_sample(void)
+{
+    const int n = 32000, rows = 9;
+    float *x = rvec((size_t)rows * n);
+    for (size_t i = 0; i < (size_t)rows * n; i++) x[i] *= 4.0f;
+    for (int i = 0; i < n; i += 7) x[3 * n + i] = -INFINITY;
+    for (int i = 0; i < n; i++) x[8 * n + i] = 1.5f; /* ties: canonical order is index order */
+    struct sample_row p[9] = {
+        {0, 0, 1, 0, 0},       {1.0f, 0, 1, 0, 0},     {0.7f, 50, 1, 0, 0},
+        {1.2f, 0, 0.9f, 0, 0}, {0.8f, 0, 1, 0.05f, 0}, {1.0f, 40, 0.8f, 0.02f, 0},
+        {2.0f, 0, 0.5f, 0, 0}, {0.5f, 1, 1, 0, 0},     {1.0f, 0, 1, 0, 0},
+    };
+    for (int round = 0; round < 8; round++) {
+        for (int r = 0; r < rows; r++) p[r].u = (float)(rnd() >> 8) / 16777216.0f; /* exact */
+        if (round == 0) p[1].u = 0.0f;
+        float *dx = dev(x, (size_t)rows * n);
+        int32_t got[9], one;
+        gpu.ops->sample(gpu.ctx, got, dx, rows, n, p);
+        for (int r = 0; r < rows; r++) {
+            char what[32];
+            snprintf(what, sizeof what, "row %d round %d", r, round);
+            check_sample(x + (size_t)r * n, n, &p[r], got[r], what);
+            gpu.ops->sample(gpu.ctx, &one, dx + (size_t)r * n, 1, n, &p[r]);
+            CHECK(one == got[r], "sample %s: %d alone, %d in the batch", what, one, got[r]);
+        }
+        CHECK(got[8] == (int32_t)floor((double)p[8].u * n),
+              "sample ties: token %d for u = %g over %d equal values", got[8], p[8].u, n);
+        gpu.ops->free(gpu.ctx, dx);
+    }
+    free(x);
+}
+
 /* The paths that are off by default, in a backend of their own: timed cuBLASLt algorithm
  * choice (PAGODA_CUDA_GEMM_TUNE=1), rope + kv_store in one launch (PAGODA_CUDA_ROPE_KV=1) and
  * 4-bit m = 1 products on tensor cores (PAGODA_CUDA_GEMV_TC=1; bound 2e-3, x rounded to
- * fp16), the rest under the same bounds. */
+ * fp16) and sampling on the GPU (PAGODA_CUDA_SAMPLE=1), the rest under the same bounds. */
 static void test_opt_in(void)
 {
     struct backend keep = gpu;
@@ -621,17 +725,21 @@ static void test_opt_in(void)
     setenv("PAGODA_CUDA_GEMM_TUNE", "1", 1);
     setenv("PAGODA_CUDA_ROPE_KV", "1", 1);
     setenv("PAGODA_CUDA_GEMV_TC", "1", 1);
+    setenv("PAGODA_CUDA_SAMPLE", "1", 1);
     CHECK(backend_create(&gpu, "cuda", 0, &e) == 0, "cuda backend: %s", e.msg);
     gemv_tc_on = 1;
     test_matmul_embed();
     test_fusions();
     test_rope_kv(1, 32, 8, 128);
     test_rope_kv(37, 8, 2, 64);
+    CHECK(gpu.ops->sample != NULL, "PAGODA_CUDA_SAMPLE=1: no sample operation");
+    if (gpu.ops->sample) test_sample();
     backend_destroy(&gpu);
     gemv_tc_on = 0;
     unsetenv("PAGODA_CUDA_GEMM_TUNE");
     unsetenv("PAGODA_CUDA_ROPE_KV");
     unsetenv("PAGODA_CUDA_GEMV_TC");
+    unsetenv("PAGODA_CUDA_SAMPLE");
     gpu = keep;
 }
 

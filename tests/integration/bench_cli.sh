@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# CLI test of `pagoda bench decode` on the bundled demo model: the run's shape as reported
-# in --json (batch, prompts per prefill step, lengths), the clamp of --prefill-seqs to the
-# batch, and exit status 2 for usage errors.
-# Usage: bench_decode_cli.sh PAGODA_BINARY
+# CLI test of `pagoda bench decode` and `pagoda bench throughput` on the bundled demo model:
+# the run's shape as reported in --json (batch, prompts per prefill step, lengths; requests,
+# sampling, output tokens), the clamp of --prefill-seqs to the batch, and exit status 2 for
+# usage errors.
+# Usage: bench_cli.sh PAGODA_BINARY
 set -uo pipefail
 BIN="$1"
 MODEL="$(dirname "$0")/../../models/demo"
@@ -35,8 +36,21 @@ expect "not a number" 2 "$(status run --prefill-seqs two)"
 expect "unknown option" 2 "$(status run --prefill 2)"
 expect "no model" 2 "$(status "$BIN" bench decode --prefill-seqs 2)"
 
+# bench throughput: every request gets its output_len tokens, greedy or sampled
+tp() { "$BIN" bench throughput --model "$MODEL" --device cpu --threads 1 --json "$@"; }
+tshape() { grep -o '"num_prompts": [0-9]*, "input_len": [0-9]*, "output_len": [0-9]*, "prefix_len": [0-9]*, "temperature": [0-9.]*, "top_p": [0-9.]*, "output_tokens": [0-9]*'; }
+expect "throughput greedy" \
+  '"num_prompts": 3, "input_len": 8, "output_len": 5, "prefix_len": 0, "temperature": 0, "top_p": 1, "output_tokens": 15' \
+  "$(tp --num-prompts 3 --input-len 8 --output-len 5 | tshape)"
+expect "throughput sampled" \
+  '"num_prompts": 4, "input_len": 6, "output_len": 7, "prefix_len": 0, "temperature": 0.8, "top_p": 0.9, "output_tokens": 28' \
+  "$(tp --num-prompts 4 --input-len 6 --output-len 7 --temperature 0.8 --top-p 0.9 | tshape)"
+expect "negative temperature" 2 "$(status tp --temperature -1)"
+expect "top-p of 0" 2 "$(status tp --top-p 0)"
+expect "top-p above 1" 2 "$(status tp --top-p 1.5)"
+
 if [ "$fails" -ne 0 ]; then
-  echo "bench_decode_cli: $fails failed"
+  echo "bench_cli: $fails failed"
   exit 1
 fi
-echo "bench_decode_cli: all passed"
+echo "bench_cli: all passed"
