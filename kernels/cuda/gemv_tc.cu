@@ -28,10 +28,10 @@
 static __device__ __forceinline__ void mma_f16(float *c, uint32_t a0, uint32_t a1, uint32_t a2,
                                                uint32_t a3, uint32_t b0, uint32_t b1)
 {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
 static __device__ __forceinline__ uint32_t h2_bits(__half2 h)
@@ -158,6 +158,7 @@ __global__ void __launch_bounds__(256) k_gemv_q4_tc(cu_gemv_set g, const float *
         const tcv_mat M = tcv_pick(g, PAIR ? a : wi);
         const uint8_t *row_g = M.w + (rl + g8) * M.row_bytes, *row_g8 = row_g + 8 * M.row_bytes;
         const int64_t gi_g = (rl + g8) * M.gpr, gi_g8 = gi_g + 8 * M.gpr;
+#pragma unroll 2
         for (int c0 = c_begin; c0 < c_begin + cols; c0 += 128) {
             const int64_t ub = (c0 >> 5) + t; /* this lane's unit */
             const uint4 qa = __ldg((const uint4 *)row_g + ub),
