@@ -10,10 +10,13 @@
  *     cores (PAGODA_CUDA_GEMV_TC=1; x rounded to fp16): 2e-3;
  *   - attention (bf16 KV rows; inputs pre-rounded to bf16 so both sides see equal keys
  *     and values; fast exponentials): 1e-4 for the float32 kernel, 1e-2 for the
- *     tensor-core kernel (queries and probabilities rounded to bf16 as operands). Each
- *     kernel runs every case, in a backend made with PAGODA_CUDA_ATTN=simt or =tc.
- * The products, fusions and rope + kv_store run again in a backend with the paths that are
- * off by default turned on (test_opt_in).
+ *     tensor-core kernel (queries and probabilities rounded to bf16 as operands);
+ *   - sampling: the token the definition of backend_ops.sample gives, computed in double.
+ * Sections (named on the command line after the test data folder; none: all): the default
+ * backend, then each path that is off by default in a backend of its own with only its
+ * variable set: attention-simt / attention-tc (PAGODA_CUDA_ATTN), tune
+ * (PAGODA_CUDA_GEMM_TUNE=1), gemv-tc (PAGODA_CUDA_GEMV_TC=1), rope-kv (PAGODA_CUDA_ROPE_KV=1),
+ * sample (PAGODA_CUDA_SAMPLE=1).
  * Every output buffer is poisoned with NaN before the CUDA run, so unwritten elements fail.
  * Without a GPU the test prints "no GPU: not run" and exits 77 (skipped).
  */
@@ -592,24 +595,6 @@ static void test_attention(void)
     test_attention_case(8, 1, 64, 40, 30.0f); /* 8 heads per KV head, both */
 }
 
-/* The attention cases through each kernel: a backend of its own per mode. */
-static void test_attention_kernels(void)
-{
-    static const char *const mode[2] = {"simt", "tc"};
-    static const double bound[2] = {1e-4, 1e-2};
-    struct backend keep = gpu;
-    for (int i = 0; i < 2; i++) {
-        struct err e = {0};
-        setenv("PAGODA_CUDA_ATTN", mode[i], 1);
-        CHECK(backend_create(&gpu, "cuda", 0, &e) == 0, "cuda backend: %s", e.msg);
-        attn_bound = bound[i];
-        test_attention();
-        backend_destroy(&gpu);
-    }
-    unsetenv("PAGODA_CUDA_ATTN");
-    gpu = keep;
-}
-
 /* Canonical order of backend_ops.sample: larger value first, then lower index. */
 static const float *cmp_vals;
 static int cmp_canon(const void *a, const void *b)
@@ -714,39 +699,93 @@ static void test_sample(void)
     free(x);
 }
 
-/* The paths that are off by default, in a backend of their own: timed cuBLASLt algorithm
- * choice (PAGODA_CUDA_GEMM_TUNE=1), rope + kv_store in one launch (PAGODA_CUDA_ROPE_KV=1) and
- * 4-bit m = 1 products on tensor cores (PAGODA_CUDA_GEMV_TC=1; bound 2e-3, x rounded to
- * fp16) and sampling on the GPU (PAGODA_CUDA_SAMPLE=1), the rest under the same bounds. */
-static void test_opt_in(void)
+/* Runs fn with `gpu` a backend made with the environment variable var set to val, then
+ * restores the default backend. */
+static void with_backend(const char *var, const char *val, void (*fn)(void))
 {
     struct backend keep = gpu;
     struct err e = {0};
-    setenv("PAGODA_CUDA_GEMM_TUNE", "1", 1);
-    setenv("PAGODA_CUDA_ROPE_KV", "1", 1);
-    setenv("PAGODA_CUDA_GEMV_TC", "1", 1);
-    setenv("PAGODA_CUDA_SAMPLE", "1", 1);
-    CHECK(backend_create(&gpu, "cuda", 0, &e) == 0, "cuda backend: %s", e.msg);
-    gemv_tc_on = 1;
-    test_matmul_embed();
-    test_fusions();
-    test_rope_kv(1, 32, 8, 128);
-    test_rope_kv(37, 8, 2, 64);
-    CHECK(gpu.ops->sample != NULL, "PAGODA_CUDA_SAMPLE=1: no sample operation");
-    if (gpu.ops->sample) test_sample();
+    setenv(var, val, 1);
+    CHECK(backend_create(&gpu, "cuda", 0, &e) == 0, "cuda backend (%s=%s): %s", var, val, e.msg);
+    fn();
     backend_destroy(&gpu);
-    gemv_tc_on = 0;
-    unsetenv("PAGODA_CUDA_GEMM_TUNE");
-    unsetenv("PAGODA_CUDA_ROPE_KV");
-    unsetenv("PAGODA_CUDA_GEMV_TC");
-    unsetenv("PAGODA_CUDA_SAMPLE");
+    unsetenv(var);
     gpu = keep;
 }
 
+static void products_and_fusions(void)
+{
+    test_matmul_embed();
+    test_fusions();
+}
+
+static void gemv_tc_section(void)
+{
+    gemv_tc_on = 1;
+    products_and_fusions();
+    gemv_tc_on = 0;
+}
+
+static void rope_kv_cases(void)
+{
+    test_rope_kv(1, 32, 8, 128);
+    test_rope_kv(37, 8, 2, 64);
+}
+
+static void sample_section(void)
+{
+    CHECK(gpu.ops->sample != NULL, "PAGODA_CUDA_SAMPLE=1: no sample operation");
+    if (gpu.ops->sample) test_sample();
+}
+
+static void attention_simt(void)
+{
+    attn_bound = 1e-4;
+    test_attention();
+}
+
+static void attention_tc(void)
+{
+    attn_bound = 1e-2;
+    test_attention();
+}
+
+/* The default backend: products, element-wise operations, fusions, rope + KV store. */
+static void default_section(void)
+{
+    products_and_fusions();
+    test_elementwise();
+    rope_kv_cases();
+}
+
+/* Sections, each selectable by name after the test data folder (none: all). The paths that
+ * are off by default run in a backend of their own each, with only their variable set. */
+static const struct {
+    const char *name, *var, *val;
+    void (*fn)(void);
+} sections[] = {
+    {"default", NULL, NULL, default_section},
+    {"attention-simt", "PAGODA_CUDA_ATTN", "simt", attention_simt},
+    {"attention-tc", "PAGODA_CUDA_ATTN", "tc", attention_tc},
+    {"tune", "PAGODA_CUDA_GEMM_TUNE", "1", products_and_fusions},
+    {"gemv-tc", "PAGODA_CUDA_GEMV_TC", "1", gemv_tc_section},
+    {"rope-kv", "PAGODA_CUDA_ROPE_KV", "1", rope_kv_cases},
+    {"sample", "PAGODA_CUDA_SAMPLE", "1", sample_section},
+};
+#define N_SECTIONS (int)(sizeof sections / sizeof sections[0])
+
 int main(int argc, char **argv)
 {
-    (void)argc;
-    (void)argv;
+    for (int a = 2; a < argc; a++) {
+        int known = 0;
+        for (int i = 0; i < N_SECTIONS; i++) known |= !strcmp(argv[a], sections[i].name);
+        if (!known) {
+            fprintf(stderr, "test_cuda_ops: no section '%s'; sections:", argv[a]);
+            for (int i = 0; i < N_SECTIONS; i++) fprintf(stderr, " %s", sections[i].name);
+            fprintf(stderr, "\n");
+            return 2;
+        }
+    }
     if (!backend_cuda_available()) {
         printf("no GPU: not run (this test compares the CUDA backend with the CPU one)\n");
         return 77;
@@ -762,13 +801,17 @@ int main(int argc, char **argv)
     printf("device: %s\n", bi.device);
     for (int round = 0; round < 2; round++) { /* fresh random inputs each round */
         test_rs = 0x9e3779b97f4a7c15ull ^ (uint64_t)(util_now() * 1e6) ^ (uint64_t)round;
-        test_matmul_embed();
-        test_elementwise();
-        test_fusions();
-        test_attention_kernels();
-        test_rope_kv(1, 32, 8, 128);
-        test_rope_kv(37, 8, 2, 64);
-        test_opt_in();
+        for (int i = 0; i < N_SECTIONS; i++) {
+            int run = argc <= 2;
+            for (int a = 2; a < argc; a++) run |= !strcmp(argv[a], sections[i].name);
+            if (!run) continue;
+            printf("section %s, round %d\n", sections[i].name, round);
+            fflush(stdout);
+            if (sections[i].var)
+                with_backend(sections[i].var, sections[i].val, sections[i].fn);
+            else
+                sections[i].fn();
+        }
     }
     backend_destroy(&gpu);
     backend_destroy(&cpu);
