@@ -985,20 +985,30 @@ static void cu_gather_rows_op(void *ctx, float *dst, const float *src, const int
     if (drows == c->d_small) flush(c); /* d_small may be reused before the next flush */
 }
 
-static void cu_argmax_op(void *ctx, int32_t *out, const float *x, int rows, int n)
+/* Records a per-row operation that writes one token id per logit row into d_small (argmax,
+ * sample; `params` its per-row parameters in device memory), runs the step and copies the
+ * ids to host memory. */
+static void token_op(cu_ctx *c, int kind, int32_t *out, const float *x, int rows, int n,
+                     const void *params)
 {
-    cu_ctx *c = (cu_ctx *)ctx;
-    if (rows <= 0) return;
-    c->d_small = (int32_t *)grow(c, c->d_small, &c->small_cap, sizeof(int32_t) * (size_t)rows);
-    op *o = record(c, OP_ARGMAX);
+    op *o = record(c, kind);
     o->p[0] = c->d_small;
     o->p[1] = x;
+    o->p[2] = params;
     o->i[0] = rows;
     o->i[1] = n;
     flush(c);
     CU(cudaMemcpyAsync(out, c->d_small, sizeof(int32_t) * (size_t)rows, cudaMemcpyDeviceToHost,
                        c->st));
     CU(cudaStreamSynchronize(c->st));
+}
+
+static void cu_argmax_op(void *ctx, int32_t *out, const float *x, int rows, int n)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    if (rows <= 0) return;
+    c->d_small = (int32_t *)grow(c, c->d_small, &c->small_cap, sizeof(int32_t) * (size_t)rows);
+    token_op(c, OP_ARGMAX, out, x, rows, n, NULL);
 }
 
 static void cu_sample_op(void *ctx, int32_t *out, const float *x, int rows, int n,
@@ -1013,16 +1023,7 @@ static void cu_sample_op(void *ctx, int32_t *out, const float *x, int rows, int 
      * not read them; the previous step's sampling has finished (its results were copied). */
     CU(cudaMemcpyAsync(c->d_sample, p, sizeof(struct sample_row) * (size_t)rows,
                        cudaMemcpyHostToDevice, c->st));
-    op *o = record(c, OP_SAMPLE);
-    o->p[0] = c->d_small;
-    o->p[1] = x;
-    o->p[2] = c->d_sample;
-    o->i[0] = rows;
-    o->i[1] = n;
-    flush(c);
-    CU(cudaMemcpyAsync(out, c->d_small, sizeof(int32_t) * (size_t)rows, cudaMemcpyDeviceToHost,
-                       c->st));
-    CU(cudaStreamSynchronize(c->st));
+    token_op(c, OP_SAMPLE, out, x, rows, n, c->d_sample);
 }
 
 static void cu_info(void *ctx, struct backend_info *out)

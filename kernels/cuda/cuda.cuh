@@ -37,6 +37,33 @@ struct cu_gemv_set {
     int tc4;
 };
 bool cu_gemv_set_ok(const cu_gemv_set &g);
+
+/* The fields of matrix i of a set, for kernels: chosen by comparisons with constant indices
+ * (a run-time index into the set would copy it to local memory). */
+struct set_mat {
+    const uint8_t *w;
+    const void *scales, *biases;
+    int64_t row_bytes, gpr, n;
+};
+
+static __device__ __forceinline__ set_mat set_mat_of(const dweight &w)
+{
+    set_mat m;
+    m.w = w.w;
+    m.scales = w.scales;
+    m.biases = w.biases;
+    m.row_bytes = w.row_bytes;
+    m.gpr = w.gpr;
+    m.n = w.n;
+    return m;
+}
+
+static __device__ __forceinline__ set_mat set_pick(const cu_gemv_set &g, int i)
+{
+    if (i == 0) return set_mat_of(g.w[0]);
+    if (i == 1) return set_mat_of(g.w[1]);
+    return set_mat_of(g.w[2]);
+}
 /** Whether the tensor-core 4-bit kernel takes this set (affine 4-bit, groups of 32 or more,
  * k a multiple of 128 up to 16384, every matrix's rows a multiple of 16). */
 bool cu_gemv_q4_tc_ok(const cu_gemv_set &g);

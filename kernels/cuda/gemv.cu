@@ -154,32 +154,6 @@ template <int NCH, int NA> struct row_r {
     static constexpr int value = 8 / (NCH * NA) < 1 ? 1 : 8 / (NCH * NA);
 };
 
-/* The fields of matrix wi of a set (a uniform choice; keeps the set out of local memory). */
-struct row_mat {
-    const uint8_t *w;
-    const void *scales, *biases;
-    int64_t row_bytes, gpr, n;
-};
-
-static __device__ __forceinline__ row_mat row_mat_of(const dweight &w)
-{
-    row_mat m;
-    m.w = w.w;
-    m.scales = w.scales;
-    m.biases = w.biases;
-    m.row_bytes = w.row_bytes;
-    m.gpr = w.gpr;
-    m.n = w.n;
-    return m;
-}
-
-static __device__ __forceinline__ row_mat pick(const cu_gemv_set &g, int wi)
-{
-    if (wi == 0) return row_mat_of(g.w[0]);
-    if (wi == 1) return row_mat_of(g.w[1]);
-    return row_mat_of(g.w[2]);
-}
-
 /* Waits until the grids this one depends on have finished and their writes are visible
  * (a no-op unless the kernel was launched as a programmatic dependent). */
 static __device__ __forceinline__ void grid_dependency_wait()
@@ -281,7 +255,7 @@ __global__ void __launch_bounds__(512) k_gemv_row(cu_gemv_set g, const float *__
             const int64_t rl = wi ? r - g.row_end[wi - 1] : r;
 #pragma unroll
             for (int a = 0; a < NA; a++) {
-                const row_mat M = pick(g, PAIR ? a : wi);
+                const set_mat M = set_pick(g, PAIR ? a : wi);
                 const uint8_t *row = M.w + rl * M.row_bytes;
 #pragma unroll
                 for (int c = 0; c < NCH; c++) {

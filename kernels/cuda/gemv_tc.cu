@@ -57,31 +57,6 @@ static __device__ __forceinline__ void nibbles(uint32_t w, uint32_t *p)
     p[3] = h2_bits(__hfma2(bits_h2((t & 0x00f000f0u) | 0x64006400u), k16th, km64));
 }
 
-/* The fields of one matrix of a set, chosen by a uniform index (no copy of the set). */
-struct tcv_mat {
-    const uint8_t *w;
-    const void *scales, *biases;
-    int64_t row_bytes, gpr;
-};
-
-static __device__ __forceinline__ tcv_mat tcv_of(const dweight &w)
-{
-    tcv_mat m;
-    m.w = w.w;
-    m.scales = w.scales;
-    m.biases = w.biases;
-    m.row_bytes = w.row_bytes;
-    m.gpr = w.gpr;
-    return m;
-}
-
-static __device__ __forceinline__ tcv_mat tcv_pick(const cu_gemv_set &g, int i)
-{
-    if (i == 0) return tcv_of(g.w[0]);
-    if (i == 1) return tcv_of(g.w[1]);
-    return tcv_of(g.w[2]);
-}
-
 /* Matrix index and local row of the block's row tile (tiles never straddle matrices). */
 static __device__ __forceinline__ int tile_matrix(const cu_gemv_set &g, int64_t r0, int64_t *rl)
 {
@@ -155,7 +130,7 @@ __global__ void __launch_bounds__(256) k_gemv_q4_tc(cu_gemv_set g, const float *
 
 #pragma unroll
     for (int a = 0; a < NA; a++) {
-        const tcv_mat M = tcv_pick(g, PAIR ? a : wi);
+        const set_mat M = set_pick(g, PAIR ? a : wi);
         const uint8_t *row_g = M.w + (rl + g8) * M.row_bytes, *row_g8 = row_g + 8 * M.row_bytes;
         const int64_t gi_g = (rl + g8) * M.gpr, gi_g8 = gi_g + 8 * M.gpr;
 #pragma unroll 2

@@ -161,6 +161,25 @@ static int gemv_tc_case(int fmt, int bits, int group, int n, int k, int rows)
            !(group & (group - 1)) && k % 128 == 0 && k <= 16384 && n % 16 == 0;
 }
 
+/* A batch of one sequence's n tokens and no logit rows. */
+static struct fwd_batch one_seq(int n, const int32_t *tokens, const int32_t *pos,
+                                const int32_t *slot, const int32_t *q_start, const int32_t *seq_len,
+                                const int32_t *block_table, int max_blocks)
+{
+    struct fwd_batch b = {.n_tokens = n,
+                          .tokens = tokens,
+                          .pos = pos,
+                          .slot = slot,
+                          .n_seqs = 1,
+                          .q_start = q_start,
+                          .seq_len = seq_len,
+                          .block_table = block_table,
+                          .max_blocks = max_blocks,
+                          .n_logits = 0,
+                          .logit_rows = tokens};
+    return b;
+}
+
 static void test_matmul_embed(void)
 {
     const int ms[] = {1, 3, 8, 37, 130};
@@ -193,17 +212,7 @@ static void test_matmul_embed(void)
         /* embed: exact decode of a few rows, scaled */
         int32_t toks[5] = {0, (int32_t)(fc->n - 1), 3, 7 % fc->n, 11 % fc->n};
         int32_t zero5[5] = {0}, one5[5] = {1, 1, 1, 1, 1}, qs[2] = {0, 5};
-        struct fwd_batch b = {.n_tokens = 5,
-                              .tokens = toks,
-                              .pos = zero5,
-                              .slot = zero5,
-                              .n_seqs = 1,
-                              .q_start = qs,
-                              .seq_len = one5,
-                              .block_table = zero5,
-                              .max_blocks = 1,
-                              .n_logits = 0,
-                              .logit_rows = zero5};
+        struct fwd_batch b = one_seq(5, toks, zero5, zero5, qs, one5, zero5, 1);
         size_t ne = 5 * (size_t)fc->k;
         float *ref = xmalloc(sizeof(float) * ne);
         cpu.ops->batch_begin(cpu.ctx, &b);
@@ -428,24 +437,14 @@ static double attn_bound;
 static void test_rope_kv(int n, int hq, int hkv, int d)
 {
     const int bs = 16, n_blocks = (n + bs - 1) / bs + 2, kv_row = hkv * d;
-    int32_t tokens[64], pos[64], slot[64], qs[2] = {0, n}, sl[1] = {n}, bt[16], lr[1] = {0};
+    int32_t tokens[64], pos[64], slot[64], qs[2] = {0, n}, sl[1] = {n}, bt[16];
     for (int i = 0; i < n_blocks; i++) bt[i] = n_blocks - 1 - i;
     for (int t = 0; t < n; t++) {
         tokens[t] = 0;
         pos[t] = t;
         slot[t] = bt[t / bs] * bs + t % bs;
     }
-    struct fwd_batch b = {.n_tokens = n,
-                          .tokens = tokens,
-                          .pos = pos,
-                          .slot = slot,
-                          .n_seqs = 1,
-                          .q_start = qs,
-                          .seq_len = sl,
-                          .block_table = bt,
-                          .max_blocks = n_blocks,
-                          .n_logits = 0,
-                          .logit_rows = lr};
+    struct fwd_batch b = one_seq(n, tokens, pos, slot, qs, sl, bt, n_blocks);
     size_t nq = (size_t)n * hq * d, nk = (size_t)n * kv_row, nh = (size_t)n * d / 2;
     size_t kv_elems = (size_t)n_blocks * bs * kv_row;
     float *q = rvec(nq), *k = rvec(nk), *v = rvec(nk), *cs = rvec(nh), *sn = rvec(nh);
