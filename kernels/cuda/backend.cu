@@ -53,12 +53,13 @@ enum opk {
     OP_ADD_RMS, /* add followed by rms_norm of the sum */
     OP_ROPE_KV, /* rope of q, rope of k, kv_store of k and v */
     OP_SAMPLE,
+    OP_GEMM_SET, /* 2 or 3 cuBLASLt products over one x, run on as many streams at once */
 };
 
-static const char *const op_names[] = {"embed", "gemm",         "add_bias",      "rms_norm",
-                                       "rope",  "kv_store",     "attention",     "act_mul",
-                                       "add",   "softcap",      "gather_rows",   "argmax",
-                                       "gemv",  "add+rms_norm", "rope+kv_store", "sample"};
+static const char *const op_names[] = {
+    "embed",     "gemm",         "add_bias",      "rms_norm", "rope",        "kv_store",
+    "attention", "act_mul",      "add",           "softcap",  "gather_rows", "argmax",
+    "gemv",      "add+rms_norm", "rope+kv_store", "sample",   "gemm set"};
 
 /* One recorded operation. Zeroed before filling so that tapes compare with memcmp. */
 struct op {
@@ -135,6 +136,12 @@ struct cu_ctx {
     int row_gemv;     /* the m = 1 matrix-vector kernel (PAGODA_CUDA_GEMV_ROW=0: off) */
     int early_launch; /* programmatic dependent launch of it (PAGODA_CUDA_PDL=0: off) */
     int gemv_tc;      /* PAGODA_CUDA_GEMV_TC=1: 4-bit m = 1 products on tensor cores */
+    /* PAGODA_CUDA_GEMM_STREAMS=1: products of m > 8 over one x (q, k, v; gate, up) run at the
+     * same time on side streams, each with its own cuBLASLt workspace */
+    int gemm_streams;
+    cudaStream_t side[2];
+    cudaEvent_t fork, join[2];
+    void *side_ws[2];
 
     /* profiling */
     int trace; /* PAGODA_CUDA_TRACE=1: graph captures and replays, reported at exit */
@@ -232,6 +239,20 @@ static void exec_op(cu_ctx *c, const op *o)
         cu_sample(s, (int32_t *)o->p[0], (const float *)o->p[1], o->i[0], o->i[1],
                   (const sample_row *)o->p[2]);
         break;
+    case OP_GEMM_SET: {
+        const int m = o->i[0], nw = o->gs.nw;
+        cu_to_bf16(s, c->xb, (const float *)o->p[1], (int64_t)m * o->gs.w[0].k);
+        CU(cudaEventRecord(c->fork, s));
+        for (int j = 1; j < nw; j++) CU(cudaStreamWaitEvent(c->side[j - 1], c->fork, 0));
+        for (int j = 0; j < nw; j++)
+            cu_gemm_lt(j ? c->side[j - 1] : s, &c->g, o->gs.w[j], c->xb, m, o->gs.y[j],
+                       j ? c->side_ws[j - 1] : c->g.workspace);
+        for (int j = 1; j < nw; j++) {
+            CU(cudaEventRecord(c->join[j - 1], c->side[j - 1]));
+            CU(cudaStreamWaitEvent(s, c->join[j - 1], 0));
+        }
+        break;
+    }
     case OP_ADD_RMS:
         cu_add_rms_norm(s, (float *)o->p[0], (float *)o->p[1], (const float *)o->p[2],
                         (const float *)o->p[3], o->i[0], o->i[1], o->f[0]);
@@ -753,6 +774,34 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
             cu_gemm_prepare(c->st, &c->g, d, m, x, y, c->xb);
         }
     }
+    if (c->gemm_streams && m > CU_GEMV_MAX_M && !c->invariant && cu_gemm_lt_ok(&c->g, d, m)) {
+        /* Another cuBLASLt product over the x of the previous one: both in one set. */
+        op *p = c->fuse && c->n_ops ? &c->tape[c->n_ops - 1] : NULL;
+        if (p && p->p[1] == x && p->i[0] == m && (void *)y != x) {
+            if (p->kind == OP_MATMUL && p->w.fmt == DF_BF16 && p->w.k == d.k && p->p[0] != y &&
+                p->p[0] != x && cu_gemm_lt_ok(&c->g, p->w, m)) {
+                cu_gemv_set g;
+                memset(&g, 0, sizeof g);
+                g.w[0] = p->w;
+                g.y[0] = (float *)p->p[0];
+                g.nw = 1;
+                memset(p, 0, sizeof *p);
+                p->kind = OP_GEMM_SET;
+                p->p[1] = x;
+                p->i[0] = m;
+                p->gs = g;
+            }
+            if (p->kind == OP_GEMM_SET && p->gs.nw < 3 && p->gs.w[0].k == d.k) {
+                int fresh = 1;
+                for (int j = 0; j < p->gs.nw; j++) fresh &= p->gs.y[j] != y;
+                if (fresh) {
+                    p->gs.w[p->gs.nw] = d;
+                    p->gs.y[p->gs.nw++] = y;
+                    return;
+                }
+            }
+        }
+    }
     op *o = record(c, OP_MATMUL);
     o->p[0] = y;
     o->p[1] = x;
@@ -1069,6 +1118,14 @@ static void cu_destroy(void *ctx)
     if (c->part) CU(cudaFree(c->part));
     if (c->d_small) CU(cudaFree(c->d_small));
     if (c->d_sample) CU(cudaFree(c->d_sample));
+    if (c->gemm_streams) {
+        CU(cudaEventDestroy(c->fork));
+        for (int j = 0; j < 2; j++) {
+            CU(cudaStreamDestroy(c->side[j]));
+            CU(cudaEventDestroy(c->join[j]));
+            CU(cudaFree(c->side_ws[j]));
+        }
+    }
     cu_gemm_ctx_destroy(&c->g);
     cublasLtDestroy(c->g.lt);
     CU(cudaFree(c->g.workspace));
@@ -1165,6 +1222,16 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->row_gemv = !(env && !strcmp(env, "0"));
     env = getenv("PAGODA_CUDA_GEMV_TC");
     c->gemv_tc = env && !strcmp(env, "1");
+    env = getenv("PAGODA_CUDA_GEMM_STREAMS");
+    c->gemm_streams = env && !strcmp(env, "1");
+    if (c->gemm_streams) {
+        CU(cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
+        for (int j = 0; j < 2; j++) {
+            CU(cudaStreamCreateWithFlags(&c->side[j], cudaStreamNonBlocking));
+            CU(cudaEventCreateWithFlags(&c->join[j], cudaEventDisableTiming));
+            CU(cudaMalloc(&c->side_ws[j], c->g.workspace_bytes));
+        }
+    }
     env = getenv("PAGODA_CUDA_PDL");
     c->early_launch = c->prop.major >= 9 && !(env && !strcmp(env, "0"));
     env = getenv("PAGODA_CUDA_SAMPLE");

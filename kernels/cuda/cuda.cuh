@@ -118,6 +118,12 @@ void cu_gemm_prepare(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, int m, co
  * xb, m * k values), other formats through a tensor-core kernel that dequantizes tiles. */
 void cu_gemm(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, const float *x, int m, float *y,
              __nv_bfloat16 *xb);
+/** Whether cuBLASLt takes this product (bf16 weights with a plan for the shape). */
+bool cu_gemm_lt_ok(cu_gemm_ctx *g, const dweight &w, int m);
+/** y = xb . W^T through cuBLASLt with x already rounded into xb, on stream s with a
+ * workspace of g->workspace_bytes (one per stream running products at the same time). */
+void cu_gemm_lt(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, const __nv_bfloat16 *xb, int m,
+                float *y, void *workspace);
 
 /* ---- attention (attention.cu) ---- */
 

@@ -324,18 +324,28 @@ void cu_gemm_prepare(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, int m, co
     p->tuned = 1;
 }
 
+bool cu_gemm_lt_ok(cu_gemm_ctx *g, const dweight &w, int m)
+{
+    return lt_usable(g, w) && lt_plan(g, m, (int)w.n, (int)w.k)->ok;
+}
+
+void cu_gemm_lt(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, const __nv_bfloat16 *xb, int m,
+                float *y, void *workspace)
+{
+    cu_lt_plan *p = lt_plan(g, m, (int)w.n, (int)w.k);
+    if (!p->ok) cu_fatal("cu_gemm_lt", "no cuBLASLt plan for this shape", __FILE__, __LINE__);
+    const float one = 1.0f, zero = 0.0f;
+    LT(cublasLtMatmul(g->lt, p->op, &one, w.w, p->a, xb, p->b, &zero, y, p->c, y, p->c, &p->algo,
+                      workspace, g->workspace_bytes, s));
+}
+
 void cu_gemm(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, const float *x, int m, float *y,
              __nv_bfloat16 *xb)
 {
-    if (lt_usable(g, w)) {
-        cu_lt_plan *p = lt_plan(g, m, (int)w.n, (int)w.k);
-        if (p->ok) {
-            cu_to_bf16(s, xb, x, (int64_t)m * w.k);
-            const float one = 1.0f, zero = 0.0f;
-            LT(cublasLtMatmul(g->lt, p->op, &one, w.w, p->a, xb, p->b, &zero, y, p->c, y, p->c,
-                              &p->algo, g->workspace, g->workspace_bytes, s));
-            return;
-        }
+    if (cu_gemm_lt_ok(g, w, m)) {
+        cu_to_bf16(s, xb, x, (int64_t)m * w.k);
+        cu_gemm_lt(s, g, w, xb, m, y, g->workspace);
+        return;
     }
     gemm_tc(s, w, x, m, y);
 }
