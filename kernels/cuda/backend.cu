@@ -147,8 +147,10 @@ struct cu_ctx {
     int trace; /* PAGODA_CUDA_TRACE=1: graph captures and replays, reported at exit */
     long n_captures, n_replays, n_eager;
     double capture_ms;
-    int prof;       /* PAGODA_CUDA_PROFILE: 1 every flush, 2 decode steps, 3 prefill steps */
-    long prof_seen; /* flushes of the profiled kind so far (the first, a warm-up, is skipped) */
+    int prof; /* PAGODA_CUDA_PROFILE: 1 every flush, 2 decode steps, 3 prefill steps */
+    /* steps of the profiled kind begun so far: the first is a warm-up (module loading,
+     * cuBLASLt plans, graph captures) and none of its flushes is profiled */
+    long prof_seen;
     cudaEvent_t *ev;
     int ev_cap;
     prof_ent pe[PROF_MAX];
@@ -414,7 +416,7 @@ static void flush(cu_ctx *c)
     int profile = c->prof == 1;
     if (c->prof > 1) {
         int decode = c->n_tokens == c->n_seqs;
-        profile = (c->prof == 2 ? decode : !decode) && c->prof_seen++ > 0;
+        profile = (c->prof == 2 ? decode : !decode) && c->prof_seen > 1;
     }
     if (profile) {
         exec_profiled(c);
@@ -661,6 +663,7 @@ static void cu_batch_begin(void *ctx, const struct fwd_batch *b)
     c->n_logits = b->n_logits;
     c->graph_step = b->n_tokens <= CU_GRAPH_MAX_TOKENS;
     c->n_tile_tables = 0;
+    if (c->prof > 1 && (c->prof == 2) == (b->n_tokens == b->n_seqs)) c->prof_seen++;
 }
 
 /*
