@@ -281,40 +281,38 @@ static int finish_seq(struct engine *en, struct step_seq *p, struct step_counts 
     return sampled;
 }
 
-/* Whether every token this step samples is a plain greedy pick (no logit bias, penalties
- * or log-probabilities): then the backend picks them where the logits are, and only the
- * token ids travel back instead of [rows, vocab] floats. */
+/* Whether a row of this sequence must reach the host: prompt log-probabilities, logit bias,
+ * penalties or log-probabilities of the chosen token. */
+static int needs_host_row(const struct step_seq *p)
+{
+    const struct sampling_params *sp = &p->r->sp;
+    return p->all_rows || sp->n_logit_bias || sp->logprobs || sp->top_logprobs ||
+           sp->repetition_penalty != 1.0f || sp->presence_penalty != 0 ||
+           sp->frequency_penalty != 0;
+}
+
+/* Whether every token this step samples is a plain greedy pick: then the backend picks
+ * them where the logits are, and only the token ids travel back instead of [rows, vocab]
+ * floats. */
 static int greedy_only(const struct engine *en, int n_plan)
 {
     for (int s = 0; s < n_plan; s++) {
         const struct step_seq *p = &en->plan[s];
-        if (p->n_logits == 0) continue;
-        const struct sampling_params *sp = &p->r->sp;
-        if (p->all_rows || sp->temperature > 0 || sp->n_logit_bias || sp->logprobs ||
-            sp->top_logprobs || sp->repetition_penalty != 1.0f || sp->presence_penalty != 0 ||
-            sp->frequency_penalty != 0)
-            return 0;
+        if (p->n_logits > 0 && (needs_host_row(p) || p->r->sp.temperature > 0)) return 0;
     }
     return 1;
 }
 
 /*
- * Whether the backend can sample every row of this step (no logit bias, penalties or
- * log-probabilities, which need the row on the host); if so fills en->srow, drawing each
- * sampled row's uniform number from its request's generator, as sample_next would.
+ * Whether the backend can sample every row of this step (none needs its row on the host);
+ * if so fills en->srow, drawing each sampled row's uniform number from its request's
+ * generator, as sample_next would.
  */
 static int device_sample(struct engine *en, int n_plan, int nl)
 {
     if (!model_can_sample(en->m)) return 0;
-    for (int s = 0; s < n_plan; s++) {
-        const struct step_seq *p = &en->plan[s];
-        if (p->n_logits == 0) continue;
-        const struct sampling_params *sp = &p->r->sp;
-        if (p->all_rows || sp->n_logit_bias || sp->logprobs || sp->top_logprobs ||
-            sp->repetition_penalty != 1.0f || sp->presence_penalty != 0 ||
-            sp->frequency_penalty != 0)
-            return 0;
-    }
+    for (int s = 0; s < n_plan; s++)
+        if (en->plan[s].n_logits > 0 && needs_host_row(&en->plan[s])) return 0;
     memset(en->srow, 0, sizeof(struct sample_row) * (size_t)nl);
     for (int s = 0; s < n_plan; s++) {
         const struct step_seq *p = &en->plan[s];
