@@ -110,6 +110,9 @@ struct cu_ctx {
      * the head size allows, auto tensor cores for steps with prompt tokens or >= 64 tokens */
     int attn_mode; /* 0 auto, 1 simt, 2 tc */
     int rope_kv;   /* PAGODA_CUDA_ROPE_KV=1: rope(q), rope(k), kv_store as one launch */
+    /* PAGODA_CUDA_FUSE_NORM=1: at m = 1 a residual add joins the product before it and the
+     * rms_norm the product after it */
+    int fuse_norm;
 
     /* scratch */
     __nv_bfloat16 *xb;
@@ -755,10 +758,24 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
                 return;
             }
         }
-        op *o = record(c, OP_GEMV);
+        const int keep_order = c->invariant || !c->row_gemv;
+        /* rms_norm of one row into x just recorded: the product takes its place and
+         * normalizes x itself */
+        op *rn = m == 1 && c->fuse_norm && !keep_order ? last_op(c, OP_RMS) : NULL;
+        if (rn && !(rn->p[0] == x && rn->i[0] == 1 && rn->i[1] == d.k && rn->p[1] != x)) rn = NULL;
+        cu_gemv_set norm = {};
+        if (rn) {
+            norm.nsrc = (const float *)rn->p[1];
+            norm.nweight = (const float *)rn->p[2];
+            norm.nepsilon = rn->f[0];
+            memset(rn, 0, sizeof *rn);
+            rn->kind = OP_GEMV;
+        }
+        op *o = rn ? rn : record(c, OP_GEMV);
         o->p[1] = x;
         o->i[0] = m;
-        o->gs.keep_order = c->invariant || !c->row_gemv;
+        o->gs = norm;
+        o->gs.keep_order = keep_order;
         o->gs.early = c->early_launch;
         o->gs.tc4 = c->gemv_tc;
         o->gs.w[0] = d;
@@ -999,7 +1016,15 @@ static void cu_act_mul_op(void *ctx, float *out, const float *gate, const float 
 
 static void cu_add_op(void *ctx, float *x, const float *y, int64_t n)
 {
-    op *o = record((cu_ctx *)ctx, OP_ADD);
+    cu_ctx *c = (cu_ctx *)ctx;
+    /* x += y where y is the one-row product just recorded: the product adds its rows to x */
+    op *p = c->fuse_norm ? last_op(c, OP_GEMV) : NULL;
+    if (p && p->i[0] == 1 && p->gs.nw == 1 && !p->gs.pair && !p->gs.resid && p->gs.y[0] == y &&
+        p->gs.w[0].n == n && (const void *)x != y && (const void *)x != p->p[1]) {
+        p->gs.resid = x;
+        return;
+    }
+    op *o = record(c, OP_ADD);
     o->p[0] = x;
     o->p[1] = y;
     o->n = n;
@@ -1219,6 +1244,8 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     env = getenv("PAGODA_CUDA_ATTN");
     c->attn_mode = env && !strcmp(env, "tc") ? 2 : env && !strcmp(env, "auto") ? 0 : 1;
     if (c->attn_mode != 1) cu_attention_init();
+    env = getenv("PAGODA_CUDA_FUSE_NORM");
+    c->fuse_norm = env && !strcmp(env, "1");
     env = getenv("PAGODA_CUDA_ROPE_KV");
     c->rope_kv = env && !strcmp(env, "1");
     env = getenv("PAGODA_CUDA_GEMV_ROW");

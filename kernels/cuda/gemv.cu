@@ -224,7 +224,7 @@ static __device__ __forceinline__ float unit_dot(uint4 q, const float *xv)
     return s0 + s1;
 }
 
-template <int FMT, int BITS, bool PAIR>
+template <int FMT, int BITS, bool PAIR, bool NORM>
 __global__ void __launch_bounds__(512) k_gemv_row(cu_gemv_set g, const float *__restrict__ x)
 {
     allow_dependents();
@@ -233,6 +233,7 @@ __global__ void __launch_bounds__(512) k_gemv_row(cu_gemv_set g, const float *__
     constexpr bool GROUPED = FMT == DF_AFFINE || FMT == DF_MXFP8;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
     __shared__ float part[2][ROW_R][NA][32];
+    __shared__ float nsum[NORM ? 16 : 1];
 
     float xv[32], xs[NCH];
     bool have_x = false;
@@ -281,10 +282,11 @@ __global__ void __launch_bounds__(512) k_gemv_row(cu_gemv_set g, const float *__
              * above overlap its tail, and only here does the block wait for it. */
             grid_dependency_wait();
             /* The lane's x values and, per unit, their sum. */
+            const float *xsrc = NORM ? g.nsrc : x;
 #pragma unroll
             for (int c = 0; c < NCH; c++) {
                 const int64_t u = (int64_t)warp * 32 * NCH + c * 32 + lane;
-                const float4 *xp = (const float4 *)(x + u * V);
+                const float4 *xp = (const float4 *)(xsrc + u * V);
                 float t = 0.0f;
 #pragma unroll
                 for (int j = 0; j < V / 4; j++) {
@@ -296,6 +298,34 @@ __global__ void __launch_bounds__(512) k_gemv_row(cu_gemv_set g, const float *__
                     t += (f.x + f.y) + (f.z + f.w);
                 }
                 xs[c] = t;
+            }
+            if (NORM) {
+                /* Fused rms_norm (the block's warps cover the whole row): the row's sum of
+                 * squares, then x scaled by it and the norm weight; block 0 also stores the
+                 * normed row as x. */
+                float ss = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 32; i++) ss = fmaf(xv[i], xv[i], ss);
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+                if (lane == 0) nsum[warp] = ss;
+                __syncthreads();
+                ss = 0.0f;
+                for (int w = 0; w < nwarps; w++) ss += nsum[w];
+                const float inv = rsqrtf(ss / (float)g.w[0].k + g.nepsilon);
+#pragma unroll
+                for (int c = 0; c < NCH; c++) {
+                    const int64_t u = (int64_t)warp * 32 * NCH + c * 32 + lane;
+                    float t = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < V; j++) {
+                        const float v = xv[c * V + j] * inv * __ldg(g.nweight + u * V + j);
+                        xv[c * V + j] = v;
+                        t += v;
+                        if (blockIdx.x == 0) ((float *)x)[u * V + j] = v;
+                    }
+                    xs[c] = t;
+                }
             }
             have_x = true;
         }
@@ -349,6 +379,7 @@ __global__ void __launch_bounds__(512) k_gemv_row(cu_gemv_set g, const float *__
                     int wi = 0;
                     while (wi + 1 < g.nw && r >= g.row_end[wi]) wi++;
                     g.y[wi][wi ? r - g.row_end[wi - 1] : r] = s[0];
+                    if (g.resid) g.resid[r] += s[0]; /* one matrix: r is its row */
                 }
             }
         }
@@ -380,15 +411,15 @@ static bool row_kernel_ok(const cu_gemv_set &g)
     return true;
 }
 
-template <int FMT, int BITS, bool PAIR>
+template <int FMT, int BITS, bool PAIR, bool NORM>
 static void launch_row(cudaStream_t s, const cu_gemv_set &g, const float *x)
 {
     static int blocks_per_sm[17], sms;
     const int threads = (int)(g.w[0].k / 1024) * 32;
     int &bps = blocks_per_sm[threads / 32];
     if (!bps) {
-        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, k_gemv_row<FMT, BITS, PAIR>, threads,
-                                                         0));
+        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, k_gemv_row<FMT, BITS, PAIR, NORM>,
+                                                         threads, 0));
         if (bps < 1) bps = 1;
         int dev;
         CU(cudaGetDevice(&dev));
@@ -408,7 +439,7 @@ static void launch_row(cudaStream_t s, const cu_gemv_set &g, const float *x)
         cfg.attrs = attr;
         cfg.numAttrs = 1;
     }
-    CU(cudaLaunchKernelEx(&cfg, k_gemv_row<FMT, BITS, PAIR>, g, x));
+    CU(cudaLaunchKernelEx(&cfg, k_gemv_row<FMT, BITS, PAIR, NORM>, g, x));
 }
 
 static bool launch_row_any(cudaStream_t s, const cu_gemv_set &g, const float *x)
@@ -418,9 +449,11 @@ static bool launch_row_any(cudaStream_t s, const cu_gemv_set &g, const float *x)
 #define ROWK(F, B)                                                                                 \
     do {                                                                                           \
         if (g.pair)                                                                                \
-            launch_row<F, B, true>(s, g, x);                                                       \
+            g.nsrc ? launch_row<F, B, true, true>(s, g, x)                                         \
+                   : launch_row<F, B, true, false>(s, g, x);                                       \
         else                                                                                       \
-            launch_row<F, B, false>(s, g, x);                                                      \
+            g.nsrc ? launch_row<F, B, false, true>(s, g, x)                                        \
+                   : launch_row<F, B, false, false>(s, g, x);                                      \
     } while (0)
     if (fmt == DF_BF16)
         ROWK(DF_BF16, 16);
@@ -507,6 +540,18 @@ bool cu_gemv_set_ok(const cu_gemv_set &g)
 void cu_gemv_multi(cudaStream_t s, const cu_gemv_set &g, const float *x, int m)
 {
     const dweight &w = g.w[0];
+    if (g.nsrc || g.resid) {
+        /* Fused neighbours: the row kernel takes them; elsewhere they run around it. */
+        if (m == 1 && !g.keep_order && !(g.tc4 && cu_gemv_q4_tc_ok(g)) && launch_row_any(s, g, x))
+            return;
+        cu_gemv_set h = g;
+        h.nsrc = h.nweight = NULL;
+        h.resid = NULL;
+        if (g.nsrc) cu_rms_norm(s, (float *)x, g.nsrc, g.nweight, 1, (int)w.k, g.nepsilon);
+        cu_gemv_multi(s, h, x, m);
+        if (g.resid) cu_add(s, g.resid, g.y[0], w.n);
+        return;
+    }
     if (m == 1 && !g.keep_order && g.tc4 && cu_gemv_q4_tc_ok(g)) return cu_gemv_q4_tc(s, g, x);
     if (m == 1 && !g.keep_order && launch_row_any(s, g, x)) return;
     switch (w.fmt) {

@@ -16,7 +16,8 @@
  * backend, then each path that is off by default in a backend of its own with only its
  * variable set: attention-simt / attention-tc (PAGODA_CUDA_ATTN), tune
  * (PAGODA_CUDA_GEMM_TUNE=1), gemv-tc (PAGODA_CUDA_GEMV_TC=1), rope-kv (PAGODA_CUDA_ROPE_KV=1),
- * sample (PAGODA_CUDA_SAMPLE=1), gemm-streams (PAGODA_CUDA_GEMM_STREAMS=1).
+ * sample (PAGODA_CUDA_SAMPLE=1), gemm-streams (PAGODA_CUDA_GEMM_STREAMS=1), fuse-norm
+ * (PAGODA_CUDA_FUSE_NORM=1).
  * Every output buffer is poisoned with NaN before the CUDA run, so unwritten elements fail.
  * Without a GPU the test prints "no GPU: not run" and exits 77 (skipped).
  */
@@ -409,6 +410,88 @@ static void test_fusions_case(int H, int gate_bf16, int m)
     }
 }
 
+/*
+ * One decoding row through two residual blocks as the model records them: o product, x +=
+ * it, rms_norm, q/k/v products; then down product, x += it, rms_norm, gate/up with the
+ * activation. With PAGODA_CUDA_FUSE_NORM=1 each add joins the product before it and each
+ * norm the products after it; either way every result matches the CPU within 1e-4.
+ */
+static void test_norm_fusion_case(int H, enum wfmt fmt, int bits)
+{
+    const int F = 2 * H, KV = H / 2, group = fmt == WFMT_AFFINE ? 64 : 0;
+    struct mat wo, wq, wk, wv, wd, wg, wu;
+    mat_make(&wo, fmt, bits, group, H, H);
+    mat_make(&wq, fmt, bits, group, H, H);
+    mat_make(&wk, fmt, bits, group, KV, H);
+    mat_make(&wv, fmt, bits, group, KV, H);
+    mat_make(&wd, fmt, bits, group, H, F);
+    mat_make(&wg, fmt, bits, group, F, H);
+    mat_make(&wu, fmt, bits, group, F, H);
+    float *att = rvec(H), *x = rvec(H), *n1 = rvec(H), *n2 = rvec(H), *act = rvec(F);
+    float *h = xmalloc(4 * (size_t)H), *q = xmalloc(4 * (size_t)H), *k = xmalloc(4 * (size_t)KV),
+          *v = xmalloc(4 * (size_t)KV), *h2 = xmalloc(4 * (size_t)H), *g = xmalloc(4 * (size_t)F),
+          *u = xmalloc(4 * (size_t)F), *h3 = xmalloc(4 * (size_t)H);
+    float *dx = dev(x, H), *datt = dev(att, H), *dn1 = dev(n1, H), *dn2 = dev(n2, H),
+          *dact = dev(act, F);
+    float *dh = poisoned(H), *dq = poisoned(H), *dk = poisoned(KV), *dv = poisoned(KV),
+          *dh2 = poisoned(H), *dg = poisoned(F), *du = poisoned(F), *dh3 = poisoned(H);
+    /* attention block's tail, the next norm and q/k/v */
+    cpu.ops->matmul(cpu.ctx, h, att, &wo.w, 1);
+    cpu.ops->add(cpu.ctx, x, h, H);
+    cpu.ops->rms_norm(cpu.ctx, h2, x, n1, 1, H, 1e-5f);
+    cpu.ops->matmul(cpu.ctx, q, h2, &wq.w, 1);
+    cpu.ops->matmul(cpu.ctx, k, h2, &wk.w, 1);
+    cpu.ops->matmul(cpu.ctx, v, h2, &wv.w, 1);
+    gpu.ops->matmul(gpu.ctx, dh, datt, &wo.wg, 1);
+    gpu.ops->add(gpu.ctx, dx, dh, H);
+    gpu.ops->rms_norm(gpu.ctx, dh2, dx, dn1, 1, H, 1e-5f);
+    gpu.ops->matmul(gpu.ctx, dq, dh2, &wq.wg, 1);
+    gpu.ops->matmul(gpu.ctx, dk, dh2, &wk.wg, 1);
+    gpu.ops->matmul(gpu.ctx, dv, dh2, &wv.wg, 1);
+    /* the feed-forward block's tail (down over act), the next norm and gate/up */
+    cpu.ops->matmul(cpu.ctx, h3, act, &wd.w, 1);
+    cpu.ops->add(cpu.ctx, x, h3, H);
+    cpu.ops->rms_norm(cpu.ctx, h2, x, n2, 1, H, 1e-5f);
+    cpu.ops->matmul(cpu.ctx, g, h2, &wg.w, 1);
+    cpu.ops->matmul(cpu.ctx, u, h2, &wu.w, 1);
+    cpu.ops->act_mul(cpu.ctx, g, g, u, F, ACT_SILU);
+    gpu.ops->matmul(gpu.ctx, dh3, dact, &wd.wg, 1);
+    gpu.ops->add(gpu.ctx, dx, dh3, H);
+    gpu.ops->rms_norm(gpu.ctx, dh2, dx, dn2, 1, H, 1e-5f);
+    gpu.ops->matmul(gpu.ctx, dg, dh2, &wg.wg, 1);
+    gpu.ops->matmul(gpu.ctx, du, dh2, &wu.wg, 1);
+    gpu.ops->act_mul(gpu.ctx, dg, dg, du, F, ACT_SILU);
+    struct {
+        const char *name;
+        float *d, *ref;
+        size_t n;
+    } outs[] = {{"o", dh, h, H},         {"q", dq, q, H},
+                {"k", dk, k, KV},        {"v", dv, v, KV},
+                {"down", dh3, h3, H},    {"residual x", dx, x, H},
+                {"norm(x)", dh2, h2, H}, {"act(gate)*up", dg, g, F},
+                {"up", du, u, F}};
+    for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) {
+        float *got = back(outs[i].d, outs[i].n);
+        double err = rel_err(got, outs[i].ref, outs[i].n);
+        CHECK(err <= 1e-4, "norm fusion H=%d %s: %s relative error %.3g > 1e-4", H,
+              fmt == WFMT_AFFINE ? "4-bit" : "bf16", outs[i].name, err);
+        free(got);
+    }
+    float *hb[] = {att, x, n1, n2, act, h, q, k, v, h2, g, u, h3};
+    for (size_t i = 0; i < sizeof hb / sizeof hb[0]; i++) free(hb[i]);
+    float *db[] = {dx, datt, dn1, dn2, dact, dh, dq, dk, dv, dh2, dg, du, dh3};
+    for (size_t i = 0; i < sizeof db / sizeof db[0]; i++) gpu.ops->free(gpu.ctx, db[i]);
+    struct mat *ms[] = {&wo, &wq, &wk, &wv, &wd, &wg, &wu};
+    for (int i = 0; i < 7; i++) mat_free(ms[i]);
+}
+
+static void test_norm_fusion(void)
+{
+    test_norm_fusion_case(1024, WFMT_BF16, 16);
+    test_norm_fusion_case(2048, WFMT_AFFINE, 4);
+    test_norm_fusion_case(256, WFMT_BF16, 16); /* k under 1024: around the general kernel */
+}
+
 /* Small shapes take the general matrix-vector kernel; k = 1024 at m = 1 the row kernel. */
 static void test_fusions(void)
 {
@@ -760,6 +843,7 @@ static void default_section(void)
     products_and_fusions();
     test_elementwise();
     rope_kv_cases();
+    test_norm_fusion();
 }
 
 /* Sections, each selectable by name after the test data folder (none: all). The paths that
@@ -776,6 +860,7 @@ static const struct {
     {"rope-kv", "PAGODA_CUDA_ROPE_KV", "1", rope_kv_cases},
     {"sample", "PAGODA_CUDA_SAMPLE", "1", sample_section},
     {"gemm-streams", "PAGODA_CUDA_GEMM_STREAMS", "1", products_and_fusions},
+    {"fuse-norm", "PAGODA_CUDA_FUSE_NORM", "1", test_norm_fusion},
 };
 #define N_SECTIONS (int)(sizeof sections / sizeof sections[0])
 
