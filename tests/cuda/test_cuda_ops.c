@@ -328,6 +328,29 @@ static void test_elementwise(void)
     free(lg);
 }
 
+/* A device output, its reference on the host and the bound of their norm-wise relative
+ * error. */
+struct out_ref {
+    const char *name;
+    float *d, *ref;
+    size_t n;
+    double bound;
+};
+
+/* Checks each output against its reference (what: the sequence, for the message) and frees
+ * the device buffers; the references stay the caller's. */
+static void check_outs(const struct out_ref *o, size_t n, const char *what)
+{
+    for (size_t i = 0; i < n; i++) {
+        float *got = back(o[i].d, o[i].n);
+        double err = rel_err(got, o[i].ref, o[i].n);
+        CHECK(err <= o[i].bound, "%s, %s: relative error %.3g > %.0e", what, o[i].name, err,
+              o[i].bound);
+        free(got);
+        gpu.ops->free(gpu.ctx, o[i].d);
+    }
+}
+
 /*
  * The backend merges neighbouring operations (q/k/v products over one x, gate and up
  * products with the activation, a residual add with the next norm): run those sequences
@@ -376,30 +399,21 @@ static void test_fusions_case(int H, int gate_bf16, int m)
         gpu.ops->act_mul(gpu.ctx, dg, dg, du, (int64_t)nf, ACT_SILU);
         gpu.ops->add(gpu.ctx, dres, dq, (int64_t)nh);
         gpu.ops->rms_norm(gpu.ctx, dh, dres, dnw, m, H, 1e-5f);
-        struct {
-            const char *name;
-            float *d, *ref;
-            size_t n;
-        } outs[] = {{"q", dq, q, nh},          {"k", dk, k, nk},
-                    {"v", dv, v, nk},          {"act(gate)*up", dg, g, nf},
-                    {"up", du, u, nf},         {"x + q", dres, xr, nh},
-                    {"norm(x + q)", dh, h, nh}};
-        for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) {
-            float *got = back(outs[i].d, outs[i].n);
-            double err = rel_err(got, outs[i].ref, outs[i].n);
-            /* products of m > 8 take bf16 operands; 4-bit gate and up on tensor cores at
-             * m = 1 round x to fp16 */
-            double bound =
-                m > 8 ? 1e-2
-                : i >= 3 && i <= 4 && gemv_tc_case(WFMT_AFFINE, 4, 64, F, H, m) && !gate_bf16
-                    ? 2e-3
-                    : 1e-4;
-            CHECK(err <= bound, "fused sequence H=%d m=%d, %s: relative error %.3g > %.0e", H, m,
-                  outs[i].name, err, bound);
-            free(got);
-            gpu.ops->free(gpu.ctx, outs[i].d);
-            free(outs[i].ref);
-        }
+        /* products of m > 8 take bf16 operands; 4-bit gate and up on tensor cores at m = 1
+         * round x to fp16 */
+        const double b = m > 8 ? 1e-2 : 1e-4;
+        const double bgu =
+            m <= 8 && gemv_tc_case(WFMT_AFFINE, 4, 64, F, H, m) && !gate_bf16 ? 2e-3 : b;
+        const struct out_ref outs[] = {
+            {"q", dq, q, nh, b},          {"k", dk, k, nk, b},
+            {"v", dv, v, nk, b},          {"act(gate)*up", dg, g, nf, bgu},
+            {"up", du, u, nf, bgu},       {"x + q", dres, xr, nh, b},
+            {"norm(x + q)", dh, h, nh, b}};
+        char what[64];
+        snprintf(what, sizeof what, "fused sequence H=%d m=%d", H, m);
+        check_outs(outs, sizeof outs / sizeof outs[0], what);
+        float *refs[] = {q, k, v, g, u, xr, h};
+        for (int i = 0; i < 7; i++) free(refs[i]);
         gpu.ops->free(gpu.ctx, dx);
         gpu.ops->free(gpu.ctx, dnw);
         free(x);
@@ -416,6 +430,35 @@ static void test_fusions_case(int H, int gate_bf16, int m)
  * activation. With PAGODA_CUDA_FUSE_NORM=1 each add joins the product before it and each
  * norm the products after it; either way every result matches the CPU within 1e-4.
  */
+/* The buffers of run_tails (host or device). */
+struct tails {
+    float *att, *x, *n1, *n2, *act, *h, *q, *k, *v, *h2, *g, *u, *h3;
+};
+
+/* The two block tails of test_norm_fusion_case through one backend (ws: o, q, k, v, down,
+ * gate, up; their GPU copies when on_gpu). */
+static void run_tails(const struct backend *be, int on_gpu, const struct tails *t,
+                      const struct mat *const ws[7], int H, int F)
+{
+    const struct qweight *w[7];
+    for (int i = 0; i < 7; i++) w[i] = on_gpu ? &ws[i]->wg : &ws[i]->w;
+    void *c = be->ctx;
+    /* attention block's tail, the next norm and q/k/v */
+    be->ops->matmul(c, t->h, t->att, w[0], 1);
+    be->ops->add(c, t->x, t->h, H);
+    be->ops->rms_norm(c, t->h2, t->x, t->n1, 1, H, 1e-5f);
+    be->ops->matmul(c, t->q, t->h2, w[1], 1);
+    be->ops->matmul(c, t->k, t->h2, w[2], 1);
+    be->ops->matmul(c, t->v, t->h2, w[3], 1);
+    /* the feed-forward block's tail (down over act), the next norm and gate/up */
+    be->ops->matmul(c, t->h3, t->act, w[4], 1);
+    be->ops->add(c, t->x, t->h3, H);
+    be->ops->rms_norm(c, t->h2, t->x, t->n2, 1, H, 1e-5f);
+    be->ops->matmul(c, t->g, t->h2, w[5], 1);
+    be->ops->matmul(c, t->u, t->h2, w[6], 1);
+    be->ops->act_mul(c, t->g, t->g, t->u, F, ACT_SILU);
+}
+
 static void test_norm_fusion_case(int H, enum wfmt fmt, int bits)
 {
     const int F = 2 * H, KV = H / 2, group = fmt == WFMT_AFFINE ? 64 : 0;
@@ -435,51 +478,22 @@ static void test_norm_fusion_case(int H, enum wfmt fmt, int bits)
           *dact = dev(act, F);
     float *dh = poisoned(H), *dq = poisoned(H), *dk = poisoned(KV), *dv = poisoned(KV),
           *dh2 = poisoned(H), *dg = poisoned(F), *du = poisoned(F), *dh3 = poisoned(H);
-    /* attention block's tail, the next norm and q/k/v */
-    cpu.ops->matmul(cpu.ctx, h, att, &wo.w, 1);
-    cpu.ops->add(cpu.ctx, x, h, H);
-    cpu.ops->rms_norm(cpu.ctx, h2, x, n1, 1, H, 1e-5f);
-    cpu.ops->matmul(cpu.ctx, q, h2, &wq.w, 1);
-    cpu.ops->matmul(cpu.ctx, k, h2, &wk.w, 1);
-    cpu.ops->matmul(cpu.ctx, v, h2, &wv.w, 1);
-    gpu.ops->matmul(gpu.ctx, dh, datt, &wo.wg, 1);
-    gpu.ops->add(gpu.ctx, dx, dh, H);
-    gpu.ops->rms_norm(gpu.ctx, dh2, dx, dn1, 1, H, 1e-5f);
-    gpu.ops->matmul(gpu.ctx, dq, dh2, &wq.wg, 1);
-    gpu.ops->matmul(gpu.ctx, dk, dh2, &wk.wg, 1);
-    gpu.ops->matmul(gpu.ctx, dv, dh2, &wv.wg, 1);
-    /* the feed-forward block's tail (down over act), the next norm and gate/up */
-    cpu.ops->matmul(cpu.ctx, h3, act, &wd.w, 1);
-    cpu.ops->add(cpu.ctx, x, h3, H);
-    cpu.ops->rms_norm(cpu.ctx, h2, x, n2, 1, H, 1e-5f);
-    cpu.ops->matmul(cpu.ctx, g, h2, &wg.w, 1);
-    cpu.ops->matmul(cpu.ctx, u, h2, &wu.w, 1);
-    cpu.ops->act_mul(cpu.ctx, g, g, u, F, ACT_SILU);
-    gpu.ops->matmul(gpu.ctx, dh3, dact, &wd.wg, 1);
-    gpu.ops->add(gpu.ctx, dx, dh3, H);
-    gpu.ops->rms_norm(gpu.ctx, dh2, dx, dn2, 1, H, 1e-5f);
-    gpu.ops->matmul(gpu.ctx, dg, dh2, &wg.wg, 1);
-    gpu.ops->matmul(gpu.ctx, du, dh2, &wu.wg, 1);
-    gpu.ops->act_mul(gpu.ctx, dg, dg, du, F, ACT_SILU);
-    struct {
-        const char *name;
-        float *d, *ref;
-        size_t n;
-    } outs[] = {{"o", dh, h, H},         {"q", dq, q, H},
-                {"k", dk, k, KV},        {"v", dv, v, KV},
-                {"down", dh3, h3, H},    {"residual x", dx, x, H},
-                {"norm(x)", dh2, h2, H}, {"act(gate)*up", dg, g, F},
-                {"up", du, u, F}};
-    for (size_t i = 0; i < sizeof outs / sizeof outs[0]; i++) {
-        float *got = back(outs[i].d, outs[i].n);
-        double err = rel_err(got, outs[i].ref, outs[i].n);
-        CHECK(err <= 1e-4, "norm fusion H=%d %s: %s relative error %.3g > 1e-4", H,
-              fmt == WFMT_AFFINE ? "4-bit" : "bf16", outs[i].name, err);
-        free(got);
-    }
+    const struct mat *ws[7] = {&wo, &wq, &wk, &wv, &wd, &wg, &wu};
+    struct tails th = {att, x, n1, n2, act, h, q, k, v, h2, g, u, h3};
+    struct tails td = {datt, dx, dn1, dn2, dact, dh, dq, dk, dv, dh2, dg, du, dh3};
+    run_tails(&cpu, 0, &th, ws, H, F);
+    run_tails(&gpu, 1, &td, ws, H, F);
+    const struct out_ref outs[] = {{"o", dh, h, H, 1e-4},         {"q", dq, q, H, 1e-4},
+                                   {"k", dk, k, KV, 1e-4},        {"v", dv, v, KV, 1e-4},
+                                   {"down", dh3, h3, H, 1e-4},    {"residual x", dx, x, H, 1e-4},
+                                   {"norm(x)", dh2, h2, H, 1e-4}, {"act(gate)*up", dg, g, F, 1e-4},
+                                   {"up", du, u, F, 1e-4}};
+    char what[64];
+    snprintf(what, sizeof what, "norm fusion H=%d %s", H, fmt == WFMT_AFFINE ? "4-bit" : "bf16");
+    check_outs(outs, sizeof outs / sizeof outs[0], what);
     float *hb[] = {att, x, n1, n2, act, h, q, k, v, h2, g, u, h3};
     for (size_t i = 0; i < sizeof hb / sizeof hb[0]; i++) free(hb[i]);
-    float *db[] = {dx, datt, dn1, dn2, dact, dh, dq, dk, dv, dh2, dg, du, dh3};
+    float *db[] = {datt, dn1, dn2, dact};
     for (size_t i = 0; i < sizeof db / sizeof db[0]; i++) gpu.ops->free(gpu.ctx, db[i]);
     struct mat *ms[] = {&wo, &wq, &wk, &wv, &wd, &wg, &wu};
     for (int i = 0; i < 7; i++) mat_free(ms[i]);
