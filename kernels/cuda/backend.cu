@@ -763,7 +763,8 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
          * normalizes x itself */
         op *rn = m == 1 && c->fuse_norm && !keep_order ? last_op(c, OP_RMS) : NULL;
         if (rn && !(rn->p[0] == x && rn->i[0] == 1 && rn->i[1] == d.k && rn->p[1] != x)) rn = NULL;
-        cu_gemv_set norm = {};
+        cu_gemv_set norm; /* zeroed bytes, padding too: tapes compare with memcmp */
+        memset(&norm, 0, sizeof norm);
         if (rn) {
             norm.nsrc = (const float *)rn->p[1];
             norm.nweight = (const float *)rn->p[2];
