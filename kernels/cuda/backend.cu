@@ -745,7 +745,8 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
     if ((m <= CU_GEMV_MAX_M || c->invariant) && cu_gemv_fast(d)) {
         /* Another matrix over the same x as the previous product: one launch for both. */
         op *p = last_op(c, OP_GEMV);
-        if (p && !p->gs.pair && p->gs.nw < 3 && p->p[1] == x && p->i[0] == m && (void *)y != x) {
+        if (p && !p->gs.pair && !p->gs.resid && p->gs.nw < 3 && p->p[1] == x && p->i[0] == m &&
+            (void *)y != x) {
             int ok = 1;
             for (int i = 0; i < p->gs.nw; i++) ok &= p->gs.y[i] != y && (void *)p->gs.y[i] != x;
             cu_gemv_set g = p->gs;
