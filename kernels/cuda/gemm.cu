@@ -183,6 +183,32 @@ static void gemm_tc(cudaStream_t s, const dweight &w, const float *x, int m, flo
     }
 }
 
+/* Up to `want` of cuBLASLt's candidate algorithms for plan p's shape, best first, within
+ * the workspace; the number found (0: none). */
+static int lt_candidates(cu_gemm_ctx *g, const cu_lt_plan *p, cublasLtMatmulHeuristicResult_t *res,
+                         int want)
+{
+    cublasLtMatmulPreference_t pref;
+    LT(cublasLtMatmulPreferenceCreate(&pref));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                            &g->workspace_bytes, sizeof g->workspace_bytes));
+    int found = 0;
+    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g->lt, p->op, p->a, p->b, p->c, p->c, pref,
+                                                       want, res, &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    return st == CUBLAS_STATUS_SUCCESS ? found : 0;
+}
+
+/* y = xb . W^T with plan p and algorithm algo on stream s. */
+static cublasStatus_t lt_run(cudaStream_t s, cu_gemm_ctx *g, const cu_lt_plan *p, const void *w,
+                             const __nv_bfloat16 *xb, float *y, const cublasLtMatmulAlgo_t *algo,
+                             void *workspace)
+{
+    const float one = 1.0f, zero = 0.0f;
+    return cublasLtMatmul(g->lt, p->op, &one, w, p->a, xb, p->b, &zero, y, p->c, y, p->c, algo,
+                          workspace, g->workspace_bytes, s);
+}
+
 /* The cached cuBLASLt plan for y[m, n] = xb[m, k] . W^T (ok = 0 when there is none). */
 static cu_lt_plan *lt_plan(cu_gemm_ctx *g, int m, int n, int k)
 {
@@ -205,19 +231,11 @@ static cu_lt_plan *lt_plan(cu_gemm_ctx *g, int m, int n, int k)
     LT(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, k, n, k));
     LT(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, k, m, k));
     LT(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, n, m, n));
-    cublasLtMatmulPreference_t pref;
-    LT(cublasLtMatmulPreferenceCreate(&pref));
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                            &g->workspace_bytes, sizeof g->workspace_bytes));
     cublasLtMatmulHeuristicResult_t res;
-    int found = 0;
-    cublasStatus_t st =
-        cublasLtMatmulAlgoGetHeuristic(g->lt, p->op, p->a, p->b, p->c, p->c, pref, 1, &res, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
     p->m = m;
     p->n = n;
     p->k = k;
-    p->ok = st == CUBLAS_STATUS_SUCCESS && found > 0;
+    p->ok = lt_candidates(g, p, &res, 1) > 0;
     if (p->ok) p->algo = res.algo;
     return p;
 }
@@ -240,20 +258,12 @@ static bool lt_time(cudaStream_t s, cu_gemm_ctx *g, cu_lt_plan *p, const void *w
                     const __nv_bfloat16 *xb, cublasLtMatmulAlgo_t *out)
 {
     enum { CANDIDATES = 12, RUNS = 4 };
-    cublasLtMatmulPreference_t pref;
-    LT(cublasLtMatmulPreferenceCreate(&pref));
-    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                            &g->workspace_bytes, sizeof g->workspace_bytes));
     cublasLtMatmulHeuristicResult_t res[CANDIDATES];
-    int found = 0;
-    cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(g->lt, p->op, p->a, p->b, p->c, p->c, pref,
-                                                       CANDIDATES, res, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    if (st != CUBLAS_STATUS_SUCCESS || found <= 0) return false;
+    const int found = lt_candidates(g, p, res, CANDIDATES);
+    if (found == 0) return false;
     cudaEvent_t e0, e1;
     CU(cudaEventCreate(&e0));
     CU(cudaEventCreate(&e1));
-    const float one = 1.0f, zero = 0.0f;
     float best = 0;
     bool any = false;
     for (int i = 0; i < found; i++) {
@@ -262,9 +272,7 @@ static bool lt_time(cudaStream_t s, cu_gemm_ctx *g, cu_lt_plan *p, const void *w
         bool ran = true;
         for (int r = 0; r <= RUNS && ran; r++) {
             if (r == 1) CU(cudaEventRecord(e0, s));
-            ran =
-                cublasLtMatmul(g->lt, p->op, &one, wd, p->a, xb, p->b, &zero, y, p->c, y, p->c,
-                               algo, g->workspace, g->workspace_bytes, s) == CUBLAS_STATUS_SUCCESS;
+            ran = lt_run(s, g, p, wd, xb, y, algo, g->workspace) == CUBLAS_STATUS_SUCCESS;
         }
         CU(cudaEventRecord(e1, s));
         CU(cudaEventSynchronize(e1));
@@ -334,17 +342,16 @@ void cu_gemm_lt(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, const __nv_bfl
 {
     cu_lt_plan *p = lt_plan(g, m, (int)w.n, (int)w.k);
     if (!p->ok) cu_fatal("cu_gemm_lt", "no cuBLASLt plan for this shape", __FILE__, __LINE__);
-    const float one = 1.0f, zero = 0.0f;
-    LT(cublasLtMatmul(g->lt, p->op, &one, w.w, p->a, xb, p->b, &zero, y, p->c, y, p->c, &p->algo,
-                      workspace, g->workspace_bytes, s));
+    LT(lt_run(s, g, p, w.w, xb, y, &p->algo, workspace));
 }
 
 void cu_gemm(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, const float *x, int m, float *y,
              __nv_bfloat16 *xb)
 {
-    if (cu_gemm_lt_ok(g, w, m)) {
+    cu_lt_plan *p = lt_usable(g, w) ? lt_plan(g, m, (int)w.n, (int)w.k) : NULL;
+    if (p && p->ok) {
         cu_to_bf16(s, xb, x, (int64_t)m * w.k);
-        cu_gemm_lt(s, g, w, xb, m, y, g->workspace);
+        LT(lt_run(s, g, p, w.w, xb, y, &p->algo, g->workspace));
         return;
     }
     gemm_tc(s, w, x, m, y);
