@@ -686,15 +686,12 @@ static int tile_table(cu_ctx *c, const struct fwd_batch *b, int group, int *n)
     /* at most one partial tile per sequence */
     size_t need = 2 * ((size_t)b->n_tokens * group / CU_ATTN_TC_ROWS + (size_t)b->n_seqs + 1);
     if (need > c->tiles_cap) {
-        flush(c);
-        CU(cudaStreamSynchronize(c->st));
-        if (c->d_tiles) CU(cudaFree(c->d_tiles));
+        size_t bytes = c->tiles_cap * CU_TILE_TABLES * sizeof(int32_t);
+        c->d_tiles =
+            (int32_t *)grow(c, c->d_tiles, &bytes, need * CU_TILE_TABLES * sizeof(int32_t));
         if (c->h_tiles) CU(cudaFreeHost(c->h_tiles));
-        c->tiles_cap = need + need / 2;
-        CU(cudaMalloc((void **)&c->d_tiles, c->tiles_cap * CU_TILE_TABLES * sizeof(int32_t)));
-        CU(cudaMallocHost((void **)&c->h_tiles, c->tiles_cap * CU_TILE_TABLES * sizeof(int32_t)));
-        c->gen++;
-        graphs_clear(c);
+        CU(cudaMallocHost((void **)&c->h_tiles, bytes));
+        c->tiles_cap = bytes / (CU_TILE_TABLES * sizeof(int32_t));
         c->n_tile_tables = 0; /* the step's earlier tables went with the flushed operations */
     }
     int ti = c->n_tile_tables++;
