@@ -1200,6 +1200,15 @@ int backend_cuda_device_count(void)
     return n;
 }
 
+/* An on/off knob: "1" on, "0" off, anything else (or unset) its default. */
+static int env_flag(const char *name, int dflt)
+{
+    const char *v = getenv(name);
+    if (v && !strcmp(v, "1")) return 1;
+    if (v && !strcmp(v, "0")) return 0;
+    return dflt;
+}
+
 int backend_cuda_create(struct backend *be, int device, struct err *e)
 {
     int n = backend_cuda_device_count();
@@ -1236,23 +1245,18 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->fuse = !(env && !strcmp(env, "0"));
     env = getenv("PAGODA_CUDA_GEMM");
     c->g.no_lt = env && !strcmp(env, "tc");
-    env = getenv("PAGODA_CUDA_GEMM_TUNE");
-    c->g.no_tune = !(env && !strcmp(env, "1"));
+    c->g.no_tune = !env_flag("PAGODA_CUDA_GEMM_TUNE", 0);
     env = getenv("PAGODA_CUDA_BATCH_INVARIANT");
     c->invariant = env && !strcmp(env, "1");
     env = getenv("PAGODA_CUDA_ATTN");
-    c->attn_mode = env && !strcmp(env, "tc") ? 2 : env && !strcmp(env, "auto") ? 0 : 1;
+    c->attn_mode = env && !strcmp(env, "tc") ? 2 : env && !strcmp(env, "simt") ? 1 : 0;
     if (c->attn_mode != 1) cu_attention_init();
-    env = getenv("PAGODA_CUDA_FUSE_NORM");
-    c->fuse_norm = env && !strcmp(env, "1");
-    env = getenv("PAGODA_CUDA_ROPE_KV");
-    c->rope_kv = env && !strcmp(env, "1");
+    c->fuse_norm = env_flag("PAGODA_CUDA_FUSE_NORM", 0);
+    c->rope_kv = env_flag("PAGODA_CUDA_ROPE_KV", 1);
     env = getenv("PAGODA_CUDA_GEMV_ROW");
     c->row_gemv = !(env && !strcmp(env, "0"));
-    env = getenv("PAGODA_CUDA_GEMV_TC");
-    c->gemv_tc = env && !strcmp(env, "1");
-    env = getenv("PAGODA_CUDA_GEMM_STREAMS");
-    c->gemm_streams = env && !strcmp(env, "1");
+    c->gemv_tc = env_flag("PAGODA_CUDA_GEMV_TC", 0);
+    c->gemm_streams = env_flag("PAGODA_CUDA_GEMM_STREAMS", 0);
     if (c->gemm_streams) {
         CU(cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
         for (int j = 0; j < 2; j++) {
@@ -1263,8 +1267,7 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     }
     env = getenv("PAGODA_CUDA_PDL");
     c->early_launch = c->prop.major >= 9 && !(env && !strcmp(env, "0"));
-    env = getenv("PAGODA_CUDA_SAMPLE");
-    if (env && !strcmp(env, "1")) {
+    if (env_flag("PAGODA_CUDA_SAMPLE", 1)) {
         cuda_ops_sample = cuda_ops;
         cuda_ops_sample.sample = cu_sample_op;
         be->ops = &cuda_ops_sample;

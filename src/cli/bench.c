@@ -424,7 +424,10 @@ static int bench_decode(int argc, char **argv)
             toks[j] = prompt + j * P;
             counts[j] = (int)P;
         }
-        runner_step(&r, n, sids, toks, counts, all);
+        int nl = runner_step(&r, n, sids, toks, counts, all);
+        /* The step's first tokens, as a server picks them; this also waits for the step to
+         * finish on a backend that runs asynchronously. */
+        model_argmax(r.m, nl, next);
     }
     double t_prefill = util_now() - t0;
     for (long s = 0; s < B; s++) {

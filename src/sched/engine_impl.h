@@ -113,6 +113,12 @@ void req_finish(struct engine *en, struct request *r, enum finish_reason why, in
 
 /* sample.c: the next token of r from its logits row (left unchanged). */
 int32_t sample_next(struct engine *en, struct request *r, const float *logits);
+/* Top-p over the candidate ids[0..n) of weights w (probability exp((w - mx) * inv_t)):
+ * reorders ids so that the nucleus, the shortest prefix of the order "larger weight first,
+ * lower id first among equals" whose probabilities reach keep, comes first in that order;
+ * returns its length and its probability sum in *acc (all of ids if none is shorter). */
+int sample_nucleus(int32_t *ids, int n, const float *w, float mx, double inv_t, double keep,
+                   double *acc);
 
 /* lists */
 void list_append(struct req_list *l, struct request *r);
