@@ -7,7 +7,7 @@
  *   - float32 arithmetic in another order (norms, rope, activations, soft-capping): 1e-5;
  *     matrix-vector products (m <= 8) against the float64 product: 3e-5;
  *   - tensor-core products with bf16 operands (m > 8): 1e-2; affine 4-bit at m = 1 on tensor
- *     cores (PAGODA_CUDA_GEMV_TC=1; x rounded to fp16): 2e-3;
+ *     cores or in fp16 pairs (PAGODA_CUDA_GEMV_TC=1 / GEMV_H2=1; x rounded to fp16): 2e-3;
  *   - attention (bf16 KV rows; inputs pre-rounded to bf16 so both sides see equal keys
  *     and values; fast exponentials): 1e-4 for the float32 kernel, 1e-2 for the
  *     tensor-core kernel (queries and probabilities rounded to bf16 as operands);
@@ -15,9 +15,11 @@
  * Sections (named on the command line after the test data folder; none: all): the default
  * backend, then each switchable path in a backend of its own with only its variable set:
  * attention-simt / attention-tc (PAGODA_CUDA_ATTN; the default picks per step), tune
- * (PAGODA_CUDA_GEMM_TUNE=1), gemv-tc (PAGODA_CUDA_GEMV_TC=1), rope-split
+ * (PAGODA_CUDA_GEMM_TUNE=1), gemv-tc (PAGODA_CUDA_GEMV_TC=1), gemv-h2
+ * (PAGODA_CUDA_GEMV_H2=1), rope-split
  * (PAGODA_CUDA_ROPE_KV=0: rope and the KV store as separate launches), sample
- * (PAGODA_CUDA_SAMPLE=1, the default), gemm-streams (PAGODA_CUDA_GEMM_STREAMS=1), fuse-norm
+ * (PAGODA_CUDA_SAMPLE=1, the default), gemm-one-stream (PAGODA_CUDA_GEMM_STREAMS=0: every
+ * product of a set on the main stream), fuse-norm
  * (PAGODA_CUDA_FUSE_NORM=1).
  * Every output buffer is poisoned with NaN before the CUDA run, so unwritten elements fail.
  * Without a GPU the test prints "no GPU: not run" and exits 77 (skipped).
@@ -153,14 +155,18 @@ static const struct fmt_case fmts[] = {
     {WFMT_AFFINE, 4, 32, 32, 1920},
 };
 
-/* PAGODA_CUDA_GEMV_TC=1 in the backend under test (set by test_opt_in). */
-static int gemv_tc_on;
+/* The 4-bit m = 1 kernel of the backend under test: 0 float32, 1 tensor cores
+ * (PAGODA_CUDA_GEMV_TC=1), 2 fp16 pairs (PAGODA_CUDA_GEMV_H2=1). */
+static int q4_mode;
 
-/* Whether a product runs on the tensor-core 4-bit m = 1 kernel (x rounded to fp16). */
+/* Whether a product runs on a 4-bit m = 1 kernel that rounds x to fp16. */
 static int gemv_tc_case(int fmt, int bits, int group, int n, int k, int rows)
 {
-    return gemv_tc_on && rows == 1 && fmt == WFMT_AFFINE && bits == 4 && group >= 32 &&
-           !(group & (group - 1)) && k % 128 == 0 && k <= 16384 && n % 16 == 0;
+    if (rows != 1 || fmt != WFMT_AFFINE || bits != 4) return 0;
+    if (q4_mode == 1)
+        return group >= 32 && !(group & (group - 1)) && k % 128 == 0 && k <= 16384 && n % 16 == 0;
+    if (q4_mode == 2) return group % 32 == 0 && k % 1024 == 0 && k <= 16384;
+    return 0;
 }
 
 /* A batch of one sequence's n tokens and no logit rows. */
@@ -847,11 +853,20 @@ static void test_gemv_tc_many_tiles(void)
 
 static void gemv_tc_section(void)
 {
-    gemv_tc_on = 1;
+    q4_mode = 1;
     products_and_fusions();
     test_norm_fusion(); /* 4-bit q/k/v as one set, gate/up as a pair */
     test_gemv_tc_many_tiles();
-    gemv_tc_on = 0;
+    q4_mode = 0;
+}
+
+static void gemv_h2_section(void)
+{
+    q4_mode = 2;
+    products_and_fusions();
+    test_norm_fusion();
+    test_gemv_tc_many_tiles();
+    q4_mode = 0;
 }
 
 static void rope_kv_cases(void)
@@ -898,9 +913,10 @@ static const struct {
     {"attention-tc", "PAGODA_CUDA_ATTN", "tc", attention_tc},
     {"tune", "PAGODA_CUDA_GEMM_TUNE", "1", products_and_fusions},
     {"gemv-tc", "PAGODA_CUDA_GEMV_TC", "1", gemv_tc_section},
+    {"gemv-h2", "PAGODA_CUDA_GEMV_H2", "1", gemv_h2_section},
     {"rope-split", "PAGODA_CUDA_ROPE_KV", "0", rope_kv_cases},
     {"sample", "PAGODA_CUDA_SAMPLE", "1", sample_section},
-    {"gemm-streams", "PAGODA_CUDA_GEMM_STREAMS", "1", products_and_fusions},
+    {"gemm-one-stream", "PAGODA_CUDA_GEMM_STREAMS", "0", products_and_fusions},
     {"fuse-norm", "PAGODA_CUDA_FUSE_NORM", "1", test_norm_fusion},
 };
 #define N_SECTIONS (int)(sizeof sections / sizeof sections[0])
