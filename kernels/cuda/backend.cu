@@ -138,8 +138,7 @@ struct cu_ctx {
     int invariant;
     int row_gemv;     /* the m = 1 matrix-vector kernel (PAGODA_CUDA_GEMV_ROW=0: off) */
     int early_launch; /* programmatic dependent launch of it (PAGODA_CUDA_PDL=0: off) */
-    int gemv_tc;      /* PAGODA_CUDA_GEMV_TC=1: 4-bit m = 1 products on tensor cores */
-    int gemv_h2;      /* PAGODA_CUDA_GEMV_H2=1: 4-bit m = 1 products in fp16 pairs */
+    int gemv_tc;      /* PAGODA_CUDA_GEMV_TC (default 1): 4-bit m = 1 products on tensor cores */
     /* PAGODA_CUDA_GEMM_STREAMS=1: products of m > 8 over one x (q, k, v; gate, up) run at the
      * same time on side streams, each with its own cuBLASLt workspace */
     int gemm_streams;
@@ -778,7 +777,6 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
         o->gs.keep_order = keep_order;
         o->gs.early = c->early_launch;
         o->gs.tc4 = c->gemv_tc;
-        o->gs.h2 = c->gemv_h2;
         o->gs.w[0] = d;
         o->gs.y[0] = y;
         o->gs.row_end[0] = d.n;
@@ -1257,8 +1255,7 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->rope_kv = env_flag("PAGODA_CUDA_ROPE_KV", 1);
     env = getenv("PAGODA_CUDA_GEMV_ROW");
     c->row_gemv = !(env && !strcmp(env, "0"));
-    c->gemv_tc = env_flag("PAGODA_CUDA_GEMV_TC", 0);
-    c->gemv_h2 = env_flag("PAGODA_CUDA_GEMV_H2", 0);
+    c->gemv_tc = env_flag("PAGODA_CUDA_GEMV_TC", 1);
     c->gemm_streams = env_flag("PAGODA_CUDA_GEMM_STREAMS", 1);
     if (c->gemm_streams) {
         CU(cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));

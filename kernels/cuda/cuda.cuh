@@ -35,8 +35,6 @@ struct cu_gemv_set {
     int early;
     /* 1: affine 4-bit at m = 1 on tensor cores (gemv_tc.cu) where the shapes allow */
     int tc4;
-    /* 1: affine 4-bit at m = 1 in the row kernel with fp16 pair arithmetic (k_gemv_row) */
-    int h2;
     /* m = 1, fused neighbours (NULL: none). Prologue: x = rms_norm(nsrc) * nweight with
      * nepsilon, also written to x itself; epilogue (one matrix, no pair): resid += y. */
     const float *nsrc, *nweight;

@@ -224,52 +224,7 @@ static __device__ __forceinline__ float unit_dot(uint4 q, const float *xv)
     return s0 + s1;
 }
 
-/*
- * Affine 4-bit in fp16 pairs (H2): the nibbles of a word become four fp16 pairs of q - 8
- * with two logic operations and one fp16 operation per pair (0x6400 is 1024 in fp16; a
- * nibble OR-ed under it gives 1024 + q, the nibble above it 1024 + 16 q), and each pair
- * meets its x pair in one fp16 multiply-add. Two words (8 products a half) are summed in
- * fp16, then in float32. x is held as fp16 pairs scaled by a power of two that puts its
- * largest magnitude under 2^9, so a half's sum stays under 8 * 8 * 2^9 = 32768 (fp16 holds
- * 65504); q - 8 keeps the sums small. About 2 instructions a weight instead of 8; results
- * differ from float32 by about 1e-3 relative (fp16 rounding of x and of the short sums).
- */
-static __device__ __forceinline__ void nibbles_c(uint32_t w, __half2 *p)
-{
-    const __half2 k1032 = __floats2half2_rn(1032.0f, 1032.0f);
-    const __half2 k16th = __floats2half2_rn(0.0625f, 0.0625f),
-                  km72 = __floats2half2_rn(-72.0f, -72.0f);
-    const uint32_t t = w >> 8, a = (w & 0x000f000fu) | 0x64006400u,
-                   b = (w & 0x00f000f0u) | 0x64006400u, c = (t & 0x000f000fu) | 0x64006400u,
-                   d = (t & 0x00f000f0u) | 0x64006400u;
-    p[0] = __hsub2(*(const __half2 *)&a, k1032);
-    p[1] = __hfma2(*(const __half2 *)&b, k16th, km72);
-    p[2] = __hsub2(*(const __half2 *)&c, k1032);
-    p[3] = __hfma2(*(const __half2 *)&d, k16th, km72);
-}
-
-/* Sum over a 4-bit unit of (q - 8) * x~ (x~ = x scaled), xh in nibbles_c's pair order. */
-static __device__ __forceinline__ float unit_dot_h2(uint4 q, const __half2 *xh)
-{
-    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 4; i += 2) {
-        __half2 acc = __float2half2_rn(0.0f);
-#pragma unroll
-        for (int ii = 0; ii < 2; ii++) {
-            __half2 p[4];
-            nibbles_c(w[i + ii], p);
-#pragma unroll
-            for (int j = 0; j < 4; j++) acc = __hfma2(p[j], xh[4 * (i + ii) + j], acc);
-        }
-        const float2 f = __half22float2(acc);
-        s += f.x + f.y;
-    }
-    return s;
-}
-
-template <int FMT, int BITS, bool PAIR, bool NORM, bool H2 = false>
+template <int FMT, int BITS, bool PAIR, bool NORM>
 __global__ void __launch_bounds__(512) k_gemv_row(cu_gemv_set g, const float *__restrict__ x)
 {
     allow_dependents();
@@ -278,12 +233,9 @@ __global__ void __launch_bounds__(512) k_gemv_row(cu_gemv_set g, const float *__
     constexpr bool GROUPED = FMT == DF_AFFINE || FMT == DF_MXFP8;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
     __shared__ float part[2][ROW_R][NA][32];
-    __shared__ float nsum[NORM || H2 ? 16 : 1];
-    static_assert(!H2 || (FMT == DF_AFFINE && BITS == 4), "fp16 pairs: affine 4-bit only");
+    __shared__ float nsum[NORM ? 16 : 1];
 
     float xv[32], xs[NCH];
-    __half2 xh[H2 ? 16 : 1];
-    float down = 1.0f;
     bool have_x = false;
     const int64_t rows = g.row_end[g.nw - 1];
     const int gshift = g.w[0].gshift, sdt = g.w[0].sdtype;
@@ -375,31 +327,6 @@ __global__ void __launch_bounds__(512) k_gemv_row(cu_gemv_set g, const float *__
                     xs[c] = t;
                 }
             }
-            if (H2) {
-                /* The block's largest |x| (nsum is free again once every warp has read
-                 * it), then x as fp16 pairs scaled under 2^9. */
-                float mx = 0.0f;
-#pragma unroll
-                for (int i = 0; i < 32; i++) mx = fmaxf(mx, fabsf(xv[i]));
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1)
-                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-                if (NORM) __syncthreads();
-                if (lane == 0) nsum[warp] = mx;
-                __syncthreads();
-                mx = 0.0f;
-                for (int w = 0; w < nwarps; w++) mx = fmaxf(mx, nsum[w]);
-                int ex = 0;
-                frexpf(mx, &ex);
-                const float up = mx > 0.0f ? ldexpf(1.0f, min(9 - ex, 100)) : 1.0f;
-                down = 1.0f / up;
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-#pragma unroll
-                    for (int j = 0; j < 4; j++)
-                        xh[(H2 ? 4 * i + j : 0)] =
-                            __floats2half2_rn(xv[8 * i + j] * up, xv[8 * i + j + 4] * up);
-            }
             have_x = true;
         }
         float acc[ROW_R][NA];
@@ -410,12 +337,6 @@ __global__ void __launch_bounds__(512) k_gemv_row(cu_gemv_set g, const float *__
                 float t = 0.0f;
 #pragma unroll
                 for (int c = 0; c < NCH; c++) {
-                    if (H2) {
-                        /* sum (q - 8) x~ / up: the 8 comes back as 8 * scale * sum(x) */
-                        const float d = unit_dot_h2(q[rr][a][c], xh), s = sc[rr][a][c];
-                        t += fmaf(s * down, d, fmaf(8.0f, s, bi[rr][a][c]) * xs[c]);
-                        continue;
-                    }
                     float d = unit_dot<FMT, BITS>(q[rr][a][c], xv + c * V);
                     if (FMT == DF_AFFINE)
                         t += fmaf(sc[rr][a][c], d, bi[rr][a][c] * xs[c]);
@@ -490,15 +411,15 @@ static bool row_kernel_ok(const cu_gemv_set &g)
     return true;
 }
 
-template <int FMT, int BITS, bool PAIR, bool NORM, bool H2 = false>
+template <int FMT, int BITS, bool PAIR, bool NORM>
 static void launch_row(cudaStream_t s, const cu_gemv_set &g, const float *x)
 {
     static int blocks_per_sm[17], sms;
     const int threads = (int)(g.w[0].k / 1024) * 32;
     int &bps = blocks_per_sm[threads / 32];
     if (!bps) {
-        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-            &bps, k_gemv_row<FMT, BITS, PAIR, NORM, H2>, threads, 0));
+        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, k_gemv_row<FMT, BITS, PAIR, NORM>,
+                                                         threads, 0));
         if (bps < 1) bps = 1;
         int dev;
         CU(cudaGetDevice(&dev));
@@ -518,7 +439,7 @@ static void launch_row(cudaStream_t s, const cu_gemv_set &g, const float *x)
         cfg.attrs = attr;
         cfg.numAttrs = 1;
     }
-    CU(cudaLaunchKernelEx(&cfg, k_gemv_row<FMT, BITS, PAIR, NORM, H2>, g, x));
+    CU(cudaLaunchKernelEx(&cfg, k_gemv_row<FMT, BITS, PAIR, NORM>, g, x));
 }
 
 static bool launch_row_any(cudaStream_t s, const cu_gemv_set &g, const float *x)
@@ -540,14 +461,7 @@ static bool launch_row_any(cudaStream_t s, const cu_gemv_set &g, const float *x)
         ROWK(DF_F16, 16);
     else if (fmt == DF_MXFP8)
         ROWK(DF_MXFP8, 8);
-    else if (bits == 4 && g.h2) {
-        if (g.pair)
-            g.nsrc ? launch_row<DF_AFFINE, 4, true, true, true>(s, g, x)
-                   : launch_row<DF_AFFINE, 4, true, false, true>(s, g, x);
-        else
-            g.nsrc ? launch_row<DF_AFFINE, 4, false, true, true>(s, g, x)
-                   : launch_row<DF_AFFINE, 4, false, false, true>(s, g, x);
-    } else if (bits == 4)
+    else if (bits == 4)
         ROWK(DF_AFFINE, 4);
     else
         ROWK(DF_AFFINE, 8);

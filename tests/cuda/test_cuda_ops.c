@@ -7,7 +7,7 @@
  *   - float32 arithmetic in another order (norms, rope, activations, soft-capping): 1e-5;
  *     matrix-vector products (m <= 8) against the float64 product: 3e-5;
  *   - tensor-core products with bf16 operands (m > 8): 1e-2; affine 4-bit at m = 1 on tensor
- *     cores or in fp16 pairs (PAGODA_CUDA_GEMV_TC=1 / GEMV_H2=1; x rounded to fp16): 2e-3;
+ *     cores (the default; x rounded to fp16): 2e-3;
  *   - attention (bf16 KV rows; inputs pre-rounded to bf16 so both sides see equal keys
  *     and values; fast exponentials): 1e-4 for the float32 kernel, 1e-2 for the
  *     tensor-core kernel (queries and probabilities rounded to bf16 as operands);
@@ -15,8 +15,8 @@
  * Sections (named on the command line after the test data folder; none: all): the default
  * backend, then each switchable path in a backend of its own with only its variable set:
  * attention-simt / attention-tc (PAGODA_CUDA_ATTN; the default picks per step), tune
- * (PAGODA_CUDA_GEMM_TUNE=1), gemv-tc (PAGODA_CUDA_GEMV_TC=1), gemv-h2
- * (PAGODA_CUDA_GEMV_H2=1), rope-split
+ * (PAGODA_CUDA_GEMM_TUNE=1), gemv-f32 (PAGODA_CUDA_GEMV_TC=0: 4-bit m = 1 in float32),
+ * rope-split
  * (PAGODA_CUDA_ROPE_KV=0: rope and the KV store as separate launches), sample
  * (PAGODA_CUDA_SAMPLE=1, the default), gemm-one-stream (PAGODA_CUDA_GEMM_STREAMS=0: every
  * product of a set on the main stream), fuse-norm
@@ -155,18 +155,14 @@ static const struct fmt_case fmts[] = {
     {WFMT_AFFINE, 4, 32, 32, 1920},
 };
 
-/* The 4-bit m = 1 kernel of the backend under test: 0 float32, 1 tensor cores
- * (PAGODA_CUDA_GEMV_TC=1), 2 fp16 pairs (PAGODA_CUDA_GEMV_H2=1). */
-static int q4_mode;
-
-/* Whether a product runs on a 4-bit m = 1 kernel that rounds x to fp16. */
+/* Whether a product runs on the tensor-core 4-bit m = 1 kernel (x rounded to fp16): the
+ * default unless the backend under test was made with PAGODA_CUDA_GEMV_TC=0. */
 static int gemv_tc_case(int fmt, int bits, int group, int n, int k, int rows)
 {
-    if (rows != 1 || fmt != WFMT_AFFINE || bits != 4) return 0;
-    if (q4_mode == 1)
-        return group >= 32 && !(group & (group - 1)) && k % 128 == 0 && k <= 16384 && n % 16 == 0;
-    if (q4_mode == 2) return group % 32 == 0 && k % 1024 == 0 && k <= 16384;
-    return 0;
+    const char *env = getenv("PAGODA_CUDA_GEMV_TC");
+    if (env && !strcmp(env, "0")) return 0;
+    return rows == 1 && fmt == WFMT_AFFINE && bits == 4 && group >= 32 && !(group & (group - 1)) &&
+           k % 128 == 0 && k <= 16384 && n % 16 == 0;
 }
 
 /* A batch of one sequence's n tokens and no logit rows. */
@@ -851,22 +847,11 @@ static void test_gemv_tc_many_tiles(void)
     mat_free(&m);
 }
 
-static void gemv_tc_section(void)
+/* 4-bit m = 1 products in float32 on CUDA cores (PAGODA_CUDA_GEMV_TC=0). */
+static void gemv_f32_section(void)
 {
-    q4_mode = 1;
-    products_and_fusions();
-    test_norm_fusion(); /* 4-bit q/k/v as one set, gate/up as a pair */
-    test_gemv_tc_many_tiles();
-    q4_mode = 0;
-}
-
-static void gemv_h2_section(void)
-{
-    q4_mode = 2;
     products_and_fusions();
     test_norm_fusion();
-    test_gemv_tc_many_tiles();
-    q4_mode = 0;
 }
 
 static void rope_kv_cases(void)
@@ -899,7 +884,8 @@ static void default_section(void)
     products_and_fusions();
     test_elementwise();
     rope_kv_cases();
-    test_norm_fusion();
+    test_norm_fusion(); /* also 4-bit q/k/v as one set and gate/up as a pair */
+    test_gemv_tc_many_tiles();
 }
 
 /* Sections, each selectable by name after the test data folder (none: all). Each
@@ -912,8 +898,7 @@ static const struct {
     {"attention-simt", "PAGODA_CUDA_ATTN", "simt", attention_simt},
     {"attention-tc", "PAGODA_CUDA_ATTN", "tc", attention_tc},
     {"tune", "PAGODA_CUDA_GEMM_TUNE", "1", products_and_fusions},
-    {"gemv-tc", "PAGODA_CUDA_GEMV_TC", "1", gemv_tc_section},
-    {"gemv-h2", "PAGODA_CUDA_GEMV_H2", "1", gemv_h2_section},
+    {"gemv-f32", "PAGODA_CUDA_GEMV_TC", "0", gemv_f32_section},
     {"rope-split", "PAGODA_CUDA_ROPE_KV", "0", rope_kv_cases},
     {"sample", "PAGODA_CUDA_SAMPLE", "1", sample_section},
     {"gemm-one-stream", "PAGODA_CUDA_GEMM_STREAMS", "0", products_and_fusions},
