@@ -106,10 +106,11 @@ struct cu_ctx {
     int32_t *d_tiles, *h_tiles;
     size_t tiles_cap; /* int32 per table */
     int tile_group[CU_TILE_TABLES], tile_n[CU_TILE_TABLES], n_tile_tables;
-    /* PAGODA_CUDA_ATTN: simt (default) the float32 kernel, tc the tensor-core kernel where
-     * the head size allows, auto tensor cores for steps with prompt tokens or >= 64 tokens */
+    /* PAGODA_CUDA_ATTN: unset (auto, the default) tensor cores for steps with prompt tokens
+     * or >= 64 tokens, simt the float32 kernel, tc the tensor-core kernel where the head
+     * size allows */
     int attn_mode; /* 0 auto, 1 simt, 2 tc */
-    int rope_kv;   /* PAGODA_CUDA_ROPE_KV=1: rope(q), rope(k), kv_store as one launch */
+    int rope_kv;   /* rope(q), rope(k), kv_store as one launch (PAGODA_CUDA_ROPE_KV=0: off) */
     /* PAGODA_CUDA_FUSE_NORM=1: at m = 1 a residual add joins the product before it and the
      * rms_norm the product after it */
     int fuse_norm;
@@ -139,8 +140,8 @@ struct cu_ctx {
     int row_gemv;     /* the m = 1 matrix-vector kernel (PAGODA_CUDA_GEMV_ROW=0: off) */
     int early_launch; /* programmatic dependent launch of it (PAGODA_CUDA_PDL=0: off) */
     int gemv_tc;      /* PAGODA_CUDA_GEMV_TC (default 1): 4-bit m = 1 products on tensor cores */
-    /* PAGODA_CUDA_GEMM_STREAMS=1: products of m > 8 over one x (q, k, v; gate, up) run at the
-     * same time on side streams, each with its own cuBLASLt workspace */
+    /* products of m > 8 over one x (q, k, v; gate, up) run at the same time on side streams,
+     * each with its own cuBLASLt workspace (PAGODA_CUDA_GEMM_STREAMS=0: off) */
     int gemm_streams;
     cudaStream_t side[2];
     cudaEvent_t fork, join[2];
@@ -1187,7 +1188,8 @@ static const struct backend_ops cuda_ops = {
     .sample = NULL,
 };
 
-/* The same with sampling on the GPU (PAGODA_CUDA_SAMPLE=1), filled in at start. */
+/* The same with sampling on the GPU (the default; PAGODA_CUDA_SAMPLE=0: off), filled in at
+ * start. */
 static struct backend_ops cuda_ops_sample;
 
 int backend_cuda_device_count(void)
