@@ -36,6 +36,39 @@ static __device__ __forceinline__ void allow_dependents()
 #endif
 }
 
+/* Waits until the grids this one depends on have finished and their writes are visible
+ * (a no-op unless the kernel was launched as a programmatic dependent). */
+static __device__ __forceinline__ void grid_dependency_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* A launch configuration for cudaLaunchKernelEx; with early set, the kernel may start
+ * while the previous kernel of the stream finishes (programmatic dependent launch: it must
+ * call grid_dependency_wait before reading that kernel's results or writing anything). */
+struct cu_launch {
+    cudaLaunchConfig_t cfg;
+    cudaLaunchAttribute attr[1];
+};
+
+static inline void cu_launch_init(cu_launch *l, unsigned grid, unsigned threads, size_t smem,
+                                  cudaStream_t s, bool early)
+{
+    *l = cu_launch{};
+    l->cfg.gridDim = dim3(grid);
+    l->cfg.blockDim = dim3(threads);
+    l->cfg.dynamicSmemBytes = smem;
+    l->cfg.stream = s;
+    l->attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    l->attr[0].val.programmaticStreamSerializationAllowed = 1;
+    if (early) {
+        l->cfg.attrs = l->attr;
+        l->cfg.numAttrs = 1;
+    }
+}
+
 /* Formats as the kernels see them. */
 enum dfmt { DF_F32, DF_F16, DF_BF16, DF_AFFINE, DF_MXFP4, DF_MXFP8, DF_NVFP4 };
 /* Scale/bias storage of affine weights. */

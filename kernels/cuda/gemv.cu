@@ -154,15 +154,6 @@ template <int NCH, int NA> struct row_r {
     static constexpr int value = 8 / (NCH * NA) < 1 ? 1 : 8 / (NCH * NA);
 };
 
-/* Waits until the grids this one depends on have finished and their writes are visible
- * (a no-op unless the kernel was launched as a programmatic dependent). */
-static __device__ __forceinline__ void grid_dependency_wait()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 /* 2^23 + byte k of w, as a float, minus 2^23: the byte's integer value. */
 static __device__ __forceinline__ float byte_val(uint32_t w, int k)
 {
@@ -428,18 +419,9 @@ static void launch_row(cudaStream_t s, const cu_gemv_set &g, const float *x)
     const int64_t rows = g.row_end[g.nw - 1];
     constexpr int R = row_r < 32 / unit_traits<FMT, BITS>::vals, PAIR ? 2 : 1 > ::value;
     int64_t want = (rows + R - 1) / R, most = (int64_t)bps * sms;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)(want < most ? want : most));
-    cfg.blockDim = dim3((unsigned)threads);
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    if (g.early) {
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-    }
-    CU(cudaLaunchKernelEx(&cfg, k_gemv_row<FMT, BITS, PAIR, NORM>, g, x));
+    cu_launch l;
+    cu_launch_init(&l, (unsigned)(want < most ? want : most), (unsigned)threads, 0, s, g.early);
+    CU(cudaLaunchKernelEx(&l.cfg, k_gemv_row<FMT, BITS, PAIR, NORM>, g, x));
 }
 
 static bool launch_row_any(cudaStream_t s, const cu_gemv_set &g, const float *x)

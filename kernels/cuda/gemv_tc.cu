@@ -72,14 +72,6 @@ static __device__ __forceinline__ int tile_matrix(const cu_gemv_set &g, int64_t 
     return wi;
 }
 
-/* Waits for the grid this one depends on (programmatic dependent launch; else a no-op). */
-static __device__ __forceinline__ void tc_dependency_wait()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 /* Steps of 128 columns whose loads a warp issues before using any (8 16-byte loads a lane). */
 template <bool PAIR> struct tc_chunk {
     static constexpr int value = PAIR ? 2 : 4;
@@ -158,7 +150,7 @@ __global__ void __launch_bounds__(256) k_gemv_q4_tc(cu_gemv_set g, const float *
                  * end (programmatic dependent launch), and only here does the block wait
                  * for it. Staging: the largest magnitude, then fp16 pairs scaled by a power
                  * of two, and the float32 sum of each 32-column unit. */
-                tc_dependency_wait();
+                grid_dependency_wait();
                 float mx = 0.0f;
                 for (int u = threadIdx.x; u < K / 32; u += blockDim.x) {
                     const float4 *p = (const float4 *)(x + 32 * u);
@@ -273,7 +265,7 @@ __global__ void __launch_bounds__(256) k_gemv_q4_tc(cu_gemv_set g, const float *
             }
         }
     }
-    if (!staged) tc_dependency_wait(); /* ends after the grid it depends on, in any case */
+    if (!staged) grid_dependency_wait(); /* ends after the grid it depends on, in any case */
 }
 
 bool cu_gemv_q4_tc_ok(const cu_gemv_set &g)
@@ -305,19 +297,9 @@ static void launch_q4_tc(cudaStream_t s, const cu_gemv_set &g, const float *x, i
     }
     const int64_t tiles = g.row_end[g.nw - 1] / TCV_ROWS, most = (int64_t)b * sms;
     const int64_t rounds = (tiles + most - 1) / most, blocks = (tiles + rounds - 1) / rounds;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)blocks);
-    cfg.blockDim = dim3((unsigned)(W * 32));
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    if (g.early) {
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-    }
-    CU(cudaLaunchKernelEx(&cfg, k_gemv_q4_tc<PAIR, G64>, g, x));
+    cu_launch l;
+    cu_launch_init(&l, (unsigned)blocks, (unsigned)(W * 32), smem, s, g.early);
+    CU(cudaLaunchKernelEx(&l.cfg, k_gemv_q4_tc<PAIR, G64>, g, x));
 }
 
 void cu_gemv_q4_tc(cudaStream_t s, const cu_gemv_set &g, const float *x)
