@@ -36,6 +36,16 @@ static __device__ __forceinline__ void allow_dependents()
 #endif
 }
 
+/* The gated activation of a gate value: GELU (tanh approximation) or SiLU. */
+static __device__ __forceinline__ float act_of(float g, int gelu)
+{
+    if (gelu) {
+        const float k = 0.7978845608028654f;
+        return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
+    }
+    return g / (1.0f + expf(-g));
+}
+
 /* Waits until the grids this one depends on have finished and their writes are visible
  * (a no-op unless the kernel was launched as a programmatic dependent). */
 static __device__ __forceinline__ void grid_dependency_wait()

@@ -101,14 +101,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     for (int i = 0; i < m && i < M; i++) {
         if (PAIR) {
             /* gate and up rows: y0 = act(gate) * up, y1 = up */
-            float gt = acc[0][i], up = acc[NA - 1][i], act;
-            if (g.gelu) {
-                const float kk = 0.7978845608028654f;
-                act = 0.5f * gt * (1.0f + tanhf(kk * (gt + 0.044715f * gt * gt * gt)));
-            } else {
-                act = gt / (1.0f + expf(-gt));
-            }
-            g.y[0][(int64_t)i * W.n + r] = act * up;
+            const float up = acc[NA - 1][i];
+            g.y[0][(int64_t)i * W.n + r] = act_of(acc[0][i], g.gelu) * up;
             g.y[1][(int64_t)i * W.n + r] = up;
         } else {
             g.y[wi][(int64_t)i * W.n + r] = acc[0][i];
@@ -357,14 +351,8 @@ __global__ void __launch_bounds__(512) k_gemv_row(cu_gemv_set g, const float *__
                     for (int w = 0; w < nwarps; w++) s[a] += part[buf][rr][a][w];
                 }
                 if (PAIR) {
-                    float gt = s[0], up = s[NA - 1], act;
-                    if (g.gelu) {
-                        const float kk = 0.7978845608028654f;
-                        act = 0.5f * gt * (1.0f + tanhf(kk * (gt + 0.044715f * gt * gt * gt)));
-                    } else {
-                        act = gt / (1.0f + expf(-gt));
-                    }
-                    g.y[0][r] = act * up;
+                    const float up = s[NA - 1];
+                    g.y[0][r] = act_of(s[0], g.gelu) * up;
                     g.y[1][r] = up;
                 } else {
                     int wi = 0;

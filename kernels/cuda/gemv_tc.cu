@@ -72,16 +72,13 @@ static __device__ __forceinline__ int tile_matrix(const cu_gemv_set &g, int64_t 
     return wi;
 }
 
-/* Steps of 128 columns whose loads a warp issues before using any (8 16-byte loads a lane). */
-template <bool PAIR> struct tc_chunk {
-    static constexpr int value = PAIR ? 2 : 4;
-};
-
 template <bool PAIR, bool G64>
 __global__ void __launch_bounds__(256) k_gemv_q4_tc(cu_gemv_set g, const float *__restrict__ x)
 {
     allow_dependents();
-    constexpr int NA = PAIR ? 2 : 1, CH = tc_chunk<PAIR>::value;
+    /* CH: steps of 128 columns whose loads a warp issues before using any (8 16-byte loads
+     * a lane) */
+    constexpr int NA = PAIR ? 2 : 1, CH = PAIR ? 2 : 4;
     extern __shared__ __align__(16) unsigned char tcv_raw[];
     const int K = (int)g.w[0].k, W = blockDim.x >> 5;
     uint4 *xs = (uint4 *)tcv_raw;           /* [K / 8]: (x0,x4) (x1,x5) (x2,x6) (x3,x7) */
@@ -250,15 +247,8 @@ __global__ void __launch_bounds__(256) k_gemv_q4_tc(cu_gemv_set g, const float *
                 for (int w = 0; w < W; w++) sum[a] += pb[(w * NA + a) * 16 + r];
             }
             if (PAIR) {
-                const float gt = sum[0], upv = sum[NA - 1];
-                float act;
-                if (g.gelu) {
-                    const float kk = 0.7978845608028654f;
-                    act = 0.5f * gt * (1.0f + tanhf(kk * (gt + 0.044715f * gt * gt * gt)));
-                } else {
-                    act = gt / (1.0f + expf(-gt));
-                }
-                g.y[0][r0 + r] = act * upv;
+                const float upv = sum[NA - 1];
+                g.y[0][r0 + r] = act_of(sum[0], g.gelu) * upv;
                 g.y[1][r0 + r] = upv;
             } else {
                 g.y[wi][rl + r] = sum[0];

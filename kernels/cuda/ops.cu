@@ -237,24 +237,8 @@ __global__ void k_act_mul(float *out, const float *gate, const float *up, int64_
     allow_dependents();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        float g = gate[i], r;
-        if (gelu) {
-            const float k = 0.7978845608028654f;
-            r = 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
-        } else {
-            r = g / (1.0f + expf(-g));
-        }
-        out[i] = r * up[i];
+        out[i] = act_of(gate[i], gelu) * up[i];
     }
-}
-
-static __device__ __forceinline__ float act_of(float g, int gelu)
-{
-    if (gelu) {
-        const float k = 0.7978845608028654f;
-        return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
-    }
-    return g / (1.0f + expf(-g));
 }
 
 /* The same on float4s: n4 of them, two per thread and iteration, so that four loads are in
