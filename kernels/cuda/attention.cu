@@ -402,6 +402,246 @@ template <int D> __global__ void __launch_bounds__(128) k_attention_tc(cu_attn_a
     }
 }
 
+/*
+ * Decode attention on tensor cores (steps where every sequence has one token): a block takes
+ * one token and one KV head, the rows of the GQA group (up to 16) in every warp, and the 4
+ * warps split the keys, 16 keys a warp at a time (keys 16 w, 16 (w + 4), ...). A decode token
+ * has only `group` rows, so the 64-row tiles of k_attention_tc would leave most of their rows
+ * empty and walk all keys in one warp; here every warp reads keys.
+ *
+ * Keys and values go from global memory straight into registers with 16-byte loads, in the
+ * order the MMA operands want them, by numbering the dimensions differently in each product
+ * (a dot product does not depend on the order of its terms):
+ *   - S = Q K^T (m = rows, n = 8 keys, k = 16 dimensions): lane (g, t) loads key g's
+ *     dimensions 32 i + 8 t .. + 8 for each i; step 2 i takes the first four of them and step
+ *     2 i + 1 the last four, and Q's fragments are read in the same order;
+ *   - O += P V (m = rows, n = 8 dimensions, k = 16 keys): lane (g, t) loads keys 2 t, 2 t + 1,
+ *     2 t + 8, 2 t + 9 of the 16, dimensions 64 c + 8 g .. + 8; column g of n-tile 8 c + e is
+ *     dimension 64 c + 8 g + e, and two byte permutes pair the keys of a fragment register.
+ * The score fragments of two 8-key tiles are then the P operand as they are (FlashAttention-2
+ * order), and a lane ends with 16 contiguous output dimensions per 64. The warps merge their
+ * online-softmax states in shared memory. Scores and probabilities round to bf16 as operands
+ * (about 1e-3 relative), as in k_attention_tc.
+ */
+#define DEC_WARPS 4
+
+/* 2^x in one instruction (0 for -inf). */
+static __device__ __forceinline__ float ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+template <int D, bool G16>
+__global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a)
+{
+    allow_dependents();
+    constexpr int NC = D / 32;        /* 16-byte key loads per key row and lane */
+    constexpr int VC = D / 64;        /* 16-byte value loads per key and lane */
+    constexpr int DN = D / 8;         /* n-tiles of O */
+    extern __shared__ float dec_sm[]; /* [DEC_WARPS][group][D], then m and l [DEC_WARPS][16] */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    const int t = blockIdx.x, kvh = blockIdx.y;
+    const int group = a.n_heads / a.n_kv_heads;
+    const int s = a.tok_seq[t], qpos = a.pos[t];
+    const int k_lo = a.window > 0 ? max(0, qpos - a.window + 1) : 0, k_hi = qpos + 1;
+    const int32_t *bt = a.block_table + (int64_t)s * a.max_blocks;
+    const int64_t kv_row = (int64_t)a.n_kv_heads * D;
+    const __nv_bfloat16 *kbase = a.k + (int64_t)kvh * D, *vbase = a.v + (int64_t)kvh * D;
+    const int bs = a.block_size;
+    const bool pow2 = !(bs & (bs - 1));
+    const int bsh = __ffs(bs) - 1;
+    auto slot_of = [&](int kp) -> int64_t {
+        return pow2 ? (int64_t)bt[kp >> bsh] * bs + (kp & (bs - 1))
+                    : (int64_t)bt[kp / bs] * bs + kp % bs;
+    };
+
+    /* Q fragments: rows g (and g + 8), dimensions in the key loads' order, bf16. */
+    uint32_t qf[2 * NC][4];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = g + 8 * h;
+        const bool ok = r < group && (G16 || h == 0);
+        const float *qr = a.q + ((int64_t)t * a.n_heads + kvh * group + (ok ? r : 0)) * D + 8 * tq;
+#pragma unroll
+        for (int i = 0; i < NC; i++) {
+            float4 lo = make_float4(0, 0, 0, 0), hi = lo;
+            if (ok) {
+                lo = *(const float4 *)(qr + 32 * i);
+                hi = *(const float4 *)(qr + 32 * i + 4);
+            }
+            qf[2 * i][h] = pack_bf16(lo.x, lo.y);
+            qf[2 * i][2 + h] = pack_bf16(lo.z, lo.w);
+            qf[2 * i + 1][h] = pack_bf16(hi.x, hi.y);
+            qf[2 * i + 1][2 + h] = pack_bf16(hi.z, hi.w);
+        }
+    }
+
+    float o[DN][4];
+#pragma unroll
+    for (int j = 0; j < DN; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float mx[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    const float LOG2E = 1.4426950408889634f, sl2 = a.scale * LOG2E;
+
+    for (int kb = k_lo + 16 * warp; kb < k_hi; kb += 16 * DEC_WARPS) {
+        /* every load of the 16 keys before any use */
+        uint4 kr[2][NC], vr[4][VC];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t off = slot_of(min(kb + g + 8 * h, k_hi - 1)) * kv_row + 8 * tq;
+#pragma unroll
+            for (int i = 0; i < NC; i++) kr[h][i] = __ldg((const uint4 *)(kbase + off + 32 * i));
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int kp = kb + 2 * tq + (u & 1) + 8 * (u >> 1);
+            const int64_t off = slot_of(min(kp, k_hi - 1)) * kv_row + 8 * g;
+#pragma unroll
+            for (int c = 0; c < VC; c++) vr[u][c] = __ldg((const uint4 *)(vbase + off + 64 * c));
+        }
+
+        /* S for keys kb + 0..7 (h = 0) and kb + 8..15 (h = 1) */
+        float sc[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            sc[h][0] = sc[h][1] = sc[h][2] = sc[h][3] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < NC; i++) {
+                mma_bf16(sc[h], qf[2 * i], kr[h][i].x, kr[h][i].y);
+                mma_bf16(sc[h], qf[2 * i + 1], kr[h][i].z, kr[h][i].w);
+            }
+        }
+        /* scale (log2 units), soft-cap, mask; row maxima over the quad */
+        float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int kp = kb + 8 * h + 2 * tq + (e & 1);
+                float v = sc[h][e];
+                if (a.softcap > 0)
+                    v = a.softcap * tanhf(v * a.scale / a.softcap) * LOG2E;
+                else
+                    v *= sl2;
+                if (kp >= k_hi) v = -INFINITY;
+                sc[h][e] = v;
+                tmax[e >> 1] = fmaxf(tmax[e >> 1], v);
+            }
+        float corr[2], base[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 1));
+            tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 2));
+            const float mn = fmaxf(mx[r], tmax[r]);
+            base[r] = mn == -INFINITY ? 0.0f : mn;
+            corr[r] = ex2(mx[r] - base[r]);
+            mx[r] = mn;
+        }
+        uint32_t pf[4];
+        float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const float p0 = ex2(sc[h][0] - base[0]), p1 = ex2(sc[h][1] - base[0]);
+            const float p2 = ex2(sc[h][2] - base[1]), p3 = ex2(sc[h][3] - base[1]);
+            rs[0] += p0 + p1;
+            rs[1] += p2 + p3;
+            pf[2 * h] = pack_bf16(p0, p1);
+            pf[2 * h + 1] = G16 ? pack_bf16(p2, p3) : 0u;
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) l[r] = l[r] * corr[r] + rs[r];
+#pragma unroll
+        for (int j = 0; j < DN; j++) {
+            o[j][0] *= corr[0];
+            o[j][1] *= corr[0];
+            if (G16) {
+                o[j][2] *= corr[1];
+                o[j][3] *= corr[1];
+            }
+        }
+        /* O += P V: register u of keys (2t, 2t + 1) pairs the same dimension of two keys */
+#pragma unroll
+        for (int c = 0; c < VC; c++) {
+            const uint32_t w0[4] = {vr[0][c].x, vr[0][c].y, vr[0][c].z, vr[0][c].w},
+                           w1[4] = {vr[1][c].x, vr[1][c].y, vr[1][c].z, vr[1][c].w},
+                           w2[4] = {vr[2][c].x, vr[2][c].y, vr[2][c].z, vr[2][c].w},
+                           w3[4] = {vr[3][c].x, vr[3][c].y, vr[3][c].z, vr[3][c].w};
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const uint32_t sel = e & 1 ? 0x7632u : 0x5410u;
+                const uint32_t b0 = __byte_perm(w0[e >> 1], w1[e >> 1], sel),
+                               b1 = __byte_perm(w2[e >> 1], w3[e >> 1], sel);
+                if (G16) {
+                    mma_bf16(o[8 * c + e], pf, b0, b1);
+                } else {
+                    float d[4] = {o[8 * c + e][0], o[8 * c + e][1], 0.0f, 0.0f};
+                    mma_bf16(d, pf, b0, b1);
+                    o[8 * c + e][0] = d[0];
+                    o[8 * c + e][1] = d[1];
+                }
+            }
+        }
+    }
+
+    /* Merge the warps: this warp's rows g (and g + 8) and its 16 dimensions per 64. */
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+    float *s_o = dec_sm, *s_m = dec_sm + DEC_WARPS * group * D, *s_l = s_m + DEC_WARPS * 16;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = g + 8 * h;
+        if (r >= group || (!G16 && h)) continue;
+        if (tq == 0) {
+            s_m[warp * 16 + r] = mx[h];
+            s_l[warp * 16 + r] = l[h];
+        }
+        float *dst = s_o + ((int64_t)warp * group + r) * D + 16 * tq;
+#pragma unroll
+        for (int c = 0; c < VC; c++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                dst[64 * c + e] = o[8 * c + e][2 * h];
+                dst[64 * c + 8 + e] = o[8 * c + e][2 * h + 1];
+            }
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
+        const int r = i / D, d = i % D;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, s_m[w * 16 + r]);
+        float L = 0.0f, acc = 0.0f;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; w++) {
+            const float f = ex2(s_m[w * 16 + r] - M); /* 0 for a warp without keys */
+            L += s_l[w * 16 + r] * f;
+            acc += s_o[((int64_t)w * group + r) * D + d] * f;
+        }
+        a.out[((int64_t)t * a.n_heads + kvh * group + r) * D + d] = acc / L;
+    }
+}
+
+bool cu_attn_dec_ok(int head_dim, int group)
+{
+    return (head_dim == 64 || head_dim == 128) && group >= 1 && group <= 16;
+}
+
+template <int D> static void launch_dec(cudaStream_t s, const cu_attn_args &a)
+{
+    const int group = a.n_heads / a.n_kv_heads;
+    const size_t smem = sizeof(float) * (DEC_WARPS * (size_t)group * D + 2 * DEC_WARPS * 16);
+    dim3 grid((unsigned)a.n_tokens, (unsigned)a.n_kv_heads);
+    if (group > 8)
+        k_attention_dec<D, true><<<grid, DEC_WARPS * 32, smem, s>>>(a);
+    else
+        k_attention_dec<D, false><<<grid, DEC_WARPS * 32, smem, s>>>(a);
+    CU_LAUNCHED();
+}
+
 bool cu_attn_tc_ok(int head_dim)
 {
     return head_dim == 64 || head_dim == 128;
@@ -452,6 +692,7 @@ template <int DPL> static void launch(cudaStream_t s, const cu_attn_args &a)
 
 void cu_attention(cudaStream_t s, const cu_attn_args &a)
 {
+    if (a.decode) return a.head_dim == 64 ? launch_dec<64>(s, a) : launch_dec<128>(s, a);
     if (a.n_tiles > 0) {
         if (a.head_dim == 64) return launch_tc<64>(s, a);
         return launch_tc<128>(s, a);

@@ -107,9 +107,10 @@ struct cu_ctx {
     size_t tiles_cap; /* int32 per table */
     int tile_group[CU_TILE_TABLES], tile_n[CU_TILE_TABLES], n_tile_tables;
     /* PAGODA_CUDA_ATTN: unset (auto, the default) tensor cores for steps with prompt tokens
-     * or >= 64 tokens, simt the float32 kernel, tc the tensor-core kernel where the head
-     * size allows */
-    int attn_mode; /* 0 auto, 1 simt, 2 tc */
+     * or >= 64 tokens (the decode kernel when every token is its sequence's only one), simt
+     * the float32 kernel, tc the 64-row tile kernel for every step, dec the decode kernel for
+     * every decode step and the tile kernel otherwise, where the head size allows */
+    int attn_mode; /* 0 auto, 1 simt, 2 tc, 3 dec */
     int rope_kv;   /* rope(q), rope(k), kv_store as one launch (PAGODA_CUDA_ROPE_KV=0: off) */
     /* PAGODA_CUDA_FUSE_NORM=1: at m = 1 a residual add joins the product before it and the
      * rms_norm the product after it */
@@ -139,10 +140,18 @@ struct cu_ctx {
     int invariant;
     int row_gemv;     /* the m = 1 matrix-vector kernel (PAGODA_CUDA_GEMV_ROW=0: off) */
     int early_launch; /* programmatic dependent launch of it (PAGODA_CUDA_PDL=0: off) */
-    int gemv_tc;      /* PAGODA_CUDA_GEMV_TC (default 1): 4-bit m = 1 products on tensor cores */
+    int gemv_tc;      /* PAGODA_CUDA_GEMV_TC (default 2): 4-bit m = 1 products on tensor cores */
     /* products of m > 8 over one x (q, k, v; gate, up) run at the same time on side streams,
      * each with its own cuBLASLt workspace (PAGODA_CUDA_GEMM_STREAMS=0: off) */
     int gemm_streams;
+    /* a set of 3 bf16 products (q, k, v) as one product of their rows stored one after
+     * another, its result split after (PAGODA_CUDA_GEMM_FUSE=0: off) */
+    int gemm_fuse, fuse_failed;
+    /* a cuBLASLt product right after the activation that wrote its x takes the bf16 copy the
+     * activation writes as well (PAGODA_CUDA_ACT_BF16=0: off) */
+    int act_bf16;
+    float *ycat;
+    size_t ycat_cap;
     cudaStream_t side[2];
     cudaEvent_t fork, join[2];
     void *side_ws[2];
@@ -186,6 +195,8 @@ static void exec_op(cu_ctx *c, const op *o)
                 cu_gemv(s, o->w, (const float *)o->p[1] + (int64_t)i0 * o->w.k,
                         m - i0 < CU_GEMV_MAX_M ? m - i0 : CU_GEMV_MAX_M,
                         (float *)o->p[0] + (int64_t)i0 * o->w.n, o->w.n);
+        else if (o->i[1]) /* the operation before left x in bf16 in xb */
+            cu_gemm_lt(s, &c->g, o->w, c->xb, m, (float *)o->p[0], c->g.workspace);
         else
             cu_gemm(s, &c->g, o->w, (const float *)o->p[1], m, (float *)o->p[0], c->xb);
         break;
@@ -210,7 +221,7 @@ static void exec_op(cu_ctx *c, const op *o)
         break;
     case OP_ACT:
         cu_act_mul(s, (float *)o->p[0], (const float *)o->p[1], (const float *)o->p[2], o->n,
-                   o->i[0]);
+                   o->i[0], (__nv_bfloat16 *)o->p[3]);
         break;
     case OP_ADD:
         cu_add(s, (float *)o->p[0], (const float *)o->p[1], o->n);
@@ -248,6 +259,14 @@ static void exec_op(cu_ctx *c, const op *o)
     case OP_GEMM_SET: {
         const int m = o->i[0], nw = o->gs.nw;
         cu_to_bf16(s, c->xb, (const float *)o->p[1], (int64_t)m * o->gs.w[0].k);
+        if (o->i[1]) { /* fused: one product into p[2], then its columns apart */
+            dweight cat = o->gs.w[0];
+            cat.n = o->gs.w[0].n + o->gs.w[1].n + o->gs.w[2].n;
+            cu_gemm_lt(s, &c->g, cat, c->xb, m, (float *)o->p[2], c->g.workspace);
+            cu_split3(s, (const float *)o->p[2], m, (int)o->gs.w[0].n, (int)o->gs.w[1].n,
+                      (int)o->gs.w[2].n, o->gs.y[0], o->gs.y[1], o->gs.y[2]);
+            break;
+        }
         CU(cudaEventRecord(c->fork, s));
         for (int j = 1; j < nw; j++) CU(cudaStreamWaitEvent(c->side[j - 1], c->fork, 0));
         for (int j = 0; j < nw; j++)
@@ -283,12 +302,18 @@ static void op_label(const op *o, char *buf, size_t n)
                                 : 8);
         break;
     }
+    case OP_GEMM_SET:
+        snprintf(buf, n, "gemm set %s%lldx%lld", o->i[1] ? "fused " : "",
+                 (long long)(o->gs.w[0].n + o->gs.w[1].n + o->gs.w[2].n), (long long)o->gs.w[0].k);
+        break;
     case OP_MATMUL:
         snprintf(buf, n, "gemm %s %lldx%lld", o->w.fmt == DF_BF16 ? "bf16/cuBLASLt" : "tensor-core",
                  (long long)o->w.n, (long long)o->w.k);
         break;
     case OP_ATTN:
-        if (o->att.n_tiles)
+        if (o->att.decode)
+            snprintf(buf, n, "attention decode (%d tokens)", o->att.n_tokens);
+        else if (o->att.n_tiles)
             snprintf(buf, n, "attention tc (%d tokens, %d tiles)", o->att.n_tokens, o->att.n_tiles);
         else
             snprintf(buf, n, "attention (%d tokens, %d splits)", o->att.n_tokens, o->att.splits);
@@ -736,6 +761,89 @@ static op *last_op(cu_ctx *c, int kind)
     return &c->tape[c->n_ops - 1];
 }
 
+/* The weight allocation that starts at p, or -1. */
+static int walloc_index(cu_ctx *c, const void *p)
+{
+    for (int i = 0; i < c->n_w; i++)
+        if (c->walloc[i] == p && c->wdesc[i]->w == p) return i;
+    return -1;
+}
+
+/*
+ * Moves the 3 bf16 matrices of set p into one allocation, rows one after another (once per
+ * set: later steps find them adjacent). Only p refers to them in the current tape; graphs
+ * captured before refer to the old copies and are dropped. Returns 0 when the matrices
+ * cannot be moved (not separate allocations, or no device memory for the copy).
+ */
+static int set_merge(cu_ctx *c, op *p)
+{
+    int idx[3];
+    size_t bytes[3], total = 0;
+    for (int j = 0; j < 3; j++) {
+        idx[j] = walloc_index(c, p->gs.w[j].w);
+        if (idx[j] < 0) return 0;
+        for (int i = 0; i < j; i++)
+            if (idx[i] == idx[j]) return 0;
+        bytes[j] = (size_t)p->gs.w[j].n * (size_t)p->gs.w[j].row_bytes;
+        total += bytes[j];
+    }
+    CU(cudaStreamSynchronize(c->st)); /* graphs in flight may still read the old copies */
+    uint8_t *cat = NULL;
+    if (cudaMalloc((void **)&cat, total) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    size_t off = 0;
+    for (int j = 0; j < 3; j++) {
+        CU(cudaMemcpyAsync(cat + off, p->gs.w[j].w, bytes[j], cudaMemcpyDeviceToDevice, c->st));
+        off += bytes[j];
+    }
+    CU(cudaStreamSynchronize(c->st));
+    off = 0;
+    for (int j = 0; j < 3; j++) {
+        CU(cudaFree(c->walloc[idx[j]]));
+        c->walloc[idx[j]] = j ? NULL : cat;
+        c->wdesc[idx[j]]->w = cat + off;
+        p->gs.w[j].w = cat + off;
+        off += bytes[j];
+    }
+    c->gen++;
+    graphs_clear(c);
+    return 1;
+}
+
+/* The last recorded operation, a set of 3 products over one x: one product if the matrices
+ * are bf16 of one row size (moved next to each other on first use). */
+static void set_fuse(cu_ctx *c, int m)
+{
+    /* larger m: the split costs more than one product gains over three on parallel streams
+     * (prefill of 8 prompts of 512: 34,353 against 36,125 tokens/s) */
+    if (m > 512) return;
+    op *p = &c->tape[c->n_ops - 1];
+    const dweight *w = p->gs.w;
+    for (int j = 0; j < 3; j++)
+        if (w[j].fmt != DF_BF16 || w[j].row_bytes != w[0].row_bytes || w[j].n % 4 ||
+            (uintptr_t)p->gs.y[j] % 16)
+            return;
+    dweight cat = w[0];
+    cat.n = w[0].n + w[1].n + w[2].n;
+    if (!cu_gemm_lt_ok(&c->g, cat, m)) return;
+    const bool adjacent =
+        w[1].w == w[0].w + w[0].n * w[0].row_bytes && w[2].w == w[1].w + w[1].n * w[1].row_bytes;
+    if (!adjacent && (c->fuse_failed || !set_merge(c, p))) {
+        c->fuse_failed = 1;
+        return;
+    }
+    const size_t need = sizeof(float) * (size_t)m * (size_t)cat.n;
+    if (need > c->ycat_cap) {
+        /* growing flushes the tape: this step's set runs as 3 products */
+        c->ycat = (float *)grow(c, c->ycat, &c->ycat_cap, need);
+        return;
+    }
+    p->i[1] = 1;
+    p->p[2] = c->ycat;
+}
+
 static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweight *w, int m)
 {
     cu_ctx *c = (cu_ctx *)ctx;
@@ -817,16 +925,23 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
                 if (fresh) {
                     p->gs.w[p->gs.nw] = d;
                     p->gs.y[p->gs.nw++] = y;
+                    if (p->gs.nw == 3 && c->gemm_fuse) set_fuse(c, m);
                     return;
                 }
             }
         }
     }
+    /* x just written by the activation: it writes the bf16 copy the product reads too */
+    op *act = m > CU_GEMV_MAX_M && !c->invariant && c->act_bf16 ? last_op(c, OP_ACT) : NULL;
+    const bool pre = act && act->p[0] == x && act->n == (int64_t)m * d.k && (void *)y != x &&
+                     cu_gemm_lt_ok(&c->g, d, m);
+    if (pre) act->p[3] = c->xb;
     op *o = record(c, OP_MATMUL);
     o->p[0] = y;
     o->p[1] = x;
     o->w = d;
     o->i[0] = m;
+    o->i[1] = pre;
 }
 
 static void cu_add_bias_op(void *ctx, float *y, const float *bias, int m, int n)
@@ -957,7 +1072,17 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
      * then holds many rows or its key tiles are few; single-token steps of few sequences
      * split their keys over the GPU instead (the float32 kernel). */
     int use_tc = !c->invariant && cu_attn_tc_ok(p->head_dim) && c->attn_mode != 1 &&
-                 (c->attn_mode == 2 || b->n_tokens > b->n_seqs || b->n_tokens >= 64);
+                 (c->attn_mode >= 2 || b->n_tokens > b->n_seqs || b->n_tokens >= 64);
+    /* Decode steps (one token a sequence): the decode kernel, whose warps split the keys,
+     * unless PAGODA_CUDA_ATTN=tc asks for the 64-row tiles. */
+    if (use_tc && b->n_tokens == b->n_seqs && c->attn_mode != 2 &&
+        cu_attn_dec_ok(p->head_dim, group)) {
+        a.decode = 1;
+        a.splits = 1;
+        op *o = record(c, OP_ATTN);
+        o->att = a;
+        return;
+    }
     if (use_tc) {
         int nt = 0, ti = tile_table(c, b, p->n_heads / p->n_kv_heads, &nt);
         if (ti >= 0) {
@@ -1143,6 +1268,7 @@ static void cu_destroy(void *ctx)
     if (c->d_tiles) CU(cudaFree(c->d_tiles));
     if (c->h_tiles) CU(cudaFreeHost(c->h_tiles));
     if (c->xb) CU(cudaFree(c->xb));
+    if (c->ycat) CU(cudaFree(c->ycat));
     if (c->part) CU(cudaFree(c->part));
     if (c->d_small) CU(cudaFree(c->d_small));
     if (c->d_sample) CU(cudaFree(c->d_sample));
@@ -1251,14 +1377,23 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     env = getenv("PAGODA_CUDA_BATCH_INVARIANT");
     c->invariant = env && !strcmp(env, "1");
     env = getenv("PAGODA_CUDA_ATTN");
-    c->attn_mode = env && !strcmp(env, "tc") ? 2 : env && !strcmp(env, "simt") ? 1 : 0;
+    c->attn_mode = env && !strcmp(env, "tc")     ? 2
+                   : env && !strcmp(env, "dec")  ? 3
+                   : env && !strcmp(env, "simt") ? 1
+                                                 : 0;
     if (c->attn_mode != 1) cu_attention_init();
+    cu_gemv_tc_init();
     c->fuse_norm = env_flag("PAGODA_CUDA_FUSE_NORM", 0);
     c->rope_kv = env_flag("PAGODA_CUDA_ROPE_KV", 1);
     env = getenv("PAGODA_CUDA_GEMV_ROW");
     c->row_gemv = !(env && !strcmp(env, "0"));
-    c->gemv_tc = env_flag("PAGODA_CUDA_GEMV_TC", 1);
+    /* 2 (the default): the tensor-core kernel with its shared-memory ring; 1: the one that
+     * keeps its loads in registers; 0: float32 on CUDA cores */
+    env = getenv("PAGODA_CUDA_GEMV_TC");
+    c->gemv_tc = env && !strcmp(env, "1") ? 1 : env_flag("PAGODA_CUDA_GEMV_TC", 2);
     c->gemm_streams = env_flag("PAGODA_CUDA_GEMM_STREAMS", 1);
+    c->gemm_fuse = env_flag("PAGODA_CUDA_GEMM_FUSE", 1);
+    c->act_bf16 = env_flag("PAGODA_CUDA_ACT_BF16", 1);
     if (c->gemm_streams) {
         CU(cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
         for (int j = 0; j < 2; j++) {

@@ -33,7 +33,9 @@ struct cu_gemv_set {
     /* 1: the m = 1 kernel may start while the previous kernel finishes (programmatic
      * dependent launch; it waits for that kernel's results before reading x) */
     int early;
-    /* 1: affine 4-bit at m = 1 on tensor cores (gemv_tc.cu) where the shapes allow */
+    /* affine 4-bit at m = 1 on tensor cores (gemv_tc.cu) where the shapes allow: 1 with
+     * weights through registers, 2 through a shared-memory ring where it takes the set (else
+     * as 1); 0: not */
     int tc4;
     /* m = 1, fused neighbours (NULL: none). Prologue: x = rms_norm(nsrc) * nweight with
      * nepsilon, also written to x itself; epilogue (one matrix, no pair): resid += y. */
@@ -74,6 +76,9 @@ static __device__ __forceinline__ set_mat set_pick(const cu_gemv_set &g, int i)
 bool cu_gemv_q4_tc_ok(const cu_gemv_set &g);
 /** y = W x for m = 1 of affine 4-bit weights on tensor cores (x rounded to fp16). */
 void cu_gemv_q4_tc(cudaStream_t s, const cu_gemv_set &g, const float *x);
+/** Once per device, before any product: lets the ring kernel (tc4 = 2) have more than 48 KB
+ * of shared memory. */
+void cu_gemv_tc_init(void);
 void cu_gemv_multi(cudaStream_t s, const cu_gemv_set &g, const float *x, int m);
 
 /* A cuBLASLt plan of one shape. */
@@ -148,12 +153,17 @@ struct cu_attn_args {
      * one KV head (row r: token q_start[s] + r / group, head r % group of the group). */
     int n_tiles;
     const int32_t *tile_seq, *tile_row, *q_start;
+    /* Decode path (decode = 1): every token is its sequence's only one; a block per token and
+     * KV head, the keys split among its warps (k_attention_dec). */
+    int decode;
 };
 
 /* Query rows per block of the tensor-core attention kernel. */
 #define CU_ATTN_TC_ROWS 64
 /** Whether the tensor-core attention kernel takes this head size. */
 bool cu_attn_tc_ok(int head_dim);
+/** Whether the tensor-core decode attention kernel takes this head size and GQA group. */
+bool cu_attn_dec_ok(int head_dim, int group);
 /** Once per device, before any attention launch. */
 void cu_attention_init(void);
 
@@ -179,8 +189,9 @@ void cu_rope(cudaStream_t s, float *x, int rows, int heads, int d, const float *
 void cu_rope_kv(cudaStream_t s, float *q, float *k, const float *v, __nv_bfloat16 *kc,
                 __nv_bfloat16 *vc, const int32_t *slot, int n_tokens, int hq, int hkv, int d,
                 const float *cos_t, const float *sin_t);
-void cu_act_mul(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n,
-                int gelu);
+/** out = act(gate) * up; also as bf16 into ob unless it is NULL. */
+void cu_act_mul(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n, int gelu,
+                __nv_bfloat16 *ob);
 void cu_add(cudaStream_t s, float *x, const float *y, int64_t n);
 /** x += y, then out = rms_norm(x) * w, over rows of dim (out may be y). */
 void cu_add_rms_norm(cudaStream_t s, float *out, float *x, const float *y, const float *w, int rows,
@@ -190,6 +201,10 @@ void cu_softcap(cudaStream_t s, float *x, int64_t n, float cap);
 void cu_gather_rows(cudaStream_t s, float *dst, const float *src, const int32_t *rows, int n,
                     int dim);
 void cu_to_bf16(cudaStream_t s, __nv_bfloat16 *dst, const float *src, int64_t n);
+/** The columns of src [m, n0 + n1 + n2] as y0 [m, n0], y1 [m, n1], y2 [m, n2] (n_i % 4 == 0,
+ * 16-byte aligned buffers). */
+void cu_split3(cudaStream_t s, const float *src, int m, int n0, int n1, int n2, float *y0,
+               float *y1, float *y2);
 /** out[i] = index of the largest of row i (the first on ties) for rows of n floats. */
 void cu_argmax(cudaStream_t s, int32_t *out, const float *x, int rows, int n);
 

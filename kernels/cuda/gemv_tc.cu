@@ -258,6 +258,313 @@ __global__ void __launch_bounds__(256) k_gemv_q4_tc(cu_gemv_set g, const float *
     if (!staged) grid_dependency_wait(); /* ends after the grid it depends on, in any case */
 }
 
+/*
+ * The same product with the weights streamed through shared memory (k_gemv_q4_ring).
+ *
+ * k_gemv_q4_tc holds a chunk's weights, scales and biases in registers from load to use: at
+ * 128 registers a thread two blocks fit an SM, a warp's loads go out in one burst a chunk and
+ * nothing is in flight while it computes, about 32 KB an SM on average: too little to cover
+ * the latency of HBM at its bandwidth.
+ *
+ * Here each warp owns a ring of TCR_STAGES slots in shared memory, one warp step a slot: the
+ * two 16-byte weight units of every lane (rows g and g + 8, unit t: 1 KB a matrix) and the
+ * scales, then the biases, of the step's groups of the 16 rows as raw 16-bit values. They
+ * arrive by asynchronous copies (cp.async: weights past L1, each lane copying its own units,
+ * and one row's scales or biases a lane), so no register holds them in flight. A warp's steps
+ * form one sequence over all the tiles its block takes, and the ring runs across tiles: while
+ * the warp computes step i, steps i + 1 to i + TCR_STAGES - 1 are in flight, one commit group
+ * each (an empty group past the last step, so that waiting until at most TCR_STAGES - 1
+ * groups are pending always means that step i has landed). That is 7 KB a warp (14 KB for
+ * gate and up), issued before the block waits for x and kept up to the last step. A lane
+ * reads its own weight units back; the scales and biases, copied by other lanes, are read by
+ * the lanes that apply them after a warp barrier, and a second barrier closes each step
+ * before its slot is refilled.
+ *
+ * x is staged in one pass with a power of two per 32-column unit instead of one for all of
+ * x: each unit is scaled to put its own largest magnitude near 2^14, and its inverse scale
+ * is kept beside its float32 sum. A unit's products are a column of the MMA result of their
+ * own, so the inverse scale joins the group scale there, in float32. No block-wide maximum
+ * is needed (one pass over x and one barrier fewer), and units of small values keep all of
+ * fp16's precision.
+ *
+ * Groups of 32, 64 and 128 (4, 2 or 1 a step and row), scales and biases in bf16 or f16.
+ */
+
+#define TCR_STAGES 8 /* slots of a warp's ring */
+
+/* Bytes of one slot of a ring: per matrix the 2 x 32 weight units of the warp's lanes, then
+ * the scales and the biases of the 16 rows (8 bytes a row for 4 groups, else 4). */
+static constexpr __host__ __device__ int tcr_stage(int na, int groups)
+{
+    return na * (1024 + 2 * 16 * (groups == 4 ? 8 : 4));
+}
+
+static __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;" ::"r"(dst), "l"(src)
+                 : "memory");
+}
+
+/* N (4 or 8) bytes at dst: the first `have` from src, the rest zeros. */
+template <int N>
+static __device__ __forceinline__ void cp_async_small(uint32_t dst, const void *src, int have)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(N),
+                 "r"(have)
+                 : "memory");
+}
+
+static __device__ __forceinline__ void cp_async_commit()
+{
+    asm volatile("cp.async.commit_group;" ::: "memory");
+}
+
+/* Until at most N of this thread's commit groups are pending. */
+template <int N> static __device__ __forceinline__ void cp_async_wait()
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/* A raw 16-bit scale or bias (the low half of h) as load_scale reads it, bf16 or f16:
+ * both conversions and a select, no branch. */
+static __device__ __forceinline__ float raw_scale(uint32_t h, int dt)
+{
+    const float b = __uint_as_float(h << 16), f = __half2float(__ushort_as_half((unsigned short)h));
+    return dt == DS_BF16 ? b : f;
+}
+
+/* The source of a lane's copies: per matrix its weight units of rows g and g + 8 and the
+ * scales (lanes 0-15) or biases (lanes 16-31) of row lane % 16, at step 0 of the warp's
+ * k-slice of `tile`; `step` and `slot` are those of the next copy. */
+template <int NA> struct tcr_feed {
+    const uint8_t *w[NA], *w8[NA];
+    const uint16_t *sb[NA];
+    int64_t tile;
+    int step, slot;
+};
+
+template <bool PAIR, int NA>
+static __device__ __forceinline__ void tcr_aim(const cu_gemv_set &g, tcr_feed<NA> &f, int lane,
+                                               int c_begin)
+{
+    int64_t rl = f.tile * TCV_ROWS;
+    const int wi = PAIR ? 0 : tile_matrix(g, f.tile * TCV_ROWS, &rl);
+    const int gshift = g.w[0].gshift;
+#pragma unroll
+    for (int a = 0; a < NA; a++) {
+        const set_mat M = set_pick(g, PAIR ? a : wi);
+        f.w[a] = M.w + (rl + (lane >> 2)) * M.row_bytes + 16 * ((c_begin >> 5) + (lane & 3));
+        f.w8[a] = f.w[a] + 8 * M.row_bytes;
+        f.sb[a] = (const uint16_t *)(lane < 16 ? M.scales : M.biases) + (rl + (lane & 15)) * M.gpr +
+                  (c_begin >> gshift);
+    }
+}
+
+/* Copies the next step of the warp's sequence into its slot (nothing past the last tile)
+ * and commits one group in any case. */
+template <bool PAIR, int G, int NA>
+static __device__ __forceinline__ void tcr_issue(const cu_gemv_set &g, tcr_feed<NA> &f,
+                                                 uint32_t ring, int lane, int c_begin, int steps,
+                                                 int64_t tiles)
+{
+    constexpr int SB = G == 4 ? 8 : 4, ST = tcr_stage(NA, G);
+    if (f.tile < tiles) {
+        const uint32_t d = ring + f.slot * ST;
+#pragma unroll
+        for (int a = 0; a < NA; a++) {
+            /* 128 columns are 64 bytes of a row and G groups */
+            cp_async16(d + 1024 * a + 16 * lane, f.w[a] + 64 * f.step);
+            cp_async16(d + 1024 * a + 512 + 16 * lane, f.w8[a] + 64 * f.step);
+            const uint16_t *q = f.sb[a] + G * f.step;
+            const uint32_t ds = d + 1024 * NA + (32 * a + lane) * SB;
+            if (G == 4) {
+                cp_async_small<8>(ds, q, 8);
+            } else if (G == 2) {
+                cp_async_small<4>(ds, q, 4);
+            } else {
+                /* One group: the aligned pair that holds it, only it where it comes first
+                 * (the reader takes the half of the index's parity). */
+                const bool odd = ((uintptr_t)q & 2) != 0;
+                cp_async_small<4>(ds, q - (odd ? 1 : 0), odd ? 4 : 2);
+            }
+        }
+    }
+    cp_async_commit();
+    f.slot = f.slot + 1 == TCR_STAGES ? 0 : f.slot + 1;
+    if (++f.step == steps) {
+        f.step = 0;
+        f.tile += gridDim.x;
+        if (f.tile < tiles) tcr_aim<PAIR, NA>(g, f, lane, c_begin);
+    }
+}
+
+/* G: groups a row in 128 columns (4, 2, 1 for groups of 32, 64, 128). */
+template <bool PAIR, int G>
+__global__ void __launch_bounds__(256, 2) k_gemv_q4_ring(cu_gemv_set g, const float *__restrict__ x)
+{
+    allow_dependents();
+    constexpr int NA = PAIR ? 2 : 1, S = TCR_STAGES, ST = tcr_stage(NA, G);
+    extern __shared__ __align__(16) unsigned char tcv_raw[];
+    const int K = (int)g.w[0].k, W = blockDim.x >> 5;
+    unsigned char *ring = tcv_raw;            /* [W][S][ST] */
+    uint4 *xs = (uint4 *)(ring + W * S * ST); /* [K / 8], as in k_gemv_q4_tc */
+    uint4 *zero = xs + K / 8;                 /* [4] */
+    float2 *xu = (float2 *)(zero + 4);        /* [K / 32]: the unit's sum and inverse scale */
+    float *part = (float *)(xu + K / 32);     /* [2][W][NA][16] */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g8 = lane >> 2, t = lane & 3;
+    const int64_t tiles = g.row_end[g.nw - 1] / TCV_ROWS, gpr = g.w[0].gpr;
+    const int cols = K / W, c_begin = warp * cols, steps = cols / 128;
+    const int sdt = g.w[0].sdtype;
+    const bool scaler = t < 2; /* lanes that hold units' results */
+    const unsigned char *mine = ring + warp * S * ST;
+    const uint32_t mine_sa = (uint32_t)__cvta_generic_to_shared(mine);
+
+    /* The first S - 1 steps go out before the wait for x: the weights do not depend on the
+     * kernel that writes it. */
+    tcr_feed<NA> f;
+    f.tile = blockIdx.x;
+    f.step = f.slot = 0;
+    if (f.tile < tiles) tcr_aim<PAIR, NA>(g, f, lane, c_begin);
+    for (int i = 0; i < S - 1; i++)
+        tcr_issue<PAIR, G, NA>(g, f, mine_sa, lane, c_begin, steps, tiles);
+
+    grid_dependency_wait();
+    for (int u = threadIdx.x; u < K / 32; u += blockDim.x) {
+        const float4 *p = (const float4 *)(x + 32 * u);
+        float4 v[8];
+        float mx = 0.0f, sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            v[j] = __ldg(p + j);
+            mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)),
+                                 fmaxf(fabsf(v[j].z), fabsf(v[j].w))));
+        }
+        int ex = 0;
+        frexpf(mx, &ex);
+        const float up = mx > 0.0f ? ldexpf(1.0f, min(14 - ex, 100)) : 1.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float4 a = v[2 * j], b = v[2 * j + 1];
+            sum += (a.x + a.y) + (a.z + a.w) + (b.x + b.y) + (b.z + b.w);
+            xs[4 * u + j] = make_uint4(h2_bits(__floats2half2_rn(a.x * up, b.x * up)),
+                                       h2_bits(__floats2half2_rn(a.y * up, b.y * up)),
+                                       h2_bits(__floats2half2_rn(a.z * up, b.z * up)),
+                                       h2_bits(__floats2half2_rn(a.w * up, b.w * up)));
+        }
+        xu[u] = make_float2(sum, 1.0f / up);
+    }
+    if (threadIdx.x < 4) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+
+    int slot = 0, buf = 0;
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x, buf ^= 1) {
+        const int64_t r0 = tile * TCV_ROWS;
+        int64_t rl = r0;
+        const int wi = PAIR ? 0 : tile_matrix(g, r0, &rl);
+        /* G = 1: the half of a row's scale word that holds its group at step 0 (the same
+         * for rows g and g + 8), alternating by step */
+        const int par0 = (int)(((rl + g8) * gpr + (c_begin >> 7)) & 1);
+        float acc[NA][2];
+#pragma unroll
+        for (int a = 0; a < NA; a++) acc[a][0] = acc[a][1] = 0.0f;
+
+        for (int s = 0; s < steps; s++) {
+            /* One group committed per step (the step S - 1 ahead, or an empty one), so with
+             * at most S - 1 pending this step has landed: this lane's copies by the wait,
+             * the other lanes' (scales and biases) by the barrier after it. */
+            tcr_issue<PAIR, G, NA>(g, f, mine_sa, lane, c_begin, steps, tiles);
+            cp_async_wait<S - 1>();
+            __syncwarp();
+            const unsigned char *st = mine + slot * ST;
+            const int ub = (c_begin >> 5) + 4 * s; /* the step's first unit */
+            /* x pairs of this lane's unit where it supplies them (g == t), else zeros */
+            const uint4 *xp = g8 == t ? xs + 4 * (ub + t) : zero;
+            /* units 2t and 2t + 1: sum, inverse scale, sum, inverse scale */
+            float4 xd = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (scaler) xd = *(const float4 *)(xu + ub + 2 * t);
+#pragma unroll
+            for (int a = 0; a < NA; a++) {
+                const uint4 qa = ((const uint4 *)st)[64 * a + lane],
+                            qb = ((const uint4 *)st)[64 * a + 32 + lane];
+                const uint32_t wa[4] = {qa.x, qa.y, qa.z, qa.w}, wb[4] = {qb.x, qb.y, qb.z, qb.w};
+                float d[4] = {0, 0, 0, 0};
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    uint32_t pa[4], pb[4];
+                    nibbles(wa[k], pa);
+                    nibbles(wb[k], pb);
+                    const uint4 xv = xp[k];
+                    /* k (2t, 2t+1, 2t+8, 2t+9) <- columns (0, 4, 1, 5), then (2, 6, 3, 7) */
+                    mma_f16(d, pa[0], pb[0], pa[1], pb[1], xv.x, xv.y);
+                    mma_f16(d, pa[2], pb[2], pa[3], pb[3], xv.z, xv.w);
+                }
+                if (scaler) {
+                    /* scales [16 rows][G], then biases [16 rows][G] (raw 16-bit) */
+                    const unsigned char *sc = st + 1024 * NA + 32 * a * (G == 4 ? 8 : 4);
+                    if (G == 4) { /* groups 2t and 2t + 1 of rows g and g + 8 */
+                        const uint32_t *q = (const uint32_t *)sc;
+                        const uint32_t s0 = q[2 * g8 + t], s1 = q[2 * g8 + 16 + t],
+                                       b0 = q[2 * g8 + 32 + t], b1 = q[2 * g8 + 48 + t];
+                        acc[a][0] =
+                            fmaf(raw_scale(s0, sdt) * xd.y, d[0],
+                                 fmaf(raw_scale(s0 >> 16, sdt) * xd.w, d[1],
+                                      fmaf(raw_scale(b0, sdt), xd.x,
+                                           fmaf(raw_scale(b0 >> 16, sdt), xd.z, acc[a][0]))));
+                        acc[a][1] =
+                            fmaf(raw_scale(s1, sdt) * xd.y, d[2],
+                                 fmaf(raw_scale(s1 >> 16, sdt) * xd.w, d[3],
+                                      fmaf(raw_scale(b1, sdt), xd.x,
+                                           fmaf(raw_scale(b1 >> 16, sdt), xd.z, acc[a][1]))));
+                    } else { /* one group for both units: group t (G = 2) or the one (G = 1) */
+                        const uint16_t *q = (const uint16_t *)sc;
+                        const int h = G == 2 ? t : par0 ^ (s & 1);
+                        const float xsum = xd.x + xd.z, q0 = fmaf(xd.y, d[0], xd.w * d[1]),
+                                    q1 = fmaf(xd.y, d[2], xd.w * d[3]);
+                        acc[a][0] = fmaf(raw_scale(q[2 * g8 + h], sdt), q0,
+                                         fmaf(raw_scale(q[2 * g8 + 32 + h], sdt), xsum, acc[a][0]));
+                        acc[a][1] = fmaf(raw_scale(q[2 * g8 + 16 + h], sdt), q1,
+                                         fmaf(raw_scale(q[2 * g8 + 48 + h], sdt), xsum, acc[a][1]));
+                    }
+                }
+            }
+            __syncwarp(); /* every lane has read the slot before a copy refills it */
+            slot = slot + 1 == S ? 0 : slot + 1;
+        }
+
+        /* rows g and g + 8: units of lanes t = 0, 1, then the warps (double-buffered
+         * partials: one barrier a tile) */
+        float *pb = part + buf * W * NA * 16;
+#pragma unroll
+        for (int a = 0; a < NA; a++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                float v = acc[a][h];
+                v += __shfl_xor_sync(0xffffffffu, v, 1);
+                v += __shfl_xor_sync(0xffffffffu, v, 2);
+                if (t == 0) pb[(warp * NA + a) * 16 + g8 + 8 * h] = v;
+            }
+        __syncthreads();
+        if (threadIdx.x < TCV_ROWS) {
+            const int r = threadIdx.x;
+            float sum[NA];
+#pragma unroll
+            for (int a = 0; a < NA; a++) {
+                sum[a] = 0.0f;
+                for (int w = 0; w < W; w++) sum[a] += pb[(w * NA + a) * 16 + r];
+            }
+            if (PAIR) {
+                const float upv = sum[NA - 1];
+                g.y[0][r0 + r] = act_of(sum[0], g.gelu) * upv;
+                g.y[1][r0 + r] = upv;
+            } else {
+                g.y[wi][rl + r] = sum[0];
+            }
+        }
+    }
+    /* Every step copied was waited for above; only empty groups can be pending. */
+    asm volatile("cp.async.wait_all;" ::: "memory");
+}
+
 bool cu_gemv_q4_tc_ok(const cu_gemv_set &g)
 {
     const dweight &w = g.w[0];
@@ -292,13 +599,109 @@ static void launch_q4_tc(cudaStream_t s, const cu_gemv_set &g, const float *x, i
     CU(cudaLaunchKernelEx(&l.cfg, k_gemv_q4_tc<PAIR, G64>, g, x));
 }
 
+/* The largest dynamic shared memory a block may ask for, and the SM count (0 before
+ * cu_gemv_tc_init: no ring kernel). */
+static int tcr_optin, tcr_sms;
+
+/* Dynamic shared memory of the ring kernel: rings, x pairs, zeros, unit sums and scales,
+ * partials. */
+static size_t tcr_smem(int64_t k, int W, int na, int groups)
+{
+    return (size_t)W * TCR_STAGES * tcr_stage(na, groups) + (size_t)k / 8 * 16 + 64 +
+           (size_t)k / 32 * 8 + 2 * (size_t)W * na * 16 * 4;
+}
+
+template <bool PAIR, int G> static void tcr_allow()
+{
+    /* the most any launch asks: k = 16384 and 8 warps */
+    size_t most = tcr_smem(16384, 8, PAIR ? 2 : 1, G);
+    if (most > (size_t)tcr_optin) most = (size_t)tcr_optin;
+    CU(cudaFuncSetAttribute(k_gemv_q4_ring<PAIR, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            (int)most));
+}
+
+void cu_gemv_tc_init(void)
+{
+    int dev;
+    CU(cudaGetDevice(&dev));
+    CU(cudaDeviceGetAttribute(&tcr_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    CU(cudaDeviceGetAttribute(&tcr_sms, cudaDevAttrMultiProcessorCount, dev));
+    tcr_allow<false, 4>();
+    tcr_allow<false, 2>();
+    tcr_allow<false, 1>();
+    tcr_allow<true, 4>();
+    tcr_allow<true, 2>();
+    tcr_allow<true, 1>();
+}
+
+/* Whether the ring kernel takes a set that k_gemv_q4_tc takes: groups of 32 to 128, 16-bit
+ * scales and biases aligned for the copies (8 bytes for groups of 32, else 4: a row's and a
+ * step's first group then fall on such a boundary), the shared memory allowed. */
+static bool tcr_ok(const cu_gemv_set &g, size_t smem)
+{
+    const dweight &w = g.w[0];
+    if (w.gshift < 5 || w.gshift > 7 || smem > (size_t)tcr_optin) return false;
+    if (w.sdtype != DS_BF16 && w.sdtype != DS_F16) return false;
+    const uintptr_t al = w.gshift == 5 ? 8 : 4;
+    for (int i = 0; i < g.nw; i++)
+        if (!g.w[i].scales || !g.w[i].biases || (uintptr_t)g.w[i].scales % al ||
+            (uintptr_t)g.w[i].biases % al)
+            return false;
+    return true;
+}
+
+template <bool PAIR, int G>
+static void launch_ring(cudaStream_t s, const cu_gemv_set &g, const float *x, int W, size_t smem)
+{
+    /* Persistent blocks as for k_gemv_q4_tc; blocks an SM by (warps, shared memory). */
+    static struct {
+        int w, b;
+        size_t smem;
+    } seen[16];
+    static int n_seen;
+    int b = 0;
+    for (int i = 0; i < n_seen && !b; i++)
+        if (seen[i].w == W && seen[i].smem == smem) b = seen[i].b;
+    if (!b) {
+        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k_gemv_q4_ring<PAIR, G>, W * 32,
+                                                         smem));
+        if (b < 1) b = 1;
+        if (n_seen < 16) {
+            seen[n_seen].w = W;
+            seen[n_seen].b = b;
+            seen[n_seen++].smem = smem;
+        }
+    }
+    const int64_t tiles = g.row_end[g.nw - 1] / TCV_ROWS, most = (int64_t)b * tcr_sms;
+    const int64_t rounds = (tiles + most - 1) / most, blocks = (tiles + rounds - 1) / rounds;
+    cu_launch l;
+    cu_launch_init(&l, (unsigned)blocks, (unsigned)(W * 32), smem, s, g.early);
+    CU(cudaLaunchKernelEx(&l.cfg, k_gemv_q4_ring<PAIR, G>, g, x));
+}
+
 void cu_gemv_q4_tc(cudaStream_t s, const cu_gemv_set &g, const float *x)
 {
     const int64_t k = g.w[0].k;
     const int W = k % 1024 == 0 ? 8 : k % 512 == 0 ? 4 : k % 256 == 0 ? 2 : 1;
     const int NA = g.pair ? 2 : 1;
-    const size_t smem = (size_t)k / 8 * 16 + (size_t)k / 32 * 4 + 64 + 2 * (size_t)W * NA * 16 * 4;
     const bool g64 = g.w[0].gshift >= 6;
+    if (g.tc4 == 2) {
+        /* the ring kernel: steps of 128 columns a warp, K / W a whole number of them */
+        const int G = g.w[0].gshift == 5 ? 4 : g.w[0].gshift == 6 ? 2 : 1;
+        const size_t rs = tcr_smem(k, W, NA, G);
+        if (tcr_ok(g, rs)) {
+            if (g.pair)
+                G == 4   ? launch_ring<true, 4>(s, g, x, W, rs)
+                : G == 2 ? launch_ring<true, 2>(s, g, x, W, rs)
+                         : launch_ring<true, 1>(s, g, x, W, rs);
+            else
+                G == 4   ? launch_ring<false, 4>(s, g, x, W, rs)
+                : G == 2 ? launch_ring<false, 2>(s, g, x, W, rs)
+                         : launch_ring<false, 1>(s, g, x, W, rs);
+            return;
+        }
+    }
+    const size_t smem = (size_t)k / 8 * 16 + (size_t)k / 32 * 4 + 64 + 2 * (size_t)W * NA * 16 * 4;
     if (g.pair)
         g64 ? launch_q4_tc<true, true>(s, g, x, W, smem)
             : launch_q4_tc<true, false>(s, g, x, W, smem);

@@ -232,19 +232,28 @@ void cu_rope_kv(cudaStream_t s, float *q, float *k, const float *v, __nv_bfloat1
     CU_LAUNCHED();
 }
 
-__global__ void k_act_mul(float *out, const float *gate, const float *up, int64_t n, int gelu)
+__global__ void k_act_mul(float *out, const float *gate, const float *up, int64_t n, int gelu,
+                          __nv_bfloat16 *ob)
 {
     allow_dependents();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        out[i] = act_of(gate[i], gelu) * up[i];
+        const float v = act_of(gate[i], gelu) * up[i];
+        out[i] = v;
+        if (ob) ob[i] = __float2bfloat16_rn(v);
     }
+}
+
+static __device__ __forceinline__ uint2 bf16x4(float4 v)
+{
+    __nv_bfloat162 a = __floats2bfloat162_rn(v.x, v.y), b = __floats2bfloat162_rn(v.z, v.w);
+    return make_uint2(*(uint32_t *)&a, *(uint32_t *)&b);
 }
 
 /* The same on float4s: n4 of them, two per thread and iteration, so that four loads are in
  * flight before the first use. */
 __global__ void k_act_mul4(float4 *out, const float4 *__restrict__ gate,
-                           const float4 *__restrict__ up, int64_t n4, int gelu)
+                           const float4 *__restrict__ up, int64_t n4, int gelu, uint2 *ob)
 {
     allow_dependents();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
@@ -256,25 +265,32 @@ __global__ void k_act_mul4(float4 *out, const float4 *__restrict__ gate,
             g1 = gate[i + stride];
             u1 = up[i + stride];
         }
-        out[i] = make_float4(act_of(g0.x, gelu) * u0.x, act_of(g0.y, gelu) * u0.y,
-                             act_of(g0.z, gelu) * u0.z, act_of(g0.w, gelu) * u0.w);
-        if (two)
-            out[i + stride] = make_float4(act_of(g1.x, gelu) * u1.x, act_of(g1.y, gelu) * u1.y,
+        const float4 v0 = make_float4(act_of(g0.x, gelu) * u0.x, act_of(g0.y, gelu) * u0.y,
+                                      act_of(g0.z, gelu) * u0.z, act_of(g0.w, gelu) * u0.w);
+        out[i] = v0;
+        if (ob) ob[i] = bf16x4(v0);
+        if (two) {
+            const float4 v1 = make_float4(act_of(g1.x, gelu) * u1.x, act_of(g1.y, gelu) * u1.y,
                                           act_of(g1.z, gelu) * u1.z, act_of(g1.w, gelu) * u1.w);
+            out[i + stride] = v1;
+            if (ob) ob[i + stride] = bf16x4(v1);
+        }
     }
 }
 
-void cu_act_mul(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n, int gelu)
+void cu_act_mul(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n, int gelu,
+                __nv_bfloat16 *ob)
 {
     if (n <= 0) return;
-    if (n % 4 == 0 && ((uintptr_t)out | (uintptr_t)gate | (uintptr_t)up) % 16 == 0) {
+    if (n % 4 == 0 &&
+        ((uintptr_t)out | (uintptr_t)gate | (uintptr_t)up | (uintptr_t)ob) % 16 == 0) {
         const int64_t n4 = n / 4;
         k_act_mul4<<<blocks_for((n4 + 1) / 2, 256), 256, 0, s>>>(
-            (float4 *)out, (const float4 *)gate, (const float4 *)up, n4, gelu);
+            (float4 *)out, (const float4 *)gate, (const float4 *)up, n4, gelu, (uint2 *)ob);
         CU_LAUNCHED();
         return;
     }
-    k_act_mul<<<blocks_for(n, 256), 256, 0, s>>>(out, gate, up, n, gelu);
+    k_act_mul<<<blocks_for(n, 256), 256, 0, s>>>(out, gate, up, n, gelu, ob);
     CU_LAUNCHED();
 }
 
@@ -380,6 +396,36 @@ void cu_to_bf16(cudaStream_t s, __nv_bfloat16 *dst, const float *src, int64_t n)
 {
     if (n <= 0) return;
     k_to_bf16<<<blocks_for((n + 1) / 2, 256), 256, 0, s>>>(dst, src, n);
+    CU_LAUNCHED();
+}
+
+/* Columns of src [m, n0 + n1 + n2] into y0 [m, n0], y1 [m, n1], y2 [m, n2], in float4 units
+ * (every n a multiple of 4). */
+__global__ void k_split3(const float4 *__restrict__ src, int m, int n0, int n1, int n2, float4 *y0,
+                         float4 *y1, float4 *y2)
+{
+    allow_dependents();
+    const int n = n0 + n1 + n2;
+    for (int r = blockIdx.y; r < m; r += gridDim.y)
+        for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < n; c += gridDim.x * blockDim.x) {
+            const float4 v = src[(int64_t)r * n + c];
+            if (c < n0)
+                y0[(int64_t)r * n0 + c] = v;
+            else if (c < n0 + n1)
+                y1[(int64_t)r * n1 + c - n0] = v;
+            else
+                y2[(int64_t)r * n2 + c - n0 - n1] = v;
+        }
+}
+
+void cu_split3(cudaStream_t s, const float *src, int m, int n0, int n1, int n2, float *y0,
+               float *y1, float *y2)
+{
+    if (m <= 0) return;
+    const int n4 = (n0 + n1 + n2) / 4;
+    dim3 grid((unsigned)((n4 + 255) / 256), (unsigned)(m < 65535 ? m : 65535));
+    k_split3<<<grid, 256, 0, s>>>((const float4 *)src, m, n0 / 4, n1 / 4, n2 / 4, (float4 *)y0,
+                                  (float4 *)y1, (float4 *)y2);
     CU_LAUNCHED();
 }
 

@@ -14,8 +14,11 @@
  *   - sampling: the token the definition of backend_ops.sample gives, computed in double.
  * Sections (named on the command line after the test data folder; none: all): the default
  * backend, then each switchable path in a backend of its own with only its variable set:
- * attention-simt / attention-tc (PAGODA_CUDA_ATTN; the default picks per step), tune
+ * attention-simt / attention-tc / attention-dec (PAGODA_CUDA_ATTN; the default picks per
+ * step), tune
  * (PAGODA_CUDA_GEMM_TUNE=1), gemv-f32 (PAGODA_CUDA_GEMV_TC=0: 4-bit m = 1 in float32),
+ * gemv-regs (PAGODA_CUDA_GEMV_TC=1: the 4-bit tensor-core kernel without the shared-memory
+ * ring),
  * rope-split
  * (PAGODA_CUDA_ROPE_KV=0: rope and the KV store as separate launches), sample
  * (PAGODA_CUDA_SAMPLE=1, the default), gemm-one-stream (PAGODA_CUDA_GEMM_STREAMS=0: every
@@ -365,7 +368,8 @@ static void test_fusions_case(int H, int gate_bf16, int m)
 {
     const int F = 2 * H, KV = H / 2;
     {
-        struct mat wq, wk, wv, wg, wu;
+        struct mat wq, wk, wv, wg, wu, wd;
+        mat_make(&wd, WFMT_BF16, 16, 0, H, F);
         mat_make(&wq, WFMT_BF16, 16, 0, H, H);
         mat_make(&wk, WFMT_BF16, 16, 0, KV, H);
         mat_make(&wv, WFMT_BF16, 16, 0, KV, H);
@@ -388,6 +392,8 @@ static void test_fusions_case(int H, int gate_bf16, int m)
         cpu.ops->matmul(cpu.ctx, g, x, &wg.w, m);
         cpu.ops->matmul(cpu.ctx, u, x, &wu.w, m);
         cpu.ops->act_mul(cpu.ctx, g, g, u, (int64_t)nf, ACT_SILU);
+        float *dn = xmalloc(4 * nh);
+        cpu.ops->matmul(cpu.ctx, dn, g, &wd.w, m);
         cpu.ops->add(cpu.ctx, xr, q, (int64_t)nh);
         cpu.ops->rms_norm(cpu.ctx, h, xr, nw, m, H, 1e-5f);
 
@@ -400,6 +406,9 @@ static void test_fusions_case(int H, int gate_bf16, int m)
         gpu.ops->matmul(gpu.ctx, dg, dx, &wg.wg, m);
         gpu.ops->matmul(gpu.ctx, du, dx, &wu.wg, m);
         gpu.ops->act_mul(gpu.ctx, dg, dg, du, (int64_t)nf, ACT_SILU);
+        /* right after the activation: at m > 8 it hands the product its bf16 x */
+        float *ddn = poisoned(nh);
+        gpu.ops->matmul(gpu.ctx, ddn, dg, &wd.wg, m);
         gpu.ops->add(gpu.ctx, dres, dq, (int64_t)nh);
         gpu.ops->rms_norm(gpu.ctx, dh, dres, dnw, m, H, 1e-5f);
         /* products of m > 8 take bf16 operands; 4-bit gate and up on tensor cores at m = 1
@@ -408,22 +417,22 @@ static void test_fusions_case(int H, int gate_bf16, int m)
         const double bgu =
             m <= 8 && gemv_tc_case(WFMT_AFFINE, 4, 64, F, H, m) && !gate_bf16 ? 2e-3 : b;
         const struct out_ref outs[] = {
-            {"q", dq, q, nh, b},          {"k", dk, k, nk, b},
-            {"v", dv, v, nk, b},          {"act(gate)*up", dg, g, nf, bgu},
-            {"up", du, u, nf, bgu},       {"x + q", dres, xr, nh, b},
-            {"norm(x + q)", dh, h, nh, b}};
+            {"q", dq, q, nh, b},           {"k", dk, k, nk, b},
+            {"v", dv, v, nk, b},           {"act(gate)*up", dg, g, nf, bgu},
+            {"up", du, u, nf, bgu},        {"x + q", dres, xr, nh, b},
+            {"norm(x + q)", dh, h, nh, b}, {"down(act(gate)*up)", ddn, dn, nh, bgu}};
         char what[64];
         snprintf(what, sizeof what, "fused sequence H=%d m=%d", H, m);
         check_outs(outs, sizeof outs / sizeof outs[0], what);
-        float *refs[] = {q, k, v, g, u, xr, h};
-        for (int i = 0; i < 7; i++) free(refs[i]);
+        float *refs[] = {q, k, v, g, u, xr, h, dn};
+        for (int i = 0; i < 8; i++) free(refs[i]);
         gpu.ops->free(gpu.ctx, dx);
         gpu.ops->free(gpu.ctx, dnw);
         free(x);
         free(res);
         free(nw);
-        struct mat *ms[] = {&wq, &wk, &wv, &wg, &wu};
-        for (int i = 0; i < 5; i++) mat_free(ms[i]);
+        struct mat *ms[] = {&wq, &wk, &wv, &wg, &wu, &wd};
+        for (int i = 0; i < 6; i++) mat_free(ms[i]);
     }
 }
 
@@ -688,6 +697,123 @@ static void test_attention_case(int n_heads, int n_kv, int hd, int window, float
     free(vc);
 }
 
+/*
+ * A decode step of n_seqs sequences, one token each, over contexts of different lengths
+ * (0 to 250 earlier keys; block tables interleaved across sequences). With 64 or more
+ * sequences the default backend runs the decode kernel (keys split among a block's warps).
+ */
+static void test_attention_decode(int n_seqs, int n_heads, int n_kv, int hd, int window,
+                                  float softcap)
+{
+    const int bs = 16, max_blocks = 16, n_blocks = n_seqs * max_blocks, kv_row = n_kv * hd;
+    int32_t *bt = xmalloc(sizeof(int32_t) * (size_t)n_blocks);
+    for (int s = 0; s < n_seqs; s++)
+        for (int i = 0; i < max_blocks; i++) bt[s * max_blocks + i] = i * n_seqs + (n_seqs - 1 - s);
+    int32_t *ctx = xmalloc(sizeof(int32_t) * (size_t)n_seqs);
+    int total = 0;
+    for (int s = 0; s < n_seqs; s++) total += ctx[s] = (s * 37 + 11) % 251;
+    size_t kv_elems = (size_t)n_blocks * bs * kv_row;
+    float *kc = xcalloc(kv_elems, sizeof(float)), *vc = xcalloc(kv_elems, sizeof(float));
+    struct kv_layer kv_cpu = {kc, vc};
+    struct kv_layer kv_gpu = {gpu.ops->alloc(gpu.ctx, kv_elems * 2),
+                              gpu.ops->alloc(gpu.ctx, kv_elems * 2)};
+    struct kv_geom g = {n_blocks, bs, n_kv, hd};
+    struct attn_params p = {n_heads, n_kv, hd, 1.0f / sqrtf((float)hd), softcap, window};
+    /* step 0 stores every sequence's earlier keys (no attention), step 1 decodes */
+    for (int step = 0; step < 2; step++) {
+        int nt = step ? n_seqs : total, ns = 0;
+        if (nt == 0) continue;
+        int32_t *tokens = xcalloc((size_t)nt, sizeof(int32_t)),
+                *pos = xmalloc(sizeof(int32_t) * (size_t)nt),
+                *slot = xmalloc(sizeof(int32_t) * (size_t)nt),
+                *qs = xmalloc(sizeof(int32_t) * (size_t)(n_seqs + 1)),
+                *sl = xmalloc(sizeof(int32_t) * (size_t)n_seqs),
+                *bts = xmalloc(sizeof(int32_t) * (size_t)n_blocks);
+        int t = 0;
+        for (int s = 0; s < n_seqs; s++) {
+            int lo = step ? ctx[s] : 0, c = step ? 1 : ctx[s];
+            if (c == 0) continue;
+            qs[ns] = t;
+            for (int j = 0; j < c; j++, t++) {
+                pos[t] = lo + j;
+                slot[t] = bt[s * max_blocks + (lo + j) / bs] * bs + (lo + j) % bs;
+            }
+            sl[ns] = lo + c;
+            memcpy(bts + ns * max_blocks, bt + s * max_blocks, sizeof(int32_t) * max_blocks);
+            ns++;
+        }
+        qs[ns] = t;
+        int32_t lr[1] = {0};
+        struct fwd_batch b = {.n_tokens = nt,
+                              .tokens = tokens,
+                              .pos = pos,
+                              .slot = slot,
+                              .n_seqs = ns,
+                              .q_start = qs,
+                              .seq_len = sl,
+                              .block_table = bts,
+                              .max_blocks = max_blocks,
+                              .n_logits = 0,
+                              .logit_rows = lr};
+        size_t nq = (size_t)nt * n_heads * hd, nk = (size_t)nt * kv_row;
+        float *k = rvec(nk), *v = rvec(nk);
+        for (size_t i = 0; i < nk; i++) {
+            k[i] = round_bf16(k[i] * 2.0f);
+            v[i] = round_bf16(v[i]);
+        }
+        float *dk = dev(k, nk), *dv = dev(v, nk);
+        cpu.ops->batch_begin(cpu.ctx, &b);
+        cpu.ops->kv_store(cpu.ctx, &kv_cpu, &g, k, v, &b);
+        gpu.ops->batch_begin(gpu.ctx, &b);
+        gpu.ops->kv_store(gpu.ctx, &kv_gpu, &g, dk, dv, &b);
+        if (step) {
+            float *q = rvec(nq), *ref = xmalloc(sizeof(float) * nq);
+            for (size_t i = 0; i < nq; i++) q[i] *= 2.0f;
+            cpu.ops->attention(cpu.ctx, ref, q, &kv_cpu, &g, &b, &p);
+            float *dq = dev(q, nq), *dout = poisoned(nq);
+            gpu.ops->attention(gpu.ctx, dout, dq, &kv_gpu, &g, &b, &p);
+            float *got = back(dout, nq);
+            double err = rel_err(got, ref, nq);
+            CHECK(err <= attn_bound,
+                  "decode attention (%s) %d sequences, heads %d/%d d=%d window %d softcap %g: "
+                  "relative error %.3g > %.0e",
+                  getenv("PAGODA_CUDA_ATTN"), n_seqs, n_heads, n_kv, hd, window, softcap, err,
+                  attn_bound);
+            free(q);
+            free(ref);
+            free(got);
+            gpu.ops->free(gpu.ctx, dq);
+            gpu.ops->free(gpu.ctx, dout);
+        }
+        gpu.ops->free(gpu.ctx, dk);
+        gpu.ops->free(gpu.ctx, dv);
+        free(k);
+        free(v);
+        free(tokens);
+        free(pos);
+        free(slot);
+        free(qs);
+        free(sl);
+        free(bts);
+    }
+    gpu.ops->free(gpu.ctx, kv_gpu.k);
+    gpu.ops->free(gpu.ctx, kv_gpu.v);
+    free(kc);
+    free(vc);
+    free(bt);
+    free(ctx);
+}
+
+static void test_attention_decodes(void)
+{
+    test_attention_decode(70, 32, 8, 128, 0, 0);     /* 4 query heads per KV head */
+    test_attention_decode(64, 16, 2, 128, 0, 0);     /* 8 */
+    test_attention_decode(65, 16, 1, 64, 0, 0);      /* 16 */
+    test_attention_decode(66, 8, 4, 128, 40, 30.0f); /* window and soft-capping */
+    test_attention_decode(67, 12, 4, 64, 0, 0);      /* 3 */
+    test_attention_decode(5, 32, 8, 128, 0, 0);      /* few sequences */
+}
+
 static void test_attention(void)
 {
     test_attention_case(4, 2, 32, 0, 0);
@@ -699,6 +825,7 @@ static void test_attention(void)
     test_attention_case(32, 8, 128, 24, 0);   /* window, 128-wide heads */
     test_attention_case(8, 4, 128, 0, 50.0f); /* soft-capping, 128-wide heads */
     test_attention_case(8, 1, 64, 40, 30.0f); /* 8 heads per KV head, both */
+    test_attention_decodes();
 }
 
 /* Canonical order of backend_ops.sample: larger value first, then lower index. */
@@ -854,6 +981,15 @@ static void gemv_f32_section(void)
     test_norm_fusion();
 }
 
+/* 4-bit m = 1 products through the tensor-core kernel that keeps its loads in registers
+ * (PAGODA_CUDA_GEMV_TC=1; the default is the one with a shared-memory ring). */
+static void gemv_regs_section(void)
+{
+    products_and_fusions();
+    test_norm_fusion();
+    test_gemv_tc_many_tiles();
+}
+
 static void rope_kv_cases(void)
 {
     test_rope_kv(1, 32, 8, 128);
@@ -886,6 +1022,8 @@ static void default_section(void)
     rope_kv_cases();
     test_norm_fusion(); /* also 4-bit q/k/v as one set and gate/up as a pair */
     test_gemv_tc_many_tiles();
+    attn_bound = 1e-2; /* decode steps of 64 or more sequences: the tensor-core decode kernel */
+    test_attention_decodes();
 }
 
 /* Sections, each selectable by name after the test data folder (none: all). Each
@@ -897,8 +1035,10 @@ static const struct {
     {"default", NULL, NULL, default_section},
     {"attention-simt", "PAGODA_CUDA_ATTN", "simt", attention_simt},
     {"attention-tc", "PAGODA_CUDA_ATTN", "tc", attention_tc},
+    {"attention-dec", "PAGODA_CUDA_ATTN", "dec", attention_tc},
     {"tune", "PAGODA_CUDA_GEMM_TUNE", "1", products_and_fusions},
     {"gemv-f32", "PAGODA_CUDA_GEMV_TC", "0", gemv_f32_section},
+    {"gemv-regs", "PAGODA_CUDA_GEMV_TC", "1", gemv_regs_section},
     {"rope-split", "PAGODA_CUDA_ROPE_KV", "0", rope_kv_cases},
     {"sample", "PAGODA_CUDA_SAMPLE", "1", sample_section},
     {"gemm-one-stream", "PAGODA_CUDA_GEMM_STREAMS", "0", products_and_fusions},
