@@ -9,6 +9,8 @@
  * Windows (sliding attention) and score soft-capping follow the CPU reference.
  */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels/cuda/cuda.cuh"
 
@@ -433,8 +435,8 @@ static __device__ __forceinline__ float ex2(float x)
     return y;
 }
 
-template <int D, bool G16>
-__global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a)
+template <int D, bool G16, int MINB>
+__global__ void __launch_bounds__(DEC_WARPS * 32, MINB) k_attention_dec(cu_attn_args a)
 {
     allow_dependents();
     constexpr int NC = D / 32;        /* 16-byte key loads per key row and lane */
@@ -456,6 +458,26 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
         return pow2 ? (int64_t)bt[kp >> bsh] * bs + (kp & (bs - 1))
                     : (int64_t)bt[kp / bs] * bs + kp % bs;
     };
+
+    /* The 16 keys' loads of this lane (keys and values of the block of 16 from kb). */
+    uint4 kr[2][NC], vr[4][VC];
+    auto load_keys = [&](int kb) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t off = slot_of(min(kb + g + 8 * h, k_hi - 1)) * kv_row + 8 * tq;
+#pragma unroll
+            for (int i = 0; i < NC; i++) kr[h][i] = __ldg((const uint4 *)(kbase + off + 32 * i));
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            const int kp = kb + 2 * tq + (u & 1) + 8 * (u >> 1);
+            const int64_t off = slot_of(min(kp, k_hi - 1)) * kv_row + 8 * g;
+#pragma unroll
+            for (int c = 0; c < VC; c++) vr[u][c] = __ldg((const uint4 *)(vbase + off + 64 * c));
+        }
+    };
+    /* the first keys' loads go out before the queries are read */
+    if (k_lo + 16 * warp < k_hi) load_keys(k_lo + 16 * warp);
 
     /* Q fragments: rows g (and g + 8), dimensions in the key loads' order, bf16. */
     uint32_t qf[2 * NC][4];
@@ -485,21 +507,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
     const float LOG2E = 1.4426950408889634f, sl2 = a.scale * LOG2E;
 
     for (int kb = k_lo + 16 * warp; kb < k_hi; kb += 16 * DEC_WARPS) {
-        /* every load of the 16 keys before any use */
-        uint4 kr[2][NC], vr[4][VC];
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int64_t off = slot_of(min(kb + g + 8 * h, k_hi - 1)) * kv_row + 8 * tq;
-#pragma unroll
-            for (int i = 0; i < NC; i++) kr[h][i] = __ldg((const uint4 *)(kbase + off + 32 * i));
-        }
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const int kp = kb + 2 * tq + (u & 1) + 8 * (u >> 1);
-            const int64_t off = slot_of(min(kp, k_hi - 1)) * kv_row + 8 * g;
-#pragma unroll
-            for (int c = 0; c < VC; c++) vr[u][c] = __ldg((const uint4 *)(vbase + off + 64 * c));
-        }
+        if (kb != k_lo + 16 * warp) load_keys(kb); /* all 16 keys' loads before any use */
 
         /* S for keys kb + 0..7 (h = 0) and kb + 8..15 (h = 1) */
         float sc[2][4];
@@ -635,10 +643,17 @@ template <int D> static void launch_dec(cudaStream_t s, const cu_attn_args &a)
     const int group = a.n_heads / a.n_kv_heads;
     const size_t smem = sizeof(float) * (DEC_WARPS * (size_t)group * D + 2 * DEC_WARPS * 16);
     dim3 grid((unsigned)a.n_tokens, (unsigned)a.n_kv_heads);
-    if (group > 8)
-        k_attention_dec<D, true><<<grid, DEC_WARPS * 32, smem, s>>>(a);
-    else
-        k_attention_dec<D, false><<<grid, DEC_WARPS * 32, smem, s>>>(a);
+    static const char *minb = getenv("PAGODA_CUDA_ATTN_DEC_BLOCKS");
+    if (minb && !strcmp(minb, "3")) {
+        if (group > 8)
+            k_attention_dec<D, true, 3><<<grid, DEC_WARPS * 32, smem, s>>>(a);
+        else
+            k_attention_dec<D, false, 3><<<grid, DEC_WARPS * 32, smem, s>>>(a);
+    } else if (group > 8) {
+        k_attention_dec<D, true, 1><<<grid, DEC_WARPS * 32, smem, s>>>(a);
+    } else {
+        k_attention_dec<D, false, 1><<<grid, DEC_WARPS * 32, smem, s>>>(a);
+    }
     CU_LAUNCHED();
 }
 

@@ -147,9 +147,9 @@ struct cu_ctx {
     /* a set of 3 bf16 products (q, k, v) as one product of their rows stored one after
      * another, its result split after (PAGODA_CUDA_GEMM_FUSE=0: off) */
     int gemm_fuse, fuse_failed;
-    /* a cuBLASLt product right after the activation that wrote its x takes the bf16 copy the
-     * activation writes as well (PAGODA_CUDA_ACT_BF16=0: off) */
-    int act_bf16;
+    /* a cuBLASLt product right after the activation or norm that wrote its x takes the bf16
+     * copy that operation writes as well (PAGODA_CUDA_BF16_X=0: off) */
+    int bf16_x;
     float *ycat;
     size_t ycat_cap;
     cudaStream_t side[2];
@@ -206,7 +206,7 @@ static void exec_op(cu_ctx *c, const op *o)
         break;
     case OP_RMS:
         cu_rms_norm(s, (float *)o->p[0], (const float *)o->p[1], (const float *)o->p[2], o->i[0],
-                    o->i[1], o->f[0]);
+                    o->i[1], o->f[0], (__nv_bfloat16 *)o->p[4]);
         break;
     case OP_ROPE:
         cu_rope(s, (float *)o->p[0], o->i[0], o->i[1], o->i[2], (const float *)o->p[1],
@@ -258,7 +258,8 @@ static void exec_op(cu_ctx *c, const op *o)
         break;
     case OP_GEMM_SET: {
         const int m = o->i[0], nw = o->gs.nw;
-        cu_to_bf16(s, c->xb, (const float *)o->p[1], (int64_t)m * o->gs.w[0].k);
+        if (!o->i[2]) /* else the operation before wrote xb */
+            cu_to_bf16(s, c->xb, (const float *)o->p[1], (int64_t)m * o->gs.w[0].k);
         if (o->i[1]) { /* fused: one product into p[2], then its columns apart */
             dweight cat = o->gs.w[0];
             cat.n = o->gs.w[0].n + o->gs.w[1].n + o->gs.w[2].n;
@@ -280,7 +281,8 @@ static void exec_op(cu_ctx *c, const op *o)
     }
     case OP_ADD_RMS:
         cu_add_rms_norm(s, (float *)o->p[0], (float *)o->p[1], (const float *)o->p[2],
-                        (const float *)o->p[3], o->i[0], o->i[1], o->f[0]);
+                        (const float *)o->p[3], o->i[0], o->i[1], o->f[0],
+                        (__nv_bfloat16 *)o->p[4]);
         break;
     }
 }
@@ -913,10 +915,12 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
                 g.w[0] = p->w;
                 g.y[0] = (float *)p->p[0];
                 g.nw = 1;
+                const int pre = p->i[1];
                 memset(p, 0, sizeof *p);
                 p->kind = OP_GEMM_SET;
                 p->p[1] = x;
                 p->i[0] = m;
+                p->i[2] = pre;
                 p->gs = g;
             }
             if (p->kind == OP_GEMM_SET && p->gs.nw < 3 && p->gs.w[0].k == d.k) {
@@ -931,11 +935,17 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
             }
         }
     }
-    /* x just written by the activation: it writes the bf16 copy the product reads too */
-    op *act = m > CU_GEMV_MAX_M && !c->invariant && c->act_bf16 ? last_op(c, OP_ACT) : NULL;
-    const bool pre = act && act->p[0] == x && act->n == (int64_t)m * d.k && (void *)y != x &&
-                     cu_gemm_lt_ok(&c->g, d, m);
-    if (pre) act->p[3] = c->xb;
+    /* x just written by the activation or a norm: it writes the bf16 copy the product reads
+     * too (a second product over x joins this one in a set, which then skips the copy) */
+    op *prev = m > CU_GEMV_MAX_M && !c->invariant && c->bf16_x && c->fuse && c->n_ops
+                   ? &c->tape[c->n_ops - 1]
+                   : NULL;
+    const bool lt = prev && (void *)y != x && cu_gemm_lt_ok(&c->g, d, m);
+    const bool pre =
+        lt && ((prev->kind == OP_ACT && prev->p[0] == x && prev->n == (int64_t)m * d.k) ||
+               ((prev->kind == OP_RMS || prev->kind == OP_ADD_RMS) && prev->p[0] == x &&
+                prev->i[0] == m && prev->i[1] == d.k));
+    if (pre) prev->p[prev->kind == OP_ACT ? 3 : 4] = c->xb;
     op *o = record(c, OP_MATMUL);
     o->p[0] = y;
     o->p[1] = x;
@@ -1393,7 +1403,7 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->gemv_tc = env && !strcmp(env, "1") ? 1 : env_flag("PAGODA_CUDA_GEMV_TC", 2);
     c->gemm_streams = env_flag("PAGODA_CUDA_GEMM_STREAMS", 1);
     c->gemm_fuse = env_flag("PAGODA_CUDA_GEMM_FUSE", 1);
-    c->act_bf16 = env_flag("PAGODA_CUDA_ACT_BF16", 1);
+    c->bf16_x = env_flag("PAGODA_CUDA_BF16_X", 1);
     if (c->gemm_streams) {
         CU(cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
         for (int j = 0; j < 2; j++) {

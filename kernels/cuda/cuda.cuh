@@ -180,8 +180,9 @@ int cu_attn_splits(int n_tokens, int n_kv_heads, int max_keys, int sms);
 
 void cu_embed(cudaStream_t s, float *out, const dweight &table, const int32_t *tokens, int n,
               float scale);
+/** out = rms_norm(x) * w over rows of dim; also as bf16 into ob unless it is NULL. */
 void cu_rms_norm(cudaStream_t s, float *out, const float *x, const float *w, int rows, int dim,
-                 float eps);
+                 float eps, __nv_bfloat16 *ob);
 void cu_rope(cudaStream_t s, float *x, int rows, int heads, int d, const float *cos_t,
              const float *sin_t);
 /** Rope on q [n, hq, d] and k [n, hkv, d] in place, then k and v stored at slot[t] of
@@ -193,9 +194,10 @@ void cu_rope_kv(cudaStream_t s, float *q, float *k, const float *v, __nv_bfloat1
 void cu_act_mul(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n, int gelu,
                 __nv_bfloat16 *ob);
 void cu_add(cudaStream_t s, float *x, const float *y, int64_t n);
-/** x += y, then out = rms_norm(x) * w, over rows of dim (out may be y). */
+/** x += y, then out = rms_norm(x) * w, over rows of dim (out may be y); also as bf16 into ob
+ * unless it is NULL. */
 void cu_add_rms_norm(cudaStream_t s, float *out, float *x, const float *y, const float *w, int rows,
-                     int dim, float eps);
+                     int dim, float eps, __nv_bfloat16 *ob);
 void cu_add_bias(cudaStream_t s, float *y, const float *bias, int m, int n);
 void cu_softcap(cudaStream_t s, float *x, int64_t n, float cap);
 void cu_gather_rows(cudaStream_t s, float *dst, const float *src, const int32_t *rows, int n,

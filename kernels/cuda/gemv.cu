@@ -517,7 +517,7 @@ void cu_gemv_multi(cudaStream_t s, const cu_gemv_set &g, const float *x, int m)
         cu_gemv_set h = g;
         h.nsrc = h.nweight = NULL;
         h.resid = NULL;
-        if (g.nsrc) cu_rms_norm(s, (float *)x, g.nsrc, g.nweight, 1, (int)w.k, g.nepsilon);
+        if (g.nsrc) cu_rms_norm(s, (float *)x, g.nsrc, g.nweight, 1, (int)w.k, g.nepsilon, NULL);
         cu_gemv_multi(s, h, x, m);
         if (g.resid) cu_add(s, g.resid, g.y[0], w.n);
         return;

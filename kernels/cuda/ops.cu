@@ -62,7 +62,8 @@ __global__ void k_rms_norm(float *out, const float *x, const float *__restrict__
 #define NORM4_THREADS 256
 template <int C, bool ADD>
 __global__ void __launch_bounds__(NORM4_THREADS)
-    k_norm4(float *out, float *x, const float *y, const float *__restrict__ w, int dim, float eps)
+    k_norm4(float *out, float *x, const float *y, const float *__restrict__ w, int dim, float eps,
+            uint2 *ob)
 {
     allow_dependents();
     __shared__ float sh[32];
@@ -98,22 +99,30 @@ __global__ void __launch_bounds__(NORM4_THREADS)
         const int i = threadIdx.x + c * NORM4_THREADS;
         if (i < d4) {
             const float4 g = __ldg((const float4 *)w + i);
-            o[i] = make_float4(v[c].x * inv * g.x, v[c].y * inv * g.y, v[c].z * inv * g.z,
-                               v[c].w * inv * g.w);
+            const float4 r = make_float4(v[c].x * inv * g.x, v[c].y * inv * g.y, v[c].z * inv * g.z,
+                                         v[c].w * inv * g.w);
+            o[i] = r;
+            if (ob) {
+                __nv_bfloat162 a = __floats2bfloat162_rn(r.x, r.y),
+                               b = __floats2bfloat162_rn(r.z, r.w);
+                ob[(int64_t)blockIdx.x * d4 + i] = make_uint2(*(uint32_t *)&a, *(uint32_t *)&b);
+            }
         }
     }
 }
 
 /* Launches k_norm4 when the row fits it; false otherwise. */
 static bool norm4(cudaStream_t s, float *out, float *x, const float *y, const float *w, int rows,
-                  int dim, float eps, bool add)
+                  int dim, float eps, bool add, __nv_bfloat16 *ob)
 {
     if (dim % 4 || dim > 8 * 4 * NORM4_THREADS) return false;
-    if (((uintptr_t)out | (uintptr_t)x | (uintptr_t)y | (uintptr_t)w) % 16) return false;
+    if (((uintptr_t)out | (uintptr_t)x | (uintptr_t)y | (uintptr_t)w | (uintptr_t)ob) % 16)
+        return false;
     const int c = (dim / 4 + NORM4_THREADS - 1) / NORM4_THREADS;
+    uint2 *o2 = (uint2 *)ob;
 #define NORM4(C)                                                                                   \
-    (add ? k_norm4<C, true><<<(unsigned)rows, NORM4_THREADS, 0, s>>>(out, x, y, w, dim, eps)       \
-         : k_norm4<C, false><<<(unsigned)rows, NORM4_THREADS, 0, s>>>(out, x, y, w, dim, eps))
+    (add ? k_norm4<C, true><<<(unsigned)rows, NORM4_THREADS, 0, s>>>(out, x, y, w, dim, eps, o2)   \
+         : k_norm4<C, false><<<(unsigned)rows, NORM4_THREADS, 0, s>>>(out, x, y, w, dim, eps, o2))
     if (c == 1)
         NORM4(1);
     else if (c == 2)
@@ -128,13 +137,14 @@ static bool norm4(cudaStream_t s, float *out, float *x, const float *y, const fl
 }
 
 void cu_rms_norm(cudaStream_t s, float *out, const float *x, const float *w, int rows, int dim,
-                 float eps)
+                 float eps, __nv_bfloat16 *ob)
 {
     if (rows <= 0) return;
-    if (norm4(s, out, (float *)x, x, w, rows, dim, eps, false)) return;
+    if (norm4(s, out, (float *)x, x, w, rows, dim, eps, false, ob)) return;
     int threads = dim >= 1024 ? 1024 : dim >= 256 ? 256 : dim >= 128 ? 128 : 32;
     k_rms_norm<<<(unsigned)rows, threads, 0, s>>>(out, x, w, dim, eps);
     CU_LAUNCHED();
+    if (ob) cu_to_bf16(s, ob, out, (int64_t)rows * dim);
 }
 
 __global__ void k_add_rms_norm(float *out, float *x, const float *y, const float *__restrict__ w,
@@ -158,13 +168,14 @@ __global__ void k_add_rms_norm(float *out, float *x, const float *y, const float
 }
 
 void cu_add_rms_norm(cudaStream_t s, float *out, float *x, const float *y, const float *w, int rows,
-                     int dim, float eps)
+                     int dim, float eps, __nv_bfloat16 *ob)
 {
     if (rows <= 0) return;
-    if (norm4(s, out, x, y, w, rows, dim, eps, true)) return;
+    if (norm4(s, out, x, y, w, rows, dim, eps, true, ob)) return;
     int threads = dim >= 1024 ? 1024 : dim >= 256 ? 256 : dim >= 128 ? 128 : 32;
     k_add_rms_norm<<<(unsigned)rows, threads, 0, s>>>(out, x, y, w, dim, eps);
     CU_LAUNCHED();
+    if (ob) cu_to_bf16(s, ob, out, (int64_t)rows * dim);
 }
 
 __global__ void k_rope(float *x, int64_t total, int heads, int half, const float *__restrict__ c,

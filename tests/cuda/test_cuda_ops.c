@@ -437,7 +437,7 @@ static void test_fusions_case(int H, int gate_bf16, int m)
 }
 
 /*
- * One decoding row through two residual blocks as the model records them: o product, x +=
+ * Decoding rows through two residual blocks as the model records them: o product, x +=
  * it, rms_norm, q/k/v products; then down product, x += it, rms_norm, gate/up with the
  * activation. With PAGODA_CUDA_FUSE_NORM=1 each add joins the product before it and each
  * norm the products after it; either way every result matches the CPU within 1e-4.
@@ -450,28 +450,28 @@ struct tails {
 /* The two block tails of test_norm_fusion_case through one backend (ws: o, q, k, v, down,
  * gate, up; their GPU copies when on_gpu). */
 static void run_tails(const struct backend *be, int on_gpu, const struct tails *t,
-                      const struct mat *const ws[7], int H, int F)
+                      const struct mat *const ws[7], int H, int F, int m)
 {
     const struct qweight *w[7];
     for (int i = 0; i < 7; i++) w[i] = on_gpu ? &ws[i]->wg : &ws[i]->w;
     void *c = be->ctx;
     /* attention block's tail, the next norm and q/k/v */
-    be->ops->matmul(c, t->h, t->att, w[0], 1);
-    be->ops->add(c, t->x, t->h, H);
-    be->ops->rms_norm(c, t->h2, t->x, t->n1, 1, H, 1e-5f);
-    be->ops->matmul(c, t->q, t->h2, w[1], 1);
-    be->ops->matmul(c, t->k, t->h2, w[2], 1);
-    be->ops->matmul(c, t->v, t->h2, w[3], 1);
+    be->ops->matmul(c, t->h, t->att, w[0], m);
+    be->ops->add(c, t->x, t->h, (int64_t)m * H);
+    be->ops->rms_norm(c, t->h2, t->x, t->n1, m, H, 1e-5f);
+    be->ops->matmul(c, t->q, t->h2, w[1], m);
+    be->ops->matmul(c, t->k, t->h2, w[2], m);
+    be->ops->matmul(c, t->v, t->h2, w[3], m);
     /* the feed-forward block's tail (down over act), the next norm and gate/up */
-    be->ops->matmul(c, t->h3, t->act, w[4], 1);
-    be->ops->add(c, t->x, t->h3, H);
-    be->ops->rms_norm(c, t->h2, t->x, t->n2, 1, H, 1e-5f);
-    be->ops->matmul(c, t->g, t->h2, w[5], 1);
-    be->ops->matmul(c, t->u, t->h2, w[6], 1);
-    be->ops->act_mul(c, t->g, t->g, t->u, F, ACT_SILU);
+    be->ops->matmul(c, t->h3, t->act, w[4], m);
+    be->ops->add(c, t->x, t->h3, (int64_t)m * H);
+    be->ops->rms_norm(c, t->h2, t->x, t->n2, m, H, 1e-5f);
+    be->ops->matmul(c, t->g, t->h2, w[5], m);
+    be->ops->matmul(c, t->u, t->h2, w[6], m);
+    be->ops->act_mul(c, t->g, t->g, t->u, (int64_t)m * F, ACT_SILU);
 }
 
-static void test_norm_fusion_case(int H, enum wfmt fmt, int bits)
+static void test_norm_fusion_case(int H, enum wfmt fmt, int bits, int m)
 {
     const int F = 2 * H, KV = H / 2, group = fmt == WFMT_AFFINE ? 64 : 0;
     struct mat wo, wq, wk, wv, wd, wg, wu;
@@ -482,28 +482,29 @@ static void test_norm_fusion_case(int H, enum wfmt fmt, int bits)
     mat_make(&wd, fmt, bits, group, H, F);
     mat_make(&wg, fmt, bits, group, F, H);
     mat_make(&wu, fmt, bits, group, F, H);
-    float *att = rvec(H), *x = rvec(H), *n1 = rvec(H), *n2 = rvec(H), *act = rvec(F);
-    float *h = xmalloc(4 * (size_t)H), *q = xmalloc(4 * (size_t)H), *k = xmalloc(4 * (size_t)KV),
-          *v = xmalloc(4 * (size_t)KV), *h2 = xmalloc(4 * (size_t)H), *g = xmalloc(4 * (size_t)F),
-          *u = xmalloc(4 * (size_t)F), *h3 = xmalloc(4 * (size_t)H);
-    float *dx = dev(x, H), *datt = dev(att, H), *dn1 = dev(n1, H), *dn2 = dev(n2, H),
-          *dact = dev(act, F);
-    float *dh = poisoned(H), *dq = poisoned(H), *dk = poisoned(KV), *dv = poisoned(KV),
-          *dh2 = poisoned(H), *dg = poisoned(F), *du = poisoned(F), *dh3 = poisoned(H);
+    const size_t mH = (size_t)m * H, mF = (size_t)m * F, mK = (size_t)m * KV;
+    float *att = rvec(mH), *x = rvec(mH), *n1 = rvec(H), *n2 = rvec(H), *act = rvec(mF);
+    float *h = xmalloc(4 * mH), *q = xmalloc(4 * mH), *k = xmalloc(4 * mK), *v = xmalloc(4 * mK),
+          *h2 = xmalloc(4 * mH), *g = xmalloc(4 * mF), *u = xmalloc(4 * mF), *h3 = xmalloc(4 * mH);
+    float *dx = dev(x, mH), *datt = dev(att, mH), *dn1 = dev(n1, H), *dn2 = dev(n2, H),
+          *dact = dev(act, mF);
+    float *dh = poisoned(mH), *dq = poisoned(mH), *dk = poisoned(mK), *dv = poisoned(mK),
+          *dh2 = poisoned(mH), *dg = poisoned(mF), *du = poisoned(mF), *dh3 = poisoned(mH);
     const struct mat *ws[7] = {&wo, &wq, &wk, &wv, &wd, &wg, &wu};
     struct tails th = {att, x, n1, n2, act, h, q, k, v, h2, g, u, h3};
     struct tails td = {datt, dx, dn1, dn2, dact, dh, dq, dk, dv, dh2, dg, du, dh3};
-    run_tails(&cpu, 0, &th, ws, H, F);
-    run_tails(&gpu, 1, &td, ws, H, F);
-    /* 4-bit products on tensor cores round x to fp16 */
-    const double e = gemv_tc_case(fmt, bits, group, KV, H, 1) ? 2e-3 : 1e-4;
-    const struct out_ref outs[] = {{"o", dh, h, H, e},         {"q", dq, q, H, e},
-                                   {"k", dk, k, KV, e},        {"v", dv, v, KV, e},
-                                   {"down", dh3, h3, H, e},    {"residual x", dx, x, H, e},
-                                   {"norm(x)", dh2, h2, H, e}, {"act(gate)*up", dg, g, F, e},
-                                   {"up", du, u, F, e}};
+    run_tails(&cpu, 0, &th, ws, H, F, m);
+    run_tails(&gpu, 1, &td, ws, H, F, m);
+    /* 4-bit products on tensor cores round x to fp16; products of m > 8 take bf16 operands */
+    const double e = m > 8 ? 1e-2 : gemv_tc_case(fmt, bits, group, KV, H, 1) ? 2e-3 : 1e-4;
+    const struct out_ref outs[] = {{"o", dh, h, mH, e},         {"q", dq, q, mH, e},
+                                   {"k", dk, k, mK, e},         {"v", dv, v, mK, e},
+                                   {"down", dh3, h3, mH, e},    {"residual x", dx, x, mH, e},
+                                   {"norm(x)", dh2, h2, mH, e}, {"act(gate)*up", dg, g, mF, e},
+                                   {"up", du, u, mF, e}};
     char what[64];
-    snprintf(what, sizeof what, "norm fusion H=%d %s", H, fmt == WFMT_AFFINE ? "4-bit" : "bf16");
+    snprintf(what, sizeof what, "norm fusion H=%d m=%d %s", H, m,
+             fmt == WFMT_AFFINE ? "4-bit" : "bf16");
     check_outs(outs, sizeof outs / sizeof outs[0], what);
     float *hb[] = {att, x, n1, n2, act, h, q, k, v, h2, g, u, h3};
     for (size_t i = 0; i < sizeof hb / sizeof hb[0]; i++) free(hb[i]);
@@ -515,9 +516,11 @@ static void test_norm_fusion_case(int H, enum wfmt fmt, int bits)
 
 static void test_norm_fusion(void)
 {
-    test_norm_fusion_case(1024, WFMT_BF16, 16);
-    test_norm_fusion_case(2048, WFMT_AFFINE, 4);
-    test_norm_fusion_case(256, WFMT_BF16, 16); /* k under 1024: around the general kernel */
+    test_norm_fusion_case(1024, WFMT_BF16, 16, 1);
+    test_norm_fusion_case(2048, WFMT_AFFINE, 4, 1);
+    test_norm_fusion_case(256, WFMT_BF16, 16, 1); /* k under 1024: around the general kernel */
+    /* cuBLASLt products: the norms hand q/k/v and gate/up their bf16 input */
+    test_norm_fusion_case(1024, WFMT_BF16, 16, 40);
 }
 
 /* Small shapes take the general matrix-vector kernel; k = 1024 at m = 1 the row kernel. */
