@@ -9,8 +9,6 @@
  * Windows (sliding attention) and score soft-capping follow the CPU reference.
  */
 #include <math.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "kernels/cuda/cuda.cuh"
 
@@ -435,8 +433,8 @@ static __device__ __forceinline__ float ex2(float x)
     return y;
 }
 
-template <int D, bool G16, int MINB>
-__global__ void __launch_bounds__(DEC_WARPS * 32, MINB) k_attention_dec(cu_attn_args a)
+template <int D, bool G16>
+__global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a)
 {
     allow_dependents();
     constexpr int NC = D / 32;        /* 16-byte key loads per key row and lane */
@@ -643,17 +641,10 @@ template <int D> static void launch_dec(cudaStream_t s, const cu_attn_args &a)
     const int group = a.n_heads / a.n_kv_heads;
     const size_t smem = sizeof(float) * (DEC_WARPS * (size_t)group * D + 2 * DEC_WARPS * 16);
     dim3 grid((unsigned)a.n_tokens, (unsigned)a.n_kv_heads);
-    static const char *minb = getenv("PAGODA_CUDA_ATTN_DEC_BLOCKS");
-    if (minb && !strcmp(minb, "3")) {
-        if (group > 8)
-            k_attention_dec<D, true, 3><<<grid, DEC_WARPS * 32, smem, s>>>(a);
-        else
-            k_attention_dec<D, false, 3><<<grid, DEC_WARPS * 32, smem, s>>>(a);
-    } else if (group > 8) {
-        k_attention_dec<D, true, 1><<<grid, DEC_WARPS * 32, smem, s>>>(a);
-    } else {
-        k_attention_dec<D, false, 1><<<grid, DEC_WARPS * 32, smem, s>>>(a);
-    }
+    if (group > 8)
+        k_attention_dec<D, true><<<grid, DEC_WARPS * 32, smem, s>>>(a);
+    else
+        k_attention_dec<D, false><<<grid, DEC_WARPS * 32, smem, s>>>(a);
     CU_LAUNCHED();
 }
 
