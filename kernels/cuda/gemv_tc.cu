@@ -72,6 +72,47 @@ static __device__ __forceinline__ int tile_matrix(const cu_gemv_set &g, int64_t 
     return wi;
 }
 
+/*
+ * The end of a 16-row tile: each lane's row values v[a][h] (rows g and g + 8 of matrix a)
+ * summed over its quad, then over the block's W warps through the double-buffered partials
+ * (one barrier a tile), and written by the first 16 threads; a pair's gate row becomes
+ * act(gate) * up.
+ */
+template <bool PAIR, int NA>
+static __device__ __forceinline__ void tile_store(const cu_gemv_set &g, float *part, int buf, int W,
+                                                  const float (&v)[NA][2], int64_t r0, int64_t rl,
+                                                  int wi)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g8 = lane >> 2, t = lane & 3;
+    float *pb = part + buf * W * NA * 16;
+#pragma unroll
+    for (int a = 0; a < NA; a++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float u = v[a][h];
+            u += __shfl_xor_sync(0xffffffffu, u, 1);
+            u += __shfl_xor_sync(0xffffffffu, u, 2);
+            if (t == 0) pb[(warp * NA + a) * 16 + g8 + 8 * h] = u;
+        }
+    __syncthreads();
+    if (threadIdx.x < TCV_ROWS) {
+        const int r = threadIdx.x;
+        float sum[NA];
+#pragma unroll
+        for (int a = 0; a < NA; a++) {
+            sum[a] = 0.0f;
+            for (int w = 0; w < W; w++) sum[a] += pb[(w * NA + a) * 16 + r];
+        }
+        if (PAIR) {
+            const float upv = sum[NA - 1];
+            g.y[0][r0 + r] = act_of(sum[0], g.gelu) * upv;
+            g.y[1][r0 + r] = upv;
+        } else {
+            g.y[wi][rl + r] = sum[0];
+        }
+    }
+}
+
 template <bool PAIR, bool G64>
 __global__ void __launch_bounds__(256) k_gemv_q4_tc(cu_gemv_set g, const float *__restrict__ x)
 {
@@ -225,35 +266,12 @@ __global__ void __launch_bounds__(256) k_gemv_q4_tc(cu_gemv_set g, const float *
             }
         }
 
-        /* rows g and g + 8: units of lanes t = 0, 1, then the warps (double-buffered
-         * partials: one barrier a tile) */
-        float *pb = part + buf * W * NA * 16;
+        float v[NA][2];
 #pragma unroll
         for (int a = 0; a < NA; a++)
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float v = fmaf(accq[a][h], down, accb[a][h]);
-                v += __shfl_xor_sync(0xffffffffu, v, 1);
-                v += __shfl_xor_sync(0xffffffffu, v, 2);
-                if (t == 0) pb[(warp * NA + a) * 16 + g8 + 8 * h] = v;
-            }
-        __syncthreads();
-        if (threadIdx.x < TCV_ROWS) {
-            const int r = threadIdx.x;
-            float sum[NA];
-#pragma unroll
-            for (int a = 0; a < NA; a++) {
-                sum[a] = 0.0f;
-                for (int w = 0; w < W; w++) sum[a] += pb[(w * NA + a) * 16 + r];
-            }
-            if (PAIR) {
-                const float upv = sum[NA - 1];
-                g.y[0][r0 + r] = act_of(sum[0], g.gelu) * upv;
-                g.y[1][r0 + r] = upv;
-            } else {
-                g.y[wi][rl + r] = sum[0];
-            }
-        }
+            for (int h = 0; h < 2; h++) v[a][h] = fmaf(accq[a][h], down, accb[a][h]);
+        tile_store<PAIR, NA>(g, part, buf, W, v, r0, rl, wi);
     }
     if (!staged) grid_dependency_wait(); /* ends after the grid it depends on, in any case */
 }
@@ -531,35 +549,7 @@ __global__ void __launch_bounds__(256, 2) k_gemv_q4_ring(cu_gemv_set g, const fl
             slot = slot + 1 == S ? 0 : slot + 1;
         }
 
-        /* rows g and g + 8: units of lanes t = 0, 1, then the warps (double-buffered
-         * partials: one barrier a tile) */
-        float *pb = part + buf * W * NA * 16;
-#pragma unroll
-        for (int a = 0; a < NA; a++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                float v = acc[a][h];
-                v += __shfl_xor_sync(0xffffffffu, v, 1);
-                v += __shfl_xor_sync(0xffffffffu, v, 2);
-                if (t == 0) pb[(warp * NA + a) * 16 + g8 + 8 * h] = v;
-            }
-        __syncthreads();
-        if (threadIdx.x < TCV_ROWS) {
-            const int r = threadIdx.x;
-            float sum[NA];
-#pragma unroll
-            for (int a = 0; a < NA; a++) {
-                sum[a] = 0.0f;
-                for (int w = 0; w < W; w++) sum[a] += pb[(w * NA + a) * 16 + r];
-            }
-            if (PAIR) {
-                const float upv = sum[NA - 1];
-                g.y[0][r0 + r] = act_of(sum[0], g.gelu) * upv;
-                g.y[1][r0 + r] = upv;
-            } else {
-                g.y[wi][rl + r] = sum[0];
-            }
-        }
+        tile_store<PAIR, NA>(g, part, buf, W, acc, r0, rl, wi);
     }
     /* Every step copied was waited for above; only empty groups can be pending. */
     asm volatile("cp.async.wait_all;" ::: "memory");
