@@ -63,6 +63,24 @@ static __device__ __forceinline__ void nibbles(uint32_t w, uint32_t *p)
     p[3] = h2_bits(__hfma2(bits_h2((t & 0x00f000f0u) | 0x64006400u), k16th, km64));
 }
 
+/* The unit sums d[n] (column n: unit n of the lanes' quad) of rows g and g + 8 from this
+ * lane's 16-byte units qa (row g) and qb (row g + 8) and its x pairs xp (zeros where g != t). */
+static __device__ __forceinline__ void unit_mma(uint4 qa, uint4 qb, const uint4 *xp, float *d)
+{
+    const uint32_t wa[4] = {qa.x, qa.y, qa.z, qa.w}, wb[4] = {qb.x, qb.y, qb.z, qb.w};
+    d[0] = d[1] = d[2] = d[3] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        uint32_t pa[4], pb[4];
+        nibbles(wa[k], pa);
+        nibbles(wb[k], pb);
+        const uint4 xv = xp[k];
+        /* k (2t, 2t+1, 2t+8, 2t+9) <- columns (0, 4, 1, 5), then (2, 6, 3, 7) */
+        mma_f16(d, pa[0], pb[0], pa[1], pb[1], xv.x, xv.y);
+        mma_f16(d, pa[2], pb[2], pa[3], pb[3], xv.z, xv.w);
+    }
+}
+
 /* Matrix index and local row of the block's row tile (tiles never straddle matrices). */
 static __device__ __forceinline__ int tile_matrix(const cu_gemv_set &g, int64_t r0, int64_t *rl)
 {
@@ -242,19 +260,8 @@ __global__ void __launch_bounds__(256) k_gemv_q4_tc(cu_gemv_set g, const float *
                 }
 #pragma unroll
                 for (int a = 0; a < NA; a++) {
-                    const uint32_t wa[4] = {qa[c][a].x, qa[c][a].y, qa[c][a].z, qa[c][a].w},
-                                   wb[4] = {qb[c][a].x, qb[c][a].y, qb[c][a].z, qb[c][a].w};
-                    float d[4] = {0, 0, 0, 0};
-#pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        uint32_t pa[4], pb[4];
-                        nibbles(wa[k], pa);
-                        nibbles(wb[k], pb);
-                        const uint4 xv = xp[k];
-                        /* k (2t, 2t+1, 2t+8, 2t+9) <- columns (0, 4, 1, 5), then (2, 6, 3, 7) */
-                        mma_f16(d, pa[0], pb[0], pa[1], pb[1], xv.x, xv.y);
-                        mma_f16(d, pa[2], pb[2], pa[3], pb[3], xv.z, xv.w);
-                    }
+                    float d[4];
+                    unit_mma(qa[c][a], qb[c][a], xp, d);
                     if (scaler) {
                         const float *S = sc[c][a], *B = bi[c][a];
                         accq[a][0] = fmaf(S[0], d[0], fmaf(S[1], d[1], accq[a][0]));
@@ -504,18 +511,8 @@ __global__ void __launch_bounds__(256, 2) k_gemv_q4_ring(cu_gemv_set g, const fl
             for (int a = 0; a < NA; a++) {
                 const uint4 qa = ((const uint4 *)st)[64 * a + lane],
                             qb = ((const uint4 *)st)[64 * a + 32 + lane];
-                const uint32_t wa[4] = {qa.x, qa.y, qa.z, qa.w}, wb[4] = {qb.x, qb.y, qb.z, qb.w};
-                float d[4] = {0, 0, 0, 0};
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    uint32_t pa[4], pb[4];
-                    nibbles(wa[k], pa);
-                    nibbles(wb[k], pb);
-                    const uint4 xv = xp[k];
-                    /* k (2t, 2t+1, 2t+8, 2t+9) <- columns (0, 4, 1, 5), then (2, 6, 3, 7) */
-                    mma_f16(d, pa[0], pb[0], pa[1], pb[1], xv.x, xv.y);
-                    mma_f16(d, pa[2], pb[2], pa[3], pb[3], xv.z, xv.w);
-                }
+                float d[4];
+                unit_mma(qa, qb, xp, d);
                 if (scaler) {
                     /* scales [16 rows][G], then biases [16 rows][G] (raw 16-bit) */
                     const unsigned char *sc = st + 1024 * NA + 32 * a * (G == 4 ? 8 : 4);
