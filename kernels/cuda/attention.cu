@@ -433,7 +433,7 @@ static __device__ __forceinline__ float ex2(float x)
     return y;
 }
 
-template <int D, bool G16>
+template <int D, bool G16, bool PIPE>
 __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a)
 {
     allow_dependents();
@@ -457,15 +457,17 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
                     : (int64_t)bt[kp / bs] * bs + kp % bs;
     };
 
-    /* The 16 keys' loads of this lane (keys and values of the block of 16 from kb). */
+    /* The loads of this lane for the 16 keys from kb: keys, then values. */
     uint4 kr[2][NC], vr[4][VC];
-    auto load_keys = [&](int kb) {
+    auto load_k = [&](int kb) {
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int64_t off = slot_of(min(kb + g + 8 * h, k_hi - 1)) * kv_row + 8 * tq;
 #pragma unroll
             for (int i = 0; i < NC; i++) kr[h][i] = __ldg((const uint4 *)(kbase + off + 32 * i));
         }
+    };
+    auto load_v = [&](int kb) {
 #pragma unroll
         for (int u = 0; u < 4; u++) {
             const int kp = kb + 2 * tq + (u & 1) + 8 * (u >> 1);
@@ -475,7 +477,10 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
         }
     };
     /* the first keys' loads go out before the queries are read */
-    if (k_lo + 16 * warp < k_hi) load_keys(k_lo + 16 * warp);
+    if (k_lo + 16 * warp < k_hi) {
+        load_k(k_lo + 16 * warp);
+        load_v(k_lo + 16 * warp);
+    }
 
     /* Q fragments: rows g (and g + 8), dimensions in the key loads' order, bf16. */
     uint32_t qf[2 * NC][4];
@@ -505,7 +510,13 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
     const float LOG2E = 1.4426950408889634f, sl2 = a.scale * LOG2E;
 
     for (int kb = k_lo + 16 * warp; kb < k_hi; kb += 16 * DEC_WARPS) {
-        if (kb != k_lo + 16 * warp) load_keys(kb); /* all 16 keys' loads before any use */
+        /* The next round's keys are loaded as soon as S has taken this round's, and its
+         * values as soon as P V has: one round of loads stays in flight throughout. */
+        const int next = kb + 16 * DEC_WARPS;
+        if (!PIPE && kb != k_lo + 16 * warp) {
+            load_k(kb);
+            load_v(kb);
+        }
 
         /* S for keys kb + 0..7 (h = 0) and kb + 8..15 (h = 1) */
         float sc[2][4];
@@ -518,6 +529,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
                 mma_bf16(sc[h], qf[2 * i + 1], kr[h][i].z, kr[h][i].w);
             }
         }
+        if (PIPE && next < k_hi) load_k(next);
         /* scale (log2 units), soft-cap, mask; row maxima over the quad */
         float tmax[2] = {-INFINITY, -INFINITY};
 #pragma unroll
@@ -588,6 +600,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
                 }
             }
         }
+        if (PIPE && next < k_hi) load_v(next);
     }
 
     /* Merge the warps: this warp's rows g (and g + 8) and its 16 dimensions per 64. */
@@ -641,10 +654,13 @@ template <int D> static void launch_dec(cudaStream_t s, const cu_attn_args &a)
     const int group = a.n_heads / a.n_kv_heads;
     const size_t smem = sizeof(float) * (DEC_WARPS * (size_t)group * D + 2 * DEC_WARPS * 16);
     dim3 grid((unsigned)a.n_tokens, (unsigned)a.n_kv_heads);
+    static const int pipe = getenv("PAGODA_CUDA_ATTN_PIPE") ? atoi(getenv("PAGODA_CUDA_ATTN_PIPE")) : 1;
     if (group > 8)
-        k_attention_dec<D, true><<<grid, DEC_WARPS * 32, smem, s>>>(a);
+        pipe ? k_attention_dec<D, true, true><<<grid, DEC_WARPS * 32, smem, s>>>(a)
+             : k_attention_dec<D, true, false><<<grid, DEC_WARPS * 32, smem, s>>>(a);
     else
-        k_attention_dec<D, false><<<grid, DEC_WARPS * 32, smem, s>>>(a);
+        pipe ? k_attention_dec<D, false, true><<<grid, DEC_WARPS * 32, smem, s>>>(a)
+             : k_attention_dec<D, false, false><<<grid, DEC_WARPS * 32, smem, s>>>(a);
     CU_LAUNCHED();
 }
 

@@ -150,6 +150,9 @@ struct cu_ctx {
     /* a cuBLASLt product right after the activation or norm that wrote its x takes the bf16
      * copy that operation writes as well (PAGODA_CUDA_BF16_X=0: off) */
     int bf16_x;
+    /* a cuBLASLt product whose result is added to x and then dead (overwritten by the norm
+     * of x) adds into x in its epilogue (PAGODA_CUDA_GEMM_ADD=0: off) */
+    int gemm_add;
     float *ycat;
     size_t ycat_cap;
     cudaStream_t side[2];
@@ -196,9 +199,9 @@ static void exec_op(cu_ctx *c, const op *o)
                         m - i0 < CU_GEMV_MAX_M ? m - i0 : CU_GEMV_MAX_M,
                         (float *)o->p[0] + (int64_t)i0 * o->w.n, o->w.n);
         else if (o->i[1]) /* the operation before left x in bf16 in xb */
-            cu_gemm_lt(s, &c->g, o->w, c->xb, m, (float *)o->p[0], c->g.workspace);
+            cu_gemm_lt(s, &c->g, o->w, c->xb, m, (float *)o->p[0], c->g.workspace, o->i[3]);
         else
-            cu_gemm(s, &c->g, o->w, (const float *)o->p[1], m, (float *)o->p[0], c->xb);
+            cu_gemm(s, &c->g, o->w, (const float *)o->p[1], m, (float *)o->p[0], c->xb, o->i[3]);
         break;
     }
     case OP_BIAS:
@@ -309,8 +312,8 @@ static void op_label(const op *o, char *buf, size_t n)
                  (long long)(o->gs.w[0].n + o->gs.w[1].n + o->gs.w[2].n), (long long)o->gs.w[0].k);
         break;
     case OP_MATMUL:
-        snprintf(buf, n, "gemm %s %lldx%lld", o->w.fmt == DF_BF16 ? "bf16/cuBLASLt" : "tensor-core",
-                 (long long)o->w.n, (long long)o->w.k);
+        snprintf(buf, n, "gemm %s%s %lldx%lld", o->w.fmt == DF_BF16 ? "bf16/cuBLASLt" : "tensor-core",
+                 o->i[3] ? " +=" : "", (long long)o->w.n, (long long)o->w.k);
         break;
     case OP_ATTN:
         if (o->att.decode)
@@ -967,8 +970,19 @@ static void cu_rms_norm_op(void *ctx, float *out, const float *x, const float *w
                            float eps)
 {
     cu_ctx *c = (cu_ctx *)ctx;
-    /* x += y just recorded: the norm of the sum reads it in the same kernel. */
+    /* y = a . W^T (cuBLASLt), then x += y, then this norm of x overwriting y: y is never
+     * read, so the product adds into x itself and the norm reads the sum. */
     op *p = last_op(c, OP_ADD);
+    op *mm = p && c->gemm_add && c->n_ops >= 2 ? &c->tape[c->n_ops - 2] : NULL;
+    if (mm && mm->kind == OP_MATMUL && !mm->i[3] && mm->p[0] == p->p[1] && mm->p[0] == out &&
+        p->p[0] == x && (const void *)x != out && mm->p[1] != x && mm->p[1] != out &&
+        mm->i[0] == rows && mm->w.n == dim && p->n == (int64_t)rows * dim &&
+        rows > CU_GEMV_MAX_M && !c->invariant && cu_gemm_lt_ok(&c->g, mm->w, rows)) {
+        mm->p[0] = x;
+        mm->i[3] = 1;
+        c->n_ops--;
+        p = NULL;
+    }
     if (p && p->p[0] == x && p->n == (int64_t)rows * dim) {
         const void *y = p->p[1];
         memset(p, 0, sizeof *p);
@@ -1404,6 +1418,7 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->gemm_streams = env_flag("PAGODA_CUDA_GEMM_STREAMS", 1);
     c->gemm_fuse = env_flag("PAGODA_CUDA_GEMM_FUSE", 1);
     c->bf16_x = env_flag("PAGODA_CUDA_BF16_X", 1);
+    c->gemm_add = env_flag("PAGODA_CUDA_GEMM_ADD", 1);
     if (c->gemm_streams) {
         CU(cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
         for (int j = 0; j < 2; j++) {

@@ -125,15 +125,17 @@ void cu_gemm_prepare(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, int m, co
                      float *y, __nv_bfloat16 *xb);
 
 /** y[m, n] = x[m, k] . W^T for any m: bf16 weights through cuBLASLt (x rounded to bf16 in
- * xb, m * k values), other formats through a tensor-core kernel that dequantizes tiles. */
+ * xb, m * k values), other formats through a tensor-core kernel that dequantizes tiles.
+ * accumulate: y += x . W^T instead (cuBLASLt products only: cu_gemm_lt_ok). */
 void cu_gemm(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, const float *x, int m, float *y,
-             __nv_bfloat16 *xb);
+             __nv_bfloat16 *xb, bool accumulate = false);
 /** Whether cuBLASLt takes this product (bf16 weights with a plan for the shape). */
 bool cu_gemm_lt_ok(cu_gemm_ctx *g, const dweight &w, int m);
 /** y = xb . W^T through cuBLASLt with x already rounded into xb, on stream s with a
- * workspace of g->workspace_bytes (one per stream running products at the same time). */
+ * workspace of g->workspace_bytes (one per stream running products at the same time);
+ * accumulate: y += xb . W^T (the product's epilogue reads y as its C operand). */
 void cu_gemm_lt(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, const __nv_bfloat16 *xb, int m,
-                float *y, void *workspace);
+                float *y, void *workspace, bool accumulate = false);
 
 /* ---- attention (attention.cu) ---- */
 

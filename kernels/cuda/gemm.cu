@@ -199,13 +199,14 @@ static int lt_candidates(cu_gemm_ctx *g, const cu_lt_plan *p, cublasLtMatmulHeur
     return st == CUBLAS_STATUS_SUCCESS ? found : 0;
 }
 
-/* y = xb . W^T with plan p and algorithm algo on stream s. */
+/* y = xb . W^T (accumulate: y += xb . W^T, y being C and D at once) with plan p and
+ * algorithm algo on stream s. */
 static cublasStatus_t lt_run(cudaStream_t s, cu_gemm_ctx *g, const cu_lt_plan *p, const void *w,
                              const __nv_bfloat16 *xb, float *y, const cublasLtMatmulAlgo_t *algo,
-                             void *workspace)
+                             void *workspace, bool accumulate = false)
 {
-    const float one = 1.0f, zero = 0.0f;
-    return cublasLtMatmul(g->lt, p->op, &one, w, p->a, xb, p->b, &zero, y, p->c, y, p->c, algo,
+    const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    return cublasLtMatmul(g->lt, p->op, &one, w, p->a, xb, p->b, &beta, y, p->c, y, p->c, algo,
                           workspace, g->workspace_bytes, s);
 }
 
@@ -338,22 +339,23 @@ bool cu_gemm_lt_ok(cu_gemm_ctx *g, const dweight &w, int m)
 }
 
 void cu_gemm_lt(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, const __nv_bfloat16 *xb, int m,
-                float *y, void *workspace)
+                float *y, void *workspace, bool accumulate)
 {
     cu_lt_plan *p = lt_plan(g, m, (int)w.n, (int)w.k);
     if (!p->ok) cu_fatal("cu_gemm_lt", "no cuBLASLt plan for this shape", __FILE__, __LINE__);
-    LT(lt_run(s, g, p, w.w, xb, y, &p->algo, workspace));
+    LT(lt_run(s, g, p, w.w, xb, y, &p->algo, workspace, accumulate));
 }
 
 void cu_gemm(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, const float *x, int m, float *y,
-             __nv_bfloat16 *xb)
+             __nv_bfloat16 *xb, bool accumulate)
 {
     cu_lt_plan *p = lt_usable(g, w) ? lt_plan(g, m, (int)w.n, (int)w.k) : NULL;
     if (p && p->ok) {
         cu_to_bf16(s, xb, x, (int64_t)m * w.k);
-        LT(lt_run(s, g, p, w.w, xb, y, &p->algo, g->workspace));
+        LT(lt_run(s, g, p, w.w, xb, y, &p->algo, g->workspace, accumulate));
         return;
     }
+    if (accumulate) cu_fatal("cu_gemm", "accumulating product without cuBLASLt", __FILE__, __LINE__);
     gemm_tc(s, w, x, m, y);
 }
 

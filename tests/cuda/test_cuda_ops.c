@@ -441,6 +441,9 @@ static void test_fusions_case(int H, int gate_bf16, int m)
  * it, rms_norm, q/k/v products; then down product, x += it, rms_norm, gate/up with the
  * activation. With PAGODA_CUDA_FUSE_NORM=1 each add joins the product before it and each
  * norm the products after it; either way every result matches the CPU within 1e-4.
+ * in_place: each norm writes over the product that was added (as the model's forward pass
+ * does), so a cuBLASLt product adds into x itself (PAGODA_CUDA_GEMM_ADD); the products'
+ * own results are then not compared, being overwritten.
  */
 /* The buffers of run_tails (host or device). */
 struct tails {
@@ -450,28 +453,29 @@ struct tails {
 /* The two block tails of test_norm_fusion_case through one backend (ws: o, q, k, v, down,
  * gate, up; their GPU copies when on_gpu). */
 static void run_tails(const struct backend *be, int on_gpu, const struct tails *t,
-                      const struct mat *const ws[7], int H, int F, int m)
+                      const struct mat *const ws[7], int H, int F, int m, int in_place)
 {
     const struct qweight *w[7];
     for (int i = 0; i < 7; i++) w[i] = on_gpu ? &ws[i]->wg : &ws[i]->w;
     void *c = be->ctx;
+    float *n1_out = in_place ? t->h : t->h2, *n2_out = in_place ? t->h3 : t->h2;
     /* attention block's tail, the next norm and q/k/v */
     be->ops->matmul(c, t->h, t->att, w[0], m);
     be->ops->add(c, t->x, t->h, (int64_t)m * H);
-    be->ops->rms_norm(c, t->h2, t->x, t->n1, m, H, 1e-5f);
-    be->ops->matmul(c, t->q, t->h2, w[1], m);
-    be->ops->matmul(c, t->k, t->h2, w[2], m);
-    be->ops->matmul(c, t->v, t->h2, w[3], m);
+    be->ops->rms_norm(c, n1_out, t->x, t->n1, m, H, 1e-5f);
+    be->ops->matmul(c, t->q, n1_out, w[1], m);
+    be->ops->matmul(c, t->k, n1_out, w[2], m);
+    be->ops->matmul(c, t->v, n1_out, w[3], m);
     /* the feed-forward block's tail (down over act), the next norm and gate/up */
     be->ops->matmul(c, t->h3, t->act, w[4], m);
     be->ops->add(c, t->x, t->h3, (int64_t)m * H);
-    be->ops->rms_norm(c, t->h2, t->x, t->n2, m, H, 1e-5f);
-    be->ops->matmul(c, t->g, t->h2, w[5], m);
-    be->ops->matmul(c, t->u, t->h2, w[6], m);
+    be->ops->rms_norm(c, n2_out, t->x, t->n2, m, H, 1e-5f);
+    be->ops->matmul(c, t->g, n2_out, w[5], m);
+    be->ops->matmul(c, t->u, n2_out, w[6], m);
     be->ops->act_mul(c, t->g, t->g, t->u, (int64_t)m * F, ACT_SILU);
 }
 
-static void test_norm_fusion_case(int H, enum wfmt fmt, int bits, int m)
+static void test_norm_fusion_case(int H, enum wfmt fmt, int bits, int m, int in_place)
 {
     const int F = 2 * H, KV = H / 2, group = fmt == WFMT_AFFINE ? 64 : 0;
     struct mat wo, wq, wk, wv, wd, wg, wu;
@@ -493,19 +497,23 @@ static void test_norm_fusion_case(int H, enum wfmt fmt, int bits, int m)
     const struct mat *ws[7] = {&wo, &wq, &wk, &wv, &wd, &wg, &wu};
     struct tails th = {att, x, n1, n2, act, h, q, k, v, h2, g, u, h3};
     struct tails td = {datt, dx, dn1, dn2, dact, dh, dq, dk, dv, dh2, dg, du, dh3};
-    run_tails(&cpu, 0, &th, ws, H, F, m);
-    run_tails(&gpu, 1, &td, ws, H, F, m);
+    run_tails(&cpu, 0, &th, ws, H, F, m, in_place);
+    run_tails(&gpu, 1, &td, ws, H, F, m, in_place);
     /* 4-bit products on tensor cores round x to fp16; products of m > 8 take bf16 operands */
     const double e = m > 8 ? 1e-2 : gemv_tc_case(fmt, bits, group, KV, H, 1) ? 2e-3 : 1e-4;
-    const struct out_ref outs[] = {{"o", dh, h, mH, e},         {"q", dq, q, mH, e},
-                                   {"k", dk, k, mK, e},         {"v", dv, v, mK, e},
-                                   {"down", dh3, h3, mH, e},    {"residual x", dx, x, mH, e},
-                                   {"norm(x)", dh2, h2, mH, e}, {"act(gate)*up", dg, g, mF, e},
-                                   {"up", du, u, mF, e}};
+    const struct out_ref outs[] = {{"q", dq, q, mH, e},
+                                   {"k", dk, k, mK, e},
+                                   {"v", dv, v, mK, e},
+                                   {"residual x", dx, x, mH, e},
+                                   {"act(gate)*up", dg, g, mF, e},
+                                   {"up", du, u, mF, e},
+                                   {in_place ? "norm(x) 1" : "o", dh, h, mH, e},
+                                   {in_place ? "norm(x) 2" : "down", dh3, h3, mH, e},
+                                   {"norm(x)", dh2, h2, mH, e}};
     char what[64];
-    snprintf(what, sizeof what, "norm fusion H=%d m=%d %s", H, m,
-             fmt == WFMT_AFFINE ? "4-bit" : "bf16");
-    check_outs(outs, sizeof outs / sizeof outs[0], what);
+    snprintf(what, sizeof what, "norm fusion H=%d m=%d %s%s", H, m,
+             fmt == WFMT_AFFINE ? "4-bit" : "bf16", in_place ? " in place" : "");
+    check_outs(outs, sizeof outs / sizeof outs[0] - (in_place ? 1 : 0), what);
     float *hb[] = {att, x, n1, n2, act, h, q, k, v, h2, g, u, h3};
     for (size_t i = 0; i < sizeof hb / sizeof hb[0]; i++) free(hb[i]);
     float *db[] = {datt, dn1, dn2, dact};
@@ -516,11 +524,15 @@ static void test_norm_fusion_case(int H, enum wfmt fmt, int bits, int m)
 
 static void test_norm_fusion(void)
 {
-    test_norm_fusion_case(1024, WFMT_BF16, 16, 1);
-    test_norm_fusion_case(2048, WFMT_AFFINE, 4, 1);
-    test_norm_fusion_case(256, WFMT_BF16, 16, 1); /* k under 1024: around the general kernel */
+    test_norm_fusion_case(1024, WFMT_BF16, 16, 1, 0);
+    test_norm_fusion_case(2048, WFMT_AFFINE, 4, 1, 0);
+    test_norm_fusion_case(256, WFMT_BF16, 16, 1, 0); /* k under 1024: around the general kernel */
+    test_norm_fusion_case(1024, WFMT_BF16, 16, 1, 1);
     /* cuBLASLt products: the norms hand q/k/v and gate/up their bf16 input */
-    test_norm_fusion_case(1024, WFMT_BF16, 16, 40);
+    test_norm_fusion_case(1024, WFMT_BF16, 16, 40, 0);
+    /* and o and down add into x in their epilogue */
+    test_norm_fusion_case(1024, WFMT_BF16, 16, 40, 1);
+    test_norm_fusion_case(512, WFMT_BF16, 16, 256, 1);
 }
 
 /* Small shapes take the general matrix-vector kernel; k = 1024 at m = 1 the row kernel. */
