@@ -481,6 +481,17 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
         load_k(k_lo + 16 * warp);
         load_v(k_lo + 16 * warp);
     }
+    /* The keys of the later rounds into L2, every 128-byte line of them (D / 64 a row of K
+     * and as many of V): loads of those rounds then wait on L2 rather than on HBM. */
+    if (a.prefetch) {
+        constexpr int LPK = D / 64;
+        const int first = k_lo + 16 * DEC_WARPS, n = (k_hi - first) * LPK;
+        for (int i = threadIdx.x; i < n; i += DEC_WARPS * 32) {
+            const int64_t off = slot_of(first + i / LPK) * kv_row + 64 * (i % LPK);
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(kbase + off));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(vbase + off));
+        }
+    }
 
     /* Q fragments: rows g (and g + 8), dimensions in the key loads' order, bf16. */
     uint32_t qf[2 * NC][4];

@@ -109,7 +109,10 @@ struct cu_gemm_ctx {
     cu_lt_best best[CU_LT_BEST];
     int n_best, next_best;
     int no_lt;   /* 1: every format through the tensor-core kernel (tests, comparisons) */
-    int no_tune; /* 0: time cuBLASLt's candidates (PAGODA_CUDA_GEMM_TUNE=1), 1: its first choice */
+    /* PAGODA_CUDA_GEMM_TUNE: 0 cuBLASLt's first choice, 1 time its candidates (and split-k
+     * variants) for every shape, 2 (default) only for products with few output tiles */
+    int tune;
+    int sms;
 };
 
 void cu_gemm_ctx_destroy(cu_gemm_ctx *g);
@@ -158,6 +161,9 @@ struct cu_attn_args {
     /* Decode path (decode = 1): every token is its sequence's only one; a block per token and
      * KV head, the keys split among its warps (k_attention_dec). */
     int decode;
+    /* decode path: the block first asks L2 for the lines of every key past the first round
+     * (prefetches hold no registers, so all of a block's KV is in flight at once) */
+    int prefetch;
 };
 
 /* Query rows per block of the tensor-core attention kernel. */

@@ -253,23 +253,73 @@ static int size_class(int m)
     return mb;
 }
 
-/* Times each candidate algorithm of plan p (a few runs after one warm-up) and returns the
+/* Up to `most` algorithms to time for plan p: cuBLASLt's candidates, and for the first few
+ * that split k, each with k split 2, 3 and 4 ways (reduced in place or in float32
+ * workspace), which the heuristic does not offer but which fill the GPU when the product
+ * has few output tiles. */
+static int lt_algos(cu_gemm_ctx *g, const cu_lt_plan *p, cublasLtMatmulAlgo_t *out, int most)
+{
+    enum { CANDIDATES = 12, SPLIT_BASES = 4 };
+    cublasLtMatmulHeuristicResult_t res[CANDIDATES];
+    const int found = lt_candidates(g, p, res, CANDIDATES);
+    int n = 0, bases = 0;
+    for (int i = 0; i < found && n < most; i++) {
+        if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
+        out[n++] = res[i].algo;
+        uint32_t split_ok = 0, schemes = 0;
+        size_t got = 0;
+        if (bases == SPLIT_BASES ||
+            cublasLtMatmulAlgoCapGetAttribute(&res[i].algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT,
+                                              &split_ok, sizeof split_ok, &got) ||
+            !split_ok ||
+            cublasLtMatmulAlgoCapGetAttribute(&res[i].algo, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK,
+                                              &schemes, sizeof schemes, &got))
+            continue;
+        const uint32_t scheme = schemes & CUBLASLT_REDUCTION_SCHEME_INPLACE ? CUBLASLT_REDUCTION_SCHEME_INPLACE
+                                : schemes & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
+                                    ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
+                                    : 0;
+        if (!scheme) continue;
+        bases++;
+        for (uint32_t split = 2; split <= 4 && n < most; split++) {
+            cublasLtMatmulAlgo_t a = res[i].algo;
+            cublasLtMatmulHeuristicResult_t chk;
+            if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
+                                                     sizeof split) ||
+                cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                                     &scheme, sizeof scheme) ||
+                cublasLtMatmulAlgoCheck(g->lt, p->op, p->a, p->b, p->c, p->c, &a, &chk) ||
+                chk.workspaceSize > g->workspace_bytes)
+                continue;
+            out[n++] = a;
+        }
+    }
+    return n;
+}
+
+/* Whether a product has few output tiles (128 x 128) for the GPU: fewer than two an SM. */
+static bool few_tiles(const cu_gemm_ctx *g, int m, int n)
+{
+    return (int64_t)((m + 127) / 128) * ((n + 127) / 128) < 2 * g->sms;
+}
+
+/* Times each algorithm of lt_algos for plan p (a few runs after one warm-up) and returns the
  * fastest that ran; false when none did. */
 static bool lt_time(cudaStream_t s, cu_gemm_ctx *g, cu_lt_plan *p, const void *wd, float *y,
                     const __nv_bfloat16 *xb, cublasLtMatmulAlgo_t *out)
 {
-    enum { CANDIDATES = 12, RUNS = 4 };
-    cublasLtMatmulHeuristicResult_t res[CANDIDATES];
-    const int found = lt_candidates(g, p, res, CANDIDATES);
+    enum { MOST = 24, RUNS = 4 };
+    cublasLtMatmulAlgo_t algos[MOST];
+    const int found = lt_algos(g, p, algos, MOST);
     if (found == 0) return false;
     cudaEvent_t e0, e1;
     CU(cudaEventCreate(&e0));
     CU(cudaEventCreate(&e1));
     float best = 0;
     bool any = false;
+    int best_i = 0;
     for (int i = 0; i < found; i++) {
-        if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
-        const cublasLtMatmulAlgo_t *algo = &res[i].algo;
+        const cublasLtMatmulAlgo_t *algo = &algos[i];
         bool ran = true;
         for (int r = 0; r <= RUNS && ran; r++) {
             if (r == 1) CU(cudaEventRecord(e0, s));
@@ -284,17 +334,32 @@ static bool lt_time(cudaStream_t s, cu_gemm_ctx *g, cu_lt_plan *p, const void *w
         if (!any || ms < best) {
             best = ms;
             *out = *algo;
+            best_i = i;
             any = true;
         }
     }
     CU(cudaEventDestroy(e0));
     CU(cudaEventDestroy(e1));
+    if (any && getenv("PAGODA_CUDA_TRACE")) {
+        uint32_t split = 1;
+        size_t got = 0;
+        cublasLtMatmulAlgoConfigGetAttribute(out, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
+                                             sizeof split, &got);
+        fprintf(stderr, "cuBLASLt %d x %d x %d: algorithm %d of %d, k split %u, %.1f us\n", p->m,
+                p->n, p->k, best_i, found, split, 1e3 * best / RUNS);
+    }
     return any;
+}
+
+/* Whether products of m rows by an n x k matrix have their algorithm timed. */
+static bool tuned_shape(const cu_gemm_ctx *g, int m, int n)
+{
+    return g->tune == 1 || (g->tune == 2 && few_tiles(g, m, n));
 }
 
 bool cu_gemm_ready(const cu_gemm_ctx *g, const dweight &w, int m)
 {
-    if (!lt_usable(g, w) || g->no_tune) return true;
+    if (!lt_usable(g, w) || !tuned_shape(g, m, (int)w.n)) return true;
     for (int i = 0; i < g->n_plans; i++) {
         const cu_lt_plan *p = &g->plans[i];
         if (p->m == m && p->n == (int)w.n && p->k == (int)w.k) return p->tuned || !p->ok;
@@ -308,7 +373,7 @@ void cu_gemm_prepare(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, int m, co
     if (!lt_usable(g, w)) return;
     const int n = (int)w.n, k = (int)w.k;
     cu_lt_plan *p = lt_plan(g, m, n, k);
-    if (!p->ok || p->tuned || g->no_tune) return;
+    if (!p->ok || p->tuned || !tuned_shape(g, m, n)) return;
     const int mb = size_class(m);
     cu_lt_best *b = NULL;
     for (int i = 0; i < g->n_best && !b; i++)
