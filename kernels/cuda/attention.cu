@@ -220,6 +220,15 @@ static __device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, uin
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* c += a . b for m16n8k8 (a: 2 registers, b: 1). */
+static __device__ __forceinline__ void mma_bf16_k8(float *c, const uint32_t *a, uint32_t b0)
+{
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b0));
+}
+
 /* 16 bytes global -> shared, zero-filled when !valid. */
 static __device__ __forceinline__ void cp16(void *dst, const void *src, bool valid)
 {
@@ -433,13 +442,16 @@ static __device__ __forceinline__ float ex2(float x)
     return y;
 }
 
-template <int D, bool G16, bool PIPE>
-__global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a)
+/* H: 8-key halves a warp takes a round (2: 16 keys; 1: 8 keys, the values' product then
+ * m16n8k8, and half the key and value registers, so that 4 blocks fit an SM). */
+template <int D, bool G16, int H, int BPS>
+__global__ void __launch_bounds__(DEC_WARPS * 32, BPS) k_attention_dec(cu_attn_args a)
 {
     allow_dependents();
     constexpr int NC = D / 32;        /* 16-byte key loads per key row and lane */
     constexpr int VC = D / 64;        /* 16-byte value loads per key and lane */
     constexpr int DN = D / 8;         /* n-tiles of O */
+    constexpr int KR = 8 * H;         /* keys a warp takes a round */
     extern __shared__ float dec_sm[]; /* [DEC_WARPS][group][D], then m and l [DEC_WARPS][16] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     const int t = blockIdx.x, kvh = blockIdx.y;
@@ -457,11 +469,11 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
                     : (int64_t)bt[kp / bs] * bs + kp % bs;
     };
 
-    /* The loads of this lane for the 16 keys from kb: keys, then values. */
-    uint4 kr[2][NC], vr[4][VC];
+    /* The loads of this lane for the KR keys from kb: keys, then values. */
+    uint4 kr[H][NC], vr[2 * H][VC];
     auto load_k = [&](int kb) {
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
+        for (int h = 0; h < H; h++) {
             const int64_t off = slot_of(min(kb + g + 8 * h, k_hi - 1)) * kv_row + 8 * tq;
 #pragma unroll
             for (int i = 0; i < NC; i++) kr[h][i] = __ldg((const uint4 *)(kbase + off + 32 * i));
@@ -469,7 +481,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
     };
     auto load_v = [&](int kb) {
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
+        for (int u = 0; u < 2 * H; u++) {
             const int kp = kb + 2 * tq + (u & 1) + 8 * (u >> 1);
             const int64_t off = slot_of(min(kp, k_hi - 1)) * kv_row + 8 * g;
 #pragma unroll
@@ -477,20 +489,9 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
         }
     };
     /* the first keys' loads go out before the queries are read */
-    if (k_lo + 16 * warp < k_hi) {
-        load_k(k_lo + 16 * warp);
-        load_v(k_lo + 16 * warp);
-    }
-    /* The keys of the later rounds into L2, every 128-byte line of them (D / 64 a row of K
-     * and as many of V): loads of those rounds then wait on L2 rather than on HBM. */
-    if (a.prefetch) {
-        constexpr int LPK = D / 64;
-        const int first = k_lo + 16 * DEC_WARPS, n = (k_hi - first) * LPK;
-        for (int i = threadIdx.x; i < n; i += DEC_WARPS * 32) {
-            const int64_t off = slot_of(first + i / LPK) * kv_row + 64 * (i % LPK);
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(kbase + off));
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(vbase + off));
-        }
+    if (k_lo + KR * warp < k_hi) {
+        load_k(k_lo + KR * warp);
+        load_v(k_lo + KR * warp);
     }
 
     /* Q fragments: rows g (and g + 8), dimensions in the key loads' order, bf16. */
@@ -519,40 +520,37 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
     for (int j = 0; j < DN; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     float mx[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     const float LOG2E = 1.4426950408889634f, sl2 = a.scale * LOG2E;
+    const bool capped = a.softcap > 0;
 
-    for (int kb = k_lo + 16 * warp; kb < k_hi; kb += 16 * DEC_WARPS) {
+    for (int kb = k_lo + KR * warp; kb < k_hi; kb += KR * DEC_WARPS) {
         /* The next round's keys are loaded as soon as S has taken this round's, and its
          * values as soon as P V has: one round of loads stays in flight throughout. */
-        const int next = kb + 16 * DEC_WARPS;
-        if (!PIPE && kb != k_lo + 16 * warp) {
-            load_k(kb);
-            load_v(kb);
-        }
+        const int next = kb + KR * DEC_WARPS;
 
-        /* S for keys kb + 0..7 (h = 0) and kb + 8..15 (h = 1) */
-        float sc[2][4];
+        /* S for keys kb + 8 h .. + 7, as two chains of products (even and odd steps) */
+        float sc[H][4];
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
+        for (int h = 0; h < H; h++) {
+            float e2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             sc[h][0] = sc[h][1] = sc[h][2] = sc[h][3] = 0.0f;
 #pragma unroll
             for (int i = 0; i < NC; i++) {
                 mma_bf16(sc[h], qf[2 * i], kr[h][i].x, kr[h][i].y);
-                mma_bf16(sc[h], qf[2 * i + 1], kr[h][i].z, kr[h][i].w);
+                mma_bf16(e2, qf[2 * i + 1], kr[h][i].z, kr[h][i].w);
             }
+#pragma unroll
+            for (int e = 0; e < 4; e++) sc[h][e] += e2[e];
         }
-        if (PIPE && next < k_hi) load_k(next);
+        if (next < k_hi) load_k(next);
         /* scale (log2 units), soft-cap, mask; row maxima over the quad */
         float tmax[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-        for (int h = 0; h < 2; h++)
+        for (int h = 0; h < H; h++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int kp = kb + 8 * h + 2 * tq + (e & 1);
                 float v = sc[h][e];
-                if (a.softcap > 0)
-                    v = a.softcap * tanhf(v * a.scale / a.softcap) * LOG2E;
-                else
-                    v *= sl2;
+                v = capped ? a.softcap * tanhf(v * a.scale / a.softcap) * LOG2E : v * sl2;
                 if (kp >= k_hi) v = -INFINITY;
                 sc[h][e] = v;
                 tmax[e >> 1] = fmaxf(tmax[e >> 1], v);
@@ -567,10 +565,10 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
             corr[r] = ex2(mx[r] - base[r]);
             mx[r] = mn;
         }
-        uint32_t pf[4];
+        uint32_t pf[2 * H];
         float rs[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
+        for (int h = 0; h < H; h++) {
             const float p0 = ex2(sc[h][0] - base[0]), p1 = ex2(sc[h][1] - base[0]);
             const float p2 = ex2(sc[h][2] - base[1]), p3 = ex2(sc[h][3] - base[1]);
             rs[0] += p0 + p1;
@@ -592,26 +590,30 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
         /* O += P V: register u of keys (2t, 2t + 1) pairs the same dimension of two keys */
 #pragma unroll
         for (int c = 0; c < VC; c++) {
-            const uint32_t w0[4] = {vr[0][c].x, vr[0][c].y, vr[0][c].z, vr[0][c].w},
-                           w1[4] = {vr[1][c].x, vr[1][c].y, vr[1][c].z, vr[1][c].w},
-                           w2[4] = {vr[2][c].x, vr[2][c].y, vr[2][c].z, vr[2][c].w},
-                           w3[4] = {vr[3][c].x, vr[3][c].y, vr[3][c].z, vr[3][c].w};
 #pragma unroll
             for (int e = 0; e < 8; e++) {
                 const uint32_t sel = e & 1 ? 0x7632u : 0x5410u;
-                const uint32_t b0 = __byte_perm(w0[e >> 1], w1[e >> 1], sel),
-                               b1 = __byte_perm(w2[e >> 1], w3[e >> 1], sel);
-                if (G16) {
-                    mma_bf16(o[8 * c + e], pf, b0, b1);
+                const int wi = e >> 1;
+                const uint32_t *w0 = (const uint32_t *)&vr[0][c], *w1 = (const uint32_t *)&vr[1][c];
+                const uint32_t b0 = __byte_perm(w0[wi], w1[wi], sel);
+                float d[4] = {o[8 * c + e][0], o[8 * c + e][1], G16 ? o[8 * c + e][2] : 0.0f,
+                              G16 ? o[8 * c + e][3] : 0.0f};
+                if (H == 2) {
+                    const uint32_t *w2 = (const uint32_t *)&vr[H == 2 ? 2 : 0][c],
+                                   *w3 = (const uint32_t *)&vr[H == 2 ? 3 : 1][c];
+                    mma_bf16(d, pf, b0, __byte_perm(w2[wi], w3[wi], sel));
                 } else {
-                    float d[4] = {o[8 * c + e][0], o[8 * c + e][1], 0.0f, 0.0f};
-                    mma_bf16(d, pf, b0, b1);
-                    o[8 * c + e][0] = d[0];
-                    o[8 * c + e][1] = d[1];
+                    mma_bf16_k8(d, pf, b0);
+                }
+                o[8 * c + e][0] = d[0];
+                o[8 * c + e][1] = d[1];
+                if (G16) {
+                    o[8 * c + e][2] = d[2];
+                    o[8 * c + e][3] = d[3];
                 }
             }
         }
-        if (PIPE && next < k_hi) load_v(next);
+        if (next < k_hi) load_v(next);
     }
 
     /* Merge the warps: this warp's rows g (and g + 8) and its 16 dimensions per 64. */
@@ -639,19 +641,30 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
             }
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
-        const int r = i / D, d = i % D;
-        float M = -INFINITY;
+    /* Each row's weight for each warp, once: 2^(m_w - M) / L (0 for a warp without keys),
+     * in place of the maxima. */
+    if (threadIdx.x < group) {
+        const int r = threadIdx.x;
+        float M = -INFINITY, L = 0.0f, f[DEC_WARPS];
 #pragma unroll
         for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, s_m[w * 16 + r]);
-        float L = 0.0f, acc = 0.0f;
 #pragma unroll
         for (int w = 0; w < DEC_WARPS; w++) {
-            const float f = ex2(s_m[w * 16 + r] - M); /* 0 for a warp without keys */
-            L += s_l[w * 16 + r] * f;
-            acc += s_o[((int64_t)w * group + r) * D + d] * f;
+            f[w] = ex2(s_m[w * 16 + r] - M);
+            L += s_l[w * 16 + r] * f[w];
         }
-        a.out[((int64_t)t * a.n_heads + kvh * group + r) * D + d] = acc / L;
+        const float inv = 1.0f / L;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; w++) s_m[w * 16 + r] = f[w] * inv;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
+        const int r = i / D, d = i % D;
+        float acc = 0.0f;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; w++)
+            acc = fmaf(s_o[((int64_t)w * group + r) * D + d], s_m[w * 16 + r], acc);
+        a.out[((int64_t)t * a.n_heads + kvh * group + r) * D + d] = acc;
     }
 }
 
@@ -665,13 +678,22 @@ template <int D> static void launch_dec(cudaStream_t s, const cu_attn_args &a)
     const int group = a.n_heads / a.n_kv_heads;
     const size_t smem = sizeof(float) * (DEC_WARPS * (size_t)group * D + 2 * DEC_WARPS * 16);
     dim3 grid((unsigned)a.n_tokens, (unsigned)a.n_kv_heads);
-    static const int pipe = getenv("PAGODA_CUDA_ATTN_PIPE") ? atoi(getenv("PAGODA_CUDA_ATTN_PIPE")) : 1;
-    if (group > 8)
-        pipe ? k_attention_dec<D, true, true><<<grid, DEC_WARPS * 32, smem, s>>>(a)
-             : k_attention_dec<D, true, false><<<grid, DEC_WARPS * 32, smem, s>>>(a);
-    else
-        pipe ? k_attention_dec<D, false, true><<<grid, DEC_WARPS * 32, smem, s>>>(a)
-             : k_attention_dec<D, false, false><<<grid, DEC_WARPS * 32, smem, s>>>(a);
+    /* 16 keys a round: 2 blocks an SM (about 210 registers); 8: 3 or 4 (a.dec_blocks) */
+    if (group > 8) {
+        if (a.dec_keys == 16)
+            k_attention_dec<D, true, 2, 1><<<grid, DEC_WARPS * 32, smem, s>>>(a);
+        else if (a.dec_blocks == 3)
+            k_attention_dec<D, true, 1, 3><<<grid, DEC_WARPS * 32, smem, s>>>(a);
+        else
+            k_attention_dec<D, true, 1, 4><<<grid, DEC_WARPS * 32, smem, s>>>(a);
+    } else {
+        if (a.dec_keys == 16)
+            k_attention_dec<D, false, 2, 1><<<grid, DEC_WARPS * 32, smem, s>>>(a);
+        else if (a.dec_blocks == 3)
+            k_attention_dec<D, false, 1, 3><<<grid, DEC_WARPS * 32, smem, s>>>(a);
+        else
+            k_attention_dec<D, false, 1, 4><<<grid, DEC_WARPS * 32, smem, s>>>(a);
+    }
     CU_LAUNCHED();
 }
 

@@ -112,8 +112,9 @@ struct cu_ctx {
      * every decode step and the tile kernel otherwise, where the head size allows */
     int attn_mode; /* 0 auto, 1 simt, 2 tc, 3 dec */
     int rope_kv;   /* rope(q), rope(k), kv_store as one launch (PAGODA_CUDA_ROPE_KV=0: off) */
-    /* the decode kernel prefetches its later keys into L2 (PAGODA_CUDA_ATTN_PREFETCH=0: off) */
-    int attn_prefetch;
+    /* keys a warp of the decode kernel takes a round (PAGODA_CUDA_ATTN_KEYS: 8 or 16), and
+     * with 8 the blocks an SM (PAGODA_CUDA_ATTN_DEC_BLOCKS: 3 or 4) */
+    int dec_keys, dec_blocks;
     /* PAGODA_CUDA_FUSE_NORM=1: at m = 1 a residual add joins the product before it and the
      * rms_norm the product after it */
     int fuse_norm;
@@ -1104,7 +1105,8 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
     if (use_tc && b->n_tokens == b->n_seqs && c->attn_mode != 2 &&
         cu_attn_dec_ok(p->head_dim, group)) {
         a.decode = 1;
-        a.prefetch = c->attn_prefetch;
+        a.dec_keys = c->dec_keys;
+        a.dec_blocks = c->dec_blocks;
         a.splits = 1;
         op *o = record(c, OP_ATTN);
         o->att = a;
@@ -1423,7 +1425,10 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->gemm_fuse = env_flag("PAGODA_CUDA_GEMM_FUSE", 1);
     c->bf16_x = env_flag("PAGODA_CUDA_BF16_X", 1);
     c->gemm_add = env_flag("PAGODA_CUDA_GEMM_ADD", 1);
-    c->attn_prefetch = env_flag("PAGODA_CUDA_ATTN_PREFETCH", 1);
+    env = getenv("PAGODA_CUDA_ATTN_KEYS");
+    c->dec_keys = env && !strcmp(env, "16") ? 16 : 8;
+    env = getenv("PAGODA_CUDA_ATTN_DEC_BLOCKS");
+    c->dec_blocks = env && !strcmp(env, "3") ? 3 : 4;
     if (c->gemm_streams) {
         CU(cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
         for (int j = 0; j < 2; j++) {

@@ -161,9 +161,8 @@ struct cu_attn_args {
     /* Decode path (decode = 1): every token is its sequence's only one; a block per token and
      * KV head, the keys split among its warps (k_attention_dec). */
     int decode;
-    /* decode path: the block first asks L2 for the lines of every key past the first round
-     * (prefetches hold no registers, so all of a block's KV is in flight at once) */
-    int prefetch;
+    int dec_keys;   /* keys a warp of the decode kernel takes a round: 8 or 16 */
+    int dec_blocks; /* with 8: blocks an SM its registers are sized for, 3 or 4 */
 };
 
 /* Query rows per block of the tensor-core attention kernel. */
