@@ -220,15 +220,6 @@ static __device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, uin
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* c += a . b for m16n8k8 (a: 2 registers, b: 1). */
-static __device__ __forceinline__ void mma_bf16_k8(float *c, const uint32_t *a, uint32_t b0)
-{
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(b0));
-}
-
 /* 16 bytes global -> shared, zero-filled when !valid. */
 static __device__ __forceinline__ void cp16(void *dst, const void *src, bool valid)
 {
@@ -442,16 +433,14 @@ static __device__ __forceinline__ float ex2(float x)
     return y;
 }
 
-/* H: 8-key halves a warp takes a round (2: 16 keys; 1: 8 keys, the values' product then
- * m16n8k8, and half the key and value registers, so that 4 blocks fit an SM). */
-template <int D, bool G16, int H, int BPS>
-__global__ void __launch_bounds__(DEC_WARPS * 32, BPS) k_attention_dec(cu_attn_args a)
+template <int D, bool G16>
+__global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a)
 {
     allow_dependents();
     constexpr int NC = D / 32;        /* 16-byte key loads per key row and lane */
     constexpr int VC = D / 64;        /* 16-byte value loads per key and lane */
     constexpr int DN = D / 8;         /* n-tiles of O */
-    constexpr int KR = 8 * H;         /* keys a warp takes a round */
+    constexpr int H = 2, KR = 16;     /* 8-key halves and keys a warp takes a round */
     extern __shared__ float dec_sm[]; /* [DEC_WARPS][group][D], then m and l [DEC_WARPS][16] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
     const int t = blockIdx.x, kvh = blockIdx.y;
@@ -544,16 +533,24 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, BPS) k_attention_dec(cu_attn_a
         if (next < k_hi) load_k(next);
         /* scale (log2 units), soft-cap, mask; row maxima over the quad */
         float tmax[2] = {-INFINITY, -INFINITY};
+        if (capped) {
+#pragma unroll
+            for (int h = 0; h < H; h++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    sc[h][e] = a.softcap * tanhf(sc[h][e] * a.scale / a.softcap) * LOG2E;
+        } else {
+#pragma unroll
+            for (int h = 0; h < H; h++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) sc[h][e] *= sl2;
+        }
 #pragma unroll
         for (int h = 0; h < H; h++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int kp = kb + 8 * h + 2 * tq + (e & 1);
-                float v = sc[h][e];
-                v = capped ? a.softcap * tanhf(v * a.scale / a.softcap) * LOG2E : v * sl2;
-                if (kp >= k_hi) v = -INFINITY;
-                sc[h][e] = v;
-                tmax[e >> 1] = fmaxf(tmax[e >> 1], v);
+                if (kb + 8 * h + 2 * tq + (e & 1) >= k_hi) sc[h][e] = -INFINITY;
+                tmax[e >> 1] = fmaxf(tmax[e >> 1], sc[h][e]);
             }
         float corr[2], base[2];
 #pragma unroll
@@ -594,17 +591,11 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, BPS) k_attention_dec(cu_attn_a
             for (int e = 0; e < 8; e++) {
                 const uint32_t sel = e & 1 ? 0x7632u : 0x5410u;
                 const int wi = e >> 1;
-                const uint32_t *w0 = (const uint32_t *)&vr[0][c], *w1 = (const uint32_t *)&vr[1][c];
-                const uint32_t b0 = __byte_perm(w0[wi], w1[wi], sel);
+                const uint32_t *w0 = (const uint32_t *)&vr[0][c], *w1 = (const uint32_t *)&vr[1][c],
+                               *w2 = (const uint32_t *)&vr[2][c], *w3 = (const uint32_t *)&vr[3][c];
                 float d[4] = {o[8 * c + e][0], o[8 * c + e][1], G16 ? o[8 * c + e][2] : 0.0f,
                               G16 ? o[8 * c + e][3] : 0.0f};
-                if (H == 2) {
-                    const uint32_t *w2 = (const uint32_t *)&vr[H == 2 ? 2 : 0][c],
-                                   *w3 = (const uint32_t *)&vr[H == 2 ? 3 : 1][c];
-                    mma_bf16(d, pf, b0, __byte_perm(w2[wi], w3[wi], sel));
-                } else {
-                    mma_bf16_k8(d, pf, b0);
-                }
+                mma_bf16(d, pf, __byte_perm(w0[wi], w1[wi], sel), __byte_perm(w2[wi], w3[wi], sel));
                 o[8 * c + e][0] = d[0];
                 o[8 * c + e][1] = d[1];
                 if (G16) {
@@ -678,22 +669,10 @@ template <int D> static void launch_dec(cudaStream_t s, const cu_attn_args &a)
     const int group = a.n_heads / a.n_kv_heads;
     const size_t smem = sizeof(float) * (DEC_WARPS * (size_t)group * D + 2 * DEC_WARPS * 16);
     dim3 grid((unsigned)a.n_tokens, (unsigned)a.n_kv_heads);
-    /* 16 keys a round: 2 blocks an SM (about 210 registers); 8: 3 or 4 (a.dec_blocks) */
-    if (group > 8) {
-        if (a.dec_keys == 16)
-            k_attention_dec<D, true, 2, 1><<<grid, DEC_WARPS * 32, smem, s>>>(a);
-        else if (a.dec_blocks == 3)
-            k_attention_dec<D, true, 1, 3><<<grid, DEC_WARPS * 32, smem, s>>>(a);
-        else
-            k_attention_dec<D, true, 1, 4><<<grid, DEC_WARPS * 32, smem, s>>>(a);
-    } else {
-        if (a.dec_keys == 16)
-            k_attention_dec<D, false, 2, 1><<<grid, DEC_WARPS * 32, smem, s>>>(a);
-        else if (a.dec_blocks == 3)
-            k_attention_dec<D, false, 1, 3><<<grid, DEC_WARPS * 32, smem, s>>>(a);
-        else
-            k_attention_dec<D, false, 1, 4><<<grid, DEC_WARPS * 32, smem, s>>>(a);
-    }
+    if (group > 8)
+        k_attention_dec<D, true><<<grid, DEC_WARPS * 32, smem, s>>>(a);
+    else
+        k_attention_dec<D, false><<<grid, DEC_WARPS * 32, smem, s>>>(a);
     CU_LAUNCHED();
 }
 

@@ -112,9 +112,6 @@ struct cu_ctx {
      * every decode step and the tile kernel otherwise, where the head size allows */
     int attn_mode; /* 0 auto, 1 simt, 2 tc, 3 dec */
     int rope_kv;   /* rope(q), rope(k), kv_store as one launch (PAGODA_CUDA_ROPE_KV=0: off) */
-    /* keys a warp of the decode kernel takes a round (PAGODA_CUDA_ATTN_KEYS: 8 or 16), and
-     * with 8 the blocks an SM (PAGODA_CUDA_ATTN_DEC_BLOCKS: 3 or 4) */
-    int dec_keys, dec_blocks;
     /* PAGODA_CUDA_FUSE_NORM=1: at m = 1 a residual add joins the product before it and the
      * rms_norm the product after it */
     int fuse_norm;
@@ -1105,8 +1102,6 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
     if (use_tc && b->n_tokens == b->n_seqs && c->attn_mode != 2 &&
         cu_attn_dec_ok(p->head_dim, group)) {
         a.decode = 1;
-        a.dec_keys = c->dec_keys;
-        a.dec_blocks = c->dec_blocks;
         a.splits = 1;
         op *o = record(c, OP_ATTN);
         o->att = a;
@@ -1402,8 +1397,7 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->fuse = !(env && !strcmp(env, "0"));
     env = getenv("PAGODA_CUDA_GEMM");
     c->g.no_lt = env && !strcmp(env, "tc");
-    c->g.tune = env_flag("PAGODA_CUDA_GEMM_TUNE", 2);
-    c->g.sms = c->prop.multiProcessorCount;
+    c->g.tune = env_flag("PAGODA_CUDA_GEMM_TUNE", 0);
     env = getenv("PAGODA_CUDA_BATCH_INVARIANT");
     c->invariant = env && !strcmp(env, "1");
     env = getenv("PAGODA_CUDA_ATTN");
@@ -1425,10 +1419,6 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->gemm_fuse = env_flag("PAGODA_CUDA_GEMM_FUSE", 1);
     c->bf16_x = env_flag("PAGODA_CUDA_BF16_X", 1);
     c->gemm_add = env_flag("PAGODA_CUDA_GEMM_ADD", 1);
-    env = getenv("PAGODA_CUDA_ATTN_KEYS");
-    c->dec_keys = env && !strcmp(env, "16") ? 16 : 8;
-    env = getenv("PAGODA_CUDA_ATTN_DEC_BLOCKS");
-    c->dec_blocks = env && !strcmp(env, "3") ? 3 : 4;
     if (c->gemm_streams) {
         CU(cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
         for (int j = 0; j < 2; j++) {

@@ -109,10 +109,9 @@ struct cu_gemm_ctx {
     cu_lt_best best[CU_LT_BEST];
     int n_best, next_best;
     int no_lt;   /* 1: every format through the tensor-core kernel (tests, comparisons) */
-    /* PAGODA_CUDA_GEMM_TUNE: 0 cuBLASLt's first choice, 1 time its candidates (and split-k
-     * variants) for every shape, 2 (default) only for products with few output tiles */
+    /* 0: cuBLASLt's first choice; 1: time its candidates and their split-k variants
+     * (PAGODA_CUDA_GEMM_TUNE=1) */
     int tune;
-    int sms;
 };
 
 void cu_gemm_ctx_destroy(cu_gemm_ctx *g);
@@ -161,8 +160,6 @@ struct cu_attn_args {
     /* Decode path (decode = 1): every token is its sequence's only one; a block per token and
      * KV head, the keys split among its warps (k_attention_dec). */
     int decode;
-    int dec_keys;   /* keys a warp of the decode kernel takes a round: 8 or 16 */
-    int dec_blocks; /* with 8: blocks an SM its registers are sized for, 3 or 4 */
 };
 
 /* Query rows per block of the tensor-core attention kernel. */

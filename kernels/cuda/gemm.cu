@@ -297,12 +297,6 @@ static int lt_algos(cu_gemm_ctx *g, const cu_lt_plan *p, cublasLtMatmulAlgo_t *o
     return n;
 }
 
-/* Whether a product has few output tiles (128 x 128) for the GPU: fewer than two an SM. */
-static bool few_tiles(const cu_gemm_ctx *g, int m, int n)
-{
-    return (int64_t)((m + 127) / 128) * ((n + 127) / 128) < 2 * g->sms;
-}
-
 /* Times each algorithm of lt_algos for plan p (a few runs after one warm-up) and returns the
  * fastest that ran; false when none did. */
 static bool lt_time(cudaStream_t s, cu_gemm_ctx *g, cu_lt_plan *p, const void *wd, float *y,
@@ -351,15 +345,9 @@ static bool lt_time(cudaStream_t s, cu_gemm_ctx *g, cu_lt_plan *p, const void *w
     return any;
 }
 
-/* Whether products of m rows by an n x k matrix have their algorithm timed. */
-static bool tuned_shape(const cu_gemm_ctx *g, int m, int n)
-{
-    return g->tune == 1 || (g->tune == 2 && few_tiles(g, m, n));
-}
-
 bool cu_gemm_ready(const cu_gemm_ctx *g, const dweight &w, int m)
 {
-    if (!lt_usable(g, w) || !tuned_shape(g, m, (int)w.n)) return true;
+    if (!lt_usable(g, w) || !g->tune) return true;
     for (int i = 0; i < g->n_plans; i++) {
         const cu_lt_plan *p = &g->plans[i];
         if (p->m == m && p->n == (int)w.n && p->k == (int)w.k) return p->tuned || !p->ok;
@@ -373,7 +361,7 @@ void cu_gemm_prepare(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, int m, co
     if (!lt_usable(g, w)) return;
     const int n = (int)w.n, k = (int)w.k;
     cu_lt_plan *p = lt_plan(g, m, n, k);
-    if (!p->ok || p->tuned || !tuned_shape(g, m, n)) return;
+    if (!p->ok || p->tuned || !g->tune) return;
     const int mb = size_class(m);
     cu_lt_best *b = NULL;
     for (int i = 0; i < g->n_best && !b; i++)
