@@ -312,8 +312,9 @@ static void op_label(const op *o, char *buf, size_t n)
                  (long long)(o->gs.w[0].n + o->gs.w[1].n + o->gs.w[2].n), (long long)o->gs.w[0].k);
         break;
     case OP_MATMUL:
-        snprintf(buf, n, "gemm %s%s %lldx%lld", o->w.fmt == DF_BF16 ? "bf16/cuBLASLt" : "tensor-core",
-                 o->i[3] ? " +=" : "", (long long)o->w.n, (long long)o->w.k);
+        snprintf(buf, n, "gemm %s%s %lldx%lld",
+                 o->w.fmt == DF_BF16 ? "bf16/cuBLASLt" : "tensor-core", o->i[3] ? " +=" : "",
+                 (long long)o->w.n, (long long)o->w.k);
         break;
     case OP_ATTN:
         if (o->att.decode)
@@ -976,8 +977,8 @@ static void cu_rms_norm_op(void *ctx, float *out, const float *x, const float *w
     op *mm = p && c->gemm_add && c->n_ops >= 2 ? &c->tape[c->n_ops - 2] : NULL;
     if (mm && mm->kind == OP_MATMUL && !mm->i[3] && mm->p[0] == p->p[1] && mm->p[0] == out &&
         p->p[0] == x && (const void *)x != out && mm->p[1] != x && mm->p[1] != out &&
-        mm->i[0] == rows && mm->w.n == dim && p->n == (int64_t)rows * dim &&
-        rows > CU_GEMV_MAX_M && !c->invariant && cu_gemm_lt_ok(&c->g, mm->w, rows)) {
+        mm->i[0] == rows && mm->w.n == dim && p->n == (int64_t)rows * dim && rows > CU_GEMV_MAX_M &&
+        !c->invariant && cu_gemm_lt_ok(&c->g, mm->w, rows)) {
         mm->p[0] = x;
         mm->i[3] = 1;
         c->n_ops--;

@@ -108,7 +108,7 @@ struct cu_gemm_ctx {
     int n_plans, next_plan;
     cu_lt_best best[CU_LT_BEST];
     int n_best, next_best;
-    int no_lt;   /* 1: every format through the tensor-core kernel (tests, comparisons) */
+    int no_lt; /* 1: every format through the tensor-core kernel (tests, comparisons) */
     /* 0: cuBLASLt's first choice; 1: time its candidates and their split-k variants
      * (PAGODA_CUDA_GEMM_TUNE=1) */
     int tune;

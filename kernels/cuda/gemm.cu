@@ -275,7 +275,8 @@ static int lt_algos(cu_gemm_ctx *g, const cu_lt_plan *p, cublasLtMatmulAlgo_t *o
             cublasLtMatmulAlgoCapGetAttribute(&res[i].algo, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK,
                                               &schemes, sizeof schemes, &got))
             continue;
-        const uint32_t scheme = schemes & CUBLASLT_REDUCTION_SCHEME_INPLACE ? CUBLASLT_REDUCTION_SCHEME_INPLACE
+        const uint32_t scheme = schemes & CUBLASLT_REDUCTION_SCHEME_INPLACE
+                                    ? CUBLASLT_REDUCTION_SCHEME_INPLACE
                                 : schemes & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
                                     ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
                                     : 0;
@@ -408,7 +409,8 @@ void cu_gemm(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, const float *x, i
         LT(lt_run(s, g, p, w.w, xb, y, &p->algo, g->workspace, accumulate));
         return;
     }
-    if (accumulate) cu_fatal("cu_gemm", "accumulating product without cuBLASLt", __FILE__, __LINE__);
+    if (accumulate)
+        cu_fatal("cu_gemm", "accumulating product without cuBLASLt", __FILE__, __LINE__);
     gemm_tc(s, w, x, m, y);
 }
 

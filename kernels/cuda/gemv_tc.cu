@@ -315,7 +315,7 @@ __global__ void __launch_bounds__(256) k_gemv_q4_tc(cu_gemv_set g, const float *
  * Groups of 32, 64 and 128 (4, 2 or 1 a step and row), scales and biases in bf16 or f16.
  */
 
-#define TCR_STAGES 8 /* slots of a warp's ring (PAGODA_CUDA_RING_STAGES=4: 4) */
+#define TCR_STAGES 8 /* slots of a warp's ring */
 
 /* Bytes of one slot of a ring: per matrix the 2 x 32 weight units of the warp's lanes, then
  * the scales and the biases of the 16 rows (8 bytes a row for 4 groups, else 4). */
@@ -387,7 +387,7 @@ static __device__ __forceinline__ void tcr_aim(const cu_gemv_set &g, tcr_feed<NA
 
 /* Copies the next step of the warp's sequence into its slot (nothing past the last tile)
  * and commits one group in any case. */
-template <bool PAIR, int G, int NA, int S>
+template <bool PAIR, int G, int NA>
 static __device__ __forceinline__ void tcr_issue(const cu_gemv_set &g, tcr_feed<NA> &f,
                                                  uint32_t ring, int lane, int c_begin, int steps,
                                                  int64_t tiles)
@@ -415,7 +415,7 @@ static __device__ __forceinline__ void tcr_issue(const cu_gemv_set &g, tcr_feed<
         }
     }
     cp_async_commit();
-    f.slot = f.slot + 1 == S ? 0 : f.slot + 1;
+    f.slot = f.slot + 1 == TCR_STAGES ? 0 : f.slot + 1;
     if (++f.step == steps) {
         f.step = 0;
         f.tile += gridDim.x;
@@ -424,11 +424,11 @@ static __device__ __forceinline__ void tcr_issue(const cu_gemv_set &g, tcr_feed<
 }
 
 /* G: groups a row in 128 columns (4, 2, 1 for groups of 32, 64, 128). */
-template <bool PAIR, int G, int S>
+template <bool PAIR, int G>
 __global__ void __launch_bounds__(256, 2) k_gemv_q4_ring(cu_gemv_set g, const float *__restrict__ x)
 {
     allow_dependents();
-    constexpr int NA = PAIR ? 2 : 1, ST = tcr_stage(NA, G);
+    constexpr int NA = PAIR ? 2 : 1, S = TCR_STAGES, ST = tcr_stage(NA, G);
     extern __shared__ __align__(16) unsigned char tcv_raw[];
     const int K = (int)g.w[0].k, W = blockDim.x >> 5;
     unsigned char *ring = tcv_raw;            /* [W][S][ST] */
@@ -451,7 +451,7 @@ __global__ void __launch_bounds__(256, 2) k_gemv_q4_ring(cu_gemv_set g, const fl
     f.step = f.slot = 0;
     if (f.tile < tiles) tcr_aim<PAIR, NA>(g, f, lane, c_begin);
     for (int i = 0; i < S - 1; i++)
-        tcr_issue<PAIR, G, NA, S>(g, f, mine_sa, lane, c_begin, steps, tiles);
+        tcr_issue<PAIR, G, NA>(g, f, mine_sa, lane, c_begin, steps, tiles);
 
     grid_dependency_wait();
     for (int u = threadIdx.x; u < K / 32; u += blockDim.x) {
@@ -497,7 +497,7 @@ __global__ void __launch_bounds__(256, 2) k_gemv_q4_ring(cu_gemv_set g, const fl
             /* One group committed per step (the step S - 1 ahead, or an empty one), so with
              * at most S - 1 pending this step has landed: this lane's copies by the wait,
              * the other lanes' (scales and biases) by the barrier after it. */
-            tcr_issue<PAIR, G, NA, S>(g, f, mine_sa, lane, c_begin, steps, tiles);
+            tcr_issue<PAIR, G, NA>(g, f, mine_sa, lane, c_begin, steps, tiles);
             cp_async_wait<S - 1>();
             __syncwarp();
             const unsigned char *st = mine + slot * ST;
@@ -588,27 +588,23 @@ static void launch_q4_tc(cudaStream_t s, const cu_gemv_set &g, const float *x, i
 
 /* The largest dynamic shared memory a block may ask for, and the SM count (0 before
  * cu_gemv_tc_init: no ring kernel). */
-static int tcr_optin, tcr_sms, tcr_stages = TCR_STAGES;
+static int tcr_optin, tcr_sms;
 
 /* Dynamic shared memory of the ring kernel: rings, x pairs, zeros, unit sums and scales,
  * partials. */
-static size_t tcr_smem(int64_t k, int W, int na, int groups, int stages)
+static size_t tcr_smem(int64_t k, int W, int na, int groups)
 {
-    return (size_t)W * stages * tcr_stage(na, groups) + (size_t)k / 8 * 16 + 64 +
+    return (size_t)W * TCR_STAGES * tcr_stage(na, groups) + (size_t)k / 8 * 16 + 64 +
            (size_t)k / 32 * 8 + 2 * (size_t)W * na * 16 * 4;
 }
 
 template <bool PAIR, int G> static void tcr_allow()
 {
     /* the most any launch asks: k = 16384 and 8 warps */
-    size_t most = tcr_smem(16384, 8, PAIR ? 2 : 1, G, tcr_stages);
+    size_t most = tcr_smem(16384, 8, PAIR ? 2 : 1, G);
     if (most > (size_t)tcr_optin) most = (size_t)tcr_optin;
-    if (tcr_stages == 4)
-        CU(cudaFuncSetAttribute(k_gemv_q4_ring<PAIR, G, 4>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
-    else
-        CU(cudaFuncSetAttribute(k_gemv_q4_ring<PAIR, G, TCR_STAGES>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
+    CU(cudaFuncSetAttribute(k_gemv_q4_ring<PAIR, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            (int)most));
 }
 
 void cu_gemv_tc_init(void)
@@ -617,8 +613,6 @@ void cu_gemv_tc_init(void)
     CU(cudaGetDevice(&dev));
     CU(cudaDeviceGetAttribute(&tcr_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     CU(cudaDeviceGetAttribute(&tcr_sms, cudaDevAttrMultiProcessorCount, dev));
-    const char *env = getenv("PAGODA_CUDA_RING_STAGES");
-    tcr_stages = env && atoi(env) == 4 ? 4 : TCR_STAGES;
     tcr_allow<false, 4>();
     tcr_allow<false, 2>();
     tcr_allow<false, 1>();
@@ -643,7 +637,7 @@ static bool tcr_ok(const cu_gemv_set &g, size_t smem)
     return true;
 }
 
-template <bool PAIR, int G, int S>
+template <bool PAIR, int G>
 static void launch_ring(cudaStream_t s, const cu_gemv_set &g, const float *x, int W, size_t smem)
 {
     /* Persistent blocks as for k_gemv_q4_tc; blocks an SM by (warps, shared memory). */
@@ -656,7 +650,7 @@ static void launch_ring(cudaStream_t s, const cu_gemv_set &g, const float *x, in
     for (int i = 0; i < n_seen && !b; i++)
         if (seen[i].w == W && seen[i].smem == smem) b = seen[i].b;
     if (!b) {
-        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k_gemv_q4_ring<PAIR, G, S>, W * 32,
+        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k_gemv_q4_ring<PAIR, G>, W * 32,
                                                          smem));
         if (b < 1) b = 1;
         if (n_seen < 16) {
@@ -669,21 +663,7 @@ static void launch_ring(cudaStream_t s, const cu_gemv_set &g, const float *x, in
     const int64_t rounds = (tiles + most - 1) / most, blocks = (tiles + rounds - 1) / rounds;
     cu_launch l;
     cu_launch_init(&l, (unsigned)blocks, (unsigned)(W * 32), smem, s, g.early);
-    CU(cudaLaunchKernelEx(&l.cfg, k_gemv_q4_ring<PAIR, G, S>, g, x));
-}
-
-template <int S>
-static void launch_ring_g(cudaStream_t s, const cu_gemv_set &g, const float *x, int W, size_t rs,
-                          int G)
-{
-    if (g.pair)
-        G == 4   ? launch_ring<true, 4, S>(s, g, x, W, rs)
-        : G == 2 ? launch_ring<true, 2, S>(s, g, x, W, rs)
-                 : launch_ring<true, 1, S>(s, g, x, W, rs);
-    else
-        G == 4   ? launch_ring<false, 4, S>(s, g, x, W, rs)
-        : G == 2 ? launch_ring<false, 2, S>(s, g, x, W, rs)
-                 : launch_ring<false, 1, S>(s, g, x, W, rs);
+    CU(cudaLaunchKernelEx(&l.cfg, k_gemv_q4_ring<PAIR, G>, g, x));
 }
 
 void cu_gemv_q4_tc(cudaStream_t s, const cu_gemv_set &g, const float *x)
@@ -695,12 +675,16 @@ void cu_gemv_q4_tc(cudaStream_t s, const cu_gemv_set &g, const float *x)
     if (g.tc4 == 2) {
         /* the ring kernel: steps of 128 columns a warp, K / W a whole number of them */
         const int G = g.w[0].gshift == 5 ? 4 : g.w[0].gshift == 6 ? 2 : 1;
-        const size_t rs = tcr_smem(k, W, NA, G, tcr_stages);
+        const size_t rs = tcr_smem(k, W, NA, G);
         if (tcr_ok(g, rs)) {
-            if (tcr_stages == 4)
-                launch_ring_g<4>(s, g, x, W, rs, G);
+            if (g.pair)
+                G == 4   ? launch_ring<true, 4>(s, g, x, W, rs)
+                : G == 2 ? launch_ring<true, 2>(s, g, x, W, rs)
+                         : launch_ring<true, 1>(s, g, x, W, rs);
             else
-                launch_ring_g<TCR_STAGES>(s, g, x, W, rs, G);
+                G == 4   ? launch_ring<false, 4>(s, g, x, W, rs)
+                : G == 2 ? launch_ring<false, 2>(s, g, x, W, rs)
+                         : launch_ring<false, 1>(s, g, x, W, rs);
             return;
         }
     }
