@@ -26,9 +26,12 @@ int backend_cuda_device_count(void);
 #include "kernels/cuda/cuda.cuh"
 
 #define CU_GRAPH_MAX_TOKENS 512
-#define CU_GRAPHS           16
-#define CU_WORKSPACE        (32u << 20)
-#define CU_TILE_TABLES      4
+/* The longest block-table span (keys) of a decode step that takes the decode attention
+ * kernel at any number of sequences. */
+#define CU_ATTN_DEC_SHORT 512
+#define CU_GRAPHS         16
+#define CU_WORKSPACE      (32u << 20)
+#define CU_TILE_TABLES    4
 
 void cu_fatal(const char *what, const char *msg, const char *file, int line)
 {
@@ -112,8 +115,10 @@ struct cu_ctx {
      * every decode step and the tile kernel otherwise, where the head size allows */
     int attn_mode; /* 0 auto, 1 simt, 2 tc, 3 dec */
     int rope_kv;   /* rope(q), rope(k), kv_store as one launch (PAGODA_CUDA_ROPE_KV=0: off) */
-    /* PAGODA_CUDA_FUSE_NORM=1: at m = 1 a residual add joins the product before it and the
-     * rms_norm the product after it */
+    /* At m = 1 a residual add joins the product before it and the rms_norm the product
+     * after it: where the streaming 16-bit kernel takes the product (unset, the default;
+     * other kernels would run them as launches of their own), for every product
+     * (PAGODA_CUDA_FUSE_NORM=1), never (0) */
     int fuse_norm;
 
     /* scratch */
@@ -141,6 +146,7 @@ struct cu_ctx {
     int row_gemv;     /* the m = 1 matrix-vector kernel (PAGODA_CUDA_GEMV_ROW=0: off) */
     int early_launch; /* programmatic dependent launch of it (PAGODA_CUDA_PDL=0: off) */
     int gemv_tc;      /* PAGODA_CUDA_GEMV_TC (default 2): 4-bit m = 1 products on tensor cores */
+    int gemv_stream;  /* 16-bit m = 1 products streamed by warps (PAGODA_CUDA_GEMV_STREAM=0: off) */
     /* products of m > 8 over one x (q, k, v; gate, up) run at the same time on side streams,
      * each with its own cuBLASLt workspace (PAGODA_CUDA_GEMM_STREAMS=0: off) */
     int gemm_streams;
@@ -850,6 +856,13 @@ static void set_fuse(cu_ctx *c, int m)
     p->p[2] = c->ycat;
 }
 
+/* Whether a one-row product of w takes the norm before it and the residual add after it
+ * into its own launch. */
+static bool fuse_neighbours(const cu_ctx *c, const dweight &w)
+{
+    return c->fuse_norm == 1 || (c->fuse_norm == 2 && c->gemv_stream && cu_gemv_stream_ok(w));
+}
+
 static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweight *w, int m)
 {
     cu_ctx *c = (cu_ctx *)ctx;
@@ -874,7 +887,7 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
         const int keep_order = c->invariant || !c->row_gemv;
         /* rms_norm of one row into x just recorded: the product takes its place and
          * normalizes x itself */
-        op *rn = m == 1 && c->fuse_norm && !keep_order ? last_op(c, OP_RMS) : NULL;
+        op *rn = m == 1 && fuse_neighbours(c, d) && !keep_order ? last_op(c, OP_RMS) : NULL;
         if (rn && !(rn->p[0] == x && rn->i[0] == 1 && rn->i[1] == d.k && rn->p[1] != x)) rn = NULL;
         cu_gemv_set norm; /* zeroed bytes, padding too: tapes compare with memcmp */
         memset(&norm, 0, sizeof norm);
@@ -892,6 +905,7 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
         o->gs.keep_order = keep_order;
         o->gs.early = c->early_launch;
         o->gs.tc4 = c->gemv_tc;
+        o->gs.stream16 = c->gemv_stream;
         o->gs.w[0] = d;
         o->gs.y[0] = y;
         o->gs.row_end[0] = d.n;
@@ -1096,8 +1110,13 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
     /* Tensor cores when the step has prompt tokens or many sequences: a tile of 64 rows
      * then holds many rows or its key tiles are few; single-token steps of few sequences
      * split their keys over the GPU instead (the float32 kernel). */
+    /* ... and the decode kernel for decode steps of few sequences over short contexts: its
+     * 4 warps per sequence and KV head then have few rounds of keys each (one sequence of
+     * 128 + 128 tokens: 223.2 against 214.7 tokens/s; of 1024 + 64: 195.2 against 202.2) */
+    const int dec_short = b->n_tokens == b->n_seqs && max_keys <= CU_ATTN_DEC_SHORT &&
+                          cu_attn_dec_ok(p->head_dim, group);
     int use_tc = !c->invariant && cu_attn_tc_ok(p->head_dim) && c->attn_mode != 1 &&
-                 (c->attn_mode >= 2 || b->n_tokens > b->n_seqs || b->n_tokens >= 64);
+                 (c->attn_mode >= 2 || b->n_tokens > b->n_seqs || b->n_tokens >= 64 || dec_short);
     /* Decode steps (one token a sequence): the decode kernel, whose warps split the keys,
      * unless PAGODA_CUDA_ATTN=tc asks for the 64-row tiles. */
     if (use_tc && b->n_tokens == b->n_seqs && c->attn_mode != 2 &&
@@ -1168,9 +1187,10 @@ static void cu_add_op(void *ctx, float *x, const float *y, int64_t n)
 {
     cu_ctx *c = (cu_ctx *)ctx;
     /* x += y where y is the one-row product just recorded: the product adds its rows to x */
-    op *p = c->fuse_norm ? last_op(c, OP_GEMV) : NULL;
-    if (p && p->i[0] == 1 && p->gs.nw == 1 && !p->gs.pair && !p->gs.resid && p->gs.y[0] == y &&
-        p->gs.w[0].n == n && (const void *)x != y && (const void *)x != p->p[1]) {
+    op *p = last_op(c, OP_GEMV);
+    if (p && fuse_neighbours(c, p->gs.w[0]) && p->i[0] == 1 && p->gs.nw == 1 && !p->gs.pair &&
+        !p->gs.resid && p->gs.y[0] == y && p->gs.w[0].n == n && (const void *)x != y &&
+        (const void *)x != p->p[1]) {
         p->gs.resid = x;
         return;
     }
@@ -1408,7 +1428,7 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
                                                  : 0;
     if (c->attn_mode != 1) cu_attention_init();
     cu_gemv_tc_init();
-    c->fuse_norm = env_flag("PAGODA_CUDA_FUSE_NORM", 0);
+    c->fuse_norm = env_flag("PAGODA_CUDA_FUSE_NORM", 2);
     c->rope_kv = env_flag("PAGODA_CUDA_ROPE_KV", 1);
     env = getenv("PAGODA_CUDA_GEMV_ROW");
     c->row_gemv = !(env && !strcmp(env, "0"));
@@ -1416,6 +1436,7 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
      * keeps its loads in registers; 0: float32 on CUDA cores */
     env = getenv("PAGODA_CUDA_GEMV_TC");
     c->gemv_tc = env && !strcmp(env, "1") ? 1 : env_flag("PAGODA_CUDA_GEMV_TC", 2);
+    c->gemv_stream = env_flag("PAGODA_CUDA_GEMV_STREAM", 1);
     c->gemm_streams = env_flag("PAGODA_CUDA_GEMM_STREAMS", 1);
     c->gemm_fuse = env_flag("PAGODA_CUDA_GEMM_FUSE", 1);
     c->bf16_x = env_flag("PAGODA_CUDA_BF16_X", 1);

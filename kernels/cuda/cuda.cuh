@@ -17,6 +17,8 @@
 
 /** Whether the fast matrix-vector kernel handles this matrix (else the generic one runs). */
 bool cu_gemv_fast(const dweight &w);
+/* Whether one-row products of w can take the streaming 16-bit kernel (k_gemv_stream). */
+bool cu_gemv_stream_ok(const dweight &w);
 
 /** y[i, r] (row stride ldy) = dot(W row r, x row i) for i < m <= CU_GEMV_MAX_M. */
 void cu_gemv(cudaStream_t s, const dweight &w, const float *x, int m, float *y, int64_t ldy);
@@ -37,6 +39,9 @@ struct cu_gemv_set {
      * weights through registers, 2 through a shared-memory ring where it takes the set (else
      * as 1); 0: not */
     int tc4;
+    /* 16-bit weights at m = 1 through k_gemv_stream (x staged in shared memory, warps
+     * streaming whole rows); 0: the row kernel */
+    int stream16;
     /* m = 1, fused neighbours (NULL: none). Prologue: x = rms_norm(nsrc) * nweight with
      * nepsilon, also written to x itself; epilogue (one matrix, no pair): resid += y. */
     const float *nsrc, *nweight;

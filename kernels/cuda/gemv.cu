@@ -439,6 +439,213 @@ static bool launch_row_any(cudaStream_t s, const cu_gemv_set &g, const float *x)
     return true;
 }
 
+/*
+ * m = 1 of 16-bit weights with x in shared memory: each block (one a multiprocessor, 32
+ * warps) stages x once, normalized there when the norm is fused, and each warp then
+ * streams whole rows on its own with no barrier between rows. A warp owns the rows of its
+ * block's range at a stride of the block's warps; a lane takes the 16-byte units
+ * u = 32 i + lane of a row, STREAM_CH of them a chunk, and the next chunk's loads (the
+ * next row's at a row's end) are issued before the current chunk is used, so every warp
+ * keeps one to two chunks (2-4 KB) in flight. x is stored so that the two float4 of a
+ * lane's unit sit 32 float4 apart: a warp's shared-memory reads are conflict-free. The
+ * first weight loads go out before the wait for the previous kernel (programmatic
+ * dependent launch). Measured against 512 threads with chunks of 8 and against loads with
+ * an L2 sector hint: within 2 %, this one the fastest (kernels/cuda/NOTES.md).
+ */
+#define STREAM_THREADS 1024
+#define STREAM_CH      4
+
+/* Where a warp is in its stream: task t (an output row), chunk s of it (with a pair, the
+ * gate row's chunks, then the up row's). */
+struct stream_pos {
+    int64_t t;
+    int s;
+};
+
+template <bool PAIR>
+static __device__ __forceinline__ void stream_load(const cu_gemv_set &g, uint4 (&q)[STREAM_CH],
+                                                   stream_pos p, int nch, int upl, int lane)
+{
+    const int a = PAIR && p.s >= nch ? 1 : 0, c = p.s - a * nch;
+    int wi = 0;
+    if (!PAIR)
+        while (wi + 1 < g.nw && p.t >= g.row_end[wi]) wi++;
+    const int64_t rl = wi ? p.t - g.row_end[wi - 1] : p.t;
+    const set_mat M = set_pick(g, PAIR ? a : wi);
+    const uint4 *row = (const uint4 *)(M.w + rl * M.row_bytes) + c * STREAM_CH * 32 + lane;
+#pragma unroll
+    for (int u = 0; u < STREAM_CH; u++)
+        q[u] = c * STREAM_CH + u < upl ? __ldg(row + u * 32) : make_uint4(0, 0, 0, 0);
+}
+
+/* One chunk of the current task: uses cur, loads the next position's chunk into nxt and
+ * finishes the task at its last chunk. Returns false when the warp's rows are done. */
+template <int FMT, bool PAIR>
+static __device__ __forceinline__ bool stream_step(const cu_gemv_set &g, const float4 *xs4,
+                                                   uint4 (&cur)[STREAM_CH], uint4 (&nxt)[STREAM_CH],
+                                                   stream_pos &p, float (&acc)[2], int64_t t_end,
+                                                   int nwarps, int nch, int upl, int lane)
+{
+    constexpr int NA = PAIR ? 2 : 1;
+    stream_pos n = p;
+    if (++n.s == NA * nch) {
+        n.s = 0;
+        n.t += nwarps;
+    }
+    if (n.t < t_end) stream_load<PAIR>(g, nxt, n, nch, upl, lane);
+    const int a = PAIR && p.s >= nch ? 1 : 0, c = p.s - a * nch;
+    float t = 0.0f;
+#pragma unroll
+    for (int u = 0; u < STREAM_CH; u++) {
+        const int su = c * STREAM_CH + u;
+        if (su < upl) {
+            const float4 lo = xs4[(2 * su) * 32 + lane], hi = xs4[(2 * su + 1) * 32 + lane];
+            const float xv[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+            t += unit_dot<FMT, 16>(cur[u], xv);
+        }
+    }
+    if (a)
+        acc[1] += t;
+    else
+        acc[0] += t;
+    if (n.s == 0) { /* the task's last chunk: its sums, then its outputs */
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], o);
+            if (PAIR) acc[1] += __shfl_xor_sync(0xffffffffu, acc[1], o);
+        }
+        if (lane == 0) {
+            const int64_t r = p.t;
+            if (PAIR) {
+                g.y[0][r] = act_of(acc[0], g.gelu) * acc[1];
+                g.y[1][r] = acc[1];
+            } else {
+                int wi = 0;
+                while (wi + 1 < g.nw && r >= g.row_end[wi]) wi++;
+                g.y[wi][wi ? r - g.row_end[wi - 1] : r] = acc[0];
+                if (g.resid) g.resid[r] += acc[0]; /* one matrix: r is its row */
+            }
+        }
+        acc[0] = acc[1] = 0.0f;
+    }
+    p = n;
+    return n.t < t_end;
+}
+
+template <int FMT, bool PAIR, bool NORM>
+__global__ void __launch_bounds__(STREAM_THREADS, 1)
+    k_gemv_stream(cu_gemv_set g, const float *__restrict__ x)
+{
+    allow_dependents();
+    extern __shared__ float4 xs4[];
+    __shared__ float red[STREAM_THREADS / 32];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    const int64_t k = g.w[0].k, rows = g.row_end[g.nw - 1];
+    const int upl = (int)(k >> 8), nch = (upl + STREAM_CH - 1) / STREAM_CH;
+    const int64_t t_end = rows * (blockIdx.x + 1) / gridDim.x;
+    stream_pos p = {rows * blockIdx.x / gridDim.x + warp, 0};
+
+    uint4 qa[STREAM_CH], qb[STREAM_CH];
+    if (p.t < t_end) stream_load<PAIR>(g, qa, p, nch, upl, lane);
+    /* x comes from the previous kernel: only now wait for it */
+    grid_dependency_wait();
+    const int nq = (int)(k >> 2);
+    const float4 *src = (const float4 *)(NORM ? g.nsrc : x);
+    float ss = 0.0f;
+    for (int f = threadIdx.x; f < nq; f += blockDim.x) {
+        const float4 v = __ldg(src + f);
+        if (NORM) ss += (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w);
+        const int u = f >> 1;
+        xs4[((u >> 5) * 2 + (f & 1)) * 32 + (u & 31)] = v;
+    }
+    if (NORM) {
+        /* rms_norm of the row: the block's sum of squares, then each thread scales the
+         * values it staged; block 0 also stores the normed row as x. */
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0) red[warp] = ss;
+        __syncthreads();
+        ss = 0.0f;
+        for (int w = 0; w < nwarps; w++) ss += red[w];
+        const float inv = rsqrtf(ss / (float)k + g.nepsilon);
+        for (int f = threadIdx.x; f < nq; f += blockDim.x) {
+            const int u = f >> 1, i = ((u >> 5) * 2 + (f & 1)) * 32 + (u & 31);
+            const float4 w = __ldg((const float4 *)g.nweight + f);
+            float4 v = xs4[i];
+            v.x = v.x * inv * w.x;
+            v.y = v.y * inv * w.y;
+            v.z = v.z * inv * w.z;
+            v.w = v.w * inv * w.w;
+            xs4[i] = v;
+            if (blockIdx.x == 0) ((float4 *)x)[f] = v;
+        }
+    }
+    __syncthreads();
+    if (p.t >= t_end) return;
+    float acc[2] = {0.0f, 0.0f};
+    for (;;) {
+        if (!stream_step<FMT, PAIR>(g, xs4, qa, qb, p, acc, t_end, nwarps, nch, upl, lane)) break;
+        if (!stream_step<FMT, PAIR>(g, xs4, qb, qa, p, acc, t_end, nwarps, nch, upl, lane)) break;
+    }
+}
+
+bool cu_gemv_stream_ok(const dweight &w)
+{
+    return (w.fmt == DF_BF16 || w.fmt == DF_F16) && w.k % 256 == 0 && w.k <= 16 * 1024 &&
+           w.row_bytes % 16 == 0 && (uintptr_t)w.w % 16 == 0;
+}
+
+/* Whether k_gemv_stream takes this set at m = 1. */
+static bool stream_ok(const cu_gemv_set &g)
+{
+    if (!g.stream16) return false;
+    if (g.nsrc && ((uintptr_t)g.nsrc % 16 || (uintptr_t)g.nweight % 16)) return false;
+    for (int i = 0; i < g.nw; i++)
+        if (!cu_gemv_stream_ok(g.w[i])) return false;
+    return true;
+}
+
+template <int FMT, bool PAIR, bool NORM>
+static void launch_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
+{
+    static int bps, sms;
+    const size_t smem = sizeof(float) * (size_t)g.w[0].k;
+    void (*kern)(cu_gemv_set, const float *) = k_gemv_stream<FMT, PAIR, NORM>;
+    if (!sms) {
+        /* room for the largest x (k = 16384) */
+        CU(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
+        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, STREAM_THREADS, 64 * 1024));
+        if (bps < 1) bps = 1;
+        int dev;
+        CU(cudaGetDevice(&dev));
+        CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    }
+    const int64_t rows = g.row_end[g.nw - 1], want = (rows + 1) / 2, most = (int64_t)bps * sms;
+    cu_launch l;
+    cu_launch_init(&l, (unsigned)(want < most ? want : most), STREAM_THREADS, smem, s, g.early);
+    CU(cudaLaunchKernelEx(&l.cfg, kern, g, x));
+}
+
+static bool launch_stream_any(cudaStream_t s, const cu_gemv_set &g, const float *x)
+{
+    if (!stream_ok(g)) return false;
+#define STREAMK(F)                                                                                 \
+    do {                                                                                           \
+        if (g.pair)                                                                                \
+            g.nsrc ? launch_stream<F, true, true>(s, g, x)                                         \
+                   : launch_stream<F, true, false>(s, g, x);                                       \
+        else                                                                                       \
+            g.nsrc ? launch_stream<F, false, true>(s, g, x)                                        \
+                   : launch_stream<F, false, false>(s, g, x);                                      \
+    } while (0)
+    if (g.w[0].fmt == DF_BF16)
+        STREAMK(DF_BF16);
+    else
+        STREAMK(DF_F16);
+#undef STREAMK
+    return true;
+}
+
 static int unit_vals(const dweight &w)
 {
     switch (w.fmt) {
@@ -512,7 +719,8 @@ void cu_gemv_multi(cudaStream_t s, const cu_gemv_set &g, const float *x, int m)
     const dweight &w = g.w[0];
     if (g.nsrc || g.resid) {
         /* Fused neighbours: the row kernel takes them; elsewhere they run around it. */
-        if (m == 1 && !g.keep_order && !(g.tc4 && cu_gemv_q4_tc_ok(g)) && launch_row_any(s, g, x))
+        if (m == 1 && !g.keep_order && !(g.tc4 && cu_gemv_q4_tc_ok(g)) &&
+            (launch_stream_any(s, g, x) || launch_row_any(s, g, x)))
             return;
         cu_gemv_set h = g;
         h.nsrc = h.nweight = NULL;
@@ -523,7 +731,7 @@ void cu_gemv_multi(cudaStream_t s, const cu_gemv_set &g, const float *x, int m)
         return;
     }
     if (m == 1 && !g.keep_order && g.tc4 && cu_gemv_q4_tc_ok(g)) return cu_gemv_q4_tc(s, g, x);
-    if (m == 1 && !g.keep_order && launch_row_any(s, g, x)) return;
+    if (m == 1 && !g.keep_order && (launch_stream_any(s, g, x) || launch_row_any(s, g, x))) return;
     switch (w.fmt) {
     case DF_F32:
         return launch2<DF_F32, 32>(s, g, x, m);

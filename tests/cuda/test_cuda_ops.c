@@ -23,7 +23,8 @@
  * (PAGODA_CUDA_ROPE_KV=0: rope and the KV store as separate launches), sample
  * (PAGODA_CUDA_SAMPLE=1, the default), gemm-one-stream (PAGODA_CUDA_GEMM_STREAMS=0: every
  * product of a set on the main stream), fuse-norm
- * (PAGODA_CUDA_FUSE_NORM=1).
+ * (PAGODA_CUDA_FUSE_NORM=1: norms and residual adds join every one-row product; by default
+ * only those of the streaming 16-bit kernel).
  * Every output buffer is poisoned with NaN before the CUDA run, so unwritten elements fail.
  * Without a GPU the test prints "no GPU: not run" and exits 77 (skipped).
  */
@@ -153,6 +154,9 @@ static const struct fmt_case fmts[] = {
     {WFMT_AFFINE, 4, 32, 45, 1024},
     {WFMT_AFFINE, 8, 64, 50, 2048},
     {WFMT_MXFP8, 8, 32, 67, 1024},
+    /* 16-bit, k a multiple of 256: the streaming m = 1 kernel (a last chunk of 7 units) */
+    {WFMT_BF16, 16, 0, 100, 3840},
+    {WFMT_F16, 16, 0, 40, 768},
     /* rows a multiple of 16, k of 128: the tensor-core 4-bit m = 1 kernel when it is on */
     {WFMT_AFFINE, 4, 64, 160, 4096},
     {WFMT_AFFINE, 4, 32, 32, 1920},
