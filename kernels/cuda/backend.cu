@@ -147,6 +147,7 @@ struct cu_ctx {
     int early_launch; /* programmatic dependent launch of it (PAGODA_CUDA_PDL=0: off) */
     int gemv_tc;      /* PAGODA_CUDA_GEMV_TC (default 2): 4-bit m = 1 products on tensor cores */
     int gemv_stream;  /* 16-bit m = 1 products streamed by warps (PAGODA_CUDA_GEMV_STREAM=0: off) */
+    int gemv_rope; /* with rope and the KV store in the q/k/v one (PAGODA_CUDA_GEMV_ROPE=0: off) */
     /* products of m > 8 over one x (q, k, v; gate, up) run at the same time on side streams,
      * each with its own cuBLASLt workspace (PAGODA_CUDA_GEMM_STREAMS=0: off) */
     int gemm_streams;
@@ -1032,6 +1033,31 @@ static void cu_rope_op(void *ctx, float *x, int rows, int heads, int d, const fl
     o->i[2] = d;
 }
 
+/* The rope + KV store just recorded (the last operation) after the one-row q/k/v products
+ * of its q, k and v: the streaming kernel does both (PAGODA_CUDA_GEMV_ROPE=0: off). */
+static void qkv_rope(cu_ctx *c, const struct kv_layer *kv, const struct kv_geom *g, const float *q,
+                     const float *k, const float *v, const void *cos_t, const void *sin_t,
+                     int n_tokens)
+{
+    if (!c->gemv_rope || !c->gemv_stream || n_tokens != 1 || c->n_ops < 2) return;
+    op *p = &c->tape[c->n_ops - 2];
+    cu_gemv_set &s = p->gs;
+    const int64_t d = g->head_dim;
+    if (p->kind != OP_GEMV || p->i[0] != 1 || s.nw != 3 || s.pair || s.resid || s.keep_order ||
+        s.y[0] != q || s.y[1] != k || s.y[2] != v || s.w[0].n % d ||
+        s.w[1].n != g->n_kv_heads * d || s.w[2].n != s.w[1].n)
+        return;
+    for (int j = 0; j < 3; j++)
+        if (!cu_gemv_stream_ok(s.w[j])) return;
+    s.rope_half = (int)(d / 2);
+    s.rcos = (const float *)cos_t;
+    s.rsin = (const float *)sin_t;
+    s.kc = (__nv_bfloat16 *)kv->k;
+    s.vc = (__nv_bfloat16 *)kv->v;
+    s.slot = c->d_slot;
+    c->n_ops--;
+}
+
 static void cu_kv_store_op(void *ctx, const struct kv_layer *kv, const struct kv_geom *g,
                            const float *k, const float *v, const struct fwd_batch *b)
 {
@@ -1060,6 +1086,7 @@ static void cu_kv_store_op(void *ctx, const struct kv_layer *kv, const struct kv
             rq->i[1] = hq;
             rq->i[2] = g->n_kv_heads;
             rq->i[3] = g->head_dim;
+            qkv_rope(c, kv, g, q, k, v, cos_t, sin_t, b->n_tokens);
             return;
         }
     }
@@ -1437,6 +1464,7 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     env = getenv("PAGODA_CUDA_GEMV_TC");
     c->gemv_tc = env && !strcmp(env, "1") ? 1 : env_flag("PAGODA_CUDA_GEMV_TC", 2);
     c->gemv_stream = env_flag("PAGODA_CUDA_GEMV_STREAM", 1);
+    c->gemv_rope = env_flag("PAGODA_CUDA_GEMV_ROPE", 1);
     c->gemm_streams = env_flag("PAGODA_CUDA_GEMM_STREAMS", 1);
     c->gemm_fuse = env_flag("PAGODA_CUDA_GEMM_FUSE", 1);
     c->bf16_x = env_flag("PAGODA_CUDA_BF16_X", 1);

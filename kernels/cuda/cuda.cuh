@@ -47,6 +47,12 @@ struct cu_gemv_set {
     const float *nsrc, *nweight;
     float nepsilon;
     float *resid;
+    /* m = 1, q/k/v (nw 3): rope on q and k with the tables rcos/rsin (half of a head's
+     * dimensions: rope_half; 0: none) and k, v stored as bf16 into kc, vc at slot[0] */
+    int rope_half;
+    const float *rcos, *rsin;
+    __nv_bfloat16 *kc, *vc;
+    const int32_t *slot;
 };
 bool cu_gemv_set_ok(const cu_gemv_set &g);
 

@@ -455,45 +455,107 @@ static bool launch_row_any(cudaStream_t s, const cu_gemv_set &g, const float *x)
 #define STREAM_THREADS 1024
 #define STREAM_CH      4
 
-/* Where a warp is in its stream: task t (an output row), chunk s of it (with a pair, the
- * gate row's chunks, then the up row's). */
+/* What a task of the streaming kernel is: one output row (of one of the set's matrices),
+ * the same row of gate and up (then act(gate) * up), or rows j and j + d/2 of one head of
+ * q, k or v, which leave rotated (q, k) and, for k and v, stored into the KV cache. */
+enum { SM_ROWS, SM_PAIR, SM_ROPE };
+
+/* Where a warp is in its stream: task t, chunk s of it (with two rows a task, the first
+ * row's chunks, then the second's). */
 struct stream_pos {
     int64_t t;
     int s;
 };
 
-template <bool PAIR>
+/* The rope task t: matrix wi (q, k, v), the head's first row r0 and its dimension j. */
+struct rope_task {
+    int wi, head, j;
+};
+
+static __device__ __forceinline__ rope_task rope_of(const cu_gemv_set &g, int64_t t)
+{
+    const int half = g.rope_half, d = 2 * half, ti = (int)t, hh = ti / half;
+    const int hq = (int)(g.w[0].n / d), hkv = (int)(g.w[1].n / d);
+    rope_task r;
+    r.j = ti - hh * half;
+    r.wi = hh < hq ? 0 : hh < hq + hkv ? 1 : 2;
+    r.head = hh - (r.wi == 0 ? 0 : r.wi == 1 ? hq : hq + hkv);
+    return r;
+}
+
+template <int MODE>
 static __device__ __forceinline__ void stream_load(const cu_gemv_set &g, uint4 (&q)[STREAM_CH],
                                                    stream_pos p, int nch, int upl, int lane)
 {
-    const int a = PAIR && p.s >= nch ? 1 : 0, c = p.s - a * nch;
+    const int a = MODE != SM_ROWS && p.s >= nch ? 1 : 0, c = p.s - a * nch;
     int wi = 0;
-    if (!PAIR)
+    int64_t rl = p.t;
+    if (MODE == SM_ROWS) {
         while (wi + 1 < g.nw && p.t >= g.row_end[wi]) wi++;
-    const int64_t rl = wi ? p.t - g.row_end[wi - 1] : p.t;
-    const set_mat M = set_pick(g, PAIR ? a : wi);
+        if (wi) rl -= g.row_end[wi - 1];
+    } else if (MODE == SM_PAIR) {
+        wi = a;
+    } else {
+        const rope_task r = rope_of(g, p.t);
+        wi = r.wi;
+        rl = (int64_t)r.head * 2 * g.rope_half + r.j + a * g.rope_half;
+    }
+    const set_mat M = set_pick(g, wi);
     const uint4 *row = (const uint4 *)(M.w + rl * M.row_bytes) + c * STREAM_CH * 32 + lane;
 #pragma unroll
     for (int u = 0; u < STREAM_CH; u++)
         q[u] = c * STREAM_CH + u < upl ? __ldg(row + u * 32) : make_uint4(0, 0, 0, 0);
 }
 
+/* The outputs of a finished task (lane 0; a and b: the sums of its first and second row). */
+template <int MODE>
+static __device__ __forceinline__ void stream_out(const cu_gemv_set &g, int64_t t, float a, float b)
+{
+    if (MODE == SM_PAIR) {
+        g.y[0][t] = act_of(a, g.gelu) * b;
+        g.y[1][t] = b;
+    } else if (MODE == SM_ROWS) {
+        int wi = 0;
+        while (wi + 1 < g.nw && t >= g.row_end[wi]) wi++;
+        g.y[wi][wi ? t - g.row_end[wi - 1] : t] = a;
+        if (g.resid) g.resid[t] += a; /* one matrix: t is its row */
+    } else {
+        const rope_task r = rope_of(g, t);
+        const int half = g.rope_half;
+        if (r.wi < 2) { /* as k_rope_kv */
+            const float cs = g.rcos[r.j], si = g.rsin[r.j], ra = a * cs - b * si,
+                        rb = b * cs + a * si;
+            a = ra;
+            b = rb;
+        }
+        const int64_t r0 = (int64_t)r.head * 2 * half + r.j;
+        float *y = r.wi == 0 ? g.y[0] : r.wi == 1 ? g.y[1] : g.y[2];
+        y[r0] = a;
+        y[r0 + half] = b;
+        if (r.wi) {
+            __nv_bfloat16 *cache = (r.wi == 1 ? g.kc : g.vc) + (int64_t)g.slot[0] * g.w[1].n;
+            cache[r0] = __float2bfloat16_rn(a);
+            cache[r0 + half] = __float2bfloat16_rn(b);
+        }
+    }
+}
+
 /* One chunk of the current task: uses cur, loads the next position's chunk into nxt and
  * finishes the task at its last chunk. Returns false when the warp's rows are done. */
-template <int FMT, bool PAIR>
+template <int FMT, int MODE>
 static __device__ __forceinline__ bool stream_step(const cu_gemv_set &g, const float4 *xs4,
                                                    uint4 (&cur)[STREAM_CH], uint4 (&nxt)[STREAM_CH],
                                                    stream_pos &p, float (&acc)[2], int64_t t_end,
                                                    int nwarps, int nch, int upl, int lane)
 {
-    constexpr int NA = PAIR ? 2 : 1;
+    constexpr int NA = MODE == SM_ROWS ? 1 : 2;
     stream_pos n = p;
     if (++n.s == NA * nch) {
         n.s = 0;
         n.t += nwarps;
     }
-    if (n.t < t_end) stream_load<PAIR>(g, nxt, n, nch, upl, lane);
-    const int a = PAIR && p.s >= nch ? 1 : 0, c = p.s - a * nch;
+    if (n.t < t_end) stream_load<MODE>(g, nxt, n, nch, upl, lane);
+    const int a = NA == 2 && p.s >= nch ? 1 : 0, c = p.s - a * nch;
     float t = 0.0f;
 #pragma unroll
     for (int u = 0; u < STREAM_CH; u++) {
@@ -512,27 +574,16 @@ static __device__ __forceinline__ bool stream_step(const cu_gemv_set &g, const f
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) {
             acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], o);
-            if (PAIR) acc[1] += __shfl_xor_sync(0xffffffffu, acc[1], o);
+            if (NA == 2) acc[1] += __shfl_xor_sync(0xffffffffu, acc[1], o);
         }
-        if (lane == 0) {
-            const int64_t r = p.t;
-            if (PAIR) {
-                g.y[0][r] = act_of(acc[0], g.gelu) * acc[1];
-                g.y[1][r] = acc[1];
-            } else {
-                int wi = 0;
-                while (wi + 1 < g.nw && r >= g.row_end[wi]) wi++;
-                g.y[wi][wi ? r - g.row_end[wi - 1] : r] = acc[0];
-                if (g.resid) g.resid[r] += acc[0]; /* one matrix: r is its row */
-            }
-        }
+        if (lane == 0) stream_out<MODE>(g, p.t, acc[0], acc[1]);
         acc[0] = acc[1] = 0.0f;
     }
     p = n;
     return n.t < t_end;
 }
 
-template <int FMT, bool PAIR, bool NORM>
+template <int FMT, int MODE, bool NORM>
 __global__ void __launch_bounds__(STREAM_THREADS, 1)
     k_gemv_stream(cu_gemv_set g, const float *__restrict__ x)
 {
@@ -540,13 +591,13 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
     extern __shared__ float4 xs4[];
     __shared__ float red[STREAM_THREADS / 32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-    const int64_t k = g.w[0].k, rows = g.row_end[g.nw - 1];
+    const int64_t k = g.w[0].k, rows = g.row_end[g.nw - 1] / (MODE == SM_ROPE ? 2 : 1);
     const int upl = (int)(k >> 8), nch = (upl + STREAM_CH - 1) / STREAM_CH;
     const int64_t t_end = rows * (blockIdx.x + 1) / gridDim.x;
     stream_pos p = {rows * blockIdx.x / gridDim.x + warp, 0};
 
     uint4 qa[STREAM_CH], qb[STREAM_CH];
-    if (p.t < t_end) stream_load<PAIR>(g, qa, p, nch, upl, lane);
+    if (p.t < t_end) stream_load<MODE>(g, qa, p, nch, upl, lane);
     /* x comes from the previous kernel: only now wait for it */
     grid_dependency_wait();
     const int nq = (int)(k >> 2);
@@ -584,8 +635,8 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
     if (p.t >= t_end) return;
     float acc[2] = {0.0f, 0.0f};
     for (;;) {
-        if (!stream_step<FMT, PAIR>(g, xs4, qa, qb, p, acc, t_end, nwarps, nch, upl, lane)) break;
-        if (!stream_step<FMT, PAIR>(g, xs4, qb, qa, p, acc, t_end, nwarps, nch, upl, lane)) break;
+        if (!stream_step<FMT, MODE>(g, xs4, qa, qb, p, acc, t_end, nwarps, nch, upl, lane)) break;
+        if (!stream_step<FMT, MODE>(g, xs4, qb, qa, p, acc, t_end, nwarps, nch, upl, lane)) break;
     }
 }
 
@@ -600,17 +651,18 @@ static bool stream_ok(const cu_gemv_set &g)
 {
     if (!g.stream16) return false;
     if (g.nsrc && ((uintptr_t)g.nsrc % 16 || (uintptr_t)g.nweight % 16)) return false;
+    if (g.rope_half && (g.nw != 3 || g.pair || g.resid)) return false;
     for (int i = 0; i < g.nw; i++)
         if (!cu_gemv_stream_ok(g.w[i])) return false;
     return true;
 }
 
-template <int FMT, bool PAIR, bool NORM>
+template <int FMT, int MODE, bool NORM>
 static void launch_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
 {
     static int bps, sms;
     const size_t smem = sizeof(float) * (size_t)g.w[0].k;
-    void (*kern)(cu_gemv_set, const float *) = k_gemv_stream<FMT, PAIR, NORM>;
+    void (*kern)(cu_gemv_set, const float *) = k_gemv_stream<FMT, MODE, NORM>;
     if (!sms) {
         /* room for the largest x (k = 16384) */
         CU(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
@@ -620,7 +672,8 @@ static void launch_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
         CU(cudaGetDevice(&dev));
         CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     }
-    const int64_t rows = g.row_end[g.nw - 1], want = (rows + 1) / 2, most = (int64_t)bps * sms;
+    const int64_t rows = g.row_end[g.nw - 1] / (MODE == SM_ROPE ? 2 : 1), want = (rows + 1) / 2,
+                  most = (int64_t)bps * sms;
     cu_launch l;
     cu_launch_init(&l, (unsigned)(want < most ? want : most), STREAM_THREADS, smem, s, g.early);
     CU(cudaLaunchKernelEx(&l.cfg, kern, g, x));
@@ -629,20 +682,28 @@ static void launch_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
 static bool launch_stream_any(cudaStream_t s, const cu_gemv_set &g, const float *x)
 {
     if (!stream_ok(g)) return false;
+#define STREAMM(F, M)                                                                              \
+    do {                                                                                           \
+        if (g.nsrc)                                                                                \
+            launch_stream<F, M, true>(s, g, x);                                                    \
+        else                                                                                       \
+            launch_stream<F, M, false>(s, g, x);                                                   \
+    } while (0)
 #define STREAMK(F)                                                                                 \
     do {                                                                                           \
         if (g.pair)                                                                                \
-            g.nsrc ? launch_stream<F, true, true>(s, g, x)                                         \
-                   : launch_stream<F, true, false>(s, g, x);                                       \
+            STREAMM(F, SM_PAIR);                                                                   \
+        else if (g.rope_half)                                                                      \
+            STREAMM(F, SM_ROPE);                                                                   \
         else                                                                                       \
-            g.nsrc ? launch_stream<F, false, true>(s, g, x)                                        \
-                   : launch_stream<F, false, false>(s, g, x);                                      \
+            STREAMM(F, SM_ROWS);                                                                   \
     } while (0)
     if (g.w[0].fmt == DF_BF16)
         STREAMK(DF_BF16);
     else
         STREAMK(DF_F16);
 #undef STREAMK
+#undef STREAMM
     return true;
 }
 
@@ -717,10 +778,23 @@ bool cu_gemv_set_ok(const cu_gemv_set &g)
 void cu_gemv_multi(cudaStream_t s, const cu_gemv_set &g, const float *x, int m)
 {
     const dweight &w = g.w[0];
-    if (g.nsrc || g.resid) {
-        /* Fused neighbours: the row kernel takes them; elsewhere they run around it. */
-        if (m == 1 && !g.keep_order && !(g.tc4 && cu_gemv_q4_tc_ok(g)) &&
-            (launch_stream_any(s, g, x) || launch_row_any(s, g, x)))
+    if (g.nsrc || g.resid || g.rope_half) {
+        /* Fused neighbours: the streaming kernel takes them all, the row kernel the norm and
+         * the residual add; elsewhere they run around the product. */
+        if (m == 1 && !g.keep_order && launch_stream_any(s, g, x)) return;
+        if (g.rope_half) {
+            cu_gemv_set h = g;
+            h.rope_half = 0;
+            h.rcos = h.rsin = NULL;
+            h.kc = h.vc = NULL;
+            h.slot = NULL;
+            cu_gemv_multi(s, h, x, m);
+            const int d = 2 * g.rope_half;
+            cu_rope_kv(s, g.y[0], g.y[1], g.y[2], g.kc, g.vc, g.slot, 1, (int)(g.w[0].n / d),
+                       (int)(g.w[1].n / d), d, g.rcos, g.rsin);
+            return;
+        }
+        if (m == 1 && !g.keep_order && !(g.tc4 && cu_gemv_q4_tc_ok(g)) && launch_row_any(s, g, x))
             return;
         cu_gemv_set h = g;
         h.nsrc = h.nweight = NULL;

@@ -1009,10 +1009,84 @@ static void gemv_regs_section(void)
     test_gemv_tc_many_tiles();
 }
 
+/*
+ * One decoding token: q/k/v products of its x, rope on q and k and the KV store, as the
+ * model records them. The 16-bit streaming kernel takes all of it in one launch (the rope
+ * and the store in its epilogue); q, k and both caches must match the CPU within the
+ * one-row product bound (1e-4) and the bf16 rounding of the caches (1e-3).
+ */
+static void test_qkv_rope_kv(int H, int hq, int hkv, int d, enum wfmt fmt, int pos)
+{
+    const int bs = 16, n_blocks = pos / bs + 3, kv_row = hkv * d, half = d / 2;
+    int32_t token = 0, p1 = pos, qs[2] = {0, 1}, sl[1] = {pos + 1}, bt[64];
+    for (int i = 0; i < n_blocks; i++) bt[i] = n_blocks - 1 - i;
+    int32_t slot = bt[pos / bs] * bs + pos % bs;
+    struct fwd_batch b = one_seq(1, &token, &p1, &slot, qs, sl, bt, n_blocks);
+    struct mat wq, wk, wv;
+    mat_make(&wq, fmt, 16, 0, (int64_t)hq * d, H);
+    mat_make(&wk, fmt, 16, 0, kv_row, H);
+    mat_make(&wv, fmt, 16, 0, kv_row, H);
+    const size_t nq = (size_t)hq * d, kv_elems = (size_t)n_blocks * bs * kv_row;
+    float *x = rvec(H), *cs = rvec(half), *sn = rvec(half);
+    float *q = xmalloc(4 * nq), *k = xmalloc(4 * (size_t)kv_row), *v = xmalloc(4 * (size_t)kv_row);
+    float *dx = dev(x, H), *dcs = dev(cs, half), *dsn = dev(sn, half);
+    float *dq = poisoned(nq), *dk = poisoned(kv_row), *dv = poisoned(kv_row);
+    float *kc = xcalloc(kv_elems, sizeof(float)), *vc = xcalloc(kv_elems, sizeof(float));
+    struct kv_layer kv_cpu = {kc, vc};
+    struct kv_layer kv_gpu = {gpu.ops->alloc(gpu.ctx, kv_elems * 2),
+                              gpu.ops->alloc(gpu.ctx, kv_elems * 2)};
+    uint16_t *hb = xcalloc(kv_elems, 2);
+    gpu.ops->upload(gpu.ctx, kv_gpu.k, hb, kv_elems * 2);
+    gpu.ops->upload(gpu.ctx, kv_gpu.v, hb, kv_elems * 2);
+    struct kv_geom g = {n_blocks, bs, hkv, d};
+    const struct backend *bes[2] = {&cpu, &gpu};
+    for (int i = 0; i < 2; i++) {
+        const struct backend *be = bes[i];
+        void *c = be->ctx;
+        float *bx = i ? dx : x, *bq = i ? dq : q, *bk = i ? dk : k, *bv = i ? dv : v;
+        float *bcs = i ? dcs : cs, *bsn = i ? dsn : sn;
+        be->ops->batch_begin(c, &b);
+        be->ops->matmul(c, bq, bx, i ? &wq.wg : &wq.w, 1);
+        be->ops->matmul(c, bk, bx, i ? &wk.wg : &wk.w, 1);
+        be->ops->matmul(c, bv, bx, i ? &wv.wg : &wv.w, 1);
+        be->ops->rope(c, bq, 1, hq, d, bcs, bsn);
+        be->ops->rope(c, bk, 1, hkv, d, bcs, bsn);
+        be->ops->kv_store(c, i ? &kv_gpu : &kv_cpu, &g, bk, bv, &b);
+    }
+    const struct out_ref outs[] = {
+        {"q", dq, q, nq, 1e-4}, {"k", dk, k, kv_row, 1e-4}, {"v", dv, v, kv_row, 1e-4}};
+    char what[64];
+    snprintf(what, sizeof what, "q/k/v + rope + KV store H=%d %d/%d heads of %d", H, hq, hkv, d);
+    check_outs(outs, 3, what);
+    float *got = xmalloc(kv_elems * sizeof(float));
+    for (int which = 0; which < 2; which++) {
+        float *ref = which ? vc : kc;
+        gpu.ops->download(gpu.ctx, hb, which ? kv_gpu.v : kv_gpu.k, kv_elems * 2);
+        for (size_t i = 0; i < kv_elems; i++) {
+            got[i] = bf16_to_f32(hb[i]);
+            ref[i] = round_bf16(ref[i]);
+        }
+        double err = rel_err(got, ref, kv_elems);
+        CHECK(err <= 1e-3, "%s: %s cache relative error %.3g > 1e-3", what, which ? "v" : "k", err);
+    }
+    free(got);
+    free(hb);
+    float *hbufs[] = {x, cs, sn, q, k, v, kc, vc};
+    for (int i = 0; i < 8; i++) free(hbufs[i]);
+    float *dbufs[] = {dx, dcs, dsn, kv_gpu.k, kv_gpu.v};
+    for (int i = 0; i < 5; i++) gpu.ops->free(gpu.ctx, dbufs[i]);
+    mat_free(&wq);
+    mat_free(&wk);
+    mat_free(&wv);
+}
+
 static void rope_kv_cases(void)
 {
     test_rope_kv(1, 32, 8, 128);
     test_rope_kv(37, 8, 2, 64);
+    test_qkv_rope_kv(1024, 16, 4, 128, WFMT_BF16, 37);
+    test_qkv_rope_kv(768, 12, 2, 64, WFMT_F16, 200);
+    test_qkv_rope_kv(512, 8, 8, 64, WFMT_BF16, 0);
 }
 
 static void sample_section(void)
