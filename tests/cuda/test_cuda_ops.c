@@ -326,6 +326,24 @@ static void test_elementwise(void)
     for (int r = 0; r < rows; r++)
         CHECK(am_cpu[r] == am_gpu[r], "argmax row %d: %d vs %d", r, am_gpu[r], am_cpu[r]);
     CHECK(am_gpu[0] == 5, "argmax tie: %d", am_gpu[0]);
+    /* long rows (float4 loads 8 deep when the length is a multiple of 4, else one at a time):
+     * row 0 ties at 17 and near its end, row 1 peaks at its last value */
+    const int lens[2] = {40000, 10001};
+    for (int li = 0; li < 2; li++) {
+        const int ln = lens[li];
+        float *l2 = rvec(2 * (size_t)ln);
+        l2[17] = l2[ln - 3] = 9.0f;
+        l2[2 * ln - 1] = 9.0f;
+        float *dl2 = dev(l2, 2 * (size_t)ln);
+        cpu.ops->argmax(cpu.ctx, am_cpu, l2, 2, ln);
+        gpu.ops->argmax(gpu.ctx, am_gpu, dl2, 2, ln);
+        CHECK(am_gpu[0] == 17 && am_cpu[0] == 17, "argmax of %d: row 0 %d (cpu %d)", ln, am_gpu[0],
+              am_cpu[0]);
+        CHECK(am_gpu[1] == ln - 1 && am_cpu[1] == ln - 1, "argmax of %d: row 1 %d (cpu %d)", ln,
+              am_gpu[1], am_cpu[1]);
+        free(l2);
+        gpu.ops->free(gpu.ctx, dl2);
+    }
 
     float *bufs[] = {dx, dy, dw, dout, dcs, dsn, dr, da, dsc, dg, dlg};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) gpu.ops->free(gpu.ctx, bufs[i]);
