@@ -12,6 +12,7 @@
  * step records the same tape (same operations on the same buffers and shapes; the values
  * that change per step live in the metadata buffers), so a step costs one graph launch.
  */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,6 +149,7 @@ struct cu_ctx {
     int gemv_tc;      /* PAGODA_CUDA_GEMV_TC (default 2): 4-bit m = 1 products on tensor cores */
     int gemv_stream;  /* 16-bit m = 1 products streamed by warps (PAGODA_CUDA_GEMV_STREAM=0: off) */
     int gemv_rope; /* with rope and the KV store in the q/k/v one (PAGODA_CUDA_GEMV_ROPE=0: off) */
+    int lt_small;  /* bf16 products of 2 to 8 rows on cuBLASLt (PAGODA_CUDA_LT_SMALL=0: off) */
     /* products of m > 8 over one x (q, k, v; gate, up) run at the same time on side streams,
      * each with its own cuBLASLt workspace (PAGODA_CUDA_GEMM_STREAMS=0: off) */
     int gemm_streams;
@@ -200,7 +202,7 @@ static void exec_op(cu_ctx *c, const op *o)
     case OP_MATMUL: {
         int m = o->i[0];
         if (m <= 0) break;
-        if (m <= CU_GEMV_MAX_M || c->invariant)
+        if ((m <= CU_GEMV_MAX_M && !o->i[2]) || c->invariant)
             for (int i0 = 0; i0 < m; i0 += CU_GEMV_MAX_M)
                 cu_gemv(s, o->w, (const float *)o->p[1] + (int64_t)i0 * o->w.k,
                         m - i0 < CU_GEMV_MAX_M ? m - i0 : CU_GEMV_MAX_M,
@@ -864,11 +866,21 @@ static bool fuse_neighbours(const cu_ctx *c, const dweight &w)
     return c->fuse_norm == 1 || (c->fuse_norm == 2 && c->gemv_stream && cu_gemv_stream_ok(w));
 }
 
+/* The most rows a product of w takes through the matrix-vector kernels: bf16 products of
+ * 2 to 8 rows go to cuBLASLt, which reads the weights once for all rows
+ * (PAGODA_CUDA_LT_SMALL=0: the matrix-vector kernel, once per 8 rows of the warp). */
+static int gemv_most(const cu_ctx *c, const dweight &d)
+{
+    if (c->invariant) return INT_MAX;
+    return c->lt_small && d.fmt == DF_BF16 ? 1 : CU_GEMV_MAX_M;
+}
+
 static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweight *w, int m)
 {
     cu_ctx *c = (cu_ctx *)ctx;
     const dweight &d = dw(w);
-    if ((m <= CU_GEMV_MAX_M || c->invariant) && cu_gemv_fast(d)) {
+    const int most = gemv_most(c, d);
+    if (m <= most && cu_gemv_fast(d)) {
         /* Another matrix over the same x as the previous product: one launch for both. */
         op *p = last_op(c, OP_GEMV);
         if (p && !p->gs.pair && !p->gs.resid && p->gs.nw < 3 && p->p[1] == x && p->i[0] == m &&
@@ -913,7 +925,7 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
         o->gs.nw = 1;
         return;
     }
-    if (m > CU_GEMV_MAX_M && d.fmt == DF_BF16 && !c->invariant) {
+    if (m > most && d.fmt == DF_BF16 && !c->invariant) {
         c->xb = (__nv_bfloat16 *)grow(c, c->xb, &c->xb_cap,
                                       sizeof(__nv_bfloat16) * (size_t)m * (size_t)d.k);
         if (!cu_gemm_ready(&c->g, d, m)) {
@@ -923,7 +935,7 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
             cu_gemm_prepare(c->st, &c->g, d, m, x, y, c->xb);
         }
     }
-    if (c->gemm_streams && m > CU_GEMV_MAX_M && !c->invariant && cu_gemm_lt_ok(&c->g, d, m)) {
+    if (c->gemm_streams && m > most && !c->invariant && cu_gemm_lt_ok(&c->g, d, m)) {
         /* Another cuBLASLt product over the x of the previous one: both in one set. */
         op *p = c->fuse && c->n_ops ? &c->tape[c->n_ops - 1] : NULL;
         if (p && p->p[1] == x && p->i[0] == m && (void *)y != x) {
@@ -956,7 +968,7 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
     }
     /* x just written by the activation or a norm: it writes the bf16 copy the product reads
      * too (a second product over x joins this one in a set, which then skips the copy) */
-    op *prev = m > CU_GEMV_MAX_M && !c->invariant && c->bf16_x && c->fuse && c->n_ops
+    op *prev = m > most && !c->invariant && c->bf16_x && c->fuse && c->n_ops
                    ? &c->tape[c->n_ops - 1]
                    : NULL;
     const bool lt = prev && (void *)y != x && cu_gemm_lt_ok(&c->g, d, m);
@@ -971,6 +983,7 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
     o->w = d;
     o->i[0] = m;
     o->i[1] = pre;
+    o->i[2] = m <= CU_GEMV_MAX_M && m > most; /* a few rows, on cuBLASLt all the same */
 }
 
 static void cu_add_bias_op(void *ctx, float *y, const float *bias, int m, int n)
@@ -992,8 +1005,8 @@ static void cu_rms_norm_op(void *ctx, float *out, const float *x, const float *w
     op *mm = p && c->gemm_add && c->n_ops >= 2 ? &c->tape[c->n_ops - 2] : NULL;
     if (mm && mm->kind == OP_MATMUL && !mm->i[3] && mm->p[0] == p->p[1] && mm->p[0] == out &&
         p->p[0] == x && (const void *)x != out && mm->p[1] != x && mm->p[1] != out &&
-        mm->i[0] == rows && mm->w.n == dim && p->n == (int64_t)rows * dim && rows > CU_GEMV_MAX_M &&
-        !c->invariant && cu_gemm_lt_ok(&c->g, mm->w, rows)) {
+        mm->i[0] == rows && mm->w.n == dim && p->n == (int64_t)rows * dim &&
+        (rows > CU_GEMV_MAX_M || mm->i[2]) && !c->invariant && cu_gemm_lt_ok(&c->g, mm->w, rows)) {
         mm->p[0] = x;
         mm->i[3] = 1;
         c->n_ops--;
@@ -1465,6 +1478,7 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->gemv_tc = env && !strcmp(env, "1") ? 1 : env_flag("PAGODA_CUDA_GEMV_TC", 2);
     c->gemv_stream = env_flag("PAGODA_CUDA_GEMV_STREAM", 1);
     c->gemv_rope = env_flag("PAGODA_CUDA_GEMV_ROPE", 1);
+    c->lt_small = env_flag("PAGODA_CUDA_LT_SMALL", 1);
     c->gemm_streams = env_flag("PAGODA_CUDA_GEMM_STREAMS", 1);
     c->gemm_fuse = env_flag("PAGODA_CUDA_GEMM_FUSE", 1);
     c->bf16_x = env_flag("PAGODA_CUDA_BF16_X", 1);
