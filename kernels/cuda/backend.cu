@@ -868,7 +868,7 @@ static bool fuse_neighbours(const cu_ctx *c, const dweight &w)
 
 /* The most rows a product of w takes through the matrix-vector kernels: bf16 products of
  * 2 to 8 rows go to cuBLASLt, which reads the weights once for all rows
- * (PAGODA_CUDA_LT_SMALL=0: the matrix-vector kernel, once per 8 rows of the warp). */
+ * (PAGODA_CUDA_LT_SMALL=0: the matrix-vector kernel, far below bandwidth at 8 rows). */
 static int gemv_most(const cu_ctx *c, const dweight &d)
 {
     if (c->invariant) return INT_MAX;

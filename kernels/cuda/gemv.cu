@@ -450,7 +450,7 @@ static bool launch_row_any(cudaStream_t s, const cu_gemv_set &g, const float *x)
  * lane's unit sit 32 float4 apart: a warp's shared-memory reads are conflict-free. The
  * first weight loads go out before the wait for the previous kernel (programmatic
  * dependent launch). Measured against 512 threads with chunks of 8 and against loads with
- * an L2 sector hint: within 2 %, this one the fastest (kernels/cuda/NOTES.md).
+ * an L2 sector hint: within 3 %, this one the fastest (kernels/cuda/NOTES.md).
  */
 #define STREAM_THREADS 1024
 #define STREAM_CH      4
