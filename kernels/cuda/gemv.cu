@@ -467,7 +467,8 @@ struct stream_pos {
     int s;
 };
 
-/* The rope task t: matrix wi (q, k, v), the head's first row r0 and its dimension j. */
+/* The rope task t: matrix wi (q, k, v), the head in it and the dimension j (its rows
+ * head * d + j and head * d + j + d/2). */
 struct rope_task {
     int wi, head, j;
 };
@@ -481,6 +482,12 @@ static __device__ __forceinline__ rope_task rope_of(const cu_gemv_set &g, int64_
     r.wi = hh < hq ? 0 : hh < hq + hkv ? 1 : 2;
     r.head = hh - (r.wi == 0 ? 0 : r.wi == 1 ? hq : hq + hkv);
     return r;
+}
+
+/* The tasks of a set: its rows, half of them with two rows a task from one matrix. */
+template <int MODE> static __host__ __device__ int64_t stream_tasks(const cu_gemv_set &g)
+{
+    return g.row_end[g.nw - 1] / (MODE == SM_ROPE ? 2 : 1);
 }
 
 template <int MODE>
@@ -591,7 +598,7 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
     extern __shared__ float4 xs4[];
     __shared__ float red[STREAM_THREADS / 32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-    const int64_t k = g.w[0].k, rows = g.row_end[g.nw - 1] / (MODE == SM_ROPE ? 2 : 1);
+    const int64_t k = g.w[0].k, rows = stream_tasks<MODE>(g);
     const int upl = (int)(k >> 8), nch = (upl + STREAM_CH - 1) / STREAM_CH;
     const int64_t t_end = rows * (blockIdx.x + 1) / gridDim.x;
     stream_pos p = {rows * blockIdx.x / gridDim.x + warp, 0};
@@ -672,8 +679,7 @@ static void launch_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
         CU(cudaGetDevice(&dev));
         CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     }
-    const int64_t rows = g.row_end[g.nw - 1] / (MODE == SM_ROPE ? 2 : 1), want = (rows + 1) / 2,
-                  most = (int64_t)bps * sms;
+    const int64_t want = (stream_tasks<MODE>(g) + 1) / 2, most = (int64_t)bps * sms;
     cu_launch l;
     cu_launch_init(&l, (unsigned)(want < most ? want : most), STREAM_THREADS, smem, s, g.early);
     CU(cudaLaunchKernelEx(&l.cfg, kern, g, x));

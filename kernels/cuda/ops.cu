@@ -479,12 +479,9 @@ __global__ void k_argmax(int32_t *out, const float *__restrict__ x, int n)
     __shared__ int si[32];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (ov > best || (ov == best && oi < bi)) {
-            best = ov;
-            bi = oi;
-        }
+        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        consider(ov, oi);
     }
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     if (lane == 0) {
@@ -493,11 +490,7 @@ __global__ void k_argmax(int32_t *out, const float *__restrict__ x, int n)
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); w++)
-            if (sv[w] > best || (sv[w] == best && si[w] < bi)) {
-                best = sv[w];
-                bi = si[w];
-            }
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) consider(sv[w], si[w]);
         out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
     }
 }
