@@ -599,6 +599,27 @@ static double attn_bound;
  * rounded to bf16 within 1e-3 norm-wise (a float32 difference in the last place can move
  * a rounding; one such element of thousands stays far below the bound).
  */
+/* The GPU's bf16 K and V caches against the CPU's float ones rounded to bf16 (in place):
+ * within 1e-3. */
+static void check_kv_caches(const struct kv_layer *kv_gpu, float *kc, float *vc, size_t kv_elems,
+                            const char *what)
+{
+    uint16_t *hb = xmalloc(kv_elems * 2);
+    float *got = xmalloc(kv_elems * sizeof(float));
+    for (int which = 0; which < 2; which++) {
+        float *ref = which ? vc : kc;
+        gpu.ops->download(gpu.ctx, hb, which ? kv_gpu->v : kv_gpu->k, kv_elems * 2);
+        for (size_t i = 0; i < kv_elems; i++) {
+            got[i] = bf16_to_f32(hb[i]);
+            ref[i] = round_bf16(ref[i]);
+        }
+        double err = rel_err(got, ref, kv_elems);
+        CHECK(err <= 1e-3, "%s: %s cache relative error %.3g > 1e-3", what, which ? "v" : "k", err);
+    }
+    free(hb);
+    free(got);
+}
+
 static void test_rope_kv(int n, int hq, int hkv, int d)
 {
     const int bs = 16, n_blocks = (n + bs - 1) / bs + 2, kv_row = hkv * d;
@@ -633,21 +654,9 @@ static void test_rope_kv(int n, int hq, int hkv, int d)
     CHECK(err <= 1e-5, "rope+kv_store n=%d: q relative error %.3g > 1e-5", n, err);
     err = rel_err(gk, k, nk);
     CHECK(err <= 1e-5, "rope+kv_store n=%d: k relative error %.3g > 1e-5", n, err);
-    uint16_t *hb = xmalloc(kv_elems * 2);
-    float *got = xmalloc(kv_elems * sizeof(float));
-    for (int which = 0; which < 2; which++) {
-        float *ref = which ? vc : kc;
-        gpu.ops->download(gpu.ctx, hb, which ? kv_gpu.v : kv_gpu.k, kv_elems * 2);
-        for (size_t i = 0; i < kv_elems; i++) {
-            got[i] = bf16_to_f32(hb[i]);
-            ref[i] = round_bf16(ref[i]);
-        }
-        err = rel_err(got, ref, kv_elems);
-        CHECK(err <= 1e-3, "rope+kv_store n=%d: %s cache relative error %.3g > 1e-3", n,
-              which ? "v" : "k", err);
-    }
-    free(hb);
-    free(got);
+    char what[48];
+    snprintf(what, sizeof what, "rope+kv_store n=%d", n);
+    check_kv_caches(&kv_gpu, kc, vc, kv_elems, what);
     free(gq);
     free(gk);
     float *bufs[] = {q, k, v, cs, sn, kc, vc};
@@ -1088,18 +1097,7 @@ static void test_qkv_rope_kv(int H, int hq, int hkv, int d, enum wfmt fmt, int p
     char what[64];
     snprintf(what, sizeof what, "q/k/v + rope + KV store H=%d %d/%d heads of %d", H, hq, hkv, d);
     check_outs(outs, 3, what);
-    float *got = xmalloc(kv_elems * sizeof(float));
-    for (int which = 0; which < 2; which++) {
-        float *ref = which ? vc : kc;
-        gpu.ops->download(gpu.ctx, hb, which ? kv_gpu.v : kv_gpu.k, kv_elems * 2);
-        for (size_t i = 0; i < kv_elems; i++) {
-            got[i] = bf16_to_f32(hb[i]);
-            ref[i] = round_bf16(ref[i]);
-        }
-        double err = rel_err(got, ref, kv_elems);
-        CHECK(err <= 1e-3, "%s: %s cache relative error %.3g > 1e-3", what, which ? "v" : "k", err);
-    }
-    free(got);
+    check_kv_caches(&kv_gpu, kc, vc, kv_elems, what);
     free(hb);
     float *hbufs[] = {x, cs, sn, q, k, v, kc, vc};
     for (int i = 0; i < 8; i++) free(hbufs[i]);
