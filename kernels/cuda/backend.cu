@@ -146,7 +146,7 @@ struct cu_ctx {
     int invariant;
     int row_gemv;     /* the m = 1 matrix-vector kernel (PAGODA_CUDA_GEMV_ROW=0: off) */
     int early_launch; /* programmatic dependent launch of it (PAGODA_CUDA_PDL=0: off) */
-    int gemv_tc;      /* PAGODA_CUDA_GEMV_TC (default 2): 4-bit m = 1 products on tensor cores */
+    int gemv_tc;      /* PAGODA_CUDA_GEMV_TC (default 3): 4-bit m = 1 products on tensor cores */
     int gemv_stream;  /* 16-bit m = 1 products streamed by warps (PAGODA_CUDA_GEMV_STREAM=0: off) */
     int gemv_rope; /* with rope and the KV store in the q/k/v one (PAGODA_CUDA_GEMV_ROPE=0: off) */
     int lt_small;  /* bf16 products of 2 to 8 rows on cuBLASLt (PAGODA_CUDA_LT_SMALL=0: off) */
@@ -859,11 +859,19 @@ static void set_fuse(cu_ctx *c, int m)
     p->p[2] = c->ycat;
 }
 
+/* Whether one-row products of w run on a streaming kernel (k_gemv_stream for 16-bit
+ * weights, k_gemv_q4_stream for affine 4-bit), which take the neighbours below into their
+ * launch. */
+static bool streams(const cu_ctx *c, const dweight &w)
+{
+    return (c->gemv_stream && cu_gemv_stream_ok(w)) || (c->gemv_tc == 3 && cu_gemv_q4s_ok(w));
+}
+
 /* Whether a one-row product of w takes the norm before it and the residual add after it
  * into its own launch. */
 static bool fuse_neighbours(const cu_ctx *c, const dweight &w)
 {
-    return c->fuse_norm == 1 || (c->fuse_norm == 2 && c->gemv_stream && cu_gemv_stream_ok(w));
+    return c->fuse_norm == 1 || (c->fuse_norm == 2 && streams(c, w));
 }
 
 /* The most rows a product of w takes through the matrix-vector kernels: bf16 products of
@@ -1052,7 +1060,7 @@ static void qkv_rope(cu_ctx *c, const struct kv_layer *kv, const struct kv_geom 
                      const float *k, const float *v, const void *cos_t, const void *sin_t,
                      int n_tokens)
 {
-    if (!c->gemv_rope || !c->gemv_stream || n_tokens != 1 || c->n_ops < 2) return;
+    if (!c->gemv_rope || n_tokens != 1 || c->n_ops < 2) return;
     op *p = &c->tape[c->n_ops - 2];
     cu_gemv_set &s = p->gs;
     const int64_t d = g->head_dim;
@@ -1061,7 +1069,7 @@ static void qkv_rope(cu_ctx *c, const struct kv_layer *kv, const struct kv_geom 
         s.w[1].n != g->n_kv_heads * d || s.w[2].n != s.w[1].n)
         return;
     for (int j = 0; j < 3; j++)
-        if (!cu_gemv_stream_ok(s.w[j])) return;
+        if (!streams(c, s.w[j])) return;
     s.rope_half = (int)(d / 2);
     s.rcos = (const float *)cos_t;
     s.rsin = (const float *)sin_t;
@@ -1472,10 +1480,10 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->rope_kv = env_flag("PAGODA_CUDA_ROPE_KV", 1);
     env = getenv("PAGODA_CUDA_GEMV_ROW");
     c->row_gemv = !(env && !strcmp(env, "0"));
-    /* 2 (the default): the tensor-core kernel with its shared-memory ring; 1: the one that
-     * keeps its loads in registers; 0: float32 on CUDA cores */
+    /* 3 (the default): the streaming tensor-core kernel; 2: the one with a shared-memory
+     * ring; 1: the one that keeps its loads in registers; 0: float32 on CUDA cores */
     env = getenv("PAGODA_CUDA_GEMV_TC");
-    c->gemv_tc = env && !strcmp(env, "1") ? 1 : env_flag("PAGODA_CUDA_GEMV_TC", 2);
+    c->gemv_tc = env && !strcmp(env, "2") ? 2 : env_flag("PAGODA_CUDA_GEMV_TC", 3);
     c->gemv_stream = env_flag("PAGODA_CUDA_GEMV_STREAM", 1);
     c->gemv_rope = env_flag("PAGODA_CUDA_GEMV_ROPE", 1);
     c->lt_small = env_flag("PAGODA_CUDA_LT_SMALL", 1);

@@ -37,7 +37,7 @@ struct cu_gemv_set {
     int early;
     /* affine 4-bit at m = 1 on tensor cores (gemv_tc.cu) where the shapes allow: 1 with
      * weights through registers, 2 through a shared-memory ring where it takes the set (else
-     * as 1); 0: not */
+     * as 1), 3 streamed by k_gemv_q4_stream where it takes the set (else as 2); 0: not */
     int tc4;
     /* 16-bit weights at m = 1 through k_gemv_stream (x staged in shared memory, warps
      * streaming whole rows); 0: the row kernel */
@@ -87,6 +87,13 @@ static __device__ __forceinline__ set_mat set_pick(const cu_gemv_set &g, int i)
 bool cu_gemv_q4_tc_ok(const cu_gemv_set &g);
 /** y = W x for m = 1 of affine 4-bit weights on tensor cores (x rounded to fp16). */
 void cu_gemv_q4_tc(cudaStream_t s, const cu_gemv_set &g, const float *x);
+/* Whether one-row products of w can take the streaming 4-bit kernel (k_gemv_q4_stream:
+ * affine 4-bit, groups of 32 to 128 with 16-bit scales, k a multiple of 128 up to 16384,
+ * rows a multiple of 16). */
+bool cu_gemv_q4s_ok(const dweight &w);
+/* y = W x for m = 1 through k_gemv_q4_stream, with the set's fused norm, residual add or
+ * rope and KV store; false (nothing launched) where it does not take the set. */
+bool cu_gemv_q4_stream(cudaStream_t s, const cu_gemv_set &g, const float *x);
 /** Once per device, before any product: lets the ring kernel (tc4 = 2) have more than 48 KB
  * of shared memory. */
 void cu_gemv_tc_init(void);

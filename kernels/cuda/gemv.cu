@@ -16,6 +16,7 @@
 #include <cuda_fp8.h>
 
 #include "kernels/cuda/cuda.cuh"
+#include "kernels/cuda/gemv_out.cuh"
 
 #define GEMV_WARPS 8
 
@@ -455,34 +456,12 @@ static bool launch_row_any(cudaStream_t s, const cu_gemv_set &g, const float *x)
 #define STREAM_THREADS 1024
 #define STREAM_CH      4
 
-/* What a task of the streaming kernel is: one output row (of one of the set's matrices),
- * the same row of gate and up (then act(gate) * up), or rows j and j + d/2 of one head of
- * q, k or v, which leave rotated (q, k) and, for k and v, stored into the KV cache. */
-enum { SM_ROWS, SM_PAIR, SM_ROPE };
-
 /* Where a warp is in its stream: task t, chunk s of it (with two rows a task, the first
  * row's chunks, then the second's). */
 struct stream_pos {
     int64_t t;
     int s;
 };
-
-/* The rope task t: matrix wi (q, k, v), the head in it and the dimension j (its rows
- * head * d + j and head * d + j + d/2). */
-struct rope_task {
-    int wi, head, j;
-};
-
-static __device__ __forceinline__ rope_task rope_of(const cu_gemv_set &g, int64_t t)
-{
-    const int half = g.rope_half, d = 2 * half, ti = (int)t, hh = ti / half;
-    const int hq = (int)(g.w[0].n / d), hkv = (int)(g.w[1].n / d);
-    rope_task r;
-    r.j = ti - hh * half;
-    r.wi = hh < hq ? 0 : hh < hq + hkv ? 1 : 2;
-    r.head = hh - (r.wi == 0 ? 0 : r.wi == 1 ? hq : hq + hkv);
-    return r;
-}
 
 /* The tasks of a set: its rows, half of them with two rows a task from one matrix. */
 template <int MODE> static __host__ __device__ int64_t stream_tasks(const cu_gemv_set &g)
@@ -512,39 +491,6 @@ static __device__ __forceinline__ void stream_load(const cu_gemv_set &g, uint4 (
 #pragma unroll
     for (int u = 0; u < STREAM_CH; u++)
         q[u] = c * STREAM_CH + u < upl ? __ldg(row + u * 32) : make_uint4(0, 0, 0, 0);
-}
-
-/* The outputs of a finished task (lane 0; a and b: the sums of its first and second row). */
-template <int MODE>
-static __device__ __forceinline__ void stream_out(const cu_gemv_set &g, int64_t t, float a, float b)
-{
-    if (MODE == SM_PAIR) {
-        g.y[0][t] = act_of(a, g.gelu) * b;
-        g.y[1][t] = b;
-    } else if (MODE == SM_ROWS) {
-        int wi = 0;
-        while (wi + 1 < g.nw && t >= g.row_end[wi]) wi++;
-        g.y[wi][wi ? t - g.row_end[wi - 1] : t] = a;
-        if (g.resid) g.resid[t] += a; /* one matrix: t is its row */
-    } else {
-        const rope_task r = rope_of(g, t);
-        const int half = g.rope_half;
-        if (r.wi < 2) { /* as k_rope_kv */
-            const float cs = g.rcos[r.j], si = g.rsin[r.j], ra = a * cs - b * si,
-                        rb = b * cs + a * si;
-            a = ra;
-            b = rb;
-        }
-        const int64_t r0 = (int64_t)r.head * 2 * half + r.j;
-        float *y = r.wi == 0 ? g.y[0] : r.wi == 1 ? g.y[1] : g.y[2];
-        y[r0] = a;
-        y[r0 + half] = b;
-        if (r.wi) {
-            __nv_bfloat16 *cache = (r.wi == 1 ? g.kc : g.vc) + (int64_t)g.slot[0] * g.w[1].n;
-            cache[r0] = __float2bfloat16_rn(a);
-            cache[r0 + half] = __float2bfloat16_rn(b);
-        }
-    }
 }
 
 /* One chunk of the current task: uses cur, loads the next position's chunk into nxt and
@@ -787,7 +733,9 @@ void cu_gemv_multi(cudaStream_t s, const cu_gemv_set &g, const float *x, int m)
     if (g.nsrc || g.resid || g.rope_half) {
         /* Fused neighbours: the streaming kernel takes them all, the row kernel the norm and
          * the residual add; elsewhere they run around the product. */
-        if (m == 1 && !g.keep_order && launch_stream_any(s, g, x)) return;
+        if (m == 1 && !g.keep_order &&
+            (launch_stream_any(s, g, x) || (g.tc4 == 3 && cu_gemv_q4_stream(s, g, x))))
+            return;
         if (g.rope_half) {
             cu_gemv_set h = g;
             h.rope_half = 0;

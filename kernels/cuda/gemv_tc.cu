@@ -27,7 +27,10 @@
  * exact in fp16; x rounds to fp16, so results differ from the float32 kernels by about
  * 3e-4 relative.
  */
+#include <stdlib.h>
+
 #include "kernels/cuda/cuda.cuh"
+#include "kernels/cuda/gemv_out.cuh"
 
 #define TCV_ROWS 16
 
@@ -607,6 +610,8 @@ template <bool PAIR, int G> static void tcr_allow()
                             (int)most));
 }
 
+static void q4s_init(void);
+
 void cu_gemv_tc_init(void)
 {
     int dev;
@@ -619,6 +624,7 @@ void cu_gemv_tc_init(void)
     tcr_allow<true, 4>();
     tcr_allow<true, 2>();
     tcr_allow<true, 1>();
+    q4s_init();
 }
 
 /* Whether the ring kernel takes a set that k_gemv_q4_tc takes: groups of 32 to 128, 16-bit
@@ -666,13 +672,489 @@ static void launch_ring(cudaStream_t s, const cu_gemv_set &g, const float *x, in
     CU(cudaLaunchKernelEx(&l.cfg, k_gemv_q4_ring<PAIR, G>, g, x));
 }
 
+/*
+ * m = 1 of affine 4-bit weights streamed the way k_gemv_stream streams 16-bit ones. One
+ * block of 32 warps an SM stages x once (fp16 pairs with per-unit sums and scales as for
+ * the ring kernel, normalized there when the norm is fused); every warp then streams its
+ * own share of the block's 16-row tiles with no barrier until the end, on the MMA scheme of
+ * unit_mma (steps of 128 columns). The block's tiles x steps are cut into equal ranges,
+ * one a warp, so a warp may stop inside a tile and the next one go on there. A warp keeps
+ * the loads of its next steps in flight in registers while it uses one (q4s_cfg), and its
+ * first loads go out before the wait for the kernel that writes x.
+ *
+ * The nibbles become fp16 values with one logic operation a pair and no arithmetic: OR-ed
+ * into 0x6400 (1024, where fp16's last place is 1) a nibble in bits 0-3 reads 1024 + q, and
+ * into 0x5400 (64, last place 1/16) one in bits 4-7 reads 64 + q. The MMA sums
+ * (offset + q) x in float32; the offsets' share (1024 times the sum of the unit's
+ * even-column x, 64 times the odd, summed exactly in float64 when x is staged) is
+ * subtracted from each unit's result.
+ *
+ * A warp leaves the row sums of each run of its steps within one tile (a segment) in
+ * shared memory; after the one barrier the block adds each tile's segments in warp order
+ * (the same order in every run) and writes the outputs through stream_out: the residual
+ * add, the gated activation of gate and up, or rope and the KV store. Walking the block's
+ * sequence, each tile boundary and each warp boundary starts a segment, so warp w's
+ * segment in tile i is number i + w: unique, fewer than tiles + warps.
+ *
+ * Gate and up, and the two halves of a rope task, are tiles next to each other (a unit of
+ * two tiles), so that a task's two rows end in one block.
+ */
+#define Q4S_MOST_WARPS 32
+
+/* Block size and steps a warp has loaded or is loading: in registers (64 a thread at 1,024
+ * threads, 85 at 768, 128 at 512), or (ring) copied by cp.async into a ring of slots of
+ * Q4S_SLOT bytes a warp in shared memory (groups of 64 only). */
+template <int CFG> struct q4s_cfg {
+    static constexpr int threads = CFG == 1 ? 768 : CFG == 2 ? 512 : 1024;
+    static constexpr int depth = CFG == 1 ? 4 : CFG == 2 ? 6 : CFG == 3 ? 4 : CFG == 4 ? 3 : 2;
+    static constexpr bool ring = CFG >= 3;
+};
+#define Q4S_SLOT 1280 /* 32 lanes x (2 units at 32 x lane, 8 bytes of scales at 1024 + 8 x lane)   \
+                       */
+
+/* One step's loads of a lane: its unit of rows g and g + 8 and its share of the step's
+ * scales and biases (lane t of a quad: the scales of row g, of row g + 8, the biases of
+ * row g, of row g + 8; G 16-bit values each). */
+struct q4s_step {
+    uint4 a, b;
+    uint2 sb;
+};
+
+/* Where a warp's next load comes from: the lane's unit of row g and its scale or bias row
+ * at step 0 of block-local tile i, the row stride in units, the step s and the position p
+ * in the warp's range. */
+struct q4s_feed {
+    const uint4 *a;
+    const uint16_t *sb;
+    int stride, i, s, p;
+};
+
+/* The kernel's work units: tiles, or pairs of tiles for gate and up and for rope. */
+template <int MODE> static __host__ __device__ int64_t q4s_units(const cu_gemv_set &g)
+{
+    return MODE == SM_ROWS ? g.row_end[g.nw - 1] / TCV_ROWS
+                           : (MODE == SM_PAIR ? g.w[0].n : g.row_end[g.nw - 1] / 2) / TCV_ROWS;
+}
+
+template <int MODE>
+static __device__ __forceinline__ void q4s_aim(const cu_gemv_set &g, q4s_feed &f, int64_t tile,
+                                               int lane)
+{
+    int64_t rl;
+    int wi;
+    if (MODE == SM_ROWS) {
+        wi = tile_matrix(g, tile * TCV_ROWS, &rl);
+    } else if (MODE == SM_PAIR) { /* gate tile, then up tile */
+        wi = (int)(tile & 1);
+        rl = (tile >> 1) * TCV_ROWS;
+    } else { /* rows j0 to j0 + 15 of a head, then the same plus d/2 */
+        const rope_task r = rope_of(g, (tile >> 1) * TCV_ROWS);
+        wi = r.wi;
+        rl = (int64_t)r.head * 2 * g.rope_half + r.j + (tile & 1) * g.rope_half;
+    }
+    const int g8 = lane >> 2, t = lane & 3;
+    const set_mat M = set_pick(g, wi);
+    f.stride = (int)(M.row_bytes / 16);
+    f.a = (const uint4 *)(M.w + (rl + g8) * M.row_bytes) + t;
+    f.sb = (const uint16_t *)(t & 2 ? M.biases : M.scales) + (rl + g8 + 8 * (t & 1)) * M.gpr;
+}
+
+/* Loads the warp's next step into q (nothing past its range) and moves on. */
+template <int MODE, int G>
+static __device__ __forceinline__ void q4s_issue(const cu_gemv_set &g, q4s_feed &f, q4s_step &q,
+                                                 int end, int steps, int64_t t0, int lane)
+{
+    if (f.p >= end) return;
+    q.a = __ldg(f.a + 4 * f.s);
+    q.b = __ldg(f.a + 8 * f.stride + 4 * f.s);
+    if (G == 4)
+        q.sb = __ldg((const uint2 *)(f.sb + 4 * f.s));
+    else if (G == 2)
+        q.sb.x = __ldg((const unsigned int *)(f.sb + 2 * f.s));
+    else
+        q.sb.x = __ldg((const unsigned short *)f.sb + f.s);
+    if (++f.p < end && ++f.s == steps) {
+        f.s = 0;
+        q4s_aim<MODE>(g, f, t0 + ++f.i, lane);
+    }
+}
+
+/* q4s_issue into the ring: copies the warp's next step into slot (nothing past its range)
+ * and commits one group either way. */
+template <int MODE, int G>
+static __device__ __forceinline__ void q4s_copy(const cu_gemv_set &g, q4s_feed &f, uint32_t slot,
+                                                int end, int steps, int64_t t0, int lane)
+{
+    if (f.p < end) {
+        cp_async16(slot + 32 * lane, f.a + 4 * f.s);
+        cp_async16(slot + 32 * lane + 16, f.a + 8 * f.stride + 4 * f.s);
+        if (G == 4)
+            cp_async_small<8>(slot + 1024 + 8 * lane, f.sb + 4 * f.s, 8);
+        else
+            cp_async_small<4>(slot + 1024 + 8 * lane, f.sb + 2 * f.s, 4);
+        if (++f.p < end && ++f.s == steps) {
+            f.s = 0;
+            q4s_aim<MODE>(g, f, t0 + ++f.i, lane);
+        }
+    }
+    cp_async_commit();
+}
+
+/* The 8 nibbles of w as four fp16 pairs with offsets: (q0, q4) + 1024, (q1, q5) + 64,
+ * (q2, q6) + 1024, (q3, q7) + 64. */
+static __device__ __forceinline__ void nibbles_raw(uint32_t w, uint32_t *p)
+{
+    const uint32_t t = w >> 8;
+    p[0] = (w & 0x000f000fu) | 0x64006400u;
+    p[1] = (w & 0x00f000f0u) | 0x54005400u;
+    p[2] = (t & 0x000f000fu) | 0x64006400u;
+    p[3] = (t & 0x00f000f0u) | 0x54005400u;
+}
+
+/* unit_mma on nibbles_raw: the unit sums d[n] with the offsets' share still in them. */
+static __device__ __forceinline__ void unit_mma_raw(uint4 qa, uint4 qb, const uint4 *xp, float *d)
+{
+    const uint32_t wa[4] = {qa.x, qa.y, qa.z, qa.w}, wb[4] = {qb.x, qb.y, qb.z, qb.w};
+    d[0] = d[1] = d[2] = d[3] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        uint32_t pa[4], pb[4];
+        nibbles_raw(wa[k], pa);
+        nibbles_raw(wb[k], pb);
+        const uint4 xv = xp[k];
+        mma_f16(d, pa[0], pb[0], pa[1], pb[1], xv.x, xv.y);
+        mma_f16(d, pa[2], pb[2], pa[3], pb[3], xv.z, xv.w);
+    }
+}
+
+/* One step: the MMAs, then the offsets' share off (units 2t and 2t + 1) taken out and the
+ * group scales and biases (gathered from the quad) applied by the lanes that hold units'
+ * results (t < 2), as in the ring kernel. */
+template <int G>
+static __device__ __forceinline__ void q4s_use(const q4s_step &q, const uint4 *xp, float4 xd,
+                                               float2 off, int sdt, int lane, float (&acc)[2])
+{
+    const int t = lane & 3, quad = lane & ~3;
+    float d[4];
+    unit_mma_raw(q.a, q.b, xp, d);
+    d[0] -= off.x;
+    d[1] -= off.y;
+    d[2] -= off.x;
+    d[3] -= off.y;
+    /* v: scales of rows g, g + 8, biases of rows g, g + 8; the low half is the group of
+     * unit 2t (G = 4: the high half that of unit 2t + 1) */
+    uint32_t v[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        if (G == 4) {
+            const uint32_t lo = __shfl_sync(0xffffffffu, q.sb.x, quad + j),
+                           hi = __shfl_sync(0xffffffffu, q.sb.y, quad + j);
+            v[j] = t & 1 ? hi : lo;
+        } else {
+            v[j] = __shfl_sync(0xffffffffu, q.sb.x, quad + j) >> (G == 2 ? 16 * (t & 1) : 0);
+        }
+    }
+    if (t >= 2) return;
+    if (G == 4) {
+        acc[0] = fmaf(
+            raw_scale(v[0], sdt) * xd.y, d[0],
+            fmaf(raw_scale(v[0] >> 16, sdt) * xd.w, d[1],
+                 fmaf(raw_scale(v[2], sdt), xd.x, fmaf(raw_scale(v[2] >> 16, sdt), xd.z, acc[0]))));
+        acc[1] = fmaf(
+            raw_scale(v[1], sdt) * xd.y, d[2],
+            fmaf(raw_scale(v[1] >> 16, sdt) * xd.w, d[3],
+                 fmaf(raw_scale(v[3], sdt), xd.x, fmaf(raw_scale(v[3] >> 16, sdt), xd.z, acc[1]))));
+    } else {
+        const float xsum = xd.x + xd.z, q0 = fmaf(xd.y, d[0], xd.w * d[1]),
+                    q1 = fmaf(xd.y, d[2], xd.w * d[3]);
+        acc[0] = fmaf(raw_scale(v[0], sdt), q0, fmaf(raw_scale(v[2], sdt), xsum, acc[0]));
+        acc[1] = fmaf(raw_scale(v[1], sdt), q1, fmaf(raw_scale(v[3], sdt), xsum, acc[1]));
+    }
+}
+
+/* The sum of row r over block-local tile i's segments, in warp order. */
+static __device__ __forceinline__ float q4s_sum(const float *part, int i, int r, int work,
+                                                int steps, int nw)
+{
+    /* the warp whose range holds position p: the largest w with work * w / nw <= p */
+    const int wf = (nw * (i * steps + 1) - 1) / work, wl = (nw * ((i + 1) * steps) - 1) / work;
+    float s = 0.0f;
+    for (int w = wf; w <= wl; w++) /* warps of empty ranges wrote nothing */
+        if (work * w / nw < work * (w + 1) / nw) s += part[(i + w) * TCV_ROWS + r];
+    return s;
+}
+
+template <int MODE, int G, bool NORM, int CFG>
+__global__ void __launch_bounds__(q4s_cfg<CFG>::threads, 1)
+    k_gemv_q4_stream(cu_gemv_set g, const float *__restrict__ x)
+{
+    allow_dependents();
+    constexpr int D = q4s_cfg<CFG>::depth, NW = q4s_cfg<CFG>::threads / 32;
+    constexpr int R = MODE == SM_ROWS ? 1 : 2; /* tiles a unit */
+    constexpr bool RING = q4s_cfg<CFG>::ring;
+    extern __shared__ __align__(16) unsigned char q4s_raw[];
+    const int K = (int)g.w[0].k, steps = K >> 7, sdt = g.w[0].sdtype;
+    unsigned char *ring = q4s_raw; /* [warps][depth][Q4S_SLOT] */
+    uint4 *xs =
+        (uint4 *)(q4s_raw + (RING ? NW * D * Q4S_SLOT : 0)); /* [K / 8], as in k_gemv_q4_tc */
+    uint4 *zero = xs + K / 8;                                /* [4] */
+    float2 *xu = (float2 *)(zero + 4);  /* [K / 32]: the unit's sum and inverse scale */
+    float *xo = (float *)(xu + K / 32); /* [K / 32]: the offsets' share of the unit */
+    float *part = xo + K / 32;          /* [tiles + warps - 1][16]: segment sums */
+    float *red = part;                  /* [32]: the norm's partial sums, before */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g8 = lane >> 2, t = lane & 3;
+    const int64_t units = q4s_units<MODE>(g), u0 = units * blockIdx.x / gridDim.x,
+                  u1 = units * (blockIdx.x + 1) / gridDim.x, t0 = R * u0;
+    const int nt = (int)(R * (u1 - u0)), work = nt * steps;
+    const int begin = work * warp / NW, end = work * (warp + 1) / NW;
+
+    /* The first D - 1 steps go out before the wait for x. */
+    q4s_feed f;
+    f.i = begin / steps;
+    f.s = begin - f.i * steps;
+    f.p = begin;
+    if (begin < end) q4s_aim<MODE>(g, f, t0 + f.i, lane);
+    q4s_step q[RING ? 1 : D];
+    const unsigned char *mine = ring + warp * D * Q4S_SLOT;
+    const uint32_t mine_sa = (uint32_t)__cvta_generic_to_shared(mine);
+#pragma unroll
+    for (int j = 0; j < D - 1; j++)
+        if (RING)
+            q4s_copy<MODE, G>(g, f, mine_sa + j * Q4S_SLOT, end, steps, t0, lane);
+        else
+            q4s_issue<MODE, G>(g, f, q[j], end, steps, t0, lane);
+
+    grid_dependency_wait();
+    const float *src = NORM ? g.nsrc : x;
+    float inv = 1.0f;
+    if (NORM) {
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < K / 4; i += blockDim.x) {
+            const float4 v = __ldg((const float4 *)src + i);
+            ss += (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0) red[warp] = ss;
+        __syncthreads();
+        ss = 0.0f;
+        for (int w = 0; w < NW; w++) ss += red[w];
+        inv = rsqrtf(ss / (float)K + g.nepsilon);
+    }
+    /* Two lanes a 32-column unit, 16 values each (the loads in flight leave room for no
+     * more); whole warps go round together for the shuffles that join a unit's halves. */
+    for (int h0 = warp * 32; h0 < K / 16; h0 += blockDim.x) {
+        const int h = h0 + lane;
+        const bool in = h < K / 16;
+        float4 v[4];
+        float mx = 0.0f, sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            v[j] =
+                in ? __ldg((const float4 *)src + 4 * h + j) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (NORM && in) {
+                /* rms_norm of the row; block 0 also stores it as x */
+                const float4 w = __ldg((const float4 *)g.nweight + 4 * h + j);
+                v[j].x = v[j].x * inv * w.x;
+                v[j].y = v[j].y * inv * w.y;
+                v[j].z = v[j].z * inv * w.z;
+                v[j].w = v[j].w * inv * w.w;
+                if (blockIdx.x == 0) ((float4 *)x)[4 * h + j] = v[j];
+            }
+            mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)),
+                                 fmaxf(fabsf(v[j].z), fabsf(v[j].w))));
+            sum += (v[j].x + v[j].y) + (v[j].z + v[j].w);
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        int ex = 0;
+        frexpf(mx, &ex);
+        const float up = mx > 0.0f ? ldexpf(1.0f, min(14 - ex, 100)) : 1.0f;
+        double even = 0.0, odd = 0.0; /* of the fp16 values as staged: exact */
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const float4 a = v[2 * j], b = v[2 * j + 1];
+            const __half2 p0 = __floats2half2_rn(a.x * up, b.x * up),
+                          p1 = __floats2half2_rn(a.y * up, b.y * up),
+                          p2 = __floats2half2_rn(a.z * up, b.z * up),
+                          p3 = __floats2half2_rn(a.w * up, b.w * up);
+            const float2 f0 = __half22float2(p0), f1 = __half22float2(p1), f2 = __half22float2(p2),
+                         f3 = __half22float2(p3);
+            even += ((double)f0.x + f0.y) + ((double)f2.x + f2.y);
+            odd += ((double)f1.x + f1.y) + ((double)f3.x + f3.y);
+            if (in) xs[2 * h + j] = make_uint4(h2_bits(p0), h2_bits(p1), h2_bits(p2), h2_bits(p3));
+        }
+        even += __shfl_xor_sync(0xffffffffu, even, 1);
+        odd += __shfl_xor_sync(0xffffffffu, odd, 1);
+        if (in && !(h & 1)) {
+            xu[h >> 1] = make_float2(sum, 1.0f / up);
+            xo[h >> 1] = (float)(1024.0 * even + 64.0 * odd);
+        }
+    }
+    if (threadIdx.x < 4) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
+    __syncthreads();
+
+    float acc[2] = {0.0f, 0.0f};
+    int ci = begin / steps, cs = begin - ci * steps;
+    for (int p = begin; p < end;) {
+#pragma unroll
+        for (int j = 0; j < D; j++) {
+            q4s_step *cur = &q[RING ? 0 : j];
+            if (RING) {
+                /* into the slot used last; then this one's copies (this lane's own) landed */
+                q4s_copy<MODE, G>(g, f, mine_sa + (j + D - 1) % D * Q4S_SLOT, end, steps, t0, lane);
+                cp_async_wait<D - 1>();
+                const unsigned char *sl = mine + j * Q4S_SLOT;
+                cur->a = *(const uint4 *)(sl + 32 * lane);
+                cur->b = *(const uint4 *)(sl + 32 * lane + 16);
+                cur->sb = *(const uint2 *)(sl + 1024 + 8 * lane);
+            } else {
+                q4s_issue<MODE, G>(g, f, q[(j + D - 1) % D], end, steps, t0, lane);
+            }
+            const int ub = 4 * cs; /* the step's first unit */
+            /* x pairs of this lane's unit where it supplies them (g == t), else zeros; units
+             * 2t and 2t + 1: sum, inverse scale, sum, inverse scale */
+            const uint4 *xp = g8 == t ? xs + 4 * (ub + t) : zero;
+            float4 xd = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            float2 off = make_float2(0.0f, 0.0f);
+            if (t < 2) {
+                xd = *(const float4 *)(xu + ub + 2 * t);
+                off = *(const float2 *)(xo + ub + 2 * t);
+            }
+            q4s_use<G>(*cur, xp, xd, off, sdt, lane, acc);
+            if (++p == end || ++cs == steps) { /* the segment's end: its row sums */
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float s = acc[h];
+                    s += __shfl_xor_sync(0xffffffffu, s, 1);
+                    if (t == 0) part[(ci + warp) * TCV_ROWS + g8 + 8 * h] = s;
+                    acc[h] = 0.0f;
+                }
+                if (cs == steps) {
+                    cs = 0;
+                    ci++;
+                }
+            }
+            if (p == end) break;
+        }
+    }
+    if (RING) asm volatile("cp.async.wait_all;" ::: "memory"); /* empty groups only */
+    __syncthreads();
+
+    const int items = nt / R * TCV_ROWS;
+    for (int e = threadIdx.x; e < items; e += blockDim.x) {
+        const int r = e & (TCV_ROWS - 1), i = e / TCV_ROWS;
+        const float a = q4s_sum(part, R * i, r, work, steps, NW);
+        stream_out<MODE>(g, (u0 + i) * TCV_ROWS + r, a,
+                         R == 2 ? q4s_sum(part, 2 * i + 1, r, work, steps, NW) : 0.0f);
+    }
+}
+
+bool cu_gemv_q4s_ok(const dweight &w)
+{
+    if (w.fmt != DF_AFFINE || w.bits != 4 || w.k % 128 || w.k > 16384 || w.n % TCV_ROWS)
+        return false;
+    if (w.gshift < 5 || w.gshift > 7 || (w.sdtype != DS_BF16 && w.sdtype != DS_F16)) return false;
+    /* a step's scales of a row: 8 bytes for groups of 32, 4 for 64, 2 for 128 */
+    const uintptr_t al = w.gshift == 5 ? 8 : w.gshift == 6 ? 4 : 2;
+    return w.row_bytes % 16 == 0 && (uintptr_t)w.w % 16 == 0 && w.scales && w.biases &&
+           (uintptr_t)w.scales % al == 0 && (uintptr_t)w.biases % al == 0;
+}
+
+/* The block configuration (q4s_cfg) for groups of 64: PAGODA_CUDA_Q4S_CFG (0: the default;
+ * other groups always 0). */
+static int q4s_cfg_64;
+
+template <int MODE, int G, int CFG> static void q4s_allow()
+{
+    CU(cudaFuncSetAttribute(k_gemv_q4_stream<MODE, G, false, CFG>,
+                            cudaFuncAttributeMaxDynamicSharedMemorySize, tcr_optin));
+    CU(cudaFuncSetAttribute(k_gemv_q4_stream<MODE, G, true, CFG>,
+                            cudaFuncAttributeMaxDynamicSharedMemorySize, tcr_optin));
+}
+
+template <int MODE> static void q4s_allow_all()
+{
+    q4s_allow<MODE, 4, 0>();
+    q4s_allow<MODE, 2, 0>();
+    q4s_allow<MODE, 1, 0>();
+    q4s_allow<MODE, 2, 1>();
+    q4s_allow<MODE, 2, 2>();
+    q4s_allow<MODE, 2, 3>();
+    q4s_allow<MODE, 2, 4>();
+}
+
+template <int MODE, int G, int CFG>
+static void q4s_launch(cudaStream_t s, const cu_gemv_set &g, const float *x, unsigned blocks,
+                       size_t smem)
+{
+    void (*kern)(cu_gemv_set, const float *) =
+        g.nsrc ? k_gemv_q4_stream<MODE, G, true, CFG> : k_gemv_q4_stream<MODE, G, false, CFG>;
+    cu_launch l;
+    cu_launch_init(&l, blocks, q4s_cfg<CFG>::threads, smem, s, g.early);
+    CU(cudaLaunchKernelEx(&l.cfg, kern, g, x));
+}
+
+template <int MODE>
+static void q4s_launch_g(cudaStream_t s, const cu_gemv_set &g, const float *x, unsigned blocks,
+                         size_t smem)
+{
+    const int gs = g.w[0].gshift;
+    if (gs == 5)
+        q4s_launch<MODE, 4, 0>(s, g, x, blocks, smem);
+    else if (gs == 7)
+        q4s_launch<MODE, 1, 0>(s, g, x, blocks, smem);
+    else if (q4s_cfg_64 == 1)
+        q4s_launch<MODE, 2, 1>(s, g, x, blocks, smem);
+    else if (q4s_cfg_64 == 2)
+        q4s_launch<MODE, 2, 2>(s, g, x, blocks, smem);
+    else if (q4s_cfg_64 == 3 && smem + 32 * 4 * Q4S_SLOT <= (size_t)tcr_optin)
+        q4s_launch<MODE, 2, 3>(s, g, x, blocks, smem + 32 * 4 * Q4S_SLOT);
+    else if (q4s_cfg_64 == 4 && smem + 32 * 3 * Q4S_SLOT <= (size_t)tcr_optin)
+        q4s_launch<MODE, 2, 4>(s, g, x, blocks, smem + 32 * 3 * Q4S_SLOT);
+    else
+        q4s_launch<MODE, 2, 0>(s, g, x, blocks, smem);
+}
+
+bool cu_gemv_q4_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
+{
+    const dweight &w = g.w[0];
+    if (!tcr_sms || g.keep_order || (uintptr_t)x % 16) return false;
+    for (int i = 0; i < g.nw; i++)
+        if (!cu_gemv_q4s_ok(g.w[i]) || g.w[i].k != w.k || g.w[i].gshift != w.gshift ||
+            g.w[i].sdtype != w.sdtype)
+            return false;
+    if (g.nsrc && ((uintptr_t)g.nsrc % 16 || (uintptr_t)g.nweight % 16)) return false;
+    if (g.resid && (g.nw != 1 || g.pair)) return false;
+    if (g.rope_half && (g.nw != 3 || g.pair || g.rope_half % TCV_ROWS)) return false;
+    const int mode = g.pair ? SM_PAIR : g.rope_half ? SM_ROPE : SM_ROWS;
+    const int64_t units = mode == SM_PAIR   ? q4s_units<SM_PAIR>(g)
+                          : mode == SM_ROPE ? q4s_units<SM_ROPE>(g)
+                                            : q4s_units<SM_ROWS>(g);
+    if (units < 1) return false;
+    /* one block an SM, each with the same number of units to a unit */
+    const int64_t blocks = units < tcr_sms ? units : tcr_sms;
+    const int64_t tiles = (units + blocks - 1) / blocks * (mode == SM_ROWS ? 1 : 2);
+    const size_t smem = (size_t)w.k / 8 * 16 + 64 + (size_t)w.k / 32 * 12 +
+                        (size_t)(tiles + Q4S_MOST_WARPS) * TCV_ROWS * sizeof(float);
+    if (smem > (size_t)tcr_optin) return false;
+    if (mode == SM_PAIR)
+        q4s_launch_g<SM_PAIR>(s, g, x, (unsigned)blocks, smem);
+    else if (mode == SM_ROPE)
+        q4s_launch_g<SM_ROPE>(s, g, x, (unsigned)blocks, smem);
+    else
+        q4s_launch_g<SM_ROWS>(s, g, x, (unsigned)blocks, smem);
+    return true;
+}
+
 void cu_gemv_q4_tc(cudaStream_t s, const cu_gemv_set &g, const float *x)
 {
     const int64_t k = g.w[0].k;
     const int W = k % 1024 == 0 ? 8 : k % 512 == 0 ? 4 : k % 256 == 0 ? 2 : 1;
     const int NA = g.pair ? 2 : 1;
     const bool g64 = g.w[0].gshift >= 6;
-    if (g.tc4 == 2) {
+    if (g.tc4 == 3 && cu_gemv_q4_stream(s, g, x)) return;
+    if (g.tc4 >= 2) {
         /* the ring kernel: steps of 128 columns a warp, K / W a whole number of them */
         const int G = g.w[0].gshift == 5 ? 4 : g.w[0].gshift == 6 ? 2 : 1;
         const size_t rs = tcr_smem(k, W, NA, G);
@@ -695,4 +1177,13 @@ void cu_gemv_q4_tc(cudaStream_t s, const cu_gemv_set &g, const float *x)
     else
         g64 ? launch_q4_tc<false, true>(s, g, x, W, smem)
             : launch_q4_tc<false, false>(s, g, x, W, smem);
+}
+
+static void q4s_init(void)
+{
+    const char *env = getenv("PAGODA_CUDA_Q4S_CFG");
+    q4s_cfg_64 = env ? atoi(env) : 0;
+    q4s_allow_all<SM_ROWS>();
+    q4s_allow_all<SM_PAIR>();
+    q4s_allow_all<SM_ROPE>();
 }

@@ -1,0 +1,67 @@
+/*
+ * The outputs of the one-row streaming kernels (k_gemv_stream for 16-bit weights,
+ * k_gemv_q4_stream for affine 4-bit): what a task is and how its sums leave the kernel,
+ * with the residual add, the gated activation or rope and the KV store fused.
+ */
+#ifndef PAGODA_KERNELS_CUDA_GEMV_OUT_CUH
+#define PAGODA_KERNELS_CUDA_GEMV_OUT_CUH
+
+#include "kernels/cuda/cuda.cuh"
+
+/* What a task of the streaming kernel is: one output row (of one of the set's matrices),
+ * the same row of gate and up (then act(gate) * up), or rows j and j + d/2 of one head of
+ * q, k or v, which leave rotated (q, k) and, for k and v, stored into the KV cache. */
+enum { SM_ROWS, SM_PAIR, SM_ROPE };
+
+/* The rope task t: matrix wi (q, k, v), the head in it and the dimension j (its rows
+ * head * d + j and head * d + j + d/2). */
+struct rope_task {
+    int wi, head, j;
+};
+
+static __device__ __forceinline__ rope_task rope_of(const cu_gemv_set &g, int64_t t)
+{
+    const int half = g.rope_half, d = 2 * half, ti = (int)t, hh = ti / half;
+    const int hq = (int)(g.w[0].n / d), hkv = (int)(g.w[1].n / d);
+    rope_task r;
+    r.j = ti - hh * half;
+    r.wi = hh < hq ? 0 : hh < hq + hkv ? 1 : 2;
+    r.head = hh - (r.wi == 0 ? 0 : r.wi == 1 ? hq : hq + hkv);
+    return r;
+}
+
+/* The outputs of a finished task (one thread; a and b: the sums of its first and second
+ * row). */
+template <int MODE>
+static __device__ __forceinline__ void stream_out(const cu_gemv_set &g, int64_t t, float a, float b)
+{
+    if (MODE == SM_PAIR) {
+        g.y[0][t] = act_of(a, g.gelu) * b;
+        g.y[1][t] = b;
+    } else if (MODE == SM_ROWS) {
+        int wi = 0;
+        while (wi + 1 < g.nw && t >= g.row_end[wi]) wi++;
+        g.y[wi][wi ? t - g.row_end[wi - 1] : t] = a;
+        if (g.resid) g.resid[t] += a; /* one matrix: t is its row */
+    } else {
+        const rope_task r = rope_of(g, t);
+        const int half = g.rope_half;
+        if (r.wi < 2) { /* as k_rope_kv */
+            const float cs = g.rcos[r.j], si = g.rsin[r.j], ra = a * cs - b * si,
+                        rb = b * cs + a * si;
+            a = ra;
+            b = rb;
+        }
+        const int64_t r0 = (int64_t)r.head * 2 * half + r.j;
+        float *y = r.wi == 0 ? g.y[0] : r.wi == 1 ? g.y[1] : g.y[2];
+        y[r0] = a;
+        y[r0 + half] = b;
+        if (r.wi) {
+            __nv_bfloat16 *cache = (r.wi == 1 ? g.kc : g.vc) + (int64_t)g.slot[0] * g.w[1].n;
+            cache[r0] = __float2bfloat16_rn(a);
+            cache[r0 + half] = __float2bfloat16_rn(b);
+        }
+    }
+}
+
+#endif
