@@ -27,8 +27,6 @@
  * exact in fp16; x rounds to fp16, so results differ from the float32 kernels by about
  * 3e-4 relative.
  */
-#include <stdlib.h>
-
 #include "kernels/cuda/cuda.cuh"
 #include "kernels/cuda/gemv_out.cuh"
 
@@ -679,8 +677,10 @@ static void launch_ring(cudaStream_t s, const cu_gemv_set &g, const float *x, in
  * own share of the block's 16-row tiles with no barrier until the end, on the MMA scheme of
  * unit_mma (steps of 128 columns). The block's tiles x steps are cut into equal ranges,
  * one a warp, so a warp may stop inside a tile and the next one go on there. A warp keeps
- * the loads of its next steps in flight in registers while it uses one (q4s_cfg), and its
- * first loads go out before the wait for the kernel that writes x.
+ * the loads of its next step in flight in registers while it uses one (deeper, through
+ * registers with fewer warps or through a cp.async ring in shared memory, measured slower:
+ * kernels/cuda/NOTES.md), and its first loads go out before the wait for the kernel that
+ * writes x.
  *
  * The nibbles become fp16 values with one logic operation a pair and no arithmetic: OR-ed
  * into 0x6400 (1024, where fp16's last place is 1) a nibble in bits 0-3 reads 1024 + q, and
@@ -699,18 +699,10 @@ static void launch_ring(cudaStream_t s, const cu_gemv_set &g, const float *x, in
  * Gate and up, and the two halves of a rope task, are tiles next to each other (a unit of
  * two tiles), so that a task's two rows end in one block.
  */
-#define Q4S_MOST_WARPS 32
 
-/* Block size and steps a warp has loaded or is loading: in registers (64 a thread at 1,024
- * threads, 85 at 768, 128 at 512), or (ring) copied by cp.async into a ring of slots of
- * Q4S_SLOT bytes a warp in shared memory (groups of 64 only). */
-template <int CFG> struct q4s_cfg {
-    static constexpr int threads = CFG == 1 ? 768 : CFG == 2 ? 512 : 1024;
-    static constexpr int depth = CFG == 1 ? 4 : CFG == 2 ? 6 : CFG == 3 ? 4 : CFG == 4 ? 3 : 2;
-    static constexpr bool ring = CFG >= 3;
-};
-#define Q4S_SLOT 1280 /* 32 lanes x (2 units at 32 x lane, 8 bytes of scales at 1024 + 8 x lane)   \
-                       */
+#define Q4S_THREADS 1024
+#define Q4S_WARPS   (Q4S_THREADS / 32)
+#define Q4S_DEPTH   2 /* steps a warp has loaded or is loading (registers: 64 a thread) */
 
 /* One step's loads of a lane: its unit of rows g and g + 8 and its share of the step's
  * scales and biases (lane t of a quad: the scales of row g, of row g + 8, the biases of
@@ -777,27 +769,6 @@ static __device__ __forceinline__ void q4s_issue(const cu_gemv_set &g, q4s_feed 
         f.s = 0;
         q4s_aim<MODE>(g, f, t0 + ++f.i, lane);
     }
-}
-
-/* q4s_issue into the ring: copies the warp's next step into slot (nothing past its range)
- * and commits one group either way. */
-template <int MODE, int G>
-static __device__ __forceinline__ void q4s_copy(const cu_gemv_set &g, q4s_feed &f, uint32_t slot,
-                                                int end, int steps, int64_t t0, int lane)
-{
-    if (f.p < end) {
-        cp_async16(slot + 32 * lane, f.a + 4 * f.s);
-        cp_async16(slot + 32 * lane + 16, f.a + 8 * f.stride + 4 * f.s);
-        if (G == 4)
-            cp_async_small<8>(slot + 1024 + 8 * lane, f.sb + 4 * f.s, 8);
-        else
-            cp_async_small<4>(slot + 1024 + 8 * lane, f.sb + 2 * f.s, 4);
-        if (++f.p < end && ++f.s == steps) {
-            f.s = 0;
-            q4s_aim<MODE>(g, f, t0 + ++f.i, lane);
-        }
-    }
-    cp_async_commit();
 }
 
 /* The 8 nibbles of w as four fp16 pairs with offsets: (q0, q4) + 1024, (q1, q5) + 64,
@@ -884,20 +855,17 @@ static __device__ __forceinline__ float q4s_sum(const float *part, int i, int r,
     return s;
 }
 
-template <int MODE, int G, bool NORM, int CFG>
-__global__ void __launch_bounds__(q4s_cfg<CFG>::threads, 1)
+template <int MODE, int G, bool NORM>
+__global__ void __launch_bounds__(Q4S_THREADS, 1)
     k_gemv_q4_stream(cu_gemv_set g, const float *__restrict__ x)
 {
     allow_dependents();
-    constexpr int D = q4s_cfg<CFG>::depth, NW = q4s_cfg<CFG>::threads / 32;
+    constexpr int D = Q4S_DEPTH, NW = Q4S_WARPS;
     constexpr int R = MODE == SM_ROWS ? 1 : 2; /* tiles a unit */
-    constexpr bool RING = q4s_cfg<CFG>::ring;
     extern __shared__ __align__(16) unsigned char q4s_raw[];
     const int K = (int)g.w[0].k, steps = K >> 7, sdt = g.w[0].sdtype;
-    unsigned char *ring = q4s_raw; /* [warps][depth][Q4S_SLOT] */
-    uint4 *xs =
-        (uint4 *)(q4s_raw + (RING ? NW * D * Q4S_SLOT : 0)); /* [K / 8], as in k_gemv_q4_tc */
-    uint4 *zero = xs + K / 8;                                /* [4] */
+    uint4 *xs = (uint4 *)q4s_raw;       /* [K / 8], as in k_gemv_q4_tc */
+    uint4 *zero = xs + K / 8;           /* [4] */
     float2 *xu = (float2 *)(zero + 4);  /* [K / 32]: the unit's sum and inverse scale */
     float *xo = (float *)(xu + K / 32); /* [K / 32]: the offsets' share of the unit */
     float *part = xo + K / 32;          /* [tiles + warps - 1][16]: segment sums */
@@ -914,15 +882,9 @@ __global__ void __launch_bounds__(q4s_cfg<CFG>::threads, 1)
     f.s = begin - f.i * steps;
     f.p = begin;
     if (begin < end) q4s_aim<MODE>(g, f, t0 + f.i, lane);
-    q4s_step q[RING ? 1 : D];
-    const unsigned char *mine = ring + warp * D * Q4S_SLOT;
-    const uint32_t mine_sa = (uint32_t)__cvta_generic_to_shared(mine);
+    q4s_step q[D];
 #pragma unroll
-    for (int j = 0; j < D - 1; j++)
-        if (RING)
-            q4s_copy<MODE, G>(g, f, mine_sa + j * Q4S_SLOT, end, steps, t0, lane);
-        else
-            q4s_issue<MODE, G>(g, f, q[j], end, steps, t0, lane);
+    for (int j = 0; j < D - 1; j++) q4s_issue<MODE, G>(g, f, q[j], end, steps, t0, lane);
 
     grid_dependency_wait();
     const float *src = NORM ? g.nsrc : x;
@@ -999,18 +961,7 @@ __global__ void __launch_bounds__(q4s_cfg<CFG>::threads, 1)
     for (int p = begin; p < end;) {
 #pragma unroll
         for (int j = 0; j < D; j++) {
-            q4s_step *cur = &q[RING ? 0 : j];
-            if (RING) {
-                /* into the slot used last; then this one's copies (this lane's own) landed */
-                q4s_copy<MODE, G>(g, f, mine_sa + (j + D - 1) % D * Q4S_SLOT, end, steps, t0, lane);
-                cp_async_wait<D - 1>();
-                const unsigned char *sl = mine + j * Q4S_SLOT;
-                cur->a = *(const uint4 *)(sl + 32 * lane);
-                cur->b = *(const uint4 *)(sl + 32 * lane + 16);
-                cur->sb = *(const uint2 *)(sl + 1024 + 8 * lane);
-            } else {
-                q4s_issue<MODE, G>(g, f, q[(j + D - 1) % D], end, steps, t0, lane);
-            }
+            q4s_issue<MODE, G>(g, f, q[(j + D - 1) % D], end, steps, t0, lane);
             const int ub = 4 * cs; /* the step's first unit */
             /* x pairs of this lane's unit where it supplies them (g == t), else zeros; units
              * 2t and 2t + 1: sum, inverse scale, sum, inverse scale */
@@ -1021,7 +972,7 @@ __global__ void __launch_bounds__(q4s_cfg<CFG>::threads, 1)
                 xd = *(const float4 *)(xu + ub + 2 * t);
                 off = *(const float2 *)(xo + ub + 2 * t);
             }
-            q4s_use<G>(*cur, xp, xd, off, sdt, lane, acc);
+            q4s_use<G>(q[j], xp, xd, off, sdt, lane, acc);
             if (++p == end || ++cs == steps) { /* the segment's end: its row sums */
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
@@ -1038,7 +989,6 @@ __global__ void __launch_bounds__(q4s_cfg<CFG>::threads, 1)
             if (p == end) break;
         }
     }
-    if (RING) asm volatile("cp.async.wait_all;" ::: "memory"); /* empty groups only */
     __syncthreads();
 
     const int items = nt / R * TCV_ROWS;
@@ -1061,37 +1011,29 @@ bool cu_gemv_q4s_ok(const dweight &w)
            (uintptr_t)w.scales % al == 0 && (uintptr_t)w.biases % al == 0;
 }
 
-/* The block configuration (q4s_cfg) for groups of 64: PAGODA_CUDA_Q4S_CFG (0: the default;
- * other groups always 0). */
-static int q4s_cfg_64;
-
-template <int MODE, int G, int CFG> static void q4s_allow()
+template <int MODE, int G> static void q4s_allow()
 {
-    CU(cudaFuncSetAttribute(k_gemv_q4_stream<MODE, G, false, CFG>,
+    CU(cudaFuncSetAttribute(k_gemv_q4_stream<MODE, G, false>,
                             cudaFuncAttributeMaxDynamicSharedMemorySize, tcr_optin));
-    CU(cudaFuncSetAttribute(k_gemv_q4_stream<MODE, G, true, CFG>,
+    CU(cudaFuncSetAttribute(k_gemv_q4_stream<MODE, G, true>,
                             cudaFuncAttributeMaxDynamicSharedMemorySize, tcr_optin));
 }
 
 template <int MODE> static void q4s_allow_all()
 {
-    q4s_allow<MODE, 4, 0>();
-    q4s_allow<MODE, 2, 0>();
-    q4s_allow<MODE, 1, 0>();
-    q4s_allow<MODE, 2, 1>();
-    q4s_allow<MODE, 2, 2>();
-    q4s_allow<MODE, 2, 3>();
-    q4s_allow<MODE, 2, 4>();
+    q4s_allow<MODE, 4>();
+    q4s_allow<MODE, 2>();
+    q4s_allow<MODE, 1>();
 }
 
-template <int MODE, int G, int CFG>
+template <int MODE, int G>
 static void q4s_launch(cudaStream_t s, const cu_gemv_set &g, const float *x, unsigned blocks,
                        size_t smem)
 {
     void (*kern)(cu_gemv_set, const float *) =
-        g.nsrc ? k_gemv_q4_stream<MODE, G, true, CFG> : k_gemv_q4_stream<MODE, G, false, CFG>;
+        g.nsrc ? k_gemv_q4_stream<MODE, G, true> : k_gemv_q4_stream<MODE, G, false>;
     cu_launch l;
-    cu_launch_init(&l, blocks, q4s_cfg<CFG>::threads, smem, s, g.early);
+    cu_launch_init(&l, blocks, Q4S_THREADS, smem, s, g.early);
     CU(cudaLaunchKernelEx(&l.cfg, kern, g, x));
 }
 
@@ -1100,20 +1042,9 @@ static void q4s_launch_g(cudaStream_t s, const cu_gemv_set &g, const float *x, u
                          size_t smem)
 {
     const int gs = g.w[0].gshift;
-    if (gs == 5)
-        q4s_launch<MODE, 4, 0>(s, g, x, blocks, smem);
-    else if (gs == 7)
-        q4s_launch<MODE, 1, 0>(s, g, x, blocks, smem);
-    else if (q4s_cfg_64 == 1)
-        q4s_launch<MODE, 2, 1>(s, g, x, blocks, smem);
-    else if (q4s_cfg_64 == 2)
-        q4s_launch<MODE, 2, 2>(s, g, x, blocks, smem);
-    else if (q4s_cfg_64 == 3 && smem + 32 * 4 * Q4S_SLOT <= (size_t)tcr_optin)
-        q4s_launch<MODE, 2, 3>(s, g, x, blocks, smem + 32 * 4 * Q4S_SLOT);
-    else if (q4s_cfg_64 == 4 && smem + 32 * 3 * Q4S_SLOT <= (size_t)tcr_optin)
-        q4s_launch<MODE, 2, 4>(s, g, x, blocks, smem + 32 * 3 * Q4S_SLOT);
-    else
-        q4s_launch<MODE, 2, 0>(s, g, x, blocks, smem);
+    gs == 5   ? q4s_launch<MODE, 4>(s, g, x, blocks, smem)
+    : gs == 6 ? q4s_launch<MODE, 2>(s, g, x, blocks, smem)
+              : q4s_launch<MODE, 1>(s, g, x, blocks, smem);
 }
 
 bool cu_gemv_q4_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
@@ -1136,7 +1067,7 @@ bool cu_gemv_q4_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
     const int64_t blocks = units < tcr_sms ? units : tcr_sms;
     const int64_t tiles = (units + blocks - 1) / blocks * (mode == SM_ROWS ? 1 : 2);
     const size_t smem = (size_t)w.k / 8 * 16 + 64 + (size_t)w.k / 32 * 12 +
-                        (size_t)(tiles + Q4S_MOST_WARPS) * TCV_ROWS * sizeof(float);
+                        (size_t)(tiles + Q4S_WARPS) * TCV_ROWS * sizeof(float);
     if (smem > (size_t)tcr_optin) return false;
     if (mode == SM_PAIR)
         q4s_launch_g<SM_PAIR>(s, g, x, (unsigned)blocks, smem);
@@ -1181,8 +1112,7 @@ void cu_gemv_q4_tc(cudaStream_t s, const cu_gemv_set &g, const float *x)
 
 static void q4s_init(void)
 {
-    const char *env = getenv("PAGODA_CUDA_Q4S_CFG");
-    q4s_cfg_64 = env ? atoi(env) : 0;
+
     q4s_allow_all<SM_ROWS>();
     q4s_allow_all<SM_PAIR>();
     q4s_allow_all<SM_ROPE>();
