@@ -731,7 +731,7 @@ void cu_gemv_multi(cudaStream_t s, const cu_gemv_set &g, const float *x, int m)
 {
     const dweight &w = g.w[0];
     if (g.nsrc || g.resid || g.rope_half) {
-        /* Fused neighbours: the streaming kernel takes them all, the row kernel the norm and
+        /* Fused neighbours: the streaming kernels take them all, the row kernel the norm and
          * the residual add; elsewhere they run around the product. */
         if (m == 1 && !g.keep_order &&
             (launch_stream_any(s, g, x) || (g.tc4 == 3 && cu_gemv_q4_stream(s, g, x))))
