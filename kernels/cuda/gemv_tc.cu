@@ -64,8 +64,21 @@ static __device__ __forceinline__ void nibbles(uint32_t w, uint32_t *p)
     p[3] = h2_bits(__hfma2(bits_h2((t & 0x00f000f0u) | 0x64006400u), k16th, km64));
 }
 
+/* The 8 nibbles of w as four fp16 pairs with offsets: (q0, q4) + 1024, (q1, q5) + 64,
+ * (q2, q6) + 1024, (q3, q7) + 64. */
+static __device__ __forceinline__ void nibbles_raw(uint32_t w, uint32_t *p)
+{
+    const uint32_t t = w >> 8;
+    p[0] = (w & 0x000f000fu) | 0x64006400u;
+    p[1] = (w & 0x00f000f0u) | 0x54005400u;
+    p[2] = (t & 0x000f000fu) | 0x64006400u;
+    p[3] = (t & 0x00f000f0u) | 0x54005400u;
+}
+
 /* The unit sums d[n] (column n: unit n of the lanes' quad) of rows g and g + 8 from this
- * lane's 16-byte units qa (row g) and qb (row g + 8) and its x pairs xp (zeros where g != t). */
+ * lane's 16-byte units qa (row g) and qb (row g + 8) and its x pairs xp (zeros where g != t);
+ * RAW: decoded by nibbles_raw, the offsets' share still in them. */
+template <bool RAW = false>
 static __device__ __forceinline__ void unit_mma(uint4 qa, uint4 qb, const uint4 *xp, float *d)
 {
     const uint32_t wa[4] = {qa.x, qa.y, qa.z, qa.w}, wb[4] = {qb.x, qb.y, qb.z, qb.w};
@@ -73,8 +86,13 @@ static __device__ __forceinline__ void unit_mma(uint4 qa, uint4 qb, const uint4 
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         uint32_t pa[4], pb[4];
-        nibbles(wa[k], pa);
-        nibbles(wb[k], pb);
+        if (RAW) {
+            nibbles_raw(wa[k], pa);
+            nibbles_raw(wb[k], pb);
+        } else {
+            nibbles(wa[k], pa);
+            nibbles(wb[k], pb);
+        }
         const uint4 xv = xp[k];
         /* k (2t, 2t+1, 2t+8, 2t+9) <- columns (0, 4, 1, 5), then (2, 6, 3, 7) */
         mma_f16(d, pa[0], pb[0], pa[1], pb[1], xv.x, xv.y);
@@ -771,33 +789,6 @@ static __device__ __forceinline__ void q4s_issue(const cu_gemv_set &g, q4s_feed 
     }
 }
 
-/* The 8 nibbles of w as four fp16 pairs with offsets: (q0, q4) + 1024, (q1, q5) + 64,
- * (q2, q6) + 1024, (q3, q7) + 64. */
-static __device__ __forceinline__ void nibbles_raw(uint32_t w, uint32_t *p)
-{
-    const uint32_t t = w >> 8;
-    p[0] = (w & 0x000f000fu) | 0x64006400u;
-    p[1] = (w & 0x00f000f0u) | 0x54005400u;
-    p[2] = (t & 0x000f000fu) | 0x64006400u;
-    p[3] = (t & 0x00f000f0u) | 0x54005400u;
-}
-
-/* unit_mma on nibbles_raw: the unit sums d[n] with the offsets' share still in them. */
-static __device__ __forceinline__ void unit_mma_raw(uint4 qa, uint4 qb, const uint4 *xp, float *d)
-{
-    const uint32_t wa[4] = {qa.x, qa.y, qa.z, qa.w}, wb[4] = {qb.x, qb.y, qb.z, qb.w};
-    d[0] = d[1] = d[2] = d[3] = 0.0f;
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        uint32_t pa[4], pb[4];
-        nibbles_raw(wa[k], pa);
-        nibbles_raw(wb[k], pb);
-        const uint4 xv = xp[k];
-        mma_f16(d, pa[0], pb[0], pa[1], pb[1], xv.x, xv.y);
-        mma_f16(d, pa[2], pb[2], pa[3], pb[3], xv.z, xv.w);
-    }
-}
-
 /* One step: the MMAs, then the offsets' share off (units 2t and 2t + 1) taken out and the
  * group scales and biases (gathered from the quad) applied by the lanes that hold units'
  * results (t < 2), as in the ring kernel. */
@@ -807,7 +798,7 @@ static __device__ __forceinline__ void q4s_use(const q4s_step &q, const uint4 *x
 {
     const int t = lane & 3, quad = lane & ~3;
     float d[4];
-    unit_mma_raw(q.a, q.b, xp, d);
+    unit_mma<true>(q.a, q.b, xp, d);
     d[0] -= off.x;
     d[1] -= off.y;
     d[2] -= off.x;
