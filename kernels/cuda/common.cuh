@@ -36,6 +36,17 @@ static __device__ __forceinline__ void allow_dependents()
 #endif
 }
 
+/* A 16-byte load of streamed weights: read once, so it takes no line in L1 (which keeps
+ * what is read again, such as group scales). */
+static __device__ __forceinline__ uint4 ld_stream(const uint4 *p)
+{
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+
 /* The gated activation of a gate value: GELU (tanh approximation) or SiLU. */
 static __device__ __forceinline__ float act_of(float g, int gelu)
 {

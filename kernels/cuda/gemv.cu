@@ -490,7 +490,9 @@ static __device__ __forceinline__ void stream_load(const cu_gemv_set &g, uint4 (
     const uint4 *row = (const uint4 *)(M.w + rl * M.row_bytes) + c * STREAM_CH * 32 + lane;
 #pragma unroll
     for (int u = 0; u < STREAM_CH; u++)
-        q[u] = c * STREAM_CH + u < upl ? __ldg(row + u * 32) : make_uint4(0, 0, 0, 0);
+        q[u] = c * STREAM_CH + u >= upl ? make_uint4(0, 0, 0, 0)
+               : g.stream16 == 2        ? ld_stream(row + u * 32)
+                                        : __ldg(row + u * 32);
 }
 
 /* One chunk of the current task: uses cur, loads the next position's chunk into nxt and

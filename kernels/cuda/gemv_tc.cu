@@ -692,13 +692,20 @@ static void launch_ring(cudaStream_t s, const cu_gemv_set &g, const float *x, in
  * m = 1 of affine 4-bit weights streamed the way k_gemv_stream streams 16-bit ones. One
  * block of 32 warps an SM stages x once (fp16 pairs with per-unit sums and scales as for
  * the ring kernel, normalized there when the norm is fused); every warp then streams its
- * own share of the block's 16-row tiles with no barrier until the end, on the MMA scheme of
- * unit_mma (steps of 128 columns). The block's tiles x steps are cut into equal ranges,
- * one a warp, so a warp may stop inside a tile and the next one go on there. A warp keeps
- * the loads of its next step in flight in registers while it uses one (deeper, through
- * registers with fewer warps or through a cp.async ring in shared memory, measured slower:
- * kernels/cuda/NOTES.md), and its first loads go out before the wait for the kernel that
- * writes x.
+ * own share of the block's 8-row tiles with no barrier until the end. A step is 256
+ * columns of a tile: 128 contiguous bytes of each of its 8 rows (a warp reading 16 rows x
+ * 64 bytes a step reached 2.3 TB/s where 8 x 128 reaches 3.5: kernels/cuda/NOTES.md). The
+ * MMA's row g takes the first 128 columns of row g and its row g + 8 the last 128; its
+ * columns 0-3 hold the x units of the first half and 4-7 those of the second, so that
+ * output column n < 4 of row g and n >= 4 of row g + 8 are the unit sums, and each lane of
+ * a quad ends with two units of its row (units 2t and 2t + 1 of the step), whose group
+ * scales and biases it loads itself. Weights are read past L1 (no allocation there), so
+ * that the scales and biases, read in pieces of 2 to 8 bytes a row, stay in it. The
+ * block's tiles x steps are cut into equal ranges, one a warp, so a warp may stop inside a
+ * tile and the next one go on there. A warp keeps the loads of its next step in flight in
+ * registers while it uses one (deeper, through registers with fewer warps or through a
+ * cp.async ring in shared memory, measured slower), and its first loads go out before the
+ * wait for the kernel that writes x.
  *
  * The nibbles become fp16 values with one logic operation a pair and no arithmetic: OR-ed
  * into 0x6400 (1024, where fp16's last place is 1) a nibble in bits 0-3 reads 1024 + q, and
@@ -720,53 +727,56 @@ static void launch_ring(cudaStream_t s, const cu_gemv_set &g, const float *x, in
 
 #define Q4S_THREADS 1024
 #define Q4S_WARPS   (Q4S_THREADS / 32)
-#define Q4S_DEPTH   2 /* steps a warp has loaded or is loading (registers: 64 a thread) */
+#define Q4S_ROWS    8 /* rows a tile */
+#define Q4S_DEPTH   2 /* steps a warp has loaded or is loading */
 
-/* One step's loads of a lane: its unit of rows g and g + 8 and its share of the step's
- * scales and biases (lane t of a quad: the scales of row g, of row g + 8, the biases of
- * row g, of row g + 8; G 16-bit values each). */
+/* One step's loads of a lane (g, t): bytes 16t to 16t + 15 of row g's 128 (a) and bytes
+ * 64 + 16t on (b), the scales and the biases of its units' groups (G = 4: two groups, in the
+ * two halves). */
 struct q4s_step {
     uint4 a, b;
-    uint2 sb;
+    uint32_t s, z;
 };
 
-/* Where a warp's next load comes from: the lane's unit of row g and its scale or bias row
- * at step 0 of block-local tile i, the row stride in units, the step s and the position p
- * in the warp's range. */
+/* Where a warp's next load comes from: the lane's first unit of row g, its first scale and
+ * bias at step 0 of block-local tile i, the step s and the position p in the warp's
+ * range. */
 struct q4s_feed {
     const uint4 *a;
-    const uint16_t *sb;
-    int stride, i, s, p;
+    const uint16_t *s, *z;
+    int i, st, p;
 };
 
 /* The kernel's work units: tiles, or pairs of tiles for gate and up and for rope. */
 template <int MODE> static __host__ __device__ int64_t q4s_units(const cu_gemv_set &g)
 {
-    return MODE == SM_ROWS ? g.row_end[g.nw - 1] / TCV_ROWS
-                           : (MODE == SM_PAIR ? g.w[0].n : g.row_end[g.nw - 1] / 2) / TCV_ROWS;
+    return MODE == SM_ROWS ? g.row_end[g.nw - 1] / Q4S_ROWS
+                           : (MODE == SM_PAIR ? g.w[0].n : g.row_end[g.nw - 1] / 2) / Q4S_ROWS;
 }
 
-template <int MODE>
+template <int MODE, int G>
 static __device__ __forceinline__ void q4s_aim(const cu_gemv_set &g, q4s_feed &f, int64_t tile,
                                                int lane)
 {
     int64_t rl;
     int wi;
     if (MODE == SM_ROWS) {
-        wi = tile_matrix(g, tile * TCV_ROWS, &rl);
+        wi = tile_matrix(g, tile * Q4S_ROWS, &rl);
     } else if (MODE == SM_PAIR) { /* gate tile, then up tile */
         wi = (int)(tile & 1);
-        rl = (tile >> 1) * TCV_ROWS;
-    } else { /* rows j0 to j0 + 15 of a head, then the same plus d/2 */
-        const rope_task r = rope_of(g, (tile >> 1) * TCV_ROWS);
+        rl = (tile >> 1) * Q4S_ROWS;
+    } else { /* rows j0 to j0 + 7 of a head, then the same plus d/2 */
+        const rope_task r = rope_of(g, (tile >> 1) * Q4S_ROWS);
         wi = r.wi;
         rl = (int64_t)r.head * 2 * g.rope_half + r.j + (tile & 1) * g.rope_half;
     }
     const int g8 = lane >> 2, t = lane & 3;
     const set_mat M = set_pick(g, wi);
-    f.stride = (int)(M.row_bytes / 16);
+    /* the lane's units 2t and 2t + 1 of a step: columns 64t to 64t + 63 */
+    const int64_t gi = (rl + g8) * M.gpr + (G == 4 ? 2 * t : G == 2 ? t : t >> 1);
     f.a = (const uint4 *)(M.w + (rl + g8) * M.row_bytes) + t;
-    f.sb = (const uint16_t *)(t & 2 ? M.biases : M.scales) + (rl + g8 + 8 * (t & 1)) * M.gpr;
+    f.s = (const uint16_t *)M.scales + gi;
+    f.z = (const uint16_t *)M.biases + gi;
 }
 
 /* Loads the warp's next step into q (nothing past its range) and moves on. */
@@ -775,62 +785,39 @@ static __device__ __forceinline__ void q4s_issue(const cu_gemv_set &g, q4s_feed 
                                                  int end, int steps, int64_t t0, int lane)
 {
     if (f.p >= end) return;
-    q.a = __ldg(f.a + 4 * f.s);
-    q.b = __ldg(f.a + 8 * f.stride + 4 * f.s);
-    if (G == 4)
-        q.sb = __ldg((const uint2 *)(f.sb + 4 * f.s));
-    else if (G == 2)
-        q.sb.x = __ldg((const unsigned int *)(f.sb + 2 * f.s));
-    else
-        q.sb.x = __ldg((const unsigned short *)f.sb + f.s);
-    if (++f.p < end && ++f.s == steps) {
-        f.s = 0;
-        q4s_aim<MODE>(g, f, t0 + ++f.i, lane);
+    q.a = ld_stream(f.a + 8 * f.st);
+    q.b = ld_stream(f.a + 8 * f.st + 4);
+    if (G == 4) { /* two groups a lane: 4 bytes each */
+        q.s = __ldg((const unsigned int *)(f.s + 8 * f.st));
+        q.z = __ldg((const unsigned int *)(f.z + 8 * f.st));
+    } else {
+        q.s = __ldg((const unsigned short *)f.s + 2 * G * f.st);
+        q.z = __ldg((const unsigned short *)f.z + 2 * G * f.st);
+    }
+    if (++f.p < end && ++f.st == steps) {
+        f.st = 0;
+        q4s_aim<MODE, G>(g, f, t0 + ++f.i, lane);
     }
 }
 
-/* One step: the MMAs, then the offsets' share off (units 2t and 2t + 1) taken out and the
- * group scales and biases (gathered from the quad) applied by the lanes that hold units'
- * results (t < 2), as in the ring kernel. */
+/* One step: the MMAs, then the lane's two unit sums (columns 2t and 2t + 1 of MMA row g for
+ * t < 2, of row g + 8 for t >= 2), the offsets' share off taken out, scaled by the units'
+ * x scales (xd: sum, inverse scale, sum, inverse scale) and the groups' scales and biases. */
 template <int G>
 static __device__ __forceinline__ void q4s_use(const q4s_step &q, const uint4 *xp, float4 xd,
-                                               float2 off, int sdt, int lane, float (&acc)[2])
+                                               float2 off, int sdt, int t, float &acc)
 {
-    const int t = lane & 3, quad = lane & ~3;
     float d[4];
     unit_mma<true>(q.a, q.b, xp, d);
-    d[0] -= off.x;
-    d[1] -= off.y;
-    d[2] -= off.x;
-    d[3] -= off.y;
-    /* v: scales of rows g, g + 8, biases of rows g, g + 8; the low half is the group of
-     * unit 2t (G = 4: the high half that of unit 2t + 1) */
-    uint32_t v[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        if (G == 4) {
-            const uint32_t lo = __shfl_sync(0xffffffffu, q.sb.x, quad + j),
-                           hi = __shfl_sync(0xffffffffu, q.sb.y, quad + j);
-            v[j] = t & 1 ? hi : lo;
-        } else {
-            v[j] = __shfl_sync(0xffffffffu, q.sb.x, quad + j) >> (G == 2 ? 16 * (t & 1) : 0);
-        }
-    }
-    if (t >= 2) return;
+    const float u0 = (t < 2 ? d[0] : d[2]) - off.x, u1 = (t < 2 ? d[1] : d[3]) - off.y;
     if (G == 4) {
-        acc[0] = fmaf(
-            raw_scale(v[0], sdt) * xd.y, d[0],
-            fmaf(raw_scale(v[0] >> 16, sdt) * xd.w, d[1],
-                 fmaf(raw_scale(v[2], sdt), xd.x, fmaf(raw_scale(v[2] >> 16, sdt), xd.z, acc[0]))));
-        acc[1] = fmaf(
-            raw_scale(v[1], sdt) * xd.y, d[2],
-            fmaf(raw_scale(v[1] >> 16, sdt) * xd.w, d[3],
-                 fmaf(raw_scale(v[3], sdt), xd.x, fmaf(raw_scale(v[3] >> 16, sdt), xd.z, acc[1]))));
+        acc =
+            fmaf(raw_scale(q.s, sdt) * xd.y, u0,
+                 fmaf(raw_scale(q.s >> 16, sdt) * xd.w, u1,
+                      fmaf(raw_scale(q.z, sdt), xd.x, fmaf(raw_scale(q.z >> 16, sdt), xd.z, acc))));
     } else {
-        const float xsum = xd.x + xd.z, q0 = fmaf(xd.y, d[0], xd.w * d[1]),
-                    q1 = fmaf(xd.y, d[2], xd.w * d[3]);
-        acc[0] = fmaf(raw_scale(v[0], sdt), q0, fmaf(raw_scale(v[2], sdt), xsum, acc[0]));
-        acc[1] = fmaf(raw_scale(v[1], sdt), q1, fmaf(raw_scale(v[3], sdt), xsum, acc[1]));
+        acc = fmaf(raw_scale(q.s, sdt), fmaf(xd.y, u0, xd.w * u1),
+                   fmaf(raw_scale(q.z, sdt), xd.x + xd.z, acc));
     }
 }
 
@@ -842,7 +829,7 @@ static __device__ __forceinline__ float q4s_sum(const float *part, int i, int r,
     const int wf = (nw * (i * steps + 1) - 1) / work, wl = (nw * ((i + 1) * steps) - 1) / work;
     float s = 0.0f;
     for (int w = wf; w <= wl; w++) /* warps of empty ranges wrote nothing */
-        if (work * w / nw < work * (w + 1) / nw) s += part[(i + w) * TCV_ROWS + r];
+        if (work * w / nw < work * (w + 1) / nw) s += part[(i + w) * Q4S_ROWS + r];
     return s;
 }
 
@@ -854,12 +841,12 @@ __global__ void __launch_bounds__(Q4S_THREADS, 1)
     constexpr int D = Q4S_DEPTH, NW = Q4S_WARPS;
     constexpr int R = MODE == SM_ROWS ? 1 : 2; /* tiles a unit */
     extern __shared__ __align__(16) unsigned char q4s_raw[];
-    const int K = (int)g.w[0].k, steps = K >> 7, sdt = g.w[0].sdtype;
+    const int K = (int)g.w[0].k, steps = K >> 8, sdt = g.w[0].sdtype;
     uint4 *xs = (uint4 *)q4s_raw;       /* [K / 8], as in k_gemv_q4_tc */
     uint4 *zero = xs + K / 8;           /* [4] */
     float2 *xu = (float2 *)(zero + 4);  /* [K / 32]: the unit's sum and inverse scale */
     float *xo = (float *)(xu + K / 32); /* [K / 32]: the offsets' share of the unit */
-    float *part = xo + K / 32;          /* [tiles + warps - 1][16]: segment sums */
+    float *part = xo + K / 32;          /* [tiles + warps - 1][8]: segment sums */
     float *red = part;                  /* [32]: the norm's partial sums, before */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g8 = lane >> 2, t = lane & 3;
     const int64_t units = q4s_units<MODE>(g), u0 = units * blockIdx.x / gridDim.x,
@@ -870,9 +857,9 @@ __global__ void __launch_bounds__(Q4S_THREADS, 1)
     /* The first D - 1 steps go out before the wait for x. */
     q4s_feed f;
     f.i = begin / steps;
-    f.s = begin - f.i * steps;
+    f.st = begin - f.i * steps;
     f.p = begin;
-    if (begin < end) q4s_aim<MODE>(g, f, t0 + f.i, lane);
+    if (begin < end) q4s_aim<MODE, G>(g, f, t0 + f.i, lane);
     q4s_step q[D];
 #pragma unroll
     for (int j = 0; j < D - 1; j++) q4s_issue<MODE, G>(g, f, q[j], end, steps, t0, lane);
@@ -947,31 +934,25 @@ __global__ void __launch_bounds__(Q4S_THREADS, 1)
     if (threadIdx.x < 4) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
     __syncthreads();
 
-    float acc[2] = {0.0f, 0.0f};
+    float acc = 0.0f;
     int ci = begin / steps, cs = begin - ci * steps;
+    /* B column n of the MMA: unit n of the step's first half (n < 4) or unit n - 4 of its
+     * second, supplied by the lanes with t = n % 4, zeros from the others */
+    const int xl = (g8 & 3) == t ? 4 * (t + 4 * (g8 >> 2)) : -1;
     for (int p = begin; p < end;) {
 #pragma unroll
         for (int j = 0; j < D; j++) {
             q4s_issue<MODE, G>(g, f, q[(j + D - 1) % D], end, steps, t0, lane);
-            const int ub = 4 * cs; /* the step's first unit */
-            /* x pairs of this lane's unit where it supplies them (g == t), else zeros; units
-             * 2t and 2t + 1: sum, inverse scale, sum, inverse scale */
-            const uint4 *xp = g8 == t ? xs + 4 * (ub + t) : zero;
-            float4 xd = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            float2 off = make_float2(0.0f, 0.0f);
-            if (t < 2) {
-                xd = *(const float4 *)(xu + ub + 2 * t);
-                off = *(const float2 *)(xo + ub + 2 * t);
-            }
-            q4s_use<G>(q[j], xp, xd, off, sdt, lane, acc);
-            if (++p == end || ++cs == steps) { /* the segment's end: its row sums */
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    float s = acc[h];
-                    s += __shfl_xor_sync(0xffffffffu, s, 1);
-                    if (t == 0) part[(ci + warp) * TCV_ROWS + g8 + 8 * h] = s;
-                    acc[h] = 0.0f;
-                }
+            const int ub = 8 * cs; /* the step's first unit */
+            const uint4 *xp = xl >= 0 ? xs + 4 * ub + xl : zero;
+            const float4 xd = *(const float4 *)(xu + ub + 2 * t);
+            const float2 off = *(const float2 *)(xo + ub + 2 * t);
+            q4s_use<G>(q[j], xp, xd, off, sdt, t, acc);
+            if (++p == end || ++cs == steps) { /* the segment's end: row g's sum */
+                float s = acc + __shfl_xor_sync(0xffffffffu, acc, 1);
+                s += __shfl_xor_sync(0xffffffffu, s, 2);
+                if (t == 0) part[(ci + warp) * Q4S_ROWS + g8] = s;
+                acc = 0.0f;
                 if (cs == steps) {
                     cs = 0;
                     ci++;
@@ -982,22 +963,22 @@ __global__ void __launch_bounds__(Q4S_THREADS, 1)
     }
     __syncthreads();
 
-    const int items = nt / R * TCV_ROWS;
+    const int items = nt / R * Q4S_ROWS;
     for (int e = threadIdx.x; e < items; e += blockDim.x) {
-        const int r = e & (TCV_ROWS - 1), i = e / TCV_ROWS;
+        const int r = e & (Q4S_ROWS - 1), i = e / Q4S_ROWS;
         const float a = q4s_sum(part, R * i, r, work, steps, NW);
-        stream_out<MODE>(g, (u0 + i) * TCV_ROWS + r, a,
+        stream_out<MODE>(g, (u0 + i) * Q4S_ROWS + r, a,
                          R == 2 ? q4s_sum(part, 2 * i + 1, r, work, steps, NW) : 0.0f);
     }
 }
 
 bool cu_gemv_q4s_ok(const dweight &w)
 {
-    if (w.fmt != DF_AFFINE || w.bits != 4 || w.k % 128 || w.k > 16384 || w.n % TCV_ROWS)
+    if (w.fmt != DF_AFFINE || w.bits != 4 || w.k % 256 || w.k > 16384 || w.n % Q4S_ROWS)
         return false;
     if (w.gshift < 5 || w.gshift > 7 || (w.sdtype != DS_BF16 && w.sdtype != DS_F16)) return false;
-    /* a step's scales of a row: 8 bytes for groups of 32, 4 for 64, 2 for 128 */
-    const uintptr_t al = w.gshift == 5 ? 8 : w.gshift == 6 ? 4 : 2;
+    /* a lane's scales (and biases) a step: 4 bytes for groups of 32, else 2 */
+    const uintptr_t al = w.gshift == 5 ? 4 : 2;
     return w.row_bytes % 16 == 0 && (uintptr_t)w.w % 16 == 0 && w.scales && w.biases &&
            (uintptr_t)w.scales % al == 0 && (uintptr_t)w.biases % al == 0;
 }
@@ -1048,7 +1029,7 @@ bool cu_gemv_q4_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
             return false;
     if (g.nsrc && ((uintptr_t)g.nsrc % 16 || (uintptr_t)g.nweight % 16)) return false;
     if (g.resid && (g.nw != 1 || g.pair)) return false;
-    if (g.rope_half && (g.nw != 3 || g.pair || g.rope_half % TCV_ROWS)) return false;
+    if (g.rope_half && (g.nw != 3 || g.pair || g.rope_half % Q4S_ROWS)) return false;
     const int mode = g.pair ? SM_PAIR : g.rope_half ? SM_ROPE : SM_ROWS;
     const int64_t units = mode == SM_PAIR   ? q4s_units<SM_PAIR>(g)
                           : mode == SM_ROPE ? q4s_units<SM_ROPE>(g)
@@ -1058,7 +1039,7 @@ bool cu_gemv_q4_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
     const int64_t blocks = units < tcr_sms ? units : tcr_sms;
     const int64_t tiles = (units + blocks - 1) / blocks * (mode == SM_ROWS ? 1 : 2);
     const size_t smem = (size_t)w.k / 8 * 16 + 64 + (size_t)w.k / 32 * 12 +
-                        (size_t)(tiles + Q4S_WARPS) * TCV_ROWS * sizeof(float);
+                        (size_t)(tiles + Q4S_WARPS) * Q4S_ROWS * sizeof(float);
     if (smem > (size_t)tcr_optin) return false;
     if (mode == SM_PAIR)
         q4s_launch_g<SM_PAIR>(s, g, x, (unsigned)blocks, smem);

@@ -160,11 +160,13 @@ static const struct fmt_case fmts[] = {
     /* 16-bit, k a multiple of 256: the streaming m = 1 kernel (a last chunk of 7 units) */
     {WFMT_BF16, 16, 0, 100, 3840},
     {WFMT_F16, 16, 0, 40, 768},
-    /* rows a multiple of 16, k of 128: the tensor-core 4-bit m = 1 kernels when they are on
-     * (13 tiles of 23 steps: warps of the streaming kernel stop inside tiles) */
+    /* the tensor-core 4-bit m = 1 kernels when they are on: rows a multiple of 8 and k of
+     * 256 for the streaming one (25 tiles of 11 steps: its warps stop inside tiles; 40 rows:
+     * no other kernel of the kind takes them), rows of 16 and k of 128 for the others */
     {WFMT_AFFINE, 4, 64, 160, 4096},
     {WFMT_AFFINE, 4, 32, 32, 1920},
-    {WFMT_AFFINE, 4, 128, 208, 2944},
+    {WFMT_AFFINE, 4, 128, 200, 2816},
+    {WFMT_AFFINE, 4, 32, 40, 2048},
 };
 
 /* Whether a product runs on the tensor-core 4-bit m = 1 kernel (x rounded to fp16): the
@@ -173,8 +175,12 @@ static int gemv_tc_case(int fmt, int bits, int group, int n, int k, int rows)
 {
     const char *env = getenv("PAGODA_CUDA_GEMV_TC");
     if (env && !strcmp(env, "0")) return 0;
-    return rows == 1 && fmt == WFMT_AFFINE && bits == 4 && group >= 32 && !(group & (group - 1)) &&
-           k % 128 == 0 && k <= 16384 && n % 16 == 0;
+    if (rows != 1 || fmt != WFMT_AFFINE || bits != 4 || group < 32 || (group & (group - 1)) ||
+        k > 16384)
+        return 0;
+    const int streaming = !env || !strcmp(env, "3");
+    if (streaming && group <= 128 && k % 256 == 0 && n % 8 == 0) return 1;
+    return k % 128 == 0 && n % 16 == 0;
 }
 
 /* Whether a bf16 product of m rows takes bf16 operands (cuBLASLt) rather than the
@@ -1130,8 +1136,10 @@ static void rope_kv_cases(void)
     test_qkv_rope_kv(1024, 16, 4, 128, WFMT_AFFINE, 4, 64, 37);
     test_qkv_rope_kv(768, 12, 4, 64, WFMT_AFFINE, 4, 32, 5);
     test_qkv_rope_kv(512, 8, 2, 64, WFMT_AFFINE, 4, 128, 0);
-    /* heads of 16: half a head is less than a 16-row tile, rope runs after the products */
+    /* heads of 16: two 8-row tiles a head; heads of 8: half a head is less than a tile,
+     * rope runs after the products */
     test_qkv_rope_kv(256, 8, 2, 16, WFMT_AFFINE, 4, 64, 3);
+    test_qkv_rope_kv(256, 8, 2, 8, WFMT_AFFINE, 4, 64, 3);
 }
 
 static void sample_section(void)
