@@ -1484,8 +1484,7 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
      * ring; 1: the one that keeps its loads in registers; 0: float32 on CUDA cores */
     env = getenv("PAGODA_CUDA_GEMV_TC");
     c->gemv_tc = env && !strcmp(env, "2") ? 2 : env_flag("PAGODA_CUDA_GEMV_TC", 3);
-    env = getenv("PAGODA_CUDA_GEMV_STREAM");
-    c->gemv_stream = env && !strcmp(env, "2") ? 2 : env_flag("PAGODA_CUDA_GEMV_STREAM", 1);
+    c->gemv_stream = env_flag("PAGODA_CUDA_GEMV_STREAM", 1);
     c->gemv_rope = env_flag("PAGODA_CUDA_GEMV_ROPE", 1);
     c->lt_small = env_flag("PAGODA_CUDA_LT_SMALL", 1);
     c->gemm_streams = env_flag("PAGODA_CUDA_GEMM_STREAMS", 1);

@@ -40,7 +40,7 @@ struct cu_gemv_set {
      * as 1), 3 streamed by k_gemv_q4_stream where it takes the set (else as 2); 0: not */
     int tc4;
     /* 16-bit weights at m = 1 through k_gemv_stream (x staged in shared memory, warps
-     * streaming whole rows; 2: its loads past L1); 0: the row kernel */
+     * streaming whole rows); 0: the row kernel */
     int stream16;
     /* m = 1, fused neighbours (NULL: none). Prologue: x = rms_norm(nsrc) * nweight with
      * nepsilon, also written to x itself; epilogue (one matrix, no pair): resid += y. */

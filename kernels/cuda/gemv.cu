@@ -451,7 +451,8 @@ static bool launch_row_any(cudaStream_t s, const cu_gemv_set &g, const float *x)
  * lane's unit sit 32 float4 apart: a warp's shared-memory reads are conflict-free. The
  * first weight loads go out before the wait for the previous kernel (programmatic
  * dependent launch). Measured against 512 threads with chunks of 8 and against loads with
- * an L2 sector hint: within 3 %, this one the fastest (kernels/cuda/NOTES.md).
+ * an L2 sector hint: within 3 %, this one the fastest; weights read past L1 (ld_stream)
+ * gave 1.5 % more than through it (kernels/cuda/NOTES.md).
  */
 #define STREAM_THREADS 1024
 #define STREAM_CH      4
@@ -490,9 +491,7 @@ static __device__ __forceinline__ void stream_load(const cu_gemv_set &g, uint4 (
     const uint4 *row = (const uint4 *)(M.w + rl * M.row_bytes) + c * STREAM_CH * 32 + lane;
 #pragma unroll
     for (int u = 0; u < STREAM_CH; u++)
-        q[u] = c * STREAM_CH + u >= upl ? make_uint4(0, 0, 0, 0)
-               : g.stream16 == 2        ? ld_stream(row + u * 32)
-                                        : __ldg(row + u * 32);
+        q[u] = c * STREAM_CH + u < upl ? ld_stream(row + u * 32) : make_uint4(0, 0, 0, 0);
 }
 
 /* One chunk of the current task: uses cur, loads the next position's chunk into nxt and

@@ -64,15 +64,25 @@ static __device__ __forceinline__ void nibbles(uint32_t w, uint32_t *p)
     p[3] = h2_bits(__hfma2(bits_h2((t & 0x00f000f0u) | 0x64006400u), k16th, km64));
 }
 
+/* (w & mask) | magic as one logic operation (ptxas splits the C expression into two when
+ * both constants are immediates). */
+template <uint32_t MASK, uint32_t MAGIC>
+static __device__ __forceinline__ uint32_t and_or(uint32_t w)
+{
+    uint32_t r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(r) : "r"(w), "n"(MASK), "n"(MAGIC));
+    return r;
+}
+
 /* The 8 nibbles of w as four fp16 pairs with offsets: (q0, q4) + 1024, (q1, q5) + 64,
  * (q2, q6) + 1024, (q3, q7) + 64. */
 static __device__ __forceinline__ void nibbles_raw(uint32_t w, uint32_t *p)
 {
     const uint32_t t = w >> 8;
-    p[0] = (w & 0x000f000fu) | 0x64006400u;
-    p[1] = (w & 0x00f000f0u) | 0x54005400u;
-    p[2] = (t & 0x000f000fu) | 0x64006400u;
-    p[3] = (t & 0x00f000f0u) | 0x54005400u;
+    p[0] = and_or<0x000f000fu, 0x64006400u>(w);
+    p[1] = and_or<0x00f000f0u, 0x54005400u>(w);
+    p[2] = and_or<0x000f000fu, 0x64006400u>(t);
+    p[3] = and_or<0x00f000f0u, 0x54005400u>(t);
 }
 
 /* The unit sums d[n] (column n: unit n of the lanes' quad) of rows g and g + 8 from this
@@ -863,7 +873,6 @@ __global__ void __launch_bounds__(Q4S_THREADS, 1)
     q4s_step q[D];
 #pragma unroll
     for (int j = 0; j < D - 1; j++) q4s_issue<MODE, G>(g, f, q[j], end, steps, t0, lane);
-
     grid_dependency_wait();
     const float *src = NORM ? g.nsrc : x;
     float inv = 1.0f;
