@@ -497,10 +497,10 @@ static __device__ __forceinline__ void stream_load(const cu_gemv_set &g, uint4 (
 /* One chunk of the current task: uses cur, loads the next position's chunk into nxt and
  * finishes the task at its last chunk. Returns false when the warp's rows are done. */
 template <int FMT, int MODE>
-static __device__ __forceinline__ bool stream_step(const cu_gemv_set &g, const float4 *xs4,
-                                                   uint4 (&cur)[STREAM_CH], uint4 (&nxt)[STREAM_CH],
-                                                   stream_pos &p, float (&acc)[2], int64_t t_end,
-                                                   int nwarps, int nch, int upl, int lane)
+static __device__ __forceinline__ bool
+stream_step(const cu_gemv_set &g, const float4 *xs4, uint4 (&cur)[STREAM_CH],
+            uint4 (&nxt)[STREAM_CH], stream_pos &p, float (&acc)[2], int64_t t_end, int nwarps,
+            int nch, int upl, float inv, int lane)
 {
     constexpr int NA = MODE == SM_ROWS ? 1 : 2;
     stream_pos n = p;
@@ -530,7 +530,7 @@ static __device__ __forceinline__ bool stream_step(const cu_gemv_set &g, const f
             acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], o);
             if (NA == 2) acc[1] += __shfl_xor_sync(0xffffffffu, acc[1], o);
         }
-        if (lane == 0) stream_out<MODE>(g, p.t, acc[0], acc[1]);
+        if (lane == 0) stream_out<MODE>(g, p.t, acc[0] * inv, acc[1] * inv);
         acc[0] = acc[1] = 0.0f;
     }
     p = n;
@@ -554,43 +554,51 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
     if (p.t < t_end) stream_load<MODE>(g, qa, p, nch, upl, lane);
     /* x comes from the previous kernel: only now wait for it */
     grid_dependency_wait();
+    /* x staged; with the norm, x * weight: the row's scale, known only after the block's
+     * sum of squares, multiplies the products' sums instead (one pass over x, not two) */
     const int nq = (int)(k >> 2);
     const float4 *src = (const float4 *)(NORM ? g.nsrc : x);
     float ss = 0.0f;
     for (int f = threadIdx.x; f < nq; f += blockDim.x) {
-        const float4 v = __ldg(src + f);
-        if (NORM) ss += (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w);
+        float4 v = __ldg(src + f);
+        if (NORM) {
+            ss += (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w);
+            const float4 w = __ldg((const float4 *)g.nweight + f);
+            v.x *= w.x;
+            v.y *= w.y;
+            v.z *= w.z;
+            v.w *= w.w;
+        }
         const int u = f >> 1;
         xs4[((u >> 5) * 2 + (f & 1)) * 32 + (u & 31)] = v;
     }
     if (NORM) {
-        /* rms_norm of the row: the block's sum of squares, then each thread scales the
-         * values it staged; block 0 also stores the normed row as x. */
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
         if (lane == 0) red[warp] = ss;
-        __syncthreads();
-        ss = 0.0f;
-        for (int w = 0; w < nwarps; w++) ss += red[w];
-        const float inv = rsqrtf(ss / (float)k + g.nepsilon);
-        for (int f = threadIdx.x; f < nq; f += blockDim.x) {
-            const int u = f >> 1, i = ((u >> 5) * 2 + (f & 1)) * 32 + (u & 31);
-            const float4 w = __ldg((const float4 *)g.nweight + f);
-            float4 v = xs4[i];
-            v.x = v.x * inv * w.x;
-            v.y = v.y * inv * w.y;
-            v.z = v.z * inv * w.z;
-            v.w = v.w * inv * w.w;
-            xs4[i] = v;
-            if (blockIdx.x == 0) ((float4 *)x)[f] = v;
-        }
     }
     __syncthreads();
+    float inv = 1.0f;
+    if (NORM) {
+        ss = 0.0f;
+        for (int w = 0; w < nwarps; w++) ss += red[w];
+        inv = rsqrtf(ss / (float)k + g.nepsilon);
+        /* the normalized row, stored as x for any later reader: each block its share */
+        const int f1 = (int)((int64_t)nq * (blockIdx.x + 1) / gridDim.x);
+        for (int f = (int)((int64_t)nq * blockIdx.x / gridDim.x) + threadIdx.x; f < f1;
+             f += blockDim.x) {
+            const float4 v = __ldg(src + f), w = __ldg((const float4 *)g.nweight + f);
+            ((float4 *)x)[f] =
+                make_float4(v.x * inv * w.x, v.y * inv * w.y, v.z * inv * w.z, v.w * inv * w.w);
+        }
+    }
     if (p.t >= t_end) return;
     float acc[2] = {0.0f, 0.0f};
     for (;;) {
-        if (!stream_step<FMT, MODE>(g, xs4, qa, qb, p, acc, t_end, nwarps, nch, upl, lane)) break;
-        if (!stream_step<FMT, MODE>(g, xs4, qb, qa, p, acc, t_end, nwarps, nch, upl, lane)) break;
+        if (!stream_step<FMT, MODE>(g, xs4, qa, qb, p, acc, t_end, nwarps, nch, upl, inv, lane))
+            break;
+        if (!stream_step<FMT, MODE>(g, xs4, qb, qa, p, acc, t_end, nwarps, nch, upl, inv, lane))
+            break;
     }
 }
 

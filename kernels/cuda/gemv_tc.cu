@@ -856,8 +856,8 @@ __global__ void __launch_bounds__(Q4S_THREADS, 1)
     uint4 *zero = xs + K / 8;           /* [4] */
     float2 *xu = (float2 *)(zero + 4);  /* [K / 32]: the unit's sum and inverse scale */
     float *xo = (float *)(xu + K / 32); /* [K / 32]: the offsets' share of the unit */
-    float *part = xo + K / 32;          /* [tiles + warps - 1][8]: segment sums */
-    float *red = part;                  /* [32]: the norm's partial sums, before */
+    float *red = xo + K / 32;           /* [32]: the norm's partial sums */
+    float *part = red + 32;             /* [tiles + warps - 1][8]: segment sums */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g8 = lane >> 2, t = lane & 3;
     const int64_t units = q4s_units<MODE>(g), u0 = units * blockIdx.x / gridDim.x,
                   u1 = units * (blockIdx.x + 1) / gridDim.x, t0 = R * u0;
@@ -874,22 +874,10 @@ __global__ void __launch_bounds__(Q4S_THREADS, 1)
 #pragma unroll
     for (int j = 0; j < D - 1; j++) q4s_issue<MODE, G>(g, f, q[j], end, steps, t0, lane);
     grid_dependency_wait();
+    /* x staged; with the norm, x * weight: the row's scale, known only after the block's
+     * sum of squares, multiplies the products' sums at the end (one pass over x, not two) */
     const float *src = NORM ? g.nsrc : x;
-    float inv = 1.0f;
-    if (NORM) {
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < K / 4; i += blockDim.x) {
-            const float4 v = __ldg((const float4 *)src + i);
-            ss += (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w);
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        if (lane == 0) red[warp] = ss;
-        __syncthreads();
-        ss = 0.0f;
-        for (int w = 0; w < NW; w++) ss += red[w];
-        inv = rsqrtf(ss / (float)K + g.nepsilon);
-    }
+    float ss = 0.0f;
     /* Two lanes a 32-column unit, 16 values each (the loads in flight leave room for no
      * more); whole warps go round together for the shuffles that join a unit's halves. */
     for (int h0 = warp * 32; h0 < K / 16; h0 += blockDim.x) {
@@ -902,13 +890,12 @@ __global__ void __launch_bounds__(Q4S_THREADS, 1)
             v[j] =
                 in ? __ldg((const float4 *)src + 4 * h + j) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (NORM && in) {
-                /* rms_norm of the row; block 0 also stores it as x */
+                ss += (v[j].x * v[j].x + v[j].y * v[j].y) + (v[j].z * v[j].z + v[j].w * v[j].w);
                 const float4 w = __ldg((const float4 *)g.nweight + 4 * h + j);
-                v[j].x = v[j].x * inv * w.x;
-                v[j].y = v[j].y * inv * w.y;
-                v[j].z = v[j].z * inv * w.z;
-                v[j].w = v[j].w * inv * w.w;
-                if (blockIdx.x == 0) ((float4 *)x)[4 * h + j] = v[j];
+                v[j].x *= w.x;
+                v[j].y *= w.y;
+                v[j].z *= w.z;
+                v[j].w *= w.w;
             }
             mx = fmaxf(mx, fmaxf(fmaxf(fabsf(v[j].x), fabsf(v[j].y)),
                                  fmaxf(fabsf(v[j].z), fabsf(v[j].w))));
@@ -939,6 +926,11 @@ __global__ void __launch_bounds__(Q4S_THREADS, 1)
             xu[h >> 1] = make_float2(sum, 1.0f / up);
             xo[h >> 1] = (float)(1024.0 * even + 64.0 * odd);
         }
+    }
+    if (NORM) {
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (lane == 0) red[warp] = ss;
     }
     if (threadIdx.x < 4) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
     __syncthreads();
@@ -972,12 +964,27 @@ __global__ void __launch_bounds__(Q4S_THREADS, 1)
     }
     __syncthreads();
 
+    float inv = 1.0f;
+    if (NORM) {
+        float sq = 0.0f;
+        for (int w = 0; w < NW; w++) sq += red[w];
+        inv = rsqrtf(sq / (float)K + g.nepsilon);
+        /* the normalized row, stored as x for any later reader: each block its share */
+        const int f1 = (int)((int64_t)K / 4 * (blockIdx.x + 1) / gridDim.x);
+        for (int f = (int)((int64_t)K / 4 * blockIdx.x / gridDim.x) + threadIdx.x; f < f1;
+             f += blockDim.x) {
+            const float4 v = __ldg((const float4 *)src + f),
+                         w = __ldg((const float4 *)g.nweight + f);
+            ((float4 *)x)[f] =
+                make_float4(v.x * inv * w.x, v.y * inv * w.y, v.z * inv * w.z, v.w * inv * w.w);
+        }
+    }
     const int items = nt / R * Q4S_ROWS;
     for (int e = threadIdx.x; e < items; e += blockDim.x) {
         const int r = e & (Q4S_ROWS - 1), i = e / Q4S_ROWS;
         const float a = q4s_sum(part, R * i, r, work, steps, NW);
-        stream_out<MODE>(g, (u0 + i) * Q4S_ROWS + r, a,
-                         R == 2 ? q4s_sum(part, 2 * i + 1, r, work, steps, NW) : 0.0f);
+        stream_out<MODE>(g, (u0 + i) * Q4S_ROWS + r, a * inv,
+                         R == 2 ? q4s_sum(part, 2 * i + 1, r, work, steps, NW) * inv : 0.0f);
     }
 }
 
@@ -1047,7 +1054,7 @@ bool cu_gemv_q4_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
     /* one block an SM, each with the same number of units to a unit */
     const int64_t blocks = units < tcr_sms ? units : tcr_sms;
     const int64_t tiles = (units + blocks - 1) / blocks * (mode == SM_ROWS ? 1 : 2);
-    const size_t smem = (size_t)w.k / 8 * 16 + 64 + (size_t)w.k / 32 * 12 +
+    const size_t smem = (size_t)w.k / 8 * 16 + 64 + (size_t)w.k / 32 * 12 + 32 * sizeof(float) +
                         (size_t)(tiles + Q4S_WARPS) * Q4S_ROWS * sizeof(float);
     if (smem > (size_t)tcr_optin) return false;
     if (mode == SM_PAIR)
