@@ -558,7 +558,13 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
      * sum of squares, multiplies the products' sums instead (one pass over x, not two) */
     const int nq = (int)(k >> 2);
     const float4 *src = (const float4 *)(NORM ? g.nsrc : x);
+    /* the block's share of the normalized row, stored as x for any later reader by the
+     * threads that staged it (at most one float4 a thread) */
+    const int s0 = (int)((int64_t)nq * blockIdx.x / gridDim.x),
+              s1 = (int)((int64_t)nq * (blockIdx.x + 1) / gridDim.x);
     float ss = 0.0f;
+    float4 mine = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    int fm = -1;
     for (int f = threadIdx.x; f < nq; f += blockDim.x) {
         float4 v = __ldg(src + f);
         if (NORM) {
@@ -568,6 +574,10 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
             v.y *= w.y;
             v.z *= w.z;
             v.w *= w.w;
+            if (f >= s0 && f < s1) {
+                mine = v;
+                fm = f;
+            }
         }
         const int u = f >> 1;
         xs4[((u >> 5) * 2 + (f & 1)) * 32 + (u & 31)] = v;
@@ -583,14 +593,8 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
         ss = 0.0f;
         for (int w = 0; w < nwarps; w++) ss += red[w];
         inv = rsqrtf(ss / (float)k + g.nepsilon);
-        /* the normalized row, stored as x for any later reader: each block its share */
-        const int f1 = (int)((int64_t)nq * (blockIdx.x + 1) / gridDim.x);
-        for (int f = (int)((int64_t)nq * blockIdx.x / gridDim.x) + threadIdx.x; f < f1;
-             f += blockDim.x) {
-            const float4 v = __ldg(src + f), w = __ldg((const float4 *)g.nweight + f);
-            ((float4 *)x)[f] =
-                make_float4(v.x * inv * w.x, v.y * inv * w.y, v.z * inv * w.z, v.w * inv * w.w);
-        }
+        if (fm >= 0)
+            ((float4 *)x)[fm] = make_float4(mine.x * inv, mine.y * inv, mine.z * inv, mine.w * inv);
     }
     if (p.t >= t_end) return;
     float acc[2] = {0.0f, 0.0f};

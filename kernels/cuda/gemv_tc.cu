@@ -934,6 +934,24 @@ __global__ void __launch_bounds__(Q4S_THREADS, 1)
     }
     if (threadIdx.x < 4) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
     __syncthreads();
+    if (NORM) {
+        /* the block's share of the normalized row (16 values a thread of the first ones),
+         * stored as x for any later reader */
+        const int h = (int)((int64_t)K / 16 * blockIdx.x / gridDim.x) + threadIdx.x,
+                  h1 = (int)((int64_t)K / 16 * (blockIdx.x + 1) / gridDim.x);
+        if (h < h1) {
+            float sq = 0.0f;
+            for (int w = 0; w < NW; w++) sq += red[w];
+            const float inv = rsqrtf(sq / (float)K + g.nepsilon);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const float4 v = __ldg((const float4 *)src + 4 * h + j),
+                             w = __ldg((const float4 *)g.nweight + 4 * h + j);
+                ((float4 *)x)[4 * h + j] =
+                    make_float4(v.x * inv * w.x, v.y * inv * w.y, v.z * inv * w.z, v.w * inv * w.w);
+            }
+        }
+    }
 
     float acc = 0.0f;
     int ci = begin / steps, cs = begin - ci * steps;
@@ -969,15 +987,6 @@ __global__ void __launch_bounds__(Q4S_THREADS, 1)
         float sq = 0.0f;
         for (int w = 0; w < NW; w++) sq += red[w];
         inv = rsqrtf(sq / (float)K + g.nepsilon);
-        /* the normalized row, stored as x for any later reader: each block its share */
-        const int f1 = (int)((int64_t)K / 4 * (blockIdx.x + 1) / gridDim.x);
-        for (int f = (int)((int64_t)K / 4 * blockIdx.x / gridDim.x) + threadIdx.x; f < f1;
-             f += blockDim.x) {
-            const float4 v = __ldg((const float4 *)src + f),
-                         w = __ldg((const float4 *)g.nweight + f);
-            ((float4 *)x)[f] =
-                make_float4(v.x * inv * w.x, v.y * inv * w.y, v.z * inv * w.z, v.w * inv * w.w);
-        }
     }
     const int items = nt / R * Q4S_ROWS;
     for (int e = threadIdx.x; e < items; e += blockDim.x) {
