@@ -442,8 +442,9 @@ static bool launch_row_any(cudaStream_t s, const cu_gemv_set &g, const float *x)
 
 /*
  * m = 1 of 16-bit weights with x in shared memory: each block (one a multiprocessor, 32
- * warps) stages x once, normalized there when the norm is fused, and each warp then
- * streams whole rows on its own with no barrier between rows. A warp owns the rows of its
+ * warps) stages x once (with the norm fused, x times the norm weight, the row's scale
+ * applied to each row's sum), and each warp then streams whole rows on its own with no
+ * barrier between rows. A warp owns the rows of its
  * block's range at a stride of the block's warps; a lane takes the 16-byte units
  * u = 32 i + lane of a row, STREAM_CH of them a chunk, and the next chunk's loads (the
  * next row's at a row's end) are issued before the current chunk is used, so every warp
@@ -558,13 +559,7 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
      * sum of squares, multiplies the products' sums instead (one pass over x, not two) */
     const int nq = (int)(k >> 2);
     const float4 *src = (const float4 *)(NORM ? g.nsrc : x);
-    /* the block's share of the normalized row, stored as x for any later reader by the
-     * threads that staged it (at most one float4 a thread) */
-    const int s0 = (int)((int64_t)nq * blockIdx.x / gridDim.x),
-              s1 = (int)((int64_t)nq * (blockIdx.x + 1) / gridDim.x);
     float ss = 0.0f;
-    float4 mine = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    int fm = -1;
     for (int f = threadIdx.x; f < nq; f += blockDim.x) {
         float4 v = __ldg(src + f);
         if (NORM) {
@@ -574,10 +569,6 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
             v.y *= w.y;
             v.z *= w.z;
             v.w *= w.w;
-            if (f >= s0 && f < s1) {
-                mine = v;
-                fm = f;
-            }
         }
         const int u = f >> 1;
         xs4[((u >> 5) * 2 + (f & 1)) * 32 + (u & 31)] = v;
@@ -593,8 +584,14 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
         ss = 0.0f;
         for (int w = 0; w < nwarps; w++) ss += red[w];
         inv = rsqrtf(ss / (float)k + g.nepsilon);
-        if (fm >= 0)
-            ((float4 *)x)[fm] = make_float4(mine.x * inv, mine.y * inv, mine.z * inv, mine.w * inv);
+        /* the block's share of the normalized row, stored as x for any later reader */
+        const int f1 = (int)((int64_t)nq * (blockIdx.x + 1) / gridDim.x);
+        for (int f = (int)((int64_t)nq * blockIdx.x / gridDim.x) + threadIdx.x; f < f1;
+             f += blockDim.x) {
+            const int u = f >> 1;
+            const float4 v = xs4[((u >> 5) * 2 + (f & 1)) * 32 + (u & 31)];
+            ((float4 *)x)[f] = make_float4(v.x * inv, v.y * inv, v.z * inv, v.w * inv);
+        }
     }
     if (p.t >= t_end) return;
     float acc[2] = {0.0f, 0.0f};

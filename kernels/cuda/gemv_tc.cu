@@ -701,7 +701,8 @@ static void launch_ring(cudaStream_t s, const cu_gemv_set &g, const float *x, in
 /*
  * m = 1 of affine 4-bit weights streamed the way k_gemv_stream streams 16-bit ones. One
  * block of 32 warps an SM stages x once (fp16 pairs with per-unit sums and scales as for
- * the ring kernel, normalized there when the norm is fused); every warp then streams its
+ * the ring kernel; with the norm fused, x times the norm weight, the row's scale applied to
+ * the sums at the end); every warp then streams its
  * own share of the block's 8-row tiles with no barrier until the end. A step is 256
  * columns of a tile: 128 contiguous bytes of each of its 8 rows (a warp reading 16 rows x
  * 64 bytes a step reached 2.3 TB/s where 8 x 128 reaches 3.5: kernels/cuda/NOTES.md). The
@@ -714,8 +715,8 @@ static void launch_ring(cudaStream_t s, const cu_gemv_set &g, const float *x, in
  * block's tiles x steps are cut into equal ranges, one a warp, so a warp may stop inside a
  * tile and the next one go on there. A warp keeps the loads of its next step in flight in
  * registers while it uses one (deeper, through registers with fewer warps or through a
- * cp.async ring in shared memory, measured slower), and its first loads go out before the
- * wait for the kernel that writes x.
+ * cp.async ring in shared memory, measured no faster), and its first loads go out before
+ * the wait for the kernel that writes x.
  *
  * The nibbles become fp16 values with one logic operation a pair and no arithmetic: OR-ed
  * into 0x6400 (1024, where fp16's last place is 1) a nibble in bits 0-3 reads 1024 + q, and
@@ -935,8 +936,8 @@ __global__ void __launch_bounds__(Q4S_THREADS, 1)
     if (threadIdx.x < 4) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
     __syncthreads();
     if (NORM) {
-        /* the block's share of the normalized row (16 values a thread of the first ones),
-         * stored as x for any later reader */
+        /* the block's share of the normalized row, stored as x for any later reader: 16
+         * values a thread, read again (from L1) with the row's scale now known */
         const int h = (int)((int64_t)K / 16 * blockIdx.x / gridDim.x) + threadIdx.x,
                   h1 = (int)((int64_t)K / 16 * (blockIdx.x + 1) / gridDim.x);
         if (h < h1) {
