@@ -47,6 +47,14 @@ static __device__ __forceinline__ uint4 ld_stream(const uint4 *p)
     return v;
 }
 
+/* The rms_norm scale of a row of k values from its sums of squares, one a warp. */
+static __device__ __forceinline__ float norm_scale(const float *red, int nw, int64_t k, float eps)
+{
+    float ss = 0.0f;
+    for (int w = 0; w < nw; w++) ss += red[w];
+    return rsqrtf(ss / (float)k + eps);
+}
+
 /* The gated activation of a gate value: GELU (tanh approximation) or SiLU. */
 static __device__ __forceinline__ float act_of(float g, int gelu)
 {

@@ -296,9 +296,7 @@ __global__ void __launch_bounds__(512) k_gemv_row(cu_gemv_set g, const float *__
                 for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
                 if (lane == 0) nsum[warp] = ss;
                 __syncthreads();
-                ss = 0.0f;
-                for (int w = 0; w < nwarps; w++) ss += nsum[w];
-                const float inv = rsqrtf(ss / (float)g.w[0].k + g.nepsilon);
+                const float inv = norm_scale(nsum, nwarps, g.w[0].k, g.nepsilon);
 #pragma unroll
                 for (int c = 0; c < NCH; c++) {
                     const int64_t u = (int64_t)warp * 32 * NCH + c * 32 + lane;
@@ -581,9 +579,7 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
     __syncthreads();
     float inv = 1.0f;
     if (NORM) {
-        ss = 0.0f;
-        for (int w = 0; w < nwarps; w++) ss += red[w];
-        inv = rsqrtf(ss / (float)k + g.nepsilon);
+        inv = norm_scale(red, nwarps, k, g.nepsilon);
         /* the block's share of the normalized row, stored as x for any later reader */
         const int f1 = (int)((int64_t)nq * (blockIdx.x + 1) / gridDim.x);
         for (int f = (int)((int64_t)nq * blockIdx.x / gridDim.x) + threadIdx.x; f < f1;

@@ -941,9 +941,7 @@ __global__ void __launch_bounds__(Q4S_THREADS, 1)
         const int h = (int)((int64_t)K / 16 * blockIdx.x / gridDim.x) + threadIdx.x,
                   h1 = (int)((int64_t)K / 16 * (blockIdx.x + 1) / gridDim.x);
         if (h < h1) {
-            float sq = 0.0f;
-            for (int w = 0; w < NW; w++) sq += red[w];
-            const float inv = rsqrtf(sq / (float)K + g.nepsilon);
+            const float inv = norm_scale(red, NW, K, g.nepsilon);
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const float4 v = __ldg((const float4 *)src + 4 * h + j),
@@ -983,12 +981,7 @@ __global__ void __launch_bounds__(Q4S_THREADS, 1)
     }
     __syncthreads();
 
-    float inv = 1.0f;
-    if (NORM) {
-        float sq = 0.0f;
-        for (int w = 0; w < NW; w++) sq += red[w];
-        inv = rsqrtf(sq / (float)K + g.nepsilon);
-    }
+    const float inv = NORM ? norm_scale(red, NW, K, g.nepsilon) : 1.0f;
     const int items = nt / R * Q4S_ROWS;
     for (int e = threadIdx.x; e < items; e += blockDim.x) {
         const int r = e & (Q4S_ROWS - 1), i = e / Q4S_ROWS;
