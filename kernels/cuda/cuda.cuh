@@ -88,8 +88,8 @@ bool cu_gemv_q4_tc_ok(const cu_gemv_set &g);
 /** y = W x for m = 1 of affine 4-bit weights on tensor cores (x rounded to fp16). */
 void cu_gemv_q4_tc(cudaStream_t s, const cu_gemv_set &g, const float *x);
 /* Whether one-row products of w can take the streaming 4-bit kernel (k_gemv_q4_stream:
- * affine 4-bit, groups of 32 to 128 with 16-bit scales, k a multiple of 128 up to 16384,
- * rows a multiple of 16). */
+ * affine 4-bit, groups of 32 to 128 with 16-bit scales, k a multiple of 256 up to 16384,
+ * rows a multiple of 8). */
 bool cu_gemv_q4s_ok(const dweight &w);
 /* y = W x for m = 1 through k_gemv_q4_stream, with the set's fused norm, residual add or
  * rope and KV store; false (nothing launched) where it does not take the set. */

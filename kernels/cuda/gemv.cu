@@ -474,19 +474,8 @@ static __device__ __forceinline__ void stream_load(const cu_gemv_set &g, uint4 (
                                                    stream_pos p, int nch, int upl, int lane)
 {
     const int a = MODE != SM_ROWS && p.s >= nch ? 1 : 0, c = p.s - a * nch;
-    int wi = 0;
-    int64_t rl = p.t;
-    if (MODE == SM_ROWS) {
-        while (wi + 1 < g.nw && p.t >= g.row_end[wi]) wi++;
-        if (wi) rl -= g.row_end[wi - 1];
-    } else if (MODE == SM_PAIR) {
-        wi = a;
-    } else {
-        const rope_task r = rope_of(g, p.t);
-        wi = r.wi;
-        rl = (int64_t)r.head * 2 * g.rope_half + r.j + a * g.rope_half;
-    }
-    const set_mat M = set_pick(g, wi);
+    int64_t rl;
+    const set_mat M = set_pick(g, task_row<MODE>(g, p.t, a, &rl));
     const uint4 *row = (const uint4 *)(M.w + rl * M.row_bytes) + c * STREAM_CH * 32 + lane;
 #pragma unroll
     for (int u = 0; u < STREAM_CH; u++)

@@ -30,6 +30,29 @@ static __device__ __forceinline__ rope_task rope_of(const cu_gemv_set &g, int64_
     return r;
 }
 
+/* The matrix of the set's row r (counted over its matrices in order) and the row in it. */
+static __device__ __forceinline__ int set_row(const cu_gemv_set &g, int64_t r, int64_t *rl)
+{
+    int wi = 0;
+    while (wi + 1 < g.nw && r >= g.row_end[wi]) wi++;
+    *rl = wi ? r - g.row_end[wi - 1] : r;
+    return wi;
+}
+
+/* The matrix and the row in it of row a (0: the first, 1: the second) of task t. */
+template <int MODE>
+static __device__ __forceinline__ int task_row(const cu_gemv_set &g, int64_t t, int a, int64_t *rl)
+{
+    if (MODE == SM_ROWS) return set_row(g, t, rl);
+    if (MODE == SM_PAIR) {
+        *rl = t;
+        return a;
+    }
+    const rope_task r = rope_of(g, t);
+    *rl = (int64_t)r.head * 2 * g.rope_half + r.j + a * g.rope_half;
+    return r.wi;
+}
+
 /* The outputs of a finished task (one thread; a and b: the sums of its first and second
  * row). */
 template <int MODE>
@@ -39,9 +62,9 @@ static __device__ __forceinline__ void stream_out(const cu_gemv_set &g, int64_t 
         g.y[0][t] = act_of(a, g.gelu) * b;
         g.y[1][t] = b;
     } else if (MODE == SM_ROWS) {
-        int wi = 0;
-        while (wi + 1 < g.nw && t >= g.row_end[wi]) wi++;
-        g.y[wi][wi ? t - g.row_end[wi - 1] : t] = a;
+        int64_t rl;
+        const int wi = set_row(g, t, &rl);
+        g.y[wi][rl] = a;
         if (g.resid) g.resid[t] += a; /* one matrix: t is its row */
     } else {
         const rope_task r = rope_of(g, t);

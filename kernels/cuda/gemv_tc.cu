@@ -110,15 +110,6 @@ static __device__ __forceinline__ void unit_mma(uint4 qa, uint4 qb, const uint4 
     }
 }
 
-/* Matrix index and local row of the block's row tile (tiles never straddle matrices). */
-static __device__ __forceinline__ int tile_matrix(const cu_gemv_set &g, int64_t r0, int64_t *rl)
-{
-    int wi = 0;
-    while (wi + 1 < g.nw && r0 >= g.row_end[wi]) wi++;
-    *rl = wi ? r0 - g.row_end[wi - 1] : r0;
-    return wi;
-}
-
 /*
  * The end of a 16-row tile: each lane's row values v[a][h] (rows g and g + 8 of matrix a)
  * summed over its quad, then over the block's W warps through the double-buffered partials
@@ -186,7 +177,7 @@ __global__ void __launch_bounds__(256) k_gemv_q4_tc(cu_gemv_set g, const float *
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x, buf ^= 1) {
         const int64_t r0 = tile * TCV_ROWS;
         int64_t rl = r0;
-        const int wi = PAIR ? 0 : tile_matrix(g, r0, &rl);
+        const int wi = PAIR ? 0 : set_row(g, r0, &rl);
         float accq[NA][2], accb[NA][2];
 #pragma unroll
         for (int a = 0; a < NA; a++) accq[a][0] = accq[a][1] = accb[a][0] = accb[a][1] = 0.0f;
@@ -402,7 +393,7 @@ static __device__ __forceinline__ void tcr_aim(const cu_gemv_set &g, tcr_feed<NA
                                                int c_begin)
 {
     int64_t rl = f.tile * TCV_ROWS;
-    const int wi = PAIR ? 0 : tile_matrix(g, f.tile * TCV_ROWS, &rl);
+    const int wi = PAIR ? 0 : set_row(g, f.tile * TCV_ROWS, &rl);
     const int gshift = g.w[0].gshift;
 #pragma unroll
     for (int a = 0; a < NA; a++) {
@@ -514,7 +505,7 @@ __global__ void __launch_bounds__(256, 2) k_gemv_q4_ring(cu_gemv_set g, const fl
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x, buf ^= 1) {
         const int64_t r0 = tile * TCV_ROWS;
         int64_t rl = r0;
-        const int wi = PAIR ? 0 : tile_matrix(g, r0, &rl);
+        const int wi = PAIR ? 0 : set_row(g, r0, &rl);
         /* G = 1: the half of a row's scale word that holds its group at step 0 (the same
          * for rows g and g + 8), alternating by step */
         const int par0 = (int)(((rl + g8) * gpr + (c_begin >> 7)) & 1);
@@ -769,18 +760,12 @@ template <int MODE, int G>
 static __device__ __forceinline__ void q4s_aim(const cu_gemv_set &g, q4s_feed &f, int64_t tile,
                                                int lane)
 {
+    /* a tile of rows, or with two rows a task (gate and up; j and j + d/2 of a head) the
+     * first or second rows of 8 tasks */
     int64_t rl;
-    int wi;
-    if (MODE == SM_ROWS) {
-        wi = tile_matrix(g, tile * Q4S_ROWS, &rl);
-    } else if (MODE == SM_PAIR) { /* gate tile, then up tile */
-        wi = (int)(tile & 1);
-        rl = (tile >> 1) * Q4S_ROWS;
-    } else { /* rows j0 to j0 + 7 of a head, then the same plus d/2 */
-        const rope_task r = rope_of(g, (tile >> 1) * Q4S_ROWS);
-        wi = r.wi;
-        rl = (int64_t)r.head * 2 * g.rope_half + r.j + (tile & 1) * g.rope_half;
-    }
+    const int wi = MODE == SM_ROWS
+                       ? task_row<MODE>(g, tile * Q4S_ROWS, 0, &rl)
+                       : task_row<MODE>(g, (tile >> 1) * Q4S_ROWS, (int)(tile & 1), &rl);
     const int g8 = lane >> 2, t = lane & 3;
     const set_mat M = set_pick(g, wi);
     /* the lane's units 2t and 2t + 1 of a step: columns 64t to 64t + 63 */
