@@ -404,10 +404,15 @@ template <int D> __global__ void __launch_bounds__(128) k_attention_tc(cu_attn_a
 
 /*
  * Decode attention on tensor cores (steps where every sequence has one token): a block takes
- * one token and one KV head, the rows of the GQA group (up to 16) in every warp, and the 4
- * warps split the keys, 16 keys a warp at a time (keys 16 w, 16 (w + 4), ...). A decode token
- * has only `group` rows, so the 64-row tiles of k_attention_tc would leave most of their rows
- * empty and walk all keys in one warp; here every warp reads keys.
+ * one token, one KV head and one range of its keys (gridDim.z ranges), the rows of the GQA
+ * group (up to 16) in every warp, and the 4 warps split the range, 16 keys a warp at a time
+ * (keys 16 w, 16 (w + 4), ...). A decode token has only `group` rows, so the 64-row tiles of
+ * k_attention_tc would leave most of their rows empty and walk all keys in one warp; here
+ * every warp reads keys. With few sequences the keys go in ranges over the GPU (a round of
+ * 64 keys or more each); each block leaves its unscaled result with its maximum and sum,
+ * and the last block of the token and KV head to finish merges them. Launched early, a
+ * block loads its first round of keys, all but the token's own, before it waits for the
+ * kernel that writes the queries and stores that key.
  *
  * Keys and values go from global memory straight into registers with 16-byte loads, in the
  * order the MMA operands want them, by numbering the dimensions differently in each product
@@ -424,6 +429,7 @@ template <int D> __global__ void __launch_bounds__(128) k_attention_tc(cu_attn_a
  * (about 1e-3 relative), as in k_attention_tc.
  */
 #define DEC_WARPS 4
+#define DEC_KEYS  (DEC_WARPS * 16) /* keys a block takes a round */
 
 /* 2^x in one instruction (0 for -inf). */
 static __device__ __forceinline__ float ex2(float x)
@@ -443,10 +449,15 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
     constexpr int H = 2, KR = 16;     /* 8-key halves and keys a warp takes a round */
     extern __shared__ float dec_sm[]; /* [DEC_WARPS][group][D], then m and l [DEC_WARPS][16] */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    const int t = blockIdx.x, kvh = blockIdx.y;
+    const int t = blockIdx.x, kvh = blockIdx.y, sp = blockIdx.z, ns = gridDim.z;
     const int group = a.n_heads / a.n_kv_heads;
     const int s = a.tok_seq[t], qpos = a.pos[t];
-    const int k_lo = a.window > 0 ? max(0, qpos - a.window + 1) : 0, k_hi = qpos + 1;
+    /* the token's visible keys, and this block's range of them: equal shares in whole
+     * rounds of the block's warps, the last ones empty where the keys run out */
+    const int k_first = a.window > 0 ? max(0, qpos - a.window + 1) : 0;
+    const int share = ((qpos + 1 - k_first + ns - 1) / ns + KR * DEC_WARPS - 1) / (KR * DEC_WARPS) *
+                      (KR * DEC_WARPS);
+    const int k_lo = min(qpos + 1, k_first + sp * share), k_hi = min(qpos + 1, k_lo + share);
     const int32_t *bt = a.block_table + (int64_t)s * a.max_blocks;
     const int64_t kv_row = (int64_t)a.n_kv_heads * D;
     const __nv_bfloat16 *kbase = a.k + (int64_t)kvh * D, *vbase = a.v + (int64_t)kvh * D;
@@ -458,29 +469,42 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
                     : (int64_t)bt[kp / bs] * bs + kp % bs;
     };
 
-    /* The loads of this lane for the KR keys from kb: keys, then values. */
+    /* The loads of this lane for the KR keys from kb: keys, then values; with `which`
+     * 1 only those of keys before the token's own (stored by the kernel before this one), 2
+     * only those of its own key, 3 all. */
     uint4 kr[H][NC], vr[2 * H][VC];
-    auto load_k = [&](int kb) {
+    auto load_k = [&](int kb, int which) {
 #pragma unroll
         for (int h = 0; h < H; h++) {
-            const int64_t off = slot_of(min(kb + g + 8 * h, k_hi - 1)) * kv_row + 8 * tq;
+            const int kp = min(kb + g + 8 * h, k_hi - 1);
+            if (!(which & (kp == qpos ? 2 : 1))) continue;
+            const int64_t off = slot_of(kp) * kv_row + 8 * tq;
 #pragma unroll
             for (int i = 0; i < NC; i++) kr[h][i] = __ldg((const uint4 *)(kbase + off + 32 * i));
         }
     };
-    auto load_v = [&](int kb) {
+    auto load_v = [&](int kb, int which) {
 #pragma unroll
         for (int u = 0; u < 2 * H; u++) {
-            const int kp = kb + 2 * tq + (u & 1) + 8 * (u >> 1);
-            const int64_t off = slot_of(min(kp, k_hi - 1)) * kv_row + 8 * g;
+            const int kp = min(kb + 2 * tq + (u & 1) + 8 * (u >> 1), k_hi - 1);
+            if (!(which & (kp == qpos ? 2 : 1))) continue;
+            const int64_t off = slot_of(kp) * kv_row + 8 * g;
 #pragma unroll
             for (int c = 0; c < VC; c++) vr[u][c] = __ldg((const uint4 *)(vbase + off + 64 * c));
         }
     };
-    /* the first keys' loads go out before the queries are read */
-    if (k_lo + KR * warp < k_hi) {
-        load_k(k_lo + KR * warp);
-        load_v(k_lo + KR * warp);
+    /* The first round's loads of the earlier keys go out before the wait for the kernel that
+     * stores this token's key and value and writes the queries (launched early, this block
+     * may start while that kernel finishes); the token's own key follows the wait. */
+    const bool first = k_lo + KR * warp < k_hi;
+    if (first) {
+        load_k(k_lo + KR * warp, 1);
+        load_v(k_lo + KR * warp, 1);
+    }
+    grid_dependency_wait();
+    if (first) {
+        load_k(k_lo + KR * warp, 2);
+        load_v(k_lo + KR * warp, 2);
     }
 
     /* Q fragments: rows g (and g + 8), dimensions in the key loads' order, bf16. */
@@ -530,7 +554,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
 #pragma unroll
             for (int e = 0; e < 4; e++) sc[h][e] += e2[e];
         }
-        if (next < k_hi) load_k(next);
+        if (next < k_hi) load_k(next, 3);
         /* scale (log2 units), soft-cap, mask; row maxima over the quad */
         float tmax[2] = {-INFINITY, -INFINITY};
         if (capped) {
@@ -604,7 +628,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
                 }
             }
         }
-        if (next < k_hi) load_v(next);
+        if (next < k_hi) load_v(next, 3);
     }
 
     /* Merge the warps: this warp's rows g (and g + 8) and its 16 dimensions per 64. */
@@ -632,8 +656,13 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
             }
     }
     __syncthreads();
-    /* Each row's weight for each warp, once: 2^(m_w - M) / L (0 for a warp without keys),
-     * in place of the maxima. */
+    /* Each row's weight for each warp, once: 2^(m_w - M) (0 for a warp without keys), over L
+     * where this block has all of the token's keys, in place of the maxima. With several
+     * ranges the block's partial result goes to a.part: O unscaled at [row][range][D], then
+     * M and L at [row][range][2] after all of those (-inf and 0 for an empty range, whose O
+     * is 0). */
+    const int64_t row0 = (int64_t)t * a.n_heads + kvh * group; /* the group's first row */
+    float *p_ml = a.part + (int64_t)a.n_tokens * a.n_heads * ns * D;
     if (threadIdx.x < group) {
         const int r = threadIdx.x;
         float M = -INFINITY, L = 0.0f, f[DEC_WARPS];
@@ -641,12 +670,13 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
         for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, s_m[w * 16 + r]);
 #pragma unroll
         for (int w = 0; w < DEC_WARPS; w++) {
-            f[w] = ex2(s_m[w * 16 + r] - M);
+            f[w] = M == -INFINITY ? 0.0f : ex2(s_m[w * 16 + r] - M);
             L += s_l[w * 16 + r] * f[w];
         }
-        const float inv = 1.0f / L;
+        const float inv = ns > 1 ? 1.0f : 1.0f / L;
 #pragma unroll
         for (int w = 0; w < DEC_WARPS; w++) s_m[w * 16 + r] = f[w] * inv;
+        if (ns > 1) *(float2 *)(p_ml + ((row0 + r) * ns + sp) * 2) = make_float2(M, L);
     }
     __syncthreads();
     for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
@@ -655,7 +685,61 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
 #pragma unroll
         for (int w = 0; w < DEC_WARPS; w++)
             acc = fmaf(s_o[((int64_t)w * group + r) * D + d], s_m[w * 16 + r], acc);
-        a.out[((int64_t)t * a.n_heads + kvh * group + r) * D + d] = acc;
+        if (ns > 1)
+            a.part[((row0 + r) * ns + sp) * D + d] = acc;
+        else
+            a.out[(row0 + r) * D + d] = acc;
+    }
+    if (ns == 1) return;
+
+    /* The last of the token's ranges to finish (counted in a.sem, which it sets back to 0
+     * for the next launch) merges them. */
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int *cnt = a.sem + (int64_t)t * a.n_kv_heads + kvh;
+        last = atomicAdd(cnt, 1) == ns - 1;
+        if (last) *cnt = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    /* each (row, range)'s weight 2^(m - M) / L, in shared memory; then each row's O, four
+     * dimensions a thread, the ranges' loads independent of each other */
+    float *w = dec_sm; /* [group][ns] (the warps' O are no longer needed) */
+    for (int i = threadIdx.x; i < group * ns; i += blockDim.x) {
+        const float2 ml = __ldcg((const float2 *)(p_ml + (row0 * ns + i) * 2));
+        w[i] = ml.x;
+        w[group * ns + i] = ml.y;
+    }
+    __syncthreads();
+    if (threadIdx.x < group) {
+        float *wr = w + threadIdx.x * ns, *lr = w + (group + threadIdx.x) * ns;
+        float M = -INFINITY, L = 0.0f;
+        for (int j = 0; j < ns; j++) M = fmaxf(M, wr[j]);
+        for (int j = 0; j < ns; j++) {
+            wr[j] = wr[j] == -INFINITY ? 0.0f : ex2(wr[j] - M);
+            L = fmaf(lr[j], wr[j], L);
+        }
+        const float inv = 1.0f / L;
+        for (int j = 0; j < ns; j++) wr[j] *= inv;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < group * D / 4; i += blockDim.x) {
+        const int r = i / (D / 4), d = 4 * (i % (D / 4));
+        const float4 *src = (const float4 *)(a.part + (row0 + r) * ns * D + d);
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 4
+        for (int j = 0; j < ns; j++) {
+            const float4 v = __ldcg(src + j * (D / 4));
+            const float f = w[r * ns + j];
+            acc.x = fmaf(v.x, f, acc.x);
+            acc.y = fmaf(v.y, f, acc.y);
+            acc.z = fmaf(v.z, f, acc.z);
+            acc.w = fmaf(v.w, f, acc.w);
+        }
+        *(float4 *)(a.out + (row0 + r) * D + d) = acc;
     }
 }
 
@@ -664,16 +748,28 @@ bool cu_attn_dec_ok(int head_dim, int group)
     return (head_dim == 64 || head_dim == 128) && group >= 1 && group <= 16;
 }
 
+int cu_attn_dec_splits(int n_tokens, int n_kv_heads, int max_keys, int sms)
+{
+    /* ranges of whole rounds of a block's warps, up to one block an SM and 64 a token (the
+     * merge keeps two floats a range and row in shared memory) */
+    const int blocks = n_tokens * n_kv_heads, rounds = (max_keys + DEC_KEYS - 1) / DEC_KEYS;
+    int n = (sms + blocks - 1) / blocks;
+    if (n > rounds) n = rounds;
+    if (n > 64) n = 64;
+    return n > 1 ? n : 1;
+}
+
 template <int D> static void launch_dec(cudaStream_t s, const cu_attn_args &a)
 {
     const int group = a.n_heads / a.n_kv_heads;
     const size_t smem = sizeof(float) * (DEC_WARPS * (size_t)group * D + 2 * DEC_WARPS * 16);
-    dim3 grid((unsigned)a.n_tokens, (unsigned)a.n_kv_heads);
+    cu_launch l;
+    cu_launch_init(&l, (unsigned)a.n_tokens, DEC_WARPS * 32, smem, s, a.early);
+    l.cfg.gridDim = dim3((unsigned)a.n_tokens, (unsigned)a.n_kv_heads, (unsigned)a.splits);
     if (group > 8)
-        k_attention_dec<D, true><<<grid, DEC_WARPS * 32, smem, s>>>(a);
+        CU(cudaLaunchKernelEx(&l.cfg, k_attention_dec<D, true>, a));
     else
-        k_attention_dec<D, false><<<grid, DEC_WARPS * 32, smem, s>>>(a);
-    CU_LAUNCHED();
+        CU(cudaLaunchKernelEx(&l.cfg, k_attention_dec<D, false>, a));
 }
 
 bool cu_attn_tc_ok(int head_dim)

@@ -27,12 +27,9 @@ int backend_cuda_device_count(void);
 #include "kernels/cuda/cuda.cuh"
 
 #define CU_GRAPH_MAX_TOKENS 512
-/* The longest block-table span (keys) of a decode step that takes the decode attention
- * kernel at any number of sequences. */
-#define CU_ATTN_DEC_SHORT 512
-#define CU_GRAPHS         16
-#define CU_WORKSPACE      (32u << 20)
-#define CU_TILE_TABLES    4
+#define CU_GRAPHS           16
+#define CU_WORKSPACE        (32u << 20)
+#define CU_TILE_TABLES      4
 
 void cu_fatal(const char *what, const char *msg, const char *file, int line)
 {
@@ -116,6 +113,9 @@ struct cu_ctx {
      * every decode step and the tile kernel otherwise, where the head size allows */
     int attn_mode; /* 0 auto, 1 simt, 2 tc, 3 dec */
     int rope_kv;   /* rope(q), rope(k), kv_store as one launch (PAGODA_CUDA_ROPE_KV=0: off) */
+    /* the decode kernel's keys in ranges over the GPU for few sequences (PAGODA_CUDA_DEC_SPLIT=0:
+     * one block a token and KV head) */
+    int dec_split;
     /* At m = 1 a residual add joins the product before it and the rms_norm the product
      * after it: where the streaming 16-bit kernel takes the product (unset, the default;
      * other kernels would run them as launches of their own), for every product
@@ -127,6 +127,8 @@ struct cu_ctx {
     size_t xb_cap;
     float *part;
     size_t part_cap;
+    int *sem; /* counters of the decode attention's key ranges (zero between launches) */
+    size_t sem_cap;
     int32_t *d_small; /* argmax results and ad-hoc gather rows */
     size_t small_cap;
     struct sample_row *d_sample; /* sampling parameters of the rows being sampled */
@@ -327,7 +329,8 @@ static void op_label(const op *o, char *buf, size_t n)
         break;
     case OP_ATTN:
         if (o->att.decode)
-            snprintf(buf, n, "attention decode (%d tokens)", o->att.n_tokens);
+            snprintf(buf, n, "attention decode (%d tokens, %d splits)", o->att.n_tokens,
+                     o->att.splits);
         else if (o->att.n_tiles)
             snprintf(buf, n, "attention tc (%d tokens, %d tiles)", o->att.n_tokens, o->att.n_tiles);
         else
@@ -1156,21 +1159,35 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
     int max_keys = b->max_blocks * g->block_size;
     if (p->window > 0 && p->window < max_keys) max_keys = p->window;
     /* Tensor cores when the step has prompt tokens or many sequences: a tile of 64 rows
-     * then holds many rows or its key tiles are few; single-token steps of few sequences
-     * split their keys over the GPU instead (the float32 kernel). */
-    /* ... and the decode kernel for decode steps of few sequences over short contexts: its
-     * 4 warps per sequence and KV head then have few rounds of keys each (one sequence of
-     * 128 + 128 tokens: 223.2 against 214.7 tokens/s; of 1024 + 64: 195.2 against 202.2) */
-    const int dec_short = b->n_tokens == b->n_seqs && max_keys <= CU_ATTN_DEC_SHORT &&
-                          cu_attn_dec_ok(p->head_dim, group);
+     * then holds many rows or its key tiles are few; and the decode kernel for every decode
+     * step, whose keys go in ranges over the GPU when the sequences are few (one sequence of
+     * 1024 + 64 tokens: 239.8 against 216.7 tokens/s with the float32 kernel's splits, of
+     * 4096 + 32: 230.8 against 191.9). Otherwise the float32 kernel. */
+    const int dec = b->n_tokens == b->n_seqs && cu_attn_dec_ok(p->head_dim, group);
     int use_tc = !c->invariant && cu_attn_tc_ok(p->head_dim) && c->attn_mode != 1 &&
-                 (c->attn_mode >= 2 || b->n_tokens > b->n_seqs || b->n_tokens >= 64 || dec_short);
+                 (c->attn_mode >= 2 || b->n_tokens > b->n_seqs || b->n_tokens >= 64 || dec);
     /* Decode steps (one token a sequence): the decode kernel, whose warps split the keys,
      * unless PAGODA_CUDA_ATTN=tc asks for the 64-row tiles. */
     if (use_tc && b->n_tokens == b->n_seqs && c->attn_mode != 2 &&
         cu_attn_dec_ok(p->head_dim, group)) {
         a.decode = 1;
-        a.splits = 1;
+        a.early = c->early_launch;
+        /* few sequences: their keys in ranges over the GPU, merged by the last range */
+        a.splits = c->dec_split ? cu_attn_dec_splits(b->n_tokens, p->n_kv_heads, max_keys,
+                                                     c->prop.multiProcessorCount)
+                                : 1;
+        if (a.splits > 1) {
+            size_t need = sizeof(float) * (size_t)b->n_tokens * p->n_heads * a.splits *
+                          (size_t)(p->head_dim + 2);
+            c->part = (float *)grow(c, c->part, &c->part_cap, need);
+            a.part = c->part;
+            size_t nsem = (size_t)b->n_tokens * p->n_kv_heads;
+            if (nsem * sizeof(int) > c->sem_cap) {
+                c->sem = (int *)grow(c, c->sem, &c->sem_cap, nsem * sizeof(int));
+                CU(cudaMemsetAsync(c->sem, 0, c->sem_cap, c->st));
+            }
+            a.sem = c->sem;
+        }
         op *o = record(c, OP_ATTN);
         o->att = a;
         return;
@@ -1363,6 +1380,7 @@ static void cu_destroy(void *ctx)
     if (c->xb) CU(cudaFree(c->xb));
     if (c->ycat) CU(cudaFree(c->ycat));
     if (c->part) CU(cudaFree(c->part));
+    if (c->sem) CU(cudaFree(c->sem));
     if (c->d_small) CU(cudaFree(c->d_small));
     if (c->d_sample) CU(cudaFree(c->d_sample));
     if (c->gemm_streams) {
@@ -1478,6 +1496,7 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     cu_gemv_tc_init();
     c->fuse_norm = env_flag("PAGODA_CUDA_FUSE_NORM", 2);
     c->rope_kv = env_flag("PAGODA_CUDA_ROPE_KV", 1);
+    c->dec_split = env_flag("PAGODA_CUDA_DEC_SPLIT", 1);
     env = getenv("PAGODA_CUDA_GEMV_ROW");
     c->row_gemv = !(env && !strcmp(env, "0"));
     /* 3 (the default): the streaming tensor-core kernel; 2: the one with a shared-memory

@@ -175,9 +175,13 @@ struct cu_attn_args {
      * one KV head (row r: token q_start[s] + r / group, head r % group of the group). */
     int n_tiles;
     const int32_t *tile_seq, *tile_row, *q_start;
-    /* Decode path (decode = 1): every token is its sequence's only one; a block per token and
-     * KV head, the keys split among its warps (k_attention_dec). */
+    /* Decode path (decode = 1): every token is its sequence's only one; a block per token,
+     * KV head and range of keys (splits of them), the range's keys split among its warps
+     * (k_attention_dec); with several ranges, the last block of a token and KV head to finish
+     * merges them, counted in sem ([n_tokens, n_kv_heads], zero between launches). */
     int decode;
+    int *sem;
+    int early; /* launched early (programmatic dependent launch) */
 };
 
 /* Query rows per block of the tensor-core attention kernel. */
@@ -197,6 +201,9 @@ void cu_kv_store(cudaStream_t s, __nv_bfloat16 *kc, __nv_bfloat16 *vc, const flo
 void cu_attention(cudaStream_t s, const cu_attn_args &a);
 /** Splits that fill the GPU for a step of n_tokens over up to max_keys keys. */
 int cu_attn_splits(int n_tokens, int n_kv_heads, int max_keys, int sms);
+/** Key ranges per token and KV head of the decode kernel: up to one block an SM, each range
+ * at least one round of the block's warps. */
+int cu_attn_dec_splits(int n_tokens, int n_kv_heads, int max_keys, int sms);
 
 /* ---- element-wise and row-wise (ops.cu) ---- */
 

@@ -767,19 +767,22 @@ static void test_attention_case(int n_heads, int n_kv, int hd, int window, float
 
 /*
  * A decode step of n_seqs sequences, one token each, over contexts of different lengths
- * (0 to 250 earlier keys; block tables interleaved across sequences). With 64 or more
- * sequences the default backend runs the decode kernel (keys split among a block's warps).
+ * (from ctx_base + 11 on, below max_blocks x 16 - 5 earlier keys; block tables interleaved
+ * across sequences). With 64 or more sequences the default backend runs the decode kernel
+ * (keys split among a block's warps); with few sequences that kernel splits their keys into
+ * ranges over the GPU (blocks of a token and KV head), merged by the last range's block.
  */
-static void test_attention_decode(int n_seqs, int n_heads, int n_kv, int hd, int window,
-                                  float softcap)
+static void test_attention_decode_ctx(int n_seqs, int n_heads, int n_kv, int hd, int window,
+                                      float softcap, int max_blocks, int ctx_base)
 {
-    const int bs = 16, max_blocks = 16, n_blocks = n_seqs * max_blocks, kv_row = n_kv * hd;
+    const int bs = 16, n_blocks = n_seqs * max_blocks, kv_row = n_kv * hd;
     int32_t *bt = xmalloc(sizeof(int32_t) * (size_t)n_blocks);
     for (int s = 0; s < n_seqs; s++)
         for (int i = 0; i < max_blocks; i++) bt[s * max_blocks + i] = i * n_seqs + (n_seqs - 1 - s);
     int32_t *ctx = xmalloc(sizeof(int32_t) * (size_t)n_seqs);
     int total = 0;
-    for (int s = 0; s < n_seqs; s++) total += ctx[s] = (s * 37 + 11) % 251;
+    for (int s = 0; s < n_seqs; s++)
+        total += ctx[s] = (ctx_base + s * 37 + 11) % (bs * max_blocks - 5);
     size_t kv_elems = (size_t)n_blocks * bs * kv_row;
     float *kc = xcalloc(kv_elems, sizeof(float)), *vc = xcalloc(kv_elems, sizeof(float));
     struct kv_layer kv_cpu = {kc, vc};
@@ -843,10 +846,10 @@ static void test_attention_decode(int n_seqs, int n_heads, int n_kv, int hd, int
             float *got = back(dout, nq);
             double err = rel_err(got, ref, nq);
             CHECK(err <= attn_bound,
-                  "decode attention (%s) %d sequences, heads %d/%d d=%d window %d softcap %g: "
-                  "relative error %.3g > %.0e",
-                  getenv("PAGODA_CUDA_ATTN"), n_seqs, n_heads, n_kv, hd, window, softcap, err,
-                  attn_bound);
+                  "decode attention (%s) %d sequences, heads %d/%d d=%d window %d softcap %g, "
+                  "keys from %d: relative error %.3g > %.0e",
+                  getenv("PAGODA_CUDA_ATTN"), n_seqs, n_heads, n_kv, hd, window, softcap,
+                  ctx[0] + 1, err, attn_bound);
             free(q);
             free(ref);
             free(got);
@@ -872,6 +875,12 @@ static void test_attention_decode(int n_seqs, int n_heads, int n_kv, int hd, int
     free(ctx);
 }
 
+static void test_attention_decode(int n_seqs, int n_heads, int n_kv, int hd, int window,
+                                  float softcap)
+{
+    test_attention_decode_ctx(n_seqs, n_heads, n_kv, hd, window, softcap, 16, 0);
+}
+
 static void test_attention_decodes(void)
 {
     test_attention_decode(70, 32, 8, 128, 0, 0);     /* 4 query heads per KV head */
@@ -880,6 +889,12 @@ static void test_attention_decodes(void)
     test_attention_decode(66, 8, 4, 128, 40, 30.0f); /* window and soft-capping */
     test_attention_decode(67, 12, 4, 64, 0, 0);      /* 3 */
     test_attention_decode(5, 32, 8, 128, 0, 0);      /* few sequences */
+    /* one sequence of 911 keys (16 ranges of 64 where the decode kernel runs), three of 34
+     * to 248 (4 ranges: some of them empty), windows of 40 keys in 8 ranges */
+    test_attention_decode_ctx(1, 32, 8, 128, 0, 0, 64, 900);
+    test_attention_decode_ctx(3, 32, 8, 128, 0, 0, 16, 200);
+    test_attention_decode_ctx(2, 8, 4, 128, 40, 30.0f, 32, 300);
+    test_attention_decode_ctx(2, 16, 1, 64, 0, 0, 32, 100); /* 16 query heads a KV head */
 }
 
 static void test_attention(void)
