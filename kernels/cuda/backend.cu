@@ -867,7 +867,7 @@ static void set_fuse(cu_ctx *c, int m)
  * launch. */
 static bool streams(const cu_ctx *c, const dweight &w)
 {
-    return (c->gemv_stream && cu_gemv_stream_ok(w)) || (c->gemv_tc == 3 && cu_gemv_q4s_ok(w));
+    return (c->gemv_stream && cu_gemv_stream_ok(w)) || (c->gemv_tc >= 3 && cu_gemv_q4s_ok(w));
 }
 
 /* Whether a one-row product of w takes the norm before it and the residual add after it
@@ -1502,7 +1502,9 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     /* 3 (the default): the streaming tensor-core kernel; 2: the one with a shared-memory
      * ring; 1: the one that keeps its loads in registers; 0: float32 on CUDA cores */
     env = getenv("PAGODA_CUDA_GEMV_TC");
-    c->gemv_tc = env && !strcmp(env, "2") ? 2 : env_flag("PAGODA_CUDA_GEMV_TC", 3);
+    c->gemv_tc = env && !strcmp(env, "2")   ? 2
+                 : env && !strcmp(env, "4") ? 4
+                                            : env_flag("PAGODA_CUDA_GEMV_TC", 3);
     c->gemv_stream = env_flag("PAGODA_CUDA_GEMV_STREAM", 1);
     c->gemv_rope = env_flag("PAGODA_CUDA_GEMV_ROPE", 1);
     c->lt_small = env_flag("PAGODA_CUDA_LT_SMALL", 1);

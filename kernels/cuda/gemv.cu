@@ -729,7 +729,7 @@ void cu_gemv_multi(cudaStream_t s, const cu_gemv_set &g, const float *x, int m)
         /* Fused neighbours: the streaming kernels take them all, the row kernel the norm and
          * the residual add; elsewhere they run around the product. */
         if (m == 1 && !g.keep_order &&
-            (launch_stream_any(s, g, x) || (g.tc4 == 3 && cu_gemv_q4_stream(s, g, x))))
+            (launch_stream_any(s, g, x) || (g.tc4 >= 3 && cu_gemv_q4_stream(s, g, x))))
             return;
         if (g.rope_half) {
             cu_gemv_set h = g;

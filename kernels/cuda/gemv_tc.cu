@@ -727,17 +727,21 @@ static void launch_ring(cudaStream_t s, const cu_gemv_set &g, const float *x, in
  * two tiles), so that a task's two rows end in one block.
  */
 
-#define Q4S_THREADS 1024
-#define Q4S_WARPS   (Q4S_THREADS / 32)
-#define Q4S_ROWS    8 /* rows a tile */
-#define Q4S_DEPTH   2 /* steps a warp has loaded or is loading */
+/* Rows a tile: 8, or 16 where each lane takes rows g and g + 8 (PAGODA_CUDA_GEMV_TC=4): the
+ * MMAs of the two rows' first halves and of their second halves share the x fragments,
+ * which are then read from shared memory once per 2 KB of weights instead of per 1 KB.
+ * Threads a block: 1,024 with 8 rows (64 registers), 768 with 16 (80). */
+template <int RW> struct q4s_cfg {
+    static constexpr int THREADS = RW == 8 ? 1024 : 512, WARPS = THREADS / 32, H = RW / 8;
+    static constexpr int DEPTH = RW == 8 ? 2 : 3; /* steps a warp has loaded or is loading */
+};
 
-/* One step's loads of a lane (g, t): bytes 16t to 16t + 15 of row g's 128 (a) and bytes
- * 64 + 16t on (b), the scales and the biases of its units' groups (G = 4: two groups, in the
- * two halves). */
-struct q4s_step {
-    uint4 a, b;
-    uint32_t s, z;
+/* One step's loads of a lane (g, t), for each of its rows (g, and g + 8 in 16-row tiles):
+ * bytes 16t to 16t + 15 of the row's 128 (a) and bytes 64 + 16t on (b), the scales and the
+ * biases of its units' groups (G = 4: two groups, in the two halves). */
+template <int H> struct q4s_step {
+    uint4 a[H], b[H];
+    uint32_t s[H], z[H];
 };
 
 /* Where a warp's next load comes from: the lane's first unit of row g, its first scale and
@@ -750,22 +754,21 @@ struct q4s_feed {
 };
 
 /* The kernel's work units: tiles, or pairs of tiles for gate and up and for rope. */
-template <int MODE> static __host__ __device__ int64_t q4s_units(const cu_gemv_set &g)
+template <int MODE, int RW> static __host__ __device__ int64_t q4s_units(const cu_gemv_set &g)
 {
-    return MODE == SM_ROWS ? g.row_end[g.nw - 1] / Q4S_ROWS
-                           : (MODE == SM_PAIR ? g.w[0].n : g.row_end[g.nw - 1] / 2) / Q4S_ROWS;
+    return MODE == SM_ROWS ? g.row_end[g.nw - 1] / RW
+                           : (MODE == SM_PAIR ? g.w[0].n : g.row_end[g.nw - 1] / 2) / RW;
 }
 
-template <int MODE, int G>
+template <int MODE, int G, int RW>
 static __device__ __forceinline__ void q4s_aim(const cu_gemv_set &g, q4s_feed &f, int64_t tile,
                                                int lane)
 {
     /* a tile of rows, or with two rows a task (gate and up; j and j + d/2 of a head) the
-     * first or second rows of 8 tasks */
+     * first or second rows of RW tasks */
     int64_t rl;
-    const int wi = MODE == SM_ROWS
-                       ? task_row<MODE>(g, tile * Q4S_ROWS, 0, &rl)
-                       : task_row<MODE>(g, (tile >> 1) * Q4S_ROWS, (int)(tile & 1), &rl);
+    const int wi = MODE == SM_ROWS ? task_row<MODE>(g, tile * RW, 0, &rl)
+                                   : task_row<MODE>(g, (tile >> 1) * RW, (int)(tile & 1), &rl);
     const int g8 = lane >> 2, t = lane & 3;
     const set_mat M = set_pick(g, wi);
     /* the lane's units 2t and 2t + 1 of a step: columns 64t to 64t + 63 */
@@ -775,49 +778,86 @@ static __device__ __forceinline__ void q4s_aim(const cu_gemv_set &g, q4s_feed &f
     f.z = (const uint16_t *)M.biases + gi;
 }
 
-/* Loads the warp's next step into q (nothing past its range) and moves on. */
-template <int MODE, int G>
-static __device__ __forceinline__ void q4s_issue(const cu_gemv_set &g, q4s_feed &f, q4s_step &q,
-                                                 int end, int steps, int64_t t0, int lane)
+/* Loads the warp's next step into q (nothing past its range) and moves on; row g + 8 lies
+ * r8 16-byte units (and 8 gpr groups) after row g. */
+template <int MODE, int G, int RW>
+static __device__ __forceinline__ void q4s_issue(const cu_gemv_set &g, q4s_feed &f,
+                                                 q4s_step<RW / 8> &q, int end, int steps,
+                                                 int64_t t0, int lane, int64_t r8)
 {
     if (f.p >= end) return;
-    q.a = ld_stream(f.a + 8 * f.st);
-    q.b = ld_stream(f.a + 8 * f.st + 4);
-    if (G == 4) { /* two groups a lane: 4 bytes each */
-        q.s = __ldg((const unsigned int *)(f.s + 8 * f.st));
-        q.z = __ldg((const unsigned int *)(f.z + 8 * f.st));
-    } else {
-        q.s = __ldg((const unsigned short *)f.s + 2 * G * f.st);
-        q.z = __ldg((const unsigned short *)f.z + 2 * G * f.st);
+    const int64_t gr8 = 8 * g.w[0].gpr;
+#pragma unroll
+    for (int h = 0; h < RW / 8; h++) {
+        q.a[h] = ld_stream(f.a + h * r8 + 8 * f.st);
+        q.b[h] = ld_stream(f.a + h * r8 + 8 * f.st + 4);
+    }
+#pragma unroll
+    for (int h = 0; h < RW / 8; h++) {
+        if (G == 4) { /* two groups a lane: 4 bytes each */
+            q.s[h] = __ldg((const unsigned int *)(f.s + h * gr8 + 8 * f.st));
+            q.z[h] = __ldg((const unsigned int *)(f.z + h * gr8 + 8 * f.st));
+        } else {
+            q.s[h] = __ldg((const unsigned short *)f.s + h * gr8 + 2 * G * f.st);
+            q.z[h] = __ldg((const unsigned short *)f.z + h * gr8 + 2 * G * f.st);
+        }
     }
     if (++f.p < end && ++f.st == steps) {
         f.st = 0;
-        q4s_aim<MODE, G>(g, f, t0 + ++f.i, lane);
+        q4s_aim<MODE, G, RW>(g, f, t0 + ++f.i, lane);
     }
 }
 
-/* One step: the MMAs, then the lane's two unit sums (columns 2t and 2t + 1 of MMA row g for
- * t < 2, of row g + 8 for t >= 2), the offsets' share off taken out, scaled by the units'
- * x scales (xd: sum, inverse scale, sum, inverse scale) and the groups' scales and biases. */
+/* The lane's two unit sums u0, u1 of one row, scaled by the units' x scales (xd: sum,
+ * inverse scale, sum, inverse scale) and the groups' scales s and biases z, into acc. */
 template <int G>
-static __device__ __forceinline__ void q4s_use(const q4s_step &q, const uint4 *xp, float4 xd,
-                                               float2 off, int sdt, int t, float &acc)
+static __device__ __forceinline__ void q4s_add(float u0, float u1, uint32_t s, uint32_t z,
+                                               float4 xd, int sdt, float &acc)
 {
-    float d[4];
-    unit_mma<true>(q.a, q.b, xp, d);
-    const float u0 = (t < 2 ? d[0] : d[2]) - off.x, u1 = (t < 2 ? d[1] : d[3]) - off.y;
+    q4s_step<1> q;
+    q.s[0] = s;
+    q.z[0] = z;
     if (G == 4) {
-        acc =
-            fmaf(raw_scale(q.s, sdt) * xd.y, u0,
-                 fmaf(raw_scale(q.s >> 16, sdt) * xd.w, u1,
-                      fmaf(raw_scale(q.z, sdt), xd.x, fmaf(raw_scale(q.z >> 16, sdt), xd.z, acc))));
+        acc = fmaf(raw_scale(q.s[0], sdt) * xd.y, u0,
+                   fmaf(raw_scale(q.s[0] >> 16, sdt) * xd.w, u1,
+                        fmaf(raw_scale(q.z[0], sdt), xd.x,
+                             fmaf(raw_scale(q.z[0] >> 16, sdt), xd.z, acc))));
     } else {
-        acc = fmaf(raw_scale(q.s, sdt), fmaf(xd.y, u0, xd.w * u1),
-                   fmaf(raw_scale(q.z, sdt), xd.x + xd.z, acc));
+        acc = fmaf(raw_scale(q.s[0], sdt), fmaf(xd.y, u0, xd.w * u1),
+                   fmaf(raw_scale(q.z[0], sdt), xd.x + xd.z, acc));
+    }
+}
+
+/* One step: the MMAs, then the lane's two unit sums of each of its rows, the offsets' share
+ * off taken out. 8-row tiles: the MMA's rows g and g + 8 are row g's two halves, and the
+ * lane's units are columns 2t, 2t + 1 of MMA row g for t < 2, of row g + 8 for t >= 2.
+ * 16-row tiles: one MMA pass over rows g and g + 8's first halves, one over their second
+ * halves, with the same x fragments; the lane's units are columns 2t, 2t + 1 of the first
+ * pass (t < 2) or of the second (t >= 2), for both rows. */
+template <int G, int RW>
+static __device__ __forceinline__ void q4s_use(const q4s_step<RW / 8> &q, const uint4 *xp,
+                                               float4 xd, float2 off, int sdt, int t,
+                                               float (&acc)[RW / 8])
+{
+    if (RW == 8) {
+        float d[4];
+        unit_mma<true>(q.a[0], q.b[0], xp, d);
+        const float u0 = (t < 2 ? d[0] : d[2]) - off.x, u1 = (t < 2 ? d[1] : d[3]) - off.y;
+        q4s_add<G>(u0, u1, q.s[0], q.z[0], xd, sdt, acc[0]);
+    } else {
+        float d1[4], d2[4];
+        unit_mma<true>(q.a[0], q.a[RW / 8 - 1], xp, d1);
+        unit_mma<true>(q.b[0], q.b[RW / 8 - 1], xp, d2);
+        const bool lo = t < 2;
+        q4s_add<G>((lo ? d1[0] : d2[0]) - off.x, (lo ? d1[1] : d2[1]) - off.y, q.s[0], q.z[0], xd,
+                   sdt, acc[0]);
+        q4s_add<G>((lo ? d1[2] : d2[2]) - off.x, (lo ? d1[3] : d2[3]) - off.y, q.s[RW / 8 - 1],
+                   q.z[RW / 8 - 1], xd, sdt, acc[RW / 8 - 1]);
     }
 }
 
 /* The sum of row r over block-local tile i's segments, in warp order. */
+template <int RW>
 static __device__ __forceinline__ float q4s_sum(const float *part, int i, int r, int work,
                                                 int steps, int nw)
 {
@@ -825,16 +865,16 @@ static __device__ __forceinline__ float q4s_sum(const float *part, int i, int r,
     const int wf = (nw * (i * steps + 1) - 1) / work, wl = (nw * ((i + 1) * steps) - 1) / work;
     float s = 0.0f;
     for (int w = wf; w <= wl; w++) /* warps of empty ranges wrote nothing */
-        if (work * w / nw < work * (w + 1) / nw) s += part[(i + w) * Q4S_ROWS + r];
+        if (work * w / nw < work * (w + 1) / nw) s += part[(i + w) * RW + r];
     return s;
 }
 
-template <int MODE, int G, bool NORM>
-__global__ void __launch_bounds__(Q4S_THREADS, 1)
+template <int MODE, int G, bool NORM, int RW>
+__global__ void __launch_bounds__(q4s_cfg<RW>::THREADS, 1)
     k_gemv_q4_stream(cu_gemv_set g, const float *__restrict__ x)
 {
     allow_dependents();
-    constexpr int D = Q4S_DEPTH, NW = Q4S_WARPS;
+    constexpr int D = q4s_cfg<RW>::DEPTH, NW = q4s_cfg<RW>::WARPS, H = RW / 8;
     constexpr int R = MODE == SM_ROWS ? 1 : 2; /* tiles a unit */
     extern __shared__ __align__(16) unsigned char q4s_raw[];
     const int K = (int)g.w[0].k, steps = K >> 8, sdt = g.w[0].sdtype;
@@ -843,9 +883,9 @@ __global__ void __launch_bounds__(Q4S_THREADS, 1)
     float2 *xu = (float2 *)(zero + 4);  /* [K / 32]: the unit's sum and inverse scale */
     float *xo = (float *)(xu + K / 32); /* [K / 32]: the offsets' share of the unit */
     float *red = xo + K / 32;           /* [32]: the norm's partial sums */
-    float *part = red + 32;             /* [tiles + warps - 1][8]: segment sums */
+    float *part = red + 32;             /* [tiles + warps - 1][RW]: segment sums */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g8 = lane >> 2, t = lane & 3;
-    const int64_t units = q4s_units<MODE>(g), u0 = units * blockIdx.x / gridDim.x,
+    const int64_t units = q4s_units<MODE, RW>(g), u0 = units * blockIdx.x / gridDim.x,
                   u1 = units * (blockIdx.x + 1) / gridDim.x, t0 = R * u0;
     const int nt = (int)(R * (u1 - u0)), work = nt * steps;
     const int begin = work * warp / NW, end = work * (warp + 1) / NW;
@@ -855,10 +895,11 @@ __global__ void __launch_bounds__(Q4S_THREADS, 1)
     f.i = begin / steps;
     f.st = begin - f.i * steps;
     f.p = begin;
-    if (begin < end) q4s_aim<MODE, G>(g, f, t0 + f.i, lane);
-    q4s_step q[D];
+    if (begin < end) q4s_aim<MODE, G, RW>(g, f, t0 + f.i, lane);
+    const int64_t r8 = 8 * g.w[0].row_bytes / 16;
+    q4s_step<H> q[D];
 #pragma unroll
-    for (int j = 0; j < D - 1; j++) q4s_issue<MODE, G>(g, f, q[j], end, steps, t0, lane);
+    for (int j = 0; j < D - 1; j++) q4s_issue<MODE, G, RW>(g, f, q[j], end, steps, t0, lane, r8);
     grid_dependency_wait();
     /* x staged; with the norm, x * weight: the row's scale, known only after the block's
      * sum of squares, multiplies the products' sums at the end (one pass over x, not two) */
@@ -923,10 +964,10 @@ __global__ void __launch_bounds__(Q4S_THREADS, 1)
     if (NORM) {
         /* the block's share of the normalized row, stored as x for any later reader: 16
          * values a thread, read again (from L1) with the row's scale now known */
-        const int h = (int)((int64_t)K / 16 * blockIdx.x / gridDim.x) + threadIdx.x,
-                  h1 = (int)((int64_t)K / 16 * (blockIdx.x + 1) / gridDim.x);
-        if (h < h1) {
-            const float inv = norm_scale(red, NW, K, g.nepsilon);
+        const int h1 = (int)((int64_t)K / 16 * (blockIdx.x + 1) / gridDim.x);
+        const float inv = norm_scale(red, NW, K, g.nepsilon);
+        for (int h = (int)((int64_t)K / 16 * blockIdx.x / gridDim.x) + threadIdx.x; h < h1;
+             h += blockDim.x) {
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 const float4 v = __ldg((const float4 *)src + 4 * h + j),
@@ -937,7 +978,9 @@ __global__ void __launch_bounds__(Q4S_THREADS, 1)
         }
     }
 
-    float acc = 0.0f;
+    float acc[H];
+#pragma unroll
+    for (int h = 0; h < H; h++) acc[h] = 0.0f;
     int ci = begin / steps, cs = begin - ci * steps;
     /* B column n of the MMA: unit n of the step's first half (n < 4) or unit n - 4 of its
      * second, supplied by the lanes with t = n % 4, zeros from the others */
@@ -945,17 +988,20 @@ __global__ void __launch_bounds__(Q4S_THREADS, 1)
     for (int p = begin; p < end;) {
 #pragma unroll
         for (int j = 0; j < D; j++) {
-            q4s_issue<MODE, G>(g, f, q[(j + D - 1) % D], end, steps, t0, lane);
+            q4s_issue<MODE, G, RW>(g, f, q[(j + D - 1) % D], end, steps, t0, lane, r8);
             const int ub = 8 * cs; /* the step's first unit */
             const uint4 *xp = xl >= 0 ? xs + 4 * ub + xl : zero;
             const float4 xd = *(const float4 *)(xu + ub + 2 * t);
             const float2 off = *(const float2 *)(xo + ub + 2 * t);
-            q4s_use<G>(q[j], xp, xd, off, sdt, t, acc);
-            if (++p == end || ++cs == steps) { /* the segment's end: row g's sum */
-                float s = acc + __shfl_xor_sync(0xffffffffu, acc, 1);
-                s += __shfl_xor_sync(0xffffffffu, s, 2);
-                if (t == 0) part[(ci + warp) * Q4S_ROWS + g8] = s;
-                acc = 0.0f;
+            q4s_use<G, RW>(q[j], xp, xd, off, sdt, t, acc);
+            if (++p == end || ++cs == steps) { /* the segment's end: the rows' sums */
+#pragma unroll
+                for (int h = 0; h < H; h++) {
+                    float s = acc[h] + __shfl_xor_sync(0xffffffffu, acc[h], 1);
+                    s += __shfl_xor_sync(0xffffffffu, s, 2);
+                    if (t == 0) part[(ci + warp) * RW + g8 + 8 * h] = s;
+                    acc[h] = 0.0f;
+                }
                 if (cs == steps) {
                     cs = 0;
                     ci++;
@@ -967,19 +1013,18 @@ __global__ void __launch_bounds__(Q4S_THREADS, 1)
     __syncthreads();
 
     const float inv = NORM ? norm_scale(red, NW, K, g.nepsilon) : 1.0f;
-    const int items = nt / R * Q4S_ROWS;
+    const int items = nt / R * RW;
     for (int e = threadIdx.x; e < items; e += blockDim.x) {
-        const int r = e & (Q4S_ROWS - 1), i = e / Q4S_ROWS;
-        const float a = q4s_sum(part, R * i, r, work, steps, NW);
-        stream_out<MODE>(g, (u0 + i) * Q4S_ROWS + r, a * inv,
-                         R == 2 ? q4s_sum(part, 2 * i + 1, r, work, steps, NW) * inv : 0.0f);
+        const int r = e & (RW - 1), i = e / RW;
+        const float a = q4s_sum<RW>(part, R * i, r, work, steps, NW);
+        stream_out<MODE>(g, (u0 + i) * RW + r, a * inv,
+                         R == 2 ? q4s_sum<RW>(part, 2 * i + 1, r, work, steps, NW) * inv : 0.0f);
     }
 }
 
 bool cu_gemv_q4s_ok(const dweight &w)
 {
-    if (w.fmt != DF_AFFINE || w.bits != 4 || w.k % 256 || w.k > 16384 || w.n % Q4S_ROWS)
-        return false;
+    if (w.fmt != DF_AFFINE || w.bits != 4 || w.k % 256 || w.k > 16384 || w.n % 8) return false;
     if (w.gshift < 5 || w.gshift > 7 || (w.sdtype != DS_BF16 && w.sdtype != DS_F16)) return false;
     /* a lane's scales (and biases) a step: 4 bytes for groups of 32, else 2 */
     const uintptr_t al = w.gshift == 5 ? 4 : 2;
@@ -987,71 +1032,76 @@ bool cu_gemv_q4s_ok(const dweight &w)
            (uintptr_t)w.scales % al == 0 && (uintptr_t)w.biases % al == 0;
 }
 
-template <int MODE, int G> static void q4s_allow()
+template <int MODE, int G, int RW> static void q4s_allow()
 {
-    CU(cudaFuncSetAttribute(k_gemv_q4_stream<MODE, G, false>,
+    CU(cudaFuncSetAttribute(k_gemv_q4_stream<MODE, G, false, RW>,
                             cudaFuncAttributeMaxDynamicSharedMemorySize, tcr_optin));
-    CU(cudaFuncSetAttribute(k_gemv_q4_stream<MODE, G, true>,
+    CU(cudaFuncSetAttribute(k_gemv_q4_stream<MODE, G, true, RW>,
                             cudaFuncAttributeMaxDynamicSharedMemorySize, tcr_optin));
 }
 
 template <int MODE> static void q4s_allow_all()
 {
-    q4s_allow<MODE, 4>();
-    q4s_allow<MODE, 2>();
-    q4s_allow<MODE, 1>();
+    q4s_allow<MODE, 4, 8>();
+    q4s_allow<MODE, 2, 8>();
+    q4s_allow<MODE, 1, 8>();
+    q4s_allow<MODE, 4, 16>();
+    q4s_allow<MODE, 2, 16>();
+    q4s_allow<MODE, 1, 16>();
 }
 
-template <int MODE, int G>
+template <int MODE, int G, int RW>
 static void q4s_launch(cudaStream_t s, const cu_gemv_set &g, const float *x, unsigned blocks,
                        size_t smem)
 {
     void (*kern)(cu_gemv_set, const float *) =
-        g.nsrc ? k_gemv_q4_stream<MODE, G, true> : k_gemv_q4_stream<MODE, G, false>;
+        g.nsrc ? k_gemv_q4_stream<MODE, G, true, RW> : k_gemv_q4_stream<MODE, G, false, RW>;
     cu_launch l;
-    cu_launch_init(&l, blocks, Q4S_THREADS, smem, s, g.early);
+    cu_launch_init(&l, blocks, q4s_cfg<RW>::THREADS, smem, s, g.early);
     CU(cudaLaunchKernelEx(&l.cfg, kern, g, x));
 }
 
-template <int MODE>
-static void q4s_launch_g(cudaStream_t s, const cu_gemv_set &g, const float *x, unsigned blocks,
-                         size_t smem)
+/* One block an SM, each with the same number of units to a unit; false where the shared
+ * memory does not suffice. */
+template <int MODE, int RW> static bool q4s_go(cudaStream_t s, const cu_gemv_set &g, const float *x)
 {
+    const int64_t units = q4s_units<MODE, RW>(g), k = g.w[0].k;
+    if (units < 1) return false;
+    const int64_t blocks = units < tcr_sms ? units : tcr_sms;
+    const int64_t tiles = (units + blocks - 1) / blocks * (MODE == SM_ROWS ? 1 : 2);
+    const size_t smem = (size_t)k / 8 * 16 + 64 + (size_t)k / 32 * 12 + 32 * sizeof(float) +
+                        (size_t)(tiles + q4s_cfg<RW>::WARPS) * RW * sizeof(float);
+    if (smem > (size_t)tcr_optin) return false;
     const int gs = g.w[0].gshift;
-    gs == 5   ? q4s_launch<MODE, 4>(s, g, x, blocks, smem)
-    : gs == 6 ? q4s_launch<MODE, 2>(s, g, x, blocks, smem)
-              : q4s_launch<MODE, 1>(s, g, x, blocks, smem);
+    gs == 5   ? q4s_launch<MODE, 4, RW>(s, g, x, (unsigned)blocks, smem)
+    : gs == 6 ? q4s_launch<MODE, 2, RW>(s, g, x, (unsigned)blocks, smem)
+              : q4s_launch<MODE, 1, RW>(s, g, x, (unsigned)blocks, smem);
+    return true;
+}
+
+template <int RW> static bool q4s_go_rw(cudaStream_t s, const cu_gemv_set &g, const float *x)
+{
+    return g.pair        ? q4s_go<SM_PAIR, RW>(s, g, x)
+           : g.rope_half ? q4s_go<SM_ROPE, RW>(s, g, x)
+                         : q4s_go<SM_ROWS, RW>(s, g, x);
 }
 
 bool cu_gemv_q4_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
 {
     const dweight &w = g.w[0];
     if (!tcr_sms || g.keep_order || (uintptr_t)x % 16) return false;
-    for (int i = 0; i < g.nw; i++)
+    bool rows16 = g.tc4 == 4; /* 16-row tiles where every matrix has rows of 16 */
+    for (int i = 0; i < g.nw; i++) {
         if (!cu_gemv_q4s_ok(g.w[i]) || g.w[i].k != w.k || g.w[i].gshift != w.gshift ||
             g.w[i].sdtype != w.sdtype)
             return false;
+        rows16 &= g.w[i].n % 16 == 0;
+    }
     if (g.nsrc && ((uintptr_t)g.nsrc % 16 || (uintptr_t)g.nweight % 16)) return false;
     if (g.resid && (g.nw != 1 || g.pair)) return false;
-    if (g.rope_half && (g.nw != 3 || g.pair || g.rope_half % Q4S_ROWS)) return false;
-    const int mode = g.pair ? SM_PAIR : g.rope_half ? SM_ROPE : SM_ROWS;
-    const int64_t units = mode == SM_PAIR   ? q4s_units<SM_PAIR>(g)
-                          : mode == SM_ROPE ? q4s_units<SM_ROPE>(g)
-                                            : q4s_units<SM_ROWS>(g);
-    if (units < 1) return false;
-    /* one block an SM, each with the same number of units to a unit */
-    const int64_t blocks = units < tcr_sms ? units : tcr_sms;
-    const int64_t tiles = (units + blocks - 1) / blocks * (mode == SM_ROWS ? 1 : 2);
-    const size_t smem = (size_t)w.k / 8 * 16 + 64 + (size_t)w.k / 32 * 12 + 32 * sizeof(float) +
-                        (size_t)(tiles + Q4S_WARPS) * Q4S_ROWS * sizeof(float);
-    if (smem > (size_t)tcr_optin) return false;
-    if (mode == SM_PAIR)
-        q4s_launch_g<SM_PAIR>(s, g, x, (unsigned)blocks, smem);
-    else if (mode == SM_ROPE)
-        q4s_launch_g<SM_ROPE>(s, g, x, (unsigned)blocks, smem);
-    else
-        q4s_launch_g<SM_ROWS>(s, g, x, (unsigned)blocks, smem);
-    return true;
+    if (g.rope_half && (g.nw != 3 || g.pair || g.rope_half % 8)) return false;
+    rows16 &= g.rope_half % 16 == 0;
+    return (rows16 && q4s_go_rw<16>(s, g, x)) || q4s_go_rw<8>(s, g, x);
 }
 
 void cu_gemv_q4_tc(cudaStream_t s, const cu_gemv_set &g, const float *x)
@@ -1060,7 +1110,7 @@ void cu_gemv_q4_tc(cudaStream_t s, const cu_gemv_set &g, const float *x)
     const int W = k % 1024 == 0 ? 8 : k % 512 == 0 ? 4 : k % 256 == 0 ? 2 : 1;
     const int NA = g.pair ? 2 : 1;
     const bool g64 = g.w[0].gshift >= 6;
-    if (g.tc4 == 3 && cu_gemv_q4_stream(s, g, x)) return;
+    if (g.tc4 >= 3 && cu_gemv_q4_stream(s, g, x)) return;
     if (g.tc4 >= 2) {
         /* the ring kernel: steps of 128 columns a warp, K / W a whole number of them */
         const int G = g.w[0].gshift == 5 ? 4 : g.w[0].gshift == 6 ? 2 : 1;

@@ -167,6 +167,9 @@ static const struct fmt_case fmts[] = {
     {WFMT_AFFINE, 4, 32, 32, 1920},
     {WFMT_AFFINE, 4, 128, 200, 2816},
     {WFMT_AFFINE, 4, 32, 40, 2048},
+    /* and its 16-row tiles (PAGODA_CUDA_GEMV_TC=4): 13 tiles of 11 steps, 3 of 8 */
+    {WFMT_AFFINE, 4, 128, 208, 2816},
+    {WFMT_AFFINE, 4, 32, 48, 2048},
 };
 
 /* Whether a product runs on the tensor-core 4-bit m = 1 kernel (x rounded to fp16): the
@@ -178,7 +181,7 @@ static int gemv_tc_case(int fmt, int bits, int group, int n, int k, int rows)
     if (rows != 1 || fmt != WFMT_AFFINE || bits != 4 || group < 32 || (group & (group - 1)) ||
         k > 16384)
         return 0;
-    const int streaming = !env || !strcmp(env, "3");
+    const int streaming = !env || !strcmp(env, "3") || !strcmp(env, "4");
     if (streaming && group <= 128 && k % 256 == 0 && n % 8 == 0) return 1;
     return k % 128 == 0 && n % 16 == 0;
 }
@@ -1159,6 +1162,13 @@ static void rope_kv_cases(void)
     test_qkv_rope_kv(256, 8, 2, 8, WFMT_AFFINE, 4, 64, 3);
 }
 
+/* The streaming 4-bit kernel with 16-row tiles where the rows allow (8-row tiles elsewhere). */
+static void gemv_rows16_section(void)
+{
+    gemv_regs_section();
+    rope_kv_cases();
+}
+
 static void sample_section(void)
 {
     CHECK(gpu.ops->sample != NULL, "PAGODA_CUDA_SAMPLE=1: no sample operation");
@@ -1203,6 +1213,7 @@ static const struct {
     {"gemv-f32", "PAGODA_CUDA_GEMV_TC", "0", gemv_f32_section},
     {"gemv-regs", "PAGODA_CUDA_GEMV_TC", "1", gemv_regs_section},
     {"gemv-ring", "PAGODA_CUDA_GEMV_TC", "2", gemv_regs_section},
+    {"gemv-rows16", "PAGODA_CUDA_GEMV_TC", "4", gemv_rows16_section},
     {"rope-split", "PAGODA_CUDA_ROPE_KV", "0", rope_kv_cases},
     {"sample", "PAGODA_CUDA_SAMPLE", "1", sample_section},
     {"gemm-one-stream", "PAGODA_CUDA_GEMM_STREAMS", "0", products_and_fusions},
