@@ -37,7 +37,8 @@ struct cu_gemv_set {
     int early;
     /* affine 4-bit at m = 1 on tensor cores (gemv_tc.cu) where the shapes allow: 1 with
      * weights through registers, 2 through a shared-memory ring where it takes the set (else
-     * as 1), 3 streamed by k_gemv_q4_stream where it takes the set (else as 2); 0: not */
+     * as 1), 3 streamed by k_gemv_q4_stream in 8-row tiles where it takes the set (else as 2),
+     * 4 as 3 with 16-row tiles where every matrix's rows divide by 16; 0: not */
     int tc4;
     /* 16-bit weights at m = 1 through k_gemv_stream (x staged in shared memory, warps
      * streaming whole rows); 0: the row kernel */

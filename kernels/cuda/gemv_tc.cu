@@ -701,9 +701,14 @@ static void launch_ring(cudaStream_t s, const cu_gemv_set &g, const float *x, in
  * columns 0-3 hold the x units of the first half and 4-7 those of the second, so that
  * output column n < 4 of row g and n >= 4 of row g + 8 are the unit sums, and each lane of
  * a quad ends with two units of its row (units 2t and 2t + 1 of the step), whose group
- * scales and biases it loads itself. Weights are read past L1 (no allocation there), so
- * that the scales and biases, read in pieces of 2 to 8 bytes a row, stay in it. The
- * block's tiles x steps are cut into equal ranges, one a warp, so a warp may stop inside a
+ * scales and biases it loads itself. With 16-row tiles (the default where every matrix's
+ * rows divide by 16; 16 warps a block, 3 steps in flight a warp) a step is 128 bytes of
+ * each of 16 rows and a lane takes rows g and g + 8: one MMA pass over both rows' first
+ * halves and one over their second halves use the same x fragments, so that x is read
+ * from shared memory once per 2 KB of weights (x reads were about a third of the L1
+ * wavefronts of a step: 459.6 against 502.8 tok/s, NOTES.md). Weights are read past L1 (no
+ * allocation there), so that the scales and biases, read in pieces of 2 to 8 bytes a row, stay in
+ * it. The block's tiles x steps are cut into equal ranges, one a warp, so a warp may stop inside a
  * tile and the next one go on there. A warp keeps the loads of its next step in flight in
  * registers while it uses one (deeper, through registers with fewer warps or through a
  * cp.async ring in shared memory, measured no faster), and its first loads go out before
