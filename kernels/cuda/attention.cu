@@ -707,7 +707,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
     __threadfence();
     /* each (row, range)'s weight 2^(m - M) / L, in shared memory; then each row's O, four
      * dimensions a thread, the ranges' loads independent of each other */
-    float *w = dec_sm; /* [group][ns] (the warps' O are no longer needed) */
+    float *w = dec_sm; /* [group][ns] maxima, then sums (the warps' O are no longer needed) */
     for (int i = threadIdx.x; i < group * ns; i += blockDim.x) {
         const float2 ml = __ldcg((const float2 *)(p_ml + (row0 * ns + i) * 2));
         w[i] = ml.x;

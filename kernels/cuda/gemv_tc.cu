@@ -735,7 +735,8 @@ static void launch_ring(cudaStream_t s, const cu_gemv_set &g, const float *x, in
 /* Rows a tile: 8, or 16 where each lane takes rows g and g + 8 (PAGODA_CUDA_GEMV_TC=4): the
  * MMAs of the two rows' first halves and of their second halves share the x fragments,
  * which are then read from shared memory once per 2 KB of weights instead of per 1 KB.
- * Threads a block: 1,024 with 8 rows (64 registers), 768 with 16 (80). */
+ * Threads a block and steps in flight a warp: 1,024 and 2 with 8 rows (64 registers),
+ * 512 and 3 with 16 (up to 128; 768 threads spilled at 80). */
 template <int RW> struct q4s_cfg {
     static constexpr int THREADS = RW == 8 ? 1024 : 512, WARPS = THREADS / 32, H = RW / 8;
     static constexpr int DEPTH = RW == 8 ? 2 : 3; /* steps a warp has loaded or is loading */
@@ -819,17 +820,13 @@ template <int G>
 static __device__ __forceinline__ void q4s_add(float u0, float u1, uint32_t s, uint32_t z,
                                                float4 xd, int sdt, float &acc)
 {
-    q4s_step<1> q;
-    q.s[0] = s;
-    q.z[0] = z;
     if (G == 4) {
-        acc = fmaf(raw_scale(q.s[0], sdt) * xd.y, u0,
-                   fmaf(raw_scale(q.s[0] >> 16, sdt) * xd.w, u1,
-                        fmaf(raw_scale(q.z[0], sdt), xd.x,
-                             fmaf(raw_scale(q.z[0] >> 16, sdt), xd.z, acc))));
+        acc = fmaf(raw_scale(s, sdt) * xd.y, u0,
+                   fmaf(raw_scale(s >> 16, sdt) * xd.w, u1,
+                        fmaf(raw_scale(z, sdt), xd.x, fmaf(raw_scale(z >> 16, sdt), xd.z, acc))));
     } else {
-        acc = fmaf(raw_scale(q.s[0], sdt), fmaf(xd.y, u0, xd.w * u1),
-                   fmaf(raw_scale(q.z[0], sdt), xd.x + xd.z, acc));
+        acc = fmaf(raw_scale(s, sdt), fmaf(xd.y, u0, xd.w * u1),
+                   fmaf(raw_scale(z, sdt), xd.x + xd.z, acc));
     }
 }
 
