@@ -1123,6 +1123,17 @@ static void cu_kv_store_op(void *ctx, const struct kv_layer *kv, const struct kv
     o->i[1] = g->n_kv_heads * g->head_dim;
 }
 
+/* The partial results of a.splits key ranges per token and query head, [n_tokens, n_heads,
+ * splits, head_dim + 2] floats, in c->part. */
+static void attn_part(cu_ctx *c, const struct fwd_batch *b, const struct attn_params *p,
+                      cu_attn_args *a)
+{
+    size_t need =
+        sizeof(float) * (size_t)b->n_tokens * p->n_heads * a->splits * (size_t)(p->head_dim + 2);
+    c->part = (float *)grow(c, c->part, &c->part_cap, need);
+    a->part = c->part;
+}
+
 static void cu_attention_op(void *ctx, float *out, const float *q, const struct kv_layer *kv,
                             const struct kv_geom *g, const struct fwd_batch *b,
                             const struct attn_params *p)
@@ -1168,8 +1179,7 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
                  (c->attn_mode >= 2 || b->n_tokens > b->n_seqs || b->n_tokens >= 64 || dec);
     /* Decode steps (one token a sequence): the decode kernel, whose warps split the keys,
      * unless PAGODA_CUDA_ATTN=tc asks for the 64-row tiles. */
-    if (use_tc && b->n_tokens == b->n_seqs && c->attn_mode != 2 &&
-        cu_attn_dec_ok(p->head_dim, group)) {
+    if (use_tc && dec && c->attn_mode != 2) {
         a.decode = 1;
         a.early = c->early_launch;
         /* few sequences: their keys in ranges over the GPU, merged by the last range */
@@ -1177,10 +1187,7 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
                                                      c->prop.multiProcessorCount)
                                 : 1;
         if (a.splits > 1) {
-            size_t need = sizeof(float) * (size_t)b->n_tokens * p->n_heads * a.splits *
-                          (size_t)(p->head_dim + 2);
-            c->part = (float *)grow(c, c->part, &c->part_cap, need);
-            a.part = c->part;
+            attn_part(c, b, p, &a);
             size_t nsem = (size_t)b->n_tokens * p->n_kv_heads;
             if (nsem * sizeof(int) > c->sem_cap) {
                 c->sem = (int *)grow(c, c->sem, &c->sem_cap, nsem * sizeof(int));
@@ -1214,12 +1221,7 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
         a.splits = cu_attn_splits(b->n_tokens, p->n_kv_heads * chunks, max_keys,
                                   c->prop.multiProcessorCount);
     }
-    if (a.splits > 1) {
-        size_t need =
-            sizeof(float) * (size_t)b->n_tokens * p->n_heads * a.splits * (size_t)(p->head_dim + 2);
-        c->part = (float *)grow(c, c->part, &c->part_cap, need);
-        a.part = c->part;
-    }
+    if (a.splits > 1) attn_part(c, b, p, &a);
     op *o = record(c, OP_ATTN);
     o->att = a;
 }
@@ -1499,8 +1501,9 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->dec_split = env_flag("PAGODA_CUDA_DEC_SPLIT", 1);
     env = getenv("PAGODA_CUDA_GEMV_ROW");
     c->row_gemv = !(env && !strcmp(env, "0"));
-    /* 3 (the default): the streaming tensor-core kernel; 2: the one with a shared-memory
-     * ring; 1: the one that keeps its loads in registers; 0: float32 on CUDA cores */
+    /* 4 (the default): the streaming tensor-core kernel, in 16-row tiles where the rows
+     * allow; 3: the same in 8-row tiles only; 2: the one with a shared-memory ring; 1: the
+     * one that keeps its loads in registers; 0: float32 on CUDA cores */
     env = getenv("PAGODA_CUDA_GEMV_TC");
     c->gemv_tc = env && !strcmp(env, "2")   ? 2
                  : env && !strcmp(env, "3") ? 3
