@@ -685,10 +685,12 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
 #pragma unroll
         for (int w = 0; w < DEC_WARPS; w++)
             acc = fmaf(s_o[((int64_t)w * group + r) * D + d], s_m[w * 16 + r], acc);
-        if (ns > 1)
+        if (ns > 1) {
             a.part[((row0 + r) * ns + sp) * D + d] = acc;
-        else
-            a.out[(row0 + r) * D + d] = acc;
+        } else {
+            if (a.out) a.out[(row0 + r) * D + d] = acc;
+            if (a.outb) a.outb[(row0 + r) * D + d] = __float2bfloat16_rn(acc);
+        }
     }
     if (ns == 1) return;
 
@@ -739,7 +741,13 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
             acc.z = fmaf(v.z, f, acc.z);
             acc.w = fmaf(v.w, f, acc.w);
         }
-        *(float4 *)(a.out + (row0 + r) * D + d) = acc;
+        if (a.out) *(float4 *)(a.out + (row0 + r) * D + d) = acc;
+        if (a.outb) {
+            const __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x, acc.y),
+                                 hi = __floats2bfloat162_rn(acc.z, acc.w);
+            *(uint2 *)(a.outb + (row0 + r) * D + d) =
+                make_uint2(*(const uint32_t *)&lo, *(const uint32_t *)&hi);
+        }
     }
 }
 

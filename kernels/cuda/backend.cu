@@ -150,6 +150,8 @@ struct cu_ctx {
     int early_launch; /* programmatic dependent launch of it (PAGODA_CUDA_PDL=0: off) */
     int gemv_tc;      /* PAGODA_CUDA_GEMV_TC (default 4): 4-bit m = 1 products on tensor cores */
     int gemv_stream;  /* 16-bit m = 1 products streamed by warps (PAGODA_CUDA_GEMV_STREAM=0: off) */
+    /* two chunks a warp in flight before the wait for x (PAGODA_CUDA_STREAM_AHEAD2=1: on) */
+    int stream_ahead2;
     int gemv_rope; /* with rope and the KV store in the q/k/v one (PAGODA_CUDA_GEMV_ROPE=0: off) */
     int lt_small;  /* bf16 products of 2 to 8 rows on cuBLASLt (PAGODA_CUDA_LT_SMALL=0: off) */
     /* products of m > 8 over one x (q, k, v; gate, up) run at the same time on side streams,
@@ -164,6 +166,16 @@ struct cu_ctx {
     /* a cuBLASLt product whose result is added to x and then dead (overwritten by the norm
      * of x) adds into x in its epilogue (PAGODA_CUDA_GEMM_ADD=0: off) */
     int gemm_add;
+    /* q, k and v as one product: the rope + KV store launch after it reads the product's
+     * columns itself, with no split launch (PAGODA_CUDA_SPLIT_ROPE=0: off) */
+    int split_rope;
+    /* an operation that writes a bf16 copy of its result for the product after it skips the
+     * float32 result where nothing else reads it before it is overwritten
+     * (PAGODA_CUDA_BF16_ONLY=0: off) */
+    int bf16_only;
+    /* decode attention writes the bf16 copy of its result that the o product reads (with
+     * PAGODA_CUDA_BF16_X; PAGODA_CUDA_ATTN_BF16=0: off) */
+    int attn_bf16;
     float *ycat;
     size_t ycat_cap;
     cudaStream_t side[2];
@@ -262,7 +274,7 @@ static void exec_op(cu_ctx *c, const op *o)
         break;
     }
     case OP_ROPE_KV:
-        cu_rope_kv(s, (float *)o->p[4], (float *)o->p[5], (const float *)o->p[2],
+        cu_rope_kv(s, (float *)o->p[4], (float *)o->p[5], (float *)o->p[2], (const float *)o->p[7],
                    (__nv_bfloat16 *)o->p[0], (__nv_bfloat16 *)o->p[1], c->d_slot, o->i[0], o->i[1],
                    o->i[2], o->i[3], (const float *)o->p[6], (const float *)o->p[3]);
         break;
@@ -278,8 +290,9 @@ static void exec_op(cu_ctx *c, const op *o)
             dweight cat = o->gs.w[0];
             cat.n = o->gs.w[0].n + o->gs.w[1].n + o->gs.w[2].n;
             cu_gemm_lt(s, &c->g, cat, c->xb, m, (float *)o->p[2], c->g.workspace);
-            cu_split3(s, (const float *)o->p[2], m, (int)o->gs.w[0].n, (int)o->gs.w[1].n,
-                      (int)o->gs.w[2].n, o->gs.y[0], o->gs.y[1], o->gs.y[2]);
+            if (!o->i[3]) /* else the rope + KV store after it splits the columns */
+                cu_split3(s, (const float *)o->p[2], m, (int)o->gs.w[0].n, (int)o->gs.w[1].n,
+                          (int)o->gs.w[2].n, o->gs.y[0], o->gs.y[1], o->gs.y[2]);
             break;
         }
         CU(cudaEventRecord(c->fork, s));
@@ -455,10 +468,93 @@ static graph_entry *graph_capture(cu_ctx *c)
     return g;
 }
 
+/* Whether operation o names buffer b in any of its pointers. */
+static bool op_mentions(const op *o, const void *b)
+{
+    for (int i = 0; i < 8; i++)
+        if (o->p[i] == b) return true;
+    for (int i = 0; i < 3; i++)
+        if ((const void *)o->gs.y[i] == b) return true;
+    return (const void *)o->gs.nsrc == b || (const void *)o->gs.resid == b ||
+           (const void *)o->att.q == b || (const void *)o->att.out == b;
+}
+
+/* Whether o writes all n floats of b without reading b first. */
+static bool op_overwrites(const op *o, const void *b, int64_t n)
+{
+    switch (o->kind) {
+    case OP_MATMUL:
+        return o->p[0] == b && !o->i[3] && o->p[1] != b && (int64_t)o->i[0] * o->w.n == n;
+    case OP_GEMM_SET:
+        /* with i[3] the launch after it writes the three results */
+        if (o->p[1] == b || (o->i[1] && o->i[3])) return false;
+        for (int j = 0; j < o->gs.nw; j++)
+            if ((const void *)o->gs.y[j] == b) return (int64_t)o->i[0] * o->gs.w[j].n == n;
+        return false;
+    case OP_RMS:
+        return o->p[0] == b && o->p[1] != b && (int64_t)o->i[0] * o->i[1] == n;
+    case OP_ADD_RMS:
+        return o->p[0] == b && o->p[1] != b && o->p[2] != b && (int64_t)o->i[0] * o->i[1] == n;
+    case OP_ACT:
+        return o->p[0] == b && o->p[1] != b && o->p[2] != b && o->n == n;
+    case OP_ATTN:
+        return (const void *)o->att.out == b && (const void *)o->att.q != b &&
+               (int64_t)o->att.n_tokens * o->att.n_heads * o->att.head_dim == n;
+    }
+    return false;
+}
+
+/* The operations that write a bf16 copy of their result for the product after them (the
+ * activation, the norms, decode attention) skip the float32 result where the tape proves
+ * it dead: read by nothing but that product (which reads the copy) before an operation
+ * overwrites all of it. */
+static void drop_dead_f32(cu_ctx *c)
+{
+    for (int i = 0; i < c->n_ops; i++) {
+        op *w = &c->tape[i];
+        const void *b;
+        int64_t n;
+        if (w->kind == OP_ACT && w->p[3] && w->p[0]) {
+            b = w->p[0];
+            n = w->n;
+        } else if ((w->kind == OP_RMS || w->kind == OP_ADD_RMS) && w->p[4] && w->p[0] &&
+                   w->p[0] != w->p[1]) {
+            b = w->p[0];
+            n = (int64_t)w->i[0] * w->i[1];
+        } else if (w->kind == OP_ATTN && w->att.outb && w->att.out) {
+            b = w->att.out;
+            n = (int64_t)w->att.n_tokens * w->att.n_heads * w->att.head_dim;
+        } else {
+            continue;
+        }
+        for (int j = i + 1; j < c->n_ops; j++) {
+            const op *o = &c->tape[j];
+            if (op_overwrites(o, b, n)) {
+                if (w->kind == OP_ATTN)
+                    w->att.out = NULL;
+                else
+                    w->p[0] = NULL;
+                break;
+            }
+            if (!op_mentions(o, b)) continue;
+            /* the product that reads the bf16 copy in place of b */
+            if (j == i + 1 && o->kind == OP_MATMUL && o->i[1] && o->p[1] == b && o->p[0] != b)
+                continue;
+            if (j == i + 1 && o->kind == OP_GEMM_SET && o->i[2] && o->p[1] == b) {
+                bool writes = false;
+                for (int k = 0; k < o->gs.nw; k++) writes |= (const void *)o->gs.y[k] == b;
+                if (!writes) continue;
+            }
+            break;
+        }
+    }
+}
+
 /* Runs every recorded operation (as a graph on decode steps). */
 static void flush(cu_ctx *c)
 {
     if (!c->n_ops) return;
+    if (c->bf16_only && c->fuse) drop_dead_f32(c);
     CU(cudaSetDevice(c->dev));
     int profile = c->prof == 1;
     if (c->prof > 1) {
@@ -930,6 +1026,7 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
         o->gs.early = c->early_launch;
         o->gs.tc4 = c->gemv_tc;
         o->gs.stream16 = c->gemv_stream;
+        o->gs.ahead2 = c->stream_ahead2;
         o->gs.w[0] = d;
         o->gs.y[0] = y;
         o->gs.row_end[0] = d.n;
@@ -986,8 +1083,13 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
     const bool pre =
         lt && ((prev->kind == OP_ACT && prev->p[0] == x && prev->n == (int64_t)m * d.k) ||
                ((prev->kind == OP_RMS || prev->kind == OP_ADD_RMS) && prev->p[0] == x &&
-                prev->i[0] == m && prev->i[1] == d.k));
-    if (pre) prev->p[prev->kind == OP_ACT ? 3 : 4] = c->xb;
+                prev->i[0] == m && prev->i[1] == d.k) ||
+               (prev->kind == OP_ATTN && c->attn_bf16 && prev->att.decode && prev->att.out == x &&
+                prev->att.n_tokens == m && (int64_t)prev->att.n_heads * prev->att.head_dim == d.k));
+    if (pre && prev->kind == OP_ATTN)
+        prev->att.outb = c->xb;
+    else if (pre)
+        prev->p[prev->kind == OP_ACT ? 3 : 4] = c->xb;
     op *o = record(c, OP_MATMUL);
     o->p[0] = y;
     o->p[1] = x;
@@ -1110,6 +1212,18 @@ static void cu_kv_store_op(void *ctx, const struct kv_layer *kv, const struct kv
             rq->i[1] = hq;
             rq->i[2] = g->n_kv_heads;
             rq->i[3] = g->head_dim;
+            /* after q, k and v as one product: this launch reads its columns in place of
+             * the split */
+            op *set = c->split_rope && c->n_ops >= 2 ? &c->tape[c->n_ops - 2] : NULL;
+            if (set && set->kind == OP_GEMM_SET && set->i[1] && !set->i[3] &&
+                set->i[0] == b->n_tokens && set->gs.nw == 3 && set->gs.y[0] == q &&
+                set->gs.y[1] == k && set->gs.y[2] == v &&
+                set->gs.w[0].n == (int64_t)hq * g->head_dim &&
+                set->gs.w[1].n == (int64_t)g->n_kv_heads * g->head_dim &&
+                set->gs.w[2].n == set->gs.w[1].n) {
+                set->i[3] = 1;
+                rq->p[7] = set->p[2];
+            }
             qkv_rope(c, kv, g, q, k, v, cos_t, sin_t, b->n_tokens);
             return;
         }
@@ -1509,12 +1623,16 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
                  : env && !strcmp(env, "3") ? 3
                                             : env_flag("PAGODA_CUDA_GEMV_TC", 4);
     c->gemv_stream = env_flag("PAGODA_CUDA_GEMV_STREAM", 1);
+    c->stream_ahead2 = env_flag("PAGODA_CUDA_STREAM_AHEAD2", 0);
     c->gemv_rope = env_flag("PAGODA_CUDA_GEMV_ROPE", 1);
     c->lt_small = env_flag("PAGODA_CUDA_LT_SMALL", 1);
     c->gemm_streams = env_flag("PAGODA_CUDA_GEMM_STREAMS", 1);
     c->gemm_fuse = env_flag("PAGODA_CUDA_GEMM_FUSE", 1);
     c->bf16_x = env_flag("PAGODA_CUDA_BF16_X", 1);
     c->gemm_add = env_flag("PAGODA_CUDA_GEMM_ADD", 1);
+    c->split_rope = env_flag("PAGODA_CUDA_SPLIT_ROPE", 1);
+    c->bf16_only = env_flag("PAGODA_CUDA_BF16_ONLY", 1);
+    c->attn_bf16 = env_flag("PAGODA_CUDA_ATTN_BF16", 1);
     if (c->gemm_streams) {
         CU(cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
         for (int j = 0; j < 2; j++) {

@@ -43,6 +43,10 @@ struct cu_gemv_set {
     /* 16-bit weights at m = 1 through k_gemv_stream (x staged in shared memory, warps
      * streaming whole rows); 0: the row kernel */
     int stream16;
+    /* k_gemv_stream with two chunks a warp loaded before the wait for x, each refilled
+     * two positions on once used (0: one chunk before the wait, the next loaded ahead of
+     * each use) */
+    int ahead2;
     /* m = 1, fused neighbours (NULL: none). Prologue: x = rms_norm(nsrc) * nweight with
      * nepsilon, also written to x itself; epilogue (one matrix, no pair): resid += y. */
     const float *nsrc, *nweight;
@@ -162,7 +166,8 @@ void cu_gemm_lt(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, const __nv_bfl
 
 struct cu_attn_args {
     const float *q;             /* [n_tokens, n_heads, D] */
-    float *out;                 /* [n_tokens, n_heads, D] */
+    float *out;                 /* [n_tokens, n_heads, D]; NULL: not written (decode path) */
+    __nv_bfloat16 *outb;        /* decode path: out as bf16 as well, unless NULL */
     const __nv_bfloat16 *k, *v; /* [n_blocks, block_size, n_kv_heads, D] */
     const int32_t *pos, *tok_seq, *seq_len, *block_table;
     int n_tokens, n_heads, n_kv_heads, head_dim, block_size, max_blocks;
@@ -210,22 +215,26 @@ int cu_attn_dec_splits(int n_tokens, int n_kv_heads, int max_keys, int sms);
 
 void cu_embed(cudaStream_t s, float *out, const dweight &table, const int32_t *tokens, int n,
               float scale);
-/** out = rms_norm(x) * w over rows of dim; also as bf16 into ob unless it is NULL. */
+/** out = rms_norm(x) * w over rows of dim; also as bf16 into ob unless it is NULL (out NULL:
+ * the bf16 copy alone). */
 void cu_rms_norm(cudaStream_t s, float *out, const float *x, const float *w, int rows, int dim,
                  float eps, __nv_bfloat16 *ob);
 void cu_rope(cudaStream_t s, float *x, int rows, int heads, int d, const float *cos_t,
              const float *sin_t);
 /** Rope on q [n, hq, d] and k [n, hkv, d] in place, then k and v stored at slot[t] of
- * the bf16 caches: the three operations in one launch. */
-void cu_rope_kv(cudaStream_t s, float *q, float *k, const float *v, __nv_bfloat16 *kc,
+ * the bf16 caches: the three operations in one launch. With src (rows of (hq + 2 hkv) d:
+ * q, k and v of a token side by side) q, k and v are read from src and written to q, k
+ * and v (the split of a product of the three matrices at once, in the same launch). */
+void cu_rope_kv(cudaStream_t s, float *q, float *k, float *v, const float *src, __nv_bfloat16 *kc,
                 __nv_bfloat16 *vc, const int32_t *slot, int n_tokens, int hq, int hkv, int d,
                 const float *cos_t, const float *sin_t);
-/** out = act(gate) * up; also as bf16 into ob unless it is NULL. */
+/** out = act(gate) * up; also as bf16 into ob unless it is NULL (out NULL: the bf16 copy
+ * alone). */
 void cu_act_mul(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n, int gelu,
                 __nv_bfloat16 *ob);
 void cu_add(cudaStream_t s, float *x, const float *y, int64_t n);
 /** x += y, then out = rms_norm(x) * w, over rows of dim (out may be y); also as bf16 into ob
- * unless it is NULL. */
+ * unless it is NULL (out NULL: the bf16 copy alone). */
 void cu_add_rms_norm(cudaStream_t s, float *out, float *x, const float *y, const float *w, int rows,
                      int dim, float eps, __nv_bfloat16 *ob);
 void cu_add_bias(cudaStream_t s, float *y, const float *bias, int m, int n);

@@ -40,18 +40,23 @@ static __device__ __forceinline__ float block_sum(float v, float *sh)
     return t;
 }
 
+/* The row kernels for any length: out (unless NULL) and its bf16 copy ob (unless NULL). */
 __global__ void k_rms_norm(float *out, const float *x, const float *__restrict__ w, int dim,
-                           float eps)
+                           float eps, __nv_bfloat16 *ob)
 {
     allow_dependents();
     __shared__ float sh[32];
-    const float *xr = x + (int64_t)blockIdx.x * dim;
-    float *o = out + (int64_t)blockIdx.x * dim;
+    const int64_t r0 = (int64_t)blockIdx.x * dim;
+    const float *xr = x + r0;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
     ss = block_sum(ss, sh);
     float inv = rsqrtf(ss / (float)dim + eps);
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i] * inv * w[i];
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = xr[i] * inv * w[i];
+        if (out) out[r0 + i] = v;
+        if (ob) ob[r0 + i] = __float2bfloat16_rn(v);
+    }
 }
 
 /*
@@ -70,7 +75,7 @@ __global__ void __launch_bounds__(NORM4_THREADS)
     const int d4 = dim / 4;
     float4 *xr = (float4 *)(x + (int64_t)blockIdx.x * dim);
     const float4 *yr = (const float4 *)(y + (int64_t)blockIdx.x * dim);
-    float4 *o = (float4 *)(out + (int64_t)blockIdx.x * dim);
+    float4 *o = out ? (float4 *)(out + (int64_t)blockIdx.x * dim) : NULL;
     float4 v[C];
     float ss = 0.0f;
 #pragma unroll
@@ -101,7 +106,7 @@ __global__ void __launch_bounds__(NORM4_THREADS)
             const float4 g = __ldg((const float4 *)w + i);
             const float4 r = make_float4(v[c].x * inv * g.x, v[c].y * inv * g.y, v[c].z * inv * g.z,
                                          v[c].w * inv * g.w);
-            o[i] = r;
+            if (out) o[i] = r;
             if (ob) {
                 __nv_bfloat162 a = __floats2bfloat162_rn(r.x, r.y),
                                b = __floats2bfloat162_rn(r.z, r.w);
@@ -142,19 +147,18 @@ void cu_rms_norm(cudaStream_t s, float *out, const float *x, const float *w, int
     if (rows <= 0) return;
     if (norm4(s, out, (float *)x, x, w, rows, dim, eps, false, ob)) return;
     int threads = dim >= 1024 ? 1024 : dim >= 256 ? 256 : dim >= 128 ? 128 : 32;
-    k_rms_norm<<<(unsigned)rows, threads, 0, s>>>(out, x, w, dim, eps);
+    k_rms_norm<<<(unsigned)rows, threads, 0, s>>>(out, x, w, dim, eps, ob);
     CU_LAUNCHED();
-    if (ob) cu_to_bf16(s, ob, out, (int64_t)rows * dim);
 }
 
 __global__ void k_add_rms_norm(float *out, float *x, const float *y, const float *__restrict__ w,
-                               int dim, float eps)
+                               int dim, float eps, __nv_bfloat16 *ob)
 {
     allow_dependents();
     __shared__ float sh[32];
-    float *xr = x + (int64_t)blockIdx.x * dim;
-    const float *yr = y + (int64_t)blockIdx.x * dim;
-    float *o = out + (int64_t)blockIdx.x * dim;
+    const int64_t r0 = (int64_t)blockIdx.x * dim;
+    float *xr = x + r0;
+    const float *yr = y + r0;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) {
         float v = xr[i] + yr[i];
@@ -164,7 +168,11 @@ __global__ void k_add_rms_norm(float *out, float *x, const float *y, const float
     ss = block_sum(ss, sh);
     float inv = rsqrtf(ss / (float)dim + eps);
     /* each thread rereads only the elements it wrote */
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = xr[i] * inv * w[i];
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = xr[i] * inv * w[i];
+        if (out) out[r0 + i] = v;
+        if (ob) ob[r0 + i] = __float2bfloat16_rn(v);
+    }
 }
 
 void cu_add_rms_norm(cudaStream_t s, float *out, float *x, const float *y, const float *w, int rows,
@@ -173,9 +181,8 @@ void cu_add_rms_norm(cudaStream_t s, float *out, float *x, const float *y, const
     if (rows <= 0) return;
     if (norm4(s, out, x, y, w, rows, dim, eps, true, ob)) return;
     int threads = dim >= 1024 ? 1024 : dim >= 256 ? 256 : dim >= 128 ? 128 : 32;
-    k_add_rms_norm<<<(unsigned)rows, threads, 0, s>>>(out, x, y, w, dim, eps);
+    k_add_rms_norm<<<(unsigned)rows, threads, 0, s>>>(out, x, y, w, dim, eps, ob);
     CU_LAUNCHED();
-    if (ob) cu_to_bf16(s, ob, out, (int64_t)rows * dim);
 }
 
 __global__ void k_rope(float *x, int64_t total, int heads, int half, const float *__restrict__ c,
@@ -204,42 +211,52 @@ void cu_rope(cudaStream_t s, float *x, int rows, int heads, int d, const float *
     CU_LAUNCHED();
 }
 
-/* One block per token: rope on its query and key heads (in place), then the roped key
- * and the value rows stored into the paged cache as bf16. */
-__global__ void k_rope_kv(float *q, float *k, const float *__restrict__ v, __nv_bfloat16 *kc,
-                          __nv_bfloat16 *vc, const int32_t *__restrict__ slot, int hq, int hkv,
-                          int half, const float *__restrict__ c, const float *__restrict__ sn)
+/* One block per token: rope on its query and key heads, then the roped key and the value
+ * rows stored into the paged cache as bf16. Without src, q and k are roped in place; with
+ * it, each token's q, k and v are read from src (a row of src_stride values, q's heads then
+ * k's then v's: the product of the three matrices at once) and written to q, k and v. */
+__global__ void k_rope_kv(float *q, float *k, float *v, const float *__restrict__ src,
+                          int64_t src_stride, __nv_bfloat16 *kc, __nv_bfloat16 *vc,
+                          const int32_t *__restrict__ slot, int hq, int hkv, int half,
+                          const float *__restrict__ c, const float *__restrict__ sn)
 {
     allow_dependents();
     const int t = blockIdx.x, d = 2 * half, row = hkv * d;
     const float *ct = c + (int64_t)t * half, *st = sn + (int64_t)t * half;
-    float *qt = q + (int64_t)t * hq * d, *kt = k + (int64_t)t * row;
+    float *qt = q + (int64_t)t * hq * d, *kt = k + (int64_t)t * row, *vt = v + (int64_t)t * row;
+    const float *qs = src ? src + (int64_t)t * src_stride : qt;
+    const float *ks = src ? qs + (int64_t)hq * d : kt, *vs = src ? ks + row : vt;
     const int64_t dst = (int64_t)slot[t] * row;
     for (int i = threadIdx.x; i < (hq + hkv) * half; i += blockDim.x) {
         const int h = i / half, j = i % half;
         const bool is_q = h < hq;
-        float *x = is_q ? qt + h * d : kt + (h - hq) * d;
+        const float *x = is_q ? qs + h * d : ks + (h - hq) * d;
+        float *y = is_q ? qt + h * d : kt + (h - hq) * d;
         const float a = x[j], b = x[j + half], cs = ct[j], si = st[j];
         const float ra = a * cs - b * si, rb = b * cs + a * si;
-        x[j] = ra;
-        x[j + half] = rb;
+        y[j] = ra;
+        y[j + half] = rb;
         if (!is_q) {
             const int64_t o = dst + (h - hq) * d + j;
             kc[o] = __float2bfloat16_rn(ra);
             kc[o + half] = __float2bfloat16_rn(rb);
         }
     }
-    const float *vt = v + (int64_t)t * row;
-    for (int i = threadIdx.x; i < row; i += blockDim.x) vc[dst + i] = __float2bfloat16_rn(vt[i]);
+    for (int i = threadIdx.x; i < row; i += blockDim.x) {
+        const float x = vs[i];
+        if (src) vt[i] = x;
+        vc[dst + i] = __float2bfloat16_rn(x);
+    }
 }
 
-void cu_rope_kv(cudaStream_t s, float *q, float *k, const float *v, __nv_bfloat16 *kc,
+void cu_rope_kv(cudaStream_t s, float *q, float *k, float *v, const float *src, __nv_bfloat16 *kc,
                 __nv_bfloat16 *vc, const int32_t *slot, int n_tokens, int hq, int hkv, int d,
                 const float *cos_t, const float *sin_t)
 {
     if (n_tokens <= 0) return;
-    k_rope_kv<<<(unsigned)n_tokens, 256, 0, s>>>(q, k, v, kc, vc, slot, hq, hkv, d / 2, cos_t,
-                                                 sin_t);
+    const int64_t stride = (int64_t)(hq + 2 * hkv) * d;
+    k_rope_kv<<<(unsigned)n_tokens, 256, 0, s>>>(q, k, v, src, stride, kc, vc, slot, hq, hkv, d / 2,
+                                                 cos_t, sin_t);
     CU_LAUNCHED();
 }
 
@@ -250,7 +267,7 @@ __global__ void k_act_mul(float *out, const float *gate, const float *up, int64_
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         const float v = act_of(gate[i], gelu) * up[i];
-        out[i] = v;
+        if (out) out[i] = v;
         if (ob) ob[i] = __float2bfloat16_rn(v);
     }
 }
@@ -278,12 +295,12 @@ __global__ void k_act_mul4(float4 *out, const float4 *__restrict__ gate,
         }
         const float4 v0 = make_float4(act_of(g0.x, gelu) * u0.x, act_of(g0.y, gelu) * u0.y,
                                       act_of(g0.z, gelu) * u0.z, act_of(g0.w, gelu) * u0.w);
-        out[i] = v0;
+        if (out) out[i] = v0;
         if (ob) ob[i] = bf16x4(v0);
         if (two) {
             const float4 v1 = make_float4(act_of(g1.x, gelu) * u1.x, act_of(g1.y, gelu) * u1.y,
                                           act_of(g1.z, gelu) * u1.z, act_of(g1.w, gelu) * u1.w);
-            out[i + stride] = v1;
+            if (out) out[i + stride] = v1;
             if (ob) ob[i + stride] = bf16x4(v1);
         }
     }

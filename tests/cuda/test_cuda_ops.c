@@ -902,6 +902,206 @@ static void test_attention_decodes(void)
     test_attention_decode_ctx(2, 16, 1, 64, 0, 0, 32, 100); /* 16 query heads a KV head */
 }
 
+/* The operations of one layer of a dense model as model_forward records them, on buffers of
+ * one backend (x the residual stream). */
+struct layer_bufs {
+    float *x, *h, *q, *k, *v, *att, *gate, *up, *cs, *sn;
+};
+struct layer_w {
+    const struct qweight *q, *k, *v, *o, *g, *u, *d;
+    const float *an, *fn;
+};
+
+static void run_layer(const struct backend *be, const struct layer_bufs *t, const struct layer_w *w,
+                      const struct kv_layer *kv, const struct kv_geom *g, const struct fwd_batch *b,
+                      const struct attn_params *p, int H, int F)
+{
+    void *c = be->ctx;
+    const int n = b->n_tokens, D = p->head_dim;
+    be->ops->rms_norm(c, t->h, t->x, w->an, n, H, 1e-5f);
+    be->ops->matmul(c, t->q, t->h, w->q, n);
+    be->ops->matmul(c, t->k, t->h, w->k, n);
+    be->ops->matmul(c, t->v, t->h, w->v, n);
+    be->ops->rope(c, t->q, n, p->n_heads, D, t->cs, t->sn);
+    be->ops->rope(c, t->k, n, p->n_kv_heads, D, t->cs, t->sn);
+    be->ops->kv_store(c, kv, g, t->k, t->v, b);
+    be->ops->attention(c, t->att, t->q, kv, g, b, p);
+    be->ops->matmul(c, t->h, t->att, w->o, n);
+    be->ops->add(c, t->x, t->h, (int64_t)n * H);
+    be->ops->rms_norm(c, t->h, t->x, w->fn, n, H, 1e-5f);
+    be->ops->matmul(c, t->gate, t->h, w->g, n);
+    be->ops->matmul(c, t->up, t->h, w->u, n);
+    be->ops->act_mul(c, t->gate, t->gate, t->up, (int64_t)n * F, ACT_SILU);
+    be->ops->matmul(c, t->h, t->gate, w->d, n);
+    be->ops->add(c, t->x, t->h, (int64_t)n * H);
+}
+
+/*
+ * A decode step of n_seqs sequences (one token each, over contexts an earlier step stored)
+ * through two bf16 layers as the model records them. The CUDA backend then runs q/k/v as one
+ * product whose columns the rope + KV store launch reads itself, decode attention writing
+ * the o product's bf16 input, and skips the float32 results of the norms, the activation and
+ * attention that only the next product reads (as bf16) before the second layer overwrites
+ * them. The residual stream and both layers' caches must match the CPU within 1e-2
+ * (products on bf16 operands, attention on bf16 scores and probabilities).
+ */
+static void test_decode_layers(int n_seqs, int max_blocks, int ctx_base)
+{
+    enum { NL = 2 };
+    const int H = 512, hq = 8, hkv = 2, d = 64, F = 1024, bs = 16, half = d / 2;
+    const int n_blocks = n_seqs * max_blocks, kv_row = hkv * d;
+    int32_t *bt = xmalloc(sizeof(int32_t) * (size_t)n_blocks);
+    for (int s = 0; s < n_seqs; s++)
+        for (int i = 0; i < max_blocks; i++) bt[s * max_blocks + i] = i * n_seqs + (n_seqs - 1 - s);
+    int32_t *ctx = xmalloc(sizeof(int32_t) * (size_t)n_seqs);
+    int total = 0;
+    for (int s = 0; s < n_seqs; s++)
+        total += ctx[s] = (ctx_base + s * 29 + 7) % (bs * max_blocks - 5) + 1;
+    const size_t kv_elems = (size_t)n_blocks * bs * kv_row;
+    struct kv_geom g = {n_blocks, bs, hkv, d};
+    struct attn_params p = {hq, hkv, d, 1.0f / sqrtf((float)d), 0.0f, 0};
+    struct kv_layer kv_cpu[NL], kv_gpu[NL];
+    struct mat w[NL][7];
+    float *an[NL], *fn[NL], *dan[NL], *dfn[NL];
+    for (int l = 0; l < NL; l++) {
+        kv_cpu[l].k = xcalloc(kv_elems, sizeof(float));
+        kv_cpu[l].v = xcalloc(kv_elems, sizeof(float));
+        kv_gpu[l].k = gpu.ops->alloc(gpu.ctx, kv_elems * 2);
+        kv_gpu[l].v = gpu.ops->alloc(gpu.ctx, kv_elems * 2);
+        const int64_t shape[7][2] = {{hq * d, H}, {kv_row, H}, {kv_row, H}, {H, hq * d},
+                                     {F, H},      {F, H},      {H, F}};
+        for (int j = 0; j < 7; j++) mat_make(&w[l][j], WFMT_BF16, 16, 0, shape[j][0], shape[j][1]);
+        an[l] = rvec(H);
+        fn[l] = rvec(H);
+        dan[l] = dev(an[l], H);
+        dfn[l] = dev(fn[l], H);
+    }
+    /* step 0 stores each sequence's earlier keys in both layers; step 1 decodes */
+    for (int step = 0; step < 2; step++) {
+        const int nt = step ? n_seqs : total;
+        int32_t *tokens = xcalloc((size_t)nt, sizeof(int32_t)),
+                *pos = xmalloc(sizeof(int32_t) * (size_t)nt),
+                *slot = xmalloc(sizeof(int32_t) * (size_t)nt),
+                *qs = xmalloc(sizeof(int32_t) * (size_t)(n_seqs + 1)),
+                *sl = xmalloc(sizeof(int32_t) * (size_t)n_seqs);
+        int t = 0;
+        for (int s = 0; s < n_seqs; s++) {
+            const int lo = step ? ctx[s] : 0, c = step ? 1 : ctx[s];
+            qs[s] = t;
+            for (int j = 0; j < c; j++, t++) {
+                pos[t] = lo + j;
+                slot[t] = bt[s * max_blocks + (lo + j) / bs] * bs + (lo + j) % bs;
+            }
+            sl[s] = lo + c;
+        }
+        qs[n_seqs] = t;
+        int32_t lr[1] = {0};
+        struct fwd_batch b = {.n_tokens = nt,
+                              .tokens = tokens,
+                              .pos = pos,
+                              .slot = slot,
+                              .n_seqs = n_seqs,
+                              .q_start = qs,
+                              .seq_len = sl,
+                              .block_table = bt,
+                              .max_blocks = max_blocks,
+                              .n_logits = 0,
+                              .logit_rows = lr};
+        if (!step) {
+            const size_t nk = (size_t)nt * kv_row;
+            for (int l = 0; l < NL; l++) {
+                float *k = rvec(nk), *v = rvec(nk);
+                for (size_t i = 0; i < nk; i++) {
+                    k[i] = round_bf16(k[i]);
+                    v[i] = round_bf16(v[i]);
+                }
+                float *dk = dev(k, nk), *dv = dev(v, nk);
+                cpu.ops->batch_begin(cpu.ctx, &b);
+                cpu.ops->kv_store(cpu.ctx, &kv_cpu[l], &g, k, v, &b);
+                gpu.ops->batch_begin(gpu.ctx, &b);
+                gpu.ops->kv_store(gpu.ctx, &kv_gpu[l], &g, dk, dv, &b);
+                gpu.ops->free(gpu.ctx, dk);
+                gpu.ops->free(gpu.ctx, dv);
+                free(k);
+                free(v);
+            }
+        } else {
+            const size_t nh = (size_t)nt * H, nq = (size_t)nt * hq * d, nk = (size_t)nt * kv_row,
+                         nf = (size_t)nt * F, nr = (size_t)nt * half;
+            float *x = rvec(nh), *cs = rvec(nr), *sn = rvec(nr);
+            struct layer_bufs hb = {x,
+                                    xmalloc(4 * nh),
+                                    xmalloc(4 * nq),
+                                    xmalloc(4 * nk),
+                                    xmalloc(4 * nk),
+                                    xmalloc(4 * nq),
+                                    xmalloc(4 * nf),
+                                    xmalloc(4 * nf),
+                                    cs,
+                                    sn};
+            struct layer_bufs db = {dev(x, nh),   poisoned(nh), poisoned(nq), poisoned(nk),
+                                    poisoned(nk), poisoned(nq), poisoned(nf), poisoned(nf),
+                                    dev(cs, nr),  dev(sn, nr)};
+            cpu.ops->batch_begin(cpu.ctx, &b);
+            gpu.ops->batch_begin(gpu.ctx, &b);
+            for (int l = 0; l < NL; l++) {
+                struct layer_w lw = {&w[l][0].w, &w[l][1].w, &w[l][2].w, &w[l][3].w, &w[l][4].w,
+                                     &w[l][5].w, &w[l][6].w, an[l],      fn[l]};
+                struct layer_w gw = {&w[l][0].wg, &w[l][1].wg, &w[l][2].wg,
+                                     &w[l][3].wg, &w[l][4].wg, &w[l][5].wg,
+                                     &w[l][6].wg, dan[l],      dfn[l]};
+                run_layer(&cpu, &hb, &lw, &kv_cpu[l], &g, &b, &p, H, F);
+                run_layer(&gpu, &db, &gw, &kv_gpu[l], &g, &b, &p, H, F);
+            }
+            float *gx = back(db.x, nh);
+            const double err = rel_err(gx, hb.x, nh);
+            char what[64];
+            snprintf(what, sizeof what, "two decode layers, %d sequences", n_seqs);
+            printf("%s: residual relative error %.3g\n", what, err);
+            CHECK(err <= 1e-2, "%s: residual relative error %.3g > 1e-2", what, err);
+            for (int l = 0; l < NL; l++) {
+                char wl[80];
+                snprintf(wl, sizeof wl, "%s, layer %d", what, l);
+                check_kv_caches(&kv_gpu[l], kv_cpu[l].k, kv_cpu[l].v, kv_elems, 1e-2, wl);
+            }
+            free(gx);
+            float *hbufs[] = {hb.x, hb.h, hb.q, hb.k, hb.v, hb.att, hb.gate, hb.up, cs, sn};
+            for (int i = 0; i < 10; i++) free(hbufs[i]);
+            float *dbufs[] = {db.x, db.h, db.q, db.k, db.v, db.att, db.gate, db.up, db.cs, db.sn};
+            for (int i = 0; i < 10; i++) gpu.ops->free(gpu.ctx, dbufs[i]);
+        }
+        free(tokens);
+        free(pos);
+        free(slot);
+        free(qs);
+        free(sl);
+    }
+    for (int l = 0; l < NL; l++) {
+        free(kv_cpu[l].k);
+        free(kv_cpu[l].v);
+        gpu.ops->free(gpu.ctx, kv_gpu[l].k);
+        gpu.ops->free(gpu.ctx, kv_gpu[l].v);
+        for (int j = 0; j < 7; j++) mat_free(&w[l][j]);
+        free(an[l]);
+        free(fn[l]);
+        gpu.ops->free(gpu.ctx, dan[l]);
+        gpu.ops->free(gpu.ctx, dfn[l]);
+    }
+    free(bt);
+    free(ctx);
+}
+
+static void decode_layers_section(void)
+{
+    /* twice each: the first run of a product shape times cuBLASLt's algorithms, running the
+     * operations recorded before it first, so only the second records each step whole */
+    for (int rep = 0; rep < 2; rep++) {
+        test_decode_layers(40, 8, 0);  /* one block a token and KV head */
+        test_decode_layers(3, 16, 90); /* few sequences: key ranges, merged by the last */
+        test_decode_layers(1, 16, 60); /* one sequence: the one-row products */
+    }
+}
+
 static void test_attention(void)
 {
     test_attention_case(4, 2, 32, 0, 0);
@@ -1191,6 +1391,15 @@ static void attention_tc(void)
 }
 
 /* The default backend: products, element-wise operations, fusions, rope + KV store. */
+/* The one-row 16-bit products with two chunks a warp loaded before the wait for x. */
+static void stream_section(void)
+{
+    products_and_fusions();
+    rope_kv_cases();
+    test_norm_fusion();
+    decode_layers_section();
+}
+
 static void default_section(void)
 {
     products_and_fusions();
@@ -1200,6 +1409,7 @@ static void default_section(void)
     test_gemv_tc_many_tiles();
     attn_bound = 1e-2; /* decode steps of 64 or more sequences: the tensor-core decode kernel */
     test_attention_decodes();
+    decode_layers_section();
 }
 
 /* Sections, each selectable by name after the test data folder (none: all). Each
@@ -1222,6 +1432,10 @@ static const struct {
     {"gemm-one-stream", "PAGODA_CUDA_GEMM_STREAMS", "0", products_and_fusions},
     {"fuse-norm", "PAGODA_CUDA_FUSE_NORM", "1", test_norm_fusion},
     {"lt-small-off", "PAGODA_CUDA_LT_SMALL", "0", products_and_fusions},
+    {"decode-layers-plain", "PAGODA_CUDA_BF16_ONLY", "0", decode_layers_section},
+    {"decode-layers-split", "PAGODA_CUDA_SPLIT_ROPE", "0", decode_layers_section},
+    {"decode-layers-attn32", "PAGODA_CUDA_ATTN_BF16", "0", decode_layers_section},
+    {"stream-ahead2", "PAGODA_CUDA_STREAM_AHEAD2", "1", stream_section},
 };
 #define N_SECTIONS (int)(sizeof sections / sizeof sections[0])
 
