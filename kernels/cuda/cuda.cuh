@@ -43,10 +43,6 @@ struct cu_gemv_set {
     /* 16-bit weights at m = 1 through k_gemv_stream (x staged in shared memory, warps
      * streaming whole rows); 0: the row kernel */
     int stream16;
-    /* k_gemv_stream with two chunks a warp loaded before the wait for x, each refilled
-     * two positions on once used (0: one chunk before the wait, the next loaded ahead of
-     * each use) */
-    int ahead2;
     /* m = 1, fused neighbours (NULL: none). Prologue: x = rms_norm(nsrc) * nweight with
      * nepsilon, also written to x itself; epilogue (one matrix, no pair): resid += y. */
     const float *nsrc, *nweight;

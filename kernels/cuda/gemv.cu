@@ -482,30 +482,21 @@ static __device__ __forceinline__ void stream_load(const cu_gemv_set &g, uint4 (
         q[u] = c * STREAM_CH + u < upl ? ld_stream(row + u * 32) : make_uint4(0, 0, 0, 0);
 }
 
-/* The position after p. */
-template <int MODE>
-static __device__ __forceinline__ stream_pos stream_next(stream_pos p, int nch, int nwarps)
-{
-    constexpr int NA = MODE == SM_ROWS ? 1 : 2;
-    if (++p.s == NA * nch) {
-        p.s = 0;
-        p.t += nwarps;
-    }
-    return p;
-}
-
-/* One chunk of the current task: uses cur, loads the next position's chunk into nxt (with
- * AHEAD2, nxt is already loaded and cur takes the chunk two positions on once used) and
+/* One chunk of the current task: uses cur, loads the next position's chunk into nxt and
  * finishes the task at its last chunk. Returns false when the warp's rows are done. */
-template <int FMT, int MODE, bool AHEAD2>
+template <int FMT, int MODE>
 static __device__ __forceinline__ bool
 stream_step(const cu_gemv_set &g, const float4 *xs4, uint4 (&cur)[STREAM_CH],
             uint4 (&nxt)[STREAM_CH], stream_pos &p, float (&acc)[2], int64_t t_end, int nwarps,
             int nch, int upl, float inv, int lane)
 {
     constexpr int NA = MODE == SM_ROWS ? 1 : 2;
-    const stream_pos n = stream_next<MODE>(p, nch, nwarps);
-    if (!AHEAD2 && n.t < t_end) stream_load<MODE>(g, nxt, n, nch, upl, lane);
+    stream_pos n = p;
+    if (++n.s == NA * nch) {
+        n.s = 0;
+        n.t += nwarps;
+    }
+    if (n.t < t_end) stream_load<MODE>(g, nxt, n, nch, upl, lane);
     const int a = NA == 2 && p.s >= nch ? 1 : 0, c = p.s - a * nch;
     float t = 0.0f;
 #pragma unroll
@@ -516,10 +507,6 @@ stream_step(const cu_gemv_set &g, const float4 *xs4, uint4 (&cur)[STREAM_CH],
             const float xv[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
             t += unit_dot<FMT, 16>(cur[u], xv);
         }
-    }
-    if (AHEAD2) {
-        const stream_pos n2 = stream_next<MODE>(n, nch, nwarps);
-        if (n2.t < t_end) stream_load<MODE>(g, cur, n2, nch, upl, lane);
     }
     if (a)
         acc[1] += t;
@@ -538,7 +525,7 @@ stream_step(const cu_gemv_set &g, const float4 *xs4, uint4 (&cur)[STREAM_CH],
     return n.t < t_end;
 }
 
-template <int FMT, int MODE, bool NORM, bool AHEAD2>
+template <int FMT, int MODE, bool NORM>
 __global__ void __launch_bounds__(STREAM_THREADS, 1)
     k_gemv_stream(cu_gemv_set g, const float *__restrict__ x)
 {
@@ -553,10 +540,6 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
 
     uint4 qa[STREAM_CH], qb[STREAM_CH];
     if (p.t < t_end) stream_load<MODE>(g, qa, p, nch, upl, lane);
-    if (AHEAD2) { /* the second chunk too: two in flight while the previous kernel ends */
-        const stream_pos n = stream_next<MODE>(p, nch, nwarps);
-        if (n.t < t_end) stream_load<MODE>(g, qb, n, nch, upl, lane);
-    }
     /* x comes from the previous kernel: only now wait for it */
     grid_dependency_wait();
     /* x staged; with the norm, x * weight: the row's scale, known only after the block's
@@ -598,11 +581,9 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
     if (p.t >= t_end) return;
     float acc[2] = {0.0f, 0.0f};
     for (;;) {
-        if (!stream_step<FMT, MODE, AHEAD2>(g, xs4, qa, qb, p, acc, t_end, nwarps, nch, upl, inv,
-                                            lane))
+        if (!stream_step<FMT, MODE>(g, xs4, qa, qb, p, acc, t_end, nwarps, nch, upl, inv, lane))
             break;
-        if (!stream_step<FMT, MODE, AHEAD2>(g, xs4, qb, qa, p, acc, t_end, nwarps, nch, upl, inv,
-                                            lane))
+        if (!stream_step<FMT, MODE>(g, xs4, qb, qa, p, acc, t_end, nwarps, nch, upl, inv, lane))
             break;
     }
 }
@@ -624,12 +605,12 @@ static bool stream_ok(const cu_gemv_set &g)
     return true;
 }
 
-template <int FMT, int MODE, bool NORM, bool AHEAD2>
+template <int FMT, int MODE, bool NORM>
 static void launch_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
 {
     static int bps, sms;
     const size_t smem = sizeof(float) * (size_t)g.w[0].k;
-    void (*kern)(cu_gemv_set, const float *) = k_gemv_stream<FMT, MODE, NORM, AHEAD2>;
+    void (*kern)(cu_gemv_set, const float *) = k_gemv_stream<FMT, MODE, NORM>;
     if (!sms) {
         /* room for the largest x (k = 16384) */
         CU(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
@@ -648,19 +629,12 @@ static void launch_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
 static bool launch_stream_any(cudaStream_t s, const cu_gemv_set &g, const float *x)
 {
     if (!stream_ok(g)) return false;
-#define STREAMA(F, M, N)                                                                           \
-    do {                                                                                           \
-        if (g.ahead2)                                                                              \
-            launch_stream<F, M, N, true>(s, g, x);                                                 \
-        else                                                                                       \
-            launch_stream<F, M, N, false>(s, g, x);                                                \
-    } while (0)
 #define STREAMM(F, M)                                                                              \
     do {                                                                                           \
         if (g.nsrc)                                                                                \
-            STREAMA(F, M, true);                                                                   \
+            launch_stream<F, M, true>(s, g, x);                                                    \
         else                                                                                       \
-            STREAMA(F, M, false);                                                                  \
+            launch_stream<F, M, false>(s, g, x);                                                   \
     } while (0)
 #define STREAMK(F)                                                                                 \
     do {                                                                                           \
@@ -677,7 +651,6 @@ static bool launch_stream_any(cudaStream_t s, const cu_gemv_set &g, const float 
         STREAMK(DF_F16);
 #undef STREAMK
 #undef STREAMM
-#undef STREAMA
     return true;
 }
 
