@@ -63,6 +63,11 @@ static const char *const op_names[] = {
     "gemv",      "add+rms_norm", "rope+kv_store", "sample",   "gemm set"};
 
 /* One recorded operation. Zeroed before filling so that tapes compare with memcmp. */
+/* Flags of an OP_GEMM_SET in i[3]: the rope + KV store launch after the fused set reads
+ * its columns (no split); the set's results are bf16. */
+#define SET_NO_SPLIT 1
+#define SET_BF16     2
+
 struct op {
     int kind;
     int i[4];
@@ -174,6 +179,9 @@ struct cu_ctx {
     /* decode attention writes the bf16 copy of its result that the o product reads (with
      * PAGODA_CUDA_BF16_X; PAGODA_CUDA_ATTN_BF16=0: off) */
     int attn_bf16;
+    /* gate and up products write bf16 results for the activation where nothing else reads
+     * them (with PAGODA_CUDA_BF16_ONLY; PAGODA_CUDA_SET_BF16=0: off) */
+    int set_b16;
     float *ycat;
     size_t ycat_cap;
     cudaStream_t side[2];
@@ -244,8 +252,12 @@ static void exec_op(cu_ctx *c, const op *o)
         cu_attention(s, o->att);
         break;
     case OP_ACT:
-        cu_act_mul(s, (float *)o->p[0], (const float *)o->p[1], (const float *)o->p[2], o->n,
-                   o->i[0], (__nv_bfloat16 *)o->p[3]);
+        if (o->i[1]) /* gate and up in bf16 */
+            cu_act_mul_b16(s, (__nv_bfloat16 *)o->p[3], (const __nv_bfloat16 *)o->p[1],
+                           (const __nv_bfloat16 *)o->p[2], o->n, o->i[0]);
+        else
+            cu_act_mul(s, (float *)o->p[0], (const float *)o->p[1], (const float *)o->p[2], o->n,
+                       o->i[0], (__nv_bfloat16 *)o->p[3]);
         break;
     case OP_ADD:
         cu_add(s, (float *)o->p[0], (const float *)o->p[1], o->n);
@@ -288,16 +300,21 @@ static void exec_op(cu_ctx *c, const op *o)
             dweight cat = o->gs.w[0];
             cat.n = o->gs.w[0].n + o->gs.w[1].n + o->gs.w[2].n;
             cu_gemm_lt(s, &c->g, cat, c->xb, m, (float *)o->p[2], c->g.workspace);
-            if (!o->i[3]) /* else the rope + KV store after it splits the columns */
+            if (!(o->i[3] & SET_NO_SPLIT)) /* else the rope + KV store after it splits them */
                 cu_split3(s, (const float *)o->p[2], m, (int)o->gs.w[0].n, (int)o->gs.w[1].n,
                           (int)o->gs.w[2].n, o->gs.y[0], o->gs.y[1], o->gs.y[2]);
             break;
         }
         CU(cudaEventRecord(c->fork, s));
         for (int j = 1; j < nw; j++) CU(cudaStreamWaitEvent(c->side[j - 1], c->fork, 0));
-        for (int j = 0; j < nw; j++)
-            cu_gemm_lt(j ? c->side[j - 1] : s, &c->g, o->gs.w[j], c->xb, m, o->gs.y[j],
-                       j ? c->side_ws[j - 1] : c->g.workspace);
+        for (int j = 0; j < nw; j++) {
+            cudaStream_t sj = j ? c->side[j - 1] : s;
+            void *ws = j ? c->side_ws[j - 1] : c->g.workspace;
+            if (o->i[3] & SET_BF16)
+                cu_gemm_lt_b16(sj, &c->g, o->gs.w[j], c->xb, m, (__nv_bfloat16 *)o->gs.y[j], ws);
+            else
+                cu_gemm_lt(sj, &c->g, o->gs.w[j], c->xb, m, o->gs.y[j], ws);
+        }
         for (int j = 1; j < nw; j++) {
             CU(cudaEventRecord(c->join[j - 1], c->side[j - 1]));
             CU(cudaStreamWaitEvent(s, c->join[j - 1], 0));
@@ -484,8 +501,9 @@ static bool op_overwrites(const op *o, const void *b, int64_t n)
     case OP_MATMUL:
         return o->p[0] == b && !o->i[3] && o->p[1] != b && (int64_t)o->i[0] * o->w.n == n;
     case OP_GEMM_SET:
-        /* with i[3] the launch after it writes the three results */
-        if (o->p[1] == b || (o->i[1] && o->i[3])) return false;
+        /* with SET_NO_SPLIT the launch after it writes the three results; with SET_BF16 it
+         * writes bf16 */
+        if (o->p[1] == b || o->i[3]) return false;
         for (int j = 0; j < o->gs.nw; j++)
             if ((const void *)o->gs.y[j] == b) return (int64_t)o->i[0] * o->gs.w[j].n == n;
         return false;
@@ -502,10 +520,31 @@ static bool op_overwrites(const op *o, const void *b, int64_t n)
     return false;
 }
 
+/* Whether the n floats of b are dead after operation i: nothing reads them before an
+ * operation overwrites all of them (operation i + 1 may be the product that reads the bf16
+ * copy operation i wrote in their place). */
+static bool dead_after(const cu_ctx *c, int i, const void *b, int64_t n)
+{
+    for (int j = i + 1; j < c->n_ops; j++) {
+        const op *o = &c->tape[j];
+        if (op_overwrites(o, b, n)) return true;
+        if (!op_mentions(o, b)) continue;
+        if (j == i + 1 && o->kind == OP_MATMUL && o->i[1] && o->p[1] == b && o->p[0] != b) continue;
+        if (j == i + 1 && o->kind == OP_GEMM_SET && o->i[2] && o->p[1] == b) {
+            bool writes = false;
+            for (int k = 0; k < o->gs.nw; k++) writes |= (const void *)o->gs.y[k] == b;
+            if (!writes) continue;
+        }
+        return false;
+    }
+    return false;
+}
+
 /* The operations that write a bf16 copy of their result for the product after them (the
  * activation, the norms, decode attention) skip the float32 result where the tape proves
  * it dead: read by nothing but that product (which reads the copy) before an operation
- * overwrites all of it. */
+ * overwrites all of it. Then gate and up products whose only reader is the activation
+ * after them (itself writing bf16 alone) write bf16 results, which it reads. */
 static void drop_dead_f32(cu_ctx *c)
 {
     for (int i = 0; i < c->n_ops; i++) {
@@ -525,26 +564,28 @@ static void drop_dead_f32(cu_ctx *c)
         } else {
             continue;
         }
-        for (int j = i + 1; j < c->n_ops; j++) {
-            const op *o = &c->tape[j];
-            if (op_overwrites(o, b, n)) {
-                if (w->kind == OP_ATTN)
-                    w->att.out = NULL;
-                else
-                    w->p[0] = NULL;
-                break;
-            }
-            if (!op_mentions(o, b)) continue;
-            /* the product that reads the bf16 copy in place of b */
-            if (j == i + 1 && o->kind == OP_MATMUL && o->i[1] && o->p[1] == b && o->p[0] != b)
-                continue;
-            if (j == i + 1 && o->kind == OP_GEMM_SET && o->i[2] && o->p[1] == b) {
-                bool writes = false;
-                for (int k = 0; k < o->gs.nw; k++) writes |= (const void *)o->gs.y[k] == b;
-                if (!writes) continue;
-            }
-            break;
+        if (dead_after(c, i, b, n)) {
+            if (w->kind == OP_ATTN)
+                w->att.out = NULL;
+            else
+                w->p[0] = NULL;
         }
+    }
+    if (!c->set_b16) return;
+    for (int i = 0; i + 1 < c->n_ops; i++) {
+        op *st = &c->tape[i], *a = &c->tape[i + 1];
+        if (st->kind != OP_GEMM_SET || st->i[1] || st->i[3] || st->gs.nw != 2 ||
+            a->kind != OP_ACT || a->i[1] || a->p[0] || !a->p[3] || a->p[1] != st->gs.y[0] ||
+            a->p[2] != st->gs.y[1])
+            continue;
+        const int m = st->i[0];
+        const int64_t n = (int64_t)m * st->gs.w[0].n;
+        if (st->gs.w[1].n != st->gs.w[0].n || a->n != n || n % 4 ||
+            !dead_after(c, i + 1, st->gs.y[0], n) || !dead_after(c, i + 1, st->gs.y[1], n) ||
+            !cu_gemm_lt_b16_ok(&c->g, st->gs.w[0], m) || !cu_gemm_lt_b16_ok(&c->g, st->gs.w[1], m))
+            continue;
+        st->i[3] = SET_BF16;
+        a->i[1] = 1;
     }
 }
 
@@ -1218,7 +1259,7 @@ static void cu_kv_store_op(void *ctx, const struct kv_layer *kv, const struct kv
                 set->gs.w[0].n == (int64_t)hq * g->head_dim &&
                 set->gs.w[1].n == (int64_t)g->n_kv_heads * g->head_dim &&
                 set->gs.w[2].n == set->gs.w[1].n) {
-                set->i[3] = 1;
+                set->i[3] = SET_NO_SPLIT;
                 rq->p[7] = set->p[2];
             }
             qkv_rope(c, kv, g, q, k, v, cos_t, sin_t, b->n_tokens);
@@ -1629,6 +1670,7 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->split_rope = env_flag("PAGODA_CUDA_SPLIT_ROPE", 1);
     c->bf16_only = env_flag("PAGODA_CUDA_BF16_ONLY", 1);
     c->attn_bf16 = env_flag("PAGODA_CUDA_ATTN_BF16", 1);
+    c->set_b16 = env_flag("PAGODA_CUDA_SET_BF16", 1);
     if (c->gemm_streams) {
         CU(cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
         for (int j = 0; j < 2; j++) {

@@ -103,6 +103,7 @@ void cu_gemv_multi(cudaStream_t s, const cu_gemv_set &g, const float *x, int m);
 /* A cuBLASLt plan of one shape. */
 struct cu_lt_plan {
     int m, n, k;
+    int ob;    /* 1: bf16 results (else float32) */
     int ok;    /* 0: cuBLASLt has no algorithm for this shape */
     int tuned; /* the algorithm is the one timed fastest for the shape's size class */
     cublasLtMatmulDesc_t op;
@@ -157,6 +158,12 @@ bool cu_gemm_lt_ok(cu_gemm_ctx *g, const dweight &w, int m);
  * accumulate: y += xb . W^T (the product's epilogue reads y as its C operand). */
 void cu_gemm_lt(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, const __nv_bfloat16 *xb, int m,
                 float *y, void *workspace, bool accumulate = false);
+/** Whether cuBLASLt takes this product with bf16 results. */
+bool cu_gemm_lt_b16_ok(cu_gemm_ctx *g, const dweight &w, int m);
+/** As cu_gemm_lt, the results rounded to bf16 into y [m, n] (cuBLASLt's first choice of
+ * algorithm for the shape). */
+void cu_gemm_lt_b16(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, const __nv_bfloat16 *xb,
+                    int m, __nv_bfloat16 *y, void *workspace);
 
 /* ---- attention (attention.cu) ---- */
 
@@ -228,6 +235,10 @@ void cu_rope_kv(cudaStream_t s, float *q, float *k, float *v, const float *src, 
  * alone). */
 void cu_act_mul(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n, int gelu,
                 __nv_bfloat16 *ob);
+/** ob = act(gate) * up in bf16, from gate and up in bf16 (n a multiple of 4, 8-byte
+ * aligned). */
+void cu_act_mul_b16(cudaStream_t s, __nv_bfloat16 *ob, const __nv_bfloat16 *gate,
+                    const __nv_bfloat16 *up, int64_t n, int gelu);
 void cu_add(cudaStream_t s, float *x, const float *y, int64_t n);
 /** x += y, then out = rms_norm(x) * w, over rows of dim (out may be y); also as bf16 into ob
  * unless it is NULL (out NULL: the bf16 copy alone). */

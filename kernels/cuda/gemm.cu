@@ -200,9 +200,9 @@ static int lt_candidates(cu_gemm_ctx *g, const cu_lt_plan *p, cublasLtMatmulHeur
 }
 
 /* y = xb . W^T (accumulate: y += xb . W^T, y being C and D at once) with plan p and
- * algorithm algo on stream s. */
+ * algorithm algo on stream s; y float32, or bf16 with a plan of bf16 results. */
 static cublasStatus_t lt_run(cudaStream_t s, cu_gemm_ctx *g, const cu_lt_plan *p, const void *w,
-                             const __nv_bfloat16 *xb, float *y, const cublasLtMatmulAlgo_t *algo,
+                             const __nv_bfloat16 *xb, void *y, const cublasLtMatmulAlgo_t *algo,
                              void *workspace, bool accumulate = false)
 {
     const float one = 1.0f, beta = accumulate ? 1.0f : 0.0f;
@@ -210,11 +210,13 @@ static cublasStatus_t lt_run(cudaStream_t s, cu_gemm_ctx *g, const cu_lt_plan *p
                           workspace, g->workspace_bytes, s);
 }
 
-/* The cached cuBLASLt plan for y[m, n] = xb[m, k] . W^T (ok = 0 when there is none). */
-static cu_lt_plan *lt_plan(cu_gemm_ctx *g, int m, int n, int k)
+/* The cached cuBLASLt plan for y[m, n] = xb[m, k] . W^T, y float32 or (ob) bf16 (ok = 0
+ * when there is none). */
+static cu_lt_plan *lt_plan(cu_gemm_ctx *g, int m, int n, int k, int ob = 0)
 {
     for (int i = 0; i < g->n_plans; i++)
-        if (g->plans[i].m == m && g->plans[i].n == n && g->plans[i].k == k) return &g->plans[i];
+        if (g->plans[i].m == m && g->plans[i].n == n && g->plans[i].k == k && g->plans[i].ob == ob)
+            return &g->plans[i];
     int slot = g->n_plans < CU_LT_PLANS ? g->n_plans++ : (g->next_plan++ % CU_LT_PLANS);
     cu_lt_plan *p = &g->plans[slot];
     if (p->op) {
@@ -231,11 +233,12 @@ static cu_lt_plan *lt_plan(cu_gemm_ctx *g, int m, int n, int k)
     LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
     LT(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, k, n, k));
     LT(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, k, m, k));
-    LT(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_32F, n, m, n));
+    LT(cublasLtMatrixLayoutCreate(&p->c, ob ? CUDA_R_16BF : CUDA_R_32F, n, m, n));
     cublasLtMatmulHeuristicResult_t res;
     p->m = m;
     p->n = n;
     p->k = k;
+    p->ob = ob;
     p->ok = lt_candidates(g, p, &res, 1) > 0;
     if (p->ok) p->algo = res.algo;
     return p;
@@ -351,7 +354,7 @@ bool cu_gemm_ready(const cu_gemm_ctx *g, const dweight &w, int m)
     if (!lt_usable(g, w) || !g->tune) return true;
     for (int i = 0; i < g->n_plans; i++) {
         const cu_lt_plan *p = &g->plans[i];
-        if (p->m == m && p->n == (int)w.n && p->k == (int)w.k) return p->tuned || !p->ok;
+        if (p->m == m && p->n == (int)w.n && p->k == (int)w.k && !p->ob) return p->tuned || !p->ok;
     }
     return false;
 }
@@ -390,6 +393,19 @@ void cu_gemm_prepare(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, int m, co
 bool cu_gemm_lt_ok(cu_gemm_ctx *g, const dweight &w, int m)
 {
     return lt_usable(g, w) && lt_plan(g, m, (int)w.n, (int)w.k)->ok;
+}
+
+bool cu_gemm_lt_b16_ok(cu_gemm_ctx *g, const dweight &w, int m)
+{
+    return lt_usable(g, w) && lt_plan(g, m, (int)w.n, (int)w.k, 1)->ok;
+}
+
+void cu_gemm_lt_b16(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, const __nv_bfloat16 *xb,
+                    int m, __nv_bfloat16 *y, void *workspace)
+{
+    cu_lt_plan *p = lt_plan(g, m, (int)w.n, (int)w.k, 1);
+    if (!p->ok) cu_fatal("cu_gemm_lt_b16", "no cuBLASLt plan for this shape", __FILE__, __LINE__);
+    LT(lt_run(s, g, p, w.w, xb, y, &p->algo, workspace));
 }
 
 void cu_gemm_lt(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, const __nv_bfloat16 *xb, int m,

@@ -322,6 +322,48 @@ void cu_act_mul(cudaStream_t s, float *out, const float *gate, const float *up, 
     CU_LAUNCHED();
 }
 
+/* The same from bf16 gate and up: four values a thread and step, two steps' loads in
+ * flight. */
+static __device__ __forceinline__ float4 bf16x4_f(uint2 u)
+{
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                       __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+
+__global__ void k_act_mul_b16(uint2 *ob, const uint2 *__restrict__ gate,
+                              const uint2 *__restrict__ up, int64_t n4, int gelu)
+{
+    allow_dependents();
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += 2 * stride) {
+        const bool two = i + stride < n4;
+        const uint2 g0 = gate[i], u0 = up[i];
+        uint2 g1 = g0, u1 = u0;
+        if (two) {
+            g1 = gate[i + stride];
+            u1 = up[i + stride];
+        }
+        const float4 a = bf16x4_f(g0), b = bf16x4_f(u0);
+        ob[i] = bf16x4(make_float4(act_of(a.x, gelu) * b.x, act_of(a.y, gelu) * b.y,
+                                   act_of(a.z, gelu) * b.z, act_of(a.w, gelu) * b.w));
+        if (two) {
+            const float4 c = bf16x4_f(g1), d = bf16x4_f(u1);
+            ob[i + stride] = bf16x4(make_float4(act_of(c.x, gelu) * d.x, act_of(c.y, gelu) * d.y,
+                                                act_of(c.z, gelu) * d.z, act_of(c.w, gelu) * d.w));
+        }
+    }
+}
+
+void cu_act_mul_b16(cudaStream_t s, __nv_bfloat16 *ob, const __nv_bfloat16 *gate,
+                    const __nv_bfloat16 *up, int64_t n, int gelu)
+{
+    if (n <= 0) return;
+    const int64_t n4 = n / 4;
+    k_act_mul_b16<<<blocks_for((n4 + 1) / 2, 256), 256, 0, s>>>((uint2 *)ob, (const uint2 *)gate,
+                                                                (const uint2 *)up, n4, gelu);
+    CU_LAUNCHED();
+}
+
 __global__ void k_add(float *x, const float *y, int64_t n)
 {
     allow_dependents();
