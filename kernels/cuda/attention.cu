@@ -439,7 +439,39 @@ static __device__ __forceinline__ float ex2(float x)
     return y;
 }
 
-template <int D, bool G16>
+/* A lane's values of one head row at src (dimensions 8 tq + 32 i + e of the key loads'
+ * order), with rope (tables ct, st of the token) where rope is set: dimensions j and j + D/2
+ * sit in the lane's i and i + NC/2. */
+template <int NC>
+static __device__ __forceinline__ void
+row_roped(float (&v)[NC][8], const float *src, const float *ct, const float *st, int tq, bool rope)
+{
+#pragma unroll
+    for (int i = 0; i < NC; i++) {
+        const float4 lo = *(const float4 *)(src + 32 * i + 8 * tq),
+                     hi = *(const float4 *)(src + 32 * i + 8 * tq + 4);
+        v[i][0] = lo.x;
+        v[i][1] = lo.y;
+        v[i][2] = lo.z;
+        v[i][3] = lo.w;
+        v[i][4] = hi.x;
+        v[i][5] = hi.y;
+        v[i][6] = hi.z;
+        v[i][7] = hi.w;
+    }
+    if (!rope) return;
+#pragma unroll
+    for (int i = 0; i < NC / 2; i++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const int j = 32 * i + 8 * tq + e;
+            const float c = ct[j], sn = st[j], x0 = v[i][e], x1 = v[i + NC / 2][e];
+            v[i][e] = x0 * c - x1 * sn;
+            v[i + NC / 2][e] = x1 * c + x0 * sn;
+        }
+}
+
+template <int D, bool G16, bool ROPE>
 __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a)
 {
     allow_dependents();
@@ -461,6 +493,10 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
     const int32_t *bt = a.block_table + (int64_t)s * a.max_blocks;
     const int64_t kv_row = (int64_t)a.n_kv_heads * D;
     const __nv_bfloat16 *kbase = a.k + (int64_t)kvh * D, *vbase = a.v + (int64_t)kvh * D;
+    /* with ROPE: the token's q, k and v before rope, and its rope tables */
+    const float *qkv = ROPE ? a.qkv + (int64_t)t * a.qkv_stride : NULL;
+    const float *ct = ROPE ? a.rcos + (int64_t)t * (D / 2) : NULL;
+    const float *st = ROPE ? a.rsin + (int64_t)t * (D / 2) : NULL;
     const int bs = a.block_size;
     const bool pow2 = !(bs & (bs - 1));
     const int bsh = __ffs(bs) - 1;
@@ -479,6 +515,19 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
             const int kp = min(kb + g + 8 * h, k_hi - 1);
             if (!(which & (kp == qpos ? 2 : 1))) continue;
             const int64_t off = slot_of(kp) * kv_row + 8 * tq;
+            if (ROPE && kp == qpos) {
+                /* the token's own key: roped here and stored (lanes past the range's last
+                 * key hold it too and store the same bytes) */
+                float v[NC][8];
+                row_roped<NC>(v, qkv + (int64_t)(a.n_heads + kvh) * D, ct, st, tq, true);
+#pragma unroll
+                for (int i = 0; i < NC; i++) {
+                    kr[h][i] = make_uint4(pack_bf16(v[i][0], v[i][1]), pack_bf16(v[i][2], v[i][3]),
+                                          pack_bf16(v[i][4], v[i][5]), pack_bf16(v[i][6], v[i][7]));
+                    *(uint4 *)((__nv_bfloat16 *)kbase + off + 32 * i) = kr[h][i];
+                }
+                continue;
+            }
 #pragma unroll
             for (int i = 0; i < NC; i++) kr[h][i] = __ldg((const uint4 *)(kbase + off + 32 * i));
         }
@@ -489,6 +538,18 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
             const int kp = min(kb + 2 * tq + (u & 1) + 8 * (u >> 1), k_hi - 1);
             if (!(which & (kp == qpos ? 2 : 1))) continue;
             const int64_t off = slot_of(kp) * kv_row + 8 * g;
+            if (ROPE && kp == qpos) { /* the token's own value, stored */
+                const float *src = qkv + (int64_t)(a.n_heads + a.n_kv_heads + kvh) * D + 8 * g;
+#pragma unroll
+                for (int c = 0; c < VC; c++) {
+                    const float4 lo = *(const float4 *)(src + 64 * c),
+                                 hi = *(const float4 *)(src + 64 * c + 4);
+                    vr[u][c] = make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w),
+                                          pack_bf16(hi.x, hi.y), pack_bf16(hi.z, hi.w));
+                    *(uint4 *)((__nv_bfloat16 *)vbase + off + 64 * c) = vr[u][c];
+                }
+                continue;
+            }
 #pragma unroll
             for (int c = 0; c < VC; c++) vr[u][c] = __ldg((const uint4 *)(vbase + off + 64 * c));
         }
@@ -513,18 +574,21 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
     for (int h = 0; h < 2; h++) {
         const int r = g + 8 * h;
         const bool ok = r < group && (G16 || h == 0);
-        const float *qr = a.q + ((int64_t)t * a.n_heads + kvh * group + (ok ? r : 0)) * D + 8 * tq;
+        const int head = kvh * group + (ok ? r : 0);
+        float v[NC][8];
+        if (ROPE)
+            row_roped<NC>(v, qkv + (int64_t)head * D, ct, st, tq, true);
+        else
+            row_roped<NC>(v, a.q + ((int64_t)t * a.n_heads + head) * D, ct, st, tq, false);
 #pragma unroll
         for (int i = 0; i < NC; i++) {
-            float4 lo = make_float4(0, 0, 0, 0), hi = lo;
-            if (ok) {
-                lo = *(const float4 *)(qr + 32 * i);
-                hi = *(const float4 *)(qr + 32 * i + 4);
-            }
-            qf[2 * i][h] = pack_bf16(lo.x, lo.y);
-            qf[2 * i][2 + h] = pack_bf16(lo.z, lo.w);
-            qf[2 * i + 1][h] = pack_bf16(hi.x, hi.y);
-            qf[2 * i + 1][2 + h] = pack_bf16(hi.z, hi.w);
+            if (!ok)
+#pragma unroll
+                for (int e = 0; e < 8; e++) v[i][e] = 0.0f;
+            qf[2 * i][h] = pack_bf16(v[i][0], v[i][1]);
+            qf[2 * i][2 + h] = pack_bf16(v[i][2], v[i][3]);
+            qf[2 * i + 1][h] = pack_bf16(v[i][4], v[i][5]);
+            qf[2 * i + 1][2 + h] = pack_bf16(v[i][6], v[i][7]);
         }
     }
 
@@ -774,10 +838,14 @@ template <int D> static void launch_dec(cudaStream_t s, const cu_attn_args &a)
     cu_launch l;
     cu_launch_init(&l, (unsigned)a.n_tokens, DEC_WARPS * 32, smem, s, a.early);
     l.cfg.gridDim = dim3((unsigned)a.n_tokens, (unsigned)a.n_kv_heads, (unsigned)a.splits);
-    if (group > 8)
-        CU(cudaLaunchKernelEx(&l.cfg, k_attention_dec<D, true>, a));
+    if (group > 8 && a.qkv)
+        CU(cudaLaunchKernelEx(&l.cfg, k_attention_dec<D, true, true>, a));
+    else if (group > 8)
+        CU(cudaLaunchKernelEx(&l.cfg, k_attention_dec<D, true, false>, a));
+    else if (a.qkv)
+        CU(cudaLaunchKernelEx(&l.cfg, k_attention_dec<D, false, true>, a));
     else
-        CU(cudaLaunchKernelEx(&l.cfg, k_attention_dec<D, false>, a));
+        CU(cudaLaunchKernelEx(&l.cfg, k_attention_dec<D, false, false>, a));
 }
 
 bool cu_attn_tc_ok(int head_dim)

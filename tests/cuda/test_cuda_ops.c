@@ -939,17 +939,18 @@ static void run_layer(const struct backend *be, const struct layer_bufs *t, cons
 /*
  * A decode step of n_seqs sequences (one token each, over contexts an earlier step stored)
  * through two bf16 layers as the model records them. The CUDA backend then runs q/k/v as one
- * product whose columns the rope + KV store launch reads itself, decode attention writing
- * the o product's bf16 input, skips the float32 results of the norms, the activation and
+ * product whose columns decode attention reads itself (roping q and the token's key,
+ * storing the key and value: no rope + KV store launch), decode attention writing the o
+ * product's bf16 input, skips the float32 results of the norms, the activation and
  * attention that only the next product reads (as bf16) before the second layer overwrites
- * them, and has the first layer's gate and up products write bf16 for the activation. The residual
- * stream and both layers' caches must match the CPU within 1e-2 (products on bf16 operands,
- * attention on bf16 scores and probabilities).
+ * them, and has the first layer's gate and up products write bf16 for the activation. The
+ * residual stream and both layers' caches must match the CPU within 1e-2 (products on bf16
+ * operands, attention on bf16 scores and probabilities).
  */
-static void test_decode_layers(int n_seqs, int max_blocks, int ctx_base)
+static void test_decode_layers(int n_seqs, int d, int max_blocks, int ctx_base)
 {
     enum { NL = 2 };
-    const int H = 512, hq = 8, hkv = 2, d = 64, F = 1024, bs = 16, half = d / 2;
+    const int H = 512, hq = 8, hkv = 2, F = 1024, bs = 16, half = d / 2;
     const int n_blocks = n_seqs * max_blocks, kv_row = hkv * d;
     int32_t *bt = xmalloc(sizeof(int32_t) * (size_t)n_blocks);
     for (int s = 0; s < n_seqs; s++)
@@ -1064,7 +1065,7 @@ static void test_decode_layers(int n_seqs, int max_blocks, int ctx_base)
             float *gx = back(db.x, nh);
             const double err = rel_err(gx, hb.x, nh);
             char what[64];
-            snprintf(what, sizeof what, "two decode layers, %d sequences", n_seqs);
+            snprintf(what, sizeof what, "two decode layers, %d sequences, heads of %d", n_seqs, d);
             printf("%s: residual relative error %.3g\n", what, err);
             CHECK(err <= 1e-2, "%s: residual relative error %.3g > 1e-2", what, err);
             for (int l = 0; l < NL; l++) {
@@ -1104,9 +1105,10 @@ static void decode_layers_section(void)
     /* twice each: the first run of a product shape times cuBLASLt's algorithms, running the
      * operations recorded before it first, so only the second records each step whole */
     for (int rep = 0; rep < 2; rep++) {
-        test_decode_layers(40, 8, 0);  /* one block a token and KV head */
-        test_decode_layers(3, 16, 90); /* few sequences: key ranges, merged by the last */
-        test_decode_layers(1, 16, 60); /* one sequence: the one-row products */
+        test_decode_layers(40, 64, 8, 0);   /* one block a token and KV head */
+        test_decode_layers(40, 128, 8, 30); /* heads of 128, as in the 8B shape */
+        test_decode_layers(3, 128, 16, 90); /* few sequences: key ranges, merged by the last */
+        test_decode_layers(1, 64, 16, 60);  /* one sequence: the one-row products */
     }
 }
 
@@ -1434,6 +1436,7 @@ static const struct {
     {"decode-layers-plain", "PAGODA_CUDA_BF16_ONLY", "0", decode_layers_section},
     {"decode-layers-split", "PAGODA_CUDA_SPLIT_ROPE", "0", decode_layers_section},
     {"decode-layers-attn32", "PAGODA_CUDA_ATTN_BF16", "0", decode_layers_section},
+    {"decode-layers-rope", "PAGODA_CUDA_ATTN_ROPE", "0", decode_layers_section},
 };
 #define N_SECTIONS (int)(sizeof sections / sizeof sections[0])
 
