@@ -461,14 +461,19 @@ row_roped(float (&v)[NC][8], const float *src, const float *ct, const float *st,
     }
     if (!rope) return;
 #pragma unroll
-    for (int i = 0; i < NC / 2; i++)
+    for (int i = 0; i < NC / 2; i++) {
+        const int j = 32 * i + 8 * tq;
+        const float4 c0 = *(const float4 *)(ct + j), c1 = *(const float4 *)(ct + j + 4);
+        const float4 s0 = *(const float4 *)(st + j), s1 = *(const float4 *)(st + j + 4);
+        const float c[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+        const float sn[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
 #pragma unroll
         for (int e = 0; e < 8; e++) {
-            const int j = 32 * i + 8 * tq + e;
-            const float c = ct[j], sn = st[j], x0 = v[i][e], x1 = v[i + NC / 2][e];
-            v[i][e] = x0 * c - x1 * sn;
-            v[i + NC / 2][e] = x1 * c + x0 * sn;
+            const float x0 = v[i][e], x1 = v[i + NC / 2][e];
+            v[i][e] = x0 * c[e] - x1 * sn[e];
+            v[i + NC / 2][e] = x1 * c[e] + x0 * sn[e];
         }
+    }
 }
 
 template <int D, bool G16, bool ROPE>
@@ -515,21 +520,10 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
             const int kp = min(kb + g + 8 * h, k_hi - 1);
             if (!(which & (kp == qpos ? 2 : 1))) continue;
             const int64_t off = slot_of(kp) * kv_row + 8 * tq;
-            if (ROPE && kp == qpos) {
-                /* the token's own key: roped here and stored (lanes past the range's last
-                 * key hold it too and store the same bytes) */
-                float v[NC][8];
-                row_roped<NC>(v, qkv + (int64_t)(a.n_heads + kvh) * D, ct, st, tq, true);
 #pragma unroll
-                for (int i = 0; i < NC; i++) {
-                    kr[h][i] = make_uint4(pack_bf16(v[i][0], v[i][1]), pack_bf16(v[i][2], v[i][3]),
-                                          pack_bf16(v[i][4], v[i][5]), pack_bf16(v[i][6], v[i][7]));
-                    *(uint4 *)((__nv_bfloat16 *)kbase + off + 32 * i) = kr[h][i];
-                }
-                continue;
-            }
-#pragma unroll
-            for (int i = 0; i < NC; i++) kr[h][i] = __ldg((const uint4 *)(kbase + off + 32 * i));
+            for (int i = 0; i < NC; i++)
+                kr[h][i] = ROPE ? __ldcg((const uint4 *)(kbase + off + 32 * i))
+                                : __ldg((const uint4 *)(kbase + off + 32 * i));
         }
     };
     auto load_v = [&](int kb, int which) {
@@ -538,31 +532,39 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
             const int kp = min(kb + 2 * tq + (u & 1) + 8 * (u >> 1), k_hi - 1);
             if (!(which & (kp == qpos ? 2 : 1))) continue;
             const int64_t off = slot_of(kp) * kv_row + 8 * g;
-            if (ROPE && kp == qpos) { /* the token's own value, stored */
-                const float *src = qkv + (int64_t)(a.n_heads + a.n_kv_heads + kvh) * D + 8 * g;
 #pragma unroll
-                for (int c = 0; c < VC; c++) {
-                    const float4 lo = *(const float4 *)(src + 64 * c),
-                                 hi = *(const float4 *)(src + 64 * c + 4);
-                    vr[u][c] = make_uint4(pack_bf16(lo.x, lo.y), pack_bf16(lo.z, lo.w),
-                                          pack_bf16(hi.x, hi.y), pack_bf16(hi.z, hi.w));
-                    *(uint4 *)((__nv_bfloat16 *)vbase + off + 64 * c) = vr[u][c];
-                }
-                continue;
-            }
-#pragma unroll
-            for (int c = 0; c < VC; c++) vr[u][c] = __ldg((const uint4 *)(vbase + off + 64 * c));
+            for (int c = 0; c < VC; c++)
+                vr[u][c] = ROPE ? __ldcg((const uint4 *)(vbase + off + 64 * c))
+                                : __ldg((const uint4 *)(vbase + off + 64 * c));
         }
     };
     /* The first round's loads of the earlier keys go out before the wait for the kernel that
      * stores this token's key and value and writes the queries (launched early, this block
-     * may start while that kernel finishes); the token's own key follows the wait. */
+     * may start while that kernel finishes; with ROPE that kernel is the q/k/v product and
+     * the key and value are stored here after the wait); the token's own key follows. */
     const bool first = k_lo + KR * warp < k_hi;
     if (first) {
         load_k(k_lo + KR * warp, 1);
         load_v(k_lo + KR * warp, 1);
     }
     grid_dependency_wait();
+    if (ROPE) {
+        /* the block whose range holds the token's own key ropes it and stores it and the
+         * value (the keys' loads after this barrier read them through L2) */
+        if (k_lo <= qpos && qpos < k_hi) {
+            const int64_t o = slot_of(qpos) * kv_row;
+            const float *kq = qkv + (int64_t)(a.n_heads + kvh) * D;
+            const float *vq = qkv + (int64_t)(a.n_heads + a.n_kv_heads + kvh) * D;
+            for (int j = threadIdx.x; j < D / 2; j += blockDim.x) {
+                const float x0 = kq[j], x1 = kq[j + D / 2], c = ct[j], sn = st[j];
+                ((__nv_bfloat16 *)kbase)[o + j] = __float2bfloat16_rn(x0 * c - x1 * sn);
+                ((__nv_bfloat16 *)kbase)[o + j + D / 2] = __float2bfloat16_rn(x1 * c + x0 * sn);
+            }
+            for (int j = threadIdx.x; j < D; j += blockDim.x)
+                ((__nv_bfloat16 *)vbase)[o + j] = __float2bfloat16_rn(vq[j]);
+        }
+        __syncthreads();
+    }
     if (first) {
         load_k(k_lo + KR * warp, 2);
         load_v(k_lo + KR * warp, 2);
