@@ -439,44 +439,7 @@ static __device__ __forceinline__ float ex2(float x)
     return y;
 }
 
-/* A lane's values of one head row at src (dimensions 8 tq + 32 i + e of the key loads'
- * order), with rope (tables ct, st of the token) where rope is set: dimensions j and j + D/2
- * sit in the lane's i and i + NC/2. */
-template <int NC>
-static __device__ __forceinline__ void
-row_roped(float (&v)[NC][8], const float *src, const float *ct, const float *st, int tq, bool rope)
-{
-#pragma unroll
-    for (int i = 0; i < NC; i++) {
-        const float4 lo = *(const float4 *)(src + 32 * i + 8 * tq),
-                     hi = *(const float4 *)(src + 32 * i + 8 * tq + 4);
-        v[i][0] = lo.x;
-        v[i][1] = lo.y;
-        v[i][2] = lo.z;
-        v[i][3] = lo.w;
-        v[i][4] = hi.x;
-        v[i][5] = hi.y;
-        v[i][6] = hi.z;
-        v[i][7] = hi.w;
-    }
-    if (!rope) return;
-#pragma unroll
-    for (int i = 0; i < NC / 2; i++) {
-        const int j = 32 * i + 8 * tq;
-        const float4 c0 = *(const float4 *)(ct + j), c1 = *(const float4 *)(ct + j + 4);
-        const float4 s0 = *(const float4 *)(st + j), s1 = *(const float4 *)(st + j + 4);
-        const float c[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
-        const float sn[8] = {s0.x, s0.y, s0.z, s0.w, s1.x, s1.y, s1.z, s1.w};
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-            const float x0 = v[i][e], x1 = v[i + NC / 2][e];
-            v[i][e] = x0 * c[e] - x1 * sn[e];
-            v[i + NC / 2][e] = x1 * c[e] + x0 * sn[e];
-        }
-    }
-}
-
-template <int D, bool G16, bool ROPE>
+template <int D, bool G16>
 __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a)
 {
     allow_dependents();
@@ -498,10 +461,6 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
     const int32_t *bt = a.block_table + (int64_t)s * a.max_blocks;
     const int64_t kv_row = (int64_t)a.n_kv_heads * D;
     const __nv_bfloat16 *kbase = a.k + (int64_t)kvh * D, *vbase = a.v + (int64_t)kvh * D;
-    /* with ROPE: the token's q, k and v before rope, and its rope tables */
-    const float *qkv = ROPE ? a.qkv + (int64_t)t * a.qkv_stride : NULL;
-    const float *ct = ROPE ? a.rcos + (int64_t)t * (D / 2) : NULL;
-    const float *st = ROPE ? a.rsin + (int64_t)t * (D / 2) : NULL;
     const int bs = a.block_size;
     const bool pow2 = !(bs & (bs - 1));
     const int bsh = __ffs(bs) - 1;
@@ -521,9 +480,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
             if (!(which & (kp == qpos ? 2 : 1))) continue;
             const int64_t off = slot_of(kp) * kv_row + 8 * tq;
 #pragma unroll
-            for (int i = 0; i < NC; i++)
-                kr[h][i] = ROPE ? __ldcg((const uint4 *)(kbase + off + 32 * i))
-                                : __ldg((const uint4 *)(kbase + off + 32 * i));
+            for (int i = 0; i < NC; i++) kr[h][i] = __ldg((const uint4 *)(kbase + off + 32 * i));
         }
     };
     auto load_v = [&](int kb, int which) {
@@ -533,38 +490,18 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
             if (!(which & (kp == qpos ? 2 : 1))) continue;
             const int64_t off = slot_of(kp) * kv_row + 8 * g;
 #pragma unroll
-            for (int c = 0; c < VC; c++)
-                vr[u][c] = ROPE ? __ldcg((const uint4 *)(vbase + off + 64 * c))
-                                : __ldg((const uint4 *)(vbase + off + 64 * c));
+            for (int c = 0; c < VC; c++) vr[u][c] = __ldg((const uint4 *)(vbase + off + 64 * c));
         }
     };
     /* The first round's loads of the earlier keys go out before the wait for the kernel that
      * stores this token's key and value and writes the queries (launched early, this block
-     * may start while that kernel finishes; with ROPE that kernel is the q/k/v product and
-     * the key and value are stored here after the wait); the token's own key follows. */
+     * may start while that kernel finishes); the token's own key follows the wait. */
     const bool first = k_lo + KR * warp < k_hi;
     if (first) {
         load_k(k_lo + KR * warp, 1);
         load_v(k_lo + KR * warp, 1);
     }
     grid_dependency_wait();
-    if (ROPE) {
-        /* the block whose range holds the token's own key ropes it and stores it and the
-         * value (the keys' loads after this barrier read them through L2) */
-        if (k_lo <= qpos && qpos < k_hi) {
-            const int64_t o = slot_of(qpos) * kv_row;
-            const float *kq = qkv + (int64_t)(a.n_heads + kvh) * D;
-            const float *vq = qkv + (int64_t)(a.n_heads + a.n_kv_heads + kvh) * D;
-            for (int j = threadIdx.x; j < D / 2; j += blockDim.x) {
-                const float x0 = kq[j], x1 = kq[j + D / 2], c = ct[j], sn = st[j];
-                ((__nv_bfloat16 *)kbase)[o + j] = __float2bfloat16_rn(x0 * c - x1 * sn);
-                ((__nv_bfloat16 *)kbase)[o + j + D / 2] = __float2bfloat16_rn(x1 * c + x0 * sn);
-            }
-            for (int j = threadIdx.x; j < D; j += blockDim.x)
-                ((__nv_bfloat16 *)vbase)[o + j] = __float2bfloat16_rn(vq[j]);
-        }
-        __syncthreads();
-    }
     if (first) {
         load_k(k_lo + KR * warp, 2);
         load_v(k_lo + KR * warp, 2);
@@ -576,21 +513,18 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
     for (int h = 0; h < 2; h++) {
         const int r = g + 8 * h;
         const bool ok = r < group && (G16 || h == 0);
-        const int head = kvh * group + (ok ? r : 0);
-        float v[NC][8];
-        if (ROPE)
-            row_roped<NC>(v, qkv + (int64_t)head * D, ct, st, tq, true);
-        else
-            row_roped<NC>(v, a.q + ((int64_t)t * a.n_heads + head) * D, ct, st, tq, false);
+        const float *qr = a.q + ((int64_t)t * a.n_heads + kvh * group + (ok ? r : 0)) * D + 8 * tq;
 #pragma unroll
         for (int i = 0; i < NC; i++) {
-            if (!ok)
-#pragma unroll
-                for (int e = 0; e < 8; e++) v[i][e] = 0.0f;
-            qf[2 * i][h] = pack_bf16(v[i][0], v[i][1]);
-            qf[2 * i][2 + h] = pack_bf16(v[i][2], v[i][3]);
-            qf[2 * i + 1][h] = pack_bf16(v[i][4], v[i][5]);
-            qf[2 * i + 1][2 + h] = pack_bf16(v[i][6], v[i][7]);
+            float4 lo = make_float4(0, 0, 0, 0), hi = lo;
+            if (ok) {
+                lo = *(const float4 *)(qr + 32 * i);
+                hi = *(const float4 *)(qr + 32 * i + 4);
+            }
+            qf[2 * i][h] = pack_bf16(lo.x, lo.y);
+            qf[2 * i][2 + h] = pack_bf16(lo.z, lo.w);
+            qf[2 * i + 1][h] = pack_bf16(hi.x, hi.y);
+            qf[2 * i + 1][2 + h] = pack_bf16(hi.z, hi.w);
         }
     }
 
@@ -840,14 +774,10 @@ template <int D> static void launch_dec(cudaStream_t s, const cu_attn_args &a)
     cu_launch l;
     cu_launch_init(&l, (unsigned)a.n_tokens, DEC_WARPS * 32, smem, s, a.early);
     l.cfg.gridDim = dim3((unsigned)a.n_tokens, (unsigned)a.n_kv_heads, (unsigned)a.splits);
-    if (group > 8 && a.qkv)
-        CU(cudaLaunchKernelEx(&l.cfg, k_attention_dec<D, true, true>, a));
-    else if (group > 8)
-        CU(cudaLaunchKernelEx(&l.cfg, k_attention_dec<D, true, false>, a));
-    else if (a.qkv)
-        CU(cudaLaunchKernelEx(&l.cfg, k_attention_dec<D, false, true>, a));
+    if (group > 8)
+        CU(cudaLaunchKernelEx(&l.cfg, k_attention_dec<D, true>, a));
     else
-        CU(cudaLaunchKernelEx(&l.cfg, k_attention_dec<D, false, false>, a));
+        CU(cudaLaunchKernelEx(&l.cfg, k_attention_dec<D, false>, a));
 }
 
 bool cu_attn_tc_ok(int head_dim)

@@ -182,10 +182,6 @@ struct cu_ctx {
     /* gate and up products write bf16 results for the activation where nothing else reads
      * them (with PAGODA_CUDA_BF16_ONLY; PAGODA_CUDA_SET_BF16=0: off) */
     int set_b16;
-    /* decode attention reads q, k and v from the q/k/v product itself, ropes q and the
-     * token's key and stores the key and value: no rope + KV store launch
-     * (PAGODA_CUDA_ATTN_ROPE=0: off) */
-    int attn_rope;
     float *ycat;
     size_t ycat_cap;
     cudaStream_t side[2];
@@ -492,13 +488,10 @@ static bool op_mentions(const op *o, const void *b)
 {
     for (int i = 0; i < 8; i++)
         if (o->p[i] == b) return true;
-    /* a fused set whose columns the launch after it reads touches only its own result */
-    const bool ys = !(o->kind == OP_GEMM_SET && (o->i[3] & SET_NO_SPLIT));
-    for (int i = 0; i < 3 && ys; i++)
+    for (int i = 0; i < 3; i++)
         if ((const void *)o->gs.y[i] == b) return true;
     return (const void *)o->gs.nsrc == b || (const void *)o->gs.resid == b ||
-           (const void *)o->att.q == b || (const void *)o->att.out == b ||
-           (const void *)o->att.qkv == b;
+           (const void *)o->att.q == b || (const void *)o->att.out == b;
 }
 
 /* Whether o writes all n floats of b without reading b first. */
@@ -522,13 +515,7 @@ static bool op_overwrites(const op *o, const void *b, int64_t n)
         return o->p[0] == b && o->p[1] != b && o->p[2] != b && o->n == n;
     case OP_ATTN:
         return (const void *)o->att.out == b && (const void *)o->att.q != b &&
-               (const void *)o->att.qkv != b &&
                (int64_t)o->att.n_tokens * o->att.n_heads * o->att.head_dim == n;
-    case OP_ROPE_KV: /* reading q, k and v from the product's columns (p[7]) */
-        if (!o->p[7] || o->p[7] == b) return false;
-        if (o->p[4] == b) return (int64_t)o->i[0] * o->i[1] * o->i[3] == n;
-        if (o->p[5] == b || o->p[2] == b) return (int64_t)o->i[0] * o->i[2] * o->i[3] == n;
-        return false;
     }
     return false;
 }
@@ -551,36 +538,6 @@ static bool dead_after(const cu_ctx *c, int i, const void *b, int64_t n)
         return false;
     }
     return false;
-}
-
-/* A rope + KV store launch that reads q, k and v from the product of the three matrices,
- * right before decode attention over that q: attention reads the product's columns itself,
- * ropes q and the token's own key and stores the own key and value, where q, k and v are
- * read by nothing after it before they are overwritten. The rope launch leaves the tape. */
-static void fold_rope(cu_ctx *c)
-{
-    for (int i = 0; i + 1 < c->n_ops; i++) {
-        const op *r = &c->tape[i];
-        op *at = &c->tape[i + 1];
-        if (r->kind != OP_ROPE_KV || !r->p[7] || at->kind != OP_ATTN || !at->att.decode ||
-            at->att.qkv || (const void *)at->att.q != r->p[4] || at->att.n_tokens != r->i[0] ||
-            at->att.n_heads != r->i[1] || at->att.n_kv_heads != r->i[2] ||
-            at->att.head_dim != r->i[3] || (const void *)at->att.k != r->p[0] ||
-            (const void *)at->att.v != r->p[1])
-            continue;
-        const int64_t nq = (int64_t)r->i[0] * r->i[1] * r->i[3],
-                      nk = (int64_t)r->i[0] * r->i[2] * r->i[3];
-        if (!dead_after(c, i + 1, r->p[4], nq) || !dead_after(c, i + 1, r->p[5], nk) ||
-            !dead_after(c, i + 1, r->p[2], nk))
-            continue;
-        at->att.qkv = (const float *)r->p[7];
-        at->att.qkv_stride = (int64_t)(r->i[1] + 2 * r->i[2]) * r->i[3];
-        at->att.rcos = (const float *)r->p[6];
-        at->att.rsin = (const float *)r->p[3];
-        at->att.q = NULL;
-        memmove(&c->tape[i], &c->tape[i + 1], sizeof(op) * (size_t)(c->n_ops - i - 1));
-        c->n_ops--;
-    }
 }
 
 /* The operations that write a bf16 copy of their result for the product after them (the
@@ -636,7 +593,6 @@ static void drop_dead_f32(cu_ctx *c)
 static void flush(cu_ctx *c)
 {
     if (!c->n_ops) return;
-    if (c->attn_rope && c->fuse) fold_rope(c);
     if (c->bf16_only && c->fuse) drop_dead_f32(c);
     CU(cudaSetDevice(c->dev));
     int profile = c->prof == 1;
@@ -1715,7 +1671,6 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->bf16_only = env_flag("PAGODA_CUDA_BF16_ONLY", 1);
     c->attn_bf16 = env_flag("PAGODA_CUDA_ATTN_BF16", 1);
     c->set_b16 = env_flag("PAGODA_CUDA_SET_BF16", 1);
-    c->attn_rope = env_flag("PAGODA_CUDA_ATTN_ROPE", 1);
     if (c->gemm_streams) {
         CU(cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
         for (int j = 0; j < 2; j++) {

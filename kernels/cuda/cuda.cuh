@@ -190,12 +190,6 @@ struct cu_attn_args {
      * merges them, counted in sem ([n_tokens, n_kv_heads], zero between launches). */
     int decode;
     int *sem;
-    /* Decode path with qkv set: each token's q, k and v come from qkv (rows of qkv_stride
-     * floats, q's heads then k's then v's, before rope) in place of q, roped with rcos/rsin
-     * ([n_tokens, D / 2]); the kernel stores the token's own key and value in the caches. */
-    const float *qkv;
-    int64_t qkv_stride;
-    const float *rcos, *rsin;
     int early; /* launched early (programmatic dependent launch) */
 };
 

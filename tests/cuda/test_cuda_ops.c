@@ -939,13 +939,12 @@ static void run_layer(const struct backend *be, const struct layer_bufs *t, cons
 /*
  * A decode step of n_seqs sequences (one token each, over contexts an earlier step stored)
  * through two bf16 layers as the model records them. The CUDA backend then runs q/k/v as one
- * product whose columns decode attention reads itself (roping q and the token's key,
- * storing the key and value: no rope + KV store launch), decode attention writing the o
- * product's bf16 input, skips the float32 results of the norms, the activation and
+ * product whose columns the rope + KV store launch reads itself, decode attention writing
+ * the o product's bf16 input, skips the float32 results of the norms, the activation and
  * attention that only the next product reads (as bf16) before the second layer overwrites
- * them, and has the first layer's gate and up products write bf16 for the activation. The
- * residual stream and both layers' caches must match the CPU within 1e-2 (products on bf16
- * operands, attention on bf16 scores and probabilities).
+ * them, and has the first layer's gate and up products write bf16 for the activation. The residual
+ * stream and both layers' caches must match the CPU within 1e-2 (products on bf16 operands,
+ * attention on bf16 scores and probabilities).
  */
 static void test_decode_layers(int n_seqs, int d, int max_blocks, int ctx_base)
 {
@@ -1436,7 +1435,6 @@ static const struct {
     {"decode-layers-plain", "PAGODA_CUDA_BF16_ONLY", "0", decode_layers_section},
     {"decode-layers-split", "PAGODA_CUDA_SPLIT_ROPE", "0", decode_layers_section},
     {"decode-layers-attn32", "PAGODA_CUDA_ATTN_BF16", "0", decode_layers_section},
-    {"decode-layers-rope", "PAGODA_CUDA_ATTN_ROPE", "0", decode_layers_section},
 };
 #define N_SECTIONS (int)(sizeof sections / sizeof sections[0])
 
