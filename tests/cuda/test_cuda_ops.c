@@ -1432,6 +1432,7 @@ static const struct {
     {"gemm-one-stream", "PAGODA_CUDA_GEMM_STREAMS", "0", products_and_fusions},
     {"fuse-norm", "PAGODA_CUDA_FUSE_NORM", "1", test_norm_fusion},
     {"lt-small-off", "PAGODA_CUDA_LT_SMALL", "0", products_and_fusions},
+    {"decode-layers", NULL, NULL, decode_layers_section},
     {"decode-layers-plain", "PAGODA_CUDA_BF16_ONLY", "0", decode_layers_section},
     {"decode-layers-split", "PAGODA_CUDA_SPLIT_ROPE", "0", decode_layers_section},
     {"decode-layers-attn32", "PAGODA_CUDA_ATTN_BF16", "0", decode_layers_section},
