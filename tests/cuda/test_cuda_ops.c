@@ -1409,7 +1409,6 @@ static void default_section(void)
     test_gemv_tc_many_tiles();
     attn_bound = 1e-2; /* decode steps of 64 or more sequences: the tensor-core decode kernel */
     test_attention_decodes();
-    decode_layers_section();
 }
 
 /* Sections, each selectable by name after the test data folder (none: all). Each
