@@ -62,12 +62,12 @@ static const char *const op_names[] = {
     "attention", "act_mul",      "add",           "softcap",  "gather_rows", "argmax",
     "gemv",      "add+rms_norm", "rope+kv_store", "sample",   "gemm set"};
 
-/* One recorded operation. Zeroed before filling so that tapes compare with memcmp. */
 /* Flags of an OP_GEMM_SET in i[3]: the rope + KV store launch after the fused set reads
  * its columns (no split); the set's results are bf16. */
 #define SET_NO_SPLIT 1
 #define SET_BF16     2
 
+/* One recorded operation. Zeroed before filling so that tapes compare with memcmp. */
 struct op {
     int kind;
     int i[4];
