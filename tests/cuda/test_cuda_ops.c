@@ -943,9 +943,8 @@ static void run_layer(const struct backend *be, const struct layer_bufs *t, cons
  * the o product's bf16 input, skips the float32 results of the norms, the activation and
  * attention that only the next product reads (as bf16) before the second layer overwrites
  * them, and has the first layer's gate and up run as one product with bf16 results for the
- * activation. The residual
- * stream and both layers' caches must match the CPU within 1e-2 (products on bf16 operands,
- * attention on bf16 scores and probabilities).
+ * activation. The residual stream and both layers' caches must match the CPU within 1e-2
+ * (products on bf16 operands, attention on bf16 scores and probabilities).
  */
 static void test_decode_layers(int n_seqs, int d, int max_blocks, int ctx_base)
 {
