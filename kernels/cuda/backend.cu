@@ -63,11 +63,9 @@ static const char *const op_names[] = {
     "gemv",      "add+rms_norm", "rope+kv_store", "sample",   "gemm set"};
 
 /* Flags of an OP_GEMM_SET in i[3]: the rope + KV store launch after the fused set reads
- * its columns (no split); the set's results are bf16; a set of two matrices runs as one
- * product of both, each bf16 row of its result holding the first's and the second's. */
+ * its columns (no split); the set's results are bf16. */
 #define SET_NO_SPLIT 1
 #define SET_BF16     2
-#define SET_CAT      4 /* with SET_BF16: one product of both matrices, [m, n0 + n1] at y[0] */
 
 /* One recorded operation. Zeroed before filling so that tapes compare with memcmp. */
 struct op {
@@ -184,9 +182,6 @@ struct cu_ctx {
     /* gate and up products write bf16 results for the activation where nothing else reads
      * them (with PAGODA_CUDA_BF16_ONLY; PAGODA_CUDA_SET_BF16=0: off) */
     int set_b16;
-    /* those gate and up products as one product of both matrices (moved next to each other
-     * on first use; PAGODA_CUDA_GATE_CAT=0: two products on two streams) */
-    int gate_cat;
     float *ycat;
     size_t ycat_cap;
     cudaStream_t side[2];
@@ -257,10 +252,9 @@ static void exec_op(cu_ctx *c, const op *o)
         cu_attention(s, o->att);
         break;
     case OP_ACT:
-        if (o->i[1]) /* gate and up in bf16 (2: side by side in rows at p[1]) */
+        if (o->i[1]) /* gate and up in bf16 */
             cu_act_mul_b16(s, (__nv_bfloat16 *)o->p[3], (const __nv_bfloat16 *)o->p[1],
-                           (const __nv_bfloat16 *)o->p[2], o->n, o->i[0],
-                           o->i[1] == 2 ? o->i[2] : 0);
+                           (const __nv_bfloat16 *)o->p[2], o->n, o->i[0]);
         else
             cu_act_mul(s, (float *)o->p[0], (const float *)o->p[1], (const float *)o->p[2], o->n,
                        o->i[0], (__nv_bfloat16 *)o->p[3]);
@@ -309,12 +303,6 @@ static void exec_op(cu_ctx *c, const op *o)
             if (!(o->i[3] & SET_NO_SPLIT)) /* else the rope + KV store after it splits them */
                 cu_split3(s, (const float *)o->p[2], m, (int)o->gs.w[0].n, (int)o->gs.w[1].n,
                           (int)o->gs.w[2].n, o->gs.y[0], o->gs.y[1], o->gs.y[2]);
-            break;
-        }
-        if (o->i[3] & SET_CAT) {
-            dweight cat = o->gs.w[0];
-            cat.n = o->gs.w[0].n + o->gs.w[1].n;
-            cu_gemm_lt_b16(s, &c->g, cat, c->xb, m, (__nv_bfloat16 *)o->gs.y[0], c->g.workspace);
             break;
         }
         CU(cudaEventRecord(c->fork, s));
@@ -552,8 +540,6 @@ static bool dead_after(const cu_ctx *c, int i, const void *b, int64_t n)
     return false;
 }
 
-static int set_merge(cu_ctx *c, op *p);
-
 /* The operations that write a bf16 copy of their result for the product after them (the
  * activation, the norms, decode attention) skip the float32 result where the tape proves
  * it dead: read by nothing but that product (which reads the copy) before an operation
@@ -600,21 +586,6 @@ static void drop_dead_f32(cu_ctx *c)
             continue;
         st->i[3] = SET_BF16;
         a->i[1] = 1;
-        /* both as one product into the gate buffer (its bytes hold bf16 rows of both) */
-        dweight cat = st->gs.w[0];
-        cat.n += st->gs.w[1].n;
-        const dweight *w = st->gs.w;
-        if (!c->gate_cat || w[0].fmt != DF_BF16 || w[1].fmt != DF_BF16 ||
-            w[1].row_bytes != w[0].row_bytes || w[0].n % 4 || !cu_gemm_lt_b16_ok(&c->g, cat, m))
-            continue;
-        const bool adjacent = w[1].w == w[0].w + w[0].n * w[0].row_bytes;
-        if (!adjacent && (c->fuse_failed || !set_merge(c, st))) {
-            c->fuse_failed = 1;
-            continue;
-        }
-        st->i[3] = SET_BF16 | SET_CAT;
-        a->i[1] = 2;
-        a->i[2] = (int)st->gs.w[0].n;
     }
 }
 
@@ -959,10 +930,9 @@ static int walloc_index(cu_ctx *c, const void *p)
  */
 static int set_merge(cu_ctx *c, op *p)
 {
-    const int nw = p->gs.nw;
     int idx[3];
     size_t bytes[3], total = 0;
-    for (int j = 0; j < nw; j++) {
+    for (int j = 0; j < 3; j++) {
         idx[j] = walloc_index(c, p->gs.w[j].w);
         if (idx[j] < 0) return 0;
         for (int i = 0; i < j; i++)
@@ -977,13 +947,13 @@ static int set_merge(cu_ctx *c, op *p)
         return 0;
     }
     size_t off = 0;
-    for (int j = 0; j < nw; j++) {
+    for (int j = 0; j < 3; j++) {
         CU(cudaMemcpyAsync(cat + off, p->gs.w[j].w, bytes[j], cudaMemcpyDeviceToDevice, c->st));
         off += bytes[j];
     }
     CU(cudaStreamSynchronize(c->st));
     off = 0;
-    for (int j = 0; j < nw; j++) {
+    for (int j = 0; j < 3; j++) {
         CU(cudaFree(c->walloc[idx[j]]));
         c->walloc[idx[j]] = j ? NULL : cat;
         c->wdesc[idx[j]]->w = cat + off;
@@ -1701,7 +1671,6 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->bf16_only = env_flag("PAGODA_CUDA_BF16_ONLY", 1);
     c->attn_bf16 = env_flag("PAGODA_CUDA_ATTN_BF16", 1);
     c->set_b16 = env_flag("PAGODA_CUDA_SET_BF16", 1);
-    c->gate_cat = env_flag("PAGODA_CUDA_GATE_CAT", 1);
     if (c->gemm_streams) {
         CU(cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
         for (int j = 0; j < 2; j++) {

@@ -236,10 +236,9 @@ void cu_rope_kv(cudaStream_t s, float *q, float *k, float *v, const float *src, 
 void cu_act_mul(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n, int gelu,
                 __nv_bfloat16 *ob);
 /** ob = act(gate) * up in bf16, from gate and up in bf16 (n a multiple of 4, 8-byte
- * aligned); with f > 0 (a multiple of 4) gate holds rows of 2 f values, a row of gate's then
- * the same row of up's, and up is not read. */
+ * aligned). */
 void cu_act_mul_b16(cudaStream_t s, __nv_bfloat16 *ob, const __nv_bfloat16 *gate,
-                    const __nv_bfloat16 *up, int64_t n, int gelu, int f = 0);
+                    const __nv_bfloat16 *up, int64_t n, int gelu);
 void cu_add(cudaStream_t s, float *x, const float *y, int64_t n);
 /** x += y, then out = rms_norm(x) * w, over rows of dim (out may be y); also as bf16 into ob
  * unless it is NULL (out NULL: the bf16 copy alone). */

@@ -331,22 +331,17 @@ static __device__ __forceinline__ float4 bf16x4_f(uint2 u)
 }
 
 __global__ void k_act_mul_b16(uint2 *ob, const uint2 *__restrict__ gate,
-                              const uint2 *__restrict__ up, int64_t n4, int gelu, int64_t f4)
+                              const uint2 *__restrict__ up, int64_t n4, int gelu)
 {
     allow_dependents();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    /* with f4 > 0, gate and up side by side in rows of 2 f4 units at gate */
-    auto at = [&](int64_t i) { return f4 ? i + (i / f4) * f4 : i; };
-    const uint2 *u_ = f4 ? gate + f4 : up;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += 2 * stride) {
         const bool two = i + stride < n4;
-        const int64_t i0 = at(i);
-        const uint2 g0 = gate[i0], u0 = u_[i0];
+        const uint2 g0 = gate[i], u0 = up[i];
         uint2 g1 = g0, u1 = u0;
         if (two) {
-            const int64_t i1 = at(i + stride);
-            g1 = gate[i1];
-            u1 = u_[i1];
+            g1 = gate[i + stride];
+            u1 = up[i + stride];
         }
         const float4 a = bf16x4_f(g0), b = bf16x4_f(u0);
         ob[i] = bf16x4(make_float4(act_of(a.x, gelu) * b.x, act_of(a.y, gelu) * b.y,
@@ -360,12 +355,12 @@ __global__ void k_act_mul_b16(uint2 *ob, const uint2 *__restrict__ gate,
 }
 
 void cu_act_mul_b16(cudaStream_t s, __nv_bfloat16 *ob, const __nv_bfloat16 *gate,
-                    const __nv_bfloat16 *up, int64_t n, int gelu, int f)
+                    const __nv_bfloat16 *up, int64_t n, int gelu)
 {
     if (n <= 0) return;
     const int64_t n4 = n / 4;
-    k_act_mul_b16<<<blocks_for((n4 + 1) / 2, 256), 256, 0, s>>>(
-        (uint2 *)ob, (const uint2 *)gate, (const uint2 *)up, n4, gelu, (int64_t)f / 4);
+    k_act_mul_b16<<<blocks_for((n4 + 1) / 2, 256), 256, 0, s>>>((uint2 *)ob, (const uint2 *)gate,
+                                                                (const uint2 *)up, n4, gelu);
     CU_LAUNCHED();
 }
 
