@@ -322,14 +322,15 @@ void cu_act_mul(cudaStream_t s, float *out, const float *gate, const float *up, 
     CU_LAUNCHED();
 }
 
-/* The same from bf16 gate and up: four values a thread and step, two steps' loads in
- * flight. */
+/* Four bf16 values as floats. */
 static __device__ __forceinline__ float4 bf16x4_f(uint2 u)
 {
     return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
                        __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
 }
 
+/* The activation from bf16 gate and up into bf16 only: four values a thread and step, two
+ * steps' loads in flight. */
 __global__ void k_act_mul_b16(uint2 *ob, const uint2 *__restrict__ gate,
                               const uint2 *__restrict__ up, int64_t n4, int gelu)
 {
