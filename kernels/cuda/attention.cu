@@ -429,7 +429,8 @@ template <int D> __global__ void __launch_bounds__(128) k_attention_tc(cu_attn_a
  * (about 1e-3 relative), as in k_attention_tc.
  */
 #define DEC_WARPS 4
-#define DEC_KEYS  (DEC_WARPS * 16) /* keys a block takes a round */
+#define DEC_KR    16                   /* keys a warp takes a round */
+#define DEC_KEYS  (DEC_WARPS * DEC_KR) /* keys a block takes a round */
 
 /* 2^x in one instruction (0 for -inf). */
 static __device__ __forceinline__ float ex2(float x)
@@ -439,83 +440,83 @@ static __device__ __forceinline__ float ex2(float x)
     return y;
 }
 
-template <int D, bool G16>
-__global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a)
+/* One token's keys in one KV head, as a warp of the decode kernels reads them. */
+struct dec_src {
+    const __nv_bfloat16 *k, *v; /* the KV head's first dimension in the caches */
+    const int32_t *bt;          /* the sequence's block table */
+    int qpos, k_lo, k_hi;       /* the token's position; its visible keys [k_lo, k_hi) */
+};
+
+static __device__ __forceinline__ dec_src dec_src_of(const cu_attn_args &a, int t, int kvh, int D)
 {
-    allow_dependents();
-    constexpr int NC = D / 32;        /* 16-byte key loads per key row and lane */
-    constexpr int VC = D / 64;        /* 16-byte value loads per key and lane */
-    constexpr int DN = D / 8;         /* n-tiles of O */
-    constexpr int H = 2, KR = 16;     /* 8-key halves and keys a warp takes a round */
-    extern __shared__ float dec_sm[]; /* [DEC_WARPS][group][D], then m and l [DEC_WARPS][16] */
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    const int t = blockIdx.x, kvh = blockIdx.y, sp = blockIdx.z, ns = gridDim.z;
-    const int group = a.n_heads / a.n_kv_heads;
-    const int s = a.tok_seq[t], qpos = a.pos[t];
-    /* the token's visible keys, and this block's range of them: equal shares in whole
-     * rounds of the block's warps, the last ones empty where the keys run out */
-    const int k_first = a.window > 0 ? max(0, qpos - a.window + 1) : 0;
-    const int share = ((qpos + 1 - k_first + ns - 1) / ns + KR * DEC_WARPS - 1) / (KR * DEC_WARPS) *
-                      (KR * DEC_WARPS);
-    const int k_lo = min(qpos + 1, k_first + sp * share), k_hi = min(qpos + 1, k_lo + share);
-    const int32_t *bt = a.block_table + (int64_t)s * a.max_blocks;
-    const int64_t kv_row = (int64_t)a.n_kv_heads * D;
-    const __nv_bfloat16 *kbase = a.k + (int64_t)kvh * D, *vbase = a.v + (int64_t)kvh * D;
+    dec_src s;
+    s.qpos = a.pos[t];
+    s.k_lo = a.window > 0 ? max(0, s.qpos - a.window + 1) : 0;
+    s.k_hi = s.qpos + 1;
+    s.bt = a.block_table + (int64_t)a.tok_seq[t] * a.max_blocks;
+    s.k = a.k + (int64_t)kvh * D;
+    s.v = a.v + (int64_t)kvh * D;
+    return s;
+}
+
+/* The cache row of key position kp. */
+static __device__ __forceinline__ int64_t dec_slot(const cu_attn_args &a, const int32_t *bt, int kp)
+{
     const int bs = a.block_size;
-    const bool pow2 = !(bs & (bs - 1));
-    const int bsh = __ffs(bs) - 1;
-    auto slot_of = [&](int kp) -> int64_t {
-        return pow2 ? (int64_t)bt[kp >> bsh] * bs + (kp & (bs - 1))
-                    : (int64_t)bt[kp / bs] * bs + kp % bs;
-    };
-
-    /* The loads of this lane for the KR keys from kb: keys, then values; with `which`
-     * 1 only those of keys before the token's own (stored by the kernel before this one), 2
-     * only those of its own key, 3 all. */
-    uint4 kr[H][NC], vr[2 * H][VC];
-    auto load_k = [&](int kb, int which) {
-#pragma unroll
-        for (int h = 0; h < H; h++) {
-            const int kp = min(kb + g + 8 * h, k_hi - 1);
-            if (!(which & (kp == qpos ? 2 : 1))) continue;
-            const int64_t off = slot_of(kp) * kv_row + 8 * tq;
-#pragma unroll
-            for (int i = 0; i < NC; i++) kr[h][i] = __ldg((const uint4 *)(kbase + off + 32 * i));
-        }
-    };
-    auto load_v = [&](int kb, int which) {
-#pragma unroll
-        for (int u = 0; u < 2 * H; u++) {
-            const int kp = min(kb + 2 * tq + (u & 1) + 8 * (u >> 1), k_hi - 1);
-            if (!(which & (kp == qpos ? 2 : 1))) continue;
-            const int64_t off = slot_of(kp) * kv_row + 8 * g;
-#pragma unroll
-            for (int c = 0; c < VC; c++) vr[u][c] = __ldg((const uint4 *)(vbase + off + 64 * c));
-        }
-    };
-    /* The first round's loads of the earlier keys go out before the wait for the kernel that
-     * stores this token's key and value and writes the queries (launched early, this block
-     * may start while that kernel finishes); the token's own key follows the wait. */
-    const bool first = k_lo + KR * warp < k_hi;
-    if (first) {
-        load_k(k_lo + KR * warp, 1);
-        load_v(k_lo + KR * warp, 1);
+    if (!(bs & (bs - 1))) {
+        const int sh = __ffs(bs) - 1;
+        return (int64_t)bt[kp >> sh] * bs + (kp & (bs - 1));
     }
-    grid_dependency_wait();
-    if (first) {
-        load_k(k_lo + KR * warp, 2);
-        load_v(k_lo + KR * warp, 2);
-    }
+    return (int64_t)bt[kp / bs] * bs + kp % bs;
+}
 
-    /* Q fragments: rows g (and g + 8), dimensions in the key loads' order, bf16. */
-    uint32_t qf[2 * NC][4];
+/* A lane's loads of the 16 keys from kb (keys past the token's last read as the last one,
+ * masked later); with `which` 1 only those of keys before the token's own (stored by the
+ * kernel before this one), 2 only its own, 3 all. */
+template <int D>
+static __device__ __forceinline__ void dec_load_k(const cu_attn_args &a, const dec_src &s, int kb,
+                                                  int which, int g, int tq, uint4 (&kr)[2][D / 32])
+{
+    const int64_t kv_row = (int64_t)a.n_kv_heads * D;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int kp = min(kb + g + 8 * h, s.k_hi - 1);
+        if (!(which & (kp == s.qpos ? 2 : 1))) continue;
+        const int64_t off = dec_slot(a, s.bt, kp) * kv_row + 8 * tq;
+#pragma unroll
+        for (int i = 0; i < D / 32; i++) kr[h][i] = __ldg((const uint4 *)(s.k + off + 32 * i));
+    }
+}
+
+template <int D>
+static __device__ __forceinline__ void dec_load_v(const cu_attn_args &a, const dec_src &s, int kb,
+                                                  int which, int g, int tq, uint4 (&vr)[4][D / 64])
+{
+    const int64_t kv_row = (int64_t)a.n_kv_heads * D;
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        const int kp = min(kb + 2 * tq + (u & 1) + 8 * (u >> 1), s.k_hi - 1);
+        if (!(which & (kp == s.qpos ? 2 : 1))) continue;
+        const int64_t off = dec_slot(a, s.bt, kp) * kv_row + 8 * g;
+#pragma unroll
+        for (int c = 0; c < D / 64; c++) vr[u][c] = __ldg((const uint4 *)(s.v + off + 64 * c));
+    }
+}
+
+/* Q fragments of token t's rows in KV head kvh: rows g (and g + 8), dimensions in the key
+ * loads' order, bf16. */
+template <int D, bool G16>
+static __device__ __forceinline__ void dec_load_q(const cu_attn_args &a, int t, int kvh, int g,
+                                                  int tq, uint32_t (&qf)[D / 16][4])
+{
+    const int group = a.n_heads / a.n_kv_heads;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         const int r = g + 8 * h;
         const bool ok = r < group && (G16 || h == 0);
         const float *qr = a.q + ((int64_t)t * a.n_heads + kvh * group + (ok ? r : 0)) * D + 8 * tq;
 #pragma unroll
-        for (int i = 0; i < NC; i++) {
+        for (int i = 0; i < D / 32; i++) {
             float4 lo = make_float4(0, 0, 0, 0), hi = lo;
             if (ok) {
                 lo = *(const float4 *)(qr + 32 * i);
@@ -527,108 +528,159 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
             qf[2 * i + 1][2 + h] = pack_bf16(hi.z, hi.w);
         }
     }
+}
+
+/* One round of a warp: the 16 keys from kb (in kr and vr) into the online softmax state (o,
+ * mx, l). next_k runs once the scores have taken kr, next_v once P V has taken vr: each
+ * loads the warp's next round there, so one round of loads stays in flight throughout. */
+template <int D, bool G16, class NK, class NV>
+static __device__ __forceinline__ void
+dec_round(const cu_attn_args &a, const uint32_t (&qf)[D / 16][4], const uint4 (&kr)[2][D / 32],
+          const uint4 (&vr)[4][D / 64], float (&o)[D / 8][4], float (&mx)[2], float (&l)[2], int kb,
+          int k_hi, int tq, NK next_k, NV next_v)
+{
+    constexpr int NC = D / 32, VC = D / 64, DN = D / 8, H = 2;
+    const float LOG2E = 1.4426950408889634f, sl2 = a.scale * LOG2E;
+
+    /* S for keys kb + 8 h .. + 7, as two chains of products (even and odd steps) */
+    float sc[H][4];
+#pragma unroll
+    for (int h = 0; h < H; h++) {
+        float e2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        sc[h][0] = sc[h][1] = sc[h][2] = sc[h][3] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NC; i++) {
+            mma_bf16(sc[h], qf[2 * i], kr[h][i].x, kr[h][i].y);
+            mma_bf16(e2, qf[2 * i + 1], kr[h][i].z, kr[h][i].w);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; e++) sc[h][e] += e2[e];
+    }
+    next_k();
+    /* scale (log2 units), soft-cap, mask; row maxima over the quad */
+    float tmax[2] = {-INFINITY, -INFINITY};
+    if (a.softcap > 0) {
+#pragma unroll
+        for (int h = 0; h < H; h++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                sc[h][e] = a.softcap * tanhf(sc[h][e] * a.scale / a.softcap) * LOG2E;
+    } else {
+#pragma unroll
+        for (int h = 0; h < H; h++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) sc[h][e] *= sl2;
+    }
+#pragma unroll
+    for (int h = 0; h < H; h++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            if (kb + 8 * h + 2 * tq + (e & 1) >= k_hi) sc[h][e] = -INFINITY;
+            tmax[e >> 1] = fmaxf(tmax[e >> 1], sc[h][e]);
+        }
+    float corr[2], base[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 1));
+        tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 2));
+        const float mn = fmaxf(mx[r], tmax[r]);
+        base[r] = mn == -INFINITY ? 0.0f : mn;
+        corr[r] = ex2(mx[r] - base[r]);
+        mx[r] = mn;
+    }
+    uint32_t pf[2 * H];
+    float rs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int h = 0; h < H; h++) {
+        const float p0 = ex2(sc[h][0] - base[0]), p1 = ex2(sc[h][1] - base[0]);
+        const float p2 = ex2(sc[h][2] - base[1]), p3 = ex2(sc[h][3] - base[1]);
+        rs[0] += p0 + p1;
+        rs[1] += p2 + p3;
+        pf[2 * h] = pack_bf16(p0, p1);
+        pf[2 * h + 1] = G16 ? pack_bf16(p2, p3) : 0u;
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) l[r] = l[r] * corr[r] + rs[r];
+#pragma unroll
+    for (int j = 0; j < DN; j++) {
+        o[j][0] *= corr[0];
+        o[j][1] *= corr[0];
+        if (G16) {
+            o[j][2] *= corr[1];
+            o[j][3] *= corr[1];
+        }
+    }
+    /* O += P V: register u of keys (2t, 2t + 1) pairs the same dimension of two keys */
+#pragma unroll
+    for (int c = 0; c < VC; c++) {
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            const uint32_t sel = e & 1 ? 0x7632u : 0x5410u;
+            const int wi = e >> 1;
+            const uint32_t *w0 = (const uint32_t *)&vr[0][c], *w1 = (const uint32_t *)&vr[1][c],
+                           *w2 = (const uint32_t *)&vr[2][c], *w3 = (const uint32_t *)&vr[3][c];
+            float d[4] = {o[8 * c + e][0], o[8 * c + e][1], G16 ? o[8 * c + e][2] : 0.0f,
+                          G16 ? o[8 * c + e][3] : 0.0f};
+            mma_bf16(d, pf, __byte_perm(w0[wi], w1[wi], sel), __byte_perm(w2[wi], w3[wi], sel));
+            o[8 * c + e][0] = d[0];
+            o[8 * c + e][1] = d[1];
+            if (G16) {
+                o[8 * c + e][2] = d[2];
+                o[8 * c + e][3] = d[3];
+            }
+        }
+    }
+    next_v();
+}
+
+template <int D, bool G16>
+__global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a)
+{
+    allow_dependents();
+    constexpr int NC = D / 32, VC = D / 64, DN = D / 8;
+    extern __shared__ float dec_sm[]; /* [DEC_WARPS][group][D], then m and l [DEC_WARPS][16] */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    const int t = blockIdx.x, kvh = blockIdx.y, sp = blockIdx.z, ns = gridDim.z;
+    const int group = a.n_heads / a.n_kv_heads;
+    const dec_src src = dec_src_of(a, t, kvh, D);
+    /* this block's range of the token's keys: equal shares in whole rounds of the block's
+     * warps, the last ones empty where the keys run out */
+    const int share = ((src.k_hi - src.k_lo + ns - 1) / ns + DEC_KEYS - 1) / DEC_KEYS * DEC_KEYS;
+    const int k_lo = min(src.k_hi, src.k_lo + sp * share), k_hi = min(src.k_hi, k_lo + share);
+    dec_src rs = src; /* the range's keys */
+    rs.k_hi = k_hi;
+
+    /* The first round's loads of the earlier keys go out before the wait for the kernel that
+     * stores this token's key and value and writes the queries (launched early, this block
+     * may start while that kernel finishes); the token's own key follows the wait. */
+    uint4 kr[2][NC], vr[4][VC];
+    const bool first = k_lo + DEC_KR * warp < k_hi;
+    if (first) {
+        dec_load_k<D>(a, rs, k_lo + DEC_KR * warp, 1, g, tq, kr);
+        dec_load_v<D>(a, rs, k_lo + DEC_KR * warp, 1, g, tq, vr);
+    }
+    grid_dependency_wait();
+    if (first) {
+        dec_load_k<D>(a, rs, k_lo + DEC_KR * warp, 2, g, tq, kr);
+        dec_load_v<D>(a, rs, k_lo + DEC_KR * warp, 2, g, tq, vr);
+    }
+    uint32_t qf[2 * NC][4];
+    dec_load_q<D, G16>(a, t, kvh, g, tq, qf);
 
     float o[DN][4];
 #pragma unroll
     for (int j = 0; j < DN; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     float mx[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    const float LOG2E = 1.4426950408889634f, sl2 = a.scale * LOG2E;
-    const bool capped = a.softcap > 0;
-
-    for (int kb = k_lo + KR * warp; kb < k_hi; kb += KR * DEC_WARPS) {
-        /* The next round's keys are loaded as soon as S has taken this round's, and its
-         * values as soon as P V has: one round of loads stays in flight throughout. */
-        const int next = kb + KR * DEC_WARPS;
-
-        /* S for keys kb + 8 h .. + 7, as two chains of products (even and odd steps) */
-        float sc[H][4];
-#pragma unroll
-        for (int h = 0; h < H; h++) {
-            float e2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            sc[h][0] = sc[h][1] = sc[h][2] = sc[h][3] = 0.0f;
-#pragma unroll
-            for (int i = 0; i < NC; i++) {
-                mma_bf16(sc[h], qf[2 * i], kr[h][i].x, kr[h][i].y);
-                mma_bf16(e2, qf[2 * i + 1], kr[h][i].z, kr[h][i].w);
-            }
-#pragma unroll
-            for (int e = 0; e < 4; e++) sc[h][e] += e2[e];
-        }
-        if (next < k_hi) load_k(next, 3);
-        /* scale (log2 units), soft-cap, mask; row maxima over the quad */
-        float tmax[2] = {-INFINITY, -INFINITY};
-        if (capped) {
-#pragma unroll
-            for (int h = 0; h < H; h++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    sc[h][e] = a.softcap * tanhf(sc[h][e] * a.scale / a.softcap) * LOG2E;
-        } else {
-#pragma unroll
-            for (int h = 0; h < H; h++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) sc[h][e] *= sl2;
-        }
-#pragma unroll
-        for (int h = 0; h < H; h++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                if (kb + 8 * h + 2 * tq + (e & 1) >= k_hi) sc[h][e] = -INFINITY;
-                tmax[e >> 1] = fmaxf(tmax[e >> 1], sc[h][e]);
-            }
-        float corr[2], base[2];
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 1));
-            tmax[r] = fmaxf(tmax[r], __shfl_xor_sync(0xffffffffu, tmax[r], 2));
-            const float mn = fmaxf(mx[r], tmax[r]);
-            base[r] = mn == -INFINITY ? 0.0f : mn;
-            corr[r] = ex2(mx[r] - base[r]);
-            mx[r] = mn;
-        }
-        uint32_t pf[2 * H];
-        float rs[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int h = 0; h < H; h++) {
-            const float p0 = ex2(sc[h][0] - base[0]), p1 = ex2(sc[h][1] - base[0]);
-            const float p2 = ex2(sc[h][2] - base[1]), p3 = ex2(sc[h][3] - base[1]);
-            rs[0] += p0 + p1;
-            rs[1] += p2 + p3;
-            pf[2 * h] = pack_bf16(p0, p1);
-            pf[2 * h + 1] = G16 ? pack_bf16(p2, p3) : 0u;
-        }
-#pragma unroll
-        for (int r = 0; r < 2; r++) l[r] = l[r] * corr[r] + rs[r];
-#pragma unroll
-        for (int j = 0; j < DN; j++) {
-            o[j][0] *= corr[0];
-            o[j][1] *= corr[0];
-            if (G16) {
-                o[j][2] *= corr[1];
-                o[j][3] *= corr[1];
-            }
-        }
-        /* O += P V: register u of keys (2t, 2t + 1) pairs the same dimension of two keys */
-#pragma unroll
-        for (int c = 0; c < VC; c++) {
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                const uint32_t sel = e & 1 ? 0x7632u : 0x5410u;
-                const int wi = e >> 1;
-                const uint32_t *w0 = (const uint32_t *)&vr[0][c], *w1 = (const uint32_t *)&vr[1][c],
-                               *w2 = (const uint32_t *)&vr[2][c], *w3 = (const uint32_t *)&vr[3][c];
-                float d[4] = {o[8 * c + e][0], o[8 * c + e][1], G16 ? o[8 * c + e][2] : 0.0f,
-                              G16 ? o[8 * c + e][3] : 0.0f};
-                mma_bf16(d, pf, __byte_perm(w0[wi], w1[wi], sel), __byte_perm(w2[wi], w3[wi], sel));
-                o[8 * c + e][0] = d[0];
-                o[8 * c + e][1] = d[1];
-                if (G16) {
-                    o[8 * c + e][2] = d[2];
-                    o[8 * c + e][3] = d[3];
-                }
-            }
-        }
-        if (next < k_hi) load_v(next, 3);
+    for (int kb = k_lo + DEC_KR * warp; kb < k_hi; kb += DEC_KEYS) {
+        const int next = kb + DEC_KEYS;
+        dec_round<D, G16>(
+            a, qf, kr, vr, o, mx, l, kb, k_hi, tq,
+            [&] {
+                if (next < k_hi) dec_load_k<D>(a, rs, next, 3, g, tq, kr);
+            },
+            [&] {
+                if (next < k_hi) dec_load_v<D>(a, rs, next, 3, g, tq, vr);
+            });
     }
 
     /* Merge the warps: this warp's rows g (and g + 8) and its 16 dimensions per 64. */
@@ -751,6 +803,109 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
     }
 }
 
+/*
+ * Decode attention for many sequences (k_attention_decw): each warp takes whole (token, KV
+ * head) pairs, every visible key in rounds of 16 with the same online softmax as
+ * k_attention_dec, and writes the pair's rows itself: no barrier, no merge, no partial
+ * results. The grid is as many blocks as fit at once; its warps take the pairs at a stride
+ * of their count, and a warp's next round, in its next pair once the current pair's keys run
+ * out, loads while the current round computes, so every warp keeps keys or values in flight
+ * from its first pair to its last. Launched early, the first round's loads of the earlier
+ * keys go out before the wait. Taken for steps of many pairs over short contexts (a pair's
+ * keys are one warp's work).
+ */
+template <int D, bool G16, int MINB>
+__global__ void __launch_bounds__(DEC_WARPS * 32, MINB) k_attention_decw(cu_attn_args a)
+{
+    allow_dependents();
+    constexpr int NC = D / 32, VC = D / 64, DN = D / 8;
+    const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    const int group = a.n_heads / a.n_kv_heads, n_pairs = a.n_tokens * a.n_kv_heads;
+    const int stride = gridDim.x * DEC_WARPS;
+    int pr = blockIdx.x * DEC_WARPS + (threadIdx.x >> 5);
+    if (pr >= n_pairs) return;
+    dec_src cur = dec_src_of(a, pr / a.n_kv_heads, pr % a.n_kv_heads, D);
+    uint4 kr[2][NC], vr[4][VC];
+    dec_load_k<D>(a, cur, cur.k_lo, 1, g, tq, kr);
+    dec_load_v<D>(a, cur, cur.k_lo, 1, g, tq, vr);
+    grid_dependency_wait();
+    dec_load_k<D>(a, cur, cur.k_lo, 2, g, tq, kr);
+    dec_load_v<D>(a, cur, cur.k_lo, 2, g, tq, vr);
+    for (;;) {
+        const int t = pr / a.n_kv_heads, kvh = pr % a.n_kv_heads;
+        uint32_t qf[2 * NC][4];
+        dec_load_q<D, G16>(a, t, kvh, g, tq, qf);
+        float o[DN][4];
+#pragma unroll
+        for (int j = 0; j < DN; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+        float mx[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+        /* the round after this one: the next of this pair, or the first of the next pair */
+        dec_src nxt = cur;
+        int np = pr;
+        for (int kb = cur.k_lo;; kb += DEC_KR) {
+            int nkb = kb + DEC_KR;
+            const bool last = nkb >= cur.k_hi;
+            if (last) {
+                np = pr + stride;
+                if (np < n_pairs) {
+                    nxt = dec_src_of(a, np / a.n_kv_heads, np % a.n_kv_heads, D);
+                    nkb = nxt.k_lo;
+                }
+            }
+            const bool more = np < n_pairs;
+            dec_round<D, G16>(
+                a, qf, kr, vr, o, mx, l, kb, cur.k_hi, tq,
+                [&] {
+                    if (more) dec_load_k<D>(a, nxt, nkb, 3, g, tq, kr);
+                },
+                [&] {
+                    if (more) dec_load_v<D>(a, nxt, nkb, 3, g, tq, vr);
+                });
+            if (last) break;
+        }
+        /* the pair's rows: this lane's row g (and g + 8), dimensions 64 c + 16 tq .. + 16 */
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int r = g + 8 * h;
+            if (r >= group || (!G16 && h)) continue;
+            const float inv = 1.0f / l[h];
+            const int64_t row = ((int64_t)t * a.n_heads + kvh * group + r) * D + 16 * tq;
+#pragma unroll
+            for (int c = 0; c < VC; c++) {
+                float v[16];
+#pragma unroll
+                for (int e = 0; e < 8; e++) {
+                    v[e] = o[8 * c + e][2 * h] * inv;
+                    v[8 + e] = o[8 * c + e][2 * h + 1] * inv;
+                }
+                if (a.out) {
+                    float4 *dst = (float4 *)(a.out + row + 64 * c);
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        dst[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+                }
+                if (a.outb) {
+                    uint4 *dst = (uint4 *)(a.outb + row + 64 * c);
+#pragma unroll
+                    for (int j = 0; j < 2; j++)
+                        dst[j] = make_uint4(pack_bf16(v[8 * j], v[8 * j + 1]),
+                                            pack_bf16(v[8 * j + 2], v[8 * j + 3]),
+                                            pack_bf16(v[8 * j + 4], v[8 * j + 5]),
+                                            pack_bf16(v[8 * j + 6], v[8 * j + 7]));
+                }
+            }
+        }
+        if (np >= n_pairs) break;
+        pr = np;
+        cur = nxt;
+    }
+}
+
 bool cu_attn_dec_ok(int head_dim, int group)
 {
     return (head_dim == 64 || head_dim == 128) && group >= 1 && group <= 16;
@@ -778,6 +933,34 @@ template <int D> static void launch_dec(cudaStream_t s, const cu_attn_args &a)
         CU(cudaLaunchKernelEx(&l.cfg, k_attention_dec<D, true>, a));
     else
         CU(cudaLaunchKernelEx(&l.cfg, k_attention_dec<D, false>, a));
+}
+
+/* Blocks of k_attention_decw: as many as fit on the GPU at once, none without a pair. */
+template <int D, bool G16, int MINB> static void launch_decw1(cudaStream_t s, const cu_attn_args &a)
+{
+    static int most;
+    if (!most) {
+        int bps, dev, sms;
+        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, k_attention_decw<D, G16, MINB>,
+                                                         DEC_WARPS * 32, 0));
+        CU(cudaGetDevice(&dev));
+        CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        most = (bps > 0 ? bps : 1) * sms;
+    }
+    const int want = (a.n_tokens * a.n_kv_heads + DEC_WARPS - 1) / DEC_WARPS;
+    cu_launch l;
+    cu_launch_init(&l, (unsigned)(want < most ? want : most), DEC_WARPS * 32, 0, s, a.early);
+    CU(cudaLaunchKernelEx(&l.cfg, k_attention_decw<D, G16, MINB>, a));
+}
+
+/* decode = 3: registers bounded for 3 blocks a multiprocessor (a few spilled) */
+template <int D> static void launch_decw(cudaStream_t s, const cu_attn_args &a)
+{
+    const bool g16 = a.n_heads / a.n_kv_heads > 8;
+    if (a.decode == 3)
+        g16 ? launch_decw1<D, true, 3>(s, a) : launch_decw1<D, false, 3>(s, a);
+    else
+        g16 ? launch_decw1<D, true, 1>(s, a) : launch_decw1<D, false, 1>(s, a);
 }
 
 bool cu_attn_tc_ok(int head_dim)
@@ -830,6 +1013,7 @@ template <int DPL> static void launch(cudaStream_t s, const cu_attn_args &a)
 
 void cu_attention(cudaStream_t s, const cu_attn_args &a)
 {
+    if (a.decode >= 2) return a.head_dim == 64 ? launch_decw<64>(s, a) : launch_decw<128>(s, a);
     if (a.decode) return a.head_dim == 64 ? launch_dec<64>(s, a) : launch_dec<128>(s, a);
     if (a.n_tiles > 0) {
         if (a.head_dim == 64) return launch_tc<64>(s, a);

@@ -121,6 +121,10 @@ struct cu_ctx {
     /* the decode kernel's keys in ranges over the GPU for few sequences (PAGODA_CUDA_DEC_SPLIT=0:
      * one block a token and KV head) */
     int dec_split;
+    /* decode steps of many (token, KV head) pairs over short contexts: a warp a pair
+     * (PAGODA_CUDA_DEC_WARP=0: the block kernel; 2: wherever the contexts allow; 3: with
+     * registers bounded for 3 blocks a multiprocessor) */
+    int dec_warp;
     /* At m = 1 a residual add joins the product before it and the rms_norm the product
      * after it: where the streaming 16-bit kernel takes the product (unset, the default;
      * other kernels would run them as launches of their own), for every product
@@ -356,7 +360,9 @@ static void op_label(const op *o, char *buf, size_t n)
                  (long long)o->w.n, (long long)o->w.k);
         break;
     case OP_ATTN:
-        if (o->att.decode)
+        if (o->att.decode >= 2)
+            snprintf(buf, n, "attention decode, a warp a pair (%d tokens)", o->att.n_tokens);
+        else if (o->att.decode)
             snprintf(buf, n, "attention decode (%d tokens, %d splits)", o->att.n_tokens,
                      o->att.splits);
         else if (o->att.n_tiles)
@@ -1334,10 +1340,16 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
     if (use_tc && dec && c->attn_mode != 2) {
         a.decode = 1;
         a.early = c->early_launch;
-        /* few sequences: their keys in ranges over the GPU, merged by the last range */
-        a.splits = c->dec_split ? cu_attn_dec_splits(b->n_tokens, p->n_kv_heads, max_keys,
-                                                     c->prop.multiProcessorCount)
-                                : 1;
+        /* many pairs of short contexts: a warp a pair; few sequences: their keys in ranges
+         * over the GPU, merged by the last range */
+        const int pairs = b->n_tokens * p->n_kv_heads;
+        if (c->dec_warp && max_keys <= CU_ATTN_DECW_KEYS &&
+            (c->dec_warp == 2 || pairs >= 4 * c->prop.multiProcessorCount))
+            a.decode = c->dec_warp == 3 ? 3 : 2;
+        a.splits = c->dec_split && a.decode == 1
+                       ? cu_attn_dec_splits(b->n_tokens, p->n_kv_heads, max_keys,
+                                            c->prop.multiProcessorCount)
+                       : 1;
         if (a.splits > 1) {
             attn_part(c, b, p, &a);
             size_t nsem = (size_t)b->n_tokens * p->n_kv_heads;
@@ -1651,6 +1663,11 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->fuse_norm = env_flag("PAGODA_CUDA_FUSE_NORM", 2);
     c->rope_kv = env_flag("PAGODA_CUDA_ROPE_KV", 1);
     c->dec_split = env_flag("PAGODA_CUDA_DEC_SPLIT", 1);
+    env = getenv("PAGODA_CUDA_DEC_WARP");
+    c->dec_warp = env && !strcmp(env, "0")   ? 0
+                  : env && !strcmp(env, "2") ? 2
+                  : env && !strcmp(env, "3") ? 3
+                                             : 1;
     env = getenv("PAGODA_CUDA_GEMV_ROW");
     c->row_gemv = !(env && !strcmp(env, "0"));
     /* 4 (the default): the streaming tensor-core kernel, in 16-row tiles where the rows

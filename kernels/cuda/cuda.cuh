@@ -187,7 +187,9 @@ struct cu_attn_args {
     /* Decode path (decode = 1): every token is its sequence's only one; a block per token,
      * KV head and range of keys (splits of them), the range's keys split among its warps
      * (k_attention_dec); with several ranges, the last block of a token and KV head to finish
-     * merges them, counted in sem ([n_tokens, n_kv_heads], zero between launches). */
+     * merges them, counted in sem ([n_tokens, n_kv_heads], zero between launches). With
+     * decode = 2 (3: registers for 3 blocks a multiprocessor), a warp per token and KV
+     * head, all of its keys (k_attention_decw). */
     int decode;
     int *sem;
     int early; /* launched early (programmatic dependent launch) */
@@ -199,6 +201,9 @@ struct cu_attn_args {
 bool cu_attn_tc_ok(int head_dim);
 /** Whether the tensor-core decode attention kernel takes this head size and GQA group. */
 bool cu_attn_dec_ok(int head_dim, int group);
+/* The most keys a decode step may have for k_attention_decw (a pair's keys are one warp's
+ * work). */
+#define CU_ATTN_DECW_KEYS 1024
 /** Once per device, before any attention launch. */
 void cu_attention_init(void);
 

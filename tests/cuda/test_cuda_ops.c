@@ -1399,6 +1399,13 @@ static void attention_tc(void)
     test_attention();
 }
 
+/* Every decode case with contexts of up to 1,024 keys through the warp-a-pair kernel. */
+static void attention_decw(void)
+{
+    attn_bound = 1e-2;
+    test_attention_decodes();
+}
+
 /* The default backend: products, element-wise operations, fusions, rope + KV store. */
 static void default_section(void)
 {
@@ -1421,6 +1428,8 @@ static const struct {
     {"attention-simt", "PAGODA_CUDA_ATTN", "simt", attention_simt},
     {"attention-tc", "PAGODA_CUDA_ATTN", "tc", attention_tc},
     {"attention-dec", "PAGODA_CUDA_ATTN", "dec", attention_tc},
+    {"attention-decw", "PAGODA_CUDA_DEC_WARP", "2", attention_decw},
+    {"attention-dec-blocks", "PAGODA_CUDA_DEC_WARP", "0", attention_decw},
     {"tune", "PAGODA_CUDA_GEMM_TUNE", "1", products_and_fusions},
     {"gemv-f32", "PAGODA_CUDA_GEMV_TC", "0", gemv_f32_section},
     {"gemv-regs", "PAGODA_CUDA_GEMV_TC", "1", gemv_regs_section},
@@ -1435,6 +1444,7 @@ static const struct {
     {"decode-layers-plain", "PAGODA_CUDA_BF16_ONLY", "0", decode_layers_section},
     {"decode-layers-split", "PAGODA_CUDA_SPLIT_ROPE", "0", decode_layers_section},
     {"decode-layers-attn32", "PAGODA_CUDA_ATTN_BF16", "0", decode_layers_section},
+    {"decode-layers-decw", "PAGODA_CUDA_DEC_WARP", "2", decode_layers_section},
 };
 #define N_SECTIONS (int)(sizeof sections / sizeof sections[0])
 
