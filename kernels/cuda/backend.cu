@@ -122,8 +122,8 @@ struct cu_ctx {
      * one block a token and KV head) */
     int dec_split;
     /* decode steps of many (token, KV head) pairs over short contexts: a warp a pair
-     * (PAGODA_CUDA_DEC_WARP=0: the block kernel; 2: wherever the contexts allow; 3: with
-     * registers bounded for 3 blocks a multiprocessor) */
+     * (PAGODA_CUDA_DEC_WARP=0: the block kernel; 2: every decode step; 3: with registers
+     * bounded for 3 blocks a multiprocessor) */
     int dec_warp;
     /* At m = 1 a residual add joins the product before it and the rms_norm the product
      * after it: where the streaming 16-bit kernel takes the product (unset, the default;
@@ -1340,12 +1340,22 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
     if (use_tc && dec && c->attn_mode != 2) {
         a.decode = 1;
         a.early = c->early_launch;
-        /* many pairs of short contexts: a warp a pair; few sequences: their keys in ranges
-         * over the GPU, merged by the last range */
+        /* many pairs: a warp a pair, unless one token's keys would keep its warps long
+         * after the others (the longest over 1,024 keys and over twice the mean); few
+         * sequences: their keys in ranges over the GPU, merged by the last range */
         const int pairs = b->n_tokens * p->n_kv_heads;
-        if (c->dec_warp && max_keys <= CU_ATTN_DECW_KEYS &&
-            (c->dec_warp == 2 || pairs >= 4 * c->prop.multiProcessorCount))
-            a.decode = c->dec_warp == 3 ? 3 : 2;
+        if (c->dec_warp && (c->dec_warp == 2 || pairs >= 4 * c->prop.multiProcessorCount)) {
+            int64_t longest = 0, total = 0;
+            for (int t = 0; t < b->n_tokens; t++) {
+                int64_t keys = (int64_t)b->pos[t] + 1;
+                if (p->window > 0 && keys > p->window) keys = p->window;
+                if (keys > longest) longest = keys;
+                total += keys;
+            }
+            if (c->dec_warp == 2 || longest <= CU_ATTN_DECW_KEYS ||
+                longest * b->n_tokens <= 2 * total)
+                a.decode = c->dec_warp == 3 ? 3 : 2;
+        }
         a.splits = c->dec_split && a.decode == 1
                        ? cu_attn_dec_splits(b->n_tokens, p->n_kv_heads, max_keys,
                                             c->prop.multiProcessorCount)

@@ -201,8 +201,8 @@ struct cu_attn_args {
 bool cu_attn_tc_ok(int head_dim);
 /** Whether the tensor-core decode attention kernel takes this head size and GQA group. */
 bool cu_attn_dec_ok(int head_dim, int group);
-/* The most keys a decode step may have for k_attention_decw (a pair's keys are one warp's
- * work). */
+/* The longest context a decode step takes to k_attention_decw whatever the others' (a
+ * pair's keys are one warp's work; longer ones when the mean is over half of it). */
 #define CU_ATTN_DECW_KEYS 1024
 /** Once per device, before any attention launch. */
 void cu_attention_init(void);
