@@ -803,6 +803,52 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
     }
 }
 
+/* A warp's rows of token t in KV head kvh once all of its keys are in (o, l): lane (g, tq)
+ * holds row g (and g + 8), dimensions 64 c + 16 tq .. + 16. */
+template <int D, bool G16>
+static __device__ __forceinline__ void dec_write_rows(const cu_attn_args &a, float (&o)[D / 8][4],
+                                                      float (&l)[2], int t, int kvh, int g, int tq)
+{
+    constexpr int VC = D / 64;
+    const int group = a.n_heads / a.n_kv_heads;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = g + 8 * h;
+        if (r >= group || (!G16 && h)) continue;
+        const float inv = 1.0f / l[h];
+        const int64_t row = ((int64_t)t * a.n_heads + kvh * group + r) * D + 16 * tq;
+#pragma unroll
+        for (int c = 0; c < VC; c++) {
+            float v[16];
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                v[e] = o[8 * c + e][2 * h] * inv;
+                v[8 + e] = o[8 * c + e][2 * h + 1] * inv;
+            }
+            if (a.out) {
+                float4 *dst = (float4 *)(a.out + row + 64 * c);
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    dst[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+            }
+            if (a.outb) {
+                uint4 *dst = (uint4 *)(a.outb + row + 64 * c);
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    dst[j] = make_uint4(pack_bf16(v[8 * j], v[8 * j + 1]),
+                                        pack_bf16(v[8 * j + 2], v[8 * j + 3]),
+                                        pack_bf16(v[8 * j + 4], v[8 * j + 5]),
+                                        pack_bf16(v[8 * j + 6], v[8 * j + 7]));
+            }
+        }
+    }
+}
+
 /*
  * Decode attention for many sequences (k_attention_decw): each warp takes whole (token, KV
  * head) pairs, every visible key in rounds of 16 with the same online softmax as
@@ -814,14 +860,13 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
  * keys go out before the wait. Taken for steps of many pairs over short contexts (a pair's
  * keys are one warp's work).
  */
-template <int D, bool G16, int MINB>
-__global__ void __launch_bounds__(DEC_WARPS * 32, MINB) k_attention_decw(cu_attn_args a)
+template <int D, bool G16>
+__global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_decw(cu_attn_args a)
 {
     allow_dependents();
     constexpr int NC = D / 32, VC = D / 64, DN = D / 8;
     const int lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    const int group = a.n_heads / a.n_kv_heads, n_pairs = a.n_tokens * a.n_kv_heads;
-    const int stride = gridDim.x * DEC_WARPS;
+    const int n_pairs = a.n_tokens * a.n_kv_heads, stride = gridDim.x * DEC_WARPS;
     int pr = blockIdx.x * DEC_WARPS + (threadIdx.x >> 5);
     if (pr >= n_pairs) return;
     dec_src cur = dec_src_of(a, pr / a.n_kv_heads, pr % a.n_kv_heads, D);
@@ -863,43 +908,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32, MINB) k_attention_decw(cu_attn
                 });
             if (last) break;
         }
-        /* the pair's rows: this lane's row g (and g + 8), dimensions 64 c + 16 tq .. + 16 */
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-        }
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int r = g + 8 * h;
-            if (r >= group || (!G16 && h)) continue;
-            const float inv = 1.0f / l[h];
-            const int64_t row = ((int64_t)t * a.n_heads + kvh * group + r) * D + 16 * tq;
-#pragma unroll
-            for (int c = 0; c < VC; c++) {
-                float v[16];
-#pragma unroll
-                for (int e = 0; e < 8; e++) {
-                    v[e] = o[8 * c + e][2 * h] * inv;
-                    v[8 + e] = o[8 * c + e][2 * h + 1] * inv;
-                }
-                if (a.out) {
-                    float4 *dst = (float4 *)(a.out + row + 64 * c);
-#pragma unroll
-                    for (int j = 0; j < 4; j++)
-                        dst[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
-                }
-                if (a.outb) {
-                    uint4 *dst = (uint4 *)(a.outb + row + 64 * c);
-#pragma unroll
-                    for (int j = 0; j < 2; j++)
-                        dst[j] = make_uint4(pack_bf16(v[8 * j], v[8 * j + 1]),
-                                            pack_bf16(v[8 * j + 2], v[8 * j + 3]),
-                                            pack_bf16(v[8 * j + 4], v[8 * j + 5]),
-                                            pack_bf16(v[8 * j + 6], v[8 * j + 7]));
-                }
-            }
-        }
+        dec_write_rows<D, G16>(a, o, l, t, kvh, g, tq);
         if (np >= n_pairs) break;
         pr = np;
         cur = nxt;
@@ -935,13 +944,149 @@ template <int D> static void launch_dec(cudaStream_t s, const cu_attn_args &a)
         CU(cudaLaunchKernelEx(&l.cfg, k_attention_dec<D, false>, a));
 }
 
+/*
+ * The same with keys and values through shared memory (k_attention_decr, decode = 3): each
+ * warp keeps DECR_STAGES rounds in a ring of its own, copied with cp.async, so that two
+ * rounds load while one computes without holding registers (k_attention_decw has one round
+ * in flight a warp, in registers). A stage holds a round's 16 key rows, then its 16 value
+ * rows; the 16-byte chunks of a row are stored XOR-swizzled by the row (keys by its parity,
+ * values by bits 1-2), so that the fragment reads of both products are free of bank
+ * conflicts. Rounds copied before the wait for the previous kernel leave out the token's own
+ * key, written into the ring after the wait.
+ */
+#define DECR_STAGES 3
+
+template <int D> static __device__ __forceinline__ int decr_k(int r, int c)
+{
+    return r * (D / 8) + (c ^ (4 * (r & 1)));
+}
+
+template <int D> static __device__ __forceinline__ int decr_v(int r, int c)
+{
+    return 16 * (D / 8) + r * (D / 8) + (c ^ (2 * ((r >> 1) & 3)));
+}
+
+/* A lane's share of the copies of the round from kb into stage st: chunk lane % (D / 8) of
+ * rows lane / (D / 8) + 32 / (D / 8) m; `which` as for dec_load_k. ASYNC: cp.async, else
+ * loads and stores. */
+template <int D, bool ASYNC>
+static __device__ __forceinline__ void decr_copy(const cu_attn_args &a, const dec_src &s, int kb,
+                                                 int which, uint4 *st, int lane)
+{
+    constexpr int CH = D / 8, RPI = 32 / CH;
+    const int64_t kv_row = (int64_t)a.n_kv_heads * D;
+    const int c = lane % CH;
+#pragma unroll
+    for (int m = 0; m < 16 / RPI; m++) {
+        const int r = m * RPI + lane / CH;
+        const int kp = min(kb + r, s.k_hi - 1);
+        if (!(which & (kp == s.qpos ? 2 : 1))) continue;
+        const int64_t off = dec_slot(a, s.bt, kp) * kv_row + 8 * c;
+        if (ASYNC) {
+            cp16(st + decr_k<D>(r, c), s.k + off, true);
+            cp16(st + decr_v<D>(r, c), s.v + off, true);
+        } else {
+            st[decr_k<D>(r, c)] = __ldg((const uint4 *)(s.k + off));
+            st[decr_v<D>(r, c)] = __ldg((const uint4 *)(s.v + off));
+        }
+    }
+}
+
+/* The round after (p, kb, s): the next of the pair's, or the first of the pair `stride` on. */
+static __device__ __forceinline__ void decr_advance(const cu_attn_args &a, int &p, int &kb,
+                                                    dec_src &s, int stride, int D)
+{
+    kb += DEC_KR;
+    if (kb < s.k_hi) return;
+    p += stride;
+    if (p < a.n_tokens * a.n_kv_heads) {
+        s = dec_src_of(a, p / a.n_kv_heads, p % a.n_kv_heads, D);
+        kb = s.k_lo;
+    }
+}
+
+template <int D, bool G16>
+__global__ void __launch_bounds__(DEC_WARPS * 32, 2) k_attention_decr(cu_attn_args a)
+{
+    allow_dependents();
+    constexpr int NC = D / 32, VC = D / 64, DN = D / 8, SU = 4 * D; /* uint4 a stage */
+    extern __shared__ uint4 decr_sm[];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+    const int n_pairs = a.n_tokens * a.n_kv_heads, stride = gridDim.x * DEC_WARPS;
+    uint4 *ring = decr_sm + warp * DECR_STAGES * SU;
+    int pr = blockIdx.x * DEC_WARPS + warp;
+    if (pr >= n_pairs) return;
+    dec_src cur = dec_src_of(a, pr / a.n_kv_heads, pr % a.n_kv_heads, D);
+    /* the copy cursor: the round the next copy is for */
+    int ip = pr, ikb = cur.k_lo;
+    dec_src is = cur;
+    auto issue = [&](int stage, int which) {
+        if (ip < n_pairs) {
+            decr_copy<D, true>(a, is, ikb, which, ring + stage * SU, lane);
+            decr_advance(a, ip, ikb, is, stride, D);
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    };
+#pragma unroll
+    for (int j = 0; j < DECR_STAGES - 1; j++) issue(j, 1);
+    grid_dependency_wait();
+    {
+        int p = pr, kb = cur.k_lo;
+        dec_src s = cur;
+#pragma unroll
+        for (int j = 0; j < DECR_STAGES - 1; j++) {
+            if (p >= n_pairs) break;
+            decr_copy<D, false>(a, s, kb, 2, ring + j * SU, lane);
+            decr_advance(a, p, kb, s, stride, D);
+        }
+    }
+    int stage = 0;
+    for (;;) {
+        const int t = pr / a.n_kv_heads, kvh = pr % a.n_kv_heads;
+        uint32_t qf[2 * NC][4];
+        dec_load_q<D, G16>(a, t, kvh, g, tq, qf);
+        float o[DN][4];
+#pragma unroll
+        for (int j = 0; j < DN; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+        float mx[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+        for (int kb = cur.k_lo; kb < cur.k_hi; kb += DEC_KR) {
+            /* this round's copies are in and every lane is done with the stage copied next */
+            asm volatile("cp.async.wait_group %0;" ::"n"(DECR_STAGES - 2) : "memory");
+            __syncwarp();
+            issue(stage == 0 ? DECR_STAGES - 1 : stage - 1, 3);
+            const uint4 *st = ring + stage * SU;
+            stage = stage == DECR_STAGES - 1 ? 0 : stage + 1;
+            uint4 kr[2][NC], vr[4][VC];
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int i = 0; i < NC; i++) kr[h][i] = st[decr_k<D>(g + 8 * h, 4 * i + tq)];
+            dec_round<D, G16>(
+                a, qf, kr, vr, o, mx, l, kb, cur.k_hi, tq,
+                [&] {
+#pragma unroll
+                    for (int u = 0; u < 4; u++)
+#pragma unroll
+                        for (int c = 0; c < VC; c++)
+                            vr[u][c] = st[decr_v<D>(2 * tq + (u & 1) + 8 * (u >> 1), 8 * c + g)];
+                },
+                [] {});
+        }
+        dec_write_rows<D, G16>(a, o, l, t, kvh, g, tq);
+        pr += stride;
+        if (pr >= n_pairs) break;
+        cur = dec_src_of(a, pr / a.n_kv_heads, pr % a.n_kv_heads, D);
+    }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+}
+
 /* Blocks of k_attention_decw: as many as fit on the GPU at once, none without a pair. */
-template <int D, bool G16, int MINB> static void launch_decw1(cudaStream_t s, const cu_attn_args &a)
+template <int D, bool G16> static void launch_decw1(cudaStream_t s, const cu_attn_args &a)
 {
     static int most;
     if (!most) {
         int bps, dev, sms;
-        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, k_attention_decw<D, G16, MINB>,
+        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, k_attention_decw<D, G16>,
                                                          DEC_WARPS * 32, 0));
         CU(cudaGetDevice(&dev));
         CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -950,17 +1095,35 @@ template <int D, bool G16, int MINB> static void launch_decw1(cudaStream_t s, co
     const int want = (a.n_tokens * a.n_kv_heads + DEC_WARPS - 1) / DEC_WARPS;
     cu_launch l;
     cu_launch_init(&l, (unsigned)(want < most ? want : most), DEC_WARPS * 32, 0, s, a.early);
-    CU(cudaLaunchKernelEx(&l.cfg, k_attention_decw<D, G16, MINB>, a));
+    CU(cudaLaunchKernelEx(&l.cfg, k_attention_decw<D, G16>, a));
 }
 
-/* decode = 3: registers bounded for 3 blocks a multiprocessor (a few spilled) */
+template <int D, bool G16> static void launch_decr1(cudaStream_t s, const cu_attn_args &a)
+{
+    static int most;
+    const size_t smem = sizeof(uint4) * DEC_WARPS * DECR_STAGES * 4 * D;
+    if (!most) {
+        int bps, dev, sms;
+        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, k_attention_decr<D, G16>,
+                                                         DEC_WARPS * 32, smem));
+        CU(cudaGetDevice(&dev));
+        CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        most = (bps > 0 ? bps : 1) * sms;
+    }
+    const int want = (a.n_tokens * a.n_kv_heads + DEC_WARPS - 1) / DEC_WARPS;
+    cu_launch l;
+    cu_launch_init(&l, (unsigned)(want < most ? want : most), DEC_WARPS * 32, smem, s, a.early);
+    CU(cudaLaunchKernelEx(&l.cfg, k_attention_decr<D, G16>, a));
+}
+
+/* decode = 2: k_attention_decw; 3: k_attention_decr */
 template <int D> static void launch_decw(cudaStream_t s, const cu_attn_args &a)
 {
     const bool g16 = a.n_heads / a.n_kv_heads > 8;
     if (a.decode == 3)
-        g16 ? launch_decw1<D, true, 3>(s, a) : launch_decw1<D, false, 3>(s, a);
+        g16 ? launch_decr1<D, true>(s, a) : launch_decr1<D, false>(s, a);
     else
-        g16 ? launch_decw1<D, true, 1>(s, a) : launch_decw1<D, false, 1>(s, a);
+        g16 ? launch_decw1<D, true>(s, a) : launch_decw1<D, false>(s, a);
 }
 
 bool cu_attn_tc_ok(int head_dim)
@@ -976,6 +1139,15 @@ void cu_attention_init(void)
                             (int)sizeof(tc_smem<64>)));
     CU(cudaFuncSetAttribute(k_attention_tc<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                             (int)sizeof(tc_smem<128>)));
+    const int ring64 = (int)sizeof(uint4) * DEC_WARPS * DECR_STAGES * 4 * 64;
+    CU(cudaFuncSetAttribute(k_attention_decr<64, false>,
+                            cudaFuncAttributeMaxDynamicSharedMemorySize, ring64));
+    CU(cudaFuncSetAttribute(k_attention_decr<64, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            ring64));
+    CU(cudaFuncSetAttribute(k_attention_decr<128, false>,
+                            cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * ring64));
+    CU(cudaFuncSetAttribute(k_attention_decr<128, true>,
+                            cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * ring64));
 }
 
 template <int D> static void launch_tc(cudaStream_t s, const cu_attn_args &a)

@@ -1399,7 +1399,7 @@ static void attention_tc(void)
     test_attention();
 }
 
-/* Every decode case through the warp-a-pair kernel (the default takes it for steps of many
+/* Every decode case through a warp-a-pair kernel (the default takes it for steps of many
  * pairs only). */
 static void attention_decw(void)
 {
@@ -1430,6 +1430,7 @@ static const struct {
     {"attention-tc", "PAGODA_CUDA_ATTN", "tc", attention_tc},
     {"attention-dec", "PAGODA_CUDA_ATTN", "dec", attention_tc},
     {"attention-decw", "PAGODA_CUDA_DEC_WARP", "2", attention_decw},
+    {"attention-decr", "PAGODA_CUDA_DEC_WARP", "ring-all", attention_decw},
     {"attention-dec-blocks", "PAGODA_CUDA_DEC_WARP", "0", attention_decw},
     {"tune", "PAGODA_CUDA_GEMM_TUNE", "1", products_and_fusions},
     {"gemv-f32", "PAGODA_CUDA_GEMV_TC", "0", gemv_f32_section},
@@ -1446,6 +1447,7 @@ static const struct {
     {"decode-layers-split", "PAGODA_CUDA_SPLIT_ROPE", "0", decode_layers_section},
     {"decode-layers-attn32", "PAGODA_CUDA_ATTN_BF16", "0", decode_layers_section},
     {"decode-layers-decw", "PAGODA_CUDA_DEC_WARP", "2", decode_layers_section},
+    {"decode-layers-decr", "PAGODA_CUDA_DEC_WARP", "ring-all", decode_layers_section},
 };
 #define N_SECTIONS (int)(sizeof sections / sizeof sections[0])
 
