@@ -944,142 +944,6 @@ template <int D> static void launch_dec(cudaStream_t s, const cu_attn_args &a)
         CU(cudaLaunchKernelEx(&l.cfg, k_attention_dec<D, false>, a));
 }
 
-/*
- * The same with keys and values through shared memory (k_attention_decr, decode = 3): each
- * warp keeps DECR_STAGES rounds in a ring of its own, copied with cp.async, so that two
- * rounds load while one computes without holding registers (k_attention_decw has one round
- * in flight a warp, in registers). A stage holds a round's 16 key rows, then its 16 value
- * rows; the 16-byte chunks of a row are stored XOR-swizzled by the row (keys by its parity,
- * values by bits 1-2), so that the fragment reads of both products are free of bank
- * conflicts. Rounds copied before the wait for the previous kernel leave out the token's own
- * key, written into the ring after the wait.
- */
-#define DECR_STAGES 3
-
-template <int D> static __device__ __forceinline__ int decr_k(int r, int c)
-{
-    return r * (D / 8) + (c ^ (4 * (r & 1)));
-}
-
-template <int D> static __device__ __forceinline__ int decr_v(int r, int c)
-{
-    return 16 * (D / 8) + r * (D / 8) + (c ^ (2 * ((r >> 1) & 3)));
-}
-
-/* A lane's share of the copies of the round from kb into stage st: chunk lane % (D / 8) of
- * rows lane / (D / 8) + 32 / (D / 8) m; `which` as for dec_load_k. ASYNC: cp.async, else
- * loads and stores. */
-template <int D, bool ASYNC>
-static __device__ __forceinline__ void decr_copy(const cu_attn_args &a, const dec_src &s, int kb,
-                                                 int which, uint4 *st, int lane)
-{
-    constexpr int CH = D / 8, RPI = 32 / CH;
-    const int64_t kv_row = (int64_t)a.n_kv_heads * D;
-    const int c = lane % CH;
-#pragma unroll
-    for (int m = 0; m < 16 / RPI; m++) {
-        const int r = m * RPI + lane / CH;
-        const int kp = min(kb + r, s.k_hi - 1);
-        if (!(which & (kp == s.qpos ? 2 : 1))) continue;
-        const int64_t off = dec_slot(a, s.bt, kp) * kv_row + 8 * c;
-        if (ASYNC) {
-            cp16(st + decr_k<D>(r, c), s.k + off, true);
-            cp16(st + decr_v<D>(r, c), s.v + off, true);
-        } else {
-            st[decr_k<D>(r, c)] = __ldg((const uint4 *)(s.k + off));
-            st[decr_v<D>(r, c)] = __ldg((const uint4 *)(s.v + off));
-        }
-    }
-}
-
-/* The round after (p, kb, s): the next of the pair's, or the first of the pair `stride` on. */
-static __device__ __forceinline__ void decr_advance(const cu_attn_args &a, int &p, int &kb,
-                                                    dec_src &s, int stride, int D)
-{
-    kb += DEC_KR;
-    if (kb < s.k_hi) return;
-    p += stride;
-    if (p < a.n_tokens * a.n_kv_heads) {
-        s = dec_src_of(a, p / a.n_kv_heads, p % a.n_kv_heads, D);
-        kb = s.k_lo;
-    }
-}
-
-template <int D, bool G16>
-__global__ void __launch_bounds__(DEC_WARPS * 32, 2) k_attention_decr(cu_attn_args a)
-{
-    allow_dependents();
-    constexpr int NC = D / 32, VC = D / 64, DN = D / 8, SU = 4 * D; /* uint4 a stage */
-    extern __shared__ uint4 decr_sm[];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
-    const int n_pairs = a.n_tokens * a.n_kv_heads, stride = gridDim.x * DEC_WARPS;
-    uint4 *ring = decr_sm + warp * DECR_STAGES * SU;
-    int pr = blockIdx.x * DEC_WARPS + warp;
-    if (pr >= n_pairs) return;
-    dec_src cur = dec_src_of(a, pr / a.n_kv_heads, pr % a.n_kv_heads, D);
-    /* the copy cursor: the round the next copy is for */
-    int ip = pr, ikb = cur.k_lo;
-    dec_src is = cur;
-    auto issue = [&](int stage, int which) {
-        if (ip < n_pairs) {
-            decr_copy<D, true>(a, is, ikb, which, ring + stage * SU, lane);
-            decr_advance(a, ip, ikb, is, stride, D);
-        }
-        asm volatile("cp.async.commit_group;" ::: "memory");
-    };
-#pragma unroll
-    for (int j = 0; j < DECR_STAGES - 1; j++) issue(j, 1);
-    grid_dependency_wait();
-    {
-        int p = pr, kb = cur.k_lo;
-        dec_src s = cur;
-#pragma unroll
-        for (int j = 0; j < DECR_STAGES - 1; j++) {
-            if (p >= n_pairs) break;
-            decr_copy<D, false>(a, s, kb, 2, ring + j * SU, lane);
-            decr_advance(a, p, kb, s, stride, D);
-        }
-    }
-    int stage = 0;
-    for (;;) {
-        const int t = pr / a.n_kv_heads, kvh = pr % a.n_kv_heads;
-        uint32_t qf[2 * NC][4];
-        dec_load_q<D, G16>(a, t, kvh, g, tq, qf);
-        float o[DN][4];
-#pragma unroll
-        for (int j = 0; j < DN; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
-        float mx[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-        for (int kb = cur.k_lo; kb < cur.k_hi; kb += DEC_KR) {
-            /* this round's copies are in and every lane is done with the stage copied next */
-            asm volatile("cp.async.wait_group %0;" ::"n"(DECR_STAGES - 2) : "memory");
-            __syncwarp();
-            issue(stage == 0 ? DECR_STAGES - 1 : stage - 1, 3);
-            const uint4 *st = ring + stage * SU;
-            stage = stage == DECR_STAGES - 1 ? 0 : stage + 1;
-            uint4 kr[2][NC], vr[4][VC];
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int i = 0; i < NC; i++) kr[h][i] = st[decr_k<D>(g + 8 * h, 4 * i + tq)];
-            dec_round<D, G16>(
-                a, qf, kr, vr, o, mx, l, kb, cur.k_hi, tq,
-                [&] {
-#pragma unroll
-                    for (int u = 0; u < 4; u++)
-#pragma unroll
-                        for (int c = 0; c < VC; c++)
-                            vr[u][c] = st[decr_v<D>(2 * tq + (u & 1) + 8 * (u >> 1), 8 * c + g)];
-                },
-                [] {});
-        }
-        dec_write_rows<D, G16>(a, o, l, t, kvh, g, tq);
-        pr += stride;
-        if (pr >= n_pairs) break;
-        cur = dec_src_of(a, pr / a.n_kv_heads, pr % a.n_kv_heads, D);
-    }
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
-}
-
 /* Blocks of k_attention_decw: as many as fit on the GPU at once, none without a pair. */
 template <int D, bool G16> static void launch_decw1(cudaStream_t s, const cu_attn_args &a)
 {
@@ -1098,32 +962,12 @@ template <int D, bool G16> static void launch_decw1(cudaStream_t s, const cu_att
     CU(cudaLaunchKernelEx(&l.cfg, k_attention_decw<D, G16>, a));
 }
 
-template <int D, bool G16> static void launch_decr1(cudaStream_t s, const cu_attn_args &a)
-{
-    static int most;
-    const size_t smem = sizeof(uint4) * DEC_WARPS * DECR_STAGES * 4 * D;
-    if (!most) {
-        int bps, dev, sms;
-        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, k_attention_decr<D, G16>,
-                                                         DEC_WARPS * 32, smem));
-        CU(cudaGetDevice(&dev));
-        CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-        most = (bps > 0 ? bps : 1) * sms;
-    }
-    const int want = (a.n_tokens * a.n_kv_heads + DEC_WARPS - 1) / DEC_WARPS;
-    cu_launch l;
-    cu_launch_init(&l, (unsigned)(want < most ? want : most), DEC_WARPS * 32, smem, s, a.early);
-    CU(cudaLaunchKernelEx(&l.cfg, k_attention_decr<D, G16>, a));
-}
-
-/* decode = 2: k_attention_decw; 3: k_attention_decr */
 template <int D> static void launch_decw(cudaStream_t s, const cu_attn_args &a)
 {
-    const bool g16 = a.n_heads / a.n_kv_heads > 8;
-    if (a.decode == 3)
-        g16 ? launch_decr1<D, true>(s, a) : launch_decr1<D, false>(s, a);
+    if (a.n_heads / a.n_kv_heads > 8)
+        launch_decw1<D, true>(s, a);
     else
-        g16 ? launch_decw1<D, true>(s, a) : launch_decw1<D, false>(s, a);
+        launch_decw1<D, false>(s, a);
 }
 
 bool cu_attn_tc_ok(int head_dim)
@@ -1139,15 +983,6 @@ void cu_attention_init(void)
                             (int)sizeof(tc_smem<64>)));
     CU(cudaFuncSetAttribute(k_attention_tc<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                             (int)sizeof(tc_smem<128>)));
-    const int ring64 = (int)sizeof(uint4) * DEC_WARPS * DECR_STAGES * 4 * 64;
-    CU(cudaFuncSetAttribute(k_attention_decr<64, false>,
-                            cudaFuncAttributeMaxDynamicSharedMemorySize, ring64));
-    CU(cudaFuncSetAttribute(k_attention_decr<64, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            ring64));
-    CU(cudaFuncSetAttribute(k_attention_decr<128, false>,
-                            cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * ring64));
-    CU(cudaFuncSetAttribute(k_attention_decr<128, true>,
-                            cudaFuncAttributeMaxDynamicSharedMemorySize, 2 * ring64));
 }
 
 template <int D> static void launch_tc(cudaStream_t s, const cu_attn_args &a)
@@ -1185,7 +1020,7 @@ template <int DPL> static void launch(cudaStream_t s, const cu_attn_args &a)
 
 void cu_attention(cudaStream_t s, const cu_attn_args &a)
 {
-    if (a.decode >= 2) return a.head_dim == 64 ? launch_decw<64>(s, a) : launch_decw<128>(s, a);
+    if (a.decode == 2) return a.head_dim == 64 ? launch_decw<64>(s, a) : launch_decw<128>(s, a);
     if (a.decode) return a.head_dim == 64 ? launch_dec<64>(s, a) : launch_dec<128>(s, a);
     if (a.n_tiles > 0) {
         if (a.head_dim == 64) return launch_tc<64>(s, a);

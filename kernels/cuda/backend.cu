@@ -122,9 +122,8 @@ struct cu_ctx {
      * one block a token and KV head) */
     int dec_split;
     /* decode steps of many (token, KV head) pairs over short contexts: a warp a pair
-     * (PAGODA_CUDA_DEC_WARP=0: the block kernel; 2: every decode step; ring: keys and
-     * values through a shared-memory ring a warp; ring-all: that for every decode step) */
-    int dec_warp, dec_ring;
+     * (PAGODA_CUDA_DEC_WARP=0: the block kernel; 2: every decode step) */
+    int dec_warp;
     /* At m = 1 a residual add joins the product before it and the rms_norm the product
      * after it: where the streaming 16-bit kernel takes the product (unset, the default;
      * other kernels would run them as launches of their own), for every product
@@ -1354,7 +1353,7 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
             }
             if (c->dec_warp == 2 || longest <= CU_ATTN_DECW_KEYS ||
                 longest * b->n_tokens <= 2 * total)
-                a.decode = c->dec_ring ? 3 : 2;
+                a.decode = 2;
         }
         a.splits = c->dec_split && a.decode == 1
                        ? cu_attn_dec_splits(b->n_tokens, p->n_kv_heads, max_keys,
@@ -1674,11 +1673,7 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->rope_kv = env_flag("PAGODA_CUDA_ROPE_KV", 1);
     c->dec_split = env_flag("PAGODA_CUDA_DEC_SPLIT", 1);
     env = getenv("PAGODA_CUDA_DEC_WARP");
-    c->dec_warp = !env                                       ? 1
-                  : !strcmp(env, "0")                        ? 0
-                  : !strcmp(env, "2") || strstr(env, "-all") ? 2
-                                                             : 1;
-    c->dec_ring = env && !strncmp(env, "ring", 4);
+    c->dec_warp = env && !strcmp(env, "0") ? 0 : env && !strcmp(env, "2") ? 2 : 1;
     env = getenv("PAGODA_CUDA_GEMV_ROW");
     c->row_gemv = !(env && !strcmp(env, "0"));
     /* 4 (the default): the streaming tensor-core kernel, in 16-row tiles where the rows

@@ -188,8 +188,7 @@ struct cu_attn_args {
      * KV head and range of keys (splits of them), the range's keys split among its warps
      * (k_attention_dec); with several ranges, the last block of a token and KV head to finish
      * merges them, counted in sem ([n_tokens, n_kv_heads], zero between launches). With
-     * decode = 2, a warp per token and KV head, all of its keys (k_attention_decw; 3: the
-     * same through a shared-memory ring a warp, k_attention_decr). */
+     * decode = 2, a warp per token and KV head, all of its keys (k_attention_decw). */
     int decode;
     int *sem;
     int early; /* launched early (programmatic dependent launch) */

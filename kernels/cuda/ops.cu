@@ -278,28 +278,49 @@ static __device__ __forceinline__ uint2 bf16x4(float4 v)
     return make_uint2(*(uint32_t *)&a, *(uint32_t *)&b);
 }
 
-/* The same on float4s: n4 of them, two per thread and iteration, so that four loads are in
- * flight before the first use. */
-__global__ void k_act_mul4(float4 *out, const float4 *__restrict__ gate,
-                           const float4 *__restrict__ up, int64_t n4, int gelu, uint2 *ob)
+/* Four bf16 values as floats. */
+static __device__ __forceinline__ float4 bf16x4_f(uint2 u)
+{
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                       __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+
+/* Four activation inputs as floats: float32 as they are, bf16 (four in a uint2) widened. */
+static __device__ __forceinline__ float4 in4(float4 v)
+{
+    return v;
+}
+
+static __device__ __forceinline__ float4 in4(uint2 u)
+{
+    return bf16x4_f(u);
+}
+
+/* The same on groups of four (T: float4 of float32 or uint2 of bf16 inputs): n4 of them, two
+ * per thread and iteration, so that four loads are in flight before the first use. */
+template <class T>
+__global__ void k_act_mul4(float4 *out, const T *__restrict__ gate, const T *__restrict__ up,
+                           int64_t n4, int gelu, uint2 *ob)
 {
     allow_dependents();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += 2 * stride) {
         const bool two = i + stride < n4;
-        const float4 g0 = gate[i], u0 = up[i];
-        float4 g1 = g0, u1 = u0;
+        const T g0 = gate[i], u0 = up[i];
+        T g1 = g0, u1 = u0;
         if (two) {
             g1 = gate[i + stride];
             u1 = up[i + stride];
         }
-        const float4 v0 = make_float4(act_of(g0.x, gelu) * u0.x, act_of(g0.y, gelu) * u0.y,
-                                      act_of(g0.z, gelu) * u0.z, act_of(g0.w, gelu) * u0.w);
+        const float4 a0 = in4(g0), b0 = in4(u0);
+        const float4 v0 = make_float4(act_of(a0.x, gelu) * b0.x, act_of(a0.y, gelu) * b0.y,
+                                      act_of(a0.z, gelu) * b0.z, act_of(a0.w, gelu) * b0.w);
         if (out) out[i] = v0;
         if (ob) ob[i] = bf16x4(v0);
         if (two) {
-            const float4 v1 = make_float4(act_of(g1.x, gelu) * u1.x, act_of(g1.y, gelu) * u1.y,
-                                          act_of(g1.z, gelu) * u1.z, act_of(g1.w, gelu) * u1.w);
+            const float4 a1 = in4(g1), b1 = in4(u1);
+            const float4 v1 = make_float4(act_of(a1.x, gelu) * b1.x, act_of(a1.y, gelu) * b1.y,
+                                          act_of(a1.z, gelu) * b1.z, act_of(a1.w, gelu) * b1.w);
             if (out) out[i + stride] = v1;
             if (ob) ob[i + stride] = bf16x4(v1);
         }
@@ -313,7 +334,7 @@ void cu_act_mul(cudaStream_t s, float *out, const float *gate, const float *up, 
     if (n % 4 == 0 &&
         ((uintptr_t)out | (uintptr_t)gate | (uintptr_t)up | (uintptr_t)ob) % 16 == 0) {
         const int64_t n4 = n / 4;
-        k_act_mul4<<<blocks_for((n4 + 1) / 2, 256), 256, 0, s>>>(
+        k_act_mul4<float4><<<blocks_for((n4 + 1) / 2, 256), 256, 0, s>>>(
             (float4 *)out, (const float4 *)gate, (const float4 *)up, n4, gelu, (uint2 *)ob);
         CU_LAUNCHED();
         return;
@@ -322,46 +343,13 @@ void cu_act_mul(cudaStream_t s, float *out, const float *gate, const float *up, 
     CU_LAUNCHED();
 }
 
-/* Four bf16 values as floats. */
-static __device__ __forceinline__ float4 bf16x4_f(uint2 u)
-{
-    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
-                       __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
-}
-
-/* The activation from bf16 gate and up into bf16 only: four values a thread and step, two
- * steps' loads in flight. */
-__global__ void k_act_mul_b16(uint2 *ob, const uint2 *__restrict__ gate,
-                              const uint2 *__restrict__ up, int64_t n4, int gelu)
-{
-    allow_dependents();
-    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n4; i += 2 * stride) {
-        const bool two = i + stride < n4;
-        const uint2 g0 = gate[i], u0 = up[i];
-        uint2 g1 = g0, u1 = u0;
-        if (two) {
-            g1 = gate[i + stride];
-            u1 = up[i + stride];
-        }
-        const float4 a = bf16x4_f(g0), b = bf16x4_f(u0);
-        ob[i] = bf16x4(make_float4(act_of(a.x, gelu) * b.x, act_of(a.y, gelu) * b.y,
-                                   act_of(a.z, gelu) * b.z, act_of(a.w, gelu) * b.w));
-        if (two) {
-            const float4 c = bf16x4_f(g1), d = bf16x4_f(u1);
-            ob[i + stride] = bf16x4(make_float4(act_of(c.x, gelu) * d.x, act_of(c.y, gelu) * d.y,
-                                                act_of(c.z, gelu) * d.z, act_of(c.w, gelu) * d.w));
-        }
-    }
-}
-
 void cu_act_mul_b16(cudaStream_t s, __nv_bfloat16 *ob, const __nv_bfloat16 *gate,
                     const __nv_bfloat16 *up, int64_t n, int gelu)
 {
     if (n <= 0) return;
     const int64_t n4 = n / 4;
-    k_act_mul_b16<<<blocks_for((n4 + 1) / 2, 256), 256, 0, s>>>((uint2 *)ob, (const uint2 *)gate,
-                                                                (const uint2 *)up, n4, gelu);
+    k_act_mul4<uint2><<<blocks_for((n4 + 1) / 2, 256), 256, 0, s>>>(
+        NULL, (const uint2 *)gate, (const uint2 *)up, n4, gelu, (uint2 *)ob);
     CU_LAUNCHED();
 }
 

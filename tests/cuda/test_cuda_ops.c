@@ -770,24 +770,89 @@ static void test_attention_case(int n_heads, int n_kv, int hd, int window, float
     free(vc);
 }
 
+/* Block tables of n_seqs sequences that interleave their blocks: block i of sequence s is
+ * i * n_seqs + n_seqs - 1 - s. */
+static int32_t *interleaved_tables(int n_seqs, int max_blocks)
+{
+    int32_t *bt = xmalloc(sizeof(int32_t) * (size_t)n_seqs * max_blocks);
+    for (int s = 0; s < n_seqs; s++)
+        for (int i = 0; i < max_blocks; i++) bt[s * max_blocks + i] = i * n_seqs + (n_seqs - 1 - s);
+    return bt;
+}
+
+/* One of the two steps of a decode test: step 0 stores each sequence's first ctx[s] tokens
+ * (its earlier keys), step 1 decodes one token a sequence at position ctx[s]. Sequences with
+ * no token in the step are left out. */
+struct step_batch {
+    struct fwd_batch b;
+    int32_t *tokens, *pos, *slot, *qs, *sl, *bts;
+    int32_t lr[1];
+};
+
+static void step_batch_make(struct step_batch *sb, int step, int n_seqs, const int32_t *ctx,
+                            const int32_t *bt, int max_blocks, int bs)
+{
+    int nt = 0;
+    for (int s = 0; s < n_seqs; s++) nt += step ? 1 : ctx[s];
+    sb->tokens = xcalloc((size_t)nt + 1, sizeof(int32_t));
+    sb->pos = xmalloc(sizeof(int32_t) * ((size_t)nt + 1));
+    sb->slot = xmalloc(sizeof(int32_t) * ((size_t)nt + 1));
+    sb->qs = xmalloc(sizeof(int32_t) * (size_t)(n_seqs + 1));
+    sb->sl = xmalloc(sizeof(int32_t) * (size_t)n_seqs);
+    sb->bts = xmalloc(sizeof(int32_t) * (size_t)n_seqs * max_blocks);
+    int t = 0, ns = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        const int lo = step ? ctx[s] : 0, c = step ? 1 : ctx[s];
+        if (c == 0) continue;
+        sb->qs[ns] = t;
+        for (int j = 0; j < c; j++, t++) {
+            sb->pos[t] = lo + j;
+            sb->slot[t] = bt[s * max_blocks + (lo + j) / bs] * bs + (lo + j) % bs;
+        }
+        sb->sl[ns] = lo + c;
+        memcpy(sb->bts + ns * max_blocks, bt + s * max_blocks, sizeof(int32_t) * max_blocks);
+        ns++;
+    }
+    sb->qs[ns] = t;
+    sb->lr[0] = 0;
+    sb->b = (struct fwd_batch){.n_tokens = nt,
+                               .tokens = sb->tokens,
+                               .pos = sb->pos,
+                               .slot = sb->slot,
+                               .n_seqs = ns,
+                               .q_start = sb->qs,
+                               .seq_len = sb->sl,
+                               .block_table = sb->bts,
+                               .max_blocks = max_blocks,
+                               .n_logits = 0,
+                               .logit_rows = sb->lr};
+}
+
+static void step_batch_free(struct step_batch *sb)
+{
+    free(sb->tokens);
+    free(sb->pos);
+    free(sb->slot);
+    free(sb->qs);
+    free(sb->sl);
+    free(sb->bts);
+}
+
 /*
  * A decode step of n_seqs sequences, one token each, over contexts of different lengths
  * (from ctx_base + 11 on, below max_blocks x 16 - 5 earlier keys; block tables interleaved
- * across sequences). With 64 or more sequences the default backend runs the decode kernel
- * (keys split among a block's warps); with few sequences that kernel splits their keys into
- * ranges over the GPU (blocks of a token and KV head), merged by the last range's block.
+ * across sequences). Decode steps run the decode kernel (keys split among a block's warps);
+ * with few sequences it splits their keys into ranges over the GPU (blocks of a token and KV
+ * head), merged by the last range's block; with 4 (token, KV head) pairs an SM or more (70
+ * sequences of 8 KV heads on 132 SMs), a warp takes each pair whole.
  */
 static void test_attention_decode_ctx(int n_seqs, int n_heads, int n_kv, int hd, int window,
                                       float softcap, int max_blocks, int ctx_base)
 {
     const int bs = 16, n_blocks = n_seqs * max_blocks, kv_row = n_kv * hd;
-    int32_t *bt = xmalloc(sizeof(int32_t) * (size_t)n_blocks);
-    for (int s = 0; s < n_seqs; s++)
-        for (int i = 0; i < max_blocks; i++) bt[s * max_blocks + i] = i * n_seqs + (n_seqs - 1 - s);
+    int32_t *bt = interleaved_tables(n_seqs, max_blocks);
     int32_t *ctx = xmalloc(sizeof(int32_t) * (size_t)n_seqs);
-    int total = 0;
-    for (int s = 0; s < n_seqs; s++)
-        total += ctx[s] = (ctx_base + s * 37 + 11) % (bs * max_blocks - 5);
+    for (int s = 0; s < n_seqs; s++) ctx[s] = (ctx_base + s * 37 + 11) % (bs * max_blocks - 5);
     size_t kv_elems = (size_t)n_blocks * bs * kv_row;
     float *kc = xcalloc(kv_elems, sizeof(float)), *vc = xcalloc(kv_elems, sizeof(float));
     struct kv_layer kv_cpu = {kc, vc};
@@ -797,40 +862,14 @@ static void test_attention_decode_ctx(int n_seqs, int n_heads, int n_kv, int hd,
     struct attn_params p = {n_heads, n_kv, hd, 1.0f / sqrtf((float)hd), softcap, window};
     /* step 0 stores every sequence's earlier keys (no attention), step 1 decodes */
     for (int step = 0; step < 2; step++) {
-        int nt = step ? n_seqs : total, ns = 0;
-        if (nt == 0) continue;
-        int32_t *tokens = xcalloc((size_t)nt, sizeof(int32_t)),
-                *pos = xmalloc(sizeof(int32_t) * (size_t)nt),
-                *slot = xmalloc(sizeof(int32_t) * (size_t)nt),
-                *qs = xmalloc(sizeof(int32_t) * (size_t)(n_seqs + 1)),
-                *sl = xmalloc(sizeof(int32_t) * (size_t)n_seqs),
-                *bts = xmalloc(sizeof(int32_t) * (size_t)n_blocks);
-        int t = 0;
-        for (int s = 0; s < n_seqs; s++) {
-            int lo = step ? ctx[s] : 0, c = step ? 1 : ctx[s];
-            if (c == 0) continue;
-            qs[ns] = t;
-            for (int j = 0; j < c; j++, t++) {
-                pos[t] = lo + j;
-                slot[t] = bt[s * max_blocks + (lo + j) / bs] * bs + (lo + j) % bs;
-            }
-            sl[ns] = lo + c;
-            memcpy(bts + ns * max_blocks, bt + s * max_blocks, sizeof(int32_t) * max_blocks);
-            ns++;
+        struct step_batch sb;
+        step_batch_make(&sb, step, n_seqs, ctx, bt, max_blocks, bs);
+        const struct fwd_batch b = sb.b;
+        const int nt = b.n_tokens;
+        if (nt == 0) {
+            step_batch_free(&sb);
+            continue;
         }
-        qs[ns] = t;
-        int32_t lr[1] = {0};
-        struct fwd_batch b = {.n_tokens = nt,
-                              .tokens = tokens,
-                              .pos = pos,
-                              .slot = slot,
-                              .n_seqs = ns,
-                              .q_start = qs,
-                              .seq_len = sl,
-                              .block_table = bts,
-                              .max_blocks = max_blocks,
-                              .n_logits = 0,
-                              .logit_rows = lr};
         size_t nq = (size_t)nt * n_heads * hd, nk = (size_t)nt * kv_row;
         float *k = rvec(nk), *v = rvec(nk);
         for (size_t i = 0; i < nk; i++) {
@@ -865,12 +904,7 @@ static void test_attention_decode_ctx(int n_seqs, int n_heads, int n_kv, int hd,
         gpu.ops->free(gpu.ctx, dv);
         free(k);
         free(v);
-        free(tokens);
-        free(pos);
-        free(slot);
-        free(qs);
-        free(sl);
-        free(bts);
+        step_batch_free(&sb);
     }
     gpu.ops->free(gpu.ctx, kv_gpu.k);
     gpu.ops->free(gpu.ctx, kv_gpu.v);
@@ -951,13 +985,9 @@ static void test_decode_layers(int n_seqs, int d, int max_blocks, int ctx_base)
     enum { NL = 2 };
     const int H = 512, hq = 8, hkv = 2, F = 1024, bs = 16, half = d / 2;
     const int n_blocks = n_seqs * max_blocks, kv_row = hkv * d;
-    int32_t *bt = xmalloc(sizeof(int32_t) * (size_t)n_blocks);
-    for (int s = 0; s < n_seqs; s++)
-        for (int i = 0; i < max_blocks; i++) bt[s * max_blocks + i] = i * n_seqs + (n_seqs - 1 - s);
+    int32_t *bt = interleaved_tables(n_seqs, max_blocks);
     int32_t *ctx = xmalloc(sizeof(int32_t) * (size_t)n_seqs);
-    int total = 0;
-    for (int s = 0; s < n_seqs; s++)
-        total += ctx[s] = (ctx_base + s * 29 + 7) % (bs * max_blocks - 5) + 1;
+    for (int s = 0; s < n_seqs; s++) ctx[s] = (ctx_base + s * 29 + 7) % (bs * max_blocks - 5) + 1;
     const size_t kv_elems = (size_t)n_blocks * bs * kv_row;
     struct kv_geom g = {n_blocks, bs, hkv, d};
     struct attn_params p = {hq, hkv, d, 1.0f / sqrtf((float)d), 0.0f, 0};
@@ -986,35 +1016,10 @@ static void test_decode_layers(int n_seqs, int d, int max_blocks, int ctx_base)
     }
     /* step 0 stores each sequence's earlier keys in both layers; step 1 decodes */
     for (int step = 0; step < 2; step++) {
-        const int nt = step ? n_seqs : total;
-        int32_t *tokens = xcalloc((size_t)nt, sizeof(int32_t)),
-                *pos = xmalloc(sizeof(int32_t) * (size_t)nt),
-                *slot = xmalloc(sizeof(int32_t) * (size_t)nt),
-                *qs = xmalloc(sizeof(int32_t) * (size_t)(n_seqs + 1)),
-                *sl = xmalloc(sizeof(int32_t) * (size_t)n_seqs);
-        int t = 0;
-        for (int s = 0; s < n_seqs; s++) {
-            const int lo = step ? ctx[s] : 0, c = step ? 1 : ctx[s];
-            qs[s] = t;
-            for (int j = 0; j < c; j++, t++) {
-                pos[t] = lo + j;
-                slot[t] = bt[s * max_blocks + (lo + j) / bs] * bs + (lo + j) % bs;
-            }
-            sl[s] = lo + c;
-        }
-        qs[n_seqs] = t;
-        int32_t lr[1] = {0};
-        struct fwd_batch b = {.n_tokens = nt,
-                              .tokens = tokens,
-                              .pos = pos,
-                              .slot = slot,
-                              .n_seqs = n_seqs,
-                              .q_start = qs,
-                              .seq_len = sl,
-                              .block_table = bt,
-                              .max_blocks = max_blocks,
-                              .n_logits = 0,
-                              .logit_rows = lr};
+        struct step_batch sb;
+        step_batch_make(&sb, step, n_seqs, ctx, bt, max_blocks, bs);
+        const struct fwd_batch b = sb.b;
+        const int nt = b.n_tokens;
         if (!step) {
             const size_t nk = (size_t)nt * kv_row;
             for (int l = 0; l < NL; l++) {
@@ -1078,11 +1083,7 @@ static void test_decode_layers(int n_seqs, int d, int max_blocks, int ctx_base)
             float *dbufs[] = {db.x, db.h, db.q, db.k, db.v, db.att, db.gate, db.up, db.cs, db.sn};
             for (int i = 0; i < 10; i++) gpu.ops->free(gpu.ctx, dbufs[i]);
         }
-        free(tokens);
-        free(pos);
-        free(slot);
-        free(qs);
-        free(sl);
+        step_batch_free(&sb);
     }
     for (int l = 0; l < NL; l++) {
         free(kv_cpu[l].k);
@@ -1399,7 +1400,7 @@ static void attention_tc(void)
     test_attention();
 }
 
-/* Every decode case through a warp-a-pair kernel (the default takes it for steps of many
+/* Every decode case through the warp-a-pair kernel (the default takes it for steps of many
  * pairs only). */
 static void attention_decw(void)
 {
@@ -1430,7 +1431,6 @@ static const struct {
     {"attention-tc", "PAGODA_CUDA_ATTN", "tc", attention_tc},
     {"attention-dec", "PAGODA_CUDA_ATTN", "dec", attention_tc},
     {"attention-decw", "PAGODA_CUDA_DEC_WARP", "2", attention_decw},
-    {"attention-decr", "PAGODA_CUDA_DEC_WARP", "ring-all", attention_decw},
     {"attention-dec-blocks", "PAGODA_CUDA_DEC_WARP", "0", attention_decw},
     {"tune", "PAGODA_CUDA_GEMM_TUNE", "1", products_and_fusions},
     {"gemv-f32", "PAGODA_CUDA_GEMV_TC", "0", gemv_f32_section},
@@ -1447,7 +1447,6 @@ static const struct {
     {"decode-layers-split", "PAGODA_CUDA_SPLIT_ROPE", "0", decode_layers_section},
     {"decode-layers-attn32", "PAGODA_CUDA_ATTN_BF16", "0", decode_layers_section},
     {"decode-layers-decw", "PAGODA_CUDA_DEC_WARP", "2", decode_layers_section},
-    {"decode-layers-decr", "PAGODA_CUDA_DEC_WARP", "ring-all", decode_layers_section},
 };
 #define N_SECTIONS (int)(sizeof sections / sizeof sections[0])
 
