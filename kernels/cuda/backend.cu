@@ -119,7 +119,7 @@ struct cu_ctx {
     int attn_mode; /* 0 auto, 1 simt, 2 tc, 3 dec */
     int rope_kv;   /* rope(q), rope(k), kv_store as one launch (PAGODA_CUDA_ROPE_KV=0: off) */
     /* the decode kernel's keys in ranges over the GPU for few sequences (PAGODA_CUDA_DEC_SPLIT=0:
-     * one block a token and KV head; N > 1: at most N ranges) */
+     * one block a token and KV head) */
     int dec_split;
     /* decode steps of many (token, KV head) pairs over short contexts: a warp a pair
      * (PAGODA_CUDA_DEC_WARP=0: the block kernel; 2: every decode step) */
@@ -157,8 +157,7 @@ struct cu_ctx {
     int row_gemv;     /* the m = 1 matrix-vector kernel (PAGODA_CUDA_GEMV_ROW=0: off) */
     int early_launch; /* programmatic dependent launch of it (PAGODA_CUDA_PDL=0: off) */
     int gemv_tc;      /* PAGODA_CUDA_GEMV_TC (default 4): 4-bit m = 1 products on tensor cores */
-    int gemv_stream;  /* 16-bit m = 1 products streamed by warps (PAGODA_CUDA_GEMV_STREAM=0: off;
-                         2: blocks of 512 threads) */
+    int gemv_stream;  /* 16-bit m = 1 products streamed by warps (PAGODA_CUDA_GEMV_STREAM=0: off) */
     int gemv_rope; /* with rope and the KV store in the q/k/v one (PAGODA_CUDA_GEMV_ROPE=0: off) */
     int lt_small;  /* bf16 products of 2 to 8 rows on cuBLASLt (PAGODA_CUDA_LT_SMALL=0: off) */
     /* products of m > 8 over one x (q, k, v; gate, up) run at the same time on side streams,
@@ -1360,7 +1359,6 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
                        ? cu_attn_dec_splits(b->n_tokens, p->n_kv_heads, max_keys,
                                             c->prop.multiProcessorCount)
                        : 1;
-        if (c->dec_split > 1 && a.splits > c->dec_split) a.splits = c->dec_split;
         if (a.splits > 1) {
             attn_part(c, b, p, &a);
             size_t nsem = (size_t)b->n_tokens * p->n_kv_heads;
@@ -1673,8 +1671,7 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     cu_gemv_tc_init();
     c->fuse_norm = env_flag("PAGODA_CUDA_FUSE_NORM", 2);
     c->rope_kv = env_flag("PAGODA_CUDA_ROPE_KV", 1);
-    env = getenv("PAGODA_CUDA_DEC_SPLIT");
-    c->dec_split = env && atoi(env) > 1 ? atoi(env) : env_flag("PAGODA_CUDA_DEC_SPLIT", 1);
+    c->dec_split = env_flag("PAGODA_CUDA_DEC_SPLIT", 1);
     env = getenv("PAGODA_CUDA_DEC_WARP");
     c->dec_warp = env && !strcmp(env, "0") ? 0 : env && !strcmp(env, "2") ? 2 : 1;
     env = getenv("PAGODA_CUDA_GEMV_ROW");
@@ -1686,8 +1683,7 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->gemv_tc = env && !strcmp(env, "2")   ? 2
                  : env && !strcmp(env, "3") ? 3
                                             : env_flag("PAGODA_CUDA_GEMV_TC", 4);
-    env = getenv("PAGODA_CUDA_GEMV_STREAM");
-    c->gemv_stream = env && !strcmp(env, "2") ? 2 : env_flag("PAGODA_CUDA_GEMV_STREAM", 1);
+    c->gemv_stream = env_flag("PAGODA_CUDA_GEMV_STREAM", 1);
     c->gemv_rope = env_flag("PAGODA_CUDA_GEMV_ROPE", 1);
     c->lt_small = env_flag("PAGODA_CUDA_LT_SMALL", 1);
     c->gemm_streams = env_flag("PAGODA_CUDA_GEMM_STREAMS", 1);

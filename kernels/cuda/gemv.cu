@@ -453,7 +453,7 @@ static bool launch_row_any(cudaStream_t s, const cu_gemv_set &g, const float *x)
  * an L2 sector hint: within 3 %, this one the fastest; weights read past L1 (ld_stream)
  * gave 1.5 % more than through it (kernels/cuda/NOTES.md).
  */
-#define STREAM_THREADS 1024 /* 512 with stream16 = 2: two blocks an SM */
+#define STREAM_THREADS 1024
 #define STREAM_CH      4
 
 /* Where a warp is in its stream: task t, chunk s of it (with two rows a task, the first
@@ -525,13 +525,13 @@ stream_step(const cu_gemv_set &g, const float4 *xs4, uint4 (&cur)[STREAM_CH],
     return n.t < t_end;
 }
 
-template <int FMT, int MODE, bool NORM, int NT>
-__global__ void __launch_bounds__(NT, STREAM_THREADS / NT)
+template <int FMT, int MODE, bool NORM>
+__global__ void __launch_bounds__(STREAM_THREADS, 1)
     k_gemv_stream(cu_gemv_set g, const float *__restrict__ x)
 {
     allow_dependents();
     extern __shared__ float4 xs4[];
-    __shared__ float red[NT / 32];
+    __shared__ float red[STREAM_THREADS / 32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
     const int64_t k = g.w[0].k, rows = stream_tasks<MODE>(g);
     const int upl = (int)(k >> 8), nch = (upl + STREAM_CH - 1) / STREAM_CH;
@@ -605,16 +605,16 @@ static bool stream_ok(const cu_gemv_set &g)
     return true;
 }
 
-template <int FMT, int MODE, bool NORM, int NT>
+template <int FMT, int MODE, bool NORM>
 static void launch_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
 {
     static int bps, sms;
     const size_t smem = sizeof(float) * (size_t)g.w[0].k;
-    void (*kern)(cu_gemv_set, const float *) = k_gemv_stream<FMT, MODE, NORM, NT>;
+    void (*kern)(cu_gemv_set, const float *) = k_gemv_stream<FMT, MODE, NORM>;
     if (!sms) {
         /* room for the largest x (k = 16384) */
         CU(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
-        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, NT, 64 * 1024));
+        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, STREAM_THREADS, 64 * 1024));
         if (bps < 1) bps = 1;
         int dev;
         CU(cudaGetDevice(&dev));
@@ -622,7 +622,7 @@ static void launch_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
     }
     const int64_t want = (stream_tasks<MODE>(g) + 1) / 2, most = (int64_t)bps * sms;
     cu_launch l;
-    cu_launch_init(&l, (unsigned)(want < most ? want : most), NT, smem, s, g.early);
+    cu_launch_init(&l, (unsigned)(want < most ? want : most), STREAM_THREADS, smem, s, g.early);
     CU(cudaLaunchKernelEx(&l.cfg, kern, g, x));
 }
 
@@ -631,12 +631,10 @@ static bool launch_stream_any(cudaStream_t s, const cu_gemv_set &g, const float 
     if (!stream_ok(g)) return false;
 #define STREAMM(F, M)                                                                              \
     do {                                                                                           \
-        if (g.stream16 == 2)                                                                       \
-            g.nsrc ? launch_stream<F, M, true, 512>(s, g, x)                                       \
-                   : launch_stream<F, M, false, 512>(s, g, x);                                     \
+        if (g.nsrc)                                                                                \
+            launch_stream<F, M, true>(s, g, x);                                                    \
         else                                                                                       \
-            g.nsrc ? launch_stream<F, M, true, STREAM_THREADS>(s, g, x)                            \
-                   : launch_stream<F, M, false, STREAM_THREADS>(s, g, x);                          \
+            launch_stream<F, M, false>(s, g, x);                                                   \
     } while (0)
 #define STREAMK(F)                                                                                 \
     do {                                                                                           \
