@@ -503,6 +503,25 @@ static __device__ __forceinline__ void dec_load_v(const cu_attn_args &a, const d
     }
 }
 
+/* A warp's first round from kb, if it has one (live), around the wait for the kernel before
+ * (launched early, the warp may start while that kernel finishes): the loads of the earlier
+ * keys go out before it, those of the token's own key (stored by that kernel) after it. */
+template <int D>
+static __device__ __forceinline__ void
+dec_first_loads(const cu_attn_args &a, const dec_src &s, int kb, bool live, int g, int tq,
+                uint4 (&kr)[2][D / 32], uint4 (&vr)[4][D / 64])
+{
+    if (live) {
+        dec_load_k<D>(a, s, kb, 1, g, tq, kr);
+        dec_load_v<D>(a, s, kb, 1, g, tq, vr);
+    }
+    grid_dependency_wait();
+    if (live) {
+        dec_load_k<D>(a, s, kb, 2, g, tq, kr);
+        dec_load_v<D>(a, s, kb, 2, g, tq, vr);
+    }
+}
+
 /* Q fragments of token t's rows in KV head kvh: rows g (and g + 8), dimensions in the key
  * loads' order, bf16. */
 template <int D, bool G16>
@@ -650,20 +669,10 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
     dec_src rs = src; /* the range's keys */
     rs.k_hi = k_hi;
 
-    /* The first round's loads of the earlier keys go out before the wait for the kernel that
-     * stores this token's key and value and writes the queries (launched early, this block
-     * may start while that kernel finishes); the token's own key follows the wait. */
+    /* the first round's loads around the wait for the kernel that stores this token's key
+     * and value and writes the queries */
     uint4 kr[2][NC], vr[4][VC];
-    const bool first = k_lo + DEC_KR * warp < k_hi;
-    if (first) {
-        dec_load_k<D>(a, rs, k_lo + DEC_KR * warp, 1, g, tq, kr);
-        dec_load_v<D>(a, rs, k_lo + DEC_KR * warp, 1, g, tq, vr);
-    }
-    grid_dependency_wait();
-    if (first) {
-        dec_load_k<D>(a, rs, k_lo + DEC_KR * warp, 2, g, tq, kr);
-        dec_load_v<D>(a, rs, k_lo + DEC_KR * warp, 2, g, tq, vr);
-    }
+    dec_first_loads<D>(a, rs, k_lo + DEC_KR * warp, k_lo + DEC_KR * warp < k_hi, g, tq, kr, vr);
     uint32_t qf[2 * NC][4];
     dec_load_q<D, G16>(a, t, kvh, g, tq, qf);
 
@@ -871,11 +880,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_decw(cu_attn_args 
     if (pr >= n_pairs) return;
     dec_src cur = dec_src_of(a, pr / a.n_kv_heads, pr % a.n_kv_heads, D);
     uint4 kr[2][NC], vr[4][VC];
-    dec_load_k<D>(a, cur, cur.k_lo, 1, g, tq, kr);
-    dec_load_v<D>(a, cur, cur.k_lo, 1, g, tq, vr);
-    grid_dependency_wait();
-    dec_load_k<D>(a, cur, cur.k_lo, 2, g, tq, kr);
-    dec_load_v<D>(a, cur, cur.k_lo, 2, g, tq, vr);
+    dec_first_loads<D>(a, cur, cur.k_lo, true, g, tq, kr, vr);
     for (;;) {
         const int t = pr / a.n_kv_heads, kvh = pr % a.n_kv_heads;
         uint32_t qf[2 * NC][4];
