@@ -452,10 +452,6 @@ static bool launch_row_any(cudaStream_t s, const cu_gemv_set &g, const float *x)
  * dependent launch). Measured against 512 threads with chunks of 8 and against loads with
  * an L2 sector hint: within 3 %, this one the fastest; weights read past L1 (ld_stream)
  * gave 1.5 % more than through it (kernels/cuda/NOTES.md).
- *
- * With stream16 = 2 or 3, blocks of 512 threads at most 64 registers each, still one an SM:
- * half of each SM's registers stay free, so the next launch's blocks start next to this
- * one's and their first loads go out while it runs, not after it ends.
  */
 #define STREAM_THREADS 1024
 #define STREAM_CH      4
@@ -486,30 +482,21 @@ static __device__ __forceinline__ void stream_load(const cu_gemv_set &g, uint4 (
         q[u] = c * STREAM_CH + u < upl ? ld_stream(row + u * 32) : make_uint4(0, 0, 0, 0);
 }
 
-/* The position after p. */
-template <int MODE>
-static __device__ __forceinline__ stream_pos stream_next(stream_pos p, int nch, int nwarps)
-{
-    if (++p.s == (MODE == SM_ROWS ? 1 : 2) * nch) {
-        p.s = 0;
-        p.t += nwarps;
-    }
-    return p;
-}
-
-/* One chunk of the current task: uses cur, loads the next position's chunk into nxt (with
- * AHEAD2, nxt is loaded already, and cur takes the chunk two positions on once it is
- * used) and finishes the task at its last chunk. Returns false when the warp's rows are
- * done. */
-template <int FMT, int MODE, bool AHEAD2>
+/* One chunk of the current task: uses cur, loads the next position's chunk into nxt and
+ * finishes the task at its last chunk. Returns false when the warp's rows are done. */
+template <int FMT, int MODE>
 static __device__ __forceinline__ bool
 stream_step(const cu_gemv_set &g, const float4 *xs4, uint4 (&cur)[STREAM_CH],
             uint4 (&nxt)[STREAM_CH], stream_pos &p, float (&acc)[2], int64_t t_end, int nwarps,
             int nch, int upl, float inv, int lane)
 {
     constexpr int NA = MODE == SM_ROWS ? 1 : 2;
-    const stream_pos n = stream_next<MODE>(p, nch, nwarps);
-    if (!AHEAD2 && n.t < t_end) stream_load<MODE>(g, nxt, n, nch, upl, lane);
+    stream_pos n = p;
+    if (++n.s == NA * nch) {
+        n.s = 0;
+        n.t += nwarps;
+    }
+    if (n.t < t_end) stream_load<MODE>(g, nxt, n, nch, upl, lane);
     const int a = NA == 2 && p.s >= nch ? 1 : 0, c = p.s - a * nch;
     float t = 0.0f;
 #pragma unroll
@@ -520,10 +507,6 @@ stream_step(const cu_gemv_set &g, const float4 *xs4, uint4 (&cur)[STREAM_CH],
             const float xv[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
             t += unit_dot<FMT, 16>(cur[u], xv);
         }
-    }
-    if (AHEAD2) {
-        const stream_pos n2 = stream_next<MODE>(n, nch, nwarps);
-        if (n2.t < t_end) stream_load<MODE>(g, cur, n2, nch, upl, lane);
     }
     if (a)
         acc[1] += t;
@@ -542,17 +525,13 @@ stream_step(const cu_gemv_set &g, const float4 *xs4, uint4 (&cur)[STREAM_CH],
     return n.t < t_end;
 }
 
-/* V: 1 for blocks of STREAM_THREADS; 2 for blocks of 512 (stream16 = 2); 3 for blocks of
- * 512 that load two chunks a warp before the wait (stream16 = 3). */
-template <int FMT, int MODE, bool NORM, int V>
-__global__ void __launch_bounds__(V == 1 ? STREAM_THREADS : 512, V == 1 ? 1 : 2)
+template <int FMT, int MODE, bool NORM>
+__global__ void __launch_bounds__(STREAM_THREADS, 1)
     k_gemv_stream(cu_gemv_set g, const float *__restrict__ x)
 {
-    constexpr int NT = V == 1 ? STREAM_THREADS : 512;
-    constexpr bool AHEAD2 = V == 3;
     allow_dependents();
     extern __shared__ float4 xs4[];
-    __shared__ float red[NT / 32];
+    __shared__ float red[STREAM_THREADS / 32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
     const int64_t k = g.w[0].k, rows = stream_tasks<MODE>(g);
     const int upl = (int)(k >> 8), nch = (upl + STREAM_CH - 1) / STREAM_CH;
@@ -561,10 +540,6 @@ __global__ void __launch_bounds__(V == 1 ? STREAM_THREADS : 512, V == 1 ? 1 : 2)
 
     uint4 qa[STREAM_CH], qb[STREAM_CH];
     if (p.t < t_end) stream_load<MODE>(g, qa, p, nch, upl, lane);
-    if (AHEAD2) {
-        const stream_pos n = stream_next<MODE>(p, nch, nwarps);
-        if (n.t < t_end) stream_load<MODE>(g, qb, n, nch, upl, lane);
-    }
     /* x comes from the previous kernel: only now wait for it */
     grid_dependency_wait();
     /* x staged; with the norm, x * weight: the row's scale, known only after the block's
@@ -606,11 +581,9 @@ __global__ void __launch_bounds__(V == 1 ? STREAM_THREADS : 512, V == 1 ? 1 : 2)
     if (p.t >= t_end) return;
     float acc[2] = {0.0f, 0.0f};
     for (;;) {
-        if (!stream_step<FMT, MODE, AHEAD2>(g, xs4, qa, qb, p, acc, t_end, nwarps, nch, upl, inv,
-                                            lane))
+        if (!stream_step<FMT, MODE>(g, xs4, qa, qb, p, acc, t_end, nwarps, nch, upl, inv, lane))
             break;
-        if (!stream_step<FMT, MODE, AHEAD2>(g, xs4, qb, qa, p, acc, t_end, nwarps, nch, upl, inv,
-                                            lane))
+        if (!stream_step<FMT, MODE>(g, xs4, qb, qa, p, acc, t_end, nwarps, nch, upl, inv, lane))
             break;
     }
 }
@@ -632,24 +605,24 @@ static bool stream_ok(const cu_gemv_set &g)
     return true;
 }
 
-/* One block an SM (fewer where there are fewer than two tasks a block). */
-template <int FMT, int MODE, bool NORM, int V>
+template <int FMT, int MODE, bool NORM>
 static void launch_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
 {
-    static int sms;
+    static int bps, sms;
     const size_t smem = sizeof(float) * (size_t)g.w[0].k;
-    void (*kern)(cu_gemv_set, const float *) = k_gemv_stream<FMT, MODE, NORM, V>;
+    void (*kern)(cu_gemv_set, const float *) = k_gemv_stream<FMT, MODE, NORM>;
     if (!sms) {
         /* room for the largest x (k = 16384) */
         CU(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
+        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, STREAM_THREADS, 64 * 1024));
+        if (bps < 1) bps = 1;
         int dev;
         CU(cudaGetDevice(&dev));
         CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     }
-    const int64_t want = (stream_tasks<MODE>(g) + 1) / 2;
+    const int64_t want = (stream_tasks<MODE>(g) + 1) / 2, most = (int64_t)bps * sms;
     cu_launch l;
-    cu_launch_init(&l, (unsigned)(want < sms ? want : sms), V == 1 ? STREAM_THREADS : 512, smem, s,
-                   g.early);
+    cu_launch_init(&l, (unsigned)(want < most ? want : most), STREAM_THREADS, smem, s, g.early);
     CU(cudaLaunchKernelEx(&l.cfg, kern, g, x));
 }
 
@@ -658,15 +631,10 @@ static bool launch_stream_any(cudaStream_t s, const cu_gemv_set &g, const float 
     if (!stream_ok(g)) return false;
 #define STREAMM(F, M)                                                                              \
     do {                                                                                           \
-        if (g.stream16 == 3)                                                                       \
-            g.nsrc ? launch_stream<F, M, true, 3>(s, g, x)                                         \
-                   : launch_stream<F, M, false, 3>(s, g, x);                                       \
-        else if (g.stream16 == 2)                                                                  \
-            g.nsrc ? launch_stream<F, M, true, 2>(s, g, x)                                         \
-                   : launch_stream<F, M, false, 2>(s, g, x);                                       \
+        if (g.nsrc)                                                                                \
+            launch_stream<F, M, true>(s, g, x);                                                    \
         else                                                                                       \
-            g.nsrc ? launch_stream<F, M, true, 1>(s, g, x)                                         \
-                   : launch_stream<F, M, false, 1>(s, g, x);                                       \
+            launch_stream<F, M, false>(s, g, x);                                                   \
     } while (0)
 #define STREAMK(F)                                                                                 \
     do {                                                                                           \

@@ -1447,10 +1447,6 @@ static const struct {
     {"decode-layers-split", "PAGODA_CUDA_SPLIT_ROPE", "0", decode_layers_section},
     {"decode-layers-attn32", "PAGODA_CUDA_ATTN_BF16", "0", decode_layers_section},
     {"decode-layers-decw", "PAGODA_CUDA_DEC_WARP", "2", decode_layers_section},
-    {"stream-512", "PAGODA_CUDA_GEMV_STREAM", "2", default_section},
-    {"decode-layers-512", "PAGODA_CUDA_GEMV_STREAM", "2", decode_layers_section},
-    {"stream-ahead2", "PAGODA_CUDA_GEMV_STREAM", "3", default_section},
-    {"decode-layers-ahead2", "PAGODA_CUDA_GEMV_STREAM", "3", decode_layers_section},
 };
 #define N_SECTIONS (int)(sizeof sections / sizeof sections[0])
 
