@@ -1382,6 +1382,17 @@ static void gemv_rows8_section(void)
     rope_kv_cases();
 }
 
+/* One-row 16-bit products fed by bulk copies (PAGODA_CUDA_GEMV_BULK): the fused norms,
+ * residual adds, gate/up pairs and rope + KV store; at H = 4096 each warp's ring of
+ * chunks is refilled many times over (rows of 4 to 16 chunks, tens of rows a block). */
+static void gemv_bulk_section(void)
+{
+    test_norm_fusion();
+    rope_kv_cases();
+    test_norm_fusion_case(4096, WFMT_BF16, 16, 1, 0);
+    test_norm_fusion_case(4096, WFMT_BF16, 16, 1, 1);
+}
+
 static void sample_section(void)
 {
     CHECK(gpu.ops->sample != NULL, "PAGODA_CUDA_SAMPLE=1: no sample operation");
@@ -1447,6 +1458,8 @@ static const struct {
     {"decode-layers-split", "PAGODA_CUDA_SPLIT_ROPE", "0", decode_layers_section},
     {"decode-layers-attn32", "PAGODA_CUDA_ATTN_BF16", "0", decode_layers_section},
     {"decode-layers-decw", "PAGODA_CUDA_DEC_WARP", "2", decode_layers_section},
+    {"gemv-bulk", "PAGODA_CUDA_GEMV_BULK", "8x4", gemv_bulk_section},
+    {"decode-layers-bulk", "PAGODA_CUDA_GEMV_BULK", "8x4", decode_layers_section},
 };
 #define N_SECTIONS (int)(sizeof sections / sizeof sections[0])
 
