@@ -158,9 +158,6 @@ struct cu_ctx {
     int early_launch; /* programmatic dependent launch of it (PAGODA_CUDA_PDL=0: off) */
     int gemv_tc;      /* PAGODA_CUDA_GEMV_TC (default 4): 4-bit m = 1 products on tensor cores */
     int gemv_stream;  /* 16-bit m = 1 products streamed by warps (PAGODA_CUDA_GEMV_STREAM=0: off) */
-    /* their chunks by bulk copies into a ring a warp (PAGODA_CUDA_GEMV_BULK=WxS: W warps a
-       block, S slots a warp; 0: off) */
-    int bulk_warps, bulk_slots;
     int gemv_rope; /* with rope and the KV store in the q/k/v one (PAGODA_CUDA_GEMV_ROPE=0: off) */
     int lt_small;  /* bf16 products of 2 to 8 rows on cuBLASLt (PAGODA_CUDA_LT_SMALL=0: off) */
     /* products of m > 8 over one x (q, k, v; gate, up) run at the same time on side streams,
@@ -1073,8 +1070,6 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
         o->gs.early = c->early_launch;
         o->gs.tc4 = c->gemv_tc;
         o->gs.stream16 = c->gemv_stream;
-        o->gs.bulk_warps = c->bulk_warps;
-        o->gs.bulk_slots = c->bulk_slots;
         o->gs.w[0] = d;
         o->gs.y[0] = y;
         o->gs.row_end[0] = d.n;
@@ -1689,9 +1684,6 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
                  : env && !strcmp(env, "3") ? 3
                                             : env_flag("PAGODA_CUDA_GEMV_TC", 4);
     c->gemv_stream = env_flag("PAGODA_CUDA_GEMV_STREAM", 1);
-    env = getenv("PAGODA_CUDA_GEMV_BULK");
-    if (!env || sscanf(env, "%dx%d", &c->bulk_warps, &c->bulk_slots) != 2)
-        c->bulk_warps = c->bulk_slots = 0;
     c->gemv_rope = env_flag("PAGODA_CUDA_GEMV_ROPE", 1);
     c->lt_small = env_flag("PAGODA_CUDA_LT_SMALL", 1);
     c->gemm_streams = env_flag("PAGODA_CUDA_GEMM_STREAMS", 1);

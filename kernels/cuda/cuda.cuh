@@ -43,9 +43,6 @@ struct cu_gemv_set {
     /* 16-bit weights at m = 1 through k_gemv_stream (x staged in shared memory, warps
      * streaming whole rows); 0: the row kernel */
     int stream16;
-    /* with stream16, k_gemv_bulk where it takes the set: blocks of bulk_warps warps, each
-     * with a ring of bulk_slots chunks filled by bulk copies; 0: not */
-    int bulk_warps, bulk_slots;
     /* m = 1, fused neighbours (NULL: none). Prologue: x = rms_norm(nsrc) * nweight with
      * nepsilon, also written to x itself; epilogue (one matrix, no pair): resid += y. */
     const float *nsrc, *nweight;

@@ -653,154 +653,15 @@ static void launch_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
     CU(cudaLaunchKernelEx(&l.cfg, kern, g, x));
 }
 
-/*
- * m = 1 of 16-bit weights fed by the copy engine: as k_gemv_stream (x staged once a block,
- * each warp streaming whole rows, the same chunks of 2 KB and the same outputs), but a
- * warp's chunks arrive in shared memory by bulk asynchronous copies (cp.async.bulk), each
- * completing an mbarrier of its slot in the warp's ring of `slots` chunks. Lane 0 issues
- * the copies: the first `slots` before the wait for the previous kernel, each later one
- * into the slot just used. Bytes in flight then cost no registers, so a block of few warps
- * keeps as many in flight as k_gemv_stream's 32 (at most 64 registers a thread: with a
- * small ring, the next launch's block fits beside this one's). Takes k a multiple of 1,024
- * (whole chunks).
- */
-#define BULK_CHUNK     (STREAM_CH * 32 * 16) /* bytes: a chunk of a warp (2 KB) */
-#define BULK_MAX_SLOTS 256                   /* warps x slots of a block */
-
-static __device__ __forceinline__ uint32_t smem_addr(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-/* Copies BULK_CHUNK bytes from src to the slot dst; their arrival completes the phase of
- * bar (one thread). */
-static __device__ __forceinline__ void bulk_chunk(void *dst, const void *src, uint64_t *bar)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)),
-                 "n"(BULK_CHUNK)
-                 : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], "
-                 "%2, [%3];" ::"r"(smem_addr(dst)),
-                 "l"(src), "n"(BULK_CHUNK), "r"(smem_addr(bar))
-                 : "memory");
-#endif
-}
-
-/* Waits until bar has completed the phase of the given parity. */
-static __device__ __forceinline__ void bulk_wait(uint64_t *bar, uint32_t parity)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    uint32_t done;
-    do {
-        asm volatile("{\n\t.reg .pred p;\n\t"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                     "selp.u32 %0, 1, 0, p;\n\t}"
-                     : "=r"(done)
-                     : "r"(smem_addr(bar)), "r"(parity)
-                     : "memory");
-    } while (!done);
-#endif
-}
-
-/* The chunk of position p into ring slot dst (lane 0 of the warp). */
-template <int MODE>
-static __device__ __forceinline__ void bulk_issue(const cu_gemv_set &g, stream_pos p, int nch,
-                                                  uint8_t *dst, uint64_t *bar)
-{
-    const int a = MODE != SM_ROWS && p.s >= nch ? 1 : 0, c = p.s - a * nch;
-    int64_t rl;
-    const set_mat M = set_pick(g, task_row<MODE>(g, p.t, a, &rl));
-    bulk_chunk(dst, M.w + rl * M.row_bytes + (int64_t)c * BULK_CHUNK, bar);
-}
-
-template <int FMT, int MODE, bool NORM>
-__global__ void __launch_bounds__(512, 2)
-    k_gemv_bulk(cu_gemv_set g, const float *__restrict__ x, int slots)
-{
-    allow_dependents();
-    extern __shared__ float4 xs4[];
-    __shared__ float red[16];
-    __shared__ uint64_t bars[BULK_MAX_SLOTS];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-    const int64_t k = g.w[0].k, rows = stream_tasks<MODE>(g);
-    const int upl = (int)(k >> 8), nch = upl / STREAM_CH;
-    const int64_t t_end = rows * (blockIdx.x + 1) / gridDim.x;
-    stream_pos p = {rows * blockIdx.x / gridDim.x + warp, 0};
-    uint8_t *ring = (uint8_t *)(xs4 + (k >> 2)) + (size_t)warp * slots * BULK_CHUNK;
-    uint64_t *bar = bars + warp * slots;
-
-    /* the ring's first chunks: weights only, so before the wait */
-    stream_pos q = p; /* the next chunk to copy (lane 0's) */
-    if (lane == 0) {
-        for (int i = 0; i < slots; i++)
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar + i))
-                         : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        for (int i = 0; i < slots && q.t < t_end; i++) {
-            bulk_issue<MODE>(g, q, nch, ring + i * BULK_CHUNK, bar + i);
-            q = stream_next<MODE>(q, nch, nwarps);
-        }
-    }
-    grid_dependency_wait();
-    const float inv = stream_stage_x<NORM>(g, x, xs4, red, k);
-    float acc[2] = {0.0f, 0.0f};
-    for (int i = 0; p.t < t_end; i++) {
-        const int slot = i % slots;
-        bulk_wait(bar + slot, (uint32_t)(i / slots) & 1);
-        uint4 c[STREAM_CH];
-#pragma unroll
-        for (int u = 0; u < STREAM_CH; u++)
-            c[u] = ((const uint4 *)(ring + slot * BULK_CHUNK))[u * 32 + lane];
-        const stream_pos n = stream_next<MODE>(p, nch, nwarps);
-        stream_use<FMT, MODE>(g, xs4, c, p, n, acc, nch, upl, inv, lane);
-        p = n;
-        __syncwarp(); /* every lane has used what it read of the slot: it takes the next copy */
-        if (lane == 0 && q.t < t_end) {
-            bulk_issue<MODE>(g, q, nch, ring + slot * BULK_CHUNK, bar + slot);
-            q = stream_next<MODE>(q, nch, nwarps);
-        }
-    }
-}
-
-/* Whether k_gemv_bulk takes the set: whole chunks and a ring of warps x slots. */
-static bool bulk_ok(const cu_gemv_set &g)
-{
-    return g.bulk_warps > 0 && g.bulk_warps <= 16 && g.bulk_slots > 0 &&
-           g.bulk_warps * g.bulk_slots <= BULK_MAX_SLOTS && g.w[0].k % 1024 == 0;
-}
-
-/* One block an SM (fewer where there are fewer than two tasks a block). */
-template <int FMT, int MODE, bool NORM>
-static void launch_bulk(cudaStream_t s, const cu_gemv_set &g, const float *x)
-{
-    static int sms;
-    const size_t smem =
-        sizeof(float) * (size_t)g.w[0].k + (size_t)g.bulk_warps * g.bulk_slots * BULK_CHUNK;
-    void (*kern)(cu_gemv_set, const float *, int) = k_gemv_bulk<FMT, MODE, NORM>;
-    if (!sms) {
-        CU(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024));
-        int dev;
-        CU(cudaGetDevice(&dev));
-        CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    }
-    const int64_t want = (stream_tasks<MODE>(g) + 1) / 2;
-    cu_launch l;
-    cu_launch_init(&l, (unsigned)(want < sms ? want : sms), (unsigned)g.bulk_warps * 32, smem, s,
-                   g.early);
-    CU(cudaLaunchKernelEx(&l.cfg, kern, g, x, g.bulk_slots));
-}
-
 static bool launch_stream_any(cudaStream_t s, const cu_gemv_set &g, const float *x)
 {
     if (!stream_ok(g)) return false;
-    const bool bulk = bulk_ok(g);
 #define STREAMM(F, M)                                                                              \
     do {                                                                                           \
-        if (bulk)                                                                                  \
-            g.nsrc ? launch_bulk<F, M, true>(s, g, x) : launch_bulk<F, M, false>(s, g, x);         \
+        if (g.nsrc)                                                                                \
+            launch_stream<F, M, true>(s, g, x);                                                    \
         else                                                                                       \
-            g.nsrc ? launch_stream<F, M, true>(s, g, x) : launch_stream<F, M, false>(s, g, x);     \
+            launch_stream<F, M, false>(s, g, x);                                                   \
     } while (0)
 #define STREAMK(F)                                                                                 \
     do {                                                                                           \

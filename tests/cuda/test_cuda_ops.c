@@ -1458,8 +1458,6 @@ static const struct {
     {"decode-layers-split", "PAGODA_CUDA_SPLIT_ROPE", "0", decode_layers_section},
     {"decode-layers-attn32", "PAGODA_CUDA_ATTN_BF16", "0", decode_layers_section},
     {"decode-layers-decw", "PAGODA_CUDA_DEC_WARP", "2", decode_layers_section},
-    {"gemv-bulk", "PAGODA_CUDA_GEMV_BULK", "8x4", gemv_bulk_section},
-    {"decode-layers-bulk", "PAGODA_CUDA_GEMV_BULK", "8x4", decode_layers_section},
 };
 #define N_SECTIONS (int)(sizeof sections / sizeof sections[0])
 
