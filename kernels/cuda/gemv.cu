@@ -493,13 +493,25 @@ static __device__ __forceinline__ stream_pos stream_next(stream_pos p, int nch, 
     return p;
 }
 
+/* The task's sums over the warp's lanes (in every lane). */
+template <int MODE> static __device__ __forceinline__ void stream_reduce(float (&acc)[2])
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], o);
+        if (MODE != SM_ROWS) acc[1] += __shfl_xor_sync(0xffffffffu, acc[1], o);
+    }
+}
+
 /* The lane's share of chunk p's dot product with the staged x (q: its units of the chunk),
  * added into the task's sums; at the task's last chunk (the next position n starts
- * another task), the task's outputs. */
+ * another task), the task's outputs, or with hold (the task began in an earlier warp),
+ * its sums left in *hs. */
 template <int FMT, int MODE>
 static __device__ __forceinline__ void
 stream_use(const cu_gemv_set &g, const float4 *xs4, const uint4 (&q)[STREAM_CH], stream_pos p,
-           stream_pos n, float (&acc)[2], int nch, int upl, float inv, int lane)
+           stream_pos n, float (&acc)[2], int nch, int upl, float inv, int lane, bool hold = false,
+           float2 *hs = nullptr)
 {
     constexpr int NA = MODE == SM_ROWS ? 1 : 2;
     const int a = NA == 2 && p.s >= nch ? 1 : 0, c = p.s - a * nch;
@@ -518,12 +530,13 @@ stream_use(const cu_gemv_set &g, const float4 *xs4, const uint4 (&q)[STREAM_CH],
     else
         acc[0] += t;
     if (n.s == 0) { /* the task's last chunk: its sums, then its outputs */
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], o);
-            if (NA == 2) acc[1] += __shfl_xor_sync(0xffffffffu, acc[1], o);
+        stream_reduce<MODE>(acc);
+        if (lane == 0) {
+            if (hold)
+                *hs = make_float2(acc[0], acc[1]);
+            else
+                stream_out<MODE>(g, p.t, acc[0] * inv, acc[1] * inv);
         }
-        if (lane == 0) stream_out<MODE>(g, p.t, acc[0] * inv, acc[1] * inv);
         acc[0] = acc[1] = 0.0f;
     }
 }
@@ -541,6 +554,23 @@ stream_step(const cu_gemv_set &g, const float4 *xs4, uint4 (&cur)[STREAM_CH],
     stream_use<FMT, MODE>(g, xs4, cur, p, n, acc, nch, upl, inv, lane);
     p = n;
     return n.t < t_end;
+}
+
+/* As stream_step over a warp's range of chunks (left: the chunks of it still to use, this
+ * one included), tasks one after another; while hold (the current task began in an
+ * earlier warp), the task's sums go to *hs at its end, not out. */
+template <int FMT, int MODE>
+static __device__ __forceinline__ bool
+stream_step_range(const cu_gemv_set &g, const float4 *xs4, uint4 (&cur)[STREAM_CH],
+                  uint4 (&nxt)[STREAM_CH], stream_pos &p, float (&acc)[2], int &left, bool &hold,
+                  float2 *hs, int nch, int upl, float inv, int lane)
+{
+    const stream_pos n = stream_next<MODE>(p, nch, 1);
+    if (left > 1) stream_load<MODE>(g, nxt, n, nch, upl, lane);
+    stream_use<FMT, MODE>(g, xs4, cur, p, n, acc, nch, upl, inv, lane, hold, hs);
+    if (n.s == 0) hold = false;
+    p = n;
+    return --left > 0;
 }
 
 /* x staged in shared memory for the streaming kernels (xs4: the two float4 of a lane's
@@ -615,6 +645,93 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
     }
 }
 
+/*
+ * As k_gemv_stream, but each warp takes an equal range of the block's chunks (its tasks'
+ * chunks in order), not whole tasks at a stride: the warps of a block end together
+ * where the tasks do not divide among them (q/k/v of the 8B shape: 23 or 24 tasks of 8
+ * chunks a block, so 8 or 9 of the 32 warps had none; gate/up: 108 or 109, so 12 or 13
+ * warps had a fourth while the others idled). A task cut between warps is finished
+ * after one barrier by the warp that has its last chunk: the earlier warps' sums of it,
+ * in warp order, then its own.
+ */
+/* A warp's range [c0, c1) of its block's chunks, counted from the block's first task tb
+ * (tc chunks a task). */
+struct stream_range {
+    int64_t tb;
+    int tc, c0, c1;
+};
+
+template <int MODE>
+static __device__ __forceinline__ stream_range stream_range_of(const cu_gemv_set &g, int nch)
+{
+    const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    const int64_t rows = stream_tasks<MODE>(g);
+    stream_range r;
+    r.tc = (MODE == SM_ROWS ? 1 : 2) * nch;
+    r.tb = rows * blockIdx.x / gridDim.x;
+    const int64_t nc = (rows * (blockIdx.x + 1) / gridDim.x - r.tb) * r.tc;
+    r.c0 = (int)(nc * warp / nwarps);
+    r.c1 = (int)(nc * (warp + 1) / nwarps);
+    return r;
+}
+
+template <int FMT, int MODE, bool NORM>
+__global__ void __launch_bounds__(STREAM_THREADS, 1)
+    k_gemv_stream_even(cu_gemv_set g, const float *__restrict__ x)
+{
+    allow_dependents();
+    extern __shared__ float4 xs4[];
+    __shared__ float red[STREAM_THREADS / 32];
+    __shared__ float2 cut_sum[STREAM_THREADS / 32];   /* a warp's sums of its last, cut task */
+    __shared__ int64_t cut_task[STREAM_THREADS / 32]; /* that task; -1: none, -2: no chunks */
+    __shared__ float2 head_sum[STREAM_THREADS / 32];  /* its sums of a first task begun earlier */
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int64_t k = g.w[0].k;
+    const int upl = (int)(k >> 8), nch = (upl + STREAM_CH - 1) / STREAM_CH;
+    stream_range r = stream_range_of<MODE>(g, nch);
+    stream_pos p = {r.tb + r.c0 / r.tc, r.c0 % r.tc};
+    int left = r.c1 - r.c0;
+    /* the first task began in an earlier warp */
+    bool hold = left > 0 && r.c0 % r.tc;
+
+    uint4 qa[STREAM_CH], qb[STREAM_CH];
+    if (left > 0) stream_load<MODE>(g, qa, p, nch, upl, lane);
+    /* x comes from the previous kernel: only now wait for it */
+    grid_dependency_wait();
+    const float inv = stream_stage_x<NORM>(g, x, xs4, red, k);
+    float acc[2] = {0.0f, 0.0f};
+    float2 *hs = head_sum + warp;
+    while (left > 0) {
+        if (!stream_step_range<FMT, MODE>(g, xs4, qa, qb, p, acc, left, hold, hs, nch, upl, inv,
+                                          lane))
+            break;
+        stream_step_range<FMT, MODE>(g, xs4, qb, qa, p, acc, left, hold, hs, nch, upl, inv, lane);
+    }
+    /* a last task cut by the range's end: its sums for the warp that finishes it */
+    r = stream_range_of<MODE>(g, nch);
+    const int c0 = r.c0, c1 = r.c1, tc = r.tc;
+    const bool cut = c0 < c1 && c1 % tc;
+    if (cut) stream_reduce<MODE>(acc);
+    if (lane == 0) {
+        cut_task[warp] = cut ? r.tb + (c1 - 1) / tc : c0 < c1 ? -1 : -2;
+        cut_sum[warp] = make_float2(acc[0], acc[1]);
+    }
+    __syncthreads();
+    /* the warp that has the last chunk of a task begun in an earlier warp finishes it */
+    if (c0 < c1 && c0 % tc && c1 >= (c0 / tc + 1) * tc && lane == 0) {
+        const int64_t th = r.tb + c0 / tc;
+        int w0 = warp;
+        while (w0 > 0 && (cut_task[w0 - 1] == th || cut_task[w0 - 1] == -2)) w0--;
+        float s0 = 0.0f, s1 = 0.0f;
+        for (int w = w0; w < warp; w++)
+            if (cut_task[w] == th) {
+                s0 += cut_sum[w].x;
+                s1 += cut_sum[w].y;
+            }
+        stream_out<MODE>(g, th, (s0 + hs->x) * inv, (s1 + hs->y) * inv);
+    }
+}
+
 bool cu_gemv_stream_ok(const dweight &w)
 {
     return (w.fmt == DF_BF16 || w.fmt == DF_F16) && w.k % 256 == 0 && w.k <= 16 * 1024 &&
@@ -637,10 +754,14 @@ static void launch_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
 {
     static int bps, sms;
     const size_t smem = sizeof(float) * (size_t)g.w[0].k;
-    void (*kern)(cu_gemv_set, const float *) = k_gemv_stream<FMT, MODE, NORM>;
+    void (*kern)(cu_gemv_set, const float *) =
+        g.stream16 == 2 ? k_gemv_stream<FMT, MODE, NORM> : k_gemv_stream_even<FMT, MODE, NORM>;
     if (!sms) {
         /* room for the largest x (k = 16384) */
-        CU(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
+        CU(cudaFuncSetAttribute(k_gemv_stream<FMT, MODE, NORM>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
+        CU(cudaFuncSetAttribute(k_gemv_stream_even<FMT, MODE, NORM>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
         CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, STREAM_THREADS, 64 * 1024));
         if (bps < 1) bps = 1;
         int dev;

@@ -1382,15 +1382,16 @@ static void gemv_rows8_section(void)
     rope_kv_cases();
 }
 
-/* One-row 16-bit products fed by bulk copies (PAGODA_CUDA_GEMV_BULK): the fused norms,
- * residual adds, gate/up pairs and rope + KV store; at H = 4096 each warp's ring of
- * chunks is refilled many times over (rows of 4 to 16 chunks, tens of rows a block). */
-static void gemv_bulk_section(void)
+/* One-row 16-bit products at the 8B shape's widths (H = 4096: rows of 4 to 16 chunks, tens
+ * of rows a block, tasks cut between warps), then the fused norms, residual adds, gate/up
+ * pairs and rope + KV store of the smaller cases. */
+static void stream_section(void)
 {
-    test_norm_fusion();
-    rope_kv_cases();
     test_norm_fusion_case(4096, WFMT_BF16, 16, 1, 0);
     test_norm_fusion_case(4096, WFMT_BF16, 16, 1, 1);
+    test_qkv_rope_kv(4096, 32, 8, 128, WFMT_BF16, 16, 0, 77);
+    test_norm_fusion();
+    rope_kv_cases();
 }
 
 static void sample_section(void)
@@ -1458,6 +1459,9 @@ static const struct {
     {"decode-layers-split", "PAGODA_CUDA_SPLIT_ROPE", "0", decode_layers_section},
     {"decode-layers-attn32", "PAGODA_CUDA_ATTN_BF16", "0", decode_layers_section},
     {"decode-layers-decw", "PAGODA_CUDA_DEC_WARP", "2", decode_layers_section},
+    {"stream", NULL, NULL, stream_section},
+    {"stream-stride", "PAGODA_CUDA_GEMV_STREAM", "2", stream_section},
+    {"decode-layers-stride", "PAGODA_CUDA_GEMV_STREAM", "2", decode_layers_section},
 };
 #define N_SECTIONS (int)(sizeof sections / sizeof sections[0])
 
