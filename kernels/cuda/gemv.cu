@@ -459,7 +459,7 @@ static bool launch_row_any(cudaStream_t s, const cu_gemv_set &g, const float *x)
 /* Where a warp is in its stream: task t, chunk s of it (with two rows a task, the first
  * row's chunks, then the second's). */
 struct stream_pos {
-    int64_t t;
+    int t; /* sets have fewer than 2^31 rows */
     int s;
 };
 
@@ -506,7 +506,7 @@ template <int MODE> static __device__ __forceinline__ void stream_reduce(float (
 /* The lane's share of chunk p's dot product with the staged x (q: its units of the chunk),
  * added into the task's sums; at the task's last chunk (the next position n starts
  * another task), the task's outputs, or with hold (the task began in an earlier warp),
- * its sums left in *hs. */
+ * its sums left in hs[warp]. */
 template <int FMT, int MODE>
 static __device__ __forceinline__ void
 stream_use(const cu_gemv_set &g, const float4 *xs4, const uint4 (&q)[STREAM_CH], stream_pos p,
@@ -533,7 +533,7 @@ stream_use(const cu_gemv_set &g, const float4 *xs4, const uint4 (&q)[STREAM_CH],
         stream_reduce<MODE>(acc);
         if (lane == 0) {
             if (hold)
-                *hs = make_float2(acc[0], acc[1]);
+                hs[threadIdx.x >> 5] = make_float2(acc[0], acc[1]);
             else
                 stream_out<MODE>(g, p.t, acc[0] * inv, acc[1] * inv);
         }
@@ -558,7 +558,7 @@ stream_step(const cu_gemv_set &g, const float4 *xs4, uint4 (&cur)[STREAM_CH],
 
 /* As stream_step over a warp's range of chunks (left: the chunks of it still to use, this
  * one included), tasks one after another; while hold (the current task began in an
- * earlier warp), the task's sums go to *hs at its end, not out. */
+ * earlier warp), the task's sums go to hs[warp] at its end, not out. */
 template <int FMT, int MODE>
 static __device__ __forceinline__ bool
 stream_step_range(const cu_gemv_set &g, const float4 *xs4, uint4 (&cur)[STREAM_CH],
@@ -628,7 +628,7 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
     const int64_t k = g.w[0].k, rows = stream_tasks<MODE>(g);
     const int upl = (int)(k >> 8), nch = (upl + STREAM_CH - 1) / STREAM_CH;
     const int64_t t_end = rows * (blockIdx.x + 1) / gridDim.x;
-    stream_pos p = {rows * blockIdx.x / gridDim.x + warp, 0};
+    stream_pos p = {(int)(rows * blockIdx.x / gridDim.x) + warp, 0};
 
     uint4 qa[STREAM_CH], qb[STREAM_CH];
     if (p.t < t_end) stream_load<MODE>(g, qa, p, nch, upl, lane);
@@ -689,7 +689,7 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
     const int64_t k = g.w[0].k;
     const int upl = (int)(k >> 8), nch = (upl + STREAM_CH - 1) / STREAM_CH;
     stream_range r = stream_range_of<MODE>(g, nch);
-    stream_pos p = {r.tb + r.c0 / r.tc, r.c0 % r.tc};
+    stream_pos p = {(int)(r.tb + r.c0 / r.tc), r.c0 % r.tc};
     int left = r.c1 - r.c0;
     /* the first task began in an earlier warp */
     bool hold = left > 0 && r.c0 % r.tc;
@@ -700,12 +700,12 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
     grid_dependency_wait();
     const float inv = stream_stage_x<NORM>(g, x, xs4, red, k);
     float acc[2] = {0.0f, 0.0f};
-    float2 *hs = head_sum + warp;
     while (left > 0) {
-        if (!stream_step_range<FMT, MODE>(g, xs4, qa, qb, p, acc, left, hold, hs, nch, upl, inv,
-                                          lane))
+        if (!stream_step_range<FMT, MODE>(g, xs4, qa, qb, p, acc, left, hold, head_sum, nch, upl,
+                                          inv, lane))
             break;
-        stream_step_range<FMT, MODE>(g, xs4, qb, qa, p, acc, left, hold, hs, nch, upl, inv, lane);
+        stream_step_range<FMT, MODE>(g, xs4, qb, qa, p, acc, left, hold, head_sum, nch, upl, inv,
+                                     lane);
     }
     /* a last task cut by the range's end: its sums for the warp that finishes it */
     r = stream_range_of<MODE>(g, nch);
@@ -728,7 +728,7 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
                 s0 += cut_sum[w].x;
                 s1 += cut_sum[w].y;
             }
-        stream_out<MODE>(g, th, (s0 + hs->x) * inv, (s1 + hs->y) * inv);
+        stream_out<MODE>(g, th, (s0 + head_sum[warp].x) * inv, (s1 + head_sum[warp].y) * inv);
     }
 }
 
