@@ -503,18 +503,12 @@ template <int MODE> static __device__ __forceinline__ void stream_reduce(float (
     }
 }
 
-/* The lane's share of chunk p's dot product with the staged x (q: its units of the chunk),
- * added into the task's sums; at the task's last chunk (the next position n starts
- * another task), the task's outputs, or with hold (the task began in an earlier warp),
- * its sums left in hs[warp]. */
-template <int FMT, int MODE>
-static __device__ __forceinline__ void
-stream_use(const cu_gemv_set &g, const float4 *xs4, const uint4 (&q)[STREAM_CH], stream_pos p,
-           stream_pos n, float (&acc)[2], int nch, int upl, float inv, int lane, bool hold = false,
-           float2 *hs = nullptr)
+/* The lane's share of the dot product of chunk c of a row with the staged x (q: the
+ * lane's units of the chunk). */
+template <int FMT>
+static __device__ __forceinline__ float stream_dot(const float4 *xs4, const uint4 (&q)[STREAM_CH],
+                                                   int c, int upl, int lane)
 {
-    constexpr int NA = MODE == SM_ROWS ? 1 : 2;
-    const int a = NA == 2 && p.s >= nch ? 1 : 0, c = p.s - a * nch;
     float t = 0.0f;
 #pragma unroll
     for (int u = 0; u < STREAM_CH; u++) {
@@ -525,18 +519,25 @@ stream_use(const cu_gemv_set &g, const float4 *xs4, const uint4 (&q)[STREAM_CH],
             t += unit_dot<FMT, 16>(q[u], xv);
         }
     }
+    return t;
+}
+
+/* Chunk p's share added into the task's sums; at the task's last chunk (the next position
+ * n starts another task), the task's outputs. */
+template <int FMT, int MODE>
+static __device__ __forceinline__ void
+stream_use(const cu_gemv_set &g, const float4 *xs4, const uint4 (&q)[STREAM_CH], stream_pos p,
+           stream_pos n, float (&acc)[2], int nch, int upl, float inv, int lane)
+{
+    const int a = MODE != SM_ROWS && p.s >= nch ? 1 : 0;
+    const float t = stream_dot<FMT>(xs4, q, p.s - a * nch, upl, lane);
     if (a)
         acc[1] += t;
     else
         acc[0] += t;
     if (n.s == 0) { /* the task's last chunk: its sums, then its outputs */
         stream_reduce<MODE>(acc);
-        if (lane == 0) {
-            if (hold)
-                hs[threadIdx.x >> 5] = make_float2(acc[0], acc[1]);
-            else
-                stream_out<MODE>(g, p.t, acc[0] * inv, acc[1] * inv);
-        }
+        if (lane == 0) stream_out<MODE>(g, p.t, acc[0] * inv, acc[1] * inv);
         acc[0] = acc[1] = 0.0f;
     }
 }
@@ -554,23 +555,6 @@ stream_step(const cu_gemv_set &g, const float4 *xs4, uint4 (&cur)[STREAM_CH],
     stream_use<FMT, MODE>(g, xs4, cur, p, n, acc, nch, upl, inv, lane);
     p = n;
     return n.t < t_end;
-}
-
-/* As stream_step over a warp's range of chunks (left: the chunks of it still to use, this
- * one included), tasks one after another; while hold (the current task began in an
- * earlier warp), the task's sums go to hs[warp] at its end, not out. */
-template <int FMT, int MODE>
-static __device__ __forceinline__ bool
-stream_step_range(const cu_gemv_set &g, const float4 *xs4, uint4 (&cur)[STREAM_CH],
-                  uint4 (&nxt)[STREAM_CH], stream_pos &p, float (&acc)[2], int &left, bool &hold,
-                  float2 *hs, int nch, int upl, float inv, int lane)
-{
-    const stream_pos n = stream_next<MODE>(p, nch, 1);
-    if (left > 1) stream_load<MODE>(g, nxt, n, nch, upl, lane);
-    stream_use<FMT, MODE>(g, xs4, cur, p, n, acc, nch, upl, inv, lane, hold, hs);
-    if (n.s == 0) hold = false;
-    p = n;
-    return --left > 0;
 }
 
 /* x staged in shared memory for the streaming kernels (xs4: the two float4 of a lane's
@@ -646,90 +630,67 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
 }
 
 /*
- * As k_gemv_stream, but each warp takes an equal range of the block's chunks (its tasks'
- * chunks in order), not whole tasks at a stride: the warps of a block end together
- * where the tasks do not divide among them (q/k/v of the 8B shape: 23 or 24 tasks of 8
- * chunks a block, so 8 or 9 of the 32 warps had none; gate/up: 108 or 109, so 12 or 13
- * warps had a fourth while the others idled). A task cut between warps is finished
- * after one barrier by the warp that has its last chunk: the earlier warps' sums of it,
- * in warp order, then its own.
+ * As k_gemv_stream, but the block's rows are one stream of chunks dealt to its warps in
+ * turn (chunk i to warp i mod 32), so the block reads one contiguous window of its rows at
+ * a time and its warps end together (whole tasks at a stride left 8 or 9 of 32 warps
+ * without one in the 8B shape's q/k/v, and a fourth gate/up task to 12 or 13 warps while
+ * the others idled). Each chunk's sum goes to shared memory; after one barrier the
+ * block's threads add each task's chunk sums in order and write its outputs.
  */
-/* A warp's range [c0, c1) of its block's chunks, counted from the block's first task tb
- * (tc chunks a task). */
-struct stream_range {
-    int64_t tb;
-    int tc, c0, c1;
-};
-
-template <int MODE>
-static __device__ __forceinline__ stream_range stream_range_of(const cu_gemv_set &g, int nch)
-{
-    const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    const int64_t rows = stream_tasks<MODE>(g);
-    stream_range r;
-    r.tc = (MODE == SM_ROWS ? 1 : 2) * nch;
-    r.tb = rows * blockIdx.x / gridDim.x;
-    const int64_t nc = (rows * (blockIdx.x + 1) / gridDim.x - r.tb) * r.tc;
-    r.c0 = (int)(nc * warp / nwarps);
-    r.c1 = (int)(nc * (warp + 1) / nwarps);
-    return r;
-}
-
 template <int FMT, int MODE, bool NORM>
 __global__ void __launch_bounds__(STREAM_THREADS, 1)
-    k_gemv_stream_even(cu_gemv_set g, const float *__restrict__ x)
+    k_gemv_stream_dealt(cu_gemv_set g, const float *__restrict__ x)
 {
     allow_dependents();
     extern __shared__ float4 xs4[];
     __shared__ float red[STREAM_THREADS / 32];
-    __shared__ float2 cut_sum[STREAM_THREADS / 32];   /* a warp's sums of its last, cut task */
-    __shared__ int64_t cut_task[STREAM_THREADS / 32]; /* that task; -1: none, -2: no chunks */
-    __shared__ float2 head_sum[STREAM_THREADS / 32];  /* its sums of a first task begun earlier */
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int64_t k = g.w[0].k;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    const int64_t k = g.w[0].k, rows = stream_tasks<MODE>(g);
     const int upl = (int)(k >> 8), nch = (upl + STREAM_CH - 1) / STREAM_CH;
-    stream_range r = stream_range_of<MODE>(g, nch);
-    stream_pos p = {(int)(r.tb + r.c0 / r.tc), r.c0 % r.tc};
-    int left = r.c1 - r.c0;
-    /* the first task began in an earlier warp */
-    bool hold = left > 0 && r.c0 % r.tc;
+    const int na = MODE == SM_ROWS ? 1 : 2, tc = na * nch; /* rows and chunks a task */
+    const int tb = (int)(rows * blockIdx.x / gridDim.x);
+    const int nt = (int)(rows * (blockIdx.x + 1) / gridDim.x) - tb, nc = nt * tc;
+    float *part = (float *)(xs4 + (k >> 2)); /* the block's chunk sums */
 
     uint4 qa[STREAM_CH], qb[STREAM_CH];
-    if (left > 0) stream_load<MODE>(g, qa, p, nch, upl, lane);
+    int i = warp;
+    if (i < nc) stream_load<MODE>(g, qa, {tb + i / tc, i % tc}, nch, upl, lane);
     /* x comes from the previous kernel: only now wait for it */
     grid_dependency_wait();
     const float inv = stream_stage_x<NORM>(g, x, xs4, red, k);
-    float acc[2] = {0.0f, 0.0f};
-    while (left > 0) {
-        if (!stream_step_range<FMT, MODE>(g, xs4, qa, qb, p, acc, left, hold, head_sum, nch, upl,
-                                          inv, lane))
-            break;
-        stream_step_range<FMT, MODE>(g, xs4, qb, qa, p, acc, left, hold, head_sum, nch, upl, inv,
-                                     lane);
-    }
-    /* a last task cut by the range's end: its sums for the warp that finishes it */
-    r = stream_range_of<MODE>(g, nch);
-    const int c0 = r.c0, c1 = r.c1, tc = r.tc;
-    const bool cut = c0 < c1 && c1 % tc;
-    if (cut) stream_reduce<MODE>(acc);
-    if (lane == 0) {
-        cut_task[warp] = cut ? r.tb + (c1 - 1) / tc : c0 < c1 ? -1 : -2;
-        cut_sum[warp] = make_float2(acc[0], acc[1]);
+    for (; i < nc; i += 2 * nwarps) {
+        const int i1 = i + nwarps, i2 = i1 + nwarps;
+        if (i1 < nc) stream_load<MODE>(g, qb, {tb + i1 / tc, i1 % tc}, nch, upl, lane);
+        float t = stream_dot<FMT>(xs4, qa, i % tc % nch, upl, lane);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+        if (lane == 0) part[i] = t;
+        if (i1 >= nc) break;
+        if (i2 < nc) stream_load<MODE>(g, qa, {tb + i2 / tc, i2 % tc}, nch, upl, lane);
+        t = stream_dot<FMT>(xs4, qb, i1 % tc % nch, upl, lane);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+        if (lane == 0) part[i1] = t;
     }
     __syncthreads();
-    /* the warp that has the last chunk of a task begun in an earlier warp finishes it */
-    if (c0 < c1 && c0 % tc && c1 >= (c0 / tc + 1) * tc && lane == 0) {
-        const int64_t th = r.tb + c0 / tc;
-        int w0 = warp;
-        while (w0 > 0 && (cut_task[w0 - 1] == th || cut_task[w0 - 1] == -2)) w0--;
-        float s0 = 0.0f, s1 = 0.0f;
-        for (int w = w0; w < warp; w++)
-            if (cut_task[w] == th) {
-                s0 += cut_sum[w].x;
-                s1 += cut_sum[w].y;
-            }
-        stream_out<MODE>(g, th, (s0 + head_sum[warp].x) * inv, (s1 + head_sum[warp].y) * inv);
+    for (int j = threadIdx.x; j < nt; j += blockDim.x) {
+        const float *pj = part + j * tc;
+        float a = 0.0f, b = 0.0f;
+        for (int c = 0; c < nch; c++) a += pj[c];
+        if (na == 2)
+            for (int c = 0; c < nch; c++) b += pj[nch + c];
+        stream_out<MODE>(g, tb + j, a * inv, b * inv);
     }
+}
+
+/* The shared memory of k_gemv_stream_dealt: x and the chunk sums of a block's tasks (the
+ * stride kernel takes sets that need more than DEALT_SMEM). */
+#define DEALT_SMEM (160 * 1024)
+template <int MODE> static size_t dealt_smem(const cu_gemv_set &g, int blocks)
+{
+    const int64_t k = g.w[0].k, nch = (k / 256 + STREAM_CH - 1) / STREAM_CH;
+    const int64_t tasks = (stream_tasks<MODE>(g) + blocks - 1) / blocks;
+    return sizeof(float) * (size_t)(k + tasks * (MODE == SM_ROWS ? 1 : 2) * nch);
 }
 
 bool cu_gemv_stream_ok(const dweight &w)
@@ -753,24 +714,29 @@ template <int FMT, int MODE, bool NORM>
 static void launch_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
 {
     static int bps, sms;
-    const size_t smem = sizeof(float) * (size_t)g.w[0].k;
-    void (*kern)(cu_gemv_set, const float *) =
-        g.stream16 == 2 ? k_gemv_stream<FMT, MODE, NORM> : k_gemv_stream_even<FMT, MODE, NORM>;
     if (!sms) {
-        /* room for the largest x (k = 16384) */
+        /* room for the largest x (k = 16384); with the chunk sums, up to DEALT_SMEM */
         CU(cudaFuncSetAttribute(k_gemv_stream<FMT, MODE, NORM>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
-        CU(cudaFuncSetAttribute(k_gemv_stream_even<FMT, MODE, NORM>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
-        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, STREAM_THREADS, 64 * 1024));
+        CU(cudaFuncSetAttribute(k_gemv_stream_dealt<FMT, MODE, NORM>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, DEALT_SMEM));
+        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, k_gemv_stream<FMT, MODE, NORM>,
+                                                         STREAM_THREADS, 64 * 1024));
         if (bps < 1) bps = 1;
         int dev;
         CU(cudaGetDevice(&dev));
         CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     }
     const int64_t want = (stream_tasks<MODE>(g) + 1) / 2, most = (int64_t)bps * sms;
+    const unsigned blocks = (unsigned)(want < most ? want : most);
+    size_t smem = sizeof(float) * (size_t)g.w[0].k;
+    void (*kern)(cu_gemv_set, const float *) = k_gemv_stream<FMT, MODE, NORM>;
+    if (g.stream16 != 2 && dealt_smem<MODE>(g, (int)blocks) <= DEALT_SMEM) {
+        smem = dealt_smem<MODE>(g, (int)blocks);
+        kern = k_gemv_stream_dealt<FMT, MODE, NORM>;
+    }
     cu_launch l;
-    cu_launch_init(&l, (unsigned)(want < most ? want : most), STREAM_THREADS, smem, s, g.early);
+    cu_launch_init(&l, blocks, STREAM_THREADS, smem, s, g.early);
     CU(cudaLaunchKernelEx(&l.cfg, kern, g, x));
 }
 
