@@ -157,8 +157,7 @@ struct cu_ctx {
     int row_gemv;     /* the m = 1 matrix-vector kernel (PAGODA_CUDA_GEMV_ROW=0: off) */
     int early_launch; /* programmatic dependent launch of it (PAGODA_CUDA_PDL=0: off) */
     int gemv_tc;      /* PAGODA_CUDA_GEMV_TC (default 4): 4-bit m = 1 products on tensor cores */
-    int gemv_stream;  /* 16-bit m = 1 products streamed by warps (PAGODA_CUDA_GEMV_STREAM=0: off;
-                         2: whole tasks a warp at a stride, not chunks dealt in turn) */
+    int gemv_stream;  /* 16-bit m = 1 products streamed by warps (PAGODA_CUDA_GEMV_STREAM=0: off) */
     int gemv_rope; /* with rope and the KV store in the q/k/v one (PAGODA_CUDA_GEMV_ROPE=0: off) */
     int lt_small;  /* bf16 products of 2 to 8 rows on cuBLASLt (PAGODA_CUDA_LT_SMALL=0: off) */
     /* products of m > 8 over one x (q, k, v; gate, up) run at the same time on side streams,
@@ -1684,8 +1683,7 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->gemv_tc = env && !strcmp(env, "2")   ? 2
                  : env && !strcmp(env, "3") ? 3
                                             : env_flag("PAGODA_CUDA_GEMV_TC", 4);
-    env = getenv("PAGODA_CUDA_GEMV_STREAM");
-    c->gemv_stream = env && !strcmp(env, "2") ? 2 : env_flag("PAGODA_CUDA_GEMV_STREAM", 1);
+    c->gemv_stream = env_flag("PAGODA_CUDA_GEMV_STREAM", 1);
     c->gemv_rope = env_flag("PAGODA_CUDA_GEMV_ROPE", 1);
     c->lt_small = env_flag("PAGODA_CUDA_LT_SMALL", 1);
     c->gemm_streams = env_flag("PAGODA_CUDA_GEMM_STREAMS", 1);

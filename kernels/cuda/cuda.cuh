@@ -41,8 +41,7 @@ struct cu_gemv_set {
      * 4 as 3 with 16-row tiles where every matrix's rows divide by 16; 0: not */
     int tc4;
     /* 16-bit weights at m = 1 through k_gemv_stream (x staged in shared memory, warps
-     * streaming the block's chunks dealt in turn; 2: whole rows at a stride); 0: the row
-     * kernel */
+     * streaming whole rows); 0: the row kernel */
     int stream16;
     /* m = 1, fused neighbours (NULL: none). Prologue: x = rms_norm(nsrc) * nweight with
      * nepsilon, also written to x itself; epilogue (one matrix, no pair): resid += y. */

@@ -459,7 +459,7 @@ static bool launch_row_any(cudaStream_t s, const cu_gemv_set &g, const float *x)
 /* Where a warp is in its stream: task t, chunk s of it (with two rows a task, the first
  * row's chunks, then the second's). */
 struct stream_pos {
-    int t; /* sets have fewer than 2^31 rows */
+    int64_t t;
     int s;
 };
 
@@ -493,22 +493,16 @@ static __device__ __forceinline__ stream_pos stream_next(stream_pos p, int nch, 
     return p;
 }
 
-/* The task's sums over the warp's lanes (in every lane). */
-template <int MODE> static __device__ __forceinline__ void stream_reduce(float (&acc)[2])
+/* The lane's share of chunk p's dot product with the staged x (q: its units of the chunk),
+ * added into the task's sums; at the task's last chunk (the next position n starts
+ * another task), the task's outputs. */
+template <int FMT, int MODE>
+static __device__ __forceinline__ void
+stream_use(const cu_gemv_set &g, const float4 *xs4, const uint4 (&q)[STREAM_CH], stream_pos p,
+           stream_pos n, float (&acc)[2], int nch, int upl, float inv, int lane)
 {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], o);
-        if (MODE != SM_ROWS) acc[1] += __shfl_xor_sync(0xffffffffu, acc[1], o);
-    }
-}
-
-/* The lane's share of the dot product of chunk c of a row with the staged x (q: the
- * lane's units of the chunk). */
-template <int FMT>
-static __device__ __forceinline__ float stream_dot(const float4 *xs4, const uint4 (&q)[STREAM_CH],
-                                                   int c, int upl, int lane)
-{
+    constexpr int NA = MODE == SM_ROWS ? 1 : 2;
+    const int a = NA == 2 && p.s >= nch ? 1 : 0, c = p.s - a * nch;
     float t = 0.0f;
 #pragma unroll
     for (int u = 0; u < STREAM_CH; u++) {
@@ -519,24 +513,16 @@ static __device__ __forceinline__ float stream_dot(const float4 *xs4, const uint
             t += unit_dot<FMT, 16>(q[u], xv);
         }
     }
-    return t;
-}
-
-/* Chunk p's share added into the task's sums; at the task's last chunk (the next position
- * n starts another task), the task's outputs. */
-template <int FMT, int MODE>
-static __device__ __forceinline__ void
-stream_use(const cu_gemv_set &g, const float4 *xs4, const uint4 (&q)[STREAM_CH], stream_pos p,
-           stream_pos n, float (&acc)[2], int nch, int upl, float inv, int lane)
-{
-    const int a = MODE != SM_ROWS && p.s >= nch ? 1 : 0;
-    const float t = stream_dot<FMT>(xs4, q, p.s - a * nch, upl, lane);
     if (a)
         acc[1] += t;
     else
         acc[0] += t;
     if (n.s == 0) { /* the task's last chunk: its sums, then its outputs */
-        stream_reduce<MODE>(acc);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], o);
+            if (NA == 2) acc[1] += __shfl_xor_sync(0xffffffffu, acc[1], o);
+        }
         if (lane == 0) stream_out<MODE>(g, p.t, acc[0] * inv, acc[1] * inv);
         acc[0] = acc[1] = 0.0f;
     }
@@ -612,7 +598,7 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
     const int64_t k = g.w[0].k, rows = stream_tasks<MODE>(g);
     const int upl = (int)(k >> 8), nch = (upl + STREAM_CH - 1) / STREAM_CH;
     const int64_t t_end = rows * (blockIdx.x + 1) / gridDim.x;
-    stream_pos p = {(int)(rows * blockIdx.x / gridDim.x) + warp, 0};
+    stream_pos p = {rows * blockIdx.x / gridDim.x + warp, 0};
 
     uint4 qa[STREAM_CH], qb[STREAM_CH];
     if (p.t < t_end) stream_load<MODE>(g, qa, p, nch, upl, lane);
@@ -627,70 +613,6 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
         if (!stream_step<FMT, MODE>(g, xs4, qb, qa, p, acc, t_end, nwarps, nch, upl, inv, lane))
             break;
     }
-}
-
-/*
- * As k_gemv_stream, but the block's rows are one stream of chunks dealt to its warps in
- * turn (chunk i to warp i mod 32), so the block reads one contiguous window of its rows at
- * a time and its warps end together (whole tasks at a stride left 8 or 9 of 32 warps
- * without one in the 8B shape's q/k/v, and a fourth gate/up task to 12 or 13 warps while
- * the others idled). Each chunk's sum goes to shared memory; after one barrier the
- * block's threads add each task's chunk sums in order and write its outputs.
- */
-template <int FMT, int MODE, bool NORM>
-__global__ void __launch_bounds__(STREAM_THREADS, 1)
-    k_gemv_stream_dealt(cu_gemv_set g, const float *__restrict__ x)
-{
-    allow_dependents();
-    extern __shared__ float4 xs4[];
-    __shared__ float red[STREAM_THREADS / 32];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-    const int64_t k = g.w[0].k, rows = stream_tasks<MODE>(g);
-    const int upl = (int)(k >> 8), nch = (upl + STREAM_CH - 1) / STREAM_CH;
-    const int na = MODE == SM_ROWS ? 1 : 2, tc = na * nch; /* rows and chunks a task */
-    const int tb = (int)(rows * blockIdx.x / gridDim.x);
-    const int nt = (int)(rows * (blockIdx.x + 1) / gridDim.x) - tb, nc = nt * tc;
-    float *part = (float *)(xs4 + (k >> 2)); /* the block's chunk sums */
-
-    uint4 qa[STREAM_CH], qb[STREAM_CH];
-    int i = warp;
-    if (i < nc) stream_load<MODE>(g, qa, {tb + i / tc, i % tc}, nch, upl, lane);
-    /* x comes from the previous kernel: only now wait for it */
-    grid_dependency_wait();
-    const float inv = stream_stage_x<NORM>(g, x, xs4, red, k);
-    for (; i < nc; i += 2 * nwarps) {
-        const int i1 = i + nwarps, i2 = i1 + nwarps;
-        if (i1 < nc) stream_load<MODE>(g, qb, {tb + i1 / tc, i1 % tc}, nch, upl, lane);
-        float t = stream_dot<FMT>(xs4, qa, i % tc % nch, upl, lane);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-        if (lane == 0) part[i] = t;
-        if (i1 >= nc) break;
-        if (i2 < nc) stream_load<MODE>(g, qa, {tb + i2 / tc, i2 % tc}, nch, upl, lane);
-        t = stream_dot<FMT>(xs4, qb, i1 % tc % nch, upl, lane);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-        if (lane == 0) part[i1] = t;
-    }
-    __syncthreads();
-    for (int j = threadIdx.x; j < nt; j += blockDim.x) {
-        const float *pj = part + j * tc;
-        float a = 0.0f, b = 0.0f;
-        for (int c = 0; c < nch; c++) a += pj[c];
-        if (na == 2)
-            for (int c = 0; c < nch; c++) b += pj[nch + c];
-        stream_out<MODE>(g, tb + j, a * inv, b * inv);
-    }
-}
-
-/* The shared memory of k_gemv_stream_dealt: x and the chunk sums of a block's tasks (the
- * stride kernel takes sets that need more than DEALT_SMEM). */
-#define DEALT_SMEM (160 * 1024)
-template <int MODE> static size_t dealt_smem(const cu_gemv_set &g, int blocks)
-{
-    const int64_t k = g.w[0].k, nch = (k / 256 + STREAM_CH - 1) / STREAM_CH;
-    const int64_t tasks = (stream_tasks<MODE>(g) + blocks - 1) / blocks;
-    return sizeof(float) * (size_t)(k + tasks * (MODE == SM_ROWS ? 1 : 2) * nch);
 }
 
 bool cu_gemv_stream_ok(const dweight &w)
@@ -714,29 +636,20 @@ template <int FMT, int MODE, bool NORM>
 static void launch_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
 {
     static int bps, sms;
+    const size_t smem = sizeof(float) * (size_t)g.w[0].k;
+    void (*kern)(cu_gemv_set, const float *) = k_gemv_stream<FMT, MODE, NORM>;
     if (!sms) {
-        /* room for the largest x (k = 16384); with the chunk sums, up to DEALT_SMEM */
-        CU(cudaFuncSetAttribute(k_gemv_stream<FMT, MODE, NORM>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
-        CU(cudaFuncSetAttribute(k_gemv_stream_dealt<FMT, MODE, NORM>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, DEALT_SMEM));
-        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, k_gemv_stream<FMT, MODE, NORM>,
-                                                         STREAM_THREADS, 64 * 1024));
+        /* room for the largest x (k = 16384) */
+        CU(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
+        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, STREAM_THREADS, 64 * 1024));
         if (bps < 1) bps = 1;
         int dev;
         CU(cudaGetDevice(&dev));
         CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     }
     const int64_t want = (stream_tasks<MODE>(g) + 1) / 2, most = (int64_t)bps * sms;
-    const unsigned blocks = (unsigned)(want < most ? want : most);
-    size_t smem = sizeof(float) * (size_t)g.w[0].k;
-    void (*kern)(cu_gemv_set, const float *) = k_gemv_stream<FMT, MODE, NORM>;
-    if (g.stream16 != 2 && dealt_smem<MODE>(g, (int)blocks) <= DEALT_SMEM) {
-        smem = dealt_smem<MODE>(g, (int)blocks);
-        kern = k_gemv_stream_dealt<FMT, MODE, NORM>;
-    }
     cu_launch l;
-    cu_launch_init(&l, blocks, STREAM_THREADS, smem, s, g.early);
+    cu_launch_init(&l, (unsigned)(want < most ? want : most), STREAM_THREADS, smem, s, g.early);
     CU(cudaLaunchKernelEx(&l.cfg, kern, g, x));
 }
 

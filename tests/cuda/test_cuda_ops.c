@@ -1383,8 +1383,8 @@ static void gemv_rows8_section(void)
 }
 
 /* One-row 16-bit products at the 8B shape's widths (H = 4096: rows of 4 to 16 chunks, tens
- * of rows a block, tasks cut between warps), then the fused norms, residual adds, gate/up
- * pairs and rope + KV store of the smaller cases. */
+ * of rows a block, several a warp), then the fused norms, residual adds, gate/up pairs and
+ * rope + KV store of the smaller cases. */
 static void stream_section(void)
 {
     test_norm_fusion_case(4096, WFMT_BF16, 16, 1, 0);
@@ -1460,8 +1460,6 @@ static const struct {
     {"decode-layers-attn32", "PAGODA_CUDA_ATTN_BF16", "0", decode_layers_section},
     {"decode-layers-decw", "PAGODA_CUDA_DEC_WARP", "2", decode_layers_section},
     {"stream", NULL, NULL, stream_section},
-    {"stream-stride", "PAGODA_CUDA_GEMV_STREAM", "2", stream_section},
-    {"decode-layers-stride", "PAGODA_CUDA_GEMV_STREAM", "2", decode_layers_section},
 };
 #define N_SECTIONS (int)(sizeof sections / sizeof sections[0])
 
