@@ -158,6 +158,9 @@ struct cu_ctx {
     int early_launch; /* programmatic dependent launch of it (PAGODA_CUDA_PDL=0: off) */
     int gemv_tc;      /* PAGODA_CUDA_GEMV_TC (default 4): 4-bit m = 1 products on tensor cores */
     int gemv_stream;  /* 16-bit m = 1 products streamed by warps (PAGODA_CUDA_GEMV_STREAM=0: off) */
+    /* decode steps that would take key ranges over the GPU: a block a token and KV head on
+       CUDA cores instead (PAGODA_CUDA_DEC_SIMT=1; off by default) */
+    int dec_simt;
     int gemv_rope; /* with rope and the KV store in the q/k/v one (PAGODA_CUDA_GEMV_ROPE=0: off) */
     int lt_small;  /* bf16 products of 2 to 8 rows on cuBLASLt (PAGODA_CUDA_LT_SMALL=0: off) */
     /* products of m > 8 over one x (q, k, v; gate, up) run at the same time on side streams,
@@ -1355,6 +1358,7 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
                 longest * b->n_tokens <= 2 * total)
                 a.decode = 2;
         }
+        if (a.decode == 1 && c->dec_simt && cu_attn_dec1_ok(p->head_dim, group)) a.decode = 3;
         a.splits = c->dec_split && a.decode == 1
                        ? cu_attn_dec_splits(b->n_tokens, p->n_kv_heads, max_keys,
                                             c->prop.multiProcessorCount)
@@ -1684,6 +1688,7 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
                  : env && !strcmp(env, "3") ? 3
                                             : env_flag("PAGODA_CUDA_GEMV_TC", 4);
     c->gemv_stream = env_flag("PAGODA_CUDA_GEMV_STREAM", 1);
+    c->dec_simt = env_flag("PAGODA_CUDA_DEC_SIMT", 0);
     c->gemv_rope = env_flag("PAGODA_CUDA_GEMV_ROPE", 1);
     c->lt_small = env_flag("PAGODA_CUDA_LT_SMALL", 1);
     c->gemm_streams = env_flag("PAGODA_CUDA_GEMM_STREAMS", 1);

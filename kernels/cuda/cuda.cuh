@@ -188,7 +188,8 @@ struct cu_attn_args {
      * KV head and range of keys (splits of them), the range's keys split among its warps
      * (k_attention_dec); with several ranges, the last block of a token and KV head to finish
      * merges them, counted in sem ([n_tokens, n_kv_heads], zero between launches). With
-     * decode = 2, a warp per token and KV head, all of its keys (k_attention_decw). */
+     * decode = 2, a warp per token and KV head, all of its keys (k_attention_decw); with
+     * decode = 3, a block per token and KV head on CUDA cores (k_attention_dec1). */
     int decode;
     int *sem;
     int early; /* launched early (programmatic dependent launch) */
@@ -200,6 +201,8 @@ struct cu_attn_args {
 bool cu_attn_tc_ok(int head_dim);
 /** Whether the tensor-core decode attention kernel takes this head size and GQA group. */
 bool cu_attn_dec_ok(int head_dim, int group);
+/** Whether the CUDA-core decode attention kernel (decode = 3) takes this head size and group. */
+bool cu_attn_dec1_ok(int head_dim, int group);
 /* The longest context a decode step takes to k_attention_decw whatever the others' (a
  * pair's keys are one warp's work; longer ones when the mean is over half of it). */
 #define CU_ATTN_DECW_KEYS 1024

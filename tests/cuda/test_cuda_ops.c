@@ -1412,9 +1412,10 @@ static void attention_tc(void)
     test_attention();
 }
 
-/* Every decode case through the warp-a-pair kernel (the default takes it for steps of many
- * pairs only). */
-static void attention_decw(void)
+/* Every decode case, through the kernel its section's variable chooses (the warp-a-pair
+ * kernel, which the default takes for steps of many pairs only; the block kernel; the
+ * CUDA-core kernel for few sequences). */
+static void attention_decodes_section(void)
 {
     attn_bound = 1e-2;
     test_attention_decodes();
@@ -1442,8 +1443,8 @@ static const struct {
     {"attention-simt", "PAGODA_CUDA_ATTN", "simt", attention_simt},
     {"attention-tc", "PAGODA_CUDA_ATTN", "tc", attention_tc},
     {"attention-dec", "PAGODA_CUDA_ATTN", "dec", attention_tc},
-    {"attention-decw", "PAGODA_CUDA_DEC_WARP", "2", attention_decw},
-    {"attention-dec-blocks", "PAGODA_CUDA_DEC_WARP", "0", attention_decw},
+    {"attention-decw", "PAGODA_CUDA_DEC_WARP", "2", attention_decodes_section},
+    {"attention-dec-blocks", "PAGODA_CUDA_DEC_WARP", "0", attention_decodes_section},
     {"tune", "PAGODA_CUDA_GEMM_TUNE", "1", products_and_fusions},
     {"gemv-f32", "PAGODA_CUDA_GEMV_TC", "0", gemv_f32_section},
     {"gemv-regs", "PAGODA_CUDA_GEMV_TC", "1", gemv_regs_section},
@@ -1460,6 +1461,8 @@ static const struct {
     {"decode-layers-attn32", "PAGODA_CUDA_ATTN_BF16", "0", decode_layers_section},
     {"decode-layers-decw", "PAGODA_CUDA_DEC_WARP", "2", decode_layers_section},
     {"stream", NULL, NULL, stream_section},
+    {"attention-dec1", "PAGODA_CUDA_DEC_SIMT", "1", attention_decodes_section},
+    {"decode-layers-dec1", "PAGODA_CUDA_DEC_SIMT", "1", decode_layers_section},
 };
 #define N_SECTIONS (int)(sizeof sections / sizeof sections[0])
 
