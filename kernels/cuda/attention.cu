@@ -10,6 +10,7 @@
  */
 #include <math.h>
 
+#include "kernels/cuda/attn_block.cuh"
 #include "kernels/cuda/cuda.cuh"
 
 #define ATT_WARPS 4
@@ -431,44 +432,6 @@ template <int D> __global__ void __launch_bounds__(128) k_attention_tc(cu_attn_a
 #define DEC_WARPS 4
 #define DEC_KR    16                   /* keys a warp takes a round */
 #define DEC_KEYS  (DEC_WARPS * DEC_KR) /* keys a block takes a round */
-
-/* 2^x in one instruction (0 for -inf). */
-static __device__ __forceinline__ float ex2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-/* One token's keys in one KV head, as a warp of the decode kernels reads them. */
-struct dec_src {
-    const __nv_bfloat16 *k, *v; /* the KV head's first dimension in the caches */
-    const int32_t *bt;          /* the sequence's block table */
-    int qpos, k_lo, k_hi;       /* the token's position; its visible keys [k_lo, k_hi) */
-};
-
-static __device__ __forceinline__ dec_src dec_src_of(const cu_attn_args &a, int t, int kvh, int D)
-{
-    dec_src s;
-    s.qpos = a.pos[t];
-    s.k_lo = a.window > 0 ? max(0, s.qpos - a.window + 1) : 0;
-    s.k_hi = s.qpos + 1;
-    s.bt = a.block_table + (int64_t)a.tok_seq[t] * a.max_blocks;
-    s.k = a.k + (int64_t)kvh * D;
-    s.v = a.v + (int64_t)kvh * D;
-    return s;
-}
-
-/* The cache row of key position kp. */
-static __device__ __forceinline__ int64_t dec_slot(const cu_attn_args &a, const int32_t *bt, int kp)
-{
-    const int bs = a.block_size;
-    if (!(bs & (bs - 1))) {
-        const int sh = __ffs(bs) - 1;
-        return (int64_t)bt[kp >> sh] * bs + (kp & (bs - 1));
-    }
-    return (int64_t)bt[kp / bs] * bs + kp % bs;
-}
 
 /* A lane's loads of the 16 keys from kb (keys past the token's last read as the last one,
  * masked later); with `which` 1 only those of keys before the token's own (stored by the
@@ -938,177 +901,26 @@ int cu_attn_dec_splits(int n_tokens, int n_kv_heads, int max_keys, int sms)
 
 /*
  * Decode attention on CUDA cores for steps of few sequences (decode = 3,
- * PAGODA_CUDA_DEC_SIMT=1): a block of DEC1_WARPS warps per token and KV head, no key ranges
- * over the GPU and so no second pass over partial results. A lane holds D / 32 contiguous
- * dimensions of each of the group's query rows (scaled once) and of their outputs; a warp
- * takes runs of DEC1_RUN consecutive keys at a stride of the block's warps, loads a run's
- * keys and values together (the next run's while it uses this one), gets each score by a
- * reduction over its lanes and keeps an online softmax a row; the warps' states meet in
- * shared memory after one barrier. The first run's keys except the token's own are loaded
- * before the wait for the kernel that stores that key and writes the queries.
+ * PAGODA_CUDA_DEC_SIMT=1): a block per token and KV head with the keys and values in shared
+ * memory (attn_block.cuh), the earlier ones copied in before the wait for the kernel that
+ * stores the token's own; up to CU_ATTN_BLOCK_KEYS(D) keys. No key ranges over the GPU and
+ * so no second pass over partial results.
  */
-#define DEC1_WARPS 16
-#define DEC1_RUN   4
-
-/* A lane's D / 32 dimensions of one cache row (keys or values) at key position kp. */
-template <int D> struct dec1_row {
-    uint32_t w[D / 64];
-};
-
-template <int D>
-static __device__ __forceinline__ dec1_row<D>
-dec1_load(const cu_attn_args &a, const __nv_bfloat16 *base, const int32_t *bt, int kp, int lane)
-{
-    const int64_t kv_row = (int64_t)a.n_kv_heads * D;
-    const uint32_t *src = (const uint32_t *)(base + dec_slot(a, bt, kp) * kv_row) + lane * (D / 64);
-    dec1_row<D> r;
-#pragma unroll
-    for (int i = 0; i < D / 64; i++) r.w[i] = __ldg(src + i);
-    return r;
-}
-
-/* The keys and values of the run from kb (keys past the last read as the last one, masked
- * later); `which` as in dec_load_k: 1 the keys before the token's own, 2 its own, 3 all. */
-template <int D>
-static __device__ __forceinline__ void
-dec1_load_run(const cu_attn_args &a, const dec_src &s, int kb, int which, int lane,
-              dec1_row<D> (&kr)[DEC1_RUN], dec1_row<D> (&vr)[DEC1_RUN])
-{
-#pragma unroll
-    for (int j = 0; j < DEC1_RUN; j++) {
-        const int kp = min(kb + j, s.k_hi - 1);
-        if (!(which & (kp == s.qpos ? 2 : 1))) continue;
-        kr[j] = dec1_load<D>(a, s.k, s.bt, kp, lane);
-        vr[j] = dec1_load<D>(a, s.v, s.bt, kp, lane);
-    }
-}
 
 template <int D, int GM>
-__global__ void __launch_bounds__(DEC1_WARPS * 32) k_attention_dec1(cu_attn_args a)
+__global__ void __launch_bounds__(AB_THREADS, 1) k_attention_dec1(cu_attn_args a)
 {
     allow_dependents();
-    constexpr int DPL = D / 32;
-    extern __shared__ float dec1_sm[]; /* o [warps][GM][D], then m and l [warps][GM] */
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-    const int t = blockIdx.x, kvh = blockIdx.y, group = a.n_heads / a.n_kv_heads;
-    const dec_src src = dec_src_of(a, t, kvh, D);
-    const float LOG2E = 1.4426950408889634f;
-
-    dec1_row<D> kr[DEC1_RUN], vr[DEC1_RUN], kn[DEC1_RUN], vn[DEC1_RUN];
-    int kb = src.k_lo + DEC1_RUN * warp;
-    if (kb < src.k_hi) dec1_load_run<D>(a, src, kb, 1, lane, kr, vr);
+    extern __shared__ uint4 dec1_sm[];
+    const int keys = CU_ATTN_BLOCK_KEYS(D);
+    const ab_smem m = ab_carve(dec1_sm, D, GM, keys);
+    const dec_src src = dec_src_of(a, blockIdx.x, blockIdx.y, D);
+    ab_prefetch<D>(a, src, m, keys);
     grid_dependency_wait();
-    if (kb < src.k_hi) dec1_load_run<D>(a, src, kb, 2, lane, kr, vr);
-
-    /* the group's query rows, in log2 units unless soft-capped */
-    float q[GM][DPL];
-    const float qs = a.softcap > 0 ? 1.0f : a.scale * LOG2E;
-#pragma unroll
-    for (int r = 0; r < GM; r++) {
-        const float *qr =
-            a.q + ((int64_t)t * a.n_heads + kvh * group + min(r, group - 1)) * D + lane * DPL;
-#pragma unroll
-        for (int d = 0; d < DPL; d++) q[r][d] = qr[d] * qs;
-    }
-    float o[GM][DPL], mx[GM], l[GM];
-#pragma unroll
-    for (int r = 0; r < GM; r++) {
-        mx[r] = -INFINITY;
-        l[r] = 0.0f;
-#pragma unroll
-        for (int d = 0; d < DPL; d++) o[r][d] = 0.0f;
-    }
-    for (; kb < src.k_hi; kb += DEC1_RUN * nwarps) {
-        const int next = kb + DEC1_RUN * nwarps;
-        if (next < src.k_hi) dec1_load_run<D>(a, src, next, 3, lane, kn, vn);
-        float sc[DEC1_RUN][GM];
-#pragma unroll
-        for (int j = 0; j < DEC1_RUN; j++) {
-            float kf[DPL];
-#pragma unroll
-            for (int i = 0; i < D / 64; i++) {
-                const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&kr[j].w[i]);
-                kf[2 * i] = f.x;
-                kf[2 * i + 1] = f.y;
-            }
-#pragma unroll
-            for (int r = 0; r < GM; r++) {
-                float d = 0.0f;
-#pragma unroll
-                for (int e = 0; e < DPL; e++) d += q[r][e] * kf[e];
-                sc[j][r] = d;
-            }
-        }
-#pragma unroll
-        for (int o2 = 16; o2 > 0; o2 >>= 1)
-#pragma unroll
-            for (int j = 0; j < DEC1_RUN; j++)
-#pragma unroll
-                for (int r = 0; r < GM; r++) sc[j][r] += __shfl_xor_sync(0xffffffffu, sc[j][r], o2);
-#pragma unroll
-        for (int r = 0; r < GM; r++) {
-            float m = mx[r];
-#pragma unroll
-            for (int j = 0; j < DEC1_RUN; j++) {
-                float v = sc[j][r];
-                if (a.softcap > 0) v = a.softcap * tanhf(v * a.scale / a.softcap) * LOG2E;
-                sc[j][r] = kb + j < src.k_hi ? v : -INFINITY;
-                m = fmaxf(m, sc[j][r]);
-            }
-            const float corr = ex2(mx[r] - m);
-            mx[r] = m;
-            l[r] *= corr;
-#pragma unroll
-            for (int d = 0; d < DPL; d++) o[r][d] *= corr;
-#pragma unroll
-            for (int j = 0; j < DEC1_RUN; j++) {
-                const float p = ex2(sc[j][r] - m);
-                l[r] += p;
-#pragma unroll
-                for (int i = 0; i < D / 64; i++) {
-                    const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&vr[j].w[i]);
-                    o[r][2 * i] += p * f.x;
-                    o[r][2 * i + 1] += p * f.y;
-                }
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < DEC1_RUN; j++) {
-            kr[j] = kn[j];
-            vr[j] = vn[j];
-        }
-    }
-
-    /* the warps' states, then each output as their merge */
-    float *so = dec1_sm, *sm = so + (size_t)nwarps * GM * D, *sl = sm + nwarps * GM;
-#pragma unroll
-    for (int r = 0; r < GM; r++) {
-#pragma unroll
-        for (int d = 0; d < DPL; d++) so[((size_t)warp * GM + r) * D + lane * DPL + d] = o[r][d];
-        if (lane == 0) {
-            sm[warp * GM + r] = mx[r];
-            sl[warp * GM + r] = l[r];
-        }
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
-        const int r = i / D, d = i - r * D;
-        float m = -INFINITY;
-        for (int w = 0; w < nwarps; w++) m = fmaxf(m, sm[w * GM + r]);
-        float lsum = 0.0f, osum = 0.0f;
-        for (int w = 0; w < nwarps; w++) {
-            const float f = ex2(sm[w * GM + r] - m);
-            lsum += sl[w * GM + r] * f;
-            osum += so[((size_t)w * GM + r) * D + d] * f;
-        }
-        const float v = osum / lsum;
-        const int64_t row = ((int64_t)t * a.n_heads + kvh * group + r) * D + d;
-        if (a.out) a.out[row] = v;
-        if (a.outb) a.outb[row] = __float2bfloat16_rn(v);
-    }
+    ab_finish<D, GM>(a, blockIdx.x, blockIdx.y, m, keys);
 }
 
-/* A lane's query rows and outputs fit in registers for up to 512 of group x head_dim. */
+/* A lane's query rows fit in registers for up to 512 of group x head_dim. */
 bool cu_attn_dec1_ok(int head_dim, int group)
 {
     return (head_dim == 64 || head_dim == 128) && group >= 1 && group * head_dim <= 512;
@@ -1117,14 +929,14 @@ bool cu_attn_dec1_ok(int head_dim, int group)
 template <int D, int GM> static void launch_dec1_g(cudaStream_t s, const cu_attn_args &a)
 {
     static bool init;
-    const size_t smem = sizeof(float) * (size_t)DEC1_WARPS * GM * (D + 2);
+    const size_t smem = ab_smem_bytes(D, GM, CU_ATTN_BLOCK_KEYS(D));
     if (!init) {
         CU(cudaFuncSetAttribute(k_attention_dec1<D, GM>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         init = true;
     }
     cu_launch l;
-    cu_launch_init(&l, (unsigned)a.n_tokens, DEC1_WARPS * 32, smem, s, a.early);
+    cu_launch_init(&l, (unsigned)a.n_tokens, AB_THREADS, smem, s, a.early);
     l.cfg.gridDim = dim3((unsigned)a.n_tokens, (unsigned)a.n_kv_heads, 1);
     CU(cudaLaunchKernelEx(&l.cfg, k_attention_dec1<D, GM>, a));
 }

@@ -203,6 +203,13 @@ bool cu_attn_tc_ok(int head_dim);
 bool cu_attn_dec_ok(int head_dim, int group);
 /** Whether the CUDA-core decode attention kernel (decode = 3) takes this head size and group. */
 bool cu_attn_dec1_ok(int head_dim, int group);
+/** m = 1 q/k/v with rope (set g) that runs the decode attention a of its one token itself
+ * (a.sem: a zeroed counter per KV head); false where it cannot (nothing launched). */
+bool cu_gemv_qkv_attn_ok(const cu_gemv_set &g, const cu_attn_args &a);
+bool cu_gemv_qkv_attn(cudaStream_t s, const cu_gemv_set &g, const float *x, const cu_attn_args &a);
+/* The most keys a token may have where a block holds them all in shared memory (decode =
+ * 3 and the q/k/v product with attention): 128 KB of keys and values. */
+#define CU_ATTN_BLOCK_KEYS(d) (32768 / (d))
 /* The longest context a decode step takes to k_attention_decw whatever the others' (a
  * pair's keys are one warp's work; longer ones when the mean is over half of it). */
 #define CU_ATTN_DECW_KEYS 1024

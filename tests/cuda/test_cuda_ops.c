@@ -1105,10 +1105,11 @@ static void decode_layers_section(void)
     /* twice each: the first run of a product shape times cuBLASLt's algorithms, running the
      * operations recorded before it first, so only the second records each step whole */
     for (int rep = 0; rep < 2; rep++) {
-        test_decode_layers(40, 64, 8, 0);   /* one block a token and KV head */
-        test_decode_layers(40, 128, 8, 30); /* heads of 128, as in the 8B shape */
-        test_decode_layers(3, 128, 16, 90); /* few sequences: key ranges, merged by the last */
-        test_decode_layers(1, 64, 16, 60);  /* one sequence: the one-row products */
+        test_decode_layers(40, 64, 8, 0);    /* one block a token and KV head */
+        test_decode_layers(40, 128, 8, 30);  /* heads of 128, as in the 8B shape */
+        test_decode_layers(3, 128, 16, 90);  /* few sequences: key ranges, merged by the last */
+        test_decode_layers(1, 64, 16, 60);   /* one sequence: the one-row products */
+        test_decode_layers(1, 128, 16, 150); /* heads of 128, 159 keys */
     }
 }
 
@@ -1463,6 +1464,7 @@ static const struct {
     {"stream", NULL, NULL, stream_section},
     {"attention-dec1", "PAGODA_CUDA_DEC_SIMT", "1", attention_decodes_section},
     {"decode-layers-dec1", "PAGODA_CUDA_DEC_SIMT", "1", decode_layers_section},
+    {"decode-layers-qkv-attn", "PAGODA_CUDA_QKV_ATTN", "1", decode_layers_section},
 };
 #define N_SECTIONS (int)(sizeof sections / sizeof sections[0])
 
