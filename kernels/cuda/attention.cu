@@ -10,7 +10,6 @@
  */
 #include <math.h>
 
-#include "kernels/cuda/attn_block.cuh"
 #include "kernels/cuda/cuda.cuh"
 
 #define ATT_WARPS 4
@@ -432,6 +431,44 @@ template <int D> __global__ void __launch_bounds__(128) k_attention_tc(cu_attn_a
 #define DEC_WARPS 4
 #define DEC_KR    16                   /* keys a warp takes a round */
 #define DEC_KEYS  (DEC_WARPS * DEC_KR) /* keys a block takes a round */
+
+/* 2^x in one instruction (0 for -inf). */
+static __device__ __forceinline__ float ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* One token's keys in one KV head, as a warp of the decode kernels reads them. */
+struct dec_src {
+    const __nv_bfloat16 *k, *v; /* the KV head's first dimension in the caches */
+    const int32_t *bt;          /* the sequence's block table */
+    int qpos, k_lo, k_hi;       /* the token's position; its visible keys [k_lo, k_hi) */
+};
+
+static __device__ __forceinline__ dec_src dec_src_of(const cu_attn_args &a, int t, int kvh, int D)
+{
+    dec_src s;
+    s.qpos = a.pos[t];
+    s.k_lo = a.window > 0 ? max(0, s.qpos - a.window + 1) : 0;
+    s.k_hi = s.qpos + 1;
+    s.bt = a.block_table + (int64_t)a.tok_seq[t] * a.max_blocks;
+    s.k = a.k + (int64_t)kvh * D;
+    s.v = a.v + (int64_t)kvh * D;
+    return s;
+}
+
+/* The cache row of key position kp. */
+static __device__ __forceinline__ int64_t dec_slot(const cu_attn_args &a, const int32_t *bt, int kp)
+{
+    const int bs = a.block_size;
+    if (!(bs & (bs - 1))) {
+        const int sh = __ffs(bs) - 1;
+        return (int64_t)bt[kp >> sh] * bs + (kp & (bs - 1));
+    }
+    return (int64_t)bt[kp / bs] * bs + kp % bs;
+}
 
 /* A lane's loads of the 16 keys from kb (keys past the token's last read as the last one,
  * masked later); with `which` 1 only those of keys before the token's own (stored by the
@@ -899,56 +936,6 @@ int cu_attn_dec_splits(int n_tokens, int n_kv_heads, int max_keys, int sms)
     return n > 1 ? n : 1;
 }
 
-/*
- * Decode attention on CUDA cores for steps of few sequences (decode = 3,
- * PAGODA_CUDA_DEC_SIMT=1): a block per token and KV head with the keys and values in shared
- * memory (attn_block.cuh), the earlier ones copied in before the wait for the kernel that
- * stores the token's own; up to CU_ATTN_BLOCK_KEYS(D) keys. No key ranges over the GPU and
- * so no second pass over partial results.
- */
-
-template <int D, int GM>
-__global__ void __launch_bounds__(AB_THREADS, 1) k_attention_dec1(cu_attn_args a)
-{
-    allow_dependents();
-    extern __shared__ uint4 dec1_sm[];
-    const int keys = CU_ATTN_BLOCK_KEYS(D);
-    const ab_smem m = ab_carve(dec1_sm, D, GM, keys);
-    const dec_src src = dec_src_of(a, blockIdx.x, blockIdx.y, D);
-    ab_prefetch<D>(a, src, m, keys);
-    grid_dependency_wait();
-    ab_finish<D, GM>(a, blockIdx.x, blockIdx.y, m, keys);
-}
-
-/* A lane's query rows fit in registers for up to 512 of group x head_dim. */
-bool cu_attn_dec1_ok(int head_dim, int group)
-{
-    return (head_dim == 64 || head_dim == 128) && group >= 1 && group * head_dim <= 512;
-}
-
-template <int D, int GM> static void launch_dec1_g(cudaStream_t s, const cu_attn_args &a)
-{
-    static bool init;
-    const size_t smem = ab_smem_bytes(D, GM, CU_ATTN_BLOCK_KEYS(D));
-    if (!init) {
-        CU(cudaFuncSetAttribute(k_attention_dec1<D, GM>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        init = true;
-    }
-    cu_launch l;
-    cu_launch_init(&l, (unsigned)a.n_tokens, AB_THREADS, smem, s, a.early);
-    l.cfg.gridDim = dim3((unsigned)a.n_tokens, (unsigned)a.n_kv_heads, 1);
-    CU(cudaLaunchKernelEx(&l.cfg, k_attention_dec1<D, GM>, a));
-}
-
-template <int D> static void launch_dec1(cudaStream_t s, const cu_attn_args &a)
-{
-    if (D == 64 && a.n_heads / a.n_kv_heads > 4)
-        launch_dec1_g<D, 512 / D>(s, a);
-    else
-        launch_dec1_g<D, 4>(s, a);
-}
-
 template <int D> static void launch_dec(cudaStream_t s, const cu_attn_args &a)
 {
     const int group = a.n_heads / a.n_kv_heads;
@@ -1038,7 +1025,6 @@ template <int DPL> static void launch(cudaStream_t s, const cu_attn_args &a)
 
 void cu_attention(cudaStream_t s, const cu_attn_args &a)
 {
-    if (a.decode == 3) return a.head_dim == 64 ? launch_dec1<64>(s, a) : launch_dec1<128>(s, a);
     if (a.decode == 2) return a.head_dim == 64 ? launch_decw<64>(s, a) : launch_decw<128>(s, a);
     if (a.decode) return a.head_dim == 64 ? launch_dec<64>(s, a) : launch_dec<128>(s, a);
     if (a.n_tiles > 0) {

@@ -62,9 +62,6 @@ static const char *const op_names[] = {
     "attention", "act_mul",      "add",           "softcap",  "gather_rows", "argmax",
     "gemv",      "add+rms_norm", "rope+kv_store", "sample",   "gemm set"};
 
-/* i[3] of an OP_GEMV: the set (q/k/v with rope) runs the decode attention in att. */
-#define GEMV_ATTN 1
-
 /* Flags of an OP_GEMM_SET in i[3]: the rope + KV store launch after the fused set reads
  * its columns (no split); the set's results are bf16. */
 #define SET_NO_SPLIT 1
@@ -161,13 +158,8 @@ struct cu_ctx {
     int early_launch; /* programmatic dependent launch of it (PAGODA_CUDA_PDL=0: off) */
     int gemv_tc;      /* PAGODA_CUDA_GEMV_TC (default 4): 4-bit m = 1 products on tensor cores */
     int gemv_stream;  /* 16-bit m = 1 products streamed by warps (PAGODA_CUDA_GEMV_STREAM=0: off) */
-    /* decode steps that would take key ranges over the GPU: a block a token and KV head on
-       CUDA cores instead (PAGODA_CUDA_DEC_SIMT=1; off by default) */
-    int dec_simt;
     int gemv_rope; /* with rope and the KV store in the q/k/v one (PAGODA_CUDA_GEMV_ROPE=0: off) */
-    /* and one sequence's decode attention in it too (PAGODA_CUDA_QKV_ATTN=1; off by default) */
-    int qkv_attn;
-    int lt_small; /* bf16 products of 2 to 8 rows on cuBLASLt (PAGODA_CUDA_LT_SMALL=0: off) */
+    int lt_small;  /* bf16 products of 2 to 8 rows on cuBLASLt (PAGODA_CUDA_LT_SMALL=0: off) */
     /* products of m > 8 over one x (q, k, v; gate, up) run at the same time on side streams,
      * each with its own cuBLASLt workspace (PAGODA_CUDA_GEMM_STREAMS=0: off) */
     int gemm_streams;
@@ -284,13 +276,6 @@ static void exec_op(cu_ctx *c, const op *o)
         cu_argmax(s, (int32_t *)o->p[0], (const float *)o->p[1], o->i[0], o->i[1]);
         break;
     case OP_GEMV: {
-        if (o->i[3] == GEMV_ATTN) { /* one row */
-            if (!cu_gemv_qkv_attn(s, o->gs, (const float *)o->p[1], o->att)) {
-                cu_gemv_multi(s, o->gs, (const float *)o->p[1], 1);
-                cu_attention(s, o->att);
-            }
-            break;
-        }
         /* More than CU_GEMV_MAX_M rows only in batch-invariant mode: 8 rows per launch. */
         int m = o->i[0];
         for (int i0 = 0; i0 < m; i0 += CU_GEMV_MAX_M) {
@@ -1306,33 +1291,6 @@ static void attn_part(cu_ctx *c, const struct fwd_batch *b, const struct attn_pa
     a->part = c->part;
 }
 
-/* The most keys a token of the step sees (and in total the sum over its tokens). */
-static int64_t step_keys(const struct fwd_batch *b, const struct attn_params *p, int64_t *total)
-{
-    int64_t longest = 0;
-    *total = 0;
-    for (int t = 0; t < b->n_tokens; t++) {
-        int64_t keys = (int64_t)b->pos[t] + 1;
-        if (p->window > 0 && keys > p->window) keys = p->window;
-        if (keys > longest) longest = keys;
-        *total += keys;
-    }
-    return longest;
-}
-
-/* The one-row q/k/v product (rope and KV store fused) just recorded that may run this
- * step's decode attention itself, or NULL. */
-static op *qkv_for_attn(cu_ctx *c, const struct fwd_batch *b, const struct attn_params *p,
-                        const float *q, const struct kv_layer *kv, int64_t longest)
-{
-    if (!c->qkv_attn || b->n_tokens != 1 || !c->n_ops) return NULL;
-    op *o = &c->tape[c->n_ops - 1];
-    if (o->kind != OP_GEMV || o->i[3] || o->i[0] != 1 || !o->gs.rope_half || o->gs.y[0] != q ||
-        (const void *)o->gs.kc != kv->k || longest > CU_ATTN_BLOCK_KEYS(p->head_dim))
-        return NULL;
-    return o;
-}
-
 static void cu_attention_op(void *ctx, float *out, const float *q, const struct kv_layer *kv,
                             const struct kv_geom *g, const struct fwd_batch *b,
                             const struct attn_params *p)
@@ -1385,37 +1343,30 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
          * after the others (the longest over 1,024 keys and over twice the mean); few
          * sequences: their keys in ranges over the GPU, merged by the last range */
         const int pairs = b->n_tokens * p->n_kv_heads;
-        int64_t total = 0;
-        const int64_t longest = step_keys(b, p, &total);
         if (c->dec_warp && (c->dec_warp == 2 || pairs >= 4 * c->prop.multiProcessorCount)) {
+            int64_t longest = 0, total = 0;
+            for (int t = 0; t < b->n_tokens; t++) {
+                int64_t keys = (int64_t)b->pos[t] + 1;
+                if (p->window > 0 && keys > p->window) keys = p->window;
+                if (keys > longest) longest = keys;
+                total += keys;
+            }
             if (c->dec_warp == 2 || longest <= CU_ATTN_DECW_KEYS ||
                 longest * b->n_tokens <= 2 * total)
                 a.decode = 2;
         }
-        if (a.decode == 1 && c->dec_simt && cu_attn_dec1_ok(p->head_dim, group) &&
-            longest <= CU_ATTN_BLOCK_KEYS(p->head_dim))
-            a.decode = 3;
         a.splits = c->dec_split && a.decode == 1
                        ? cu_attn_dec_splits(b->n_tokens, p->n_kv_heads, max_keys,
                                             c->prop.multiProcessorCount)
                        : 1;
-        /* one sequence: the q/k/v product just recorded (with rope and the KV store) may run
-         * the attention itself, a KV head's keys and values held in one block */
-        const bool in_qkv = qkv_for_attn(c, b, p, q, kv, longest) != NULL;
-        if (a.splits > 1 || in_qkv) {
-            if (a.splits > 1) attn_part(c, b, p, &a);
+        if (a.splits > 1) {
+            attn_part(c, b, p, &a);
             size_t nsem = (size_t)b->n_tokens * p->n_kv_heads;
             if (nsem * sizeof(int) > c->sem_cap) {
                 c->sem = (int *)grow(c, c->sem, &c->sem_cap, nsem * sizeof(int));
                 CU(cudaMemsetAsync(c->sem, 0, c->sem_cap, c->st));
             }
             a.sem = c->sem;
-        }
-        op *qkv = in_qkv ? qkv_for_attn(c, b, p, q, kv, longest) : NULL; /* none if flushed */
-        if (qkv && cu_gemv_qkv_attn_ok(qkv->gs, a)) {
-            qkv->att = a;
-            qkv->i[3] = GEMV_ATTN;
-            return;
         }
         op *o = record(c, OP_ATTN);
         o->att = a;
@@ -1733,8 +1684,6 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
                  : env && !strcmp(env, "3") ? 3
                                             : env_flag("PAGODA_CUDA_GEMV_TC", 4);
     c->gemv_stream = env_flag("PAGODA_CUDA_GEMV_STREAM", 1);
-    c->dec_simt = env_flag("PAGODA_CUDA_DEC_SIMT", 0);
-    c->qkv_attn = env_flag("PAGODA_CUDA_QKV_ATTN", 0);
     c->gemv_rope = env_flag("PAGODA_CUDA_GEMV_ROPE", 1);
     c->lt_small = env_flag("PAGODA_CUDA_LT_SMALL", 1);
     c->gemm_streams = env_flag("PAGODA_CUDA_GEMM_STREAMS", 1);

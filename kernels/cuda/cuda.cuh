@@ -188,8 +188,7 @@ struct cu_attn_args {
      * KV head and range of keys (splits of them), the range's keys split among its warps
      * (k_attention_dec); with several ranges, the last block of a token and KV head to finish
      * merges them, counted in sem ([n_tokens, n_kv_heads], zero between launches). With
-     * decode = 2, a warp per token and KV head, all of its keys (k_attention_decw); with
-     * decode = 3, a block per token and KV head on CUDA cores (k_attention_dec1). */
+     * decode = 2, a warp per token and KV head, all of its keys (k_attention_decw). */
     int decode;
     int *sem;
     int early; /* launched early (programmatic dependent launch) */
@@ -201,15 +200,6 @@ struct cu_attn_args {
 bool cu_attn_tc_ok(int head_dim);
 /** Whether the tensor-core decode attention kernel takes this head size and GQA group. */
 bool cu_attn_dec_ok(int head_dim, int group);
-/** Whether the CUDA-core decode attention kernel (decode = 3) takes this head size and group. */
-bool cu_attn_dec1_ok(int head_dim, int group);
-/** m = 1 q/k/v with rope (set g) that runs the decode attention a of its one token itself
- * (a.sem: a zeroed counter per KV head); false where it cannot (nothing launched). */
-bool cu_gemv_qkv_attn_ok(const cu_gemv_set &g, const cu_attn_args &a);
-bool cu_gemv_qkv_attn(cudaStream_t s, const cu_gemv_set &g, const float *x, const cu_attn_args &a);
-/* The most keys a token may have where a block holds them all in shared memory (decode =
- * 3 and the q/k/v product with attention): 128 KB of keys and values. */
-#define CU_ATTN_BLOCK_KEYS(d) (32768 / (d))
 /* The longest context a decode step takes to k_attention_decw whatever the others' (a
  * pair's keys are one warp's work; longer ones when the mean is over half of it). */
 #define CU_ATTN_DECW_KEYS 1024

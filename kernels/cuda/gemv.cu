@@ -15,7 +15,6 @@
 
 #include <cuda_fp8.h>
 
-#include "kernels/cuda/attn_block.cuh"
 #include "kernels/cuda/cuda.cuh"
 #include "kernels/cuda/gemv_out.cuh"
 
@@ -588,74 +587,9 @@ static __device__ __forceinline__ float stream_stage_x(const cu_gemv_set &g, con
     return inv;
 }
 
-/*
- * q/k/v with rope for one token that runs its KV heads' decode attention itself (AD: the
- * head size; 0: without). Block h * gridDim.x / n_kv_heads answers for KV head h: it copies
- * the head's earlier keys and values into shared memory before the wait (ab_prefetch).
- * Once a block's tasks are done, it adds the count of its tasks of each KV head to that
- * head's counter (a.sem); the answering block waits until its head's counter holds all of
- * the head's q, k and v tasks (the others are resident: the grid is at most a block an SM,
- * and a dependent launch starts only after all of them have), sets it back to zero and runs
- * the head's attention (ab_finish), reading the queries and the token's own key and value
- * the others wrote through L2.
- */
-
-/* The KV head block b answers for, or -1. */
-static __device__ __forceinline__ int stream_attn_head(int hkv)
-{
-    const int g = gridDim.x, b = blockIdx.x;
-    const int h = (int)(((int64_t)b * hkv + g - 1) / g);
-    return h < hkv && (int64_t)h * g / hkv == b ? h : -1;
-}
-
-/* The attention's shared memory, after x (k floats). */
-template <int AD> static __device__ __forceinline__ ab_smem stream_attn_smem(float4 *xs4, int64_t k)
-{
-    return ab_carve(xs4 + k / 4, AD, 512 / AD, CU_ATTN_BLOCK_KEYS(AD));
-}
-
-/* The block's part once its tasks [t0, t1) are done (every thread of the block). */
-template <int AD>
-static __device__ __forceinline__ void stream_attention(const cu_gemv_set &g, const cu_attn_args &a,
-                                                        const ab_smem &am, int64_t t0, int64_t t1)
-{
-    const int ah = stream_attn_head(a.n_kv_heads);
-    const int lane = threadIdx.x & 31, half = g.rope_half;
-    const int hq = a.n_heads, hkv = a.n_kv_heads, group = hq / hkv;
-    if (lane == 0) __threadfence(); /* the task outputs (lane 0 wrote them) before the counts */
-    __syncthreads();
-    if (threadIdx.x < 32)
-        for (int h = lane; h < hkv; h += 32) {
-            const int64_t lo[3] = {(int64_t)h * group * half, (int64_t)(hq + h) * half,
-                                   (int64_t)(hq + hkv + h) * half};
-            const int64_t len[3] = {(int64_t)group * half, half, half};
-            int64_t n = 0;
-#pragma unroll
-            for (int i = 0; i < 3; i++) {
-                const int64_t b = max(lo[i], t0), e = min(lo[i] + len[i], t1);
-                n += e > b ? e - b : 0;
-            }
-            if (n) atomicAdd(a.sem + h, (int)n);
-        }
-    if (ah < 0) return;
-    if (threadIdx.x == 0) {
-        const int all = (group + 2) * half;
-        int v;
-        do
-            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];"
-                         : "=r"(v)
-                         : "l"(a.sem + ah)
-                         : "memory");
-        while (v < all);
-        a.sem[ah] = 0;
-    }
-    __syncthreads();
-    ab_finish<AD, 512 / AD>(a, 0, ah, am, CU_ATTN_BLOCK_KEYS(AD));
-}
-
-template <int FMT, int MODE, bool NORM, int AD>
+template <int FMT, int MODE, bool NORM>
 __global__ void __launch_bounds__(STREAM_THREADS, 1)
-    k_gemv_stream(cu_gemv_set g, const float *__restrict__ x, cu_attn_args a)
+    k_gemv_stream(cu_gemv_set g, const float *__restrict__ x)
 {
     allow_dependents();
     extern __shared__ float4 xs4[];
@@ -663,31 +597,22 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
     const int64_t k = g.w[0].k, rows = stream_tasks<MODE>(g);
     const int upl = (int)(k >> 8), nch = (upl + STREAM_CH - 1) / STREAM_CH;
-    const int64_t t0 = rows * blockIdx.x / gridDim.x, t_end = rows * (blockIdx.x + 1) / gridDim.x;
-    stream_pos p = {t0 + warp, 0};
+    const int64_t t_end = rows * (blockIdx.x + 1) / gridDim.x;
+    stream_pos p = {rows * blockIdx.x / gridDim.x + warp, 0};
 
     uint4 qa[STREAM_CH], qb[STREAM_CH];
     if (p.t < t_end) stream_load<MODE>(g, qa, p, nch, upl, lane);
-    if constexpr (AD > 0) {
-        const int ah = stream_attn_head(a.n_kv_heads);
-        if (ah >= 0)
-            ab_prefetch<AD>(a, dec_src_of(a, 0, ah, AD), stream_attn_smem<AD>(xs4, k),
-                            CU_ATTN_BLOCK_KEYS(AD));
-    }
     /* x comes from the previous kernel: only now wait for it */
     grid_dependency_wait();
     const float inv = stream_stage_x<NORM>(g, x, xs4, red, k);
-    if (!AD && p.t >= t_end) return;
-    if (p.t < t_end) {
-        float acc[2] = {0.0f, 0.0f};
-        for (;;) {
-            if (!stream_step<FMT, MODE>(g, xs4, qa, qb, p, acc, t_end, nwarps, nch, upl, inv, lane))
-                break;
-            if (!stream_step<FMT, MODE>(g, xs4, qb, qa, p, acc, t_end, nwarps, nch, upl, inv, lane))
-                break;
-        }
+    if (p.t >= t_end) return;
+    float acc[2] = {0.0f, 0.0f};
+    for (;;) {
+        if (!stream_step<FMT, MODE>(g, xs4, qa, qb, p, acc, t_end, nwarps, nch, upl, inv, lane))
+            break;
+        if (!stream_step<FMT, MODE>(g, xs4, qb, qa, p, acc, t_end, nwarps, nch, upl, inv, lane))
+            break;
     }
-    if constexpr (AD > 0) stream_attention<AD>(g, a, stream_attn_smem<AD>(xs4, k), t0, t_end);
 }
 
 bool cu_gemv_stream_ok(const dweight &w)
@@ -707,21 +632,16 @@ static bool stream_ok(const cu_gemv_set &g)
     return true;
 }
 
-template <int FMT, int MODE, bool NORM, int AD>
-static void launch_stream(cudaStream_t s, const cu_gemv_set &g, const float *x,
-                          const cu_attn_args &a)
+template <int FMT, int MODE, bool NORM>
+static void launch_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
 {
     static int bps, sms;
-    /* x, then with attention the keys and values of a KV head */
-    size_t extra = 0;
-    if constexpr (AD > 0) extra = ab_smem_bytes(AD, 512 / AD, CU_ATTN_BLOCK_KEYS(AD));
-    const size_t smem = sizeof(float) * (size_t)g.w[0].k + extra;
-    void (*kern)(cu_gemv_set, const float *, cu_attn_args) = k_gemv_stream<FMT, MODE, NORM, AD>;
+    const size_t smem = sizeof(float) * (size_t)g.w[0].k;
+    void (*kern)(cu_gemv_set, const float *) = k_gemv_stream<FMT, MODE, NORM>;
     if (!sms) {
         /* room for the largest x (k = 16384) */
-        const int most = (int)(64 * 1024 + extra);
-        CU(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
-        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, STREAM_THREADS, most));
+        CU(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
+        CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&bps, kern, STREAM_THREADS, 64 * 1024));
         if (bps < 1) bps = 1;
         int dev;
         CU(cudaGetDevice(&dev));
@@ -730,19 +650,18 @@ static void launch_stream(cudaStream_t s, const cu_gemv_set &g, const float *x,
     const int64_t want = (stream_tasks<MODE>(g) + 1) / 2, most = (int64_t)bps * sms;
     cu_launch l;
     cu_launch_init(&l, (unsigned)(want < most ? want : most), STREAM_THREADS, smem, s, g.early);
-    CU(cudaLaunchKernelEx(&l.cfg, kern, g, x, a));
+    CU(cudaLaunchKernelEx(&l.cfg, kern, g, x));
 }
 
 static bool launch_stream_any(cudaStream_t s, const cu_gemv_set &g, const float *x)
 {
     if (!stream_ok(g)) return false;
-    const cu_attn_args none = {};
 #define STREAMM(F, M)                                                                              \
     do {                                                                                           \
         if (g.nsrc)                                                                                \
-            launch_stream<F, M, true, 0>(s, g, x, none);                                           \
+            launch_stream<F, M, true>(s, g, x);                                                    \
         else                                                                                       \
-            launch_stream<F, M, false, 0>(s, g, x, none);                                          \
+            launch_stream<F, M, false>(s, g, x);                                                   \
     } while (0)
 #define STREAMK(F)                                                                                 \
     do {                                                                                           \
@@ -759,43 +678,6 @@ static bool launch_stream_any(cudaStream_t s, const cu_gemv_set &g, const float 
         STREAMK(DF_F16);
 #undef STREAMK
 #undef STREAMM
-    return true;
-}
-
-bool cu_gemv_qkv_attn_ok(const cu_gemv_set &g, const cu_attn_args &a)
-{
-    const int d = a.head_dim;
-    if (!stream_ok(g) || g.keep_order || !g.rope_half || 2 * g.rope_half != d || a.n_tokens != 1 ||
-        !cu_attn_dec1_ok(d, a.n_heads / a.n_kv_heads) || !a.sem)
-        return false;
-    if (g.w[0].n != (int64_t)a.n_heads * d || g.w[1].n != (int64_t)a.n_kv_heads * d) return false;
-    /* a block for each KV head to answer for (the grid is one block an SM at most) */
-    int dev, sms;
-    CU(cudaGetDevice(&dev));
-    CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    const int64_t want = (stream_tasks<SM_ROPE>(g) + 1) / 2;
-    return (want < sms ? want : sms) >= a.n_kv_heads;
-}
-
-bool cu_gemv_qkv_attn(cudaStream_t s, const cu_gemv_set &g, const float *x, const cu_attn_args &a)
-{
-    if (!cu_gemv_qkv_attn_ok(g, a)) return false;
-#define STREAMA(F, D)                                                                              \
-    do {                                                                                           \
-        if (g.nsrc)                                                                                \
-            launch_stream<F, SM_ROPE, true, D>(s, g, x, a);                                        \
-        else                                                                                       \
-            launch_stream<F, SM_ROPE, false, D>(s, g, x, a);                                       \
-    } while (0)
-    if (g.w[0].fmt == DF_BF16 && a.head_dim == 64)
-        STREAMA(DF_BF16, 64);
-    else if (g.w[0].fmt == DF_BF16)
-        STREAMA(DF_BF16, 128);
-    else if (a.head_dim == 64)
-        STREAMA(DF_F16, 64);
-    else
-        STREAMA(DF_F16, 128);
-#undef STREAMA
     return true;
 }
 

@@ -1414,8 +1414,7 @@ static void attention_tc(void)
 }
 
 /* Every decode case, through the kernel its section's variable chooses (the warp-a-pair
- * kernel, which the default takes for steps of many pairs only; the block kernel; the
- * CUDA-core kernel for few sequences). */
+ * kernel, which the default takes for steps of many pairs only; the block kernel). */
 static void attention_decodes_section(void)
 {
     attn_bound = 1e-2;
@@ -1462,9 +1461,6 @@ static const struct {
     {"decode-layers-attn32", "PAGODA_CUDA_ATTN_BF16", "0", decode_layers_section},
     {"decode-layers-decw", "PAGODA_CUDA_DEC_WARP", "2", decode_layers_section},
     {"stream", NULL, NULL, stream_section},
-    {"attention-dec1", "PAGODA_CUDA_DEC_SIMT", "1", attention_decodes_section},
-    {"decode-layers-dec1", "PAGODA_CUDA_DEC_SIMT", "1", decode_layers_section},
-    {"decode-layers-qkv-attn", "PAGODA_CUDA_QKV_ATTN", "1", decode_layers_section},
 };
 #define N_SECTIONS (int)(sizeof sections / sizeof sections[0])
 
