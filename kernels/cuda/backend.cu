@@ -195,6 +195,12 @@ struct cu_ctx {
     int trace; /* PAGODA_CUDA_TRACE=1: graph captures and replays, reported at exit */
     long n_captures, n_replays, n_eager;
     double capture_ms;
+    /* with trace, the host's time around replayed steps (ms): from the step's start to its
+     * flush (recording, uploads), the graph lookup (with the dead-result pass), the launch
+     * call, waiting for the step's tokens, and the caller's time from the tokens to the
+     * next step's start */
+    double t_begin, t_tokens, h_record, h_find, h_launch, h_wait, h_caller;
+    long h_replays, h_steps;
     int prof; /* PAGODA_CUDA_PROFILE: 1 every flush, 2 decode steps, 3 prefill steps */
     /* steps of the profiled kind begun so far: the first is a warm-up (module loading,
      * cuBLASLt plans, graph captures) and none of its flushes is profiled */
@@ -594,10 +600,18 @@ static void drop_dead_f32(cu_ctx *c)
     }
 }
 
+static double now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
+
 /* Runs every recorded operation (as a graph on decode steps). */
 static void flush(cu_ctx *c)
 {
     if (!c->n_ops) return;
+    const double t0 = c->trace ? now_ms() : 0;
     if (c->bf16_only && c->fuse) drop_dead_f32(c);
     CU(cudaSetDevice(c->dev));
     int profile = c->prof == 1;
@@ -609,6 +623,7 @@ static void flush(cu_ctx *c)
         exec_profiled(c);
     } else if (c->graph_step && c->graphs_on) {
         graph_entry *g = graph_find(c);
+        const bool replay = g != NULL;
         if (!g) {
             struct timespec t0, t1;
             clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -620,7 +635,15 @@ static void flush(cu_ctx *c)
             c->n_replays++;
         }
         g->last_use = ++c->clock;
+        const double t1 = c->trace ? now_ms() : 0;
         CU(cudaGraphLaunch(g->exec, c->st));
+        if (c->trace && replay && c->t_begin > 0) {
+            const double t2 = now_ms();
+            c->h_record += t0 - c->t_begin;
+            c->h_find += t1 - t0;
+            c->h_launch += t2 - t1;
+            c->h_replays++;
+        }
     } else {
         c->n_eager++;
         for (int i = 0; i < c->n_ops; i++) exec_op(c, &c->tape[i]);
@@ -806,6 +829,14 @@ static void cu_batch_begin(void *ctx, const struct fwd_batch *b)
 {
     cu_ctx *c = (cu_ctx *)ctx;
     flush(c);
+    if (c->trace) {
+        c->t_begin = now_ms();
+        if (c->t_tokens > 0) {
+            c->h_caller += c->t_begin - c->t_tokens;
+            c->h_steps++;
+        }
+        c->t_tokens = 0;
+    }
     CU(cudaSetDevice(c->dev));
     CU(cudaStreamSynchronize(c->st)); /* the staging buffer is reused below */
     size_t nt = (size_t)(b->n_tokens > b->n_logits ? b->n_tokens : b->n_logits);
@@ -1487,7 +1518,12 @@ static void token_op(cu_ctx *c, int kind, int32_t *out, const float *x, int rows
     flush(c);
     CU(cudaMemcpyAsync(out, c->d_small, sizeof(int32_t) * (size_t)rows, cudaMemcpyDeviceToHost,
                        c->st));
+    const double t0 = c->trace ? now_ms() : 0;
     CU(cudaStreamSynchronize(c->st));
+    if (c->trace) {
+        c->t_tokens = now_ms();
+        c->h_wait += c->t_tokens - t0;
+    }
 }
 
 static void cu_argmax_op(void *ctx, int32_t *out, const float *x, int rows, int n)
@@ -1532,11 +1568,20 @@ static void cu_destroy(void *ctx)
     cu_ctx *c = (cu_ctx *)ctx;
     flush(c);
     prof_report(c);
+    cu_ktrace_stop();
     if (c->trace)
         fprintf(stderr,
                 "cuda: %ld graphs captured (%.1f ms capturing and instantiating), %ld replays, "
                 "%ld eager flushes\n",
                 c->n_captures, c->capture_ms, c->n_replays, c->n_eager);
+    if (c->trace && c->h_replays && c->h_steps)
+        fprintf(stderr,
+                "cuda: host time a replayed step (us, %ld): recording %.1f, graph lookup %.1f, "
+                "launch call %.1f; a step after a token pick (%ld): waiting for the tokens "
+                "%.1f, the caller between steps %.1f\n",
+                c->h_replays, 1e3 * c->h_record / c->h_replays, 1e3 * c->h_find / c->h_replays,
+                1e3 * c->h_launch / c->h_replays, c->h_steps, 1e3 * c->h_wait / c->h_steps,
+                1e3 * c->h_caller / c->h_steps);
     for (int i = 0; i < c->ev_cap; i++) CU(cudaEventDestroy(c->ev[i]));
     free(c->ev);
     CU(cudaSetDevice(c->dev));
@@ -1649,6 +1694,8 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->graphs_on = !(env && !strcmp(env, "0"));
     env = getenv("PAGODA_CUDA_TRACE");
     c->trace = env && !strcmp(env, "1");
+    env = getenv("PAGODA_CUDA_KTRACE");
+    if (env && *env) cu_ktrace_start(env);
     env = getenv("PAGODA_CUDA_PROFILE");
     c->prof = !env                      ? 0
               : !strcmp(env, "1")       ? 1

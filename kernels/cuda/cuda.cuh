@@ -266,4 +266,9 @@ struct sample_row;
 /** out[i] = the token sampled from row i under p[i] (device memory; backend_ops.sample). */
 void cu_sample(cudaStream_t s, int32_t *out, const float *x, int rows, int n, const sample_row *p);
 
+/** Kernel timeline to a CSV file (PAGODA_CUDA_KTRACE; ktrace.cu): start at backend creation,
+ * written at its end. */
+void cu_ktrace_start(const char *path);
+void cu_ktrace_stop(void);
+
 #endif
