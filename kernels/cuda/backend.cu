@@ -611,7 +611,7 @@ static double now_ms(void)
 static void flush(cu_ctx *c)
 {
     if (!c->n_ops) return;
-    const double t0 = c->trace ? now_ms() : 0;
+    const double h0 = c->trace ? now_ms() : 0;
     if (c->bf16_only && c->fuse) drop_dead_f32(c);
     CU(cudaSetDevice(c->dev));
     int profile = c->prof == 1;
@@ -635,13 +635,13 @@ static void flush(cu_ctx *c)
             c->n_replays++;
         }
         g->last_use = ++c->clock;
-        const double t1 = c->trace ? now_ms() : 0;
+        const double h1 = c->trace ? now_ms() : 0;
         CU(cudaGraphLaunch(g->exec, c->st));
         if (c->trace && replay && c->t_begin > 0) {
-            const double t2 = now_ms();
-            c->h_record += t0 - c->t_begin;
-            c->h_find += t1 - t0;
-            c->h_launch += t2 - t1;
+            const double h2 = now_ms();
+            c->h_record += h0 - c->t_begin;
+            c->h_find += h1 - h0;
+            c->h_launch += h2 - h1;
             c->h_replays++;
         }
     } else {
@@ -1518,11 +1518,11 @@ static void token_op(cu_ctx *c, int kind, int32_t *out, const float *x, int rows
     flush(c);
     CU(cudaMemcpyAsync(out, c->d_small, sizeof(int32_t) * (size_t)rows, cudaMemcpyDeviceToHost,
                        c->st));
-    const double t0 = c->trace ? now_ms() : 0;
+    const double h0 = c->trace ? now_ms() : 0;
     CU(cudaStreamSynchronize(c->st));
     if (c->trace) {
         c->t_tokens = now_ms();
-        c->h_wait += c->t_tokens - t0;
+        c->h_wait += c->t_tokens - h0;
     }
 }
 
