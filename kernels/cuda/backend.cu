@@ -16,9 +16,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 extern "C" {
+#include "common/util.h"
 #include "model/backend.h"
 int backend_cuda_create(struct backend *be, int device, struct err *e);
 int backend_cuda_device_count(void);
@@ -392,6 +392,12 @@ static void prof_add(cu_ctx *c, const char *name, double ms)
     c->pe[i].calls++;
 }
 
+/* Host time in ms (monotonic). */
+static double now_ms(void)
+{
+    return 1e3 * util_now();
+}
+
 /* Runs the tape eagerly with an event pair around every operation. */
 static void exec_profiled(cu_ctx *c)
 {
@@ -403,16 +409,14 @@ static void exec_profiled(cu_ctx *c)
         for (int i = 0; i < c->ev_cap; i++) CU(cudaEventCreate(&c->ev[i]));
     }
     CU(cudaStreamSynchronize(c->st));
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = now_ms();
     for (int i = 0; i < c->n_ops; i++) {
         CU(cudaEventRecord(c->ev[2 * i], c->st));
         exec_op(c, &c->tape[i]);
         CU(cudaEventRecord(c->ev[2 * i + 1], c->st));
     }
     CU(cudaStreamSynchronize(c->st));
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    c->prof_wall += (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+    c->prof_wall += now_ms() - t0;
     c->prof_steps++;
     for (int i = 0; i < c->n_ops; i++) {
         float ms = 0;
@@ -600,13 +604,6 @@ static void drop_dead_f32(cu_ctx *c)
     }
 }
 
-static double now_ms(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
-}
-
 /* Runs every recorded operation (as a graph on decode steps). */
 static void flush(cu_ctx *c)
 {
@@ -625,11 +622,9 @@ static void flush(cu_ctx *c)
         graph_entry *g = graph_find(c);
         const bool replay = g != NULL;
         if (!g) {
-            struct timespec t0, t1;
-            clock_gettime(CLOCK_MONOTONIC, &t0);
+            const double t0 = now_ms();
             g = graph_capture(c);
-            clock_gettime(CLOCK_MONOTONIC, &t1);
-            c->capture_ms += (t1.tv_sec - t0.tv_sec) * 1e3 + (t1.tv_nsec - t0.tv_nsec) / 1e6;
+            c->capture_ms += now_ms() - t0;
             c->n_captures++;
         } else {
             c->n_replays++;
