@@ -103,7 +103,12 @@ struct cu_ctx {
     /* step metadata: one device buffer and its pinned staging copy */
     int32_t *d_meta, *h_meta;
     size_t cap_tok, cap_seq, cap_bt; /* capacities (elements) */
-    int32_t *d_tokens, *d_pos, *d_slot, *d_tok_seq, *d_logit_rows, *d_seq_len, *d_q_start, *d_bt;
+    int32_t *d_tokens, *d_pos, *d_slot, *d_tok_seq, *d_logit_rows, *d_pick_rows, *d_seq_len,
+        *d_q_start, *d_bt;
+    /* recorded after a step's copies from the staging buffers (h_meta, h_tiles), before its
+     * operations: the next step refills them once it has passed, without waiting for the
+     * step itself */
+    cudaEvent_t staged;
     const int32_t *h_logit_rows; /* the host array of the current batch */
     int n_tokens, n_seqs, max_blocks, n_logits;
     int graph_step;
@@ -137,11 +142,18 @@ struct cu_ctx {
     size_t part_cap;
     int *sem; /* counters of the decode attention's key ranges (zero between launches) */
     size_t sem_cap;
-    int32_t *d_small; /* argmax results and ad-hoc gather rows */
+    int32_t *d_small; /* ad-hoc gather rows */
     size_t small_cap;
+    /* picked token ids (argmax, sample) of the last step, where the next step's embedding
+     * reads them; copied to pinned slots that picks() reads, the oldest first */
+    int32_t *d_pick;
+    size_t pick_cap;
+    int32_t *h_pick[2];
+    size_t h_pick_cap;
+    cudaEvent_t pick_done[2];
+    int pick_n[2], pick_first, pick_pending;
     struct sample_row *d_sample; /* sampling parameters of the rows being sampled */
     size_t sample_cap;
-    int32_t *h_small;
 
     uint64_t gen; /* bumped when any buffer a tape points to moves */
     op *tape;
@@ -226,7 +238,8 @@ static void exec_op(cu_ctx *c, const op *o)
     cudaStream_t s = c->st;
     switch (o->kind) {
     case OP_EMBED:
-        cu_embed(s, (float *)o->p[0], o->w, (const int32_t *)o->p[1], o->i[0], o->f[0]);
+        cu_embed(s, (float *)o->p[0], o->w, (const int32_t *)o->p[1], (const int32_t *)o->p[2],
+                 (const int32_t *)o->p[3], o->i[0], o->f[0]);
         break;
     case OP_MATMUL: {
         int m = o->i[0];
@@ -611,6 +624,7 @@ static void flush(cu_ctx *c)
     const double h0 = c->trace ? now_ms() : 0;
     if (c->bf16_only && c->fuse) drop_dead_f32(c);
     CU(cudaSetDevice(c->dev));
+    CU(cudaEventRecord(c->staged, c->st));
     int profile = c->prof == 1;
     if (c->prof > 1) {
         int decode = c->n_tokens == c->n_seqs;
@@ -833,14 +847,17 @@ static void cu_batch_begin(void *ctx, const struct fwd_batch *b)
         c->t_tokens = 0;
     }
     CU(cudaSetDevice(c->dev));
-    CU(cudaStreamSynchronize(c->st)); /* the staging buffer is reused below */
+    /* The staging buffers are refilled below: the previous step's copies out of them must
+     * have run (the step itself may still be running). */
+    CU(cudaEventSynchronize(c->staged));
     size_t nt = (size_t)(b->n_tokens > b->n_logits ? b->n_tokens : b->n_logits);
     size_t ct = grow_cap(c->cap_tok, nt), cs = grow_cap(c->cap_seq, (size_t)b->n_seqs + 1),
            cb = grow_cap(c->cap_bt, (size_t)b->n_seqs * (size_t)b->max_blocks);
     if (ct != c->cap_tok || cs != c->cap_seq || cb != c->cap_bt || !c->d_meta) {
+        CU(cudaStreamSynchronize(c->st)); /* a running step may read them */
         if (c->d_meta) CU(cudaFree(c->d_meta));
         if (c->h_meta) CU(cudaFreeHost(c->h_meta));
-        size_t total = 5 * ct + 2 * cs + cb;
+        size_t total = 6 * ct + 2 * cs + cb;
         CU(cudaMalloc((void **)&c->d_meta, total * sizeof(int32_t)));
         CU(cudaMallocHost((void **)&c->h_meta, total * sizeof(int32_t)));
         c->cap_tok = ct;
@@ -851,9 +868,10 @@ static void cu_batch_begin(void *ctx, const struct fwd_batch *b)
         c->d_slot = c->d_meta + 2 * ct;
         c->d_tok_seq = c->d_meta + 3 * ct;
         c->d_logit_rows = c->d_meta + 4 * ct;
-        c->d_seq_len = c->d_meta + 5 * ct;
-        c->d_q_start = c->d_meta + 5 * ct + cs;
-        c->d_bt = c->d_meta + 5 * ct + 2 * cs;
+        c->d_pick_rows = c->d_meta + 5 * ct;
+        c->d_seq_len = c->d_meta + 6 * ct;
+        c->d_q_start = c->d_meta + 6 * ct + cs;
+        c->d_bt = c->d_meta + 6 * ct + 2 * cs;
         c->gen++;
         graphs_clear(c);
     }
@@ -865,10 +883,18 @@ static void cu_batch_begin(void *ctx, const struct fwd_batch *b)
     for (int s = 0; s < b->n_seqs; s++)
         for (int t = b->q_start[s]; t < b->q_start[s + 1]; t++) h[3 * ct + t] = s;
     if (b->n_logits) memcpy(h + 4 * ct, b->logit_rows, (size_t)b->n_logits * 4);
-    memcpy(h + 5 * ct, b->seq_len, (size_t)b->n_seqs * 4);
-    memcpy(h + 5 * ct + cs, b->q_start, (size_t)(b->n_seqs + 1) * 4);
-    memcpy(h + 5 * ct + 2 * cs, b->block_table, (size_t)b->n_seqs * b->max_blocks * 4);
-    CU(cudaMemcpyAsync(c->d_meta, h, (5 * ct + 2 * cs + cb) * 4, cudaMemcpyHostToDevice, c->st));
+    if (b->pick_rows) {
+        if (!c->pick_pending)
+            cu_fatal("batch_begin", "a step takes picked tokens but no pick is pending", __FILE__,
+                     __LINE__);
+        memcpy(h + 5 * ct, b->pick_rows, n * 4);
+    } else {
+        memset(h + 5 * ct, 0xff, n * 4); /* -1: every token from tokens[] */
+    }
+    memcpy(h + 6 * ct, b->seq_len, (size_t)b->n_seqs * 4);
+    memcpy(h + 6 * ct + cs, b->q_start, (size_t)(b->n_seqs + 1) * 4);
+    memcpy(h + 6 * ct + 2 * cs, b->block_table, (size_t)b->n_seqs * b->max_blocks * 4);
+    CU(cudaMemcpyAsync(c->d_meta, h, (6 * ct + 2 * cs + cb) * 4, cudaMemcpyHostToDevice, c->st));
     c->h_logit_rows = b->logit_rows;
     c->n_tokens = b->n_tokens;
     c->n_seqs = b->n_seqs;
@@ -934,6 +960,8 @@ static void cu_embed_op(void *ctx, float *out, const struct qweight *table,
     o->p[0] = out;
     o->w = dw(table);
     o->p[1] = c->d_tokens;
+    o->p[2] = c->d_pick_rows;
+    o->p[3] = c->d_pick;
     o->i[0] = b->n_tokens;
     o->f[0] = scale;
 }
@@ -1498,34 +1526,89 @@ static void cu_gather_rows_op(void *ctx, float *dst, const float *src, const int
     if (drows == c->d_small) flush(c); /* d_small may be reused before the next flush */
 }
 
-/* Records a per-row operation that writes one token id per logit row into d_small (argmax,
- * sample; `params` its per-row parameters in device memory), runs the step and copies the
- * ids to host memory. */
+/* Makes room for `rows` picked ids: the device buffer (moving it invalidates graphs) and
+ * the two pinned slots, whose unread ids move with them. */
+static void pick_reserve(cu_ctx *c, int rows)
+{
+    const size_t bytes = sizeof(int32_t) * (size_t)rows;
+    if (bytes > c->pick_cap) {
+        /* the next step may take these ids as input: keep them */
+        int32_t *old = c->d_pick;
+        const size_t old_cap = c->pick_cap;
+        flush(c);
+        CU(cudaStreamSynchronize(c->st));
+        const size_t n = bytes + bytes / 2;
+        CU(cudaMalloc((void **)&c->d_pick, n));
+        if (old) {
+            CU(cudaMemcpy(c->d_pick, old, old_cap, cudaMemcpyDeviceToDevice));
+            CU(cudaFree(old));
+        }
+        c->pick_cap = n;
+        c->gen++;
+        graphs_clear(c);
+    }
+    if (c->pick_cap > c->h_pick_cap) {
+        CU(cudaStreamSynchronize(c->st));
+        for (int i = 0; i < 2; i++) {
+            int32_t *h;
+            CU(cudaMallocHost((void **)&h, c->pick_cap));
+            if (c->h_pick[i]) {
+                memcpy(h, c->h_pick[i], c->h_pick_cap);
+                CU(cudaFreeHost(c->h_pick[i]));
+            }
+            c->h_pick[i] = h;
+        }
+        c->h_pick_cap = c->pick_cap;
+    }
+}
+
+static void cu_picks(void *ctx, int32_t *out, int rows)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    if (!c->pick_pending) cu_fatal("picks", "no pick is pending", __FILE__, __LINE__);
+    const int s = c->pick_first;
+    if (rows > c->pick_n[s])
+        cu_fatal("picks", "more ids read than the pick has rows", __FILE__, __LINE__);
+    const double h0 = c->trace ? now_ms() : 0;
+    CU(cudaEventSynchronize(c->pick_done[s]));
+    if (c->trace) {
+        c->t_tokens = now_ms();
+        c->h_wait += c->t_tokens - h0;
+    }
+    memcpy(out, c->h_pick[s], sizeof(int32_t) * (size_t)rows);
+    c->pick_first = (s + 1) % 2;
+    c->pick_pending--;
+}
+
+/* Records a per-row operation that writes one token id per logit row into d_pick (argmax,
+ * sample; `params` its per-row parameters in device memory), runs the step and queues the
+ * ids' copy to host memory; with out, waits for them. */
 static void token_op(cu_ctx *c, int kind, int32_t *out, const float *x, int rows, int n,
                      const void *params)
 {
+    if (c->pick_pending == 2)
+        cu_fatal("argmax", "a third pick started before one was read", __FILE__, __LINE__);
     op *o = record(c, kind);
-    o->p[0] = c->d_small;
+    o->p[0] = c->d_pick;
     o->p[1] = x;
     o->p[2] = params;
     o->i[0] = rows;
     o->i[1] = n;
     flush(c);
-    CU(cudaMemcpyAsync(out, c->d_small, sizeof(int32_t) * (size_t)rows, cudaMemcpyDeviceToHost,
-                       c->st));
-    const double h0 = c->trace ? now_ms() : 0;
-    CU(cudaStreamSynchronize(c->st));
-    if (c->trace) {
-        c->t_tokens = now_ms();
-        c->h_wait += c->t_tokens - h0;
-    }
+    const int s = (c->pick_first + c->pick_pending) % 2;
+    CU(cudaMemcpyAsync(c->h_pick[s], c->d_pick, sizeof(int32_t) * (size_t)rows,
+                       cudaMemcpyDeviceToHost, c->st));
+    CU(cudaEventRecord(c->pick_done[s], c->st));
+    c->pick_n[s] = rows;
+    c->pick_pending++;
+    if (out) cu_picks(c, out, rows);
 }
 
 static void cu_argmax_op(void *ctx, int32_t *out, const float *x, int rows, int n)
 {
     cu_ctx *c = (cu_ctx *)ctx;
     if (rows <= 0) return;
-    c->d_small = (int32_t *)grow(c, c->d_small, &c->small_cap, sizeof(int32_t) * (size_t)rows);
+    pick_reserve(c, rows);
     token_op(c, OP_ARGMAX, out, x, rows, n, NULL);
 }
 
@@ -1534,11 +1617,12 @@ static void cu_sample_op(void *ctx, int32_t *out, const float *x, int rows, int 
 {
     cu_ctx *c = (cu_ctx *)ctx;
     if (rows <= 0) return;
-    c->d_small = (int32_t *)grow(c, c->d_small, &c->small_cap, sizeof(int32_t) * (size_t)rows);
+    pick_reserve(c, rows);
     c->d_sample = (struct sample_row *)grow(c, c->d_sample, &c->sample_cap,
                                             sizeof(struct sample_row) * (size_t)rows);
     /* The parameters travel ahead of the step's operations, which have not run yet and do
-     * not read them; the previous step's sampling has finished (its results were copied). */
+     * not read them; the previous step's sampling ran before them in the stream (a copy
+     * from pageable memory is staged at once). */
     CU(cudaMemcpyAsync(c->d_sample, p, sizeof(struct sample_row) * (size_t)rows,
                        cudaMemcpyHostToDevice, c->st));
     token_op(c, OP_SAMPLE, out, x, rows, n, c->d_sample);
@@ -1597,6 +1681,12 @@ static void cu_destroy(void *ctx)
     if (c->part) CU(cudaFree(c->part));
     if (c->sem) CU(cudaFree(c->sem));
     if (c->d_small) CU(cudaFree(c->d_small));
+    if (c->d_pick) CU(cudaFree(c->d_pick));
+    for (int i = 0; i < 2; i++) {
+        if (c->h_pick[i]) CU(cudaFreeHost(c->h_pick[i]));
+        CU(cudaEventDestroy(c->pick_done[i]));
+    }
+    CU(cudaEventDestroy(c->staged));
     if (c->d_sample) CU(cudaFree(c->d_sample));
     if (c->gemm_streams) {
         CU(cudaEventDestroy(c->fork));
@@ -1636,6 +1726,7 @@ static const struct backend_ops cuda_ops = {
     .softcap = cu_softcap_op,
     .gather_rows = cu_gather_rows_op,
     .argmax = cu_argmax_op,
+    .picks = cu_picks,
     .destroy = cu_destroy,
     .sample = NULL,
 };
@@ -1681,6 +1772,9 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
         return -1;
     }
     CU(cudaStreamCreateWithFlags(&c->st, cudaStreamNonBlocking));
+    CU(cudaEventCreateWithFlags(&c->staged, cudaEventDisableTiming));
+    for (int i = 0; i < 2; i++)
+        CU(cudaEventCreateWithFlags(&c->pick_done[i], cudaEventDisableTiming));
     if (cublasLtCreate(&c->g.lt) != CUBLAS_STATUS_SUCCESS)
         cu_fatal("cublasLtCreate", "cannot create a cuBLASLt handle", __FILE__, __LINE__);
     c->g.workspace_bytes = CU_WORKSPACE;

@@ -220,8 +220,10 @@ int cu_attn_dec_splits(int n_tokens, int n_kv_heads, int max_keys, int sms);
 
 /* ---- element-wise and row-wise (ops.cu) ---- */
 
-void cu_embed(cudaStream_t s, float *out, const dweight &table, const int32_t *tokens, int n,
-              float scale);
+/** out[t] = table[id] * scale, id = picks[pick_rows[t]] where pick_rows (NULL: none) is >= 0,
+ * else tokens[t]. */
+void cu_embed(cudaStream_t s, float *out, const dweight &table, const int32_t *tokens,
+              const int32_t *pick_rows, const int32_t *picks, int n, float scale);
 /** out = rms_norm(x) * w over rows of dim; also as bf16 into ob unless it is NULL (out NULL:
  * the bf16 copy alone). */
 void cu_rms_norm(cudaStream_t s, float *out, const float *x, const float *w, int rows, int dim,

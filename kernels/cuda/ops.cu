@@ -9,21 +9,26 @@ static unsigned blocks_for(int64_t n, int threads)
     return (unsigned)(b > 65535 * 16 ? 65535 * 16 : b);
 }
 
-__global__ void k_embed(float *out, dweight W, const int32_t *__restrict__ tokens, float scale)
+/* A token row of the table, times scale; the token's id from the last pick where
+ * pick_rows names one of its rows (>= 0), else from tokens. */
+__global__ void k_embed(float *out, dweight W, const int32_t *__restrict__ tokens,
+                        const int32_t *__restrict__ pick_rows, const int32_t *__restrict__ picks,
+                        float scale)
 {
     allow_dependents();
     int t = blockIdx.y;
-    int64_t id = tokens[t];
+    const int pr = pick_rows ? pick_rows[t] : -1;
+    int64_t id = pr >= 0 ? picks[pr] : tokens[t];
     for (int64_t c = blockIdx.x * blockDim.x + threadIdx.x; c < W.k; c += gridDim.x * blockDim.x)
         out[(int64_t)t * W.k + c] = dq_elem(W, id, c) * scale;
 }
 
-void cu_embed(cudaStream_t s, float *out, const dweight &table, const int32_t *tokens, int n,
-              float scale)
+void cu_embed(cudaStream_t s, float *out, const dweight &table, const int32_t *tokens,
+              const int32_t *pick_rows, const int32_t *picks, int n, float scale)
 {
     if (n <= 0) return;
     dim3 grid((unsigned)((table.k + 255) / 256), (unsigned)n);
-    k_embed<<<grid, 256, 0, s>>>(out, table, tokens, scale);
+    k_embed<<<grid, 256, 0, s>>>(out, table, tokens, pick_rows, picks, scale);
     CU_LAUNCHED();
 }
 

@@ -79,6 +79,7 @@ const char arg_engine_usage[] =
     "  --max-num-seqs N            running requests at most (default 256)\n"
     "  --max-model-len N           context length (default: the model's)\n"
     "  --no-enable-prefix-caching  no prefix sharing between requests\n"
+    "  --disable-overlap-schedule  read each step's tokens before the next step starts\n"
     "  --mlock                     lock the weights in memory (never paged out)\n";
 
 static int parse_bytes(const char *opt, const char *v, size_t *out)
@@ -125,6 +126,10 @@ int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg)
     }
     if (!strcmp(a, "--no-enable-prefix-caching")) {
         cfg->disable_prefix_caching = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--disable-overlap-schedule")) {
+        cfg->sync_steps = 1;
         return 1;
     }
     if (!strcmp(a, "--device")) {
@@ -255,6 +260,7 @@ int runner_step(struct runner *r, int n, const int *seq_ids, const int32_t *cons
         .max_blocks = r->blocks_per_seq,
         .n_logits = nl,
         .logit_rows = r->logit_rows,
+        .pick_rows = r->pick_rows,
     };
     model_forward(r->m, &b, r->keep_logits ? NULL : r->logits);
     return nl;

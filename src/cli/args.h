@@ -41,11 +41,12 @@ struct runner {
     struct model *m;
     int block_size, blocks_per_seq, n_seqs, max_tokens;
     int32_t *tokens, *pos, *slot, *q_start, *seq_len, *logit_rows;
-    int32_t *block_table; /* [n_seqs][blocks_per_seq] of every sequence */
-    int32_t *bt_step;     /* the rows of this step's sequences, in step order */
-    int32_t *len;         /* [n_seqs] tokens already in each sequence's KV */
-    float *logits;        /* [max_logits, vocab] host */
-    int keep_logits;      /* 1: logits stay in backend memory (model_argmax reads them) */
+    int32_t *block_table;     /* [n_seqs][blocks_per_seq] of every sequence */
+    int32_t *bt_step;         /* the rows of this step's sequences, in step order */
+    int32_t *len;             /* [n_seqs] tokens already in each sequence's KV */
+    float *logits;            /* [max_logits, vocab] host */
+    int keep_logits;          /* 1: logits stay in backend memory (model_argmax reads them) */
+    const int32_t *pick_rows; /* the step's pick_rows (fwd_batch), or NULL */
 };
 
 /** `device` as backend_create takes it (NULL: cuda when a GPU is present, else cpu). */

@@ -325,11 +325,15 @@ static int bench_decode(int argc, char **argv)
 {
     const char *dir = NULL, *device = NULL;
     long B = 1, P = 128, G = 32, threads = 0, K = 1;
-    int json = 0, no_bw = 0;
+    int json = 0, no_bw = 0, overlap = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--json")) {
             json = 1;
+            continue;
+        }
+        if (!strcmp(a, "--disable-overlap-schedule")) {
+            overlap = 0;
             continue;
         }
         if (!strcmp(a, "--no-bandwidth")) {
@@ -359,7 +363,7 @@ static int bench_decode(int argc, char **argv)
     if (!dir) {
         fprintf(stderr, "usage: pagoda bench decode --model DIR [--batch B] [--prompt-len P] "
                         "[--gen-len G] [--prefill-seqs K] [--threads N] [--device D] [--json] "
-                        "[--no-bandwidth]\n");
+                        "[--no-bandwidth] [--disable-overlap-schedule]\n");
         return 2;
     }
     if (K > B) K = B;
@@ -436,14 +440,38 @@ static int bench_decode(int argc, char **argv)
         counts[s] = 1;
     }
     double *step_t = xmalloc(sizeof(double) * (size_t)G);
+    int32_t *pick_rows = xmalloc(sizeof(int32_t) * (size_t)B);
+    for (long s = 0; s < B; s++) pick_rows[s] = (int32_t)s; /* sequence s: logit row s */
     t0 = util_now();
-    for (long g = 0; g < G; g++) {
-        double ts = util_now();
+    if (overlap) {
+        /* As the engine runs greedy steps: each step goes out before the previous step's
+         * picks are read, its tokens those picks on the device. A step's time runs from
+         * the previous step's tokens reaching the host to its own. */
         int nl = runner_step(&r, (int)B, NULL, toks, counts, all);
-        model_argmax(r.m, nl, next);
-        step_t[g] = util_now() - ts;
+        model_argmax(r.m, nl, NULL);
+        double ts = t0;
+        r.pick_rows = pick_rows;
+        for (long g = 0; g < G; g++) {
+            if (g + 1 < G) {
+                nl = runner_step(&r, (int)B, NULL, toks, counts, all);
+                model_argmax(r.m, nl, NULL);
+            }
+            model_picks(r.m, nl, next);
+            double now = util_now();
+            step_t[g] = now - ts;
+            ts = now;
+        }
+        r.pick_rows = NULL;
+    } else {
+        for (long g = 0; g < G; g++) {
+            double ts = util_now();
+            int nl = runner_step(&r, (int)B, NULL, toks, counts, all);
+            model_argmax(r.m, nl, next);
+            step_t[g] = util_now() - ts;
+        }
     }
     double t_decode = util_now() - t0;
+    free(pick_rows);
     qsort(step_t, (size_t)G, sizeof(double), cmp_double);
     double med = step_t[G / 2];
     size_t wbytes = model_weight_bytes(r.m);
@@ -464,10 +492,10 @@ static int bench_decode(int argc, char **argv)
                "\"decode_tokens_per_s\": %.2f, \"decode_step_ms_median\": %.3f, "
                "\"decode_tokens_per_s_mean\": %.2f, \"weight_bytes_per_step\": %zu, "
                "\"effective_read_gb_s\": %.2f, \"measured_read_gb_s\": %.2f, "
-               "\"prefill_gflop_s\": %.1f}\n",
+               "\"prefill_gflop_s\": %.1f, \"overlap_schedule\": %s}\n",
                dir, bi.device, nth, cpu_isa_name(cpu_isa_get()), B, K, P, G, prefill_tps,
                decode_tps, med * 1e3, (double)(B * G) / t_decode, step_bytes, eff_bw / 1e9,
-               bw / 1e9, prefill_tps * gflop_tok / 1e9);
+               bw / 1e9, prefill_tps * gflop_tok / 1e9, overlap ? "true" : "false");
     } else {
         printf("model      %s (%s, %.2f GB of weights streamed per decode step)\n", dir,
                c->arch_name, (double)step_bytes / 1e9);
@@ -478,8 +506,8 @@ static int bench_decode(int argc, char **argv)
             printf("setup      %s, batch %ld, prompt %ld, generate %ld\n", bi.device, B, P, G);
         printf("prefill    %.2f tokens/s (%.1f GFLOP/s; %ld prompt%s a step)\n", prefill_tps,
                prefill_tps * gflop_tok / 1e9, K, K == 1 ? "" : "s");
-        printf("decode     %.2f tokens/s (median step %.2f ms; mean %.2f tokens/s)\n", decode_tps,
-               med * 1e3, (double)(B * G) / t_decode);
+        printf("decode     %.2f tokens/s (median step %.2f ms; mean %.2f tokens/s%s)\n", decode_tps,
+               med * 1e3, (double)(B * G) / t_decode, overlap ? "" : "; steps not overlapped");
         if (bw > 0)
             printf("bandwidth  %.2f GB/s effective of %.2f GB/s measured read bandwidth (%.1f%%)\n",
                    eff_bw / 1e9, bw / 1e9, 100.0 * eff_bw / bw);

@@ -199,14 +199,16 @@ int cli_bench_throughput(int argc, char **argv)
                    "\"output_tokens\": %llu, \"elapsed_s\": %.3f, \"requests_per_s\": %.3f, "
                    "\"output_tokens_per_s\": %.2f, \"total_tokens_per_s\": %.2f, "
                    "\"decode_tokens_per_s\": %.2f, \"prefix_hit_rate\": %.4f, "
-                   "\"preemptions\": %llu, \"steps\": %llu}\n",
+                   "\"preemptions\": %llu, \"steps\": %llu, \"steps_overlapped\": %llu}\n",
                    n, in_len, out_len, prefix, temperature, top_p, (unsigned long long)st.tokens,
                    el, (double)n / el, out_tok / el, (in_tok + out_tok) / el, dec_rate, hit,
-                   (unsigned long long)es.preemptions, (unsigned long long)es.steps);
+                   (unsigned long long)es.preemptions, (unsigned long long)es.steps,
+                   (unsigned long long)es.steps_overlapped);
         } else {
             printf("requests          %ld x (%ld in + %ld out, %ld shared), %s\n", n, in_len,
                    out_len, prefix, temperature > 0 ? "sampled" : "greedy");
-            printf("elapsed           %.2f s over %llu steps\n", el, (unsigned long long)es.steps);
+            printf("elapsed           %.2f s over %llu steps (%llu overlapped)\n", el,
+                   (unsigned long long)es.steps, (unsigned long long)es.steps_overlapped);
             printf("requests/s        %.3f\n", (double)n / el);
             printf("output tokens/s   %.2f\n", out_tok / el);
             printf("total tokens/s    %.2f\n", (in_tok + out_tok) / el);

@@ -171,6 +171,10 @@ static void engine_render(const struct engine_stats *st, struct http_buf *o)
                         (unsigned long long)st->requests_finished[r]);
     head(o, "pagoda_engine_steps_total", "counter", "Engine steps run.");
     http_buf_printf(o, "pagoda_engine_steps_total %llu\n", (unsigned long long)st->steps);
+    head(o, "pagoda_engine_steps_overlapped_total", "counter",
+         "Engine steps launched before the previous step's tokens were read.");
+    http_buf_printf(o, "pagoda_engine_steps_overlapped_total %llu\n",
+                    (unsigned long long)st->steps_overlapped);
     head(o, "pagoda_engine_step_seconds", "histogram", "Duration of one engine step.");
     hist_lines(o, "pagoda_engine_step_seconds", engine_step_bucket_bounds, ENGINE_STEP_BUCKETS,
                st->step_hist, st->step_time_sum);

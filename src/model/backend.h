@@ -35,6 +35,10 @@ struct fwd_batch {
     int max_blocks;
     int n_logits;
     const int32_t *logit_rows; /* [n_logits] token rows whose next-token logits are wanted */
+    /* NULL, or [n_tokens]: where >= 0, token t is not tokens[t] but the id picked for that
+     * row by the last argmax or sample started before this step (one not yet read back:
+     * the engine runs a step while the previous one's picks are still on their way) */
+    const int32_t *pick_rows;
 };
 
 /* KV storage of one layer: K and V as [n_blocks][block_size][n_kv_heads][head_dim] values of
@@ -111,15 +115,21 @@ struct backend_ops {
     void (*gather_rows)(void *ctx, float *dst, const float *src, const int32_t *rows, int n,
                         int dim);
     /* out[i] (host memory) = index of the largest value of row i of x [rows, n] (the
-     * lowest index among equals): greedy sampling without moving logits to the host. */
+     * lowest index among equals): greedy sampling without moving logits to the host.
+     * With out NULL the call may return before the ids exist: they stay in the backend,
+     * where the next step's pick_rows find them, until picks() reads them. */
     void (*argmax)(void *ctx, int32_t *out, const float *x, int rows, int n);
+    /* Waits for the earliest argmax or sample started with out NULL and not yet read, and
+     * writes its `rows` ids to out (host memory). At most two are pending at a time. */
+    void (*picks)(void *ctx, int32_t *out, int rows);
     void (*destroy)(void *ctx);
     /* Optional (NULL: not offered). out[i] (host memory) = the token sampled from row i of
      * x [rows, n] under p[i]: candidates are the finite values in canonical order (larger
      * first, then lower index); top_k keeps the first top_k, min_p those within
      * temperature * ln(min_p) of the largest, top_p the shortest prefix holding that share
      * of the kept weight exp((x - max) / temperature); the token is the first of the kept
-     * in canonical order whose cumulative weight exceeds u times their total. */
+     * in canonical order whose cumulative weight exceeds u times their total. With out
+     * NULL, as argmax. */
     void (*sample)(void *ctx, int32_t *out, const float *x, int rows, int n,
                    const struct sample_row *p);
 };

@@ -15,7 +15,17 @@ struct cpu_ctx {
     struct threadpool *tp;
     int32_t *tok_seq; /* [cap] sequence of each token of the current step */
     int tok_cap;
+    /* picks not yet read back (argmax with out NULL), oldest first from slot pick_first */
+    int32_t *pick[2];
+    int pick_cap[2], pick_n[2], pick_first, pick_pending;
 };
+
+/* A call out of the order the backend table states: a bug in the caller. */
+static void misuse(const char *what)
+{
+    fprintf(stderr, "pagoda: cpu backend: %s\n", what);
+    abort();
+}
 
 /* Zeroed, 64-byte aligned. calloc hands large blocks out as fresh pages that the kernel
  * zeroes on first touch, so a big KV pool costs nothing until it is used. The pointer the
@@ -66,9 +76,17 @@ static void cpu_batch_begin(void *ctx, const struct fwd_batch *b)
 static void cpu_embed(void *ctx, float *out, const struct qweight *table, const struct fwd_batch *b,
                       float scale)
 {
-    (void)ctx;
-    for (int t = 0; t < b->n_tokens; t++)
-        cpu_embed_row(table, b->tokens[t], scale, out + (size_t)t * table->k);
+    struct cpu_ctx *c = ctx;
+    const int32_t *last =
+        c->pick_pending ? c->pick[(c->pick_first + c->pick_pending - 1) % 2] : NULL;
+    for (int t = 0; t < b->n_tokens; t++) {
+        int32_t id = b->tokens[t];
+        if (b->pick_rows && b->pick_rows[t] >= 0) {
+            if (!last) misuse("a step takes picked tokens but no pick is pending");
+            id = last[b->pick_rows[t]];
+        }
+        cpu_embed_row(table, id, scale, out + (size_t)t * table->k);
+    }
 }
 
 static void cpu_matmul_op(void *ctx, float *y, const float *x, const struct qweight *w, int m)
@@ -205,7 +223,18 @@ static void cpu_gather_rows(void *ctx, float *dst, const float *src, const int32
 
 static void cpu_argmax(void *ctx, int32_t *out, const float *x, int rows, int n)
 {
-    (void)ctx;
+    struct cpu_ctx *c = ctx;
+    if (!out) { /* kept for picks() and the next step's pick_rows */
+        if (c->pick_pending == 2) misuse("a third pick started before one was read");
+        int s = (c->pick_first + c->pick_pending) % 2;
+        if (rows > c->pick_cap[s]) {
+            c->pick_cap[s] = rows;
+            c->pick[s] = xrealloc(c->pick[s], sizeof(int32_t) * (size_t)rows);
+        }
+        c->pick_n[s] = rows;
+        c->pick_pending++;
+        out = c->pick[s];
+    }
     for (int r = 0; r < rows; r++) {
         const float *v = x + (size_t)r * n;
         int32_t best = 0;
@@ -213,6 +242,17 @@ static void cpu_argmax(void *ctx, int32_t *out, const float *x, int rows, int n)
             if (v[i] > v[best]) best = i;
         out[r] = best;
     }
+}
+
+static void cpu_picks(void *ctx, int32_t *out, int rows)
+{
+    struct cpu_ctx *c = ctx;
+    if (!c->pick_pending) misuse("picks read with none pending");
+    int s = c->pick_first;
+    if (rows > c->pick_n[s]) misuse("more picks read than the pick has rows");
+    memcpy(out, c->pick[s], sizeof(int32_t) * (size_t)rows);
+    c->pick_first = (s + 1) % 2;
+    c->pick_pending--;
 }
 
 static void cpu_info(void *ctx, struct backend_info *out)
@@ -232,6 +272,8 @@ static void cpu_destroy(void *ctx)
     struct cpu_ctx *c = ctx;
     tp_destroy(c->tp);
     free(c->tok_seq);
+    free(c->pick[0]);
+    free(c->pick[1]);
     free(c);
 }
 
@@ -257,6 +299,7 @@ static const struct backend_ops cpu_ops = {
     .softcap = cpu_softcap_op,
     .gather_rows = cpu_gather_rows,
     .argmax = cpu_argmax,
+    .picks = cpu_picks,
     .destroy = cpu_destroy,
 };
 

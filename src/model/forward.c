@@ -134,6 +134,11 @@ void model_argmax(struct model *m, int n, int32_t *out)
     m->be->ops->argmax(m->be->ctx, out, m->logits, n, m->cfg.vocab);
 }
 
+void model_picks(struct model *m, int n, int32_t *out)
+{
+    m->be->ops->picks(m->be->ctx, out, n);
+}
+
 int model_can_sample(const struct model *m)
 {
     return m->be->ops->sample != NULL;

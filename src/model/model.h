@@ -70,14 +70,20 @@ size_t model_kv_bytes_per_token(const struct model *m);
 void model_forward(struct model *m, const struct fwd_batch *b, float *logits);
 
 /** Greedy tokens of the last step's n logit rows (after model_forward with NULL logits),
- * computed where the logits live; written to host memory. */
+ * computed where the logits live; written to host memory. With out NULL it may return
+ * before they exist: the next step can take them as input (fwd_batch.pick_rows) and
+ * model_picks reads them. */
 void model_argmax(struct model *m, int n, int32_t *out);
+
+/** Waits for the earliest model_argmax / model_sample started with out NULL and not yet
+ * read, and writes its n tokens to out. */
+void model_picks(struct model *m, int n, int32_t *out);
 
 /** Whether the backend samples where the logits are (model_sample). */
 int model_can_sample(const struct model *m);
 
 /** Tokens sampled from the last step's n logit rows under p[i] (after model_forward with
- * NULL logits), where the logits live; written to host memory. */
+ * NULL logits), where the logits live; written to host memory (out NULL: as model_argmax). */
 void model_sample(struct model *m, int n, const struct sample_row *p, int32_t *out);
 
 void model_destroy(struct model *m);

@@ -182,7 +182,8 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
     en->logits = xmalloc(sizeof(float) * (size_t)en->max_logits * (size_t)en->vocab);
     en->greedy = xmalloc(sizeof(int32_t) * (size_t)en->max_logits);
     en->srow = xcalloc((size_t)en->max_logits, sizeof(struct sample_row));
-    en->plan = xmalloc(sizeof(struct step_seq) * (size_t)seq_cap);
+    en->b_pick = xmalloc(sizeof(int32_t) * (size_t)T);
+    for (int i = 0; i < 2; i++) en->plans[i] = xmalloc(sizeof(struct step_seq) * (size_t)seq_cap);
     en->hit_blocks = xmalloc(sizeof(int32_t) * (size_t)en->max_blocks);
     en->hit_hashes = xmalloc(sizeof(struct kv_hash) * (size_t)en->max_blocks);
     en->work = xmalloc(sizeof(float) * (size_t)en->vocab);
@@ -278,6 +279,7 @@ uint64_t engine_submit(struct engine *en, const struct engine_request *q, struct
     if (check_params(en, q, e)) return 0;
     struct request *r = xcalloc(1, sizeof *r);
     r->n_prompt = r->n_tokens = q->n_prompt;
+    r->ph_pos = r->ph_row = -1;
     r->cap = q->n_prompt + q->sp.max_tokens;
     r->tokens = xmalloc(sizeof(int32_t) * (size_t)r->cap);
     memcpy(r->tokens, q->prompt, sizeof(int32_t) * (size_t)q->n_prompt);
@@ -430,6 +432,10 @@ static void free_request(struct request *r)
 
 void req_finish(struct engine *en, struct request *r, enum finish_reason why, int emit)
 {
+    /* no plan may name it any more (the step in flight computes its row in vain) */
+    for (int i = 0; i < 2; i++)
+        for (int s = 0; s < en->plan_n[i]; s++)
+            if (en->plans[i][s].r == r) en->plans[i][s].r = NULL;
     if (r->state == RS_RUNNING)
         list_remove(&en->running, r);
     else if (r->state == RS_WAITING)
@@ -484,7 +490,9 @@ void engine_destroy(struct engine *en)
     free(en->logits);
     free(en->greedy);
     free(en->srow);
-    free(en->plan);
+    free(en->b_pick);
+    free(en->plans[0]);
+    free(en->plans[1]);
     free(en->hit_blocks);
     free(en->hit_hashes);
     free(en->work);

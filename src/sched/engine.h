@@ -130,6 +130,10 @@ struct engine_config {
     int disable_prefix_caching;    /* 1: no hashing, no reuse */
     int mlock;                     /* 1: lock the weights in memory (the CPU reads them in place) */
     int manual;                    /* 1: no engine thread, see engine_step */
+    int sync_steps; /* 1: each step's tokens are read before the next step is planned; 0 (the
+                       default): a step whose tokens are all picked where the logits are
+                       (greedy, or sampled by the backend) lets the next one go out first,
+                       that step's inputs taken from the picks on the device */
 };
 
 /* Step-time histogram bounds in seconds (a last bucket catches the rest). */
@@ -145,6 +149,7 @@ struct engine_stats {
     uint64_t generation_tokens; /* tokens decoded */
     uint64_t requests_finished[FINISH_ERROR + 1]; /* by reason */
     uint64_t steps;
+    uint64_t steps_overlapped; /* steps launched before the previous step's tokens were read */
     uint64_t step_hist[ENGINE_STEP_BUCKETS + 1]; /* counts per bucket (cumulate for Prometheus) */
     double step_time_sum;                        /* seconds */
 };

@@ -21,6 +21,9 @@ struct request {
 
     int32_t *tokens; /* prompt, then output: [cap] */
     int n_tokens, n_prompt, cap;
+    /* the position of an output token still being picked by the step in flight (its slot in
+     * tokens holds -1 until the pick is read), and that pick's row; -1: none */
+    int ph_pos, ph_row;
     int n_computed; /* tokens whose K/V are in the pool */
     int n_output;
     int n_cached;       /* prompt tokens served from the prefix cache (first schedule) */
@@ -59,6 +62,8 @@ struct step_seq {
     int logit_row; /* first logit row of this sequence, -1 when none */
     int n_logits;  /* rows: 1, or one per new token for prompt logprobs */
     int all_rows;  /* a row for every new token (prompt logprobs) */
+    int samples;   /* the step completes the request's tokens: its last row picks the next */
+    int ph;        /* where that token goes in r->tokens when a placeholder holds it, or -1 */
 };
 
 struct engine {
@@ -89,13 +94,21 @@ struct engine {
     struct rng seeder;
 
     /* step buffers, sized at start-up */
-    int32_t *b_tokens, *b_pos, *b_slot, *b_qstart, *b_seqlen, *b_bt, *b_logit_rows;
+    int32_t *b_tokens, *b_pos, *b_slot, *b_qstart, *b_seqlen, *b_bt, *b_logit_rows, *b_pick;
     float *logits;   /* [max_logits, vocab] */
     int32_t *greedy; /* [max_logits] tokens picked by the backend (greedy steps) */
     int greedy_step; /* this step's tokens are in greedy[] (picked or sampled where the logits
                         are; the logits stayed on the backend) */
     struct sample_row *srow; /* [max_logits] rows the backend samples (model_can_sample) */
-    struct step_seq *plan;
+    /* Two plans: the one being built and the step in flight, launched with its tokens
+     * picked where the logits are and not yet read (fly_n > 0). The next step goes out
+     * before they are read, its sequences' inputs taken from the picks (pick_rows). */
+    struct step_seq *plans[2];
+    int plan_n[2];
+    int cur; /* plans[cur] is built next; plans[!cur] is in flight when fly_n > 0 */
+    int fly_n, fly_nl;
+    int want_sync; /* the next step reads the tokens in flight first (blocks ran short, or a
+                      request whose tokens are not picked where the logits are waits) */
     int32_t *hit_blocks;
     struct kv_hash *hit_hashes;
     float *work;      /* [vocab] sampling scratch */

@@ -14,10 +14,11 @@ static int min_i(int a, int b)
     return a < b ? a : b;
 }
 
-/* Hashes of the request's full blocks of tokens, extended as tokens are appended. */
+/* Hashes of the request's full blocks of known tokens (up to a placeholder), extended as
+ * tokens are appended. */
 static void update_hashes(struct engine *en, struct request *r)
 {
-    int full = r->n_tokens / en->block_size;
+    int full = (r->ph_pos >= 0 ? r->ph_pos : r->n_tokens) / en->block_size;
     for (int i = r->n_hashes; i < full; i++)
         r->hashes[i] =
             kv_block_hash(&en->pool, i ? &r->hashes[i - 1] : NULL,
@@ -59,10 +60,32 @@ struct step_counts {
     uint64_t preempt, prompt_tokens, gen_tokens, q_tokens, hit_tokens;
 };
 
-static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left)
+/* Whether the request's tokens can all be picked where the logits are (nothing read on the
+ * host): then the step after one that runs it need not wait for its token. */
+static int host_row_params(const struct sampling_params *sp)
+{
+    return sp->n_logit_bias || sp->logprobs || sp->top_logprobs || sp->repetition_penalty != 1.0f ||
+           sp->presence_penalty != 0 || sp->frequency_penalty != 0;
+}
+
+static int pickable(const struct engine *en, const struct request *r)
+{
+    return !r->plp && !host_row_params(&r->sp) &&
+           (r->sp.temperature <= 0 || model_can_sample(en->m));
+}
+
+/*
+ * Plans the next step into en->plans[en->cur]. With `ahead` set, a step is in flight whose
+ * tokens are not read yet: nothing is preempted (the planner stops where blocks run short)
+ * and no request whose tokens need the host joins; either sets en->want_sync, so that the
+ * following step reads the tokens first and plans as usual.
+ */
+static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, int ahead)
 {
     int budget = en->cfg.max_num_batched_tokens, n_plan = 0, preempted = 0;
     int seq_cap = min_i(en->cfg.max_num_seqs, en->cfg.max_num_batched_tokens);
+    struct step_seq *plan = en->plans[en->cur];
+    en->plan_n[en->cur] = 0;
 
     /* Running requests first, in priority order; when blocks run out, the last one (lowest
      * priority, latest arrival) goes back to waiting and will be recomputed. */
@@ -73,6 +96,11 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left)
             continue;
         }
         int need = blocks_needed(en, r->n_computed, r->n_blocks, n_new), self = 0;
+        if (ahead && !kv_can_allocate(&en->pool, need, NULL, 0)) {
+            en->want_sync = 1;
+            en->plan_n[en->cur] = n_plan;
+            return n_plan;
+        }
         while (!kv_can_allocate(&en->pool, need, NULL, 0)) {
             struct request *v = en->running.tail;
             preempted = 1;
@@ -85,17 +113,22 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left)
         if (self) break;
         kv_allocate(&en->pool, need, r->blocks + r->n_blocks);
         r->n_blocks += need;
-        en->plan[n_plan++] = (struct step_seq){r, n_new, -1, 0, 0};
+        plan[n_plan++] = (struct step_seq){r, n_new, -1, 0, 0, 0, -1};
         budget -= n_new;
         if (wants_prompt_rows(r)) *lp_left -= n_new;
         r = r->next;
     }
+    en->plan_n[en->cur] = n_plan;
     if (preempted) return n_plan;
 
     /* Then waiting ones, while the budget, the sequence cap and the pool allow. */
     while (en->waiting.head && budget > 0 && en->running.n < en->cfg.max_num_seqs &&
            n_plan < seq_cap) {
         struct request *r = en->waiting.head;
+        if (ahead && !pickable(en, r)) {
+            en->want_sync = 1;
+            break;
+        }
         update_hashes(en, r);
         int n_hit = 0;
         if (!en->cfg.disable_prefix_caching && !r->plp) {
@@ -123,24 +156,32 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left)
         list_remove(&en->waiting, r);
         r->state = RS_RUNNING;
         list_insert_ordered(&en->running, r);
-        en->plan[n_plan++] = (struct step_seq){r, n_new, -1, 0, 0};
+        plan[n_plan++] = (struct step_seq){r, n_new, -1, 0, 0, 0, -1};
+        en->plan_n[en->cur] = n_plan;
         budget -= n_new;
         if (wants_prompt_rows(r)) *lp_left -= n_new;
     }
     return n_plan;
 }
 
-/* Flattens the plan into the forward batch. Returns the number of logit rows. */
+/* Flattens the plan into the forward batch (a placeholder's token taken from its pick).
+ * Returns the number of logit rows. */
 static int build_batch(struct engine *en, int n_plan, struct fwd_batch *b)
 {
-    int bs = en->block_size, nt = 0, nl = 0;
+    int bs = en->block_size, nt = 0, nl = 0, picked = 0;
     for (int s = 0; s < n_plan; s++) {
-        struct step_seq *p = &en->plan[s];
+        struct step_seq *p = &en->plans[en->cur][s];
         struct request *r = p->r;
         en->b_qstart[s] = nt;
         for (int j = 0; j < p->n_new; j++, nt++) {
             int pos = r->n_computed + j;
             en->b_tokens[nt] = r->tokens[pos];
+            en->b_pick[nt] = -1;
+            if (pos == r->ph_pos) {
+                en->b_tokens[nt] = 0;
+                en->b_pick[nt] = r->ph_row;
+                picked = 1;
+            }
             en->b_pos[nt] = pos;
             en->b_slot[nt] = r->blocks[pos / bs] * bs + pos % bs;
         }
@@ -158,6 +199,7 @@ static int build_batch(struct engine *en, int n_plan, struct fwd_batch *b)
             p->n_logits = 1;
             en->b_logit_rows[nl++] = nt - 1;
         }
+        p->samples = done && p->n_logits > 0;
     }
     en->b_qstart[n_plan] = nt;
     *b = (struct fwd_batch){.n_tokens = nt,
@@ -170,7 +212,8 @@ static int build_batch(struct engine *en, int n_plan, struct fwd_batch *b)
                             .block_table = en->b_bt,
                             .max_blocks = en->max_blocks,
                             .n_logits = nl,
-                            .logit_rows = en->b_logit_rows};
+                            .logit_rows = en->b_logit_rows,
+                            .pick_rows = picked ? en->b_pick : NULL};
     return nl;
 }
 
@@ -206,10 +249,24 @@ static enum finish_reason stop_check(const struct engine *en, const struct reque
     return FINISH_NONE;
 }
 
-/* After the forward pass: advance, cache, sample, emit; returns tokens sampled. */
-static int finish_seq(struct engine *en, struct step_seq *p, struct step_counts *sc)
+/* Registers the request's full blocks of known tokens that its computed rows cover, for
+ * prefix sharing. */
+static void commit_blocks(struct engine *en, struct request *r)
+{
+    if (en->cfg.disable_prefix_caching) return;
+    update_hashes(en, r);
+    int full = min_i(r->n_computed / en->block_size, r->n_hashes);
+    for (int i = r->n_committed; i < full; i++)
+        if (r->blocks[i] >= 0) kv_commit_hash(&en->pool, r->blocks[i], r->hashes[i]);
+    if (full > r->n_committed) r->n_committed = full;
+}
+
+/* Once the step is launched: its rows are computed (the device runs them in order before
+ * any later step), its full blocks registered, prompt log-probabilities recorded. */
+static void advance(struct engine *en, struct step_seq *p, struct step_counts *sc)
 {
     struct request *r = p->r;
+    if (!r) return;
     int bs = en->block_size, old = r->n_computed;
     r->n_computed += p->n_new;
     if (old < r->n_prompt) sc->prompt_tokens += (uint64_t)(min_i(r->n_computed, r->n_prompt) - old);
@@ -217,59 +274,11 @@ static int finish_seq(struct engine *en, struct step_seq *p, struct step_counts 
     if (p->all_rows)
         record_prompt_logprobs(en, r, old, p->n_logits,
                                en->logits + (size_t)p->logit_row * en->vocab);
-
-    /* Register newly full blocks for prefix sharing. */
-    if (!en->cfg.disable_prefix_caching) {
-        update_hashes(en, r);
-        int full = r->n_computed / bs;
-        for (int i = r->n_committed; i < full && i < r->n_hashes; i++)
-            if (r->blocks[i] >= 0) kv_commit_hash(&en->pool, r->blocks[i], r->hashes[i]);
-        if (full > r->n_committed) r->n_committed = full;
-    }
-
-    int sampled = 0;
-    if (r->n_computed == r->n_tokens && p->n_logits > 0) {
-        if (r->plp && !r->plp_sent) {
-            struct engine_event ev = {.kind = ENGINE_EV_PROMPT_LOGPROBS,
-                                      .req_id = r->id,
-                                      .token = -1,
-                                      .n_prompt_lp = r->n_prompt,
-                                      .prompt_lp = r->plp,
-                                      .prompt_top = r->ptop,
-                                      .n_top = r->sp.prompt_logprobs,
-                                      .n_prompt = r->n_prompt,
-                                      .n_cached = r->n_cached};
-            emit(r, &ev);
-            r->plp_sent = 1;
-        }
-        const float *row = en->logits + (size_t)(p->logit_row + p->n_logits - 1) * en->vocab;
-        int32_t t =
-            en->greedy_step ? en->greedy[p->logit_row + p->n_logits - 1] : sample_next(en, r, row);
-        r->tokens[r->n_tokens++] = t;
-        r->n_output++;
-        sampled = 1;
-        struct engine_event ev = {.kind = ENGINE_EV_TOKEN,
-                                  .req_id = r->id,
-                                  .token = t,
-                                  .n_prompt = r->n_prompt,
-                                  .n_cached = r->n_cached,
-                                  .n_output = r->n_output};
-        if (r->sp.logprobs || r->sp.top_logprobs) ev.logprob = sampler_logprob(row, en->vocab, t);
-        if (r->sp.top_logprobs) {
-            sampler_top_logprobs(row, en->vocab, r->sp.top_logprobs, en->top);
-            ev.n_top = r->sp.top_logprobs < en->vocab ? r->sp.top_logprobs : en->vocab;
-            ev.top = en->top;
-        }
-        ev.finish = stop_check(en, r, t);
-        emit(r, &ev);
-        if (ev.finish != FINISH_NONE) {
-            req_finish(en, r, ev.finish, 0);
-            return sampled;
-        }
-    }
+    commit_blocks(en, r);
 
     /* Every layer windowed: blocks wholly behind the next query's window are released
-     * (they stay cached under their hash). */
+     * (they stay cached under their hash). A step still in flight may read them, but any
+     * later writer runs after it. */
     if (en->sliding_only) {
         int lo = r->n_computed - en->window + 1; /* first key the next token still sees */
         for (int i = 0; (i + 1) * bs <= lo && i < r->n_blocks; i++)
@@ -278,17 +287,79 @@ static int finish_seq(struct engine *en, struct step_seq *p, struct step_counts 
                 r->blocks[i] = -1;
             }
     }
-    return sampled;
+}
+
+/* Once the step's tokens are known: the sampled token, its event, the stop checks.
+ * Returns tokens sampled. */
+static int result(struct engine *en, struct step_seq *p)
+{
+    struct request *r = p->r;
+    if (!r || !p->samples) return 0;
+    if (r->plp && !r->plp_sent) {
+        struct engine_event ev = {.kind = ENGINE_EV_PROMPT_LOGPROBS,
+                                  .req_id = r->id,
+                                  .token = -1,
+                                  .n_prompt_lp = r->n_prompt,
+                                  .prompt_lp = r->plp,
+                                  .prompt_top = r->ptop,
+                                  .n_top = r->sp.prompt_logprobs,
+                                  .n_prompt = r->n_prompt,
+                                  .n_cached = r->n_cached};
+        emit(r, &ev);
+        r->plp_sent = 1;
+    }
+    const int lr = p->logit_row + p->n_logits - 1;
+    const float *row = en->logits + (size_t)lr * en->vocab;
+    int32_t t = en->greedy_step ? en->greedy[lr] : sample_next(en, r, row);
+    if (p->ph >= 0) {
+        r->tokens[p->ph] = t;
+        r->ph_pos = r->ph_row = -1;
+        commit_blocks(en, r);
+    } else {
+        r->tokens[r->n_tokens++] = t;
+    }
+    r->n_output++;
+    struct engine_event ev = {.kind = ENGINE_EV_TOKEN,
+                              .req_id = r->id,
+                              .token = t,
+                              .n_prompt = r->n_prompt,
+                              .n_cached = r->n_cached,
+                              .n_output = r->n_output};
+    if (r->sp.logprobs || r->sp.top_logprobs) ev.logprob = sampler_logprob(row, en->vocab, t);
+    if (r->sp.top_logprobs) {
+        sampler_top_logprobs(row, en->vocab, r->sp.top_logprobs, en->top);
+        ev.n_top = r->sp.top_logprobs < en->vocab ? r->sp.top_logprobs : en->vocab;
+        ev.top = en->top;
+    }
+    ev.finish = stop_check(en, r, t);
+    emit(r, &ev);
+    if (ev.finish != FINISH_NONE) req_finish(en, r, ev.finish, 0);
+    return 1;
+}
+
+/* For each sequence whose token the launched step picks: a placeholder at the end of its
+ * tokens, so that the next step can take the pick as its input before it is read; none
+ * where that token ends the request by length (no next step). */
+static void add_placeholders(struct engine *en, struct step_seq *plan, int n_plan)
+{
+    for (int s = 0; s < n_plan; s++) {
+        struct step_seq *p = &plan[s];
+        struct request *r = p->r;
+        p->ph = -1;
+        if (!r || !p->samples) continue;
+        if (r->n_output + 1 >= r->sp.max_tokens || r->n_tokens + 1 >= en->max_model_len) continue;
+        p->ph = r->n_tokens;
+        r->ph_pos = r->n_tokens;
+        r->ph_row = p->logit_row + p->n_logits - 1;
+        r->tokens[r->n_tokens++] = -1;
+    }
 }
 
 /* Whether a row of this sequence must reach the host: prompt log-probabilities, logit bias,
  * penalties or log-probabilities of the chosen token. */
 static int needs_host_row(const struct step_seq *p)
 {
-    const struct sampling_params *sp = &p->r->sp;
-    return p->all_rows || sp->n_logit_bias || sp->logprobs || sp->top_logprobs ||
-           sp->repetition_penalty != 1.0f || sp->presence_penalty != 0 ||
-           sp->frequency_penalty != 0;
+    return p->all_rows || host_row_params(&p->r->sp);
 }
 
 /* Whether every token this step samples is a plain greedy pick: then the backend picks
@@ -297,7 +368,7 @@ static int needs_host_row(const struct step_seq *p)
 static int greedy_only(const struct engine *en, int n_plan)
 {
     for (int s = 0; s < n_plan; s++) {
-        const struct step_seq *p = &en->plan[s];
+        const struct step_seq *p = &en->plans[en->cur][s];
         if (p->n_logits > 0 && (needs_host_row(p) || p->r->sp.temperature > 0)) return 0;
     }
     return 1;
@@ -310,15 +381,15 @@ static int greedy_only(const struct engine *en, int n_plan)
  */
 static int device_sample(struct engine *en, int n_plan, int nl)
 {
+    const struct step_seq *plan = en->plans[en->cur];
     if (!model_can_sample(en->m)) return 0;
     for (int s = 0; s < n_plan; s++)
-        if (en->plan[s].n_logits > 0 && needs_host_row(&en->plan[s])) return 0;
+        if (plan[s].n_logits > 0 && needs_host_row(&plan[s])) return 0;
     memset(en->srow, 0, sizeof(struct sample_row) * (size_t)nl);
     for (int s = 0; s < n_plan; s++) {
-        const struct step_seq *p = &en->plan[s];
+        const struct step_seq *p = &plan[s];
         struct request *r = p->r;
-        /* finish_seq samples when this step completes the sequence's tokens */
-        if (p->n_logits == 0 || r->n_computed + p->n_new != r->n_tokens) continue;
+        if (!p->samples) continue;
         const struct sampling_params *sp = &r->sp;
         struct sample_row *row = &en->srow[p->logit_row + p->n_logits - 1];
         row->temperature = sp->temperature;
@@ -331,30 +402,110 @@ static int device_sample(struct engine *en, int n_plan, int nl)
     return 1;
 }
 
+/* Runs the step with its tokens picked where the logits are (greedy, or sampled by the
+ * backend), without waiting for them; 0 (nothing run) when some row needs the host. */
+static int launch_picked(struct engine *en, int n_plan, const struct fwd_batch *b, int nl)
+{
+    if (greedy_only(en, n_plan)) {
+        model_forward(en->m, b, NULL);
+        model_argmax(en->m, nl, NULL);
+    } else if (device_sample(en, n_plan, nl)) {
+        model_forward(en->m, b, NULL);
+        model_sample(en->m, nl, en->srow, NULL);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
+/* Reads the picks of the step in flight, then its tokens' events and stops. */
+static void collect(struct engine *en, struct step_counts *sc)
+{
+    struct step_seq *plan = en->plans[!en->cur];
+    model_picks(en->m, en->fly_nl, en->greedy);
+    en->greedy_step = 1;
+    for (int s = 0; s < en->fly_n; s++) sc->gen_tokens += (uint64_t)result(en, &plan[s]);
+    en->fly_n = 0;
+    en->plan_n[!en->cur] = 0;
+}
+
+/* The launched plan becomes the one in flight: its rows count as computed, its picks get
+ * placeholders; the other plan is built next. */
+static void take_off(struct engine *en, int n_plan, int nl, struct step_counts *sc)
+{
+    struct step_seq *plan = en->plans[en->cur];
+    for (int s = 0; s < n_plan; s++) advance(en, &plan[s], sc);
+    add_placeholders(en, plan, n_plan);
+    en->fly_n = n_plan;
+    en->fly_nl = nl;
+    en->cur = !en->cur;
+}
+
+/* Whether the next step may go out before the tokens in flight are read: every running
+ * request has its tokens picked where the logits are. */
+static int may_overlap(const struct engine *en)
+{
+    if (en->cfg.sync_steps || en->want_sync) return 0;
+    for (const struct request *r = en->running.head; r; r = r->next)
+        if (!pickable(en, r)) return 0;
+    return 1;
+}
+
 int step_run(struct engine *en)
 {
     double t0 = util_now();
     struct step_counts sc = {0};
     int seq_cap = min_i(en->cfg.max_num_seqs, en->cfg.max_num_batched_tokens);
     int lp_left = en->max_logits - seq_cap;
-    int n_plan = plan_step(en, &sc, &lp_left);
-    if (n_plan > 0) {
+    int n_plan = 0, ran = 0, overlapped = 0;
+    if (en->fly_n > 0 && may_overlap(en)) {
+        /* The next step first, its inputs the picks in flight; then those picks. */
+        n_plan = plan_step(en, &sc, &lp_left, 1);
+        overlapped = n_plan > 0;
         struct fwd_batch b;
-        int nl = build_batch(en, n_plan, &b);
-        en->greedy_step = greedy_only(en, n_plan);
-        if (en->greedy_step) {
-            model_forward(en->m, &b, NULL);
-            if (nl > 0) model_argmax(en->m, nl, en->greedy);
-        } else if (nl > 0 && device_sample(en, n_plan, nl)) {
-            /* sampled where the logits are: only the token ids travel */
-            en->greedy_step = 1;
-            model_forward(en->m, &b, NULL);
-            model_sample(en->m, nl, en->srow, en->greedy);
+        int nl = n_plan > 0 ? build_batch(en, n_plan, &b) : 0;
+        if (n_plan > 0 && nl == 0) model_forward(en->m, &b, NULL);
+        /* every request is pickable (may_overlap, plan_step): this cannot fail */
+        else if (n_plan > 0 && !launch_picked(en, n_plan, &b, nl))
+            n_plan = 0;
+        ran = en->fly_n;
+        collect(en, &sc);
+        if (n_plan > 0 && nl > 0) {
+            take_off(en, n_plan, nl, &sc);
         } else {
-            model_forward(en->m, &b, en->logits);
+            for (int s = 0; s < n_plan; s++) advance(en, &en->plans[en->cur][s], &sc);
+            en->plan_n[en->cur] = 0;
         }
-        for (int s = 0; s < n_plan; s++)
-            sc.gen_tokens += (uint64_t)finish_seq(en, &en->plan[s], &sc);
+    } else {
+        if (en->fly_n > 0) {
+            ran = en->fly_n;
+            collect(en, &sc);
+        }
+        en->want_sync = 0;
+        n_plan = plan_step(en, &sc, &lp_left, 0);
+        if (n_plan > 0) {
+            struct fwd_batch b;
+            int nl = build_batch(en, n_plan, &b);
+            if (nl > 0 && launch_picked(en, n_plan, &b, nl)) {
+                take_off(en, n_plan, nl, &sc);
+                if (en->cfg.sync_steps) collect(en, &sc);
+            } else {
+                en->greedy_step = 0;
+                model_forward(en->m, &b, en->logits);
+                struct step_seq *plan = en->plans[en->cur];
+                for (int s = 0; s < n_plan; s++) {
+                    advance(en, &plan[s], &sc);
+                    sc.gen_tokens += (uint64_t)result(en, &plan[s]);
+                }
+                en->plan_n[en->cur] = 0;
+            }
+        }
+    }
+    /* A step in flight whose requests all ended: nothing waits for its picks. */
+    if (en->fly_n > 0) {
+        int live = 0;
+        for (int s = 0; s < en->fly_n; s++) live |= en->plans[!en->cur][s].r != NULL;
+        if (!live) collect(en, &sc);
     }
     double dt = util_now() - t0;
 
@@ -367,13 +518,14 @@ int step_run(struct engine *en)
     st->generation_tokens += sc.gen_tokens;
     if (n_plan > 0) {
         st->steps++;
+        st->steps_overlapped += (uint64_t)overlapped;
         int bk = 0;
         while (bk < ENGINE_STEP_BUCKETS && dt > engine_step_bucket_bounds[bk]) bk++;
         st->step_hist[bk]++;
         st->step_time_sum += dt;
     }
     pthread_mutex_unlock(&en->mu);
-    return n_plan;
+    return n_plan + ran;
 }
 
 void step_publish_gauges(struct engine *en)

@@ -265,6 +265,51 @@ static void test_matmul_embed(void)
     }
 }
 
+/* Picks left on the device (argmax with no host output): the next step's embedding takes
+ * them through pick_rows, and picks() reads them, the oldest first. Exact. */
+static void test_picks(void)
+{
+    const int vocab = 300, k = 64, rows = 3;
+    struct mat m;
+    mat_make(&m, WFMT_BF16, 16, 0, vocab, k);
+    float *l1 = rvec((size_t)rows * vocab), *l2 = rvec((size_t)rows * vocab);
+    float *d1 = dev(l1, (size_t)rows * vocab), *d2 = dev(l2, (size_t)rows * vocab);
+    int32_t want1[3], want2[3], got[3] = {-1, -1, -1};
+    cpu.ops->argmax(cpu.ctx, want1, l1, rows, vocab);
+    cpu.ops->argmax(cpu.ctx, want2, l2, rows, vocab);
+    gpu.ops->argmax(gpu.ctx, NULL, d1, rows, vocab);
+
+    /* a step whose tokens 0 and 2 are the picks of rows 2 and 0; token 1 its own */
+    int32_t toks[3] = {5, 9, 5}, pr[3] = {2, -1, 0}, zero3[3] = {0}, one3[3] = {1, 1, 1};
+    int32_t qs[2] = {0, 3}, eff[3] = {want1[2], 9, want1[0]};
+    struct fwd_batch b = one_seq(3, toks, zero3, zero3, qs, one3, zero3, 1);
+    b.pick_rows = pr;
+    struct fwd_batch bc = one_seq(3, eff, zero3, zero3, qs, one3, zero3, 1);
+    size_t ne = (size_t)rows * k;
+    float *ref = xmalloc(sizeof(float) * ne), *de = poisoned(ne);
+    cpu.ops->batch_begin(cpu.ctx, &bc);
+    cpu.ops->embed(cpu.ctx, ref, &m.w, &bc, 1.0f);
+    gpu.ops->batch_begin(gpu.ctx, &b);
+    gpu.ops->embed(gpu.ctx, de, &m.wg, &b, 1.0f);
+    gpu.ops->argmax(gpu.ctx, NULL, d2, rows, vocab); /* a second pick pending behind it */
+    float *e = back(de, ne);
+    CHECK(rel_err(e, ref, ne) == 0, "embed of picked tokens differs");
+    gpu.ops->picks(gpu.ctx, got, rows);
+    CHECK(!memcmp(got, want1, sizeof want1), "first picks: %d %d %d, want %d %d %d", got[0], got[1],
+          got[2], want1[0], want1[1], want1[2]);
+    gpu.ops->picks(gpu.ctx, got, rows);
+    CHECK(!memcmp(got, want2, sizeof want2), "second picks: %d %d %d, want %d %d %d", got[0],
+          got[1], got[2], want2[0], want2[1], want2[2]);
+    free(l1);
+    free(l2);
+    free(ref);
+    free(e);
+    gpu.ops->free(gpu.ctx, d1);
+    gpu.ops->free(gpu.ctx, d2);
+    gpu.ops->free(gpu.ctx, de);
+    mat_free(&m);
+}
+
 /* Runs one element-wise op on both backends and compares. */
 static void test_elementwise(void)
 {
@@ -1426,6 +1471,7 @@ static void default_section(void)
 {
     products_and_fusions();
     test_elementwise();
+    test_picks();
     rope_kv_cases();
     test_norm_fusion(); /* also 4-bit q/k/v as one set and gate/up as a pair */
     test_gemv_tc_many_tiles();

@@ -125,14 +125,17 @@ static int same_ids(const struct result *a, const struct result *b)
     return a->n == b->n && !memcmp(a->ids, b->ids, sizeof(int32_t) * (size_t)a->n);
 }
 
-static struct engine *open_engine(const char *dir, int budget, int blocks, int caching)
+/* sync: each step's tokens read before the next step is planned (else steps overlap where
+ * every token is picked where the logits are) */
+static struct engine *open_engine(const char *dir, int budget, int blocks, int caching, int sync)
 {
     struct engine_config cfg = {.model_dir = dir,
                                 .device = device,
                                 .max_num_batched_tokens = budget,
                                 .num_blocks = blocks,
                                 .disable_prefix_caching = !caching,
-                                .manual = 1};
+                                .manual = 1,
+                                .sync_steps = sync};
     struct err e = {0};
     struct engine *en = engine_create(&cfg, &e);
     CHECK(en != NULL, "%s: engine_create: %s", dir, e.msg);
@@ -145,7 +148,7 @@ static void test_model(const char *dir, const char *name, struct golden_case *cs
     struct result alone[MAX_CASES], conc[MAX_CASES];
 
     /* 1. Each prompt alone (its own step budget of 2048: one prefill chunk). */
-    struct engine *en = open_engine(dir, 2048, 0, 0);
+    struct engine *en = open_engine(dir, 2048, 0, 0, 0);
     if (!en) return;
     for (int i = 0; i < nc; i++) {
         submit(en, &cs[i], greedy_params(n_gen), &alone[i]);
@@ -157,15 +160,17 @@ static void test_model(const char *dir, const char *name, struct golden_case *cs
     check_pool_free(en, name, "alone");
     engine_destroy(en);
 
-    /* 2. All concurrently: staggered arrivals, small budgets, a pool that forces preemption. */
+    /* 2. All concurrently: staggered arrivals, small budgets, a pool that forces preemption;
+     * steps overlapped (the default) and not. */
     int max_need = 0;
     for (int i = 0; i < nc; i++) {
         int need = (cs[i].n_prompt + n_gen + 15) / 16;
         if (need > max_need) max_need = need;
     }
-    static const int budgets[] = {64, 23};
-    for (int b = 0; b < 2; b++) {
-        en = open_engine(dir, budgets[b], max_need + 2, 1);
+    static const int budgets[] = {64, 23, 64, 23};
+    for (int b = 0; b < 4; b++) {
+        const int sync = b >= 2;
+        en = open_engine(dir, budgets[b], max_need + 2, 1, sync);
         if (!en) return;
         int next = 0;
         for (int step = 0; next < nc || engine_live(en) > 0; step++) {
@@ -187,8 +192,13 @@ static void test_model(const char *dir, const char *name, struct golden_case *cs
               "%s budget %d: the small pool forced no preemption", name, budgets[b]);
         for (int i = 0; i < nc; i++)
             CHECK(same_ids(&alone[i], &conc[i]),
-                  "%s budget %d case %d: batched tokens differ from the solo run (first %d vs %d)",
-                  name, budgets[b], i, alone[i].ids[0], conc[i].ids[0]);
+                  "%s budget %d%s case %d: batched tokens differ from the solo run (first %d vs "
+                  "%d)",
+                  name, budgets[b], sync ? " sync" : "", i, alone[i].ids[0], conc[i].ids[0]);
+        CHECK(sync ? st.steps_overlapped == 0 : st.steps_overlapped > 0,
+              "%s budget %d%s: %llu of %llu steps overlapped", name, budgets[b],
+              sync ? " sync" : "", (unsigned long long)st.steps_overlapped,
+              (unsigned long long)st.steps);
         check_pool_free(en, name, "concurrent");
         engine_destroy(en);
     }
@@ -198,7 +208,7 @@ static void test_model(const char *dir, const char *name, struct golden_case *cs
     for (int i = 1; i < nc; i++)
         if (cs[i].n_prompt > cs[longest].n_prompt) longest = i;
     const struct golden_case *L = &cs[longest];
-    en = open_engine(dir, 2048, 0, 1);
+    en = open_engine(dir, 2048, 0, 1, 0);
     if (!en) return;
     struct result r1, r2, r3, r3_alone;
     submit(en, L, greedy_params(n_gen), &r1);
@@ -218,7 +228,7 @@ static void test_model(const char *dir, const char *name, struct golden_case *cs
         drain(en);
         CHECK(r3.n_cached == 32, "%s: shared prefix of 40 tokens hit %d tokens, want 32", name,
               r3.n_cached);
-        struct engine *solo = open_engine(dir, 2048, 0, 0);
+        struct engine *solo = open_engine(dir, 2048, 0, 0, 1);
         submit(solo, &fork, greedy_params(8), &r3_alone);
         drain(solo);
         CHECK(r3_alone.n_cached == 0 && same_ids(&r3, &r3_alone),
@@ -237,7 +247,7 @@ static void test_model(const char *dir, const char *name, struct golden_case *cs
 /* Sampling and control paths on one model: exact outcomes. */
 static void test_controls(const char *dir, struct golden_case *cs, int nc)
 {
-    struct engine *en = open_engine(dir, 2048, 0, 1);
+    struct engine *en = open_engine(dir, 2048, 0, 1, 0);
     if (!en) return;
     const struct golden_case *c = &cs[nc > 4 ? 4 : 0];
     struct result g, r, others[MAX_CASES];
@@ -283,6 +293,40 @@ static void test_controls(const char *dir, struct golden_case *cs, int nc)
     drain(en);
     CHECK(r.finish == FINISH_LENGTH && r.n == 3 && !memcmp(r.ids, g.ids, 3 * sizeof(int32_t)),
           "max_tokens 3");
+    /* Overlapped steps meet requests that need their rows on the host: a greedy request,
+     * then one with log-probabilities and one with a stop id join it mid-stream; each gives
+     * the tokens it gives alone. */
+    {
+        struct engine_stats st0, st1;
+        engine_stats(en, &st0);
+        struct result ga, lp, so;
+        submit(en, c, greedy_params(12), &ga);
+        for (int i = 0; i < 4; i++) engine_step(en);
+        sp = greedy_params(12);
+        sp.logprobs = 1;
+        submit(en, c, sp, &lp);
+        engine_step(en);
+        sp = greedy_params(12);
+        sp.stop_ids = &stop;
+        sp.n_stop_ids = 1;
+        submit(en, c, sp, &so);
+        drain(en);
+        engine_stats(en, &st1);
+        CHECK(same_ids(&g, &ga) && same_ids(&g, &lp) && ga.finish == FINISH_LENGTH,
+              "mixed: greedy %d tokens, with logprobs %d, not as alone", ga.n, lp.n);
+        CHECK(so.finish == FINISH_STOP && so.n == first + 1 &&
+                  !memcmp(so.ids, g.ids, 4 * (size_t)so.n),
+              "mixed: stop id: finish %s after %d tokens", finish_reason_name(so.finish), so.n);
+        CHECK(st1.steps_overlapped > st0.steps_overlapped, "mixed: no step overlapped");
+        /* max_tokens 1 and 2: the first token ends the request, or the one after it */
+        submit(en, c, greedy_params(1), &ga);
+        submit(en, c, greedy_params(2), &lp);
+        drain(en);
+        CHECK(ga.n == 1 && lp.n == 2 && ga.ids[0] == g.ids[0] && lp.ids[1] == g.ids[1],
+              "max_tokens 1 and 2: %d and %d tokens", ga.n, lp.n);
+        check_pool_free(en, "controls", "mixed");
+    }
+
     /* presence penalty 2 with a large repetition penalty: no token repeats in 12 (greedy) */
     sp = greedy_params(12);
     sp.repetition_penalty = 100.0f;
@@ -309,7 +353,7 @@ static void test_controls(const char *dir, struct golden_case *cs, int nc)
     submit(en, c, ss, &s_alone);
     drain(en);
     engine_destroy(en);
-    en = open_engine(dir, 37, 0, 0);
+    en = open_engine(dir, 37, 0, 0, 0);
     for (int i = 0; i < nc; i++) {
         struct sampling_params o = ss;
         o.seed = 99 + (uint64_t)i;
