@@ -28,6 +28,7 @@ int backend_cuda_device_count(void);
 
 #define CU_GRAPH_MAX_TOKENS 512
 #define CU_GRAPHS           16
+#define CU_TRACE_STEPS      8192 /* replayed steps whose device times PAGODA_CUDA_TRACE keeps */
 #define CU_WORKSPACE        (32u << 20)
 #define CU_TILE_TABLES      4
 
@@ -147,7 +148,12 @@ struct cu_ctx {
     /* picked token ids (argmax, sample) of the last step, where the next step's embedding
      * reads them; copied to pinned slots that picks() reads, the oldest first */
     int32_t *d_pick;
-    size_t pick_cap;
+    size_t pick_cap; /* bytes of d_pick */
+    /* the split argmax's per-row slots and counts (zero between launches) */
+    unsigned long long *d_amax_slot;
+    unsigned *d_amax_count;
+    int amax_rows;
+    int argmax_split; /* rows few enough to split (PAGODA_CUDA_ARGMAX_SPLIT=0: a block a row) */
     int32_t *h_pick[2];
     size_t h_pick_cap;
     cudaEvent_t pick_done[2];
@@ -213,6 +219,14 @@ struct cu_ctx {
      * next step's start */
     double t_begin, t_tokens, h_record, h_find, h_launch, h_wait, h_caller;
     long h_replays, h_steps;
+    /* with trace, the device's time of replayed steps: events around each graph (a ring by
+     * replay number), read once a step's picks are in; per step, the graph's time and the
+     * time since the previous graph ended (its picks' copy, this step's copies, the
+     * launch), in µs */
+    cudaEvent_t g_start[4], g_end[4];
+    long g_seq, g_flush[4], n_flush, pick_graph[2];
+    float *g_span, *g_gap;
+    int n_g;
     int prof; /* PAGODA_CUDA_PROFILE: 1 every flush, 2 decode steps, 3 prefill steps */
     /* steps of the profiled kind begun so far: the first is a warm-up (module loading,
      * cuBLASLt plans, graph captures) and none of its flushes is profiled */
@@ -292,7 +306,8 @@ static void exec_op(cu_ctx *c, const op *o)
                        o->i[0], o->i[1]);
         break;
     case OP_ARGMAX:
-        cu_argmax(s, (int32_t *)o->p[0], (const float *)o->p[1], o->i[0], o->i[1]);
+        cu_argmax(s, (int32_t *)o->p[0], (const float *)o->p[1], o->i[0], o->i[1], o->i[2],
+                  (unsigned long long *)o->p[3], (unsigned *)o->p[4]);
         break;
     case OP_GEMV: {
         /* More than CU_GEMV_MAX_M rows only in batch-invariant mode: 8 rows per launch. */
@@ -621,6 +636,7 @@ static void drop_dead_f32(cu_ctx *c)
 static void flush(cu_ctx *c)
 {
     if (!c->n_ops) return;
+    c->n_flush++;
     const double h0 = c->trace ? now_ms() : 0;
     if (c->bf16_only && c->fuse) drop_dead_f32(c);
     CU(cudaSetDevice(c->dev));
@@ -645,7 +661,12 @@ static void flush(cu_ctx *c)
         }
         g->last_use = ++c->clock;
         const double h1 = c->trace ? now_ms() : 0;
+        if (c->trace && replay) {
+            c->g_flush[c->g_seq % 4] = c->n_flush;
+            CU(cudaEventRecord(c->g_start[c->g_seq % 4], c->st));
+        }
         CU(cudaGraphLaunch(g->exec, c->st));
+        if (c->trace && replay) CU(cudaEventRecord(c->g_end[c->g_seq++ % 4], c->st));
         if (c->trace && replay && c->t_begin > 0) {
             const double h2 = now_ms();
             c->h_record += h0 - c->t_begin;
@@ -1547,6 +1568,19 @@ static void pick_reserve(cu_ctx *c, int rows)
         c->gen++;
         graphs_clear(c);
     }
+    if (rows > c->amax_rows) {
+        flush(c);
+        CU(cudaStreamSynchronize(c->st));
+        if (c->d_amax_slot) CU(cudaFree(c->d_amax_slot));
+        const int nr = rows + rows / 2;
+        const size_t b = (sizeof(unsigned long long) + sizeof(unsigned)) * (size_t)nr;
+        CU(cudaMalloc((void **)&c->d_amax_slot, b));
+        CU(cudaMemset(c->d_amax_slot, 0, b));
+        c->d_amax_count = (unsigned *)(c->d_amax_slot + nr);
+        c->amax_rows = nr;
+        c->gen++;
+        graphs_clear(c);
+    }
     if (c->pick_cap > c->h_pick_cap) {
         CU(cudaStreamSynchronize(c->st));
         for (int i = 0; i < 2; i++) {
@@ -1574,6 +1608,16 @@ static void cu_picks(void *ctx, int32_t *out, int rows)
     if (c->trace) {
         c->t_tokens = now_ms();
         c->h_wait += c->t_tokens - h0;
+        const long j = c->pick_graph[s];
+        if (j >= 0 && c->n_g < CU_TRACE_STEPS) {
+            float ms = 0, gap = -1;
+            CU(cudaEventElapsedTime(&ms, c->g_start[j % 4], c->g_end[j % 4]));
+            /* the graph before it ran in the flush just before this one's */
+            if (j >= 1 && c->g_flush[(j - 1) % 4] == c->g_flush[j % 4] - 1)
+                CU(cudaEventElapsedTime(&gap, c->g_end[(j - 1) % 4], c->g_start[j % 4]));
+            c->g_span[c->n_g] = 1e3f * ms;
+            c->g_gap[c->n_g++] = gap < 0 ? -1.0f : 1e3f * gap;
+        }
     }
     memcpy(out, c->h_pick[s], sizeof(int32_t) * (size_t)rows);
     c->pick_first = (s + 1) % 2;
@@ -1594,8 +1638,17 @@ static void token_op(cu_ctx *c, int kind, int32_t *out, const float *x, int rows
     o->p[2] = params;
     o->i[0] = rows;
     o->i[1] = n;
+    if (kind == OP_ARGMAX && c->argmax_split && 4 * rows <= c->prop.multiProcessorCount) {
+        /* too few rows for a block each to fill the GPU: each row over many blocks */
+        o->i[2] = 2 * c->prop.multiProcessorCount / rows;
+        if (o->i[2] > 128) o->i[2] = 128;
+        o->p[3] = c->d_amax_slot;
+        o->p[4] = c->d_amax_count;
+    }
+    const long g0 = c->g_seq;
     flush(c);
     const int s = (c->pick_first + c->pick_pending) % 2;
+    c->pick_graph[s] = c->g_seq != g0 ? c->g_seq - 1 : -1;
     CU(cudaMemcpyAsync(c->h_pick[s], c->d_pick, sizeof(int32_t) * (size_t)rows,
                        cudaMemcpyDeviceToHost, c->st));
     CU(cudaEventRecord(c->pick_done[s], c->st));
@@ -1642,6 +1695,34 @@ static void cu_info(void *ctx, struct backend_info *out)
     out->kv_value_bytes = 2;
 }
 
+static int cmp_float(const void *a, const void *b)
+{
+    const float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* Medians of the replayed steps' device times (PAGODA_CUDA_TRACE). */
+static void trace_graph_report(cu_ctx *c)
+{
+    if (c->n_g) {
+        int ng = 0;
+        for (int i = 0; i < c->n_g; i++)
+            if (c->g_gap[i] >= 0) c->g_gap[ng++] = c->g_gap[i];
+        qsort(c->g_span, (size_t)c->n_g, sizeof(float), cmp_float);
+        qsort(c->g_gap, (size_t)ng, sizeof(float), cmp_float);
+        fprintf(stderr,
+                "cuda: device time a replayed step (us, median of %d): graph %.1f; from the "
+                "previous graph's end (%d): %.1f\n",
+                c->n_g, c->g_span[c->n_g / 2], ng, ng ? c->g_gap[ng / 2] : 0.0f);
+    }
+    for (int i = 0; i < 4; i++) {
+        CU(cudaEventDestroy(c->g_start[i]));
+        CU(cudaEventDestroy(c->g_end[i]));
+    }
+    free(c->g_span);
+    free(c->g_gap);
+}
+
 static void cu_destroy(void *ctx)
 {
     cu_ctx *c = (cu_ctx *)ctx;
@@ -1661,6 +1742,7 @@ static void cu_destroy(void *ctx)
                 c->h_replays, 1e3 * c->h_record / c->h_replays, 1e3 * c->h_find / c->h_replays,
                 1e3 * c->h_launch / c->h_replays, c->h_steps, 1e3 * c->h_wait / c->h_steps,
                 1e3 * c->h_caller / c->h_steps);
+    if (c->trace) trace_graph_report(c);
     for (int i = 0; i < c->ev_cap; i++) CU(cudaEventDestroy(c->ev[i]));
     free(c->ev);
     CU(cudaSetDevice(c->dev));
@@ -1682,6 +1764,7 @@ static void cu_destroy(void *ctx)
     if (c->sem) CU(cudaFree(c->sem));
     if (c->d_small) CU(cudaFree(c->d_small));
     if (c->d_pick) CU(cudaFree(c->d_pick));
+    if (c->d_amax_slot) CU(cudaFree(c->d_amax_slot));
     for (int i = 0; i < 2; i++) {
         if (c->h_pick[i]) CU(cudaFreeHost(c->h_pick[i]));
         CU(cudaEventDestroy(c->pick_done[i]));
@@ -1783,6 +1866,15 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->graphs_on = !(env && !strcmp(env, "0"));
     env = getenv("PAGODA_CUDA_TRACE");
     c->trace = env && !strcmp(env, "1");
+    if (c->trace) {
+        for (int i = 0; i < 4; i++) {
+            CU(cudaEventCreate(&c->g_start[i]));
+            CU(cudaEventCreate(&c->g_end[i]));
+        }
+        c->g_span = (float *)malloc(sizeof(float) * CU_TRACE_STEPS);
+        c->g_gap = (float *)malloc(sizeof(float) * CU_TRACE_STEPS);
+        if (!c->g_span || !c->g_gap) cu_fatal("malloc", "out of host memory", __FILE__, __LINE__);
+    }
     env = getenv("PAGODA_CUDA_KTRACE");
     if (env && *env) cu_ktrace_start(env);
     env = getenv("PAGODA_CUDA_PROFILE");
@@ -1830,6 +1922,7 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->bf16_only = env_flag("PAGODA_CUDA_BF16_ONLY", 1);
     c->attn_bf16 = env_flag("PAGODA_CUDA_ATTN_BF16", 1);
     c->set_b16 = env_flag("PAGODA_CUDA_SET_BF16", 1);
+    c->argmax_split = env_flag("PAGODA_CUDA_ARGMAX_SPLIT", 1);
     if (c->gemm_streams) {
         CU(cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
         for (int j = 0; j < 2; j++) {

@@ -260,7 +260,10 @@ void cu_to_bf16(cudaStream_t s, __nv_bfloat16 *dst, const float *src, int64_t n)
 void cu_split3(cudaStream_t s, const float *src, int m, int n0, int n1, int n2, float *y0,
                float *y1, float *y2);
 /** out[i] = index of the largest of row i (the first on ties) for rows of n floats. */
-void cu_argmax(cudaStream_t s, int32_t *out, const float *x, int rows, int n);
+/** out[r] = the index of row r's largest value (the lowest among equals); with split > 1,
+ * split blocks a row, through slot[rows] and count[rows], zero before and after. */
+void cu_argmax(cudaStream_t s, int32_t *out, const float *x, int rows, int n, int split,
+               unsigned long long *slot, unsigned *count);
 
 /* ---- sampling (sample.cu) ---- */
 

@@ -493,64 +493,109 @@ void cu_split3(cudaStream_t s, const float *src, int m, int n0, int n1, int n2, 
     CU_LAUNCHED();
 }
 
-/* One block per row: the largest value, the lowest index among equals; NaN never wins.
- * Rows of a multiple of 4 values are read as float4, 8 loads a thread in flight (one load
- * at a time took 52 us for a row of 128256 values). */
+/* The largest value of a row, the lowest index among equals; NaN never wins. A block reads
+ * float4 units [lo4, hi4) of row r (8 loads a thread in flight: one at a time took 52 us
+ * for a row of 128256 values) and, with `tail`, the values past the last whole unit (all
+ * of them when n4 is 0); thread 0 gets the block's best. */
 #define ARGMAX_UNROLL 8
-__global__ void k_argmax(int32_t *out, const float *__restrict__ x, int n)
+struct amax {
+    float v;
+    int i;
+};
+
+static __device__ __forceinline__ void amax_take(amax &b, float v, int i)
 {
-    allow_dependents();
-    const float *r = x + (int64_t)blockIdx.x * n;
-    float best = -INFINITY;
-    int bi = 0x7fffffff;
-    auto consider = [&](float v, int i) {
-        if (v > best || (v == best && i < bi)) {
-            best = v;
-            bi = i;
-        }
-    };
-    const int n4 = n % 4 == 0 && (uintptr_t)x % 16 == 0 ? n / 4 : 0, step = (int)blockDim.x;
-    const float4 *r4 = (const float4 *)r;
-    for (int base = threadIdx.x; base < n4; base += ARGMAX_UNROLL * step) {
-        float4 v[ARGMAX_UNROLL];
-#pragma unroll
-        for (int u = 0; u < ARGMAX_UNROLL; u++)
-            if (base + u * step < n4) v[u] = __ldg(r4 + base + u * step);
-#pragma unroll
-        for (int u = 0; u < ARGMAX_UNROLL; u++) {
-            const int i = base + u * step;
-            if (i < n4) {
-                consider(v[u].x, 4 * i);
-                consider(v[u].y, 4 * i + 1);
-                consider(v[u].z, 4 * i + 2);
-                consider(v[u].w, 4 * i + 3);
-            }
-        }
-    }
-    for (int i = 4 * n4 + threadIdx.x; i < n; i += step) consider(r[i], i);
-    __shared__ float sv[32];
-    __shared__ int si[32];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, best, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        consider(ov, oi);
-    }
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (lane == 0) {
-        sv[warp] = best;
-        si[warp] = bi;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); w++) consider(sv[w], si[w]);
-        out[blockIdx.x] = bi == 0x7fffffff ? 0 : bi;
+    if (v > b.v || (v == b.v && i < b.i)) {
+        b.v = v;
+        b.i = i;
     }
 }
 
-void cu_argmax(cudaStream_t s, int32_t *out, const float *x, int rows, int n)
+static __device__ amax block_argmax(const float *r, int n, int n4, int lo4, int hi4, bool tail)
+{
+    amax b = {-INFINITY, 0x7fffffff};
+    const int step = (int)blockDim.x;
+    const float4 *r4 = (const float4 *)r;
+    for (int base = lo4 + threadIdx.x; base < hi4; base += ARGMAX_UNROLL * step) {
+        float4 v[ARGMAX_UNROLL];
+#pragma unroll
+        for (int u = 0; u < ARGMAX_UNROLL; u++)
+            if (base + u * step < hi4) v[u] = __ldg(r4 + base + u * step);
+#pragma unroll
+        for (int u = 0; u < ARGMAX_UNROLL; u++) {
+            const int i = base + u * step;
+            if (i < hi4) {
+                amax_take(b, v[u].x, 4 * i);
+                amax_take(b, v[u].y, 4 * i + 1);
+                amax_take(b, v[u].z, 4 * i + 2);
+                amax_take(b, v[u].w, 4 * i + 3);
+            }
+        }
+    }
+    if (tail)
+        for (int i = 4 * n4 + threadIdx.x; i < n; i += step) amax_take(b, r[i], i);
+    __shared__ amax sb[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        amax_take(b, __shfl_xor_sync(0xffffffffu, b.v, o), __shfl_xor_sync(0xffffffffu, b.i, o));
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) sb[warp] = b;
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) amax_take(b, sb[w].v, sb[w].i);
+    return b;
+}
+
+static __device__ __forceinline__ int row_units(const float *x, int n)
+{
+    return n % 4 == 0 && (uintptr_t)x % 16 == 0 ? n / 4 : 0;
+}
+
+/* One block a row. */
+__global__ void k_argmax(int32_t *out, const float *__restrict__ x, int n)
+{
+    allow_dependents();
+    const int n4 = row_units(x, n);
+    const amax b = block_argmax(x + (int64_t)blockIdx.x * n, n, n4, 0, n4, true);
+    if (threadIdx.x == 0) out[blockIdx.x] = b.i == 0x7fffffff ? 0 : b.i;
+}
+
+/* Rows too few to fill the GPU a block each: gridDim.x blocks a row, each over a range of
+ * its units. Each block's best joins the row's slot as an order-preserving 64-bit key
+ * (value bits, then the complement of the index: the lower index wins a tie) by
+ * atomicMax; the row's last block to count in writes the index and zeroes the slot and the
+ * count for the next launch. */
+__global__ void k_argmax_split(int32_t *out, const float *__restrict__ x, int n,
+                               unsigned long long *slot, unsigned *count)
+{
+    allow_dependents();
+    const int row = blockIdx.y, nb = (int)gridDim.x;
+    const int n4 = row_units(x, n);
+    const int lo4 = (int)((int64_t)n4 * blockIdx.x / nb),
+              hi4 = (int)((int64_t)n4 * (blockIdx.x + 1) / nb);
+    const amax b = block_argmax(x + (int64_t)row * n, n, n4, lo4, hi4, (int)blockIdx.x == nb - 1);
+    if (threadIdx.x != 0) return;
+    if (b.i != 0x7fffffff) {
+        const unsigned u = __float_as_uint(b.v);
+        const unsigned key = u & 0x80000000u ? ~u : u | 0x80000000u;
+        atomicMax(&slot[row], (unsigned long long)key << 32 | (unsigned)~b.i);
+    }
+    __threadfence();
+    if (atomicAdd(&count[row], 1u) != (unsigned)nb - 1) return;
+    const unsigned long long k = atomicExch(&slot[row], 0ull);
+    count[row] = 0;
+    out[row] = k ? (int32_t) ~(unsigned)(k & 0xffffffffu) : 0;
+}
+
+void cu_argmax(cudaStream_t s, int32_t *out, const float *x, int rows, int n, int split,
+               unsigned long long *slot, unsigned *count)
 {
     if (rows <= 0) return;
-    k_argmax<<<(unsigned)rows, 1024, 0, s>>>(out, x, n);
+    if (split > 1 && slot) {
+        k_argmax_split<<<dim3((unsigned)split, (unsigned)rows), 256, 0, s>>>(out, x, n, slot,
+                                                                             count);
+    } else {
+        k_argmax<<<(unsigned)rows, 1024, 0, s>>>(out, x, n);
+    }
     CU_LAUNCHED();
 }

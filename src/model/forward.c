@@ -121,8 +121,15 @@ void model_forward(struct model *m, const struct fwd_batch *b, float *logits)
     }
 
     if (b->n_logits == 0) return;
-    o->gather_rows(ctx, m->xl, m->x, b->logit_rows, b->n_logits, H);
-    o->rms_norm(ctx, m->xl, m->xl, m->final_norm, b->n_logits, H, c->rms_eps);
+    /* Every row in order (a decode step): the norm reads them in place, no gather. */
+    int all_rows = b->n_logits == n;
+    for (int i = 0; all_rows && i < n; i++) all_rows = b->logit_rows[i] == i;
+    if (all_rows) {
+        o->rms_norm(ctx, m->xl, m->x, m->final_norm, n, H, c->rms_eps);
+    } else {
+        o->gather_rows(ctx, m->xl, m->x, b->logit_rows, b->n_logits, H);
+        o->rms_norm(ctx, m->xl, m->xl, m->final_norm, b->n_logits, H, c->rms_eps);
+    }
     o->matmul(ctx, m->logits, m->xl, &m->lm_head, b->n_logits);
     if (c->final_softcap > 0)
         o->softcap(ctx, m->logits, (int64_t)b->n_logits * c->vocab, c->final_softcap);
