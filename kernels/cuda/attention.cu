@@ -753,7 +753,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
             if (a.outb) a.outb[(row0 + r) * D + d] = __float2bfloat16_rn(acc);
         }
     }
-    if (ns == 1 || a.no_merge) return;
+    if (ns == 1) return;
 
     /* The last of the token's ranges to finish (counted in a.sem, which it sets back to 0
      * for the next launch) merges them. */

@@ -154,9 +154,6 @@ struct cu_ctx {
     unsigned *d_amax_count;
     int amax_rows;
     int argmax_split; /* rows few enough to split (PAGODA_CUDA_ARGMAX_SPLIT=0: a block a row) */
-    /* one token's decode attention ranges merged by the product after it
-     * (PAGODA_CUDA_MERGE_O=0: by attention's last range) */
-    int merge_o;
     int32_t *h_pick[2];
     size_t h_pick_cap;
     cudaEvent_t pick_done[2];
@@ -635,36 +632,12 @@ static void drop_dead_f32(cu_ctx *c)
     }
 }
 
-/* One token's decode attention over key ranges, then the one-row product that reads its
- * result and nothing after it: the product merges the ranges as it stages x, and attention
- * ends with its partial results (no count of finished ranges, no merge by the last). */
-static void merge_into_product(cu_ctx *c)
-{
-    for (int i = 0; i + 1 < c->n_ops; i++) {
-        op *at = &c->tape[i], *pr = &c->tape[i + 1];
-        if (at->kind != OP_ATTN || pr->kind != OP_GEMV) continue;
-        const cu_attn_args &a = at->att;
-        const int64_t n = (int64_t)a.n_heads * a.head_dim;
-        if (a.decode != 1 || a.splits < 2 || a.n_tokens != 1 || a.no_merge || !a.out || a.outb ||
-            pr->i[0] != 1 || pr->p[1] != (const void *)a.out || pr->gs.nw != 1 || pr->gs.nsrc ||
-            pr->gs.mpart || pr->gs.w[0].k != n || pr->gs.keep_order ||
-            !cu_gemv_stream_set_ok(pr->gs) || !dead_after(c, i + 1, a.out, n))
-            continue;
-        pr->gs.mpart = a.part;
-        pr->gs.msplits = a.splits;
-        pr->gs.mhd = a.head_dim;
-        at->att.no_merge = 1;
-        at->att.out = NULL;
-    }
-}
-
 /* Runs every recorded operation (as a graph on decode steps). */
 static void flush(cu_ctx *c)
 {
     if (!c->n_ops) return;
     c->n_flush++;
     const double h0 = c->trace ? now_ms() : 0;
-    if (c->merge_o && c->fuse) merge_into_product(c);
     if (c->bf16_only && c->fuse) drop_dead_f32(c);
     CU(cudaSetDevice(c->dev));
     CU(cudaEventRecord(c->staged, c->st));
@@ -1950,7 +1923,6 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->attn_bf16 = env_flag("PAGODA_CUDA_ATTN_BF16", 1);
     c->set_b16 = env_flag("PAGODA_CUDA_SET_BF16", 1);
     c->argmax_split = env_flag("PAGODA_CUDA_ARGMAX_SPLIT", 1);
-    c->merge_o = env_flag("PAGODA_CUDA_MERGE_O", 1);
     if (c->gemm_streams) {
         CU(cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
         for (int j = 0; j < 2; j++) {

@@ -54,15 +54,8 @@ struct cu_gemv_set {
     const float *rcos, *rsin;
     __nv_bfloat16 *kc, *vc;
     const int32_t *slot;
-    /* m = 1 (the streaming 16-bit kernel): x is the merge of one token's decode attention
-     * ranges, read from its partial results (cu_attn_args.part with no_merge: O unscaled at
-     * [head][range][mhd], then M and L at [head][range][2]); NULL: x as given */
-    const float *mpart;
-    int msplits, mhd;
 };
 bool cu_gemv_set_ok(const cu_gemv_set &g);
-/** Whether the streaming 16-bit kernel takes this set at m = 1. */
-bool cu_gemv_stream_set_ok(const cu_gemv_set &g);
 
 /* The fields of matrix i of a set, for kernels: chosen by comparisons with constant indices
  * (a run-time index into the set would copy it to local memory). */
@@ -199,9 +192,6 @@ struct cu_attn_args {
     int decode;
     int *sem;
     int early; /* launched early (programmatic dependent launch) */
-    /* decode = 1 with ranges: only the ranges' partial results, no merge (the one-row
-     * product after it merges them as it stages its x: cu_gemv_set.mpart) */
-    int no_merge;
 };
 
 /* Query rows per block of the tensor-core attention kernel. */

@@ -543,55 +543,12 @@ stream_step(const cu_gemv_set &g, const float4 *xs4, uint4 (&cur)[STREAM_CH],
     return n.t < t_end;
 }
 
-/* Float4 f of x when x is the merge of decode attention's key ranges (g.mpart): the ranges'
- * O weighted by 2^(M_j - M) / L over the head's ranges, four ranges' loads at a time with
- * a running maximum (one round of loads for up to four ranges). */
-static __device__ __forceinline__ float4 merged_x4(const cu_gemv_set &g, int f)
-{
-    const int D = g.mhd, ns = g.msplits, head = 4 * f / D, d = 4 * f - head * D;
-    const int64_t heads = (int64_t)g.w[0].k / D;
-    const float2 *ml = (const float2 *)(g.mpart + heads * ns * D) + (int64_t)head * ns;
-    const float *o = g.mpart + (int64_t)head * ns * D + d;
-    float M = -INFINITY, L = 0.0f;
-    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    for (int j0 = 0; j0 < ns; j0 += 4) {
-        float2 mj[4];
-        float4 v[4];
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const bool in = j0 + u < ns;
-            mj[u] = in ? __ldcg(ml + j0 + u) : make_float2(-INFINITY, 0.0f);
-            v[u] = in ? __ldcg((const float4 *)(o + (int64_t)(j0 + u) * D))
-                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-        float Mn = M;
-#pragma unroll
-        for (int u = 0; u < 4; u++) Mn = fmaxf(Mn, mj[u].x);
-        if (Mn == -INFINITY) continue; /* no keys in these ranges */
-        const float cs = M == -INFINITY ? 0.0f : exp2f(M - Mn);
-        L *= cs;
-        acc = make_float4(acc.x * cs, acc.y * cs, acc.z * cs, acc.w * cs);
-#pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const float w = mj[u].x == -INFINITY ? 0.0f : exp2f(mj[u].x - Mn);
-            L = fmaf(mj[u].y, w, L);
-            acc.x = fmaf(v[u].x, w, acc.x);
-            acc.y = fmaf(v[u].y, w, acc.y);
-            acc.z = fmaf(v[u].z, w, acc.z);
-            acc.w = fmaf(v[u].w, w, acc.w);
-        }
-        M = Mn;
-    }
-    const float inv = 1.0f / L;
-    return make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
-}
-
 /* x staged in shared memory for the streaming kernels (xs4: the two float4 of a lane's
  * unit 32 float4 apart); with the norm, x * weight, and the row's scale returned (known
  * only after the block's sum of squares, it multiplies the products' sums instead: one
  * pass over x, not two), the block's share of the normalized row stored as x for any later
  * reader. Every thread of the block takes part; red: a float a warp. */
-template <bool NORM, bool MERGE = false>
+template <bool NORM>
 static __device__ __forceinline__ float stream_stage_x(const cu_gemv_set &g, const float *x,
                                                        float4 *xs4, float *red, int64_t k)
 {
@@ -600,7 +557,7 @@ static __device__ __forceinline__ float stream_stage_x(const cu_gemv_set &g, con
     const float4 *src = (const float4 *)(NORM ? g.nsrc : x);
     float ss = 0.0f;
     for (int f = threadIdx.x; f < nq; f += blockDim.x) {
-        float4 v = MERGE ? merged_x4(g, f) : __ldg(src + f);
+        float4 v = __ldg(src + f);
         if (NORM) {
             ss += (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w);
             const float4 w = __ldg((const float4 *)g.nweight + f);
@@ -630,7 +587,7 @@ static __device__ __forceinline__ float stream_stage_x(const cu_gemv_set &g, con
     return inv;
 }
 
-template <int FMT, int MODE, bool NORM, bool MERGE>
+template <int FMT, int MODE, bool NORM>
 __global__ void __launch_bounds__(STREAM_THREADS, 1)
     k_gemv_stream(cu_gemv_set g, const float *__restrict__ x)
 {
@@ -647,7 +604,7 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
     if (p.t < t_end) stream_load<MODE>(g, qa, p, nch, upl, lane);
     /* x comes from the previous kernel: only now wait for it */
     grid_dependency_wait();
-    const float inv = stream_stage_x<NORM, MERGE>(g, x, xs4, red, k);
+    const float inv = stream_stage_x<NORM>(g, x, xs4, red, k);
     if (p.t >= t_end) return;
     float acc[2] = {0.0f, 0.0f};
     for (;;) {
@@ -675,12 +632,12 @@ static bool stream_ok(const cu_gemv_set &g)
     return true;
 }
 
-template <int FMT, int MODE, bool NORM, bool MERGE = false>
+template <int FMT, int MODE, bool NORM>
 static void launch_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
 {
     static int bps, sms;
     const size_t smem = sizeof(float) * (size_t)g.w[0].k;
-    void (*kern)(cu_gemv_set, const float *) = k_gemv_stream<FMT, MODE, NORM, MERGE>;
+    void (*kern)(cu_gemv_set, const float *) = k_gemv_stream<FMT, MODE, NORM>;
     if (!sms) {
         /* room for the largest x (k = 16384) */
         CU(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
@@ -696,11 +653,6 @@ static void launch_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
     CU(cudaLaunchKernelEx(&l.cfg, kern, g, x));
 }
 
-bool cu_gemv_stream_set_ok(const cu_gemv_set &g)
-{
-    return stream_ok(g);
-}
-
 static bool launch_stream_any(cudaStream_t s, const cu_gemv_set &g, const float *x)
 {
     if (!stream_ok(g)) return false;
@@ -708,8 +660,6 @@ static bool launch_stream_any(cudaStream_t s, const cu_gemv_set &g, const float 
     do {                                                                                           \
         if (g.nsrc)                                                                                \
             launch_stream<F, M, true>(s, g, x);                                                    \
-        else if (g.mpart) /* one matrix: rows mode */                                              \
-            launch_stream<F, M, false, M == SM_ROWS>(s, g, x);                                     \
         else                                                                                       \
             launch_stream<F, M, false>(s, g, x);                                                   \
     } while (0)
@@ -802,10 +752,6 @@ bool cu_gemv_set_ok(const cu_gemv_set &g)
 void cu_gemv_multi(cudaStream_t s, const cu_gemv_set &g, const float *x, int m)
 {
     const dweight &w = g.w[0];
-    if (g.mpart) { /* only the streaming kernel stages x from attention's partial results */
-        if (m == 1 && !g.keep_order && launch_stream_any(s, g, x)) return;
-        cu_fatal("gemv", "a merged x outside the streaming kernel", __FILE__, __LINE__);
-    }
     if (g.nsrc || g.resid || g.rope_half) {
         /* Fused neighbours: the streaming kernels take them all, the row kernel the norm and
          * the residual add; elsewhere they run around the product. */
