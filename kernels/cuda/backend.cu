@@ -1789,6 +1789,7 @@ static void cu_destroy(void *ctx)
 
 static const struct backend_ops cuda_ops = {
     .name = "cuda",
+    .async_picks = 1,
     .kv_value_bytes = 2,
     .info = cu_info,
     .alloc = cu_alloc,

@@ -129,7 +129,7 @@ int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg)
         return 1;
     }
     if (!strcmp(a, "--disable-overlap-schedule")) {
-        cfg->sync_steps = 1;
+        cfg->overlap = -1;
         return 1;
     }
     if (!strcmp(a, "--device")) {

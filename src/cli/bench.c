@@ -325,7 +325,7 @@ static int bench_decode(int argc, char **argv)
 {
     const char *dir = NULL, *device = NULL;
     long B = 1, P = 128, G = 32, threads = 0, K = 1;
-    int json = 0, no_bw = 0, overlap = 1;
+    int json = 0, no_bw = 0, overlap = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "--json")) {
@@ -375,6 +375,7 @@ static int bench_decode(int argc, char **argv)
     if (runner_open(&r, dir, device, nth, (int)B, (int)(P + G + 1), max_tokens, (int)B)) return 1;
     const struct model_config *c = &r.m->cfg;
     int on_cpu = !strcmp(r.be.ops->name, "cpu");
+    if (overlap < 0) overlap = r.be.ops->async_picks; /* as the engine's default */
     struct backend_info bi;
     r.be.ops->info(r.be.ctx, &bi);
     /* Greedy picks happen where the logits are (no logits copied to the host). */

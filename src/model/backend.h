@@ -77,6 +77,9 @@ struct sample_row {
 
 struct backend_ops {
     const char *name;
+    /* 1: argmax / sample with no host output return before the ids exist (the device works
+     * on while the host plans the next step); 0: they are computed when called */
+    int async_picks;
     int kv_value_bytes; /* bytes per stored K or V value (4: float32, 2: bf16) */
     void (*info)(void *ctx, struct backend_info *out);
     void *(*alloc)(void *ctx, size_t bytes);

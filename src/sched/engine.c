@@ -158,6 +158,7 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
         engine_destroy(en);
         return NULL;
     }
+    en->overlap = cfg->overlap > 0 || (cfg->overlap == 0 && en->be.ops->async_picks);
     en->window = mc->sliding_window;
     en->sliding_only = mc->sliding_window > 0;
     for (int l = 0; l < mc->n_layers; l++)

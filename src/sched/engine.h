@@ -130,10 +130,13 @@ struct engine_config {
     int disable_prefix_caching;    /* 1: no hashing, no reuse */
     int mlock;                     /* 1: lock the weights in memory (the CPU reads them in place) */
     int manual;                    /* 1: no engine thread, see engine_step */
-    int sync_steps; /* 1: each step's tokens are read before the next step is planned; 0 (the
-                       default): a step whose tokens are all picked where the logits are
-                       (greedy, or sampled by the backend) lets the next one go out first,
-                       that step's inputs taken from the picks on the device */
+    /* A step whose tokens are all picked where the logits are (greedy, or sampled by the
+     * backend) lets the next one go out before they are read, that step's inputs taken from
+     * the picks: 1 always; -1 never (each step's tokens read before the next is planned);
+     * 0 (the default) where the backend picks asynchronously (CUDA; on the CPU, where a step
+     * runs to its end when launched, overlapping would only delay each token's event by a
+     * step) */
+    int overlap;
 };
 
 /* Step-time histogram bounds in seconds (a last bucket catches the rest). */

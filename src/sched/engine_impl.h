@@ -109,6 +109,7 @@ struct engine {
     int fly_n, fly_nl;
     int want_sync; /* the next step reads the tokens in flight first (blocks ran short, or a
                       request whose tokens are not picked where the logits are waits) */
+    int overlap;   /* steps overlap (cfg.overlap resolved for the backend) */
     int32_t *hit_blocks;
     struct kv_hash *hit_hashes;
     float *work;      /* [vocab] sampling scratch */

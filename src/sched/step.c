@@ -445,7 +445,7 @@ static void take_off(struct engine *en, int n_plan, int nl, struct step_counts *
  * request has its tokens picked where the logits are. */
 static int may_overlap(const struct engine *en)
 {
-    if (en->cfg.sync_steps || en->want_sync) return 0;
+    if (!en->overlap || en->want_sync) return 0;
     for (const struct request *r = en->running.head; r; r = r->next)
         if (!pickable(en, r)) return 0;
     return 1;
@@ -488,7 +488,7 @@ int step_run(struct engine *en)
             int nl = build_batch(en, n_plan, &b);
             if (nl > 0 && launch_picked(en, n_plan, &b, nl)) {
                 take_off(en, n_plan, nl, &sc);
-                if (en->cfg.sync_steps) collect(en, &sc);
+                if (!en->overlap) collect(en, &sc);
             } else {
                 en->greedy_step = 0;
                 model_forward(en->m, &b, en->logits);

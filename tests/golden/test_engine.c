@@ -135,7 +135,7 @@ static struct engine *open_engine(const char *dir, int budget, int blocks, int c
                                 .num_blocks = blocks,
                                 .disable_prefix_caching = !caching,
                                 .manual = 1,
-                                .sync_steps = sync};
+                                .overlap = sync ? -1 : 1};
     struct err e = {0};
     struct engine *en = engine_create(&cfg, &e);
     CHECK(en != NULL, "%s: engine_create: %s", dir, e.msg);
