@@ -145,17 +145,16 @@ struct cu_ctx {
     size_t sem_cap;
     int32_t *d_small; /* ad-hoc gather rows */
     size_t small_cap;
-    /* picked token ids (argmax, sample) of the last step, where the next step's embedding
-     * reads them; copied to pinned slots that picks() reads, the oldest first */
-    int32_t *d_pick;
-    size_t pick_cap; /* bytes of d_pick */
-    /* the split argmax's per-row slots and counts (zero between launches) */
+    /* One allocation of pick_cap rows: the split argmax's per-row slots and counts (zero
+     * between launches), then the picked token ids (argmax, sample) of the last step, where
+     * the next step's embedding reads them; those are copied to the pinned slots h_pick
+     * (pick_cap rows each), which picks() reads, the oldest first. */
     unsigned long long *d_amax_slot;
     unsigned *d_amax_count;
-    int amax_rows;
+    int32_t *d_pick;
+    int pick_cap;
     int argmax_split; /* rows few enough to split (PAGODA_CUDA_ARGMAX_SPLIT=0: a block a row) */
     int32_t *h_pick[2];
-    size_t h_pick_cap;
     cudaEvent_t pick_done[2];
     int pick_n[2], pick_first, pick_pending;
     struct sample_row *d_sample; /* sampling parameters of the rows being sampled */
@@ -1548,52 +1547,37 @@ static void cu_gather_rows_op(void *ctx, float *dst, const float *src, const int
 }
 
 /* Makes room for `rows` picked ids: the device buffer (moving it invalidates graphs) and
- * the two pinned slots, whose unread ids move with them. */
+ * the two pinned slots. The ids of the last pick move with them: the next step may take
+ * them as input, and picks() may not have read them yet. */
 static void pick_reserve(cu_ctx *c, int rows)
 {
-    const size_t bytes = sizeof(int32_t) * (size_t)rows;
-    if (bytes > c->pick_cap) {
-        /* the next step may take these ids as input: keep them */
-        int32_t *old = c->d_pick;
-        const size_t old_cap = c->pick_cap;
-        flush(c);
-        CU(cudaStreamSynchronize(c->st));
-        const size_t n = bytes + bytes / 2;
-        CU(cudaMalloc((void **)&c->d_pick, n));
-        if (old) {
-            CU(cudaMemcpy(c->d_pick, old, old_cap, cudaMemcpyDeviceToDevice));
-            CU(cudaFree(old));
+    if (rows <= c->pick_cap) return;
+    flush(c);
+    CU(cudaStreamSynchronize(c->st));
+    const int old = c->pick_cap, nr = rows + rows / 2;
+    unsigned long long *base;
+    CU(cudaMalloc((void **)&base, (sizeof(unsigned long long) + 2 * sizeof(int32_t)) * nr));
+    CU(cudaMemset(base, 0, (sizeof(unsigned long long) + sizeof(unsigned)) * nr));
+    int32_t *ids = (int32_t *)((unsigned *)(base + nr) + nr);
+    if (old) {
+        CU(cudaMemcpy(ids, c->d_pick, sizeof(int32_t) * old, cudaMemcpyDeviceToDevice));
+        CU(cudaFree(c->d_amax_slot));
+    }
+    c->d_amax_slot = base;
+    c->d_amax_count = (unsigned *)(base + nr);
+    c->d_pick = ids;
+    for (int i = 0; i < 2; i++) {
+        int32_t *h;
+        CU(cudaMallocHost((void **)&h, sizeof(int32_t) * nr));
+        if (c->h_pick[i]) {
+            memcpy(h, c->h_pick[i], sizeof(int32_t) * old);
+            CU(cudaFreeHost(c->h_pick[i]));
         }
-        c->pick_cap = n;
-        c->gen++;
-        graphs_clear(c);
+        c->h_pick[i] = h;
     }
-    if (rows > c->amax_rows) {
-        flush(c);
-        CU(cudaStreamSynchronize(c->st));
-        if (c->d_amax_slot) CU(cudaFree(c->d_amax_slot));
-        const int nr = rows + rows / 2;
-        const size_t b = (sizeof(unsigned long long) + sizeof(unsigned)) * (size_t)nr;
-        CU(cudaMalloc((void **)&c->d_amax_slot, b));
-        CU(cudaMemset(c->d_amax_slot, 0, b));
-        c->d_amax_count = (unsigned *)(c->d_amax_slot + nr);
-        c->amax_rows = nr;
-        c->gen++;
-        graphs_clear(c);
-    }
-    if (c->pick_cap > c->h_pick_cap) {
-        CU(cudaStreamSynchronize(c->st));
-        for (int i = 0; i < 2; i++) {
-            int32_t *h;
-            CU(cudaMallocHost((void **)&h, c->pick_cap));
-            if (c->h_pick[i]) {
-                memcpy(h, c->h_pick[i], c->h_pick_cap);
-                CU(cudaFreeHost(c->h_pick[i]));
-            }
-            c->h_pick[i] = h;
-        }
-        c->h_pick_cap = c->pick_cap;
-    }
+    c->pick_cap = nr;
+    c->gen++;
+    graphs_clear(c);
 }
 
 static void cu_picks(void *ctx, int32_t *out, int rows)
@@ -1763,7 +1747,6 @@ static void cu_destroy(void *ctx)
     if (c->part) CU(cudaFree(c->part));
     if (c->sem) CU(cudaFree(c->sem));
     if (c->d_small) CU(cudaFree(c->d_small));
-    if (c->d_pick) CU(cudaFree(c->d_pick));
     if (c->d_amax_slot) CU(cudaFree(c->d_amax_slot));
     for (int i = 0; i < 2; i++) {
         if (c->h_pick[i]) CU(cudaFreeHost(c->h_pick[i]));

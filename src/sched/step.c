@@ -60,14 +60,16 @@ struct step_counts {
     uint64_t preempt, prompt_tokens, gen_tokens, q_tokens, hit_tokens;
 };
 
-/* Whether the request's tokens can all be picked where the logits are (nothing read on the
- * host): then the step after one that runs it need not wait for its token. */
+/* Whether these parameters need the request's logit rows on the host: logit bias,
+ * penalties or log-probabilities of the chosen token. */
 static int host_row_params(const struct sampling_params *sp)
 {
     return sp->n_logit_bias || sp->logprobs || sp->top_logprobs || sp->repetition_penalty != 1.0f ||
            sp->presence_penalty != 0 || sp->frequency_penalty != 0;
 }
 
+/* Whether the request's tokens can all be picked where the logits are (nothing read on the
+ * host): then the step after one that runs it need not wait for its token. */
 static int pickable(const struct engine *en, const struct request *r)
 {
     return !r->plp && !host_row_params(&r->sp) &&
