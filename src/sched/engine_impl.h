@@ -63,7 +63,6 @@ struct step_seq {
     int n_logits;  /* rows: 1, or one per new token for prompt logprobs */
     int all_rows;  /* a row for every new token (prompt logprobs) */
     int samples;   /* the step completes the request's tokens: its last row picks the next */
-    int ph;        /* where that token goes in r->tokens when a placeholder holds it, or -1 */
 };
 
 struct engine {

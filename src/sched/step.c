@@ -115,7 +115,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
         if (self) break;
         kv_allocate(&en->pool, need, r->blocks + r->n_blocks);
         r->n_blocks += need;
-        plan[n_plan++] = (struct step_seq){r, n_new, -1, 0, 0, 0, -1};
+        plan[n_plan++] = (struct step_seq){r, n_new, -1, 0, 0, 0};
         budget -= n_new;
         if (wants_prompt_rows(r)) *lp_left -= n_new;
         r = r->next;
@@ -158,7 +158,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
         list_remove(&en->waiting, r);
         r->state = RS_RUNNING;
         list_insert_ordered(&en->running, r);
-        plan[n_plan++] = (struct step_seq){r, n_new, -1, 0, 0, 0, -1};
+        plan[n_plan++] = (struct step_seq){r, n_new, -1, 0, 0, 0};
         en->plan_n[en->cur] = n_plan;
         budget -= n_new;
         if (wants_prompt_rows(r)) *lp_left -= n_new;
@@ -313,8 +313,8 @@ static int result(struct engine *en, struct step_seq *p)
     const int lr = p->logit_row + p->n_logits - 1;
     const float *row = en->logits + (size_t)lr * en->vocab;
     int32_t t = en->greedy_step ? en->greedy[lr] : sample_next(en, r, row);
-    if (p->ph >= 0) {
-        r->tokens[p->ph] = t;
+    if (r->ph_pos >= 0) { /* the placeholder this step's pick stands behind */
+        r->tokens[r->ph_pos] = t;
         r->ph_pos = r->ph_row = -1;
         commit_blocks(en, r);
     } else {
@@ -347,10 +347,8 @@ static void add_placeholders(struct engine *en, struct step_seq *plan, int n_pla
     for (int s = 0; s < n_plan; s++) {
         struct step_seq *p = &plan[s];
         struct request *r = p->r;
-        p->ph = -1;
         if (!r || !p->samples) continue;
         if (r->n_output + 1 >= r->sp.max_tokens || r->n_tokens + 1 >= en->max_model_len) continue;
-        p->ph = r->n_tokens;
         r->ph_pos = r->n_tokens;
         r->ph_row = p->logit_row + p->n_logits - 1;
         r->tokens[r->n_tokens++] = -1;
