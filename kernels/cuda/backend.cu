@@ -154,7 +154,8 @@ struct cu_ctx {
     int32_t *d_pick;
     int pick_cap;
     int argmax_split; /* rows few enough to split (PAGODA_CUDA_ARGMAX_SPLIT=0: a block a row) */
-    int chain;        /* one-row products in a row as one launch (PAGODA_CUDA_CHAIN=0: off) */
+    int chain;        /* one-row products in a row as one launch (PAGODA_CUDA_CHAIN=0: off; 2: no
+                       * loads before the barrier) */
     unsigned *d_bar;  /* the chains' grid barrier (two counters) */
     int32_t *h_pick[2];
     cudaEvent_t pick_done[2];
@@ -319,7 +320,7 @@ static void exec_op(cu_ctx *c, const op *o)
                 sets[j] = o[j].gs;
                 xs[j] = (const float *)o[j].p[1];
             }
-            if (cu_gemv_chain(s, sets, xs, o->i[3], c->d_bar)) break;
+            if (cu_gemv_chain(s, sets, xs, o->i[3], c->d_bar, c->chain == 1)) break;
             for (int j = 0; j < o->i[3]; j++) cu_gemv_multi(s, sets[j], xs[j], 1);
             break;
         }
@@ -1947,7 +1948,8 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->attn_bf16 = env_flag("PAGODA_CUDA_ATTN_BF16", 1);
     c->set_b16 = env_flag("PAGODA_CUDA_SET_BF16", 1);
     c->argmax_split = env_flag("PAGODA_CUDA_ARGMAX_SPLIT", 1);
-    c->chain = env_flag("PAGODA_CUDA_CHAIN", 1);
+    env = getenv("PAGODA_CUDA_CHAIN");
+    c->chain = env && !strcmp(env, "2") ? 2 : env_flag("PAGODA_CUDA_CHAIN", 1);
     CU(cudaMalloc((void **)&c->d_bar, 2 * sizeof(unsigned)));
     CU(cudaMemset(c->d_bar, 0, 2 * sizeof(unsigned)));
     if (c->gemm_streams) {

@@ -646,18 +646,22 @@ static bool stream_ok(const cu_gemv_set &g)
 
 /* Waits until every block of the grid has arrived (bar: arrivals, then a generation count,
  * zero before the first use; the last block to arrive resets the arrivals). Writes before
- * it are visible to every block after it. */
+ * it are visible to every block after it. Thread 0 arrives and waits with release and
+ * acquire operations, not full fences: a fence would wait for its warp's loads in flight
+ * (the next phase's weights, were warp 0 to load them before the barrier). */
 static __device__ __forceinline__ void grid_barrier(unsigned *bar)
 {
     __syncthreads();
     if (threadIdx.x == 0) {
-        unsigned gen;
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");
-        __threadfence();
-        if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-            bar[0] = 0;
-            __threadfence();
-            atomicAdd(bar + 1, 1u);
+        unsigned gen, old;
+        asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
+                     : "=r"(old)
+                     : "l"(bar)
+                     : "memory");
+        if (old == gridDim.x - 1) {
+            asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");
+            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar + 1) : "memory");
         } else {
             unsigned now;
             do {
@@ -667,7 +671,6 @@ static __device__ __forceinline__ void grid_barrier(unsigned *bar)
                              : "memory");
             } while (now == gen);
         }
-        __threadfence();
     }
     __syncthreads();
 }
@@ -774,8 +777,11 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1) k_gemv_chain(cu_chain_args 
             chain_phase<FMT, SM_ROPE, true>(g, ch.x[i], xs4, red, qa, qb);
         }
         if (i + 1 == ch.n || i + 1 == CU_CHAIN_MAX) break;
-        chain_first_any(ch.g[i + 1], ch.kind[i + 1], qa, qb);
+        /* warp 0 (whose thread 0 takes the barrier) loads after it */
+        const bool early = ch.early_loads && threadIdx.x >= 32;
+        if (early) chain_first_any(ch.g[i + 1], ch.kind[i + 1], qa, qb);
         grid_barrier(ch.bar);
+        if (!early) chain_first_any(ch.g[i + 1], ch.kind[i + 1], qa, qb);
     }
 }
 
@@ -785,7 +791,7 @@ bool cu_gemv_chain_ok(const cu_gemv_set &g)
 }
 
 bool cu_gemv_chain(cudaStream_t s, const cu_gemv_set *sets, const float *const *x, int n,
-                   unsigned *bar)
+                   unsigned *bar, bool early_loads)
 {
     static int bps = -1, sms;
     void (*kern)(cu_chain_args) =
@@ -815,6 +821,7 @@ bool cu_gemv_chain(cudaStream_t s, const cu_gemv_set *sets, const float *const *
     }
     ch.n = n;
     ch.bar = bar;
+    ch.early_loads = early_loads;
     cu_launch l;
     cu_launch_init(&l, (unsigned)sms, STREAM_THREADS, sizeof(float) * (size_t)k, s, sets[0].early);
     CU(cudaLaunchKernelEx(&l.cfg, kern, ch));
