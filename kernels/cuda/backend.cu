@@ -156,7 +156,8 @@ struct cu_ctx {
     int argmax_split; /* rows few enough to split (PAGODA_CUDA_ARGMAX_SPLIT=0: a block a row) */
     int chain;        /* one-row products in a row as one launch (PAGODA_CUDA_CHAIN=0: off; 2: no
                        * loads before the barrier) */
-    unsigned *d_bar;  /* the chains' grid barrier (two counters) */
+    int chain_max;
+    unsigned *d_bar; /* the chains' grid barrier (two counters) */
     int32_t *h_pick[2];
     cudaEvent_t pick_done[2];
     int pick_n[2], pick_first, pick_pending;
@@ -313,7 +314,7 @@ static void exec_op(cu_ctx *c, const op *o)
         break;
     case OP_GEMV: {
         if (o->i[3] < 0) break; /* a later phase of the chain launched before it */
-        if (o->i[3] > 1) {
+        if (o->i[3] > 0) {
             cu_gemv_set sets[CU_CHAIN_MAX];
             const float *xs[CU_CHAIN_MAX];
             for (int j = 0; j < o->i[3]; j++) {
@@ -653,14 +654,14 @@ static void mark_chains(cu_ctx *c)
 {
     for (int i = 0; i < c->n_ops;) {
         int n = 0;
-        while (i + n < c->n_ops && n < CU_CHAIN_MAX) {
+        while (i + n < c->n_ops && n < c->chain_max) {
             const op *o = &c->tape[i + n];
             if (o->kind != OP_GEMV || o->i[0] != 1 || !cu_gemv_chain_ok(o->gs) ||
                 o->gs.w[0].fmt != c->tape[i].gs.w[0].fmt)
                 break;
             n++;
         }
-        if (n < 2) {
+        if (n < (c->chain_max == 1 ? 1 : 2)) {
             i++;
             continue;
         }
@@ -1950,6 +1951,9 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->argmax_split = env_flag("PAGODA_CUDA_ARGMAX_SPLIT", 1);
     env = getenv("PAGODA_CUDA_CHAIN");
     c->chain = env && !strcmp(env, "2") ? 2 : env_flag("PAGODA_CUDA_CHAIN", 1);
+    env = getenv("PAGODA_CUDA_CHAIN_MAX");
+    c->chain_max = env ? atoi(env) : CU_CHAIN_MAX;
+    if (c->chain_max < 1 || c->chain_max > CU_CHAIN_MAX) c->chain_max = CU_CHAIN_MAX;
     CU(cudaMalloc((void **)&c->d_bar, 2 * sizeof(unsigned)));
     CU(cudaMemset(c->d_bar, 0, 2 * sizeof(unsigned)));
     if (c->gemm_streams) {
