@@ -154,10 +154,6 @@ struct cu_ctx {
     int32_t *d_pick;
     int pick_cap;
     int argmax_split; /* rows few enough to split (PAGODA_CUDA_ARGMAX_SPLIT=0: a block a row) */
-    int chain;        /* one-row products in a row as one launch (PAGODA_CUDA_CHAIN=0: off; 2: no
-                       * loads before the barrier) */
-    int chain_max;
-    unsigned *d_bar; /* the chains' grid barrier (two counters) */
     int32_t *h_pick[2];
     cudaEvent_t pick_done[2];
     int pick_n[2], pick_first, pick_pending;
@@ -313,18 +309,6 @@ static void exec_op(cu_ctx *c, const op *o)
                   (unsigned long long *)o->p[3], (unsigned *)o->p[4]);
         break;
     case OP_GEMV: {
-        if (o->i[3] < 0) break; /* a later phase of the chain launched before it */
-        if (o->i[3] > 0) {
-            cu_gemv_set sets[CU_CHAIN_MAX];
-            const float *xs[CU_CHAIN_MAX];
-            for (int j = 0; j < o->i[3]; j++) {
-                sets[j] = o[j].gs;
-                xs[j] = (const float *)o[j].p[1];
-            }
-            if (cu_gemv_chain(s, sets, xs, o->i[3], c->d_bar, c->chain == 1)) break;
-            for (int j = 0; j < o->i[3]; j++) cu_gemv_multi(s, sets[j], xs[j], 1);
-            break;
-        }
         /* More than CU_GEMV_MAX_M rows only in batch-invariant mode: 8 rows per launch. */
         int m = o->i[0];
         for (int i0 = 0; i0 < m; i0 += CU_GEMV_MAX_M) {
@@ -647,30 +631,6 @@ static void drop_dead_f32(cu_ctx *c)
     }
 }
 
-/* Marks runs of one-row 16-bit products with nothing between them (o, gate/up, down and
- * the next layer's q/k/v of a decode step) as chains, launched as one kernel by the first
- * (i[3]: the run's length there, -1 in the others). */
-static void mark_chains(cu_ctx *c)
-{
-    for (int i = 0; i < c->n_ops;) {
-        int n = 0;
-        while (i + n < c->n_ops && n < c->chain_max) {
-            const op *o = &c->tape[i + n];
-            if (o->kind != OP_GEMV || o->i[0] != 1 || !cu_gemv_chain_ok(o->gs) ||
-                o->gs.w[0].fmt != c->tape[i].gs.w[0].fmt)
-                break;
-            n++;
-        }
-        if (n < (c->chain_max == 1 ? 1 : 2)) {
-            i++;
-            continue;
-        }
-        c->tape[i].i[3] = n;
-        for (int j = 1; j < n; j++) c->tape[i + j].i[3] = -1;
-        i += n;
-    }
-}
-
 /* Runs every recorded operation (as a graph on decode steps). */
 static void flush(cu_ctx *c)
 {
@@ -678,7 +638,6 @@ static void flush(cu_ctx *c)
     c->n_flush++;
     const double h0 = c->trace ? now_ms() : 0;
     if (c->bf16_only && c->fuse) drop_dead_f32(c);
-    if (c->chain) mark_chains(c);
     CU(cudaSetDevice(c->dev));
     CU(cudaEventRecord(c->staged, c->st));
     int profile = c->prof == 1;
@@ -1789,7 +1748,6 @@ static void cu_destroy(void *ctx)
     if (c->sem) CU(cudaFree(c->sem));
     if (c->d_small) CU(cudaFree(c->d_small));
     if (c->d_amax_slot) CU(cudaFree(c->d_amax_slot));
-    CU(cudaFree(c->d_bar));
     for (int i = 0; i < 2; i++) {
         if (c->h_pick[i]) CU(cudaFreeHost(c->h_pick[i]));
         CU(cudaEventDestroy(c->pick_done[i]));
@@ -1949,13 +1907,6 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->attn_bf16 = env_flag("PAGODA_CUDA_ATTN_BF16", 1);
     c->set_b16 = env_flag("PAGODA_CUDA_SET_BF16", 1);
     c->argmax_split = env_flag("PAGODA_CUDA_ARGMAX_SPLIT", 1);
-    env = getenv("PAGODA_CUDA_CHAIN");
-    c->chain = env && !strcmp(env, "2") ? 2 : env_flag("PAGODA_CUDA_CHAIN", 1);
-    env = getenv("PAGODA_CUDA_CHAIN_MAX");
-    c->chain_max = env ? atoi(env) : CU_CHAIN_MAX;
-    if (c->chain_max < 1 || c->chain_max > CU_CHAIN_MAX) c->chain_max = CU_CHAIN_MAX;
-    CU(cudaMalloc((void **)&c->d_bar, 2 * sizeof(unsigned)));
-    CU(cudaMemset(c->d_bar, 0, 2 * sizeof(unsigned)));
     if (c->gemm_streams) {
         CU(cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
         for (int j = 0; j < 2; j++) {

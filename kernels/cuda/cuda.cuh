@@ -57,27 +57,6 @@ struct cu_gemv_set {
 };
 bool cu_gemv_set_ok(const cu_gemv_set &g);
 
-/* Up to CU_CHAIN_MAX one-row 16-bit products that follow each other, in one launch: the
- * phases of k_gemv_chain, each set's product reading x[i] (kind: the kernel's view of the
- * set, filled by cu_gemv_chain), separated by barriers over the grid (bar: two counters,
- * zero before the first launch and left so after each barrier; early_loads: each warp
- * but the first loads its first chunks of the next phase before the barrier). */
-#define CU_CHAIN_MAX 4
-struct cu_chain_args {
-    cu_gemv_set g[CU_CHAIN_MAX];
-    const float *x[CU_CHAIN_MAX];
-    int kind[CU_CHAIN_MAX];
-    int n;
-    int early_loads; /* the next phase's first chunks loaded before the barrier */
-    unsigned *bar;
-};
-/** Whether a one-row product of this set can be a phase of a chain. */
-bool cu_gemv_chain_ok(const cu_gemv_set &g);
-/** Launches sets[0..n) over x[0..n) as one chain; false (nothing launched) where the
- * kernel cannot take them (every set must pass cu_gemv_chain_ok, all of one format). */
-bool cu_gemv_chain(cudaStream_t s, const cu_gemv_set *sets, const float *const *x, int n,
-                   unsigned *bar, bool early_loads);
-
 /* The fields of matrix i of a set, for kernels: chosen by comparisons with constant indices
  * (a run-time index into the set would copy it to local memory). */
 struct set_mat {

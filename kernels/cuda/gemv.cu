@@ -534,10 +534,10 @@ template <int FMT, int MODE>
 static __device__ __forceinline__ bool
 stream_step(const cu_gemv_set &g, const float4 *xs4, uint4 (&cur)[STREAM_CH],
             uint4 (&nxt)[STREAM_CH], stream_pos &p, float (&acc)[2], int64_t t_end, int nwarps,
-            int nch, int upl, float inv, int lane, bool load = true)
+            int nch, int upl, float inv, int lane)
 {
     const stream_pos n = stream_next<MODE>(p, nch, nwarps);
-    if (load && n.t < t_end) stream_load<MODE>(g, nxt, n, nch, upl, lane);
+    if (n.t < t_end) stream_load<MODE>(g, nxt, n, nch, upl, lane);
     stream_use<FMT, MODE>(g, xs4, cur, p, n, acc, nch, upl, inv, lane);
     p = n;
     return n.t < t_end;
@@ -557,7 +557,7 @@ static __device__ __forceinline__ float stream_stage_x(const cu_gemv_set &g, con
     const float4 *src = (const float4 *)(NORM ? g.nsrc : x);
     float ss = 0.0f;
     for (int f = threadIdx.x; f < nq; f += blockDim.x) {
-        float4 v = __ldcg(src + f); /* written by this grid in a chain: not through L1 */
+        float4 v = __ldg(src + f);
         if (NORM) {
             ss += (v.x * v.x + v.y * v.y) + (v.z * v.z + v.w * v.w);
             const float4 w = __ldg((const float4 *)g.nweight + f);
@@ -629,202 +629,6 @@ static bool stream_ok(const cu_gemv_set &g)
     if (g.rope_half && (g.nw != 3 || g.pair || g.resid)) return false;
     for (int i = 0; i < g.nw; i++)
         if (!cu_gemv_stream_ok(g.w[i])) return false;
-    return true;
-}
-
-/*
- * A chain of one-row 16-bit products in one launch (k_gemv_chain): the products of a
- * decode step that follow each other with nothing between them (o, the norm + gate/up,
- * down, the next layer's norm + q/k/v, or the output head) run as phases of one kernel of
- * one 1,024-thread block an SM, separated by a barrier over the grid. Each phase is the
- * streaming kernel's work; what the launch boundary cannot do, the barrier does: a warp
- * done with its rows loads its first two chunks of the next phase (weights, which depend
- * on nothing) before it arrives, so the memory stays busy while the slowest warps finish,
- * while the barrier waits and while the next phase stages its x. Every block must be
- * resident at once: the grid is one block an SM.
- */
-
-/* Waits until every block of the grid has arrived (bar: arrivals, then a generation count,
- * zero before the first use; the last block to arrive resets the arrivals). Writes before
- * it are visible to every block after it. Thread 0 arrives and waits with release and
- * acquire operations, not full fences: a fence would wait for its warp's loads in flight
- * (the next phase's weights, were warp 0 to load them before the barrier). */
-static __device__ __forceinline__ void grid_barrier(unsigned *bar)
-{
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned gen, old;
-        asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(gen) : "l"(bar + 1) : "memory");
-        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;"
-                     : "=r"(old)
-                     : "l"(bar)
-                     : "memory");
-        if (old == gridDim.x - 1) {
-            asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");
-            asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar + 1) : "memory");
-        } else {
-            unsigned now;
-            do {
-                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];"
-                             : "=r"(now)
-                             : "l"(bar + 1)
-                             : "memory");
-            } while (now == gen);
-        }
-    }
-    __syncthreads();
-}
-
-/* A warp's first position in a phase, and the end of its block's tasks. */
-template <int MODE>
-static __device__ __forceinline__ stream_pos chain_start(const cu_gemv_set &g, int64_t *t_end)
-{
-    const int64_t rows = stream_tasks<MODE>(g);
-    *t_end = rows * (blockIdx.x + 1) / gridDim.x;
-    return stream_pos{rows * blockIdx.x / gridDim.x + (threadIdx.x >> 5), 0};
-}
-
-/* Loads the warp's first two chunks of a phase (those it has) into qa and qb. */
-template <int MODE>
-static __device__ __forceinline__ void chain_first(const cu_gemv_set &g, uint4 (&qa)[STREAM_CH],
-                                                   uint4 (&qb)[STREAM_CH])
-{
-    const int lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-    const int upl = (int)(g.w[0].k >> 8), nch = (upl + STREAM_CH - 1) / STREAM_CH;
-    int64_t t_end;
-    const stream_pos p = chain_start<MODE>(g, &t_end);
-    if (p.t >= t_end) return;
-    stream_load<MODE>(g, qa, p, nch, upl, lane);
-    const stream_pos n = stream_next<MODE>(p, nch, nwarps);
-    if (n.t < t_end) stream_load<MODE>(g, qb, n, nch, upl, lane);
-}
-
-/* One phase: x staged (with the norm), then the warp's tasks from the two chunks already
- * in qa and qb. */
-template <int FMT, int MODE, bool NORM>
-static __device__ __forceinline__ void chain_phase(const cu_gemv_set &g, const float *x,
-                                                   float4 *xs4, float *red, uint4 (&qa)[STREAM_CH],
-                                                   uint4 (&qb)[STREAM_CH])
-{
-    const int lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
-    const int64_t k = g.w[0].k;
-    const int upl = (int)(k >> 8), nch = (upl + STREAM_CH - 1) / STREAM_CH;
-    int64_t t_end;
-    stream_pos p = chain_start<MODE>(g, &t_end);
-    const float inv = stream_stage_x<NORM>(g, x, xs4, red, k);
-    if (p.t >= t_end) return;
-    float acc[2] = {0.0f, 0.0f};
-    /* qb holds the second position already */
-    if (!stream_step<FMT, MODE>(g, xs4, qa, qb, p, acc, t_end, nwarps, nch, upl, inv, lane, false))
-        return;
-    for (;;) {
-        if (!stream_step<FMT, MODE>(g, xs4, qb, qa, p, acc, t_end, nwarps, nch, upl, inv, lane))
-            break;
-        if (!stream_step<FMT, MODE>(g, xs4, qa, qb, p, acc, t_end, nwarps, nch, upl, inv, lane))
-            break;
-    }
-}
-
-/* A phase's kind: the task (SM_*) and whether x is normalized first. */
-static __host__ __device__ int chain_kind(const cu_gemv_set &g)
-{
-    return (g.pair ? SM_PAIR : g.rope_half ? SM_ROPE : SM_ROWS) + (g.nsrc ? 3 : 0);
-}
-
-static __device__ __forceinline__ void
-chain_first_any(const cu_gemv_set &g, int kind, uint4 (&qa)[STREAM_CH], uint4 (&qb)[STREAM_CH])
-{
-    switch (kind % 3) {
-    case SM_ROWS:
-        return chain_first<SM_ROWS>(g, qa, qb);
-    case SM_PAIR:
-        return chain_first<SM_PAIR>(g, qa, qb);
-    default:
-        return chain_first<SM_ROPE>(g, qa, qb);
-    }
-}
-
-template <int FMT>
-__global__ void __launch_bounds__(STREAM_THREADS, 1) k_gemv_chain(cu_chain_args ch)
-{
-    allow_dependents();
-    extern __shared__ float4 xs4[];
-    __shared__ float red[STREAM_THREADS / 32];
-    uint4 qa[STREAM_CH], qb[STREAM_CH];
-    chain_first_any(ch.g[0], ch.kind[0], qa, qb);
-    grid_dependency_wait();
-#pragma unroll
-    for (int i = 0; i < CU_CHAIN_MAX; i++) {
-        if (i == ch.n) break;
-        const cu_gemv_set &g = ch.g[i];
-        switch (ch.kind[i]) {
-        case SM_ROWS:
-            chain_phase<FMT, SM_ROWS, false>(g, ch.x[i], xs4, red, qa, qb);
-            break;
-        case SM_PAIR:
-            chain_phase<FMT, SM_PAIR, false>(g, ch.x[i], xs4, red, qa, qb);
-            break;
-        case SM_ROPE:
-            chain_phase<FMT, SM_ROPE, false>(g, ch.x[i], xs4, red, qa, qb);
-            break;
-        case 3 + SM_ROWS:
-            chain_phase<FMT, SM_ROWS, true>(g, ch.x[i], xs4, red, qa, qb);
-            break;
-        case 3 + SM_PAIR:
-            chain_phase<FMT, SM_PAIR, true>(g, ch.x[i], xs4, red, qa, qb);
-            break;
-        default:
-            chain_phase<FMT, SM_ROPE, true>(g, ch.x[i], xs4, red, qa, qb);
-        }
-        if (i + 1 == ch.n || i + 1 == CU_CHAIN_MAX) break;
-        /* warp 0 (whose thread 0 takes the barrier) loads after it */
-        const bool early = ch.early_loads && threadIdx.x >= 32;
-        if (early) chain_first_any(ch.g[i + 1], ch.kind[i + 1], qa, qb);
-        grid_barrier(ch.bar);
-        if (!early) chain_first_any(ch.g[i + 1], ch.kind[i + 1], qa, qb);
-    }
-}
-
-bool cu_gemv_chain_ok(const cu_gemv_set &g)
-{
-    return !g.keep_order && stream_ok(g);
-}
-
-bool cu_gemv_chain(cudaStream_t s, const cu_gemv_set *sets, const float *const *x, int n,
-                   unsigned *bar, bool early_loads)
-{
-    static int bps = -1, sms;
-    void (*kern)(cu_chain_args) =
-        sets[0].w[0].fmt == DF_BF16 ? k_gemv_chain<DF_BF16> : k_gemv_chain<DF_F16>;
-    if (bps < 0) {
-        for (int f = 0; f < 2; f++) {
-            void (*kf)(cu_chain_args) = f ? k_gemv_chain<DF_F16> : k_gemv_chain<DF_BF16>;
-            CU(cudaFuncSetAttribute(kf, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
-            int b = 0;
-            CU(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kf, STREAM_THREADS, 64 * 1024));
-            bps = f ? (b < bps ? b : bps) : b;
-        }
-        int dev;
-        CU(cudaGetDevice(&dev));
-        CU(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    }
-    if (bps < 1 || n < 1 || n > CU_CHAIN_MAX) return false;
-    cu_chain_args ch;
-    memset(&ch, 0, sizeof ch);
-    int64_t k = 0;
-    for (int i = 0; i < n; i++) {
-        if (!cu_gemv_chain_ok(sets[i]) || sets[i].w[0].fmt != sets[0].w[0].fmt) return false;
-        ch.g[i] = sets[i];
-        ch.x[i] = x[i];
-        ch.kind[i] = chain_kind(sets[i]);
-        if (sets[i].w[0].k > k) k = sets[i].w[0].k;
-    }
-    ch.n = n;
-    ch.bar = bar;
-    ch.early_loads = early_loads;
-    cu_launch l;
-    cu_launch_init(&l, (unsigned)sms, STREAM_THREADS, sizeof(float) * (size_t)k, s, sets[0].early);
-    CU(cudaLaunchKernelEx(&l.cfg, kern, ch));
     return true;
 }
 

@@ -65,7 +65,7 @@ static __device__ __forceinline__ void stream_out(const cu_gemv_set &g, int64_t 
         int64_t rl;
         const int wi = set_row(g, t, &rl);
         g.y[wi][rl] = a;
-        if (g.resid) g.resid[t] = __ldcg(g.resid + t) + a; /* one matrix: t is its row */
+        if (g.resid) g.resid[t] += a; /* one matrix: t is its row */
     } else {
         const rope_task r = rope_of(g, t);
         const int half = g.rope_half;
