@@ -12,6 +12,8 @@
 
 #include "kernels/cuda/cuda.cuh"
 
+#include <cooperative_groups.h>
+
 #define ATT_WARPS 4
 #define ATT_HG    4 /* query heads per block */
 #define ATT_U     4 /* keys in flight per warp */
@@ -652,6 +654,57 @@ dec_round(const cu_attn_args &a, const uint32_t (&qf)[D / 16][4], const uint4 (&
     next_v();
 }
 
+/* The ranges of one token and KV head launched as one cluster (a.cluster): once every
+ * block has its partial result in shared memory (c_o, c_ml), each merges its share of the
+ * group's outputs from all of them through distributed shared memory. This takes the place
+ * of the partial results' round trip through global memory, the count and the merge by the
+ * last block. */
+template <int D>
+static __device__ __forceinline__ void dec_cluster_merge(const cu_attn_args &a, float *c_o,
+                                                         float *c_ml, int64_t row0, int sp, int ns)
+{
+    namespace cg = cooperative_groups;
+    cg::cluster_group cl = cg::this_cluster();
+    cl.sync(); /* every range's result is in */
+    const int group = a.n_heads / a.n_kv_heads, items = group * D / 4;
+    const int lo = items * sp / ns, hi = items * (sp + 1) / ns;
+    for (int i = lo + (int)threadIdx.x; i < hi; i += blockDim.x) {
+        const int r = i / (D / 4), d = 4 * (i % (D / 4));
+        float2 ml[8];
+        float4 v[8];
+        float M = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j < ns) {
+                ml[j] = *(const float2 *)cl.map_shared_rank(c_ml + 2 * r, j);
+                v[j] = *(const float4 *)cl.map_shared_rank(c_o + r * D + d, j);
+                M = fmaxf(M, ml[j].x);
+            }
+        float L = 0.0f;
+        float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            if (j < ns) {
+                const float f = ml[j].x == -INFINITY ? 0.0f : ex2(ml[j].x - M);
+                L = fmaf(ml[j].y, f, L);
+                acc.x = fmaf(v[j].x, f, acc.x);
+                acc.y = fmaf(v[j].y, f, acc.y);
+                acc.z = fmaf(v[j].z, f, acc.z);
+                acc.w = fmaf(v[j].w, f, acc.w);
+            }
+        const float inv = 1.0f / L;
+        acc = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+        if (a.out) *(float4 *)(a.out + (row0 + r) * D + d) = acc;
+        if (a.outb) {
+            const __nv_bfloat162 l2 = __floats2bfloat162_rn(acc.x, acc.y),
+                                 h2 = __floats2bfloat162_rn(acc.z, acc.w);
+            *(uint2 *)(a.outb + (row0 + r) * D + d) =
+                make_uint2(*(const uint32_t *)&l2, *(const uint32_t *)&h2);
+        }
+    }
+    cl.sync(); /* no block leaves while another reads its shared memory */
+}
+
 template <int D, bool G16>
 __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a)
 {
@@ -724,6 +777,9 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
      * is 0). */
     const int64_t row0 = (int64_t)t * a.n_heads + kvh * group; /* the group's first row */
     float *p_ml = a.part + (int64_t)a.n_tokens * a.n_heads * ns * D;
+    /* with the ranges in one cluster, the partial result stays in shared memory: O
+     * unscaled [group][D], then M and L a row */
+    float *c_o = s_l + DEC_WARPS * 16, *c_ml = c_o + group * D;
     if (threadIdx.x < group) {
         const int r = threadIdx.x;
         float M = -INFINITY, L = 0.0f, f[DEC_WARPS];
@@ -737,7 +793,10 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
         const float inv = ns > 1 ? 1.0f : 1.0f / L;
 #pragma unroll
         for (int w = 0; w < DEC_WARPS; w++) s_m[w * 16 + r] = f[w] * inv;
-        if (ns > 1) *(float2 *)(p_ml + ((row0 + r) * ns + sp) * 2) = make_float2(M, L);
+        if (a.cluster)
+            *(float2 *)(c_ml + 2 * r) = make_float2(M, L);
+        else if (ns > 1)
+            *(float2 *)(p_ml + ((row0 + r) * ns + sp) * 2) = make_float2(M, L);
     }
     __syncthreads();
     for (int i = threadIdx.x; i < group * D; i += blockDim.x) {
@@ -746,7 +805,9 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
 #pragma unroll
         for (int w = 0; w < DEC_WARPS; w++)
             acc = fmaf(s_o[((int64_t)w * group + r) * D + d], s_m[w * 16 + r], acc);
-        if (ns > 1) {
+        if (a.cluster) {
+            c_o[r * D + d] = acc;
+        } else if (ns > 1) {
             a.part[((row0 + r) * ns + sp) * D + d] = acc;
         } else {
             if (a.out) a.out[(row0 + r) * D + d] = acc;
@@ -754,6 +815,7 @@ __global__ void __launch_bounds__(DEC_WARPS * 32) k_attention_dec(cu_attn_args a
         }
     }
     if (ns == 1) return;
+    if (a.cluster) return dec_cluster_merge<D>(a, c_o, c_ml, row0, sp, ns);
 
     /* The last of the token's ranges to finish (counted in a.sem, which it sets back to 0
      * for the next launch) merges them. */
@@ -939,14 +1001,29 @@ int cu_attn_dec_splits(int n_tokens, int n_kv_heads, int max_keys, int sms)
 template <int D> static void launch_dec(cudaStream_t s, const cu_attn_args &a)
 {
     const int group = a.n_heads / a.n_kv_heads;
-    const size_t smem = sizeof(float) * (DEC_WARPS * (size_t)group * D + 2 * DEC_WARPS * 16);
-    cu_launch l;
-    cu_launch_init(&l, (unsigned)a.n_tokens, DEC_WARPS * 32, smem, s, a.early);
-    l.cfg.gridDim = dim3((unsigned)a.n_tokens, (unsigned)a.n_kv_heads, (unsigned)a.splits);
+    const size_t smem = sizeof(float) * (DEC_WARPS * (size_t)group * D + 2 * DEC_WARPS * 16 +
+                                         (a.cluster ? (size_t)group * D + 32 : 0));
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[2];
+    cfg.gridDim = dim3((unsigned)a.n_tokens, (unsigned)a.n_kv_heads, (unsigned)a.splits);
+    cfg.blockDim = dim3(DEC_WARPS * 32);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = attr;
+    if (a.early) {
+        attr[cfg.numAttrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[cfg.numAttrs++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (a.cluster) { /* a token and KV head's ranges in one cluster */
+        attr[cfg.numAttrs].id = cudaLaunchAttributeClusterDimension;
+        attr[cfg.numAttrs].val.clusterDim.x = 1;
+        attr[cfg.numAttrs].val.clusterDim.y = 1;
+        attr[cfg.numAttrs++].val.clusterDim.z = (unsigned)a.splits;
+    }
     if (group > 8)
-        CU(cudaLaunchKernelEx(&l.cfg, k_attention_dec<D, true>, a));
+        CU(cudaLaunchKernelEx(&cfg, k_attention_dec<D, true>, a));
     else
-        CU(cudaLaunchKernelEx(&l.cfg, k_attention_dec<D, false>, a));
+        CU(cudaLaunchKernelEx(&cfg, k_attention_dec<D, false>, a));
 }
 
 /* Blocks of k_attention_decw: as many as fit on the GPU at once, none without a pair. */

@@ -127,6 +127,8 @@ struct cu_ctx {
     /* the decode kernel's keys in ranges over the GPU for few sequences (PAGODA_CUDA_DEC_SPLIT=0:
      * one block a token and KV head) */
     int dec_split;
+    int dec_cluster; /* the decode kernel's ranges merged in a cluster (PAGODA_CUDA_DEC_CLUSTER=0:
+                        off) */
     /* decode steps of many (token, KV head) pairs over short contexts: a warp a pair
      * (PAGODA_CUDA_DEC_WARP=0: the block kernel; 2: every decode step) */
     int dec_warp;
@@ -1433,6 +1435,7 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
                        ? cu_attn_dec_splits(b->n_tokens, p->n_kv_heads, max_keys,
                                             c->prop.multiProcessorCount)
                        : 1;
+        a.cluster = c->dec_cluster && a.splits > 1 && a.splits <= CU_ATTN_CLUSTER_MAX;
         if (a.splits > 1) {
             attn_part(c, b, p, &a);
             size_t nsem = (size_t)b->n_tokens * p->n_kv_heads;
@@ -1884,6 +1887,7 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->fuse_norm = env_flag("PAGODA_CUDA_FUSE_NORM", 2);
     c->rope_kv = env_flag("PAGODA_CUDA_ROPE_KV", 1);
     c->dec_split = env_flag("PAGODA_CUDA_DEC_SPLIT", 1);
+    c->dec_cluster = c->prop.major >= 9 && env_flag("PAGODA_CUDA_DEC_CLUSTER", 1);
     env = getenv("PAGODA_CUDA_DEC_WARP");
     c->dec_warp = env && !strcmp(env, "0") ? 0 : env && !strcmp(env, "2") ? 2 : 1;
     env = getenv("PAGODA_CUDA_GEMV_ROW");

@@ -192,7 +192,13 @@ struct cu_attn_args {
     int decode;
     int *sem;
     int early; /* launched early (programmatic dependent launch) */
+    /* decode = 1 with 2 to CU_ATTN_CLUSTER_MAX ranges: a token and KV head's ranges run as
+     * one thread-block cluster and merge through distributed shared memory (no sem) */
+    int cluster;
 };
+
+/* The most ranges the decode kernel merges within a cluster (the portable cluster size). */
+#define CU_ATTN_CLUSTER_MAX 8
 
 /* Query rows per block of the tensor-core attention kernel. */
 #define CU_ATTN_TC_ROWS 64

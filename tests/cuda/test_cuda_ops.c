@@ -1506,6 +1506,7 @@ static const struct {
     {"decode-layers-split", "PAGODA_CUDA_SPLIT_ROPE", "0", decode_layers_section},
     {"decode-layers-attn32", "PAGODA_CUDA_ATTN_BF16", "0", decode_layers_section},
     {"decode-layers-decw", "PAGODA_CUDA_DEC_WARP", "2", decode_layers_section},
+    {"decode-layers-global-merge", "PAGODA_CUDA_DEC_CLUSTER", "0", decode_layers_section},
     {"stream", NULL, NULL, stream_section},
 };
 #define N_SECTIONS (int)(sizeof sections / sizeof sections[0])
