@@ -56,12 +56,13 @@ enum opk {
     OP_ROPE_KV, /* rope of q, rope of k, kv_store of k and v */
     OP_SAMPLE,
     OP_GEMM_SET, /* 2 or 3 cuBLASLt products over one x, run on as many streams at once */
+    OP_ROPE_TAB, /* the step's rope tables (also done by an embed op: its rope fields) */
 };
 
 static const char *const op_names[] = {
     "embed",     "gemm",         "add_bias",      "rms_norm", "rope",        "kv_store",
     "attention", "act_mul",      "add",           "softcap",  "gather_rows", "argmax",
-    "gemv",      "add+rms_norm", "rope+kv_store", "sample",   "gemm set"};
+    "gemv",      "add+rms_norm", "rope+kv_store", "sample",   "gemm set",    "rope tables"};
 
 /* Flags of an OP_GEMM_SET in i[3]: the rope + KV store launch after the fused set reads
  * its columns (no split); the set's results are bf16. */
@@ -156,6 +157,8 @@ struct cu_ctx {
     int32_t *d_pick;
     int pick_cap;
     int argmax_split; /* rows few enough to split (PAGODA_CUDA_ARGMAX_SPLIT=0: a block a row) */
+    int argmax_fuse;  /* one row picked by the product that writes it (PAGODA_CUDA_ARGMAX_FUSE=0:
+                         off) */
     int32_t *h_pick[2];
     cudaEvent_t pick_done[2];
     int pick_n[2], pick_first, pick_pending;
@@ -253,9 +256,16 @@ static void exec_op(cu_ctx *c, const op *o)
     cudaStream_t s = c->st;
     switch (o->kind) {
     case OP_EMBED:
-        cu_embed(s, (float *)o->p[0], o->w, (const int32_t *)o->p[1], (const int32_t *)o->p[2],
-                 (const int32_t *)o->p[3], o->i[0], o->f[0]);
+    case OP_ROPE_TAB: {
+        cu_rope_tab rt = {(float *)o->p[4], (float *)o->p[5], (const float *)o->p[6],
+                          c->d_pos,         o->i[1],          o->f[1]};
+        if (o->kind == OP_ROPE_TAB)
+            cu_rope_tables(s, rt, o->i[0]);
+        else
+            cu_embed(s, (float *)o->p[0], o->w, (const int32_t *)o->p[1], (const int32_t *)o->p[2],
+                     (const int32_t *)o->p[3], o->i[0], o->f[0], o->p[4] ? &rt : NULL);
         break;
+    }
     case OP_MATMUL: {
         int m = o->i[0];
         if (m <= 0) break;
@@ -308,7 +318,7 @@ static void exec_op(cu_ctx *c, const op *o)
         break;
     case OP_ARGMAX:
         cu_argmax(s, (int32_t *)o->p[0], (const float *)o->p[1], o->i[0], o->i[1], o->i[2],
-                  (unsigned long long *)o->p[3], (unsigned *)o->p[4]);
+                  (unsigned long long *)o->p[3], (unsigned *)o->p[4], c->early_launch);
         break;
     case OP_GEMV: {
         /* More than CU_GEMV_MAX_M rows only in batch-invariant mode: 8 rows per launch. */
@@ -974,11 +984,29 @@ static int tile_table(cu_ctx *c, const struct fwd_batch *b, int group, int *n)
 
 /* ---- operations ---- */
 
+static op *last_op(cu_ctx *c, int kind);
+
+static void cu_rope_tables_op(void *ctx, float *cos_t, float *sin_t, const float *inv_freq,
+                              int half, float mscale, const struct fwd_batch *b)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    op *o = record(c, OP_ROPE_TAB);
+    o->p[4] = cos_t;
+    o->p[5] = sin_t;
+    o->p[6] = inv_freq;
+    o->i[0] = b->n_tokens;
+    o->i[1] = half;
+    o->f[1] = mscale;
+}
+
 static void cu_embed_op(void *ctx, float *out, const struct qweight *table,
                         const struct fwd_batch *b, float scale)
 {
     cu_ctx *c = (cu_ctx *)ctx;
-    op *o = record(c, OP_EMBED);
+    /* rope tables recorded just before: the embedding launch writes them too */
+    op *rt = last_op(c, OP_ROPE_TAB);
+    op *o = rt ? rt : record(c, OP_EMBED);
+    o->kind = OP_EMBED;
     o->p[0] = out;
     o->w = dw(table);
     o->p[1] = c->d_tokens;
@@ -1619,18 +1647,28 @@ static void token_op(cu_ctx *c, int kind, int32_t *out, const float *x, int rows
 {
     if (c->pick_pending == 2)
         cu_fatal("argmax", "a third pick started before one was read", __FILE__, __LINE__);
-    op *o = record(c, kind);
-    o->p[0] = c->d_pick;
-    o->p[1] = x;
-    o->p[2] = params;
-    o->i[0] = rows;
-    o->i[1] = n;
-    if (kind == OP_ARGMAX && c->argmax_split && 4 * rows <= c->prop.multiProcessorCount) {
-        /* too few rows for a block each to fill the GPU: each row over many blocks */
-        o->i[2] = 2 * c->prop.multiProcessorCount / rows;
-        if (o->i[2] > 128) o->i[2] = 128;
-        o->p[3] = c->d_amax_slot;
-        o->p[4] = c->d_amax_count;
+    /* The greedy pick of one row just written by a one-row product over the GPU: the
+     * product's blocks pick it as they write the row, with no launch of its own. */
+    op *pr = kind == OP_ARGMAX && rows == 1 && c->argmax_fuse ? last_op(c, OP_GEMV) : NULL;
+    if (pr && pr->i[0] == 1 && pr->gs.y[0] == x && pr->gs.w[0].n == n && !pr->gs.amax_out &&
+        cu_gemv_amax_ok(pr->gs)) {
+        pr->gs.amax_out = c->d_pick;
+        pr->gs.amax_slot = c->d_amax_slot;
+        pr->gs.amax_count = c->d_amax_count;
+    } else {
+        op *o = record(c, kind);
+        o->p[0] = c->d_pick;
+        o->p[1] = x;
+        o->p[2] = params;
+        o->i[0] = rows;
+        o->i[1] = n;
+        if (kind == OP_ARGMAX && c->argmax_split && 4 * rows <= c->prop.multiProcessorCount) {
+            /* too few rows for a block each to fill the GPU: each row over many blocks */
+            o->i[2] = 2 * c->prop.multiProcessorCount / rows;
+            if (o->i[2] > 128) o->i[2] = 128;
+            o->p[3] = c->d_amax_slot;
+            o->p[4] = c->d_amax_count;
+        }
     }
     const long g0 = c->g_seq;
     flush(c);
@@ -1789,6 +1827,7 @@ static const struct backend_ops cuda_ops = {
     .add_bias = cu_add_bias_op,
     .rms_norm = cu_rms_norm_op,
     .rope = cu_rope_op,
+    .rope_tables = cu_rope_tables_op,
     .kv_store = cu_kv_store_op,
     .attention = cu_attention_op,
     .act_mul = cu_act_mul_op,
@@ -1911,6 +1950,7 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->attn_bf16 = env_flag("PAGODA_CUDA_ATTN_BF16", 1);
     c->set_b16 = env_flag("PAGODA_CUDA_SET_BF16", 1);
     c->argmax_split = env_flag("PAGODA_CUDA_ARGMAX_SPLIT", 1);
+    c->argmax_fuse = env_flag("PAGODA_CUDA_ARGMAX_FUSE", 1);
     if (c->gemm_streams) {
         CU(cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
         for (int j = 0; j < 2; j++) {

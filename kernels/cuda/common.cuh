@@ -98,6 +98,40 @@ static inline void cu_launch_init(cu_launch *l, unsigned grid, unsigned threads,
     }
 }
 
+/* A running greedy pick: the largest value, the lowest index among equals; NaN never wins
+ * (i stays 0x7fffffff while nothing has been taken). */
+struct amax {
+    float v;
+    int i;
+};
+
+static __device__ __forceinline__ void amax_take(amax &b, float v, int i)
+{
+    if (v > b.v || (v == b.v && i < b.i)) {
+        b.v = v;
+        b.i = i;
+    }
+}
+
+/* One block's best (b, in thread 0) joins a row's pick over several blocks: an
+ * order-preserving 64-bit key (value bits, then the complement of the index: the lower index
+ * wins a tie) by atomicMax into slot; the last of the nb blocks to count in writes the index
+ * (0 where every value was NaN) and zeroes the slot and the count for the next launch. */
+static __device__ __forceinline__ void amax_commit(amax b, unsigned long long *slot,
+                                                   unsigned *count, int32_t *out, unsigned nb)
+{
+    if (b.i != 0x7fffffff) {
+        const unsigned u = __float_as_uint(b.v);
+        const unsigned key = u & 0x80000000u ? ~u : u | 0x80000000u;
+        atomicMax(slot, (unsigned long long)key << 32 | (unsigned)~b.i);
+    }
+    __threadfence();
+    if (atomicAdd(count, 1u) != nb - 1) return;
+    const unsigned long long k = atomicExch(slot, 0ull);
+    *count = 0;
+    *out = k ? (int32_t) ~(unsigned)(k & 0xffffffffu) : 0;
+}
+
 /* Formats as the kernels see them. */
 enum dfmt { DF_F32, DF_F16, DF_BF16, DF_AFFINE, DF_MXFP4, DF_MXFP8, DF_NVFP4 };
 /* Scale/bias storage of affine weights. */

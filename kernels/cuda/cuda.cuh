@@ -54,7 +54,15 @@ struct cu_gemv_set {
     const float *rcos, *rsin;
     __nv_bfloat16 *kc, *vc;
     const int32_t *slot;
+    /* m = 1, one matrix of plain rows (the output head): the greedy pick of its outputs
+     * (as cu_argmax) into amax_out[0] as well, through amax_slot and amax_count (zero before
+     * and after); NULL: none. Only where cu_gemv_amax_ok. */
+    int32_t *amax_out;
+    unsigned long long *amax_slot;
+    unsigned *amax_count;
 };
+/** Whether a one-row product of this set can pick its largest output itself. */
+bool cu_gemv_amax_ok(const cu_gemv_set &g);
 bool cu_gemv_set_ok(const cu_gemv_set &g);
 
 /* The fields of matrix i of a set, for kernels: chosen by comparisons with constant indices
@@ -226,10 +234,22 @@ int cu_attn_dec_splits(int n_tokens, int n_kv_heads, int max_keys, int sms);
 
 /* ---- element-wise and row-wise (ops.cu) ---- */
 
+/* A step's rope tables: cos_t[t][i] = cos((float)pos[t] * inv[i]) * mscale, sin_t alike, for
+ * i < half. */
+struct cu_rope_tab {
+    float *cos_t, *sin_t;
+    const float *inv;
+    const int32_t *pos;
+    int half;
+    float mscale;
+};
+/** The rope tables of n tokens. */
+void cu_rope_tables(cudaStream_t s, const cu_rope_tab &rt, int n);
 /** out[t] = table[id] * scale, id = picks[pick_rows[t]] where pick_rows (NULL: none) is >= 0,
- * else tokens[t]. */
+ * else tokens[t]; with rt (NULL: none), the rope tables of the n tokens in the same launch. */
 void cu_embed(cudaStream_t s, float *out, const dweight &table, const int32_t *tokens,
-              const int32_t *pick_rows, const int32_t *picks, int n, float scale);
+              const int32_t *pick_rows, const int32_t *picks, int n, float scale,
+              const cu_rope_tab *rt = NULL);
 /** out = rms_norm(x) * w over rows of dim; also as bf16 into ob unless it is NULL (out NULL:
  * the bf16 copy alone). */
 void cu_rms_norm(cudaStream_t s, float *out, const float *x, const float *w, int rows, int dim,
@@ -269,7 +289,7 @@ void cu_split3(cudaStream_t s, const float *src, int m, int n0, int n1, int n2, 
 /** out[r] = the index of row r's largest value (the lowest among equals); with split > 1,
  * split blocks a row, through slot[rows] and count[rows], zero before and after. */
 void cu_argmax(cudaStream_t s, int32_t *out, const float *x, int rows, int n, int split,
-               unsigned long long *slot, unsigned *count);
+               unsigned long long *slot, unsigned *count, bool early);
 
 /* ---- sampling (sample.cu) ---- */
 

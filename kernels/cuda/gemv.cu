@@ -496,10 +496,10 @@ static __device__ __forceinline__ stream_pos stream_next(stream_pos p, int nch, 
 /* The lane's share of chunk p's dot product with the staged x (q: its units of the chunk),
  * added into the task's sums; at the task's last chunk (the next position n starts
  * another task), the task's outputs. */
-template <int FMT, int MODE>
+template <int FMT, int MODE, bool AMAX>
 static __device__ __forceinline__ void
 stream_use(const cu_gemv_set &g, const float4 *xs4, const uint4 (&q)[STREAM_CH], stream_pos p,
-           stream_pos n, float (&acc)[2], int nch, int upl, float inv, int lane)
+           stream_pos n, float (&acc)[2], amax &best, int nch, int upl, float inv, int lane)
 {
     constexpr int NA = MODE == SM_ROWS ? 1 : 2;
     const int a = NA == 2 && p.s >= nch ? 1 : 0, c = p.s - a * nch;
@@ -523,22 +523,26 @@ stream_use(const cu_gemv_set &g, const float4 *xs4, const uint4 (&q)[STREAM_CH],
             acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], o);
             if (NA == 2) acc[1] += __shfl_xor_sync(0xffffffffu, acc[1], o);
         }
-        if (lane == 0) stream_out<MODE>(g, p.t, acc[0] * inv, acc[1] * inv);
+        if (lane == 0) {
+            const float y0 = acc[0] * inv;
+            stream_out<MODE>(g, p.t, y0, acc[1] * inv);
+            if (AMAX) amax_take(best, y0, (int)p.t); /* one matrix: t is its row */
+        }
         acc[0] = acc[1] = 0.0f;
     }
 }
 
 /* One chunk of the current task: uses cur, loads the next position's chunk into nxt and
  * finishes the task at its last chunk. Returns false when the warp's rows are done. */
-template <int FMT, int MODE>
+template <int FMT, int MODE, bool AMAX>
 static __device__ __forceinline__ bool
 stream_step(const cu_gemv_set &g, const float4 *xs4, uint4 (&cur)[STREAM_CH],
-            uint4 (&nxt)[STREAM_CH], stream_pos &p, float (&acc)[2], int64_t t_end, int nwarps,
-            int nch, int upl, float inv, int lane)
+            uint4 (&nxt)[STREAM_CH], stream_pos &p, float (&acc)[2], amax &best, int64_t t_end,
+            int nwarps, int nch, int upl, float inv, int lane)
 {
     const stream_pos n = stream_next<MODE>(p, nch, nwarps);
     if (n.t < t_end) stream_load<MODE>(g, nxt, n, nch, upl, lane);
-    stream_use<FMT, MODE>(g, xs4, cur, p, n, acc, nch, upl, inv, lane);
+    stream_use<FMT, MODE, AMAX>(g, xs4, cur, p, n, acc, best, nch, upl, inv, lane);
     p = n;
     return n.t < t_end;
 }
@@ -587,7 +591,20 @@ static __device__ __forceinline__ float stream_stage_x(const cu_gemv_set &g, con
     return inv;
 }
 
-template <int FMT, int MODE, bool NORM>
+/* The block's greedy pick (lane 0 of each warp holds its warp's) joins the row's over the
+ * grid (amax_commit). Every thread of the block takes part. */
+static __device__ void stream_amax_commit(const cu_gemv_set &g, amax b)
+{
+    __shared__ amax sb[STREAM_THREADS / 32];
+    const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    if ((threadIdx.x & 31) == 0) sb[warp] = b;
+    __syncthreads();
+    if (threadIdx.x) return;
+    for (int w = 1; w < nwarps; w++) amax_take(b, sb[w].v, sb[w].i);
+    amax_commit(b, g.amax_slot, g.amax_count, g.amax_out, gridDim.x);
+}
+
+template <int FMT, int MODE, bool NORM, bool AMAX>
 __global__ void __launch_bounds__(STREAM_THREADS, 1)
     k_gemv_stream(cu_gemv_set g, const float *__restrict__ x)
 {
@@ -605,14 +622,19 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
     /* x comes from the previous kernel: only now wait for it */
     grid_dependency_wait();
     const float inv = stream_stage_x<NORM>(g, x, xs4, red, k);
-    if (p.t >= t_end) return;
-    float acc[2] = {0.0f, 0.0f};
-    for (;;) {
-        if (!stream_step<FMT, MODE>(g, xs4, qa, qb, p, acc, t_end, nwarps, nch, upl, inv, lane))
-            break;
-        if (!stream_step<FMT, MODE>(g, xs4, qb, qa, p, acc, t_end, nwarps, nch, upl, inv, lane))
-            break;
+    amax best = {-INFINITY, 0x7fffffff};
+    if (p.t < t_end) {
+        float acc[2] = {0.0f, 0.0f};
+        for (;;) {
+            if (!stream_step<FMT, MODE, AMAX>(g, xs4, qa, qb, p, acc, best, t_end, nwarps, nch, upl,
+                                              inv, lane))
+                break;
+            if (!stream_step<FMT, MODE, AMAX>(g, xs4, qb, qa, p, acc, best, t_end, nwarps, nch, upl,
+                                              inv, lane))
+                break;
+        }
     }
+    if (AMAX) stream_amax_commit(g, best);
 }
 
 bool cu_gemv_stream_ok(const dweight &w)
@@ -632,12 +654,12 @@ static bool stream_ok(const cu_gemv_set &g)
     return true;
 }
 
-template <int FMT, int MODE, bool NORM>
+template <int FMT, int MODE, bool NORM, bool AMAX = false>
 static void launch_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
 {
     static int bps, sms;
     const size_t smem = sizeof(float) * (size_t)g.w[0].k;
-    void (*kern)(cu_gemv_set, const float *) = k_gemv_stream<FMT, MODE, NORM>;
+    void (*kern)(cu_gemv_set, const float *) = k_gemv_stream<FMT, MODE, NORM, AMAX>;
     if (!sms) {
         /* room for the largest x (k = 16384) */
         CU(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
@@ -653,6 +675,12 @@ static void launch_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
     CU(cudaLaunchKernelEx(&l.cfg, kern, g, x));
 }
 
+bool cu_gemv_amax_ok(const cu_gemv_set &g)
+{
+    return !g.keep_order && g.nw == 1 && !g.pair && !g.rope_half && !g.resid && stream_ok(g) &&
+           g.w[0].n < 0x7fffffff;
+}
+
 static bool launch_stream_any(cudaStream_t s, const cu_gemv_set &g, const float *x)
 {
     if (!stream_ok(g)) return false;
@@ -665,7 +693,11 @@ static bool launch_stream_any(cudaStream_t s, const cu_gemv_set &g, const float 
     } while (0)
 #define STREAMK(F)                                                                                 \
     do {                                                                                           \
-        if (g.pair)                                                                                \
+        if (g.amax_out && g.nsrc)                                                                  \
+            launch_stream<F, SM_ROWS, true, true>(s, g, x);                                        \
+        else if (g.amax_out)                                                                       \
+            launch_stream<F, SM_ROWS, false, true>(s, g, x);                                       \
+        else if (g.pair)                                                                           \
             STREAMM(F, SM_PAIR);                                                                   \
         else if (g.rope_half)                                                                      \
             STREAMM(F, SM_ROPE);                                                                   \

@@ -9,26 +9,58 @@ static unsigned blocks_for(int64_t n, int threads)
     return (unsigned)(b > 65535 * 16 ? 65535 * 16 : b);
 }
 
+/* The rope tables' entries e = blockIdx.x * blockDim.x + threadIdx.x, at a stride of the
+ * grid's x threads (sincosf in full precision, as the host's cosf and sinf to an ulp or two). */
+static __device__ __forceinline__ void rope_tab_fill(const cu_rope_tab &rt, int n)
+{
+    const int total = n * rt.half;
+    for (int e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
+        const int t = e / rt.half, i = e - t * rt.half;
+        float sn, cs;
+        sincosf((float)rt.pos[t] * rt.inv[i], &sn, &cs);
+        rt.cos_t[e] = cs * rt.mscale;
+        rt.sin_t[e] = sn * rt.mscale;
+    }
+}
+
+__global__ void k_rope_tab(cu_rope_tab rt, int n)
+{
+    rope_tab_fill(rt, n);
+}
+
 /* A token row of the table, times scale; the token's id from the last pick where
- * pick_rows names one of its rows (>= 0), else from tokens. */
+ * pick_rows names one of its rows (>= 0), else from tokens. A row of blocks past the tokens
+ * (blockIdx.y == n) writes the rope tables. */
 __global__ void k_embed(float *out, dweight W, const int32_t *__restrict__ tokens,
                         const int32_t *__restrict__ pick_rows, const int32_t *__restrict__ picks,
-                        float scale)
+                        float scale, int n, cu_rope_tab rt)
 {
     allow_dependents();
     int t = blockIdx.y;
+    if (t == n) return rope_tab_fill(rt, n);
     const int pr = pick_rows ? pick_rows[t] : -1;
     int64_t id = pr >= 0 ? picks[pr] : tokens[t];
     for (int64_t c = blockIdx.x * blockDim.x + threadIdx.x; c < W.k; c += gridDim.x * blockDim.x)
         out[(int64_t)t * W.k + c] = dq_elem(W, id, c) * scale;
 }
 
-void cu_embed(cudaStream_t s, float *out, const dweight &table, const int32_t *tokens,
-              const int32_t *pick_rows, const int32_t *picks, int n, float scale)
+void cu_rope_tables(cudaStream_t s, const cu_rope_tab &rt, int n)
 {
     if (n <= 0) return;
-    dim3 grid((unsigned)((table.k + 255) / 256), (unsigned)n);
-    k_embed<<<grid, 256, 0, s>>>(out, table, tokens, pick_rows, picks, scale);
+    const int total = n * rt.half;
+    k_rope_tab<<<(unsigned)((total + 255) / 256 < 1024 ? (total + 255) / 256 : 1024), 256, 0, s>>>(
+        rt, n);
+    CU_LAUNCHED();
+}
+
+void cu_embed(cudaStream_t s, float *out, const dweight &table, const int32_t *tokens,
+              const int32_t *pick_rows, const int32_t *picks, int n, float scale,
+              const cu_rope_tab *rt)
+{
+    if (n <= 0) return;
+    dim3 grid((unsigned)((table.k + 255) / 256), (unsigned)n + (rt ? 1 : 0));
+    cu_rope_tab none = {};
+    k_embed<<<grid, 256, 0, s>>>(out, table, tokens, pick_rows, picks, scale, n, rt ? *rt : none);
     CU_LAUNCHED();
 }
 
@@ -498,19 +530,6 @@ void cu_split3(cudaStream_t s, const float *src, int m, int n0, int n1, int n2, 
  * for a row of 128256 values) and, with `tail`, the values past the last whole unit (all
  * of them when n4 is 0); thread 0 gets the block's best. */
 #define ARGMAX_UNROLL 8
-struct amax {
-    float v;
-    int i;
-};
-
-static __device__ __forceinline__ void amax_take(amax &b, float v, int i)
-{
-    if (v > b.v || (v == b.v && i < b.i)) {
-        b.v = v;
-        b.i = i;
-    }
-}
-
 static __device__ amax block_argmax(const float *r, int n, int n4, int lo4, int hi4, bool tail)
 {
     amax b = {-INFINITY, 0x7fffffff};
@@ -555,6 +574,7 @@ static __device__ __forceinline__ int row_units(const float *x, int n)
 __global__ void k_argmax(int32_t *out, const float *__restrict__ x, int n)
 {
     allow_dependents();
+    grid_dependency_wait();
     const int n4 = row_units(x, n);
     const amax b = block_argmax(x + (int64_t)blockIdx.x * n, n, n4, 0, n4, true);
     if (threadIdx.x == 0) out[blockIdx.x] = b.i == 0x7fffffff ? 0 : b.i;
@@ -569,33 +589,26 @@ __global__ void k_argmax_split(int32_t *out, const float *__restrict__ x, int n,
                                unsigned long long *slot, unsigned *count)
 {
     allow_dependents();
+    grid_dependency_wait();
     const int row = blockIdx.y, nb = (int)gridDim.x;
     const int n4 = row_units(x, n);
     const int lo4 = (int)((int64_t)n4 * blockIdx.x / nb),
               hi4 = (int)((int64_t)n4 * (blockIdx.x + 1) / nb);
     const amax b = block_argmax(x + (int64_t)row * n, n, n4, lo4, hi4, (int)blockIdx.x == nb - 1);
-    if (threadIdx.x != 0) return;
-    if (b.i != 0x7fffffff) {
-        const unsigned u = __float_as_uint(b.v);
-        const unsigned key = u & 0x80000000u ? ~u : u | 0x80000000u;
-        atomicMax(&slot[row], (unsigned long long)key << 32 | (unsigned)~b.i);
-    }
-    __threadfence();
-    if (atomicAdd(&count[row], 1u) != (unsigned)nb - 1) return;
-    const unsigned long long k = atomicExch(&slot[row], 0ull);
-    count[row] = 0;
-    out[row] = k ? (int32_t) ~(unsigned)(k & 0xffffffffu) : 0;
+    if (threadIdx.x == 0) amax_commit(b, &slot[row], &count[row], &out[row], (unsigned)nb);
 }
 
 void cu_argmax(cudaStream_t s, int32_t *out, const float *x, int rows, int n, int split,
-               unsigned long long *slot, unsigned *count)
+               unsigned long long *slot, unsigned *count, bool early)
 {
     if (rows <= 0) return;
+    cu_launch l;
     if (split > 1 && slot) {
-        k_argmax_split<<<dim3((unsigned)split, (unsigned)rows), 256, 0, s>>>(out, x, n, slot,
-                                                                             count);
+        cu_launch_init(&l, (unsigned)split, 256, 0, s, early);
+        l.cfg.gridDim = dim3((unsigned)split, (unsigned)rows);
+        CU(cudaLaunchKernelEx(&l.cfg, k_argmax_split, out, x, n, slot, count));
     } else {
-        k_argmax<<<(unsigned)rows, 1024, 0, s>>>(out, x, n);
+        cu_launch_init(&l, (unsigned)rows, 1024, 0, s, early);
+        CU(cudaLaunchKernelEx(&l.cfg, k_argmax, out, x, n));
     }
-    CU_LAUNCHED();
 }

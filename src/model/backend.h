@@ -102,6 +102,11 @@ struct backend_ops {
     /* x [rows, heads, d] rotated by cos/sin [rows, d/2] */
     void (*rope)(void *ctx, float *x, int rows, int heads, int d, const float *cos_t,
                  const float *sin_t);
+    /* Optional (NULL: the caller uploads tables it computed): cos_t and sin_t [n_tokens, half]
+     * of the batch's positions, cos((float)pos * inv_freq[i]) * mscale and the sine alike,
+     * in single precision; inv_freq [half] in backend memory. */
+    void (*rope_tables)(void *ctx, float *cos_t, float *sin_t, const float *inv_freq, int half,
+                        float mscale, const struct fwd_batch *b);
     /* Writes this step's K/V rows [n_tokens, n_kv_heads * head_dim] into their slots. */
     void (*kv_store)(void *ctx, const struct kv_layer *kv, const struct kv_geom *g, const float *k,
                      const float *v, const struct fwd_batch *b);

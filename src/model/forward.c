@@ -65,6 +65,13 @@ void model_forward(struct model *m, const struct fwd_batch *b, float *logits)
     o->batch_begin(ctx, b);
     int same_rope = rope_equal(&c->rope_full, &c->rope_sliding);
     for (int i = 0; i < (same_rope ? 1 : 2); i++) {
+        const struct rope_params *r = i == 0 ? &c->rope_full : &c->rope_sliding;
+        if (o->rope_tables && m->rope_inv_dev[i] && r->type != ROPE_DYNAMIC) {
+            /* the backend computes them where they are used: no copy before the step */
+            o->rope_tables(ctx, m->rope_cos[i], m->rope_sin[i], m->rope_inv_dev[i], D / 2,
+                           m->rope_mscale[i], b);
+            continue;
+        }
         rope_tables(m, i, b, m->host_cos, m->host_sin);
         o->upload(ctx, m->rope_cos[i], m->host_cos, half_bytes);
         o->upload(ctx, m->rope_sin[i], m->host_sin, half_bytes);

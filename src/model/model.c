@@ -330,6 +330,11 @@ int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blo
     for (int i = 0; i < 2; i++) {
         m->rope_cos[i] = A(T * D / 2);
         m->rope_sin[i] = A(T * D / 2);
+        if (o->rope_tables) {
+            m->rope_inv_dev[i] = A(D / 2);
+            if (m->rope_inv_dev[i])
+                o->upload(ctx, m->rope_inv_dev[i], m->rope_inv_freq[i], sizeof(float) * (D / 2));
+        }
     }
     m->host_cos = xmalloc(sizeof(float) * T * D / 2);
     m->host_sin = xmalloc(sizeof(float) * T * D / 2);
@@ -377,9 +382,22 @@ void model_destroy(struct model *m)
         free(m->layers);
     }
     if (m->final_norm) o->free(ctx, m->final_norm);
-    float *bufs[] = {m->x,           m->h,           m->q,           m->k,          m->v,
-                     m->att,         m->gate,        m->up,          m->xl,         m->logits,
-                     m->rope_cos[0], m->rope_cos[1], m->rope_sin[0], m->rope_sin[1]};
+    float *bufs[] = {m->x,
+                     m->h,
+                     m->q,
+                     m->k,
+                     m->v,
+                     m->att,
+                     m->gate,
+                     m->up,
+                     m->xl,
+                     m->logits,
+                     m->rope_cos[0],
+                     m->rope_cos[1],
+                     m->rope_sin[0],
+                     m->rope_sin[1],
+                     m->rope_inv_dev[0],
+                     m->rope_inv_dev[1]};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i]) o->free(ctx, bufs[i]);
     if (m->kv) {

@@ -43,6 +43,7 @@ struct model {
     struct model_layer *layers;
     float *rope_inv_freq[2]; /* [D/2] host tables: full-attention layers, sliding layers */
     float rope_mscale[2];    /* yarn attention factor (1 otherwise) */
+    float *rope_inv_dev[2];  /* the same in backend memory, where it computes the tables */
 
     /* Step state, sized by model_state_alloc (backend memory). */
     int max_tokens, max_logits;

@@ -310,6 +310,100 @@ static void test_picks(void)
     mat_free(&m);
 }
 
+/* The greedy pick of one row written by a one-row product with the norm fused (the output
+ * head of a decode step), which the product's blocks take themselves: the pick must be the
+ * argmax of the row as written. Rows 7 and n - 3 are the same and largest (x itself): the
+ * lower index wins. */
+static void test_head_pick(void)
+{
+    const int64_t n = 50000, k = 512;
+    float *x = rvec(k), *nw = xmalloc(sizeof(float) * k);
+    for (int i = 0; i < k; i++) nw[i] = 1.0f;
+    struct mat m;
+    test_mat_make(&m.h, WFMT_BF16, 16, 0, n, k, ST_BF16);
+    double ss = 0;
+    for (int i = 0; i < k; i++) ss += (double)x[i] * x[i];
+    const float inv = (float)(1.0 / sqrt(ss / k + 1e-6));
+    for (int i = 0; i < k; i++) {
+        const uint16_t v = f32_to_bf16(x[i] * inv);
+        memcpy(m.h.data + 7 * m.h.w.row_bytes + 2 * i, &v, 2);
+        memcpy(m.h.data + (n - 3) * m.h.w.row_bytes + 2 * i, &v, 2);
+    }
+    m.w = m.wg = m.h.w;
+    struct err e = {0};
+    CHECK(gpu.ops->weight_prepare(gpu.ctx, &m.wg, &e) == 0, "weight_prepare: %s", e.msg);
+    float *dx = dev(x, k), *dn = dev(nw, k), *dh = poisoned(k), *dy = poisoned(n);
+    for (int round = 0; round < 3; round++) { /* the slot and count must be left at zero */
+        gpu.ops->rms_norm(gpu.ctx, dh, dx, dn, 1, (int)k, 1e-6f);
+        gpu.ops->matmul(gpu.ctx, dy, dh, &m.wg, 1);
+        int32_t got = -1, want = -1;
+        gpu.ops->argmax(gpu.ctx, &got, dy, 1, (int)n);
+        float *y = back(dy, n);
+        cpu.ops->argmax(cpu.ctx, &want, y, 1, (int)n);
+        CHECK(got == want && want == 7, "head pick round %d: %d, argmax of the row %d (want 7)",
+              round, got, want);
+        free(y);
+    }
+    free(x);
+    free(nw);
+    gpu.ops->free(gpu.ctx, dx);
+    gpu.ops->free(gpu.ctx, dn);
+    gpu.ops->free(gpu.ctx, dh);
+    gpu.ops->free(gpu.ctx, dy);
+    mat_free(&m);
+}
+
+/* backend_ops.rope_tables against the host's cosf and sinf of the same single-precision
+ * angle (within 1e-6: the device's sincosf is within two ulps), alone and written by the
+ * embedding launch after it; the embedding must not change. */
+static void test_rope_tables(void)
+{
+    enum { N = 6, HALF = 64 };
+    const int32_t pos[N] = {0, 1, 77, 4095, 70000, 131071}, toks[N] = {3, 1, 4, 1, 5, 9};
+    const int32_t zero[N] = {0}, qs[2] = {0, N}, len[1] = {N}, bt[1] = {0};
+    float inv[HALF];
+    for (int i = 0; i < HALF; i++) inv[i] = (float)(1.0 / pow(500000.0, 2.0 * i / (2 * HALF)));
+    struct fwd_batch b = one_seq(N, toks, pos, zero, qs, len, bt, 1);
+    float *dinv = dev(inv, HALF);
+    struct mat m;
+    mat_make(&m, WFMT_BF16, 16, 0, 16, 256);
+    float *ref_e = xmalloc(sizeof(float) * N * 256);
+    cpu.ops->batch_begin(cpu.ctx, &b);
+    cpu.ops->embed(cpu.ctx, ref_e, &m.w, &b, 0.5f);
+    for (int fused = 0; fused < 2; fused++) {
+        const float ms = fused ? 0.7f : 1.0f;
+        float *dc = poisoned(N * HALF), *ds = poisoned(N * HALF), *de = poisoned(N * 256);
+        gpu.ops->batch_begin(gpu.ctx, &b);
+        gpu.ops->rope_tables(gpu.ctx, dc, ds, dinv, HALF, ms, &b);
+        if (fused) gpu.ops->embed(gpu.ctx, de, &m.wg, &b, 0.5f);
+        float *c = back(dc, N * HALF), *s = back(ds, N * HALF);
+        double worst = 0;
+        for (int t = 0; t < N; t++)
+            for (int i = 0; i < HALF; i++) {
+                const float ang = (float)pos[t] * inv[i];
+                const double ec = fabs(c[t * HALF + i] - cosf(ang) * ms),
+                             es = fabs(s[t * HALF + i] - sinf(ang) * ms);
+                worst = fmax(worst, fmax(ec, es));
+            }
+        CHECK(worst <= 1e-6, "rope tables (%s): largest difference %.3g > 1e-6",
+              fused ? "with the embedding" : "alone", worst);
+        if (fused) {
+            float *e = back(de, N * 256);
+            CHECK(rel_err(e, ref_e, N * 256) == 0,
+                  "embedding written with the rope tables differs");
+            free(e);
+        }
+        free(c);
+        free(s);
+        gpu.ops->free(gpu.ctx, dc);
+        gpu.ops->free(gpu.ctx, ds);
+        gpu.ops->free(gpu.ctx, de);
+    }
+    free(ref_e);
+    gpu.ops->free(gpu.ctx, dinv);
+    mat_free(&m);
+}
+
 /* Runs one element-wise op on both backends and compares. */
 static void test_elementwise(void)
 {
@@ -1472,6 +1566,8 @@ static void default_section(void)
     products_and_fusions();
     test_elementwise();
     test_picks();
+    test_head_pick();
+    test_rope_tables();
     rope_kv_cases();
     test_norm_fusion(); /* also 4-bit q/k/v as one set and gate/up as a pair */
     test_gemv_tc_many_tiles();
