@@ -157,8 +157,9 @@ struct cu_ctx {
     int32_t *d_pick;
     int pick_cap;
     int argmax_split; /* rows few enough to split (PAGODA_CUDA_ARGMAX_SPLIT=0: a block a row) */
-    int argmax_fuse;  /* one row picked by the product that writes it (PAGODA_CUDA_ARGMAX_FUSE=0:
-                         off) */
+    struct backend_ops ops; /* cuda_ops with this backend's switches applied */
+    int argmax_fuse; /* one row picked by the product that writes it (PAGODA_CUDA_ARGMAX_FUSE=0:
+                        off) */
     int32_t *h_pick[2];
     cudaEvent_t pick_done[2];
     int pick_n[2], pick_first, pick_pending;
@@ -1827,7 +1828,7 @@ static const struct backend_ops cuda_ops = {
     .add_bias = cu_add_bias_op,
     .rms_norm = cu_rms_norm_op,
     .rope = cu_rope_op,
-    .rope_tables = cu_rope_tables_op,
+    .rope_tables = NULL, /* set per backend (cu_create) */
     .kv_store = cu_kv_store_op,
     .attention = cu_attention_op,
     .act_mul = cu_act_mul_op,
@@ -1842,7 +1843,6 @@ static const struct backend_ops cuda_ops = {
 
 /* The same with sampling on the GPU (the default; PAGODA_CUDA_SAMPLE=0: off), filled in at
  * start. */
-static struct backend_ops cuda_ops_sample;
 
 int backend_cuda_device_count(void)
 {
@@ -1961,13 +1961,12 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     }
     env = getenv("PAGODA_CUDA_PDL");
     c->early_launch = c->prop.major >= 9 && !(env && !strcmp(env, "0"));
-    if (env_flag("PAGODA_CUDA_SAMPLE", 1)) {
-        cuda_ops_sample = cuda_ops;
-        cuda_ops_sample.sample = cu_sample_op;
-        be->ops = &cuda_ops_sample;
-    } else {
-        be->ops = &cuda_ops;
-    }
+    /* GPU sampling and rope tables (PAGODA_CUDA_SAMPLE=0, PAGODA_CUDA_ROPE_TABLES=0: the
+     * host's) */
+    c->ops = cuda_ops;
+    if (env_flag("PAGODA_CUDA_SAMPLE", 1)) c->ops.sample = cu_sample_op;
+    if (env_flag("PAGODA_CUDA_ROPE_TABLES", 1)) c->ops.rope_tables = cu_rope_tables_op;
+    be->ops = &c->ops;
     be->ctx = c;
     return 0;
 }
