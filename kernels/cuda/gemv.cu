@@ -538,10 +538,10 @@ template <int FMT, int MODE, bool AMAX>
 static __device__ __forceinline__ bool
 stream_step(const cu_gemv_set &g, const float4 *xs4, uint4 (&cur)[STREAM_CH],
             uint4 (&nxt)[STREAM_CH], stream_pos &p, float (&acc)[2], amax &best, int64_t t_end,
-            int nwarps, int nch, int upl, float inv, int lane)
+            int nwarps, int nch, int upl, float inv, int lane, bool load = true)
 {
     const stream_pos n = stream_next<MODE>(p, nch, nwarps);
-    if (n.t < t_end) stream_load<MODE>(g, nxt, n, nch, upl, lane);
+    if (load && n.t < t_end) stream_load<MODE>(g, nxt, n, nch, upl, lane);
     stream_use<FMT, MODE, AMAX>(g, xs4, cur, p, n, acc, best, nch, upl, inv, lane);
     p = n;
     return n.t < t_end;
@@ -619,16 +619,21 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
 
     uint4 qa[STREAM_CH], qb[STREAM_CH];
     if (p.t < t_end) stream_load<MODE>(g, qa, p, nch, upl, lane);
+    /* with pre2, the second chunk as well (the first step then loads nothing) */
+    const bool pre2 = g.pre2 && p.t < t_end && stream_next<MODE>(p, nch, nwarps).t < t_end;
+    if (pre2) stream_load<MODE>(g, qb, stream_next<MODE>(p, nch, nwarps), nch, upl, lane);
     /* x comes from the previous kernel: only now wait for it */
     grid_dependency_wait();
     const float inv = stream_stage_x<NORM>(g, x, xs4, red, k);
     amax best = {-INFINITY, 0x7fffffff};
     if (p.t < t_end) {
         float acc[2] = {0.0f, 0.0f};
+        bool ld = !pre2;
         for (;;) {
             if (!stream_step<FMT, MODE, AMAX>(g, xs4, qa, qb, p, acc, best, t_end, nwarps, nch, upl,
-                                              inv, lane))
+                                              inv, lane, ld))
                 break;
+            ld = true;
             if (!stream_step<FMT, MODE, AMAX>(g, xs4, qb, qa, p, acc, best, t_end, nwarps, nch, upl,
                                               inv, lane))
                 break;
