@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Summary of a kernel timeline written with PAGODA_CUDA_KTRACE=FILE.
 
-    scripts/ktrace-summary.py FILE [--step-end NAME] [--steps N] [--show N]
+    scripts/ktrace-summary.py FILE [--step-start NAME | --step-end NAME] [--steps N] [--show N]
 
-A step ends with a kernel whose name contains NAME (default k_argmax: the greedy token of a
-decode step). For the last N complete steps (default 5): each step's time, the time some
+A step starts with a kernel whose name contains the --step-start NAME (default k_embed: the
+first launch of a step; the greedy pick has no launch of its own where the output head takes
+it), or ends with one named by --step-end. For the last N complete steps (default 5): each step's time, the time some
 kernel was running, and the sum of the gaps in which none was. For the last step: per
 kernel, its launches, median and total time, and the median gap before it; then its first
 --show kernels in order (default 16), each with its time and the gap before it (negative:
@@ -35,7 +36,8 @@ def short(name):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("file")
-    ap.add_argument("--step-end", default="k_argmax")
+    ap.add_argument("--step-start", default="k_embed")
+    ap.add_argument("--step-end", default=None)
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--show", type=int, default=16)
     a = ap.parse_args()
@@ -44,9 +46,14 @@ def main():
         for r in csv.DictReader(f):
             ks.append((int(r["start_ns"]), int(r["end_ns"]), short(r["kernel"])))
     ks.sort()
-    ends = [i for i, k in enumerate(ks) if a.step_end in k[2]]
+    if a.step_end:
+        name = a.step_end
+        ends = [i for i, k in enumerate(ks) if name in k[2]]
+    else:
+        name = a.step_start
+        ends = [i - 1 for i, k in enumerate(ks) if name in k[2] and i > 0]
     if len(ends) < 2:
-        raise SystemExit(f"fewer than two kernels named {a.step_end}: no complete step")
+        raise SystemExit(f"fewer than two kernels named {name}: no complete step")
     print(f"{len(ks)} kernels, {len(ends)} ending a step")
     pairs = list(zip(ends[:-1], ends[1:]))[-a.steps:]
     for lo, hi in pairs:

@@ -181,8 +181,8 @@ struct cu_ctx {
     int early_launch; /* programmatic dependent launch of it (PAGODA_CUDA_PDL=0: off) */
     int gemv_tc;      /* PAGODA_CUDA_GEMV_TC (default 4): 4-bit m = 1 products on tensor cores */
     size_t l2_pin;    /* bytes of the output head kept in L2 (PAGODA_CUDA_L2_PIN=1), else 0 */
-    int stream_pre2;  /* streamed products load two chunks before the wait
-                         (PAGODA_CUDA_STREAM_PRE2=1) */
+    int stream_pre;   /* chunks a warp of a streamed product loads before the wait
+                         (PAGODA_CUDA_STREAM_PRE=0, 1: the default, or 2) */
     int gemv_stream;  /* 16-bit m = 1 products streamed by warps (PAGODA_CUDA_GEMV_STREAM=0: off) */
     int gemv_rope; /* with rope and the KV store in the q/k/v one (PAGODA_CUDA_GEMV_ROPE=0: off) */
     int lt_small;  /* bf16 products of 2 to 8 rows on cuBLASLt (PAGODA_CUDA_LT_SMALL=0: off) */
@@ -513,40 +513,6 @@ static graph_entry *graph_find(cu_ctx *c)
     return NULL;
 }
 
-/* With PAGODA_CUDA_L2_PIN=1, the first bytes of the output head (the step's last one-row
- * product, read whole every step) stay in the persisting part of L2 from one step to the
- * next: an access policy window on the graph's kernels. */
-static void l2_window(cu_ctx *c, cudaGraph_t graph)
-{
-    if (!c->l2_pin) return;
-    const op *h = NULL;
-    for (int i = c->n_ops - 1; i >= 0 && !h; i--)
-        if (c->tape[i].kind == OP_GEMV && c->tape[i].i[0] == 1) h = &c->tape[i];
-    if (!h) return;
-    size_t bytes = (size_t)h->gs.w[0].row_bytes * (size_t)h->gs.w[0].n;
-    if (bytes > c->l2_pin) bytes = c->l2_pin;
-    cudaKernelNodeAttrValue v;
-    memset(&v, 0, sizeof v);
-    v.accessPolicyWindow.base_ptr = (void *)h->gs.w[0].w;
-    v.accessPolicyWindow.num_bytes = bytes;
-    v.accessPolicyWindow.hitRatio = 1.0f;
-    v.accessPolicyWindow.hitProp = cudaAccessPropertyPersisting;
-    v.accessPolicyWindow.missProp = cudaAccessPropertyStreaming;
-    size_t n = 0;
-    CU(cudaGraphGetNodes(graph, NULL, &n));
-    cudaGraphNode_t *nodes = (cudaGraphNode_t *)malloc(sizeof(cudaGraphNode_t) * (n ? n : 1));
-    if (!nodes) cu_fatal("malloc", "out of host memory", __FILE__, __LINE__);
-    CU(cudaGraphGetNodes(graph, nodes, &n));
-    for (size_t i = 0; i < n; i++) {
-        cudaGraphNodeType t;
-        CU(cudaGraphNodeGetType(nodes[i], &t));
-        if (t == cudaGraphNodeTypeKernel)
-            CU(cudaGraphKernelNodeSetAttribute(nodes[i], cudaKernelNodeAttributeAccessPolicyWindow,
-                                               &v));
-    }
-    free(nodes);
-}
-
 static graph_entry *graph_capture(cu_ctx *c)
 {
     graph_entry *g = &c->graphs[0];
@@ -565,7 +531,6 @@ static graph_entry *graph_capture(cu_ctx *c)
     CU(cudaStreamBeginCapture(c->st, cudaStreamCaptureModeThreadLocal));
     for (int i = 0; i < c->n_ops; i++) exec_op(c, &c->tape[i]);
     CU(cudaStreamEndCapture(c->st, &graph));
-    l2_window(c, graph);
     CU(cudaGraphInstantiate(&g->exec, graph, 0));
     CU(cudaGraphDestroy(graph));
     g->ops = (op *)malloc(sizeof(op) * (size_t)c->n_ops);
@@ -1213,7 +1178,7 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
         o->gs.early = c->early_launch;
         o->gs.tc4 = c->gemv_tc;
         o->gs.stream16 = c->gemv_stream;
-        o->gs.pre2 = c->stream_pre2;
+        o->gs.pre = c->stream_pre;
         o->gs.w[0] = d;
         o->gs.y[0] = y;
         o->gs.row_end[0] = d.n;
@@ -1978,14 +1943,8 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
                  : env && !strcmp(env, "3") ? 3
                                             : env_flag("PAGODA_CUDA_GEMV_TC", 4);
     c->gemv_stream = env_flag("PAGODA_CUDA_GEMV_STREAM", 1);
-    c->stream_pre2 = env_flag("PAGODA_CUDA_STREAM_PRE2", 0);
-    if (env_flag("PAGODA_CUDA_L2_PIN", 0) && c->prop.persistingL2CacheMaxSize > 0) {
-        c->l2_pin = (size_t)c->prop.persistingL2CacheMaxSize;
-        if (c->l2_pin > (size_t)c->prop.accessPolicyMaxWindowSize)
-            c->l2_pin = (size_t)c->prop.accessPolicyMaxWindowSize;
-        CU(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, c->l2_pin));
-        fprintf(stderr, "pagoda: %.1f MB of the output head kept in L2\n", c->l2_pin / 1e6);
-    }
+    env = getenv("PAGODA_CUDA_STREAM_PRE");
+    c->stream_pre = env && (env[0] == '0' || env[0] == '2') && !env[1] ? env[0] - '0' : 1;
     c->gemv_rope = env_flag("PAGODA_CUDA_GEMV_ROPE", 1);
     c->lt_small = env_flag("PAGODA_CUDA_LT_SMALL", 1);
     c->gemm_streams = env_flag("PAGODA_CUDA_GEMM_STREAMS", 1);

@@ -43,9 +43,9 @@ struct cu_gemv_set {
     /* 16-bit weights at m = 1 through k_gemv_stream (x staged in shared memory, warps
      * streaming whole rows); 0: the row kernel */
     int stream16;
-    /* k_gemv_stream: each warp's first two chunks loaded before the wait for the previous
-     * kernel (else the first) */
-    int pre2;
+    /* k_gemv_stream: each warp's first chunks loaded before the wait for the previous
+     * kernel (0, 1 or 2; with 0 the first after it) */
+    int pre;
     /* m = 1, fused neighbours (NULL: none). Prologue: x = rms_norm(nsrc) * nweight with
      * nepsilon, also written to x itself; epilogue (one matrix, no pair): resid += y. */
     const float *nsrc, *nweight;

@@ -618,12 +618,13 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
     stream_pos p = {rows * blockIdx.x / gridDim.x + warp, 0};
 
     uint4 qa[STREAM_CH], qb[STREAM_CH];
-    if (p.t < t_end) stream_load<MODE>(g, qa, p, nch, upl, lane);
-    /* with pre2, the second chunk as well (the first step then loads nothing) */
-    const bool pre2 = g.pre2 && p.t < t_end && stream_next<MODE>(p, nch, nwarps).t < t_end;
+    if (g.pre && p.t < t_end) stream_load<MODE>(g, qa, p, nch, upl, lane);
+    /* with pre 2, the second chunk as well (the first step then loads nothing) */
+    const bool pre2 = g.pre == 2 && p.t < t_end && stream_next<MODE>(p, nch, nwarps).t < t_end;
     if (pre2) stream_load<MODE>(g, qb, stream_next<MODE>(p, nch, nwarps), nch, upl, lane);
     /* x comes from the previous kernel: only now wait for it */
     grid_dependency_wait();
+    if (!g.pre && p.t < t_end) stream_load<MODE>(g, qa, p, nch, upl, lane);
     const float inv = stream_stage_x<NORM>(g, x, xs4, red, k);
     amax best = {-INFINITY, 0x7fffffff};
     if (p.t < t_end) {
