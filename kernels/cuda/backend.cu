@@ -180,7 +180,6 @@ struct cu_ctx {
     int row_gemv;     /* the m = 1 matrix-vector kernel (PAGODA_CUDA_GEMV_ROW=0: off) */
     int early_launch; /* programmatic dependent launch of it (PAGODA_CUDA_PDL=0: off) */
     int gemv_tc;      /* PAGODA_CUDA_GEMV_TC (default 4): 4-bit m = 1 products on tensor cores */
-    size_t l2_pin;    /* bytes of the output head kept in L2 (PAGODA_CUDA_L2_PIN=1), else 0 */
     int stream_pre;   /* chunks a warp of a streamed product loads before the wait
                          (PAGODA_CUDA_STREAM_PRE=0, 1: the default, or 2) */
     int gemv_stream;  /* 16-bit m = 1 products streamed by warps (PAGODA_CUDA_GEMV_STREAM=0: off) */
