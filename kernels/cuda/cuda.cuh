@@ -46,6 +46,9 @@ struct cu_gemv_set {
     /* k_gemv_stream: each warp's first chunks loaded before the wait for the previous
      * kernel (0, 1 or 2; with 0 the first after it) */
     int pre;
+    /* k_gemv_stream: what a task's outputs read (residual, rope values, slot) loaded ahead
+     * of its end (the first task's while x is staged); 0: at its end */
+    int ep_early;
     /* m = 1, fused neighbours (NULL: none). Prologue: x = rms_norm(nsrc) * nweight with
      * nepsilon, also written to x itself; epilogue (one matrix, no pair): resid += y. */
     const float *nsrc, *nweight;

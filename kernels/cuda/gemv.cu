@@ -499,7 +499,8 @@ static __device__ __forceinline__ stream_pos stream_next(stream_pos p, int nch, 
 template <int FMT, int MODE, bool AMAX>
 static __device__ __forceinline__ void
 stream_use(const cu_gemv_set &g, const float4 *xs4, const uint4 (&q)[STREAM_CH], stream_pos p,
-           stream_pos n, float (&acc)[2], amax &best, int nch, int upl, float inv, int lane)
+           stream_pos n, float (&acc)[2], amax &best, stream_ep &ep, int64_t t_end, int nch,
+           int upl, float inv, int lane)
 {
     constexpr int NA = MODE == SM_ROWS ? 1 : 2;
     const int a = NA == 2 && p.s >= nch ? 1 : 0, c = p.s - a * nch;
@@ -525,8 +526,10 @@ stream_use(const cu_gemv_set &g, const float4 *xs4, const uint4 (&q)[STREAM_CH],
         }
         if (lane == 0) {
             const float y0 = acc[0] * inv;
-            stream_out<MODE>(g, p.t, y0, acc[1] * inv);
+            if (!g.ep_early) stream_ep_load<MODE>(g, p.t, ep);
+            stream_out_ep<MODE>(g, p.t, y0, acc[1] * inv, ep);
             if (AMAX) amax_take(best, y0, (int)p.t); /* one matrix: t is its row */
+            if (g.ep_early && n.t < t_end) stream_ep_load<MODE>(g, n.t, ep); /* the next task's */
         }
         acc[0] = acc[1] = 0.0f;
     }
@@ -537,12 +540,12 @@ stream_use(const cu_gemv_set &g, const float4 *xs4, const uint4 (&q)[STREAM_CH],
 template <int FMT, int MODE, bool AMAX>
 static __device__ __forceinline__ bool
 stream_step(const cu_gemv_set &g, const float4 *xs4, uint4 (&cur)[STREAM_CH],
-            uint4 (&nxt)[STREAM_CH], stream_pos &p, float (&acc)[2], amax &best, int64_t t_end,
-            int nwarps, int nch, int upl, float inv, int lane, bool load = true)
+            uint4 (&nxt)[STREAM_CH], stream_pos &p, float (&acc)[2], amax &best, stream_ep &ep,
+            int64_t t_end, int nwarps, int nch, int upl, float inv, int lane, bool load = true)
 {
     const stream_pos n = stream_next<MODE>(p, nch, nwarps);
     if (load && n.t < t_end) stream_load<MODE>(g, nxt, n, nch, upl, lane);
-    stream_use<FMT, MODE, AMAX>(g, xs4, cur, p, n, acc, best, nch, upl, inv, lane);
+    stream_use<FMT, MODE, AMAX>(g, xs4, cur, p, n, acc, best, ep, t_end, nch, upl, inv, lane);
     p = n;
     return n.t < t_end;
 }
@@ -625,18 +628,22 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
     /* x comes from the previous kernel: only now wait for it */
     grid_dependency_wait();
     if (!g.pre && p.t < t_end) stream_load<MODE>(g, qa, p, nch, upl, lane);
+    /* the first task's residual or rope values, written by earlier kernels: loaded while x
+     * is staged */
+    stream_ep ep = {0.0f, 0.0f, 0.0f};
+    if (g.ep_early && lane == 0 && p.t < t_end) stream_ep_load<MODE>(g, p.t, ep);
     const float inv = stream_stage_x<NORM>(g, x, xs4, red, k);
     amax best = {-INFINITY, 0x7fffffff};
     if (p.t < t_end) {
         float acc[2] = {0.0f, 0.0f};
         bool ld = !pre2;
         for (;;) {
-            if (!stream_step<FMT, MODE, AMAX>(g, xs4, qa, qb, p, acc, best, t_end, nwarps, nch, upl,
-                                              inv, lane, ld))
+            if (!stream_step<FMT, MODE, AMAX>(g, xs4, qa, qb, p, acc, best, ep, t_end, nwarps, nch,
+                                              upl, inv, lane, ld))
                 break;
             ld = true;
-            if (!stream_step<FMT, MODE, AMAX>(g, xs4, qb, qa, p, acc, best, t_end, nwarps, nch, upl,
-                                              inv, lane))
+            if (!stream_step<FMT, MODE, AMAX>(g, xs4, qb, qa, p, acc, best, ep, t_end, nwarps, nch,
+                                              upl, inv, lane))
                 break;
         }
     }

@@ -53,10 +53,33 @@ static __device__ __forceinline__ int task_row(const cu_gemv_set &g, int64_t t, 
     return r.wi;
 }
 
-/* The outputs of a finished task (one thread; a and b: the sums of its first and second
- * row). */
+/* What a task's outputs read besides its sums: the residual row (plain rows with the add),
+ * the rope angle's cosine and sine (q/k/v; the cache slot, one word every warp reads, is
+ * left to the end). Loaded ahead of the task's end (stream_ep_load), so that no load from
+ * L2 waits between its last sums and its stores. */
+struct stream_ep {
+    float r, cs, sn;
+};
+
 template <int MODE>
-static __device__ __forceinline__ void stream_out(const cu_gemv_set &g, int64_t t, float a, float b)
+static __device__ __forceinline__ void stream_ep_load(const cu_gemv_set &g, int64_t t, stream_ep &e)
+{
+    if (MODE == SM_ROWS) {
+        if (g.resid) e.r = __ldcg(g.resid + t); /* one matrix: t is its row */
+    } else if (MODE == SM_ROPE) {
+        const rope_task r = rope_of(g, t);
+        if (r.wi < 2) {
+            e.cs = g.rcos[r.j];
+            e.sn = g.rsin[r.j];
+        }
+    }
+}
+
+/* The outputs of a finished task (one thread; a and b: the sums of its first and second
+ * row; e: its stream_ep_load). */
+template <int MODE>
+static __device__ __forceinline__ void stream_out_ep(const cu_gemv_set &g, int64_t t, float a,
+                                                     float b, const stream_ep &e)
 {
     if (MODE == SM_PAIR) {
         g.y[0][t] = act_of(a, g.gelu) * b;
@@ -65,13 +88,12 @@ static __device__ __forceinline__ void stream_out(const cu_gemv_set &g, int64_t 
         int64_t rl;
         const int wi = set_row(g, t, &rl);
         g.y[wi][rl] = a;
-        if (g.resid) g.resid[t] += a; /* one matrix: t is its row */
+        if (g.resid) g.resid[t] = e.r + a;
     } else {
         const rope_task r = rope_of(g, t);
         const int half = g.rope_half;
         if (r.wi < 2) { /* as k_rope_kv */
-            const float cs = g.rcos[r.j], si = g.rsin[r.j], ra = a * cs - b * si,
-                        rb = b * cs + a * si;
+            const float ra = a * e.cs - b * e.sn, rb = b * e.cs + a * e.sn;
             a = ra;
             b = rb;
         }
@@ -85,6 +107,15 @@ static __device__ __forceinline__ void stream_out(const cu_gemv_set &g, int64_t 
             cache[r0 + half] = __float2bfloat16_rn(b);
         }
     }
+}
+
+/* The same with its inputs loaded now. */
+template <int MODE>
+static __device__ __forceinline__ void stream_out(const cu_gemv_set &g, int64_t t, float a, float b)
+{
+    stream_ep e = {0.0f, 0.0f, 0.0f};
+    stream_ep_load<MODE>(g, t, e);
+    stream_out_ep<MODE>(g, t, a, b, e);
 }
 
 #endif
