@@ -182,8 +182,6 @@ struct cu_ctx {
     int gemv_tc;      /* PAGODA_CUDA_GEMV_TC (default 4): 4-bit m = 1 products on tensor cores */
     int ep_early;     /* streamed products load their outputs' inputs early (PAGODA_CUDA_EP_EARLY=0:
                          at each task's end) */
-    int stream_pre;   /* chunks a warp of a streamed product loads before the wait
-                         (PAGODA_CUDA_STREAM_PRE=0, 1: the default, or 2) */
     int gemv_stream;  /* 16-bit m = 1 products streamed by warps (PAGODA_CUDA_GEMV_STREAM=0: off) */
     int gemv_rope; /* with rope and the KV store in the q/k/v one (PAGODA_CUDA_GEMV_ROPE=0: off) */
     int lt_small;  /* bf16 products of 2 to 8 rows on cuBLASLt (PAGODA_CUDA_LT_SMALL=0: off) */
@@ -1179,7 +1177,6 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
         o->gs.early = c->early_launch;
         o->gs.tc4 = c->gemv_tc;
         o->gs.stream16 = c->gemv_stream;
-        o->gs.pre = c->stream_pre;
         o->gs.ep_early = c->ep_early;
         o->gs.w[0] = d;
         o->gs.y[0] = y;
@@ -1946,8 +1943,6 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
                                             : env_flag("PAGODA_CUDA_GEMV_TC", 4);
     c->gemv_stream = env_flag("PAGODA_CUDA_GEMV_STREAM", 1);
     c->ep_early = env_flag("PAGODA_CUDA_EP_EARLY", 1);
-    env = getenv("PAGODA_CUDA_STREAM_PRE");
-    c->stream_pre = env && (env[0] == '0' || env[0] == '2') && !env[1] ? env[0] - '0' : 1;
     c->gemv_rope = env_flag("PAGODA_CUDA_GEMV_ROPE", 1);
     c->lt_small = env_flag("PAGODA_CUDA_LT_SMALL", 1);
     c->gemm_streams = env_flag("PAGODA_CUDA_GEMM_STREAMS", 1);

@@ -43,9 +43,6 @@ struct cu_gemv_set {
     /* 16-bit weights at m = 1 through k_gemv_stream (x staged in shared memory, warps
      * streaming whole rows); 0: the row kernel */
     int stream16;
-    /* k_gemv_stream: each warp's first chunks loaded before the wait for the previous
-     * kernel (0, 1 or 2; with 0 the first after it) */
-    int pre;
     /* k_gemv_stream: what a task's outputs read (residual, rope values, slot) loaded ahead
      * of its end (the first task's while x is staged); 0: at its end */
     int ep_early;
