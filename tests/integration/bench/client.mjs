@@ -158,8 +158,10 @@ await run([
 
   test('a single run writes its latency plot', async () => {
     const svg = join(tmp, 'run.svg');
+    // 32 tokens a request: with 6, a fast step could send each request's tokens in one
+    // event, leaving the inter-token panel without samples (and without its curve)
     const r = bench('plot', [...common, '--num-prompts', '6', '--concurrency', '3',
-      '--input-len', '8', '--output-len', '6', '--plot', svg]);
+      '--input-len', '8', '--output-len', '32', '--plot', svg]);
     consistent(r, 6);
     const text = readFileSync(svg, 'utf8');
     assert.equal((text.match(/<polyline/g) || []).length, 5, 'four CDFs and the timeline');
