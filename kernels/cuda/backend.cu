@@ -1844,9 +1844,6 @@ static const struct backend_ops cuda_ops = {
     .sample = NULL,
 };
 
-/* The same with sampling on the GPU (the default; PAGODA_CUDA_SAMPLE=0: off), filled in at
- * start. */
-
 int backend_cuda_device_count(void)
 {
     int n = 0;
