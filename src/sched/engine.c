@@ -431,6 +431,13 @@ static void free_request(struct request *r)
     free(r);
 }
 
+void req_count_finish(struct engine *en, enum finish_reason why)
+{
+    pthread_mutex_lock(&en->mu);
+    en->stats.requests_finished[why]++;
+    pthread_mutex_unlock(&en->mu);
+}
+
 void req_finish(struct engine *en, struct request *r, enum finish_reason why, int emit)
 {
     /* no plan may name it any more (the step in flight computes its row in vain) */
@@ -444,6 +451,7 @@ void req_finish(struct engine *en, struct request *r, enum finish_reason why, in
     kv_release(&en->pool, r->blocks, r->n_blocks);
     r->n_blocks = 0;
     r->state = RS_DONE;
+    if (emit) req_count_finish(en, why);
     if (emit && r->cb) {
         struct engine_event ev = {.kind = ENGINE_EV_FINISH,
                                   .req_id = r->id,
@@ -456,7 +464,6 @@ void req_finish(struct engine *en, struct request *r, enum finish_reason why, in
     }
     pthread_mutex_lock(&en->mu);
     en->live--;
-    en->stats.requests_finished[why]++;
     pthread_mutex_unlock(&en->mu);
     free_request(r);
 }

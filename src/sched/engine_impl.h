@@ -122,6 +122,12 @@ struct engine {
 int step_run(struct engine *en);
 /* Publishes the running/waiting/KV gauges to the shared statistics. */
 void step_publish_gauges(struct engine *en);
+/* Counts a finished request in the statistics; done before its last event goes out, so
+ * that a client that has seen its end finds it in /metrics. */
+void req_count_finish(struct engine *en, enum finish_reason why);
+/* Retires r (its blocks back to the pool, no plan naming it) and frees it. With emit, its
+ * FINISH event goes out (counted first); without, the caller has already sent its end with
+ * the last token and counted it. */
 void req_finish(struct engine *en, struct request *r, enum finish_reason why, int emit);
 
 /* sample.c: the next token of r from its logits row (left unchanged). */

@@ -291,12 +291,32 @@ static void advance(struct engine *en, struct step_seq *p, struct step_counts *s
     }
 }
 
-/* Once the step's tokens are known: the sampled token, its event, the stop checks.
- * Returns tokens sampled. */
-static int result(struct engine *en, struct step_seq *p)
+/* The tokens the plan's entries pick (those still live whose last row samples). */
+static int picks(const struct step_seq *plan, int n)
+{
+    int k = 0;
+    for (int s = 0; s < n; s++) k += plan[s].r && plan[s].samples;
+    return k;
+}
+
+/* Adds the counts gathered so far to the engine's counters before any event of them goes
+ * out, so that a client that has its tokens reads them in /metrics. */
+static void publish_counts(struct engine *en, struct step_counts *sc)
+{
+    if (!sc->prompt_tokens && !sc->gen_tokens) return;
+    pthread_mutex_lock(&en->mu);
+    en->stats.prompt_tokens += sc->prompt_tokens;
+    en->stats.generation_tokens += sc->gen_tokens;
+    pthread_mutex_unlock(&en->mu);
+    sc->prompt_tokens = sc->gen_tokens = 0;
+}
+
+/* Once the step's tokens are known: the sampled token, its event, the stop checks (the
+ * token is counted by the caller, before this emits it). */
+static void result(struct engine *en, struct step_seq *p)
 {
     struct request *r = p->r;
-    if (!r || !p->samples) return 0;
+    if (!r || !p->samples) return;
     if (r->plp && !r->plp_sent) {
         struct engine_event ev = {.kind = ENGINE_EV_PROMPT_LOGPROBS,
                                   .req_id = r->id,
@@ -334,9 +354,9 @@ static int result(struct engine *en, struct step_seq *p)
         ev.top = en->top;
     }
     ev.finish = stop_check(en, r, t);
+    if (ev.finish != FINISH_NONE) req_count_finish(en, ev.finish);
     emit(r, &ev);
     if (ev.finish != FINISH_NONE) req_finish(en, r, ev.finish, 0);
-    return 1;
 }
 
 /* For each sequence whose token the launched step picks: a placeholder at the end of its
@@ -424,7 +444,9 @@ static void collect(struct engine *en, struct step_counts *sc)
     struct step_seq *plan = en->plans[!en->cur];
     model_picks(en->m, en->fly_nl, en->greedy);
     en->greedy_step = 1;
-    for (int s = 0; s < en->fly_n; s++) sc->gen_tokens += (uint64_t)result(en, &plan[s]);
+    sc->gen_tokens += (uint64_t)picks(plan, en->fly_n);
+    publish_counts(en, sc);
+    for (int s = 0; s < en->fly_n; s++) result(en, &plan[s]);
     en->fly_n = 0;
     en->plan_n[!en->cur] = 0;
 }
@@ -493,10 +515,10 @@ int step_run(struct engine *en)
                 en->greedy_step = 0;
                 model_forward(en->m, &b, en->logits);
                 struct step_seq *plan = en->plans[en->cur];
-                for (int s = 0; s < n_plan; s++) {
-                    advance(en, &plan[s], &sc);
-                    sc.gen_tokens += (uint64_t)result(en, &plan[s]);
-                }
+                for (int s = 0; s < n_plan; s++) advance(en, &plan[s], &sc);
+                sc.gen_tokens += (uint64_t)picks(plan, n_plan);
+                publish_counts(en, &sc);
+                for (int s = 0; s < n_plan; s++) result(en, &plan[s]);
                 en->plan_n[en->cur] = 0;
             }
         }
