@@ -1592,10 +1592,13 @@ static void pick_reserve(cu_ctx *c, int rows)
     const int old = c->pick_cap, nr = rows + rows / 2;
     unsigned long long *base;
     CU(cudaMalloc((void **)&base, (sizeof(unsigned long long) + 2 * sizeof(int32_t)) * nr));
-    CU(cudaMemset(base, 0, (sizeof(unsigned long long) + sizeof(unsigned)) * nr));
+    /* On the step stream: it does not wait for the legacy default stream (non-blocking), so
+     * a plain cudaMemset could still be pending when the first pick counts its blocks in */
+    CU(cudaMemsetAsync(base, 0, (sizeof(unsigned long long) + sizeof(unsigned)) * nr, c->st));
     int32_t *ids = (int32_t *)((unsigned *)(base + nr) + nr);
     if (old) {
-        CU(cudaMemcpy(ids, c->d_pick, sizeof(int32_t) * old, cudaMemcpyDeviceToDevice));
+        CU(cudaMemcpyAsync(ids, c->d_pick, sizeof(int32_t) * old, cudaMemcpyDeviceToDevice, c->st));
+        CU(cudaStreamSynchronize(c->st));
         CU(cudaFree(c->d_amax_slot));
     }
     c->d_amax_slot = base;
