@@ -411,6 +411,82 @@ static void test_controls(const char *dir, struct golden_case *cs, int nc)
     engine_destroy(en);
 }
 
+/* Events checked against the engine's statistics as they arrive: every token, prompt token
+ * and end that a client has seen is counted already (so that a client that reads /metrics
+ * after its last token finds it there). */
+struct counted {
+    struct engine *en;
+    struct engine_stats base;
+    uint64_t tokens, prompt_tokens, ends[FINISH_ERROR + 1];
+    int late; /* events that went out before their counts */
+};
+
+static void on_event_counted(void *user, const struct engine_event *ev)
+{
+    struct counted *k = user;
+    if (ev->kind == ENGINE_EV_TOKEN) {
+        k->tokens++;
+        if (ev->n_output == 1) k->prompt_tokens += (uint64_t)(ev->n_prompt - ev->n_cached);
+    }
+    if (ev->finish != FINISH_NONE) k->ends[ev->finish]++;
+    struct engine_stats st;
+    engine_stats(k->en, &st);
+    if (st.generation_tokens - k->base.generation_tokens < k->tokens) k->late++;
+    if (st.prompt_tokens - k->base.prompt_tokens < k->prompt_tokens) k->late++;
+    for (int i = 0; i <= FINISH_ERROR; i++)
+        if (st.requests_finished[i] - k->base.requests_finished[i] < k->ends[i]) k->late++;
+}
+
+static uint64_t submit_counted(struct engine *en, const struct golden_case *c,
+                               struct sampling_params sp, struct counted *k)
+{
+    struct engine_request q = {.prompt = c->prompt,
+                               .n_prompt = c->n_prompt,
+                               .sp = sp,
+                               .on_event = on_event_counted,
+                               .user = k};
+    struct err e = {0};
+    uint64_t id = engine_submit(en, &q, &e);
+    CHECK(id > 0, "submit: %s", e.msg);
+    return id;
+}
+
+static void test_counts(const char *dir, struct golden_case *cs, int nc)
+{
+    /* a budget of 64: prompts in chunks, steps that mix prefill and decode */
+    struct engine *en = open_engine(dir, 64, 0, 0, 0);
+    if (!en) return;
+    struct counted k = {.en = en};
+    engine_stats(en, &k.base);
+    static const int lens[] = {5, 9, 1};
+    for (int i = 0; i < 3; i++) { /* greedy: overlapped steps, picks on the device */
+        submit_counted(en, &cs[i % nc], greedy_params(lens[i]), &k);
+        engine_step(en);
+    }
+    struct sampling_params sp = greedy_params(6); /* rows read on the host */
+    sp.logprobs = 1;
+    submit_counted(en, &cs[nc - 1], sp, &k);
+    engine_step(en);
+    uint64_t ab = submit_counted(en, &cs[0], greedy_params(40), &k);
+    for (int i = 0; i < 3; i++) engine_step(en);
+    engine_abort(en, ab);
+    drain(en);
+    struct engine_stats st;
+    engine_stats(en, &st);
+    CHECK(k.late == 0, "counts: %d events went out before the statistics counted them", k.late);
+    CHECK(k.ends[FINISH_LENGTH] == 4 && k.ends[FINISH_ABORT] == 1,
+          "counts: %llu ends by length, %llu by abort", (unsigned long long)k.ends[FINISH_LENGTH],
+          (unsigned long long)k.ends[FINISH_ABORT]);
+    CHECK(k.tokens >= 21 && k.tokens < 21 + 40, "counts: %llu tokens",
+          (unsigned long long)k.tokens);
+    CHECK(st.generation_tokens - k.base.generation_tokens == k.tokens,
+          "counts: %llu tokens counted, %llu seen",
+          (unsigned long long)(st.generation_tokens - k.base.generation_tokens),
+          (unsigned long long)k.tokens);
+    check_pool_free(en, "counts", "after");
+    engine_destroy(en);
+}
+
 static int load_cases(const char *dir, cJSON **root, struct golden_case *cs)
 {
     char path[4400];
@@ -474,6 +550,7 @@ int main(int argc, char **argv)
         if (nc > 0) test_model(dir, names[i], cs, nc);
         if (!strcmp(names[i], "llama-tiny") || !strcmp(names[i], "qwen3-tiny-mlx8"))
             test_controls(dir, cs, nc);
+        if (!strcmp(names[i], "llama-tiny") && nc > 1) test_counts(dir, cs, nc);
         printf("%-24s %s\n", names[i], test_failures == before ? "ok" : "FAILED");
         tested++;
         for (int k = 0; k < nc; k++) free(cs[k].prompt);
