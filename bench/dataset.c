@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 uint64_t rng_next(struct rng *r)
 {

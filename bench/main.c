@@ -22,7 +22,7 @@
 #include "bench/run.h"
 #include "bench/stats.h"
 #include "common/util.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 static void on_sigint(int sig)
 {

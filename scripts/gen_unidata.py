@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes src/model/tokenizer_unidata.h: the Unicode tables that the tokenizer's normalizers
+"""Writes src/text/tokenizer_unidata.h: the Unicode tables that the tokenizer's normalizers
 need (full canonical and compatibility decompositions, canonical combining classes, primary
 composites, simple per-character lowercase). Run by hand when the Unicode version should move;
 the output is committed, so building pagoda never needs Python."""

@@ -12,7 +12,7 @@
 #include "common/util.h"
 #include "model/config.h"
 #include "model/sampler.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 #include "sched/engine.h"
 
 static void usage_generate(FILE *f)

@@ -14,7 +14,7 @@
 
 #include "cli/cli.h"
 #include "common/util.h"
-#include "model/tmpl.h"
+#include "text/tmpl.h"
 
 static void usage(FILE *f)
 {

@@ -14,7 +14,7 @@
 
 #include "cli/cli.h"
 #include "common/util.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 static int usage_tokenize(FILE *f)
 {

@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 #include "http/json.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 struct http_choice {
     struct tok_stream *ts;

@@ -6,7 +6,7 @@
 
 #include "common/util.h"
 #include "http/request.h"
-#include "model/tmpl.h"
+#include "text/tmpl.h"
 
 /* Joins the text parts of a content array into one string (parts separated by "\n" for
  * OpenAI, concatenated for Anthropic blocks). NULL + he for a non-text part. */

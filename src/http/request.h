@@ -17,7 +17,7 @@
 #include <cjson/cJSON.h>
 
 #include "http/json.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 #include "sched/engine.h"
 
 enum http_api {

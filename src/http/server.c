@@ -21,7 +21,7 @@
 #include "common/util.h"
 #include "http/internal.h"
 #include "model/config.h"
-#include "model/tmpl.h"
+#include "text/tmpl.h"
 
 enum { CTRL_STOP_ACCEPT, CTRL_ABORT_ALL, CTRL_EXIT };
 

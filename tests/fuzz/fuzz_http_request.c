@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "http/request.h"
-#include "model/tmpl.h"
+#include "text/tmpl.h"
 
 static struct http_model model;
 

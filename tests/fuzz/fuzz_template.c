@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/tmpl.h"
+#include "text/tmpl.h"
 
 static cJSON *ctx;
 

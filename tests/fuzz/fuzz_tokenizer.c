@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 static const char *const NAMES[] = {"gpt2", "llama3", "llama2", "metaspace-2k"};
 enum { NTOK = sizeof NAMES / sizeof NAMES[0] };

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "model/tokenizer_impl.h"
+#include "text/tokenizer_impl.h"
 
 static const char GPT2_PATTERN[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";

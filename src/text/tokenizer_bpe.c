@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "model/tokenizer_impl.h"
+#include "text/tokenizer_impl.h"
 
 #define EMPTY_KEY UINT64_MAX
 

@@ -7,8 +7,8 @@
  * Cost bounds: every loop iteration and call is a step (TMPL_MAX_STEPS), nesting is
  * capped at TMPL_MAX_DEPTH, and all memory comes from one arena capped at TMPL_MAX_MEMORY.
  */
-#include "model/tmpl.h"
-#include "model/tmpl_impl.h"
+#include "text/tmpl.h"
+#include "text/tmpl_impl.h"
 
 #include <inttypes.h>
 #include <math.h>

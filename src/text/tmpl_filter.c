@@ -4,7 +4,7 @@
  * rejectattr/unique/batch/reverse give one-pass generators (tojson refuses them, as in
  * Python), items gives (key, value) tuples, round gives floats.
  */
-#include "model/tmpl_impl.h"
+#include "text/tmpl_impl.h"
 
 #include <ctype.h>
 #include <errno.h>

@@ -6,8 +6,8 @@
  * Nesting depth is capped so a template of ten thousand '(' fails cleanly instead of
  * overflowing the C stack.
  */
-#include "model/tmpl.h"
-#include "model/tmpl_impl.h"
+#include "text/tmpl.h"
+#include "text/tmpl_impl.h"
 
 #include <stdarg.h>
 #include <stdio.h>

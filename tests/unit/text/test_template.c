@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "model/tmpl.h"
+#include "text/tmpl.h"
 
 #include "test_util.h"
 

@@ -5,7 +5,7 @@
 
 #include "http/choice.h"
 #include "http/request.h"
-#include "model/tmpl.h"
+#include "text/tmpl.h"
 #include "test_util.h"
 
 static struct http_model model;

@@ -11,7 +11,7 @@
  * All state written during an encode lives in a per-call scratch, so one struct tok can be
  * shared by threads.
  */
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +20,7 @@
 #include <xxhash.h>
 
 #include "common/util.h"
-#include "model/tokenizer_impl.h"
+#include "text/tokenizer_impl.h"
 
 /* ---- loading ---- */
 

@@ -19,8 +19,8 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "model/tokenizer.h"
-#include "model/tokenizer_impl.h"
+#include "text/tokenizer.h"
+#include "text/tokenizer_impl.h"
 
 static const char FFFD[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
 

@@ -4,7 +4,7 @@
  * dict, namespace, raise_exception, strftime_now). Semantics follow CPython; character
  * classes (upper/lower/isalpha) are ASCII, whitespace is Python's full set.
  */
-#include "model/tmpl_impl.h"
+#include "text/tmpl_impl.h"
 
 #include <ctype.h>
 #include <inttypes.h>

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "model/tokenizer_impl.h"
+#include "text/tokenizer_impl.h"
 
 void tok_buf_reserve(struct tok_buf *b, size_t extra)
 {

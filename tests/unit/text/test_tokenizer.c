@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "model/tokenizer.h"
-#include "model/tokenizer_impl.h"
+#include "text/tokenizer.h"
+#include "text/tokenizer_impl.h"
 
 #include "test_util.h"
 

@@ -8,7 +8,7 @@
 #include "bench/metrics.h"
 #include "bench/stats.h"
 #include "common/util.h"
-#include "model/tokenizer.h"
+#include "text/tokenizer.h"
 #include "test_util.h"
 
 #define NEAR(a, b) (fabs((a) - (b)) < 1e-9) /* exact arithmetic on small decimals */

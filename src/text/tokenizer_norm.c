@@ -10,8 +10,8 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "model/tokenizer_impl.h"
-#include "model/tokenizer_unidata.h"
+#include "text/tokenizer_impl.h"
+#include "text/tokenizer_unidata.h"
 
 #define NELEM(a) (sizeof(a) / sizeof((a)[0]))
 

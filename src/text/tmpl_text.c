@@ -4,7 +4,7 @@
  * and json.dumps as transformers' tojson calls it (ensure_ascii=False, ", " / ": "
  * separators, "," when indenting, optional sort_keys / ensure_ascii).
  */
-#include "model/tmpl_impl.h"
+#include "text/tmpl_impl.h"
 
 #include <inttypes.h>
 #include <math.h>

@@ -4,7 +4,7 @@
  * int/float/bool, ordering errors between unrelated types, iteration and len(), and the
  * conversion of JSON input into values. Turning values into text is tmpl_text.
  */
-#include "model/tmpl_impl.h"
+#include "text/tmpl_impl.h"
 
 #include <cjson/cJSON.h>
 #include <inttypes.h>

@@ -2,7 +2,7 @@
  * tmpl_chat: the apply_chat_template glue: building the variables transformers passes to
  * a chat template, and finding a model folder's template and special tokens.
  */
-#include "model/tmpl.h"
+#include "text/tmpl.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -5,7 +5,7 @@
  * side strips all whitespace on that side, `+` disables the block rules). Newlines are
  * normalized to \n and one trailing newline of the template is dropped, as jinja2 does.
  */
-#include "model/tmpl_impl.h"
+#include "text/tmpl_impl.h"
 
 #include <errno.h>
 #include <stdio.h>
