@@ -89,6 +89,11 @@ struct backend_ops {
     /* Makes a weight usable by the backend (a device copy, a repacking); 0 or -1 + err. */
     int (*weight_prepare)(void *ctx, struct qweight *w, struct err *e);
     void (*batch_begin)(void *ctx, const struct fwd_batch *b);
+    /* Optional (NULL: every shape runs). Whether attention of head size head_dim with
+     * n_heads query heads over n_kv_heads KV heads runs here: 0, or -1 with a message that
+     * names the supported values. model_load asks it for every attention shape of a model,
+     * so that a shape a backend cannot run is refused when the model loads. */
+    int (*attn_check)(void *ctx, int head_dim, int n_heads, int n_kv_heads, struct err *e);
 
     /* out[t] = table[tokens[t]] * scale for every token of the batch. */
     void (*embed)(void *ctx, float *out, const struct qweight *table, const struct fwd_batch *b,

@@ -286,6 +286,16 @@ struct model *model_load(const char *dir, struct backend *be, struct err *e)
         free(m);
         return NULL;
     }
+    const struct model_config *c = &m->cfg;
+    struct err be_err;
+    if (be->ops->attn_check &&
+        be->ops->attn_check(be->ctx, c->head_dim, c->n_heads, c->n_kv_heads, &be_err)) {
+        err_set(e, "%s: config.json head_dim %d (%d query heads, %d KV heads): %s", dir,
+                c->head_dim, c->n_heads, c->n_kv_heads, be_err.msg);
+        config_dispose(&m->cfg);
+        free(m);
+        return NULL;
+    }
     if (st_open(&m->st, dir, e) || load_weights(m, e)) {
         model_destroy(m);
         return NULL;
