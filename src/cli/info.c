@@ -4,13 +4,8 @@
 
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "model/arch.h"
 #include "model/model.h"
-
-static const char *arch_family(enum model_arch a)
-{
-    static const char *n[] = {"llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3"};
-    return n[a];
-}
 
 /* Distinct weight formats of the model's matrices with their share of parameters. */
 struct fmt_tally {
@@ -95,14 +90,7 @@ int cli_info(int argc, char **argv)
     const struct model_config *c = &m->cfg;
     struct fmt_tally t[16];
     int nt = 0;
-    tally(t, &nt, &m->embed);
-    if (m->lm_head.w != m->embed.w) tally(t, &nt, &m->lm_head);
-    for (int l = 0; l < c->n_layers; l++) {
-        const struct model_layer *L = &m->layers[l];
-        const struct qweight *ws[] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
-                                      &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7; i++) tally(t, &nt, ws[i]);
-    }
+    for (int i = 0; i < m->tensors.n_linears; i++) tally(t, &nt, m->tensors.linears[i]);
     int64_t params = model_param_count(m);
     size_t wbytes = model_weight_bytes(m);
     size_t kv_tok = model_kv_bytes_per_token(m) / sizeof(float) * (size_t)bi.kv_value_bytes;
@@ -127,8 +115,8 @@ int cli_info(int argc, char **argv)
                "\"sliding_window\": %d, \"sliding_layers\": %d, \"rope_type\": \"%s\", "
                "\"rope_theta\": %g, \"tied_embeddings\": %s, \"parameters\": %lld, "
                "\"weight_bytes\": %zu, \"bits_per_weight\": %.3f, \"formats\": [",
-               c->arch_name, arch_family(c->arch), c->hidden, c->n_layers, c->n_heads,
-               c->n_kv_heads, c->head_dim, c->ffn, c->vocab, c->max_pos, c->sliding_window, sliding,
+               c->arch_name, c->arch->family, c->hidden, c->n_layers, c->n_heads, c->n_kv_heads,
+               c->head_dim, c->ffn, c->vocab, c->max_pos, c->sliding_window, sliding,
                config_rope_type_name(c->rope_full.type), c->rope_full.theta,
                m->lm_head.w == m->embed.w ? "true" : "false", (long long)params, wbytes, bpw);
         for (int i = 0; i < nt; i++)
@@ -147,7 +135,7 @@ int cli_info(int argc, char **argv)
                    util, budget, kv_blocks, kv_blocks * 16);
         printf("}}\n");
     } else {
-        printf("architecture    %s (%s)\n", c->arch_name, arch_family(c->arch));
+        printf("architecture    %s (%s)\n", c->arch_name, c->arch->family);
         printf("dimensions      hidden %d, %d layers, %d heads / %d kv heads of %d, ffn %d\n",
                c->hidden, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn);
         printf("vocabulary      %d\n", c->vocab);

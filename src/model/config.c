@@ -7,15 +7,7 @@
 #include <string.h>
 
 #include "common/util.h"
-
-static const struct {
-    const char *name;
-    enum model_arch arch;
-} archs[] = {
-    {"LlamaForCausalLM", ARCH_LLAMA},   {"MistralForCausalLM", ARCH_MISTRAL},
-    {"Qwen2ForCausalLM", ARCH_QWEN2},   {"Qwen3ForCausalLM", ARCH_QWEN3},
-    {"Gemma2ForCausalLM", ARCH_GEMMA2}, {"Gemma3ForCausalLM", ARCH_GEMMA3},
-};
+#include "model/arch.h"
 
 const char *config_rope_type_name(enum rope_type t)
 {
@@ -23,16 +15,16 @@ const char *config_rope_type_name(enum rope_type t)
     return names[t];
 }
 
-static const cJSON *get(const cJSON *o, const char *k)
+const cJSON *config_get(const cJSON *o, const char *k)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, k);
     return cJSON_IsNull(v) ? NULL : v;
 }
 
 /* Reads an integer field; missing -> def. A present field of the wrong type is an error. */
-static int get_int(const cJSON *o, const char *k, int def, int *out, struct err *e)
+int config_get_int(const cJSON *o, const char *k, int def, int *out, struct err *e)
 {
-    const cJSON *v = get(o, k);
+    const cJSON *v = config_get(o, k);
     if (!v) {
         *out = def;
         return 0;
@@ -44,9 +36,9 @@ static int get_int(const cJSON *o, const char *k, int def, int *out, struct err 
     return 0;
 }
 
-static int get_num(const cJSON *o, const char *k, double def, double *out, struct err *e)
+int config_get_num(const cJSON *o, const char *k, double def, double *out, struct err *e)
 {
-    const cJSON *v = get(o, k);
+    const cJSON *v = config_get(o, k);
     if (!v) {
         *out = def;
         return 0;
@@ -56,9 +48,9 @@ static int get_num(const cJSON *o, const char *k, double def, double *out, struc
     return 0;
 }
 
-static bool get_bool(const cJSON *o, const char *k, bool def)
+bool config_get_bool(const cJSON *o, const char *k, bool def)
 {
-    const cJSON *v = get(o, k);
+    const cJSON *v = config_get(o, k);
     return cJSON_IsBool(v) ? cJSON_IsTrue(v) : def;
 }
 
@@ -77,8 +69,8 @@ static int parse_rope(const cJSON *p, double theta_def, int max_pos, struct rope
     r->truncate = true;
     if (!p) return 0;
     if (!cJSON_IsObject(p)) return err_set(e, "config.json: rope parameters must be an object");
-    const cJSON *t = get(p, "rope_type");
-    if (!t) t = get(p, "type");
+    const cJSON *t = config_get(p, "rope_type");
+    if (!t) t = config_get(p, "type");
     const char *ty = cJSON_IsString(t) ? t->valuestring : "default";
     if (!strcmp(ty, "default"))
         r->type = ROPE_DEFAULT;
@@ -92,18 +84,18 @@ static int parse_rope(const cJSON *p, double theta_def, int max_pos, struct rope
         r->type = ROPE_LLAMA3;
     else
         return err_set(e, "config.json: rope type '%s' is not supported", ty);
-    if (get_num(p, "rope_theta", theta_def, &r->theta, e) ||
-        get_num(p, "factor", 1, &r->factor, e) ||
-        get_int(p, "original_max_position_embeddings", max_pos, &r->orig_max_pos, e) ||
-        get_num(p, "low_freq_factor", 1, &r->low_freq_factor, e) ||
-        get_num(p, "high_freq_factor", 4, &r->high_freq_factor, e) ||
-        get_num(p, "beta_fast", 32, &r->beta_fast, e) ||
-        get_num(p, "beta_slow", 1, &r->beta_slow, e) ||
-        get_num(p, "attention_factor", 0, &r->attention_factor, e) ||
-        get_num(p, "mscale", 0, &r->mscale, e) ||
-        get_num(p, "mscale_all_dim", 0, &r->mscale_all_dim, e))
+    if (config_get_num(p, "rope_theta", theta_def, &r->theta, e) ||
+        config_get_num(p, "factor", 1, &r->factor, e) ||
+        config_get_int(p, "original_max_position_embeddings", max_pos, &r->orig_max_pos, e) ||
+        config_get_num(p, "low_freq_factor", 1, &r->low_freq_factor, e) ||
+        config_get_num(p, "high_freq_factor", 4, &r->high_freq_factor, e) ||
+        config_get_num(p, "beta_fast", 32, &r->beta_fast, e) ||
+        config_get_num(p, "beta_slow", 1, &r->beta_slow, e) ||
+        config_get_num(p, "attention_factor", 0, &r->attention_factor, e) ||
+        config_get_num(p, "mscale", 0, &r->mscale, e) ||
+        config_get_num(p, "mscale_all_dim", 0, &r->mscale_all_dim, e))
         return -1;
-    r->truncate = get_bool(p, "truncate", true);
+    r->truncate = config_get_bool(p, "truncate", true);
     if (r->theta <= 0) return err_set(e, "config.json: rope_theta must be positive");
     if (r->type != ROPE_DEFAULT && r->factor <= 0)
         return err_set(e, "config.json: rope factor must be positive");
@@ -120,7 +112,7 @@ static int parse_quant_spec(const cJSON *q, struct quant_spec def, struct quant_
     }
     if (!cJSON_IsObject(q))
         return err_set(e, "config.json: quantization '%s' must be an object", where);
-    const cJSON *mode = get(q, "mode");
+    const cJSON *mode = config_get(q, "mode");
     if (mode) {
         if (!cJSON_IsString(mode))
             return err_set(e, "config.json: quantization mode must be a string");
@@ -138,8 +130,8 @@ static int parse_quant_spec(const cJSON *q, struct quant_spec def, struct quant_
     } else if (out->mode == QMODE_NONE) {
         out->mode = QMODE_AFFINE;
     }
-    if (get_int(q, "bits", out->bits, &out->bits, e) ||
-        get_int(q, "group_size", out->group, &out->group, e))
+    if (config_get_int(q, "bits", out->bits, &out->bits, e) ||
+        config_get_int(q, "group_size", out->group, &out->group, e))
         return -1;
     int ok;
     switch (out->mode) {
@@ -168,8 +160,8 @@ static int parse_quant_spec(const cJSON *q, struct quant_spec def, struct quant_
 
 static int parse_quant(struct model_config *c, const cJSON *root, struct err *e)
 {
-    const cJSON *q = get(root, "quantization");
-    if (!q) q = get(root, "quantization_config");
+    const cJSON *q = config_get(root, "quantization");
+    if (!q) q = config_get(root, "quantization_config");
     c->quant.mode = QMODE_NONE;
     if (!q) return 0;
     struct quant_spec none = {QMODE_NONE, 4, 64};
@@ -212,7 +204,7 @@ static int parse_eos(struct model_config *c, const cJSON *v)
 static int parse_layer_kinds(struct model_config *c, const cJSON *root, struct err *e)
 {
     c->layer_kinds = xcalloc((size_t)c->n_layers, sizeof *c->layer_kinds);
-    const cJSON *lt = get(root, "layer_types");
+    const cJSON *lt = config_get(root, "layer_types");
     if (lt) {
         if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != c->n_layers)
             return err_set(e, "config.json: layer_types must list %d layer types", c->n_layers);
@@ -227,58 +219,29 @@ static int parse_layer_kinds(struct model_config *c, const cJSON *root, struct e
             else
                 return err_set(e, "config.json: layer type '%s' is not supported", it->valuestring);
         }
-    } else {
-        int pattern = 0;
-        get_int(root, "sliding_window_pattern", 0, &pattern, NULL);
-        if (!pattern) get_int(root, "_sliding_window_pattern", 0, &pattern, NULL);
-        for (int i = 0; i < c->n_layers; i++) {
-            enum layer_kind k = LAYER_FULL;
-            switch (c->arch) {
-            case ARCH_MISTRAL:
-                k = LAYER_SLIDING;
-                break;
-            case ARCH_GEMMA2:
-                k = (i % 2 == 0) ? LAYER_SLIDING : LAYER_FULL;
-                break;
-            case ARCH_GEMMA3:
-                k = ((i + 1) % (pattern ? pattern : 6)) ? LAYER_SLIDING : LAYER_FULL;
-                break;
-            case ARCH_QWEN2:
-            case ARCH_QWEN3: {
-                int mwl = 0;
-                get_int(root, "max_window_layers", c->n_layers, &mwl, NULL);
-                k = (get_bool(root, "use_sliding_window", false) && i >= mwl) ? LAYER_SLIDING
-                                                                              : LAYER_FULL;
-                break;
-            }
-            default:
-                break;
-            }
-            c->layer_kinds[i] = k;
-        }
+        c->layer_types_given = true;
     }
-    /* Without a window every layer is full attention, whatever its declared type. */
-    if (c->sliding_window == 0)
-        for (int i = 0; i < c->n_layers; i++) c->layer_kinds[i] = LAYER_FULL;
     return 0;
 }
 
 static int parse_ropes(struct model_config *c, const cJSON *root, struct err *e)
 {
     double theta = 10000;
-    if (get_num(root, "rope_theta", 10000, &theta, e)) return -1;
-    const cJSON *rp = get(root, "rope_parameters");
-    if (rp && cJSON_IsObject(rp) && (get(rp, "full_attention") || get(rp, "sliding_attention"))) {
-        const cJSON *full = get(rp, "full_attention"), *sl = get(rp, "sliding_attention");
+    if (config_get_num(root, "rope_theta", 10000, &theta, e)) return -1;
+    const cJSON *rp = config_get(root, "rope_parameters");
+    if (rp && cJSON_IsObject(rp) &&
+        (config_get(rp, "full_attention") || config_get(rp, "sliding_attention"))) {
+        const cJSON *full = config_get(rp, "full_attention"),
+                    *sl = config_get(rp, "sliding_attention");
         if (parse_rope(full, theta, c->max_pos, &c->rope_full, e)) return -1;
         return parse_rope(sl ? sl : full, theta, c->max_pos, &c->rope_sliding, e);
     }
-    const cJSON *rs = rp ? rp : get(root, "rope_scaling");
+    const cJSON *rs = rp ? rp : config_get(root, "rope_scaling");
     if (parse_rope(rs, theta, c->max_pos, &c->rope_full, e)) return -1;
     c->rope_sliding = c->rope_full;
     /* Older Gemma 3 configs: local layers use rope_local_base_freq, unscaled. */
     double local = 0;
-    if (get_num(root, "rope_local_base_freq", 0, &local, e)) return -1;
+    if (config_get_num(root, "rope_local_base_freq", 0, &local, e)) return -1;
     if (local > 0) {
         parse_rope(NULL, local, c->max_pos, &c->rope_sliding, e);
     }
@@ -301,30 +264,27 @@ int config_load(struct model_config *c, const char *dir, struct err *e)
         return err_set(e, "%s: not a JSON object", path);
     }
     int rc = -1;
-    const cJSON *ar = get(root, "architectures");
+    const cJSON *ar = config_get(root, "architectures");
     const char *an = cJSON_IsArray(ar) && cJSON_IsString(ar->child) ? ar->child->valuestring : NULL;
     if (!an) {
         err_set(e, "config.json: no 'architectures' entry");
         goto out;
     }
     snprintf(c->arch_name, sizeof c->arch_name, "%s", an);
-    size_t ai = 0;
-    for (; ai < sizeof archs / sizeof archs[0]; ai++)
-        if (!strcmp(an, archs[ai].name)) break;
-    if (ai == sizeof archs / sizeof archs[0]) {
+    c->arch = arch_find(an);
+    if (!c->arch) {
         err_set(e, "config.json: architecture '%s' is not supported", an);
         goto out;
     }
-    c->arch = archs[ai].arch;
 
-    if (get_int(root, "hidden_size", 0, &c->hidden, e) ||
-        get_int(root, "num_hidden_layers", 0, &c->n_layers, e) ||
-        get_int(root, "num_attention_heads", 0, &c->n_heads, e) ||
-        get_int(root, "num_key_value_heads", c->n_heads, &c->n_kv_heads, e) ||
-        get_int(root, "intermediate_size", 0, &c->ffn, e) ||
-        get_int(root, "vocab_size", 0, &c->vocab, e) ||
-        get_int(root, "max_position_embeddings", 4096, &c->max_pos, e) ||
-        get_int(root, "sliding_window", 0, &c->sliding_window, e))
+    if (config_get_int(root, "hidden_size", 0, &c->hidden, e) ||
+        config_get_int(root, "num_hidden_layers", 0, &c->n_layers, e) ||
+        config_get_int(root, "num_attention_heads", 0, &c->n_heads, e) ||
+        config_get_int(root, "num_key_value_heads", c->n_heads, &c->n_kv_heads, e) ||
+        config_get_int(root, "intermediate_size", 0, &c->ffn, e) ||
+        config_get_int(root, "vocab_size", 0, &c->vocab, e) ||
+        config_get_int(root, "max_position_embeddings", 4096, &c->max_pos, e) ||
+        config_get_int(root, "sliding_window", 0, &c->sliding_window, e))
         goto out;
     if (!c->hidden || !c->n_layers || !c->n_heads || !c->ffn || !c->vocab || !c->n_kv_heads) {
         err_set(e, "config.json: hidden_size, num_hidden_layers, num_attention_heads, "
@@ -338,17 +298,17 @@ int config_load(struct model_config *c, const char *dir, struct err *e)
                 c->n_heads, c->n_kv_heads);
         goto out;
     }
-    if (get_int(root, "head_dim", c->hidden / c->n_heads, &c->head_dim, e)) goto out;
+    if (config_get_int(root, "head_dim", c->hidden / c->n_heads, &c->head_dim, e)) goto out;
     if (c->head_dim <= 0 || c->head_dim % 2 || c->head_dim > 512) {
         err_set(e, "config.json: head_dim %d is not supported (even, at most 512)", c->head_dim);
         goto out;
     }
     double eps;
-    if (get_num(root, "rms_norm_eps", 1e-6, &eps, e)) goto out;
+    if (config_get_num(root, "rms_norm_eps", 1e-6, &eps, e)) goto out;
     c->rms_eps = (float)eps;
 
-    const cJSON *act = get(root, "hidden_activation");
-    if (!act) act = get(root, "hidden_act");
+    const cJSON *act = config_get(root, "hidden_activation");
+    if (!act) act = config_get(root, "hidden_act");
     const char *an2 = cJSON_IsString(act) ? act->valuestring : "silu";
     if (!strcmp(an2, "silu") || !strcmp(an2, "swish"))
         c->act = ACT_SILU;
@@ -360,32 +320,30 @@ int config_load(struct model_config *c, const char *dir, struct err *e)
         goto out;
     }
 
-    if (c->arch == ARCH_QWEN2 && !get_bool(root, "use_sliding_window", false))
-        c->sliding_window = 0;
     if (parse_ropes(c, root, e) || parse_layer_kinds(c, root, e)) goto out;
 
-    const cJSON *tie = get(root, "tie_word_embeddings");
+    const cJSON *tie = config_get(root, "tie_word_embeddings");
     c->tie_explicit = cJSON_IsBool(tie);
     c->tie_embeddings = c->tie_explicit ? cJSON_IsTrue(tie) : false;
-    bool gemma = c->arch == ARCH_GEMMA2 || c->arch == ARCH_GEMMA3;
-    c->attn_bias = c->arch == ARCH_QWEN2 || get_bool(root, "attention_bias", false);
-    c->o_bias = c->arch != ARCH_QWEN2 && get_bool(root, "attention_bias", false);
-    c->mlp_bias = get_bool(root, "mlp_bias", false);
-    c->qk_norm = c->arch == ARCH_QWEN3 || c->arch == ARCH_GEMMA3;
-    c->gemma_norms = gemma;
+    c->attn_bias = c->o_bias = config_get_bool(root, "attention_bias", false);
+    c->mlp_bias = config_get_bool(root, "mlp_bias", false);
     double cap = 0;
-    if (get_num(root, "attn_logit_softcapping", 0, &cap, e)) goto out;
+    if (config_get_num(root, "attn_logit_softcapping", 0, &cap, e)) goto out;
     c->attn_softcap = (float)cap;
-    if (get_num(root, "final_logit_softcapping", 0, &cap, e)) goto out;
+    if (config_get_num(root, "final_logit_softcapping", 0, &cap, e)) goto out;
     c->final_softcap = (float)cap;
-    double qpas = c->head_dim;
-    if (gemma && get_num(root, "query_pre_attn_scalar", c->head_dim, &qpas, e)) goto out;
-    c->attn_scale = (float)(1.0 / sqrt(qpas));
+    c->attn_scale = (float)(1.0 / sqrt((double)c->head_dim));
+    c->embed_scale = 1.0f;
+    /* The family's own fields and defaults (layer patterns, biases, norms). */
+    if (c->arch->config && c->arch->config(c, root, e)) goto out;
+    /* Without a window every layer is full attention, whatever its declared type. */
+    if (c->sliding_window == 0)
+        for (int i = 0; i < c->n_layers; i++) c->layer_kinds[i] = LAYER_FULL;
 
     if (parse_quant(c, root, e)) goto out;
 
-    parse_eos(c, get(root, "eos_token_id"));
-    const cJSON *bos = get(root, "bos_token_id");
+    parse_eos(c, config_get(root, "eos_token_id"));
+    const cJSON *bos = config_get(root, "bos_token_id");
     if (cJSON_IsNumber(bos)) c->bos_id = (int32_t)bos->valuedouble;
 
     /* generation_config.json's ids win, as in transformers' generate(). */
@@ -400,8 +358,8 @@ int config_load(struct model_config *c, const char *dir, struct err *e)
             err_set(e, "generation_config.json: not a JSON object");
             goto out;
         }
-        parse_eos(c, get(g, "eos_token_id"));
-        bos = get(g, "bos_token_id");
+        parse_eos(c, config_get(g, "eos_token_id"));
+        bos = config_get(g, "bos_token_id");
         if (cJSON_IsNumber(bos)) c->bos_id = (int32_t)bos->valuedouble;
         cJSON_Delete(g);
     }

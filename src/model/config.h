@@ -11,14 +11,8 @@
 
 #include "common/err.h"
 
-enum model_arch {
-    ARCH_LLAMA,
-    ARCH_MISTRAL,
-    ARCH_QWEN2,
-    ARCH_QWEN3,
-    ARCH_GEMMA2,
-    ARCH_GEMMA3,
-};
+struct arch;
+struct cJSON;
 
 enum rope_type { ROPE_DEFAULT, ROPE_LINEAR, ROPE_DYNAMIC, ROPE_YARN, ROPE_LLAMA3 };
 
@@ -56,11 +50,11 @@ struct quant_override {
 
 struct model_config {
     char arch_name[64];
-    enum model_arch arch;
-    int hidden;     /* hidden_size */
-    int n_layers;   /* num_hidden_layers */
-    int n_heads;    /* num_attention_heads */
-    int n_kv_heads; /* num_key_value_heads */
+    const struct arch *arch; /* the family's descriptor (model/arch.h) */
+    int hidden;              /* hidden_size */
+    int n_layers;            /* num_hidden_layers */
+    int n_heads;             /* num_attention_heads */
+    int n_kv_heads;          /* num_key_value_heads */
     int head_dim;
     int ffn; /* intermediate_size */
     int vocab;
@@ -71,6 +65,7 @@ struct model_config {
     struct rope_params rope_sliding; /* sliding-window layers */
     int sliding_window;              /* 0 = none */
     enum layer_kind *layer_kinds;    /* n_layers */
+    bool layer_types_given;          /* layer_types listed them (else the family's pattern) */
     bool tie_embeddings;
     bool tie_explicit; /* tie_word_embeddings was present in config.json */
     bool attn_bias;    /* q/k/v projections have biases (Qwen2, attention_bias) */
@@ -81,6 +76,7 @@ struct model_config {
     float attn_softcap;      /* 0 = none */
     float final_softcap;     /* 0 = none */
     float attn_scale;        /* multiplies q.k */
+    float embed_scale;       /* multiplies the embedded rows (Gemma: sqrt(hidden)) */
     struct quant_spec quant; /* default for linear layers; mode NONE = unquantized */
     struct quant_override *quant_overrides;
     int n_quant_overrides;
@@ -97,5 +93,12 @@ void config_dispose(struct model_config *c);
 struct quant_spec config_quant_for(const struct model_config *c, const char *prefix);
 
 const char *config_rope_type_name(enum rope_type t);
+
+/* Field readers for the families' config hooks (model/arch.h). A missing or null field
+ * gives the default; a present field of the wrong type is an error naming it. */
+const struct cJSON *config_get(const struct cJSON *o, const char *k);
+int config_get_int(const struct cJSON *o, const char *k, int def, int *out, struct err *e);
+int config_get_num(const struct cJSON *o, const char *k, double def, double *out, struct err *e);
+bool config_get_bool(const struct cJSON *o, const char *k, bool def);
 
 #endif

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "model/arch.h"
 
 static int check_shape(const struct st_tensor *t, int ndim, const int64_t *want, struct err *e)
 {
@@ -29,7 +30,39 @@ static const struct st_tensor *need(const struct model *m, const char *name, str
     return t;
 }
 
-/* Loads the linear layer `prefix` ("model.layers.0.self_attn.q_proj") of n outputs, k inputs. */
+static void track_linear(struct model *m, struct qweight *w)
+{
+    struct model_tensors *t = &m->tensors;
+    if (t->n_linears == t->cap_linears) {
+        t->cap_linears = t->cap_linears ? 2 * t->cap_linears : 64;
+        t->linears = xrealloc(t->linears, sizeof *t->linears * (size_t)t->cap_linears);
+    }
+    t->linears[t->n_linears++] = w;
+}
+
+static void track_vec(struct model *m, float *v, int64_t len)
+{
+    struct model_tensors *t = &m->tensors;
+    if (t->n_vecs == t->cap_vecs) {
+        t->cap_vecs = t->cap_vecs ? 2 * t->cap_vecs : 64;
+        t->vecs = xrealloc(t->vecs, sizeof *t->vecs * (size_t)t->cap_vecs);
+        t->vec_len = xrealloc(t->vec_len, sizeof *t->vec_len * (size_t)t->cap_vecs);
+    }
+    t->vecs[t->n_vecs] = v;
+    t->vec_len[t->n_vecs++] = len;
+}
+
+static int load_linear(struct model *m, const char *prefix, int64_t n, int64_t k, struct qweight *w,
+                       struct err *e);
+
+int model_load_linear(struct model *m, const char *prefix, int64_t n, int64_t k, struct qweight *w,
+                      struct err *e)
+{
+    if (load_linear(m, prefix, n, k, w, e)) return -1;
+    track_linear(m, w);
+    return 0;
+}
+
 static int load_linear(struct model *m, const char *prefix, int64_t n, int64_t k, struct qweight *w,
                        struct err *e)
 {
@@ -117,9 +150,8 @@ static int load_linear(struct model *m, const char *prefix, int64_t n, int64_t k
     return m->be->ops->weight_prepare(m->be->ctx, w, e);
 }
 
-/* Loads a 1-D float-like tensor of `dim` values into backend memory (+1 for Gemma norms). */
-static int load_vec(struct model *m, const char *name, int dim, float add, int required,
-                    float **out, struct err *e)
+int model_load_vec(struct model *m, const char *name, int dim, float add, int required, float **out,
+                   struct err *e)
 {
     *out = NULL;
     const struct st_tensor *t = st_find(&m->st, name);
@@ -146,8 +178,13 @@ static int load_vec(struct model *m, const char *name, int dim, float add, int r
         host[i] += add;
     }
     *out = m->be->ops->alloc(m->be->ctx, sizeof(float) * (size_t)dim);
+    if (!*out) {
+        free(host);
+        return err_set(e, "%s: tensor '%s': out of memory", t->file, t->name);
+    }
     m->be->ops->upload(m->be->ctx, *out, host, sizeof(float) * (size_t)dim);
     free(host);
+    track_vec(m, *out, dim);
     return 0;
 }
 
@@ -217,65 +254,32 @@ static float rope_inv_freq(const struct rope_params *r, int d, float *inv)
     return mscale;
 }
 
+/* The embedding, the head and the final norm; the family loads its layers. */
 static int load_weights(struct model *m, struct err *e)
 {
     const struct model_config *c = &m->cfg;
-    int64_t H = c->hidden, D = c->head_dim, F = c->ffn;
-    int64_t qdim = (int64_t)c->n_heads * D, kvdim = (int64_t)c->n_kv_heads * D;
+    int64_t H = c->hidden;
     float plus = c->gemma_norms ? 1.0f : 0.0f;
-    if (load_linear(m, "model.embed_tokens", c->vocab, H, &m->embed, e)) return -1;
+    if (model_load_linear(m, "model.embed_tokens", c->vocab, H, &m->embed, e)) return -1;
     int tie = c->tie_embeddings || (!c->tie_explicit && !st_find(&m->st, "lm_head.weight"));
     if (tie)
         m->lm_head = m->embed;
-    else if (load_linear(m, "lm_head", c->vocab, H, &m->lm_head, e))
+    else if (model_load_linear(m, "lm_head", c->vocab, H, &m->lm_head, e))
         return -1;
-    if (load_vec(m, "model.norm.weight", (int)H, plus, 1, &m->final_norm, e)) return -1;
-    m->embed_scale = c->gemma_norms ? sqrtf((float)H) : 1.0f;
-
+    if (model_load_vec(m, "model.norm.weight", (int)H, plus, 1, &m->final_norm, e)) return -1;
+    m->embed_scale = c->embed_scale;
     m->layers = xcalloc((size_t)c->n_layers, sizeof *m->layers);
-    char p[256], n[300];
-    for (int l = 0; l < c->n_layers; l++) {
-        struct model_layer *L = &m->layers[l];
-#define PFX(fmt) (snprintf(p, sizeof p, "model.layers.%d." fmt, l), p)
-#define VEC(fmt) (snprintf(n, sizeof n, "model.layers.%d." fmt, l), n)
-        if (load_linear(m, PFX("self_attn.q_proj"), qdim, H, &L->wq, e) ||
-            load_linear(m, PFX("self_attn.k_proj"), kvdim, H, &L->wk, e) ||
-            load_linear(m, PFX("self_attn.v_proj"), kvdim, H, &L->wv, e) ||
-            load_linear(m, PFX("self_attn.o_proj"), H, qdim, &L->wo, e) ||
-            load_linear(m, PFX("mlp.gate_proj"), F, H, &L->w_gate, e) ||
-            load_linear(m, PFX("mlp.up_proj"), F, H, &L->w_up, e) ||
-            load_linear(m, PFX("mlp.down_proj"), H, F, &L->w_down, e))
-            return -1;
-        if (load_vec(m, VEC("input_layernorm.weight"), (int)H, plus, 1, &L->attn_norm, e))
-            return -1;
-        if (c->gemma_norms) {
-            if (load_vec(m, VEC("post_attention_layernorm.weight"), (int)H, plus, 1,
-                         &L->post_attn_norm, e) ||
-                load_vec(m, VEC("pre_feedforward_layernorm.weight"), (int)H, plus, 1, &L->ffn_norm,
-                         e) ||
-                load_vec(m, VEC("post_feedforward_layernorm.weight"), (int)H, plus, 1,
-                         &L->post_ffn_norm, e))
-                return -1;
-        } else if (load_vec(m, VEC("post_attention_layernorm.weight"), (int)H, 0, 1, &L->ffn_norm,
-                            e)) {
-            return -1;
-        }
-        if (c->qk_norm &&
-            (load_vec(m, VEC("self_attn.q_norm.weight"), (int)D, plus, 1, &L->q_norm, e) ||
-             load_vec(m, VEC("self_attn.k_norm.weight"), (int)D, plus, 1, &L->k_norm, e)))
-            return -1;
-        if (load_vec(m, VEC("self_attn.q_proj.bias"), (int)qdim, 0, c->attn_bias, &L->bq, e) ||
-            load_vec(m, VEC("self_attn.k_proj.bias"), (int)kvdim, 0, c->attn_bias, &L->bk, e) ||
-            load_vec(m, VEC("self_attn.v_proj.bias"), (int)kvdim, 0, c->attn_bias, &L->bv, e) ||
-            load_vec(m, VEC("self_attn.o_proj.bias"), (int)H, 0, c->o_bias, &L->bo, e) ||
-            load_vec(m, VEC("mlp.gate_proj.bias"), (int)F, 0, c->mlp_bias, &L->b_gate, e) ||
-            load_vec(m, VEC("mlp.up_proj.bias"), (int)F, 0, c->mlp_bias, &L->b_up, e) ||
-            load_vec(m, VEC("mlp.down_proj.bias"), (int)H, 0, c->mlp_bias, &L->b_down, e))
-            return -1;
-#undef PFX
-#undef VEC
-    }
-    return 0;
+    return c->arch->load(m, e);
+}
+
+static int rope_equal(const struct rope_params *a, const struct rope_params *b)
+{
+    return a->type == b->type && a->theta == b->theta && a->factor == b->factor &&
+           a->orig_max_pos == b->orig_max_pos && a->low_freq_factor == b->low_freq_factor &&
+           a->high_freq_factor == b->high_freq_factor && a->beta_fast == b->beta_fast &&
+           a->beta_slow == b->beta_slow && a->attention_factor == b->attention_factor &&
+           a->mscale == b->mscale && a->mscale_all_dim == b->mscale_all_dim &&
+           a->truncate == b->truncate;
 }
 
 struct model *model_load(const char *dir, struct backend *be, struct err *e)
@@ -300,6 +304,7 @@ struct model *model_load(const char *dir, struct backend *be, struct err *e)
         model_destroy(m);
         return NULL;
     }
+    m->rope_shared = rope_equal(&m->cfg.rope_full, &m->cfg.rope_sliding);
     int half = m->cfg.head_dim / 2;
     for (int i = 0; i < 2; i++) {
         m->rope_inv_freq[i] = xmalloc(sizeof(float) * (size_t)half);
@@ -370,28 +375,12 @@ void model_destroy(struct model *m)
     if (!m) return;
     const struct backend_ops *o = m->be->ops;
     void *ctx = m->be->ctx;
-    if (m->layers) {
-        for (int l = 0; l < m->cfg.n_layers; l++) {
-            struct model_layer *L = &m->layers[l];
-            float *v[] = {L->attn_norm,
-                          L->ffn_norm,
-                          L->post_attn_norm,
-                          L->post_ffn_norm,
-                          L->q_norm,
-                          L->k_norm,
-                          L->bq,
-                          L->bk,
-                          L->bv,
-                          L->bo,
-                          L->b_gate,
-                          L->b_up,
-                          L->b_down};
-            for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
-                if (v[i]) o->free(ctx, v[i]);
-        }
-        free(m->layers);
-    }
-    if (m->final_norm) o->free(ctx, m->final_norm);
+    struct model_tensors *t = &m->tensors;
+    for (int i = 0; i < t->n_vecs; i++) o->free(ctx, t->vecs[i]);
+    free(t->vecs);
+    free(t->vec_len);
+    free(t->linears);
+    free(m->layers);
     float *bufs[] = {m->x,
                      m->h,
                      m->q,
@@ -426,26 +415,12 @@ void model_destroy(struct model *m)
     free(m);
 }
 
-static int64_t qw_params(const struct qweight *w)
-{
-    return w->n * w->k;
-}
-
 int64_t model_param_count(const struct model *m)
 {
-    const struct model_config *c = &m->cfg;
-    int64_t n = qw_params(&m->embed) + c->hidden;
-    if (m->lm_head.w != m->embed.w) n += qw_params(&m->lm_head);
-    for (int l = 0; l < c->n_layers; l++) {
-        const struct model_layer *L = &m->layers[l];
-        n += qw_params(&L->wq) + qw_params(&L->wk) + qw_params(&L->wv) + qw_params(&L->wo) +
-             qw_params(&L->w_gate) + qw_params(&L->w_up) + qw_params(&L->w_down);
-        n += (int64_t)c->hidden * (c->gemma_norms ? 4 : 2);
-        if (L->q_norm) n += 2 * c->head_dim;
-        if (L->bq) n += L->wq.n + L->wk.n + L->wv.n;
-        if (L->bo) n += L->wo.n;
-        if (L->b_gate) n += 2 * L->w_gate.n + L->w_down.n;
-    }
+    const struct model_tensors *t = &m->tensors;
+    int64_t n = 0;
+    for (int i = 0; i < t->n_linears; i++) n += t->linears[i]->n * t->linears[i]->k;
+    for (int i = 0; i < t->n_vecs; i++) n += t->vec_len[i];
     return n;
 }
 

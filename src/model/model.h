@@ -6,9 +6,8 @@
  *     model_state_alloc(m, max_tokens, max_logits, n_blocks, block_size, &e);
  *     model_forward(m, &batch, logits);   // logits [batch.n_logits, vocab] on the host
  *
- * Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM,
- * Gemma2ForCausalLM, Gemma3ForCausalLM; weights in f32/f16/bf16, MLX affine 2-8 bit,
- * mxfp4, mxfp8 and nvfp4.
+ * The architectures are in model/arch.c (one arch_<family>.c each, over model/blocks.h);
+ * weights in f32/f16/bf16, MLX affine 2-8 bit, mxfp4, mxfp8 and nvfp4.
  */
 #ifndef PAGODA_MODEL_MODEL_H
 #define PAGODA_MODEL_MODEL_H
@@ -21,15 +20,34 @@
 #include "model/safetensors.h"
 #include "model/weights.h"
 
+/* self_attn.*: projections, optional per-head norms and biases. */
+struct attn_block {
+    struct qweight wq, wk, wv, wo; /* [Hq*D, hidden], [Hkv*D, hidden] x2, [hidden, Hq*D] */
+    float *q_norm, *k_norm;        /* [D] per-head norms, else NULL */
+    float *bq, *bk, *bv, *bo;      /* projection biases, else NULL */
+};
+
+/* mlp.*: down(act(gate(x)) * up(x)); its width is gate.n. */
+struct mlp_block {
+    struct qweight gate, up, down; /* [ffn, hidden] x2, [hidden, ffn] */
+    float *b_gate, *b_up, *b_down; /* biases, else NULL */
+};
+
+/* One decoder layer: a family fills the blocks and norms it has. */
 struct model_layer {
-    struct qweight wq, wk, wv, wo;       /* [Hq*D, hidden], [Hkv*D, hidden] x2, [hidden, Hq*D] */
-    struct qweight w_gate, w_up, w_down; /* [ffn, hidden] x2, [hidden, ffn] */
-    float *attn_norm;                    /* [hidden] input_layernorm */
-    float *ffn_norm; /* [hidden] post_attention_ (Llama) / pre_feedforward_ (Gemma) */
+    float *attn_norm; /* [hidden] input_layernorm */
+    float *ffn_norm;  /* [hidden] post_attention_ (Llama) / pre_feedforward_ (Gemma) */
     float *post_attn_norm, *post_ffn_norm; /* [hidden] Gemma sandwich norms, else NULL */
-    float *q_norm, *k_norm;                /* [D] per-head norms, else NULL */
-    float *bq, *bk, *bv, *bo;              /* projection biases, else NULL */
-    float *b_gate, *b_up, *b_down;         /* MLP biases, else NULL */
+    struct attn_block attn;
+    struct mlp_block mlp;
+};
+
+/* Every tensor a model loaded, for counting and freeing without knowing its family. */
+struct model_tensors {
+    struct qweight **linears; /* matrices (a tied head appears once) */
+    float **vecs;             /* vectors in backend memory */
+    int64_t *vec_len;         /* their lengths */
+    int n_linears, n_vecs, cap_linears, cap_vecs;
 };
 
 struct model {
@@ -41,6 +59,8 @@ struct model {
     float embed_scale;
     float *final_norm; /* [hidden] */
     struct model_layer *layers;
+    struct model_tensors tensors;
+    int rope_shared;         /* full and sliding layers use the same rope tables */
     float *rope_inv_freq[2]; /* [D/2] host tables: full-attention layers, sliding layers */
     float rope_mscale[2];    /* yarn attention factor (1 otherwise) */
     float *rope_inv_dev[2];  /* the same in backend memory, where it computes the tables */
@@ -55,6 +75,16 @@ struct model {
     struct kv_geom kvg;
     struct kv_layer *kv; /* [n_layers] */
 };
+
+/** Loads the linear layer `prefix` ("model.layers.0.self_attn.q_proj") of n outputs and k
+ * inputs in its stored format (for the families' loaders). 0, or -1 + err naming the tensor. */
+int model_load_linear(struct model *m, const char *prefix, int64_t n, int64_t k, struct qweight *w,
+                      struct err *e);
+
+/** Loads the vector `name` of dim values into backend memory as float, plus `add` ((1 + w)
+ * norms). A missing tensor is an error when `required`, else *out = NULL. */
+int model_load_vec(struct model *m, const char *name, int dim, float add, int required, float **out,
+                   struct err *e);
 
 /** Loads the model folder onto the backend. NULL + err naming the file and tensor. */
 struct model *model_load(const char *dir, struct backend *be, struct err *e);

@@ -1,0 +1,16 @@
+/* The architectures pagoda runs, by config.json name. */
+#include "model/arch.h"
+
+#include <stddef.h>
+#include <string.h>
+
+static const struct arch *const archs[] = {
+    &arch_llama, &arch_mistral, &arch_qwen2, &arch_qwen3, &arch_gemma2, &arch_gemma3,
+};
+
+const struct arch *arch_find(const char *name)
+{
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        if (!strcmp(archs[i]->name, name)) return archs[i];
+    return NULL;
+}

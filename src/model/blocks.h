@@ -1,0 +1,37 @@
+/*
+ * blocks: the pieces the families' layer stacks are made of, written once against the
+ * backend table. A block reads its input from m->h (the normalized residual rows) and leaves
+ * its output in m->h; the family adds it to the residual m->x.
+ *
+ *     blk_norm(m, m->h, m->x, L->attn_norm, n);
+ *     blk_attn(m, &L->attn, l, b);
+ *     blk_add(m, n);                             // x += h
+ */
+#ifndef PAGODA_MODEL_BLOCKS_H
+#define PAGODA_MODEL_BLOCKS_H
+
+#include "model/model.h"
+
+/** Loads the norm weight `name` [dim] ((1 + w) when the config says so). */
+int blk_norm_load(struct model *m, const char *name, int dim, float **out, struct err *e);
+
+/** Loads `<prefix>.{q,k,v,o}_proj` with the biases and q/k norms the config declares. */
+int blk_attn_load(struct model *m, const char *prefix, struct attn_block *a, struct err *e);
+
+/** Loads `<prefix>.{gate,up,down}_proj` of width ffn (and their biases, mlp_bias). */
+int blk_mlp_load(struct model *m, const char *prefix, int ffn, struct mlp_block *p, struct err *e);
+
+/** out [rows, hidden] = RMSNorm(x) * w */
+void blk_norm(struct model *m, float *out, const float *x, const float *w, int rows);
+
+/** x += h over the step's rows. */
+void blk_add(struct model *m, int rows);
+
+/** Self-attention of layer `layer` over the paged KV: q/k/v of m->h, biases, q/k norms, rope
+ * (the layer kind's tables), the KV store, attention, o. Result in m->h. */
+void blk_attn(struct model *m, const struct attn_block *a, int layer, const struct fwd_batch *b);
+
+/** Gated MLP of m->h: down(act(gate) * up). Result in m->h. */
+void blk_mlp(struct model *m, const struct mlp_block *p, int rows);
+
+#endif
