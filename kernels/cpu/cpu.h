@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "common/threadpool.h"
+#include "model/backend.h"
 #include "model/weights.h"
 
 /* AVXVNNI: the AVX2 kernels, with AVX-VNNI integer dot products where they apply (the same
@@ -59,6 +60,24 @@ float cpu_dot(const float *a, const float *b, int n);
 
 /** y += a * x over n floats. */
 void cpu_axpy(float *y, float a, const float *x, int n);
+
+/** cpu_rope over the first rot values of each head of d (pairs (j, j + rot/2)). */
+void cpu_rope_partial(float *x, int rows, int heads, int d, int rot, const float *cos_t,
+                      const float *sin_t);
+
+/** out = RMSNorm(x) * w * silu(z) over rows of dim; out may alias x. */
+void cpu_rms_norm_gated(float *out, const float *x, const float *z, const float *w, int rows,
+                        int dim, float eps);
+
+/** Gated DeltaNet over a step (see backend_ops.delta_net), parallel over sequences x
+ * channels (the convolution), then sequences x value heads (the delta rule). */
+void cpu_delta_net(struct threadpool *tp, float *out, float *qkv, const float *beta_in,
+                   const float *a, const struct state_layer *st, const struct delta_params *p,
+                   const struct fwd_batch *b);
+
+/** Routed experts (see backend_ops.moe); each product through cpu_matmul. */
+void cpu_moe(struct threadpool *tp, float *out, const float *x, const float *router,
+             const struct moe_params *p, int rows, int hidden);
 
 /** Reads n bytes (a multiple of 64) on every thread of the pool: the memory read-bandwidth
  * probe of `pagoda bench`. Returns a checksum so the reads cannot be elided. */

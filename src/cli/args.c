@@ -187,7 +187,7 @@ int runner_open(struct runner *r, const char *dir, const char *device, int threa
     r->n_seqs = n_seqs;
     r->max_tokens = max_tokens;
     if (model_state_alloc(r->m, max_tokens, max_logits, r->blocks_per_seq * n_seqs, r->block_size,
-                          &e)) {
+                          n_seqs, &e)) {
         fprintf(stderr, "pagoda: %s\n", e.msg);
         runner_close(r);
         return -1;
@@ -202,6 +202,7 @@ int runner_open(struct runner *r, const char *dir, const char *device, int threa
     r->len = xcalloc((size_t)n_seqs, 4);
     r->block_table = xmalloc((size_t)n_seqs * (size_t)r->blocks_per_seq * 4);
     r->bt_step = xmalloc((size_t)n_seqs * (size_t)r->blocks_per_seq * 4);
+    r->state_slot = xmalloc((size_t)n_seqs * 4);
     for (int s = 0; s < n_seqs; s++)
         for (int b = 0; b < r->blocks_per_seq; b++)
             r->block_table[s * r->blocks_per_seq + b] = s * r->blocks_per_seq + b;
@@ -222,6 +223,7 @@ void runner_close(struct runner *r)
     free(r->len);
     free(r->block_table);
     free(r->bt_step);
+    free(r->state_slot);
     free(r->logits);
     memset(r, 0, sizeof *r);
 }
@@ -242,6 +244,7 @@ int runner_step(struct runner *r, int n, const int *seq_ids, const int32_t *cons
             if (want_all[i] || j == counts[i] - 1) r->logit_rows[nl++] = t;
         }
         r->len[s] += counts[i];
+        r->state_slot[i] = s; /* sequence s keeps slot s */
         r->seq_len[i] = r->len[s];
         memcpy(r->bt_step + (size_t)i * r->blocks_per_seq,
                r->block_table + (size_t)s * r->blocks_per_seq,
@@ -261,6 +264,7 @@ int runner_step(struct runner *r, int n, const int *seq_ids, const int32_t *cons
         .n_logits = nl,
         .logit_rows = r->logit_rows,
         .pick_rows = r->pick_rows,
+        .state_slot = r->state_slot,
     };
     model_forward(r->m, &b, r->keep_logits ? NULL : r->logits);
     return nl;

@@ -43,6 +43,7 @@ struct runner {
     int32_t *tokens, *pos, *slot, *q_start, *seq_len, *logit_rows;
     int32_t *block_table;     /* [n_seqs][blocks_per_seq] of every sequence */
     int32_t *bt_step;         /* the rows of this step's sequences, in step order */
+    int32_t *state_slot;      /* [n_seqs] recurrent-state slot of each step sequence */
     int32_t *len;             /* [n_seqs] tokens already in each sequence's KV */
     float *logits;            /* [max_logits, vocab] host */
     int keep_logits;          /* 1: logits stay in backend memory (model_argmax reads them) */

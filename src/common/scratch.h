@@ -13,6 +13,11 @@ enum scratch_slot {
     SCRATCH_GEMV,
     SCRATCH_ATTN,
     SCRATCH_MM_X, /* a matmul's prepared input, written by the calling thread, read by all */
+    SCRATCH_MOE_ROUTE, /* the routing of a step's rows (calling thread) */
+    SCRATCH_MOE_X,     /* the rows routed to one expert, then its output */
+    SCRATCH_MOE_G,     /* their gate products */
+    SCRATCH_MOE_U,     /* their up products */
+    SCRATCH_DELTA,     /* a delta-rule item's vectors */
     SCRATCH_SLOTS
 };
 

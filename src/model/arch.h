@@ -10,6 +10,8 @@
 #ifndef PAGODA_MODEL_ARCH_H
 #define PAGODA_MODEL_ARCH_H
 
+#include <stdbool.h>
+
 #include "common/err.h"
 
 struct cJSON;
@@ -35,5 +37,14 @@ const struct arch *arch_find(const char *name);
 
 extern const struct arch arch_llama, arch_mistral, arch_qwen2, arch_qwen3;
 extern const struct arch arch_gemma2, arch_gemma3;
+extern const struct arch arch_qwen3_moe;
+extern const struct arch arch_qwen3_5, arch_qwen3_5_vl, arch_qwen3_5_moe, arch_qwen3_5_moe_vl;
+
+/** Reads the routed-experts fields (num_experts or num_local_experts, num_experts_per_tok,
+ * moe_intermediate_size, shared_expert_intermediate_size, norm_topk_prob, with
+ * norm_default when absent, decoder_sparse_step, mlp_only_layers) into c->moe and
+ * c->layer_moe. No num_experts: a dense model. */
+int arch_moe_config(struct model_config *c, const struct cJSON *root, bool norm_default,
+                    struct err *e);
 
 #endif

@@ -22,7 +22,7 @@ static int gemma_load(struct model *m, struct err *e)
     char p[256];
     for (int l = 0; l < c->n_layers; l++) {
         struct model_layer *L = &m->layers[l];
-#define NAME(s) (snprintf(p, sizeof p, "model.layers.%d.%s", l, s), p)
+#define NAME(s) blk_name(m, p, sizeof p, l, s)
         if (blk_attn_load(m, NAME("self_attn"), &L->attn, e) ||
             blk_mlp_load(m, NAME("mlp"), c->ffn, &L->mlp, e) ||
             blk_norm_load(m, NAME("input_layernorm.weight"), H, &L->attn_norm, e) ||
@@ -53,7 +53,7 @@ static void gemma_layers(struct model *m, const struct fwd_batch *b)
 
 static int gemma_config(struct model_config *c, const struct cJSON *root, struct err *e)
 {
-    c->gemma_norms = true;
+    c->norm_plus_one = true;
     c->embed_scale = sqrtf((float)c->hidden);
     double qpas = c->head_dim;
     if (config_get_num(root, "query_pre_attn_scalar", c->head_dim, &qpas, e)) return -1;

@@ -19,7 +19,7 @@ static int llama_load(struct model *m, struct err *e)
     char p[256];
     for (int l = 0; l < c->n_layers; l++) {
         struct model_layer *L = &m->layers[l];
-#define NAME(s) (snprintf(p, sizeof p, "model.layers.%d.%s", l, s), p)
+#define NAME(s) blk_name(m, p, sizeof p, l, s)
         if (blk_attn_load(m, NAME("self_attn"), &L->attn, e) ||
             blk_mlp_load(m, NAME("mlp"), c->ffn, &L->mlp, e) ||
             blk_norm_load(m, NAME("input_layernorm.weight"), c->hidden, &L->attn_norm, e) ||

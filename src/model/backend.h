@@ -39,6 +39,10 @@ struct fwd_batch {
      * row by the last argmax or sample started before this step (one not yet read back:
      * the engine runs a step while the previous one's picks are still on their way) */
     const int32_t *pick_rows;
+    /* [n_seqs] recurrent-state slot of each sequence (models with linear-attention layers;
+     * NULL otherwise). A sequence whose first token of the step is at position 0 starts
+     * from a zero state; any other continues the state its slot holds. */
+    const int32_t *state_slot;
 };
 
 /* KV storage of one layer: K and V as [n_blocks][block_size][n_kv_heads][head_dim] values of
@@ -49,6 +53,29 @@ struct kv_layer {
 
 struct kv_geom {
     int n_blocks, block_size, n_kv_heads, head_dim;
+};
+
+/* Recurrent state of one linear-attention layer for n_slots sequences, float32:
+ * conv [n_slots][conv_k - 1][conv_dim] (the last inputs of the causal convolution) and
+ * rec [n_slots][n_v_heads][k_dim][v_dim] (the delta rule's matrix). */
+struct state_layer {
+    float *conv, *rec;
+};
+
+/* A Gated DeltaNet layer's shape and small parameters (backend memory). */
+struct delta_params {
+    int n_k_heads, n_v_heads, k_dim, v_dim; /* v head h reads k head h / (n_v / n_k) */
+    int conv_k;                             /* causal depthwise kernel (4) */
+    const float *conv_w;                    /* [conv_dim][conv_k], conv_dim = 2*Hk*dk + Hv*dv */
+    const float *a_log, *dt_bias;           /* [n_v_heads] */
+};
+
+/* Routed experts of one MoE layer: expert e is down(act(gate x) * up x). */
+struct moe_params {
+    int n_experts, top_k;
+    int norm_topk;       /* renormalize the chosen weights to sum to 1 */
+    enum act_kind act;
+    const struct qweight *gate, *up, *down; /* [n_experts] each: [I, H], [I, H], [H, I] */
 };
 
 struct attn_params {
@@ -145,6 +172,36 @@ struct backend_ops {
      * NULL, as argmax. */
     void (*sample)(void *ctx, int32_t *out, const float *x, int rows, int n,
                    const struct sample_row *p);
+
+    /* The operations of the hybrid and MoE families. Optional: a model that needs one the
+     * backend lacks is refused when it loads (model/arch.h). */
+    /* Partial rotary: rotates pairs (j, j + rot/2), j < rot/2, of each head of d values;
+     * cos/sin [rows, rot/2]. */
+    void (*rope_partial)(void *ctx, float *x, int rows, int heads, int d, int rot,
+                         const float *cos_t, const float *sin_t);
+    /* qg [rows, heads, 2 * d] holds each head's query then its gate: q and gate [rows, heads
+     * * d] receive them apart. */
+    void (*split_qgate)(void *ctx, float *q, float *gate, const float *qg, int rows, int heads,
+                        int d);
+    /* x [rows, n] *= sigmoid(g), g [rows, gn] with gn = n (elementwise) or 1 (per row). */
+    void (*gate_mul)(void *ctx, float *x, const float *g, int rows, int n, int gn);
+    /* out[r] = RMSNorm(x[r]) * w * silu(z[r]) over rows of dim (out may alias x). */
+    void (*rms_norm_gated)(void *ctx, float *out, const float *x, const float *z, const float *w,
+                           int rows, int dim, float eps);
+    /* Gated DeltaNet over the step: qkv [n_tokens, conv_dim] (overwritten), beta_in and a
+     * [n_tokens, n_v_heads]; out [n_tokens, n_v_heads * v_dim]. Per sequence: causal conv
+     * (kernel conv_k, SiLU) continuing st->conv, q and k L2-normalized, beta = sigmoid(b),
+     * g = -exp(a_log) * softplus(a + dt_bias), S = S * exp(g) + k (beta (v - S^T k))^T,
+     * o = S^T q / sqrt(k_dim); the slot's state is left after the sequence's last token. */
+    void (*delta_net)(void *ctx, float *out, float *qkv, const float *beta_in, const float *a,
+                      const struct state_layer *st, const struct delta_params *p,
+                      const struct fwd_batch *b);
+    /* out [rows, H] = sum over each row's top_k experts (softmax of router [rows, n_experts],
+     * ties to the lower index) of weight * expert(x), added in expert order. */
+    void (*moe)(void *ctx, float *out, const float *x, const float *router,
+                const struct moe_params *p, int rows, int hidden);
+    /* dst = src, bytes in backend memory (ordered with the step's work). */
+    void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
 };
 
 struct backend {

@@ -255,6 +255,55 @@ static void cpu_picks(void *ctx, int32_t *out, int rows)
     c->pick_pending--;
 }
 
+static void cpu_rope_partial_op(void *ctx, float *x, int rows, int heads, int d, int rot,
+                                const float *cos_t, const float *sin_t)
+{
+    (void)ctx;
+    cpu_rope_partial(x, rows, heads, d, rot, cos_t, sin_t);
+}
+
+static void cpu_split_qgate(void *ctx, float *q, float *gate, const float *qg, int rows, int heads,
+                            int d)
+{
+    (void)ctx;
+    for (long i = 0; i < (long)rows * heads; i++) {
+        memcpy(q + (size_t)i * d, qg + (size_t)i * 2 * d, sizeof(float) * (size_t)d);
+        memcpy(gate + (size_t)i * d, qg + (size_t)i * 2 * d + d, sizeof(float) * (size_t)d);
+    }
+}
+
+static void cpu_gate_mul(void *ctx, float *x, const float *g, int rows, int n, int gn)
+{
+    (void)ctx;
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < n; j++) {
+            float v = g[(size_t)r * gn + (gn == 1 ? 0 : j)];
+            x[(size_t)r * n + j] *= 1.0f / (1.0f + expf(-v));
+        }
+}
+
+static void cpu_rms_norm_gated_op(void *ctx, float *out, const float *x, const float *z,
+                                  const float *w, int rows, int dim, float eps)
+{
+    (void)ctx;
+    cpu_rms_norm_gated(out, x, z, w, rows, dim, eps);
+}
+
+static void cpu_delta_net_op(void *ctx, float *out, float *qkv, const float *beta_in,
+                             const float *a, const struct state_layer *st,
+                             const struct delta_params *p, const struct fwd_batch *b)
+{
+    struct cpu_ctx *c = ctx;
+    cpu_delta_net(c->tp, out, qkv, beta_in, a, st, p, b);
+}
+
+static void cpu_moe_op(void *ctx, float *out, const float *x, const float *router,
+                       const struct moe_params *p, int rows, int hidden)
+{
+    struct cpu_ctx *c = ctx;
+    cpu_moe(c->tp, out, x, router, p, rows, hidden);
+}
+
 static void cpu_info(void *ctx, struct backend_info *out)
 {
     struct cpu_ctx *c = ctx;
@@ -301,6 +350,13 @@ static const struct backend_ops cpu_ops = {
     .argmax = cpu_argmax,
     .picks = cpu_picks,
     .destroy = cpu_destroy,
+    .rope_partial = cpu_rope_partial_op,
+    .split_qgate = cpu_split_qgate,
+    .gate_mul = cpu_gate_mul,
+    .rms_norm_gated = cpu_rms_norm_gated_op,
+    .delta_net = cpu_delta_net_op,
+    .moe = cpu_moe_op,
+    .copy = cpu_copy,
 };
 
 int backend_cpu_create(struct backend *be, int threads, struct err *e)

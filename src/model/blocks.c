@@ -2,10 +2,19 @@
 #include "model/blocks.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+
+#include "common/util.h"
+
+const char *blk_name(const struct model *m, char *buf, size_t n, int layer, const char *suffix)
+{
+    snprintf(buf, n, "%slayers.%d.%s", m->prefix, layer, suffix);
+    return buf;
+}
 
 int blk_norm_load(struct model *m, const char *name, int dim, float **out, struct err *e)
 {
-    return model_load_vec(m, name, dim, m->cfg.gemma_norms ? 1.0f : 0.0f, 1, out, e);
+    return model_load_vec(m, name, dim, m->cfg.norm_plus_one ? 1.0f : 0.0f, 1, out, e);
 }
 
 int blk_attn_load(struct model *m, const char *prefix, struct attn_block *a, struct err *e)
@@ -15,7 +24,7 @@ int blk_attn_load(struct model *m, const char *prefix, struct attn_block *a, str
     int qdim = c->n_heads * D, kvdim = c->n_kv_heads * D;
     char n[300];
 #define NAME(s) (snprintf(n, sizeof n, "%s.%s", prefix, s), n)
-    if (model_load_linear(m, NAME("q_proj"), qdim, H, &a->wq, e) ||
+    if (model_load_linear(m, NAME("q_proj"), c->attn_gate ? 2 * qdim : qdim, H, &a->wq, e) ||
         model_load_linear(m, NAME("k_proj"), kvdim, H, &a->wk, e) ||
         model_load_linear(m, NAME("v_proj"), kvdim, H, &a->wv, e) ||
         model_load_linear(m, NAME("o_proj"), H, qdim, &a->wo, e))
@@ -70,7 +79,12 @@ void blk_attn(struct model *m, const struct attn_block *a, int layer, const stru
     int sliding = c->layer_kinds[layer] == LAYER_SLIDING;
     int rt = sliding && !m->rope_shared ? 1 : 0;
 
-    o->matmul(ctx, m->q, m->h, &a->wq, n);
+    if (c->attn_gate) {
+        o->matmul(ctx, m->qg, m->h, &a->wq, n);
+        o->split_qgate(ctx, m->q, m->qgate, m->qg, n, c->n_heads, D);
+    } else {
+        o->matmul(ctx, m->q, m->h, &a->wq, n);
+    }
     o->matmul(ctx, m->k, m->h, &a->wk, n);
     o->matmul(ctx, m->v, m->h, &a->wv, n);
     if (a->bq) {
@@ -82,8 +96,14 @@ void blk_attn(struct model *m, const struct attn_block *a, int layer, const stru
         o->rms_norm(ctx, m->q, m->q, a->q_norm, n * c->n_heads, D, c->rms_eps);
         o->rms_norm(ctx, m->k, m->k, a->k_norm, n * c->n_kv_heads, D, c->rms_eps);
     }
-    o->rope(ctx, m->q, n, c->n_heads, D, m->rope_cos[rt], m->rope_sin[rt]);
-    o->rope(ctx, m->k, n, c->n_kv_heads, D, m->rope_cos[rt], m->rope_sin[rt]);
+    if (c->rope_dim < D) {
+        int R = c->rope_dim;
+        o->rope_partial(ctx, m->q, n, c->n_heads, D, R, m->rope_cos[rt], m->rope_sin[rt]);
+        o->rope_partial(ctx, m->k, n, c->n_kv_heads, D, R, m->rope_cos[rt], m->rope_sin[rt]);
+    } else {
+        o->rope(ctx, m->q, n, c->n_heads, D, m->rope_cos[rt], m->rope_sin[rt]);
+        o->rope(ctx, m->k, n, c->n_kv_heads, D, m->rope_cos[rt], m->rope_sin[rt]);
+    }
     o->kv_store(ctx, &m->kv[layer], &m->kvg, m->k, m->v, b);
     struct attn_params ap = {
         .n_heads = c->n_heads,
@@ -94,6 +114,7 @@ void blk_attn(struct model *m, const struct attn_block *a, int layer, const stru
         .window = sliding ? c->sliding_window : 0,
     };
     o->attention(ctx, m->att, m->q, &m->kv[layer], &m->kvg, b, &ap);
+    if (c->attn_gate) o->gate_mul(ctx, m->att, m->qgate, n, qdim, qdim);
     o->matmul(ctx, m->h, m->att, &a->wo, n);
     if (a->bo) o->add_bias(ctx, m->h, a->bo, n, c->hidden);
 }
@@ -112,4 +133,118 @@ void blk_mlp(struct model *m, const struct mlp_block *p, int rows)
     o->act_mul(ctx, m->gate, m->gate, m->up, (int64_t)rows * F, m->cfg.act);
     o->matmul(ctx, m->h, m->gate, &p->down, rows);
     if (p->b_down) o->add_bias(ctx, m->h, p->b_down, rows, m->cfg.hidden);
+}
+
+int blk_linear_load(struct model *m, const char *prefix, struct linear_block *lb, struct err *e)
+{
+    const struct linear_config *L = &m->cfg.lin;
+    int H = m->cfg.hidden, vdim = L->n_v_heads * L->v_dim;
+    int conv_dim = 2 * L->n_k_heads * L->k_dim + vdim;
+    char n[300];
+#define NAME(s) (snprintf(n, sizeof n, "%s.%s", prefix, s), n)
+    if (model_load_linear(m, NAME("in_proj_qkv"), conv_dim, H, &lb->in_qkv, e) ||
+        model_load_linear(m, NAME("in_proj_z"), vdim, H, &lb->in_z, e) ||
+        model_load_linear(m, NAME("in_proj_b"), L->n_v_heads, H, &lb->in_b, e) ||
+        model_load_linear(m, NAME("in_proj_a"), L->n_v_heads, H, &lb->in_a, e) ||
+        model_load_linear(m, NAME("out_proj"), H, vdim, &lb->out, e) ||
+        model_load_rows(m, NAME("conv1d.weight"), conv_dim, L->conv_k, &lb->conv_w, e) ||
+        model_load_vec(m, NAME("A_log"), L->n_v_heads, 0, 1, &lb->a_log, e) ||
+        model_load_vec(m, NAME("dt_bias"), L->n_v_heads, 0, 1, &lb->dt_bias, e) ||
+        model_load_vec(m, NAME("norm.weight"), L->v_dim, 0, 1, &lb->norm, e))
+        return -1;
+#undef NAME
+    return 0;
+}
+
+int blk_moe_load(struct model *m, const char *prefix, int layer, struct moe_block *mb,
+                 struct err *e)
+{
+    const struct moe_config *mc = &m->cfg.moe;
+    int H = m->cfg.hidden, E = mc->n_experts, I = mc->inner;
+    char n[300];
+    if (!m->experts)
+        m->experts = xcalloc((size_t)m->cfg.n_layers * 3 * (size_t)E, sizeof *m->experts);
+    mb->gate = m->experts + (size_t)layer * 3 * E;
+    mb->up = mb->gate + E;
+    mb->down = mb->up + E;
+    snprintf(n, sizeof n, "%s.gate", prefix);
+    if (model_load_linear(m, n, E, H, &mb->router, e)) return -1;
+    snprintf(n, sizeof n, "%s.switch_mlp.gate_proj.weight", prefix);
+    int stacked = st_find(&m->st, n) != NULL;
+    static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
+    struct qweight *dst[3] = {mb->gate, mb->up, mb->down};
+    for (int p = 0; p < 3; p++) {
+        int64_t rows = p == 2 ? H : I, cols = p == 2 ? I : H;
+        for (int x = 0; x < E; x++) {
+            int rc;
+            if (stacked) {
+                snprintf(n, sizeof n, "%s.switch_mlp.%s", prefix, proj[p]);
+                rc = model_load_expert(m, n, x, rows, cols, &dst[p][x], e);
+            } else {
+                snprintf(n, sizeof n, "%s.experts.%d.%s", prefix, x, proj[p]);
+                rc = model_load_linear(m, n, rows, cols, &dst[p][x], e);
+            }
+            if (rc) return -1;
+        }
+    }
+    if (!mc->shared_inner) return 0;
+    snprintf(n, sizeof n, "%s.shared_expert", prefix);
+    if (blk_mlp_load(m, n, mc->shared_inner, &mb->shared, e)) return -1;
+    snprintf(n, sizeof n, "%s.shared_expert_gate", prefix);
+    return model_load_linear(m, n, 1, H, &mb->shared_gate, e);
+}
+
+void blk_linear(struct model *m, const struct linear_block *lb, int layer,
+                const struct fwd_batch *b)
+{
+    const struct model_config *c = &m->cfg;
+    const struct linear_config *L = &c->lin;
+    const struct backend_ops *o = m->be->ops;
+    void *ctx = m->be->ctx;
+    int n = b->n_tokens;
+    o->matmul(ctx, m->lin_qkv, m->h, &lb->in_qkv, n);
+    o->matmul(ctx, m->lin_z, m->h, &lb->in_z, n);
+    o->matmul(ctx, m->lin_b, m->h, &lb->in_b, n);
+    o->matmul(ctx, m->lin_a, m->h, &lb->in_a, n);
+    struct delta_params dp = {
+        .n_k_heads = L->n_k_heads,
+        .n_v_heads = L->n_v_heads,
+        .k_dim = L->k_dim,
+        .v_dim = L->v_dim,
+        .conv_k = L->conv_k,
+        .conv_w = lb->conv_w,
+        .a_log = lb->a_log,
+        .dt_bias = lb->dt_bias,
+    };
+    o->delta_net(ctx, m->lin_out, m->lin_qkv, m->lin_b, m->lin_a, &m->state[layer], &dp, b);
+    o->rms_norm_gated(ctx, m->lin_out, m->lin_out, m->lin_z, lb->norm, n * L->n_v_heads, L->v_dim,
+                      c->rms_eps);
+    o->matmul(ctx, m->h, m->lin_out, &lb->out, n);
+}
+
+void blk_moe(struct model *m, const struct moe_block *mb, int rows)
+{
+    const struct model_config *c = &m->cfg;
+    const struct backend_ops *o = m->be->ops;
+    void *ctx = m->be->ctx;
+    struct moe_params mp = {
+        .n_experts = c->moe.n_experts,
+        .top_k = c->moe.top_k,
+        .norm_topk = c->moe.norm_topk,
+        .act = c->act,
+        .gate = mb->gate,
+        .up = mb->up,
+        .down = mb->down,
+    };
+    o->matmul(ctx, m->router, m->h, &mb->router, rows);
+    o->moe(ctx, m->moe_out, m->h, m->router, &mp, rows, c->hidden);
+    if (c->moe.shared_inner) {
+        /* h = sigmoid(shared_gate(h)) * shared(h) + routed */
+        o->matmul(ctx, m->shared_g, m->h, &mb->shared_gate, rows);
+        blk_mlp(m, &mb->shared, rows);
+        o->gate_mul(ctx, m->h, m->shared_g, rows, c->hidden, 1);
+        o->add(ctx, m->h, m->moe_out, (int64_t)rows * c->hidden);
+    } else {
+        o->copy(ctx, m->h, m->moe_out, sizeof(float) * (size_t)rows * c->hidden);
+    }
 }

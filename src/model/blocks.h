@@ -12,6 +12,9 @@
 
 #include "model/model.h"
 
+/** The name of layer `layer`'s tensor or module `suffix` ("mlp.gate_proj") in buf. */
+const char *blk_name(const struct model *m, char *buf, size_t n, int layer, const char *suffix);
+
 /** Loads the norm weight `name` [dim] ((1 + w) when the config says so). */
 int blk_norm_load(struct model *m, const char *name, int dim, float **out, struct err *e);
 
@@ -20,6 +23,14 @@ int blk_attn_load(struct model *m, const char *prefix, struct attn_block *a, str
 
 /** Loads `<prefix>.{gate,up,down}_proj` of width ffn (and their biases, mlp_bias). */
 int blk_mlp_load(struct model *m, const char *prefix, int ffn, struct mlp_block *p, struct err *e);
+
+/** Loads `<prefix>.*` of a Gated DeltaNet layer (linear_attn). */
+int blk_linear_load(struct model *m, const char *prefix, struct linear_block *lb, struct err *e);
+
+/** Loads the router `<prefix>.gate`, the experts (`<prefix>.experts.N.*` or the MLX stacks
+ * `<prefix>.switch_mlp.*`) and, when the config has one, the gated shared expert. */
+int blk_moe_load(struct model *m, const char *prefix, int layer, struct moe_block *mb,
+                 struct err *e);
 
 /** out [rows, hidden] = RMSNorm(x) * w */
 void blk_norm(struct model *m, float *out, const float *x, const float *w, int rows);
@@ -33,5 +44,13 @@ void blk_attn(struct model *m, const struct attn_block *a, int layer, const stru
 
 /** Gated MLP of m->h: down(act(gate) * up). Result in m->h. */
 void blk_mlp(struct model *m, const struct mlp_block *p, int rows);
+
+/** Gated DeltaNet of layer `layer` over m->h, continuing each sequence's recurrent state:
+ * in_proj_qkv -> causal conv -> delta rule -> gated norm with z -> out_proj. Result in m->h. */
+void blk_linear(struct model *m, const struct linear_block *lb, int layer,
+                const struct fwd_batch *b);
+
+/** Routed experts of m->h plus the gated shared expert. Result in m->h. */
+void blk_moe(struct model *m, const struct moe_block *mb, int rows);
 
 #endif

@@ -216,6 +216,8 @@ static int parse_layer_kinds(struct model_config *c, const cJSON *root, struct e
                 c->layer_kinds[i] = LAYER_FULL;
             else if (!strcmp(it->valuestring, "sliding_attention"))
                 c->layer_kinds[i] = LAYER_SLIDING;
+            else if (!strcmp(it->valuestring, "linear_attention"))
+                c->layer_kinds[i] = LAYER_LINEAR;
             else
                 return err_set(e, "config.json: layer type '%s' is not supported", it->valuestring);
         }
@@ -257,7 +259,7 @@ int config_load(struct model_config *c, const char *dir, struct err *e)
     size_t len;
     char *text = util_read_file(path, &len, e);
     if (!text) return -1;
-    cJSON *root = cJSON_ParseWithLength(text, len);
+    cJSON *root = cJSON_ParseWithLength(text, len), *top = root;
     free(text);
     if (!cJSON_IsObject(root)) {
         cJSON_Delete(root);
@@ -276,6 +278,10 @@ int config_load(struct model_config *c, const char *dir, struct err *e)
         err_set(e, "config.json: architecture '%s' is not supported", an);
         goto out;
     }
+    /* A multimodal checkpoint (...ForConditionalGeneration) keeps the text tower's fields in
+     * text_config; quantization and the token ids may sit at the top level. */
+    const cJSON *tc = config_get(root, "text_config");
+    if (cJSON_IsObject(tc)) root = (cJSON *)tc;
 
     if (config_get_int(root, "hidden_size", 0, &c->hidden, e) ||
         config_get_int(root, "num_hidden_layers", 0, &c->n_layers, e) ||
@@ -334,16 +340,21 @@ int config_load(struct model_config *c, const char *dir, struct err *e)
     c->final_softcap = (float)cap;
     c->attn_scale = (float)(1.0 / sqrt((double)c->head_dim));
     c->embed_scale = 1.0f;
+    c->rope_dim = c->head_dim;
+    c->layer_moe = xcalloc((size_t)c->n_layers, sizeof *c->layer_moe);
     /* The family's own fields and defaults (layer patterns, biases, norms). */
     if (c->arch->config && c->arch->config(c, root, e)) goto out;
-    /* Without a window every layer is full attention, whatever its declared type. */
+    /* Without a window every attention layer is full attention, whatever its declared type. */
     if (c->sliding_window == 0)
-        for (int i = 0; i < c->n_layers; i++) c->layer_kinds[i] = LAYER_FULL;
+        for (int i = 0; i < c->n_layers; i++)
+            if (c->layer_kinds[i] == LAYER_SLIDING) c->layer_kinds[i] = LAYER_FULL;
 
-    if (parse_quant(c, root, e)) goto out;
+    if (parse_quant(c, config_get(top, "quantization") ? top : root, e)) goto out;
 
-    parse_eos(c, config_get(root, "eos_token_id"));
+    if (!parse_eos(c, config_get(root, "eos_token_id")))
+        parse_eos(c, config_get(top, "eos_token_id"));
     const cJSON *bos = config_get(root, "bos_token_id");
+    if (!bos) bos = config_get(top, "bos_token_id");
     if (cJSON_IsNumber(bos)) c->bos_id = (int32_t)bos->valuedouble;
 
     /* generation_config.json's ids win, as in transformers' generate(). */
@@ -365,7 +376,7 @@ int config_load(struct model_config *c, const char *dir, struct err *e)
     }
     rc = 0;
 out:
-    cJSON_Delete(root);
+    cJSON_Delete(top);
     if (rc) config_dispose(c);
     return rc;
 }
@@ -373,6 +384,8 @@ out:
 void config_dispose(struct model_config *c)
 {
     free(c->layer_kinds);
+    free(c->layer_moe);
+    c->layer_moe = NULL;
     for (int i = 0; i < c->n_quant_overrides; i++) free(c->quant_overrides[i].prefix);
     free(c->quant_overrides);
     c->layer_kinds = NULL;

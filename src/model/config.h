@@ -29,7 +29,9 @@ struct rope_params {
     bool truncate; /* yarn: round the correction range */
 };
 
-enum layer_kind { LAYER_FULL, LAYER_SLIDING };
+/* Attention over all earlier tokens, over a window of them, or linear attention with a
+ * recurrent state (Gated DeltaNet). */
+enum layer_kind { LAYER_FULL, LAYER_SLIDING, LAYER_LINEAR };
 enum act_kind { ACT_SILU, ACT_GELU_TANH };
 
 /* How a linear layer's weight is stored (see model/weights.h). */
@@ -47,6 +49,22 @@ struct quant_override {
 };
 
 #define CONFIG_MAX_EOS 8
+
+/* Routed experts (Qwen3-MoE, Qwen3.5-MoE). */
+struct moe_config {
+    int n_experts;    /* num_experts / num_local_experts; 0 = dense */
+    int top_k;        /* num_experts_per_tok */
+    int inner;        /* moe_intermediate_size */
+    int shared_inner; /* shared_expert_intermediate_size; 0 = no shared expert */
+    bool norm_topk;   /* norm_topk_prob */
+};
+
+/* Gated DeltaNet layers (linear_*). */
+struct linear_config {
+    int n_k_heads, n_v_heads; /* linear_num_key_heads, linear_num_value_heads */
+    int k_dim, v_dim;         /* linear_key_head_dim, linear_value_head_dim */
+    int conv_k;               /* linear_conv_kernel_dim */
+};
 
 struct model_config {
     char arch_name[64];
@@ -72,11 +90,16 @@ struct model_config {
     bool o_bias;       /* o_proj has a bias (attention_bias on Llama) */
     bool mlp_bias;
     bool qk_norm;            /* per-head RMSNorm of q and k (Qwen3, Gemma 3) */
-    bool gemma_norms;        /* (1 + w) RMSNorm weights, sandwich norms, sqrt(hidden) embed scale */
+    bool norm_plus_one;      /* RMSNorm weights stored as w - 1: (1 + w) (Gemma, Qwen3.5) */
     float attn_softcap;      /* 0 = none */
     float final_softcap;     /* 0 = none */
     float attn_scale;        /* multiplies q.k */
     float embed_scale;       /* multiplies the embedded rows (Gemma: sqrt(hidden)) */
+    int rope_dim;            /* rotated values of a head (partial_rotary_factor * head_dim) */
+    bool attn_gate;          /* q_proj also yields a sigmoid gate on the attention output */
+    struct moe_config moe;
+    bool *layer_moe;         /* [n_layers] the layer's MLP is routed experts */
+    struct linear_config lin;
     struct quant_spec quant; /* default for linear layers; mode NONE = unquantized */
     struct quant_override *quant_overrides;
     int n_quant_overrides;

@@ -15,7 +15,7 @@ static void rope_tables(const struct model *m, int which, const struct fwd_batch
                         float *sin_t)
 {
     const struct rope_params *r = which == 0 ? &m->cfg.rope_full : &m->cfg.rope_sliding;
-    int d = m->cfg.head_dim, half = d / 2;
+    int d = m->cfg.rope_dim, half = d / 2;
     const float *inv = m->rope_inv_freq[which];
     float ms = m->rope_mscale[which];
     for (int t = 0; t < b->n_tokens; t++) {
@@ -46,7 +46,7 @@ void model_forward(struct model *m, const struct fwd_batch *b, float *logits)
     const struct model_config *c = &m->cfg;
     const struct backend_ops *o = m->be->ops;
     void *ctx = m->be->ctx;
-    int n = b->n_tokens, H = c->hidden, D = c->head_dim;
+    int n = b->n_tokens, H = c->hidden, D = c->rope_dim;
     size_t half_bytes = sizeof(float) * (size_t)n * (size_t)(D / 2);
 
     o->batch_begin(ctx, b);

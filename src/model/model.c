@@ -52,21 +52,48 @@ static void track_vec(struct model *m, float *v, int64_t len)
     t->vec_len[t->n_vecs++] = len;
 }
 
-static int load_linear(struct model *m, const char *prefix, int64_t n, int64_t k, struct qweight *w,
-                       struct err *e);
+static int load_linear(struct model *m, const char *prefix, int expert, int64_t n, int64_t k,
+                       struct qweight *w, struct err *e);
 
 int model_load_linear(struct model *m, const char *prefix, int64_t n, int64_t k, struct qweight *w,
                       struct err *e)
 {
-    if (load_linear(m, prefix, n, k, w, e)) return -1;
+    if (load_linear(m, prefix, -1, n, k, w, e)) return -1;
     track_linear(m, w);
     return 0;
 }
 
-static int load_linear(struct model *m, const char *prefix, int64_t n, int64_t k, struct qweight *w,
-                       struct err *e)
+int model_load_expert(struct model *m, const char *prefix, int expert, int64_t n, int64_t k,
+                      struct qweight *w, struct err *e)
+{
+    if (load_linear(m, prefix, expert, n, k, w, e)) return -1;
+    track_linear(m, w);
+    return 0;
+}
+
+/* Checks t against [rows, cols], or [E, rows, cols] with E > expert when expert >= 0, and
+ * returns the byte offset of the expert's [rows, cols] slice. */
+static int check_slice(const struct st_tensor *t, int expert, int64_t rows, int64_t cols,
+                       size_t elem_bytes, size_t *offset, struct err *e)
+{
+    *offset = 0;
+    if (expert < 0) {
+        int64_t want[2] = {rows, cols};
+        return check_shape(t, 2, want, e);
+    }
+    int64_t want[3] = {t->ndim == 3 && t->shape[0] > expert ? t->shape[0] : expert + 1, rows, cols};
+    if (check_shape(t, 3, want, e)) return -1;
+    *offset = (size_t)expert * (size_t)rows * (size_t)cols * elem_bytes;
+    return 0;
+}
+
+/* Loads the linear layer `prefix` of n outputs and k inputs; with expert >= 0, expert
+ * `expert` of a stack [E, n, k] stored under that name (MLX switch_mlp). */
+static int load_linear(struct model *m, const char *prefix, int expert, int64_t n, int64_t k,
+                       struct qweight *w, struct err *e)
 {
     char name[256];
+    size_t off;
     memset(w, 0, sizeof *w);
     w->n = n;
     w->k = k;
@@ -76,8 +103,7 @@ static int load_linear(struct model *m, const char *prefix, int64_t n, int64_t k
     snprintf(name, sizeof name, "%s.scales", prefix);
     const struct st_tensor *sc = st_find(&m->st, name);
     if (!sc) {
-        int64_t want[2] = {n, k};
-        if (check_shape(t, 2, want, e)) return -1;
+        if (check_slice(t, expert, n, k, st_dtype_size(t->dtype), &off, e)) return -1;
         switch (t->dtype) {
         case ST_F32:
             w->fmt = WFMT_F32;
@@ -95,7 +121,7 @@ static int load_linear(struct model *m, const char *prefix, int64_t n, int64_t k
                            t->file, t->name, st_dtype_name(t->dtype));
         }
         w->bits = (int)st_dtype_size(t->dtype) * 8;
-        w->w = t->data;
+        w->w = (const uint8_t *)t->data + off;
         w->row_bytes = (size_t)k * st_dtype_size(t->dtype);
         return m->be->ops->weight_prepare(m->be->ctx, w, e);
     }
@@ -109,13 +135,15 @@ static int load_linear(struct model *m, const char *prefix, int64_t n, int64_t k
     if (k % q.group || (k * q.bits) % 32)
         return err_set(e, "%s: tensor '%s': %lld inputs do not divide into groups of %d", t->file,
                        t->name, (long long)k, q.group);
-    int64_t wshape[2] = {n, k * q.bits / 32}, sshape[2] = {n, k / q.group};
-    if (check_shape(t, 2, wshape, e) || check_shape(sc, 2, sshape, e)) return -1;
+    size_t soff;
+    if (check_slice(t, expert, n, k * q.bits / 32, 4, &off, e) ||
+        check_slice(sc, expert, n, k / q.group, st_dtype_size(sc->dtype), &soff, e))
+        return -1;
     w->bits = q.bits;
     w->group = q.group;
-    w->w = t->data;
+    w->w = (const uint8_t *)t->data + off;
     w->row_bytes = (size_t)(k * q.bits / 8);
-    w->scales = sc->data;
+    w->scales = (const uint8_t *)sc->data + soff;
     w->sdtype = sc->dtype;
     switch (q.mode) {
     case QMODE_AFFINE: {
@@ -125,11 +153,14 @@ static int load_linear(struct model *m, const char *prefix, int64_t n, int64_t k
                            sc->name, st_dtype_name(sc->dtype));
         snprintf(name, sizeof name, "%s.biases", prefix);
         const struct st_tensor *bi = need(m, name, e);
-        if (!bi || check_shape(bi, 2, sshape, e)) return -1;
+        size_t boff;
+        if (!bi ||
+            check_slice(bi, expert, n, k / q.group, st_dtype_size(bi->dtype), &boff, e))
+            return -1;
         if (bi->dtype != sc->dtype)
             return err_set(e, "%s: tensor '%s': dtype %s differs from its scales' %s", bi->file,
                            bi->name, st_dtype_name(bi->dtype), st_dtype_name(sc->dtype));
-        w->biases = bi->data;
+        w->biases = (const uint8_t *)bi->data + boff;
         break;
     }
     case QMODE_MXFP4:
@@ -150,16 +181,12 @@ static int load_linear(struct model *m, const char *prefix, int64_t n, int64_t k
     return m->be->ops->weight_prepare(m->be->ctx, w, e);
 }
 
-int model_load_vec(struct model *m, const char *name, int dim, float add, int required, float **out,
-                   struct err *e)
+/* Converts `count` values of t to float in backend memory, plus `add`. */
+static int load_floats(struct model *m, const struct st_tensor *t, int64_t count, float add,
+                       float **out, struct err *e)
 {
-    *out = NULL;
-    const struct st_tensor *t = st_find(&m->st, name);
-    if (!t) return required ? (need(m, name, e), -1) : 0;
-    int64_t want[1] = {dim};
-    if (check_shape(t, 1, want, e)) return -1;
-    float *host = xmalloc(sizeof(float) * (size_t)dim);
-    for (int i = 0; i < dim; i++) {
+    float *host = xmalloc(sizeof(float) * (size_t)count);
+    for (int64_t i = 0; i < count; i++) {
         switch (t->dtype) {
         case ST_F32:
             host[i] = ((const float *)t->data)[i];
@@ -177,15 +204,45 @@ int model_load_vec(struct model *m, const char *name, int dim, float add, int re
         }
         host[i] += add;
     }
-    *out = m->be->ops->alloc(m->be->ctx, sizeof(float) * (size_t)dim);
+    *out = m->be->ops->alloc(m->be->ctx, sizeof(float) * (size_t)count);
     if (!*out) {
         free(host);
         return err_set(e, "%s: tensor '%s': out of memory", t->file, t->name);
     }
-    m->be->ops->upload(m->be->ctx, *out, host, sizeof(float) * (size_t)dim);
+    m->be->ops->upload(m->be->ctx, *out, host, sizeof(float) * (size_t)count);
     free(host);
-    track_vec(m, *out, dim);
+    track_vec(m, *out, count);
     return 0;
+}
+
+int model_load_vec(struct model *m, const char *name, int dim, float add, int required, float **out,
+                   struct err *e)
+{
+    *out = NULL;
+    const struct st_tensor *t = st_find(&m->st, name);
+    if (!t) return required ? (need(m, name, e), -1) : 0;
+    int64_t want[1] = {dim};
+    if (check_shape(t, 1, want, e)) return -1;
+    return load_floats(m, t, dim, add, out, e);
+}
+
+int model_load_rows(struct model *m, const char *name, int64_t rows, int64_t cols, float **out,
+                    struct err *e)
+{
+    *out = NULL;
+    const struct st_tensor *t = need(m, name, e);
+    if (!t) return -1;
+    int64_t count = 1;
+    for (int i = 0; i < t->ndim; i++) count *= t->shape[i];
+    int ok = t->ndim >= 2 && t->shape[0] == rows && count == rows * cols;
+    for (int i = 1; ok && i < t->ndim; i++) ok = t->shape[i] == cols || t->shape[i] == 1;
+    if (!ok) {
+        char a[128];
+        return err_set(e, "%s: tensor '%s': shape %s, expected %lld rows of %lld values",
+                       t->file, t->name, st_shape_str(t->shape, t->ndim, a, sizeof a),
+                       (long long)rows, (long long)cols);
+    }
+    return load_floats(m, t, count, 0, out, e);
 }
 
 /* inv_freq[i] for i < d/2 of one rope parameter set (dynamic NTK is applied per position at
@@ -259,14 +316,30 @@ static int load_weights(struct model *m, struct err *e)
 {
     const struct model_config *c = &m->cfg;
     int64_t H = c->hidden;
-    float plus = c->gemma_norms ? 1.0f : 0.0f;
-    if (model_load_linear(m, "model.embed_tokens", c->vocab, H, &m->embed, e)) return -1;
-    int tie = c->tie_embeddings || (!c->tie_explicit && !st_find(&m->st, "lm_head.weight"));
+    float plus = c->norm_plus_one ? 1.0f : 0.0f;
+    /* The text tower of a multimodal checkpoint sits under language_model (Hugging Face:
+     * model.language_model.*, MLX: language_model.model.*). */
+    static const char *const layouts[][2] = {{"model.", "lm_head"},
+                                             {"model.language_model.", "lm_head"},
+                                             {"language_model.model.", "language_model.lm_head"}};
+    char n[128];
+    size_t li = 0;
+    for (size_t i = 1; i < sizeof layouts / sizeof layouts[0] && !li; i++) {
+        snprintf(n, sizeof n, "%sembed_tokens.weight", layouts[i][0]);
+        if (st_find(&m->st, n)) li = i;
+    }
+    snprintf(m->prefix, sizeof m->prefix, "%s", layouts[li][0]);
+    snprintf(m->head, sizeof m->head, "%s", layouts[li][1]);
+    snprintf(n, sizeof n, "%sembed_tokens", m->prefix);
+    if (model_load_linear(m, n, c->vocab, H, &m->embed, e)) return -1;
+    snprintf(n, sizeof n, "%s.weight", m->head);
+    int tie = c->tie_embeddings || (!c->tie_explicit && !st_find(&m->st, n));
     if (tie)
         m->lm_head = m->embed;
-    else if (model_load_linear(m, "lm_head", c->vocab, H, &m->lm_head, e))
+    else if (model_load_linear(m, m->head, c->vocab, H, &m->lm_head, e))
         return -1;
-    if (model_load_vec(m, "model.norm.weight", (int)H, plus, 1, &m->final_norm, e)) return -1;
+    snprintf(n, sizeof n, "%snorm.weight", m->prefix);
+    if (model_load_vec(m, n, (int)H, plus, 1, &m->final_norm, e)) return -1;
     m->embed_scale = c->embed_scale;
     m->layers = xcalloc((size_t)c->n_layers, sizeof *m->layers);
     return c->arch->load(m, e);
@@ -280,6 +353,31 @@ static int rope_equal(const struct rope_params *a, const struct rope_params *b)
            a->beta_slow == b->beta_slow && a->attention_factor == b->attention_factor &&
            a->mscale == b->mscale && a->mscale_all_dim == b->mscale_all_dim &&
            a->truncate == b->truncate;
+}
+
+/* A model whose layers need an operation the backend lacks is refused here, naming both. */
+static int check_ops(const struct model *m, const char *dir, struct err *e)
+{
+    const struct model_config *c = &m->cfg;
+    const struct backend_ops *o = m->be->ops;
+    int linear = 0, moe = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        linear |= c->layer_kinds[l] == LAYER_LINEAR;
+        moe |= c->layer_moe[l];
+    }
+    const char *missing = NULL;
+    if (linear && (!o->delta_net || !o->rms_norm_gated || !o->copy))
+        missing = "Gated DeltaNet layers";
+    else if (c->attn_gate && (!o->split_qgate || !o->gate_mul))
+        missing = "gated attention";
+    else if (c->rope_dim < c->head_dim && !o->rope_partial)
+        missing = "partial rotary embeddings";
+    else if (moe && (!o->moe || !o->gate_mul))
+        missing = "routed experts";
+    if (!missing) return 0;
+    return err_set(e, "%s: %s (%s) needs %s, which the %s backend does not run yet (use --device "
+                      "cpu)",
+                   dir, c->arch_name, c->arch->family, missing, o->name);
 }
 
 struct model *model_load(const char *dir, struct backend *be, struct err *e)
@@ -300,28 +398,67 @@ struct model *model_load(const char *dir, struct backend *be, struct err *e)
         free(m);
         return NULL;
     }
-    if (st_open(&m->st, dir, e) || load_weights(m, e)) {
+    if (check_ops(m, dir, e) || st_open(&m->st, dir, e) || load_weights(m, e)) {
         model_destroy(m);
         return NULL;
     }
     m->rope_shared = rope_equal(&m->cfg.rope_full, &m->cfg.rope_sliding);
-    int half = m->cfg.head_dim / 2;
+    int half = m->cfg.rope_dim / 2;
     for (int i = 0; i < 2; i++) {
         m->rope_inv_freq[i] = xmalloc(sizeof(float) * (size_t)half);
         m->rope_mscale[i] = rope_inv_freq(i == 0 ? &m->cfg.rope_full : &m->cfg.rope_sliding,
-                                          m->cfg.head_dim, m->rope_inv_freq[i]);
+                                          m->cfg.rope_dim, m->rope_inv_freq[i]);
     }
     return m;
+}
+
+static int n_attn_layers(const struct model_config *c)
+{
+    int n = 0;
+    for (int l = 0; l < c->n_layers; l++) n += c->layer_kinds[l] != LAYER_LINEAR;
+    return n;
 }
 
 size_t model_kv_bytes_per_token(const struct model *m)
 {
     size_t vb = m->be->ops->kv_value_bytes > 0 ? (size_t)m->be->ops->kv_value_bytes : sizeof(float);
-    return (size_t)2 * m->cfg.n_layers * m->cfg.n_kv_heads * m->cfg.head_dim * vb;
+    return (size_t)2 * n_attn_layers(&m->cfg) * m->cfg.n_kv_heads * m->cfg.head_dim * vb;
+}
+
+/* Floats of one slot of one linear-attention layer: the conv tail, then the matrix. */
+static void state_floats(const struct model_config *c, size_t *conv, size_t *rec)
+{
+    const struct linear_config *L = &c->lin;
+    size_t conv_dim = (size_t)2 * L->n_k_heads * L->k_dim + (size_t)L->n_v_heads * L->v_dim;
+    *conv = (size_t)(L->conv_k > 0 ? L->conv_k - 1 : 0) * conv_dim;
+    *rec = (size_t)L->n_v_heads * L->k_dim * L->v_dim;
+}
+
+size_t model_state_bytes(const struct model *m)
+{
+    const struct model_config *c = &m->cfg;
+    size_t conv, rec;
+    state_floats(c, &conv, &rec);
+    return (size_t)(c->n_layers - n_attn_layers(c)) * (conv + rec) * sizeof(float);
+}
+
+void model_state_copy(struct model *m, int dst, int src)
+{
+    const struct model_config *c = &m->cfg;
+    size_t conv, rec;
+    state_floats(c, &conv, &rec);
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->layer_kinds[l] != LAYER_LINEAR) continue;
+        struct state_layer *s = &m->state[l];
+        m->be->ops->copy(m->be->ctx, s->conv + conv * (size_t)dst, s->conv + conv * (size_t)src,
+                         conv * sizeof(float));
+        m->be->ops->copy(m->be->ctx, s->rec + rec * (size_t)dst, s->rec + rec * (size_t)src,
+                         rec * sizeof(float));
+    }
 }
 
 int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blocks, int block_size,
-                      struct err *e)
+                      int n_states, struct err *e)
 {
     const struct model_config *c = &m->cfg;
     const struct backend_ops *o = m->be->ops;
@@ -338,8 +475,10 @@ int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blo
     m->k = A(T * kvdim);
     m->v = A(T * kvdim);
     m->att = A(T * qdim);
-    m->gate = A(T * (size_t)c->ffn);
-    m->up = A(T * (size_t)c->ffn);
+    size_t F = (size_t)c->ffn;
+    if ((size_t)c->moe.shared_inner > F) F = (size_t)c->moe.shared_inner;
+    m->gate = A(T * F);
+    m->up = A(T * F);
     m->xl = A((size_t)max_logits * H);
     m->logits = A((size_t)max_logits * (size_t)c->vocab);
     for (int i = 0; i < 2; i++) {
@@ -355,9 +494,40 @@ int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blo
     m->host_sin = xmalloc(sizeof(float) * T * D / 2);
     m->kvg = (struct kv_geom){n_blocks, block_size, c->n_kv_heads, c->head_dim};
     m->kv = xcalloc((size_t)c->n_layers, sizeof *m->kv);
+    m->state = xcalloc((size_t)c->n_layers, sizeof *m->state);
     size_t vb = o->kv_value_bytes > 0 ? (size_t)o->kv_value_bytes : sizeof(float);
     size_t kv_bytes = (size_t)n_blocks * block_size * kvdim * vb;
+    if (c->attn_gate) {
+        m->qg = A(T * qdim * 2);
+        m->qgate = A(T * qdim);
+    }
+    if (c->moe.n_experts) {
+        m->router = A(T * (size_t)c->moe.n_experts);
+        m->moe_out = A(T * H);
+        m->shared_g = A(T);
+    }
+    size_t conv_n, rec_n;
+    state_floats(c, &conv_n, &rec_n);
+    const struct linear_config *lc = &c->lin;
+    size_t vdim = (size_t)lc->n_v_heads * lc->v_dim;
+    m->n_states = n_states;
     for (int l = 0; l < c->n_layers; l++) {
+        if (c->layer_kinds[l] != LAYER_LINEAR) continue;
+        if (!m->lin_qkv) {
+            m->lin_qkv = A(T * (2 * (size_t)lc->n_k_heads * lc->k_dim + vdim));
+            m->lin_z = A(T * vdim);
+            m->lin_b = A(T * (size_t)lc->n_v_heads);
+            m->lin_a = A(T * (size_t)lc->n_v_heads);
+            m->lin_out = A(T * vdim);
+        }
+        m->state[l].conv = A((size_t)n_states * conv_n + 1);
+        m->state[l].rec = A((size_t)n_states * rec_n + 1);
+        if (!m->state[l].conv || !m->state[l].rec)
+            return err_set(e, "out of memory for the recurrent states (%d slots of %zu bytes)",
+                           n_states, model_state_bytes(m));
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->layer_kinds[l] == LAYER_LINEAR) continue;
         m->kv[l].k = o->alloc(ctx, kv_bytes);
         m->kv[l].v = o->alloc(ctx, kv_bytes);
         if (!m->kv[l].k || !m->kv[l].v)
@@ -381,7 +551,17 @@ void model_destroy(struct model *m)
     free(t->vec_len);
     free(t->linears);
     free(m->layers);
-    float *bufs[] = {m->x,
+    float *bufs[] = {m->qg,
+                     m->qgate,
+                     m->lin_qkv,
+                     m->lin_z,
+                     m->lin_b,
+                     m->lin_a,
+                     m->lin_out,
+                     m->router,
+                     m->moe_out,
+                     m->shared_g,
+                     m->x,
                      m->h,
                      m->q,
                      m->k,
@@ -406,6 +586,14 @@ void model_destroy(struct model *m)
         }
         free(m->kv);
     }
+    if (m->state) {
+        for (int l = 0; l < m->cfg.n_layers; l++) {
+            if (m->state[l].conv) o->free(ctx, m->state[l].conv);
+            if (m->state[l].rec) o->free(ctx, m->state[l].rec);
+        }
+        free(m->state);
+    }
+    free(m->experts);
     free(m->host_cos);
     free(m->host_sin);
     free(m->rope_inv_freq[0]);

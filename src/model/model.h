@@ -33,13 +33,35 @@ struct mlp_block {
     float *b_gate, *b_up, *b_down; /* biases, else NULL */
 };
 
+/* linear_attn.*: a Gated DeltaNet layer (Hk key heads of dk, Hv value heads of dv). */
+struct linear_block {
+    struct qweight in_qkv;  /* [2*Hk*dk + Hv*dv, hidden]: q, k, v before the convolution */
+    struct qweight in_z;    /* [Hv*dv, hidden] the output gate */
+    struct qweight in_b;    /* [Hv, hidden] beta before its sigmoid */
+    struct qweight in_a;    /* [Hv, hidden] the decay's input */
+    struct qweight out;     /* [hidden, Hv*dv] */
+    float *conv_w;          /* [conv_dim, conv_k] depthwise causal kernel */
+    float *a_log, *dt_bias; /* [Hv] */
+    float *norm;            /* [dv] the gated norm's weight (plain w) */
+};
+
+/* mlp.* of a routed-experts layer. */
+struct moe_block {
+    struct qweight router;            /* [E, hidden] mlp.gate */
+    struct qweight *gate, *up, *down; /* [E] each: [inner, hidden] x2, [hidden, inner] */
+    struct mlp_block shared;          /* shared_expert.*, when the config has one */
+    struct qweight shared_gate;       /* [1, hidden] shared_expert_gate */
+};
+
 /* One decoder layer: a family fills the blocks and norms it has. */
 struct model_layer {
     float *attn_norm; /* [hidden] input_layernorm */
     float *ffn_norm;  /* [hidden] post_attention_ (Llama) / pre_feedforward_ (Gemma) */
     float *post_attn_norm, *post_ffn_norm; /* [hidden] Gemma sandwich norms, else NULL */
     struct attn_block attn;
+    struct linear_block lin;
     struct mlp_block mlp;
+    struct moe_block moe;
 };
 
 /* Every tensor a model loaded, for counting and freeing without knowing its family. */
@@ -52,6 +74,8 @@ struct model_tensors {
 
 struct model {
     struct model_config cfg;
+    char prefix[40]; /* of the decoder's tensors: "model.", "model.language_model.", ... */
+    char head[40];   /* the output head's name: "lm_head" or "language_model.lm_head" */
     struct safetensors st;
     struct backend *be;
     struct qweight embed;   /* [vocab, hidden] */
@@ -59,6 +83,7 @@ struct model {
     float embed_scale;
     float *final_norm; /* [hidden] */
     struct model_layer *layers;
+    struct qweight *experts; /* every MoE layer's experts, 3 * n_experts a layer */
     struct model_tensors tensors;
     int rope_shared;         /* full and sliding layers use the same rope tables */
     float *rope_inv_freq[2]; /* [D/2] host tables: full-attention layers, sliding layers */
@@ -72,8 +97,16 @@ struct model {
     float *logits;                              /* [max_logits, vocab] */
     float *rope_cos[2], *rope_sin[2];           /* [max_tokens, D/2] backend tables */
     float *host_cos, *host_sin;                 /* host staging for the tables */
+    float *qg, *qgate;         /* gated attention: [T, Hq*2D] q_proj output, [T, Hq*D] gate */
+    float *lin_qkv, *lin_z;    /* DeltaNet: [T, conv_dim], [T, Hv*dv] */
+    float *lin_b, *lin_a;      /* [T, Hv] each */
+    float *lin_out;            /* [T, Hv*dv] */
+    float *router, *moe_out;   /* MoE: [T, E], [T, hidden] */
+    float *shared_g;           /* [T] the shared expert's gate */
     struct kv_geom kvg;
-    struct kv_layer *kv; /* [n_layers] */
+    struct kv_layer *kv;       /* [n_layers] (attention layers) */
+    struct state_layer *state; /* [n_layers] (linear-attention layers) */
+    int n_states;              /* recurrent-state slots */
 };
 
 /** Loads the linear layer `prefix` ("model.layers.0.self_attn.q_proj") of n outputs and k
@@ -86,15 +119,32 @@ int model_load_linear(struct model *m, const char *prefix, int64_t n, int64_t k,
 int model_load_vec(struct model *m, const char *name, int dim, float add, int required, float **out,
                    struct err *e);
 
+/** Expert `expert` of the stack [E, n, k] stored under `prefix` (MLX switch_mlp). */
+int model_load_expert(struct model *m, const char *prefix, int expert, int64_t n, int64_t k,
+                      struct qweight *w, struct err *e);
+
+/** Loads `name` as rows x cols floats, stored with any singleton dimensions ([C, 1, K] or
+ * [C, K, 1] for a depthwise convolution's [C, K]). */
+int model_load_rows(struct model *m, const char *name, int64_t rows, int64_t cols, float **out,
+                    struct err *e);
+
 /** Loads the model folder onto the backend. NULL + err naming the file and tensor. */
 struct model *model_load(const char *dir, struct backend *be, struct err *e);
 
-/** Sizes the step buffers and KV storage (n_blocks blocks of block_size tokens). */
+/** Sizes the step buffers, the KV storage (n_blocks blocks of block_size tokens) and the
+ * recurrent-state slots of linear-attention layers (n_states; 0 for models without them). */
 int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blocks, int block_size,
-                      struct err *e);
+                      int n_states, struct err *e);
 
-/** KV bytes one token takes across all layers (K and V in the backend's KV type). */
+/** KV bytes one token takes across the attention layers (K and V in the backend's KV type). */
 size_t model_kv_bytes_per_token(const struct model *m);
+
+/** Bytes of one sequence's recurrent state across the linear-attention layers (0: none). */
+size_t model_state_bytes(const struct model *m);
+
+/** Copies recurrent-state slot src to slot dst (every linear-attention layer), in order
+ * with the steps around it. */
+void model_state_copy(struct model *m, int dst, int src);
 
 /** Runs one step; writes logits [b->n_logits, vocab] to host memory, or leaves them in
  * backend memory (m->logits) when `logits` is NULL (see model_argmax). */

@@ -154,7 +154,7 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
     int lp_rows = cfg->max_num_batched_tokens < 256 ? cfg->max_num_batched_tokens : 256;
     en->max_logits = seq_cap + lp_rows;
     if (model_state_alloc(en->m, cfg->max_num_batched_tokens, en->max_logits, (int)n_blocks,
-                          en->block_size, e)) {
+                          en->block_size, 0, e)) {
         engine_destroy(en);
         return NULL;
     }

@@ -166,10 +166,10 @@ static float *run(const char *dir, int *vocab)
     struct model *m = model_load(dir, &be, &e);
     CHECK(m != NULL, "load %s: %s", dir, e.msg);
     if (!m) return NULL;
-    model_state_alloc(m, 8, 1, 1, 16, &e);
+    model_state_alloc(m, 8, 1, 1, 16, 0, &e);
     int32_t tok[4] = {5, 17, 300, 1999}, pos[4] = {0, 1, 2, 3}, slot[4] = {0, 1, 2, 3};
     int32_t qs[2] = {0, 4}, len[1] = {4}, bt[1] = {0}, rows[1] = {3};
-    struct fwd_batch b = {4, tok, pos, slot, 1, qs, len, bt, 1, 1, rows, NULL};
+    struct fwd_batch b = {4, tok, pos, slot, 1, qs, len, bt, 1, 1, rows, NULL, NULL};
     *vocab = m->cfg.vocab;
     float *lg = xmalloc(sizeof(float) * (size_t)*vocab);
     model_forward(m, &b, lg);
@@ -238,7 +238,7 @@ static void test_config_layouts(const char *testdata)
     CHECK(c.rope_full.theta == 1000000.0 && c.rope_sliding.theta == 10000.0, "gemma3 rope thetas");
     CHECK(c.layer_kinds[0] == LAYER_SLIDING && c.layer_kinds[2] == LAYER_FULL,
           "gemma3 layer kinds");
-    CHECK(c.sliding_window == 16 && c.qk_norm && c.gemma_norms, "gemma3 flags");
+    CHECK(c.sliding_window == 16 && c.qk_norm && c.norm_plus_one, "gemma3 flags");
     CHECK(c.n_eos == 1 && c.eos_ids[0] == 1 && c.bos_id == 2, "gemma3 eos/bos");
     config_dispose(&c);
     /* rope_theta at the top level (older layout), sliding window on every layer */
