@@ -156,8 +156,8 @@ void cpu_delta_net(struct threadpool *tp, float *out, float *qkv, const float *b
                    const float *a, const struct state_layer *st, const struct delta_params *p,
                    const struct fwd_batch *b)
 {
-    struct delta_job j = {out, qkv, beta_in, a, st, p, b,
-                          2 * p->n_k_heads * p->k_dim + p->n_v_heads * p->v_dim};
+    struct delta_job j = {out, qkv, beta_in, a,
+                          st,  p,   b,       2 * p->n_k_heads * p->k_dim + p->n_v_heads * p->v_dim};
     tp_run(tp, conv_task, &j);
     tp_run(tp, rule_task, &j);
 }
@@ -201,7 +201,8 @@ void cpu_moe(struct threadpool *tp, float *out, const float *x, const float *rou
     memset(start, 0, sizeof(int32_t) * (size_t)(E + 1));
     for (int i = 0; i < rows * K; i++) start[sel[i] + 1]++;
     for (int e = 0; e < E; e++) start[e + 1] += start[e];
-    int32_t *fill = (int32_t *)scratch_get(SCRATCH_MOE_G, (size_t)E); /* reused below, after the lists */
+    int32_t *fill =
+        (int32_t *)scratch_get(SCRATCH_MOE_G, (size_t)E); /* reused below, after the lists */
     memcpy(fill, start, sizeof(int32_t) * (size_t)E);
     for (int i = 0; i < rows * K; i++) list[fill[sel[i]]++] = i; /* entry r * K + slot */
 

@@ -12,7 +12,7 @@ enum scratch_slot {
     SCRATCH_GEMM_B,
     SCRATCH_GEMV,
     SCRATCH_ATTN,
-    SCRATCH_MM_X, /* a matmul's prepared input, written by the calling thread, read by all */
+    SCRATCH_MM_X,      /* a matmul's prepared input, written by the calling thread, read by all */
     SCRATCH_MOE_ROUTE, /* the routing of a step's rows (calling thread) */
     SCRATCH_MOE_X,     /* the rows routed to one expert, then its output */
     SCRATCH_MOE_G,     /* their gate products */

@@ -32,9 +32,10 @@ static int qwen3_5_config(struct model_config *c, const struct cJSON *root, stru
         return -1;
     if (L->n_k_heads < 1 || L->n_v_heads % L->n_k_heads || L->k_dim < 1 || L->v_dim < 1 ||
         L->conv_k < 1 || L->conv_k > 16)
-        return err_set(e, "config.json: linear attention shape %d key heads of %d, %d value heads "
-                          "of %d, conv kernel %d is not supported (value heads a multiple of key "
-                          "heads, kernel 1..16)",
+        return err_set(e,
+                       "config.json: linear attention shape %d key heads of %d, %d value heads "
+                       "of %d, conv kernel %d is not supported (value heads a multiple of key "
+                       "heads, kernel 1..16)",
                        L->n_k_heads, L->k_dim, L->n_v_heads, L->v_dim, L->conv_k);
     double prf = 1.0;
     const cJSON *rp = config_get(root, "rope_parameters");
@@ -61,8 +62,9 @@ static int qwen3_5_load(struct model *m, struct err *e)
     for (int l = 0; l < c->n_layers; l++) {
         struct model_layer *L = &m->layers[l];
 #define NAME(s) blk_name(m, p, sizeof p, l, s)
-        if ((c->layer_kinds[l] == LAYER_LINEAR ? blk_linear_load(m, NAME("linear_attn"), &L->lin, e)
-                                               : blk_attn_load(m, NAME("self_attn"), &L->attn, e)) ||
+        if ((c->layer_kinds[l] == LAYER_LINEAR
+                 ? blk_linear_load(m, NAME("linear_attn"), &L->lin, e)
+                 : blk_attn_load(m, NAME("self_attn"), &L->attn, e)) ||
             (c->layer_moe[l] ? blk_moe_load(m, NAME("mlp"), l, &L->moe, e)
                              : blk_mlp_load(m, NAME("mlp"), c->ffn, &L->mlp, e)) ||
             blk_norm_load(m, NAME("input_layernorm.weight"), c->hidden, &L->attn_norm, e) ||
@@ -95,8 +97,8 @@ static void qwen3_5_layers(struct model *m, const struct fwd_batch *b)
 
 const struct arch arch_qwen3_5 = {"Qwen3_5ForCausalLM", "qwen3_5", qwen3_5_config, qwen3_5_load,
                                   qwen3_5_layers};
-const struct arch arch_qwen3_5_vl = {"Qwen3_5ForConditionalGeneration", "qwen3_5",
-                                     qwen3_5_config, qwen3_5_load, qwen3_5_layers};
+const struct arch arch_qwen3_5_vl = {"Qwen3_5ForConditionalGeneration", "qwen3_5", qwen3_5_config,
+                                     qwen3_5_load, qwen3_5_layers};
 const struct arch arch_qwen3_5_moe = {"Qwen3_5MoeForCausalLM", "qwen3_5_moe", qwen3_5_config,
                                       qwen3_5_load, qwen3_5_layers};
 const struct arch arch_qwen3_5_moe_vl = {"Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe",

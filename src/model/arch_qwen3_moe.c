@@ -30,8 +30,9 @@ int arch_moe_config(struct model_config *c, const struct cJSON *root, bool norm_
     mc->norm_topk = config_get_bool(root, "norm_topk_prob", norm_default);
     if (!mc->n_experts) return 0;
     if (mc->top_k < 1 || mc->top_k > mc->n_experts || mc->inner < 1 || step < 1)
-        return err_set(e, "config.json: num_experts_per_tok (%d) must be in 1..num_experts (%d), "
-                          "moe_intermediate_size and decoder_sparse_step positive",
+        return err_set(e,
+                       "config.json: num_experts_per_tok (%d) must be in 1..num_experts (%d), "
+                       "moe_intermediate_size and decoder_sparse_step positive",
                        mc->top_k, mc->n_experts);
     for (int l = 0; l < c->n_layers; l++) c->layer_moe[l] = (l + 1) % step == 0;
     const cJSON *only = config_get(root, "mlp_only_layers");

@@ -73,7 +73,7 @@ struct delta_params {
 /* Routed experts of one MoE layer: expert e is down(act(gate x) * up x). */
 struct moe_params {
     int n_experts, top_k;
-    int norm_topk;       /* renormalize the chosen weights to sum to 1 */
+    int norm_topk; /* renormalize the chosen weights to sum to 1 */
     enum act_kind act;
     const struct qweight *gate, *up, *down; /* [n_experts] each: [I, H], [I, H], [H, I] */
 };

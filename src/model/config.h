@@ -89,16 +89,16 @@ struct model_config {
     bool attn_bias;    /* q/k/v projections have biases (Qwen2, attention_bias) */
     bool o_bias;       /* o_proj has a bias (attention_bias on Llama) */
     bool mlp_bias;
-    bool qk_norm;            /* per-head RMSNorm of q and k (Qwen3, Gemma 3) */
-    bool norm_plus_one;      /* RMSNorm weights stored as w - 1: (1 + w) (Gemma, Qwen3.5) */
-    float attn_softcap;      /* 0 = none */
-    float final_softcap;     /* 0 = none */
-    float attn_scale;        /* multiplies q.k */
-    float embed_scale;       /* multiplies the embedded rows (Gemma: sqrt(hidden)) */
-    int rope_dim;            /* rotated values of a head (partial_rotary_factor * head_dim) */
-    bool attn_gate;          /* q_proj also yields a sigmoid gate on the attention output */
+    bool qk_norm;        /* per-head RMSNorm of q and k (Qwen3, Gemma 3) */
+    bool norm_plus_one;  /* RMSNorm weights stored as w - 1: (1 + w) (Gemma, Qwen3.5) */
+    float attn_softcap;  /* 0 = none */
+    float final_softcap; /* 0 = none */
+    float attn_scale;    /* multiplies q.k */
+    float embed_scale;   /* multiplies the embedded rows (Gemma: sqrt(hidden)) */
+    int rope_dim;        /* rotated values of a head (partial_rotary_factor * head_dim) */
+    bool attn_gate;      /* q_proj also yields a sigmoid gate on the attention output */
     struct moe_config moe;
-    bool *layer_moe;         /* [n_layers] the layer's MLP is routed experts */
+    bool *layer_moe; /* [n_layers] the layer's MLP is routed experts */
     struct linear_config lin;
     struct quant_spec quant; /* default for linear layers; mode NONE = unquantized */
     struct quant_override *quant_overrides;

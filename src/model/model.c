@@ -154,8 +154,7 @@ static int load_linear(struct model *m, const char *prefix, int expert, int64_t 
         snprintf(name, sizeof name, "%s.biases", prefix);
         const struct st_tensor *bi = need(m, name, e);
         size_t boff;
-        if (!bi ||
-            check_slice(bi, expert, n, k / q.group, st_dtype_size(bi->dtype), &boff, e))
+        if (!bi || check_slice(bi, expert, n, k / q.group, st_dtype_size(bi->dtype), &boff, e))
             return -1;
         if (bi->dtype != sc->dtype)
             return err_set(e, "%s: tensor '%s': dtype %s differs from its scales' %s", bi->file,
@@ -238,9 +237,9 @@ int model_load_rows(struct model *m, const char *name, int64_t rows, int64_t col
     for (int i = 1; ok && i < t->ndim; i++) ok = t->shape[i] == cols || t->shape[i] == 1;
     if (!ok) {
         char a[128];
-        return err_set(e, "%s: tensor '%s': shape %s, expected %lld rows of %lld values",
-                       t->file, t->name, st_shape_str(t->shape, t->ndim, a, sizeof a),
-                       (long long)rows, (long long)cols);
+        return err_set(e, "%s: tensor '%s': shape %s, expected %lld rows of %lld values", t->file,
+                       t->name, st_shape_str(t->shape, t->ndim, a, sizeof a), (long long)rows,
+                       (long long)cols);
     }
     return load_floats(m, t, count, 0, out, e);
 }
@@ -375,8 +374,9 @@ static int check_ops(const struct model *m, const char *dir, struct err *e)
     else if (moe && (!o->moe || !o->gate_mul))
         missing = "routed experts";
     if (!missing) return 0;
-    return err_set(e, "%s: %s (%s) needs %s, which the %s backend does not run yet (use --device "
-                      "cpu)",
+    return err_set(e,
+                   "%s: %s (%s) needs %s, which the %s backend does not run yet (use --device "
+                   "cpu)",
                    dir, c->arch_name, c->arch->family, missing, o->name);
 }
 

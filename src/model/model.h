@@ -97,12 +97,12 @@ struct model {
     float *logits;                              /* [max_logits, vocab] */
     float *rope_cos[2], *rope_sin[2];           /* [max_tokens, D/2] backend tables */
     float *host_cos, *host_sin;                 /* host staging for the tables */
-    float *qg, *qgate;         /* gated attention: [T, Hq*2D] q_proj output, [T, Hq*D] gate */
-    float *lin_qkv, *lin_z;    /* DeltaNet: [T, conv_dim], [T, Hv*dv] */
-    float *lin_b, *lin_a;      /* [T, Hv] each */
-    float *lin_out;            /* [T, Hv*dv] */
-    float *router, *moe_out;   /* MoE: [T, E], [T, hidden] */
-    float *shared_g;           /* [T] the shared expert's gate */
+    float *qg, *qgate;       /* gated attention: [T, Hq*2D] q_proj output, [T, Hq*D] gate */
+    float *lin_qkv, *lin_z;  /* DeltaNet: [T, conv_dim], [T, Hv*dv] */
+    float *lin_b, *lin_a;    /* [T, Hv] each */
+    float *lin_out;          /* [T, Hv*dv] */
+    float *router, *moe_out; /* MoE: [T, E], [T, hidden] */
+    float *shared_g;         /* [T] the shared expert's gate */
     struct kv_geom kvg;
     struct kv_layer *kv;       /* [n_layers] (attention layers) */
     struct state_layer *state; /* [n_layers] (linear-attention layers) */

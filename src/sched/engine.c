@@ -119,9 +119,11 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
     if (cfg->max_model_len > 0) ctx = cfg->max_model_len;
 
     size_t per_block = model_kv_bytes_per_token(en->m) * (size_t)en->block_size;
-    long n_blocks = cfg->num_blocks;
+    size_t per_state = model_state_bytes(en->m);
+    en->hybrid = per_state > 0;
+    long n_blocks = cfg->num_blocks, n_states = 0;
+    size_t mem = cfg->kv_cache_memory ? cfg->kv_cache_memory : (size_t)1 << 30;
     if (n_blocks <= 0) {
-        size_t mem = cfg->kv_cache_memory ? cfg->kv_cache_memory : (size_t)1 << 30;
         if (!cfg->kv_cache_memory && strcmp(en->be.ops->name, "cpu") != 0 && en->be.ops->info) {
             /* On a GPU the pool takes what --gpu-memory-utilization leaves once the
              * weights (already resident) and the step buffers are accounted for. */
@@ -135,10 +137,29 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
             mem =
                 backend_kv_budget(&bi, util, model_weight_bytes(en->m) + act + ((size_t)256 << 20));
         }
+        if (en->hybrid) {
+            /* Recurrent states: one slot per running request plus half as many for prefix
+             * snapshots, at most half of the memory; the blocks take the rest. */
+            n_states = cfg->max_num_seqs + cfg->max_num_seqs / 2 + 1;
+            if ((size_t)n_states * per_state > mem / 2) n_states = (long)(mem / 2 / per_state);
+            mem -= (size_t)n_states * per_state;
+        }
         n_blocks = (long)(mem / per_block);
         /* no point in more than every running request at full length */
         long useful = ((long)ctx + en->block_size - 1) / en->block_size * (long)cfg->max_num_seqs;
         if (n_blocks > useful) n_blocks = useful;
+    }
+    if (en->hybrid && n_states <= 0) {
+        n_states = cfg->max_num_seqs + cfg->max_num_seqs / 2 + 1;
+        if ((size_t)n_states * per_state > mem / 2) n_states = (long)(mem / 2 / per_state);
+    }
+    if (en->hybrid && n_states < 2) {
+        err_set(e,
+                "the memory for recurrent states holds %ld slot(s) of %zu bytes; give "
+                "--kv-cache-memory more",
+                n_states, per_state);
+        engine_destroy(en);
+        return NULL;
     }
     if (n_blocks < 1) {
         err_set(e, "the KV pool holds no block: %zu bytes per block of %d tokens", per_block,
@@ -154,7 +175,7 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
     int lp_rows = cfg->max_num_batched_tokens < 256 ? cfg->max_num_batched_tokens : 256;
     en->max_logits = seq_cap + lp_rows;
     if (model_state_alloc(en->m, cfg->max_num_batched_tokens, en->max_logits, (int)n_blocks,
-                          en->block_size, 0, e)) {
+                          en->block_size, (int)n_states, e)) {
         engine_destroy(en);
         return NULL;
     }
@@ -171,6 +192,7 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
                        mc->vocab, model_weight_bytes(en->m), (long long)model_param_count(en->m),
                        en->be.ops->name, en->be.ops->kv_value_bytes, en->block_size);
     kv_pool_init(&en->pool, (int)n_blocks, en->block_size, fp, (size_t)fpn);
+    kv_pool_init(&en->states, (int)n_states, 1, fp, (size_t)fpn);
 
     int T = cfg->max_num_batched_tokens;
     en->b_tokens = xmalloc(sizeof(int32_t) * (size_t)T);
@@ -178,6 +200,7 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
     en->b_slot = xmalloc(sizeof(int32_t) * (size_t)T);
     en->b_qstart = xmalloc(sizeof(int32_t) * (size_t)(seq_cap + 1));
     en->b_seqlen = xmalloc(sizeof(int32_t) * (size_t)seq_cap);
+    en->b_state = xmalloc(sizeof(int32_t) * (size_t)seq_cap);
     en->b_bt = xmalloc(sizeof(int32_t) * (size_t)seq_cap * (size_t)en->max_blocks);
     en->b_logit_rows = xmalloc(sizeof(int32_t) * (size_t)en->max_logits);
     en->logits = xmalloc(sizeof(float) * (size_t)en->max_logits * (size_t)en->vocab);
@@ -197,6 +220,9 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
     en->next_id = 1;
     en->stats.kv_blocks_total = (int)n_blocks;
     en->stats.kv_blocks_free = (int)n_blocks;
+    en->stats.state_slots_total = (int)n_states;
+    en->stats.state_slots_free = (int)n_states;
+    en->stats.state_bytes = per_state;
     if (!cfg->manual) {
         if (pthread_create(&en->thread, NULL, engine_main, en)) {
             err_set(e, "cannot start the engine thread");
@@ -281,6 +307,7 @@ uint64_t engine_submit(struct engine *en, const struct engine_request *q, struct
     struct request *r = xcalloc(1, sizeof *r);
     r->n_prompt = r->n_tokens = q->n_prompt;
     r->ph_pos = r->ph_row = -1;
+    r->state_slot = -1;
     r->cap = q->n_prompt + q->sp.max_tokens;
     r->tokens = xmalloc(sizeof(int32_t) * (size_t)r->cap);
     memcpy(r->tokens, q->prompt, sizeof(int32_t) * (size_t)q->n_prompt);
@@ -448,6 +475,7 @@ void req_finish(struct engine *en, struct request *r, enum finish_reason why, in
         list_remove(&en->running, r);
     else if (r->state == RS_WAITING)
         list_remove(&en->waiting, r);
+    req_release_state(en, r);
     kv_release(&en->pool, r->blocks, r->n_blocks);
     r->n_blocks = 0;
     r->state = RS_DONE;
@@ -493,6 +521,7 @@ void engine_destroy(struct engine *en)
     free(en->b_slot);
     free(en->b_qstart);
     free(en->b_seqlen);
+    free(en->b_state);
     free(en->b_bt);
     free(en->b_logit_rows);
     free(en->logits);
@@ -507,6 +536,7 @@ void engine_destroy(struct engine *en)
     free(en->counts);
     free(en->cand);
     kv_pool_dispose(&en->pool);
+    kv_pool_dispose(&en->states);
     if (en->m) model_destroy(en->m);
     backend_destroy(&en->be);
     free(en);

@@ -137,6 +137,10 @@ struct engine_config {
      * runs to its end when launched, overlapping would only delay each token's event by a
      * step) */
     int overlap;
+    /* Models with linear-attention layers: besides the end of each prompt's last full block
+     * and a finished sequence's last full block, a snapshot of the recurrent state every N
+     * blocks of a sequence (0: only those) */
+    int hybrid_state_interval;
 };
 
 /* Step-time histogram bounds in seconds (a last bucket catches the rest). */
@@ -146,6 +150,10 @@ extern const double engine_step_bucket_bounds[ENGINE_STEP_BUCKETS];
 struct engine_stats {
     int running, waiting;
     int kv_blocks_total, kv_blocks_used, kv_blocks_free, kv_blocks_cached;
+    /* recurrent-state slots (models with linear-attention layers; 0 otherwise): used by
+     * running requests or held, free, and of those holding a named snapshot */
+    int state_slots_total, state_slots_used, state_slots_free, state_slots_cached;
+    size_t state_bytes; /* of one slot */
     uint64_t prefix_query_tokens, prefix_hit_tokens;
     uint64_t preemptions;
     uint64_t prompt_tokens;     /* tokens prefilled (computed, not served from cache) */

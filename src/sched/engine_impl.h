@@ -34,6 +34,7 @@ struct request {
     struct kv_hash *hashes; /* of full blocks of tokens: [max_blocks] */
     int n_hashes;           /* hashes known (computed from tokens) */
     int n_committed;        /* blocks registered in the index */
+    int32_t state_slot;     /* recurrent-state slot while running (hybrid models), else -1 */
 
     struct sampling_params sp; /* stop_ids / logit_bias point into owned copies */
     int32_t *stop_ids;
@@ -73,6 +74,11 @@ struct engine {
     int sliding_only; /* every layer is windowed: blocks behind the window are released */
     int window;
     struct kv_pool pool;
+    /* Recurrent-state slots of hybrid models, kept by the same rules as blocks: reference
+     * counts, plan then commit, snapshots named by the block-hash chain (the hash of the
+     * block at whose end the state was taken) and kept in LRU order while free. */
+    struct kv_pool states;
+    int hybrid; /* the model has linear-attention layers */
 
     /* guarded by mu */
     pthread_mutex_t mu;
@@ -94,10 +100,11 @@ struct engine {
 
     /* step buffers, sized at start-up */
     int32_t *b_tokens, *b_pos, *b_slot, *b_qstart, *b_seqlen, *b_bt, *b_logit_rows, *b_pick;
-    float *logits;   /* [max_logits, vocab] */
-    int32_t *greedy; /* [max_logits] tokens picked by the backend (greedy steps) */
-    int greedy_step; /* this step's tokens are in greedy[] (picked or sampled where the logits
-                        are; the logits stayed on the backend) */
+    int32_t *b_state; /* [seq_cap] state slot of each step sequence */
+    float *logits;    /* [max_logits, vocab] */
+    int32_t *greedy;  /* [max_logits] tokens picked by the backend (greedy steps) */
+    int greedy_step;  /* this step's tokens are in greedy[] (picked or sampled where the logits
+                         are; the logits stayed on the backend) */
     struct sample_row *srow; /* [max_logits] rows the backend samples (model_can_sample) */
     /* Two plans: the one being built and the step in flight, launched with its tokens
      * picked where the logits are and not yet read (fly_n > 0). The next step goes out
@@ -122,6 +129,8 @@ struct engine {
 int step_run(struct engine *en);
 /* Publishes the running/waiting/KV gauges to the shared statistics. */
 void step_publish_gauges(struct engine *en);
+/* Gives r's recurrent-state slot back (named as a snapshot where it ends at a block). */
+void req_release_state(struct engine *en, struct request *r);
 /* Counts a finished request in the statistics; done before its last event goes out, so
  * that a client that has seen its end finds it in /metrics. */
 void req_count_finish(struct engine *en, enum finish_reason why);

@@ -31,9 +31,57 @@ static int wants_prompt_rows(const struct request *r)
     return r->plp && !r->plp_sent && r->n_computed < r->n_prompt;
 }
 
+/* Gives r's recurrent-state slot back. A state that ends at a block boundary is named by
+ * that block's hash first, so that it stays as a prefix snapshot while the slot is free. */
+void req_release_state(struct engine *en, struct request *r)
+{
+    if (r->state_slot < 0) return;
+    int bs = en->block_size, k = r->n_computed / bs;
+    if (!en->cfg.disable_prefix_caching && k > 0 && r->n_computed % bs == 0) {
+        update_hashes(en, r);
+        if (k <= r->n_hashes && kv_lookup(&en->states, r->hashes[k - 1]) < 0)
+            kv_commit_hash(&en->states, r->state_slot, r->hashes[k - 1]);
+    }
+    kv_release(&en->states, &r->state_slot, 1);
+    r->state_slot = -1;
+}
+
+/* After a step: a copy of r's state where it ends at the end of the prompt's last full
+ * block, or at every hybrid_state_interval-th block, named by that block's hash. Best
+ * effort: without a free slot no snapshot is taken. */
+static void snapshot(struct engine *en, struct request *r)
+{
+    if (!en->hybrid || en->cfg.disable_prefix_caching || r->state_slot < 0) return;
+    int bs = en->block_size, k = r->n_computed / bs, iv = en->cfg.hybrid_state_interval;
+    if (k < 1 || r->n_computed % bs) return;
+    if (k != r->n_prompt / bs && !(iv > 0 && k % iv == 0)) return;
+    update_hashes(en, r);
+    if (k > r->n_hashes || kv_lookup(&en->states, r->hashes[k - 1]) >= 0) return;
+    int32_t slot;
+    if (!kv_can_allocate(&en->states, 1, NULL, 0) || kv_allocate(&en->states, 1, &slot)) return;
+    model_state_copy(en->m, slot, r->state_slot);
+    kv_commit_hash(&en->states, slot, r->hashes[k - 1]);
+    kv_release(&en->states, &slot, 1);
+}
+
+/* Hybrid models: a chunk ends where a snapshot is due, so that the state is there to copy. */
+static int cap_snapshot(const struct engine *en, const struct request *r, int computed, int n_new)
+{
+    if (!en->hybrid || en->cfg.disable_prefix_caching) return n_new;
+    int bs = en->block_size, end = computed + n_new, iv = en->cfg.hybrid_state_interval;
+    int last = r->n_prompt / bs * bs;
+    if (last > computed && last < end) end = last;
+    if (iv > 0) {
+        int next = (computed / (iv * bs) + 1) * iv * bs;
+        if (next < end) end = next;
+    }
+    return end - computed;
+}
+
 static void preempt(struct engine *en, struct request *v, uint64_t *n_preempt)
 {
     list_remove(&en->running, v);
+    req_release_state(en, v);
     kv_release(&en->pool, v->blocks, v->n_blocks);
     v->n_blocks = 0;
     v->n_computed = 0;
@@ -93,6 +141,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
      * priority, latest arrival) goes back to waiting and will be recomputed. */
     for (struct request *r = en->running.head; r && budget > 0 && n_plan < seq_cap;) {
         int n_new = cap_prompt_rows(r, min_i(r->n_tokens - r->n_computed, budget), *lp_left);
+        n_new = cap_snapshot(en, r, r->n_computed, n_new);
         if (n_new <= 0) {
             r = r->next;
             continue;
@@ -137,12 +186,26 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
             n_hit = kv_lookup_prefix(&en->pool, r->hashes, r->n_hashes, en->hit_blocks);
             if (n_hit * en->block_size >= r->n_tokens) n_hit--; /* compute at least one token */
         }
+        /* A hybrid model resumes only where a state snapshot ends a hit block. */
+        int32_t snap = -1;
+        while (en->hybrid && n_hit > 0 && (snap = kv_lookup(&en->states, r->hashes[n_hit - 1])) < 0)
+            n_hit--;
         int computed = n_hit * en->block_size;
         int n_new = min_i(r->n_tokens - computed, budget);
         if (wants_prompt_rows(r)) n_new = min_i(n_new, *lp_left);
+        n_new = cap_snapshot(en, r, computed, n_new);
         if (n_new <= 0) break;
         int need = blocks_needed(en, computed, n_hit, n_new);
         if (!kv_can_allocate(&en->pool, need, en->hit_blocks, n_hit)) break;
+        if (en->hybrid && !kv_can_allocate(&en->states, 1, &snap, snap >= 0)) break;
+        if (en->hybrid) {
+            if (snap >= 0) kv_touch(&en->states, &snap, 1);
+            kv_allocate(&en->states, 1, &r->state_slot);
+            if (snap >= 0) {
+                model_state_copy(en->m, r->state_slot, snap);
+                kv_release(&en->states, &snap, 1);
+            }
+        }
         kv_touch(&en->pool, en->hit_blocks, n_hit);
         memcpy(r->blocks, en->hit_blocks, sizeof(int32_t) * (size_t)n_hit);
         kv_allocate(&en->pool, need, r->blocks + n_hit);
@@ -188,6 +251,7 @@ static int build_batch(struct engine *en, int n_plan, struct fwd_batch *b)
             en->b_slot[nt] = r->blocks[pos / bs] * bs + pos % bs;
         }
         en->b_seqlen[s] = r->n_computed + p->n_new;
+        en->b_state[s] = r->state_slot;
         int32_t *row = en->b_bt + (size_t)s * en->max_blocks;
         for (int i = 0; i < r->n_blocks; i++) row[i] = r->blocks[i] < 0 ? 0 : r->blocks[i];
         int done = r->n_computed + p->n_new == r->n_tokens;
@@ -215,7 +279,8 @@ static int build_batch(struct engine *en, int n_plan, struct fwd_batch *b)
                             .max_blocks = en->max_blocks,
                             .n_logits = nl,
                             .logit_rows = en->b_logit_rows,
-                            .pick_rows = picked ? en->b_pick : NULL};
+                            .pick_rows = picked ? en->b_pick : NULL,
+                            .state_slot = en->hybrid ? en->b_state : NULL};
     return nl;
 }
 
@@ -277,6 +342,7 @@ static void advance(struct engine *en, struct step_seq *p, struct step_counts *s
         record_prompt_logprobs(en, r, old, p->n_logits,
                                en->logits + (size_t)p->logit_row * en->vocab);
     commit_blocks(en, r);
+    snapshot(en, r);
 
     /* Every layer windowed: blocks wholly behind the next query's window are released
      * (they stay cached under their hash). A step still in flight may read them, but any
@@ -559,5 +625,8 @@ void step_publish_gauges(struct engine *en)
     st->kv_blocks_free = en->pool.n_free;
     st->kv_blocks_cached = en->pool.n_cached;
     st->kv_blocks_used = en->pool.n_blocks - en->pool.n_free;
+    st->state_slots_free = en->states.n_free;
+    st->state_slots_cached = en->states.n_cached;
+    st->state_slots_used = en->states.n_blocks - en->states.n_free;
     pthread_mutex_unlock(&en->mu);
 }

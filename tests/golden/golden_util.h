@@ -14,9 +14,10 @@
 #include "common/util.h"
 
 /* The dense architectures of the engine. */
-static const char *const golden_supported[] = {"LlamaForCausalLM",  "MistralForCausalLM",
-                                               "Qwen2ForCausalLM",  "Qwen3ForCausalLM",
-                                               "Gemma2ForCausalLM", "Gemma3ForCausalLM"};
+static const char *const golden_supported[] = {
+    "LlamaForCausalLM",    "MistralForCausalLM", "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",    "Gemma2ForCausalLM",  "Gemma3ForCausalLM",
+    "Qwen3MoeForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"};
 
 /* The first entry of DIR/config.json's "architectures" into arch ("(none)" when absent);
  * returns whether the engine supports it. */
