@@ -124,7 +124,6 @@ struct cu_ctx {
      * the float32 kernel, tc the 64-row tile kernel for every step, dec the decode kernel for
      * every decode step and the tile kernel otherwise, where the head size allows */
     int attn_mode; /* 0 auto, 1 simt, 2 tc, 3 dec */
-    int rope_kv;   /* rope(q), rope(k), kv_store as one launch (PAGODA_CUDA_ROPE_KV=0: off) */
     /* the decode kernel's keys in ranges over the GPU for few sequences (PAGODA_CUDA_DEC_SPLIT=0:
      * one block a token and KV head) */
     int dec_split;
@@ -133,11 +132,6 @@ struct cu_ctx {
     /* decode steps of many (token, KV head) pairs over short contexts: a warp a pair
      * (PAGODA_CUDA_DEC_WARP=0: the block kernel; 2: every decode step) */
     int dec_warp;
-    /* At m = 1 a residual add joins the product before it and the rms_norm the product
-     * after it: where the streaming 16-bit kernel takes the product (unset, the default;
-     * other kernels would run them as launches of their own), for every product
-     * (PAGODA_CUDA_FUSE_NORM=1), never (0) */
-    int fuse_norm;
 
     /* scratch */
     __nv_bfloat16 *xb;
@@ -156,10 +150,7 @@ struct cu_ctx {
     unsigned *d_amax_count;
     int32_t *d_pick;
     int pick_cap;
-    int argmax_split; /* rows few enough to split (PAGODA_CUDA_ARGMAX_SPLIT=0: a block a row) */
     struct backend_ops ops; /* cuda_ops with this backend's switches applied */
-    int argmax_fuse; /* one row picked by the product that writes it (PAGODA_CUDA_ARGMAX_FUSE=0:
-                        off) */
     int32_t *h_pick[2];
     cudaEvent_t pick_done[2];
     int pick_n[2], pick_first, pick_pending;
@@ -177,39 +168,15 @@ struct cu_ctx {
      * product through the matrix-vector kernels (8 rows per launch), attention key ranges
      * of a fixed width. Slower for large batches; for reproducible serving and tests. */
     int invariant;
-    int row_gemv;     /* the m = 1 matrix-vector kernel (PAGODA_CUDA_GEMV_ROW=0: off) */
-    int early_launch; /* programmatic dependent launch of it (PAGODA_CUDA_PDL=0: off) */
-    int gemv_tc;      /* PAGODA_CUDA_GEMV_TC (default 4): 4-bit m = 1 products on tensor cores */
-    int ep_early;     /* streamed products load their outputs' inputs early (PAGODA_CUDA_EP_EARLY=0:
-                         at each task's end) */
-    int gemv_stream;  /* 16-bit m = 1 products streamed by warps (PAGODA_CUDA_GEMV_STREAM=0: off) */
-    int gemv_rope; /* with rope and the KV store in the q/k/v one (PAGODA_CUDA_GEMV_ROPE=0: off) */
-    int lt_small;  /* bf16 products of 2 to 8 rows on cuBLASLt (PAGODA_CUDA_LT_SMALL=0: off) */
-    /* products of m > 8 over one x (q, k, v; gate, up) run at the same time on side streams,
-     * each with its own cuBLASLt workspace (PAGODA_CUDA_GEMM_STREAMS=0: off) */
-    int gemm_streams;
-    /* a set of 3 bf16 products (q, k, v) as one product of their rows stored one after
-     * another, its result split after (PAGODA_CUDA_GEMM_FUSE=0: off) */
-    int gemm_fuse, fuse_failed;
-    /* a cuBLASLt product right after the activation or norm that wrote its x takes the bf16
-     * copy that operation writes as well (PAGODA_CUDA_BF16_X=0: off) */
-    int bf16_x;
-    /* a cuBLASLt product whose result is added to x and then dead (overwritten by the norm
-     * of x) adds into x in its epilogue (PAGODA_CUDA_GEMM_ADD=0: off) */
-    int gemm_add;
-    /* q, k and v as one product: the rope + KV store launch after it reads the product's
-     * columns itself, with no split launch (PAGODA_CUDA_SPLIT_ROPE=0: off) */
-    int split_rope;
-    /* an operation that writes a bf16 copy of its result for the product after it skips the
-     * float32 result where nothing else reads it before it is overwritten
-     * (PAGODA_CUDA_BF16_ONLY=0: off) */
-    int bf16_only;
-    /* decode attention writes the bf16 copy of its result that the o product reads (with
-     * PAGODA_CUDA_BF16_X; PAGODA_CUDA_ATTN_BF16=0: off) */
+    /* kernels launched early, their blocks starting while the kernel before them ends
+     * (programmatic dependent launch; compute capability 9.0 and later) */
+    int early_launch;
+    /* 1: the bf16 matrices of a q/k/v set could not be moved next to each other; their
+     * products then run apart */
+    int fuse_failed;
+    /* decode attention writes the bf16 copy of its result that the o product reads
+     * (PAGODA_CUDA_ATTN_BF16=0: off) */
     int attn_bf16;
-    /* gate and up products write bf16 results for the activation where nothing else reads
-     * them (with PAGODA_CUDA_BF16_ONLY; PAGODA_CUDA_SET_BF16=0: off) */
-    int set_b16;
     float *ycat;
     size_t ycat_cap;
     cudaStream_t side[2];
@@ -628,7 +595,6 @@ static void drop_dead_f32(cu_ctx *c)
                 w->p[0] = NULL;
         }
     }
-    if (!c->set_b16) return;
     for (int i = 0; i + 1 < c->n_ops; i++) {
         op *st = &c->tape[i], *a = &c->tape[i + 1];
         if (st->kind != OP_GEMM_SET || st->i[1] || st->i[3] || st->gs.nw != 2 ||
@@ -652,7 +618,7 @@ static void flush(cu_ctx *c)
     if (!c->n_ops) return;
     c->n_flush++;
     const double h0 = c->trace ? now_ms() : 0;
-    if (c->bf16_only && c->fuse) drop_dead_f32(c);
+    if (c->fuse) drop_dead_f32(c);
     CU(cudaSetDevice(c->dev));
     CU(cudaEventRecord(c->staged, c->st));
     int profile = c->prof == 1;
@@ -1110,27 +1076,22 @@ static void set_fuse(cu_ctx *c, int m)
 }
 
 /* Whether one-row products of w run on a streaming kernel (k_gemv_stream for 16-bit
- * weights, k_gemv_q4_stream for affine 4-bit), which take the neighbours below into their
- * launch. */
-static bool streams(const cu_ctx *c, const dweight &w)
+ * weights, k_gemv_q4_stream for affine 4-bit), which take the norm before them, the
+ * residual add after them and rope + KV store into their launch (other kernels would run
+ * those as launches of their own). */
+static bool streams(const dweight &w)
 {
-    return (c->gemv_stream && cu_gemv_stream_ok(w)) || (c->gemv_tc >= 3 && cu_gemv_q4s_ok(w));
-}
-
-/* Whether a one-row product of w takes the norm before it and the residual add after it
- * into its own launch. */
-static bool fuse_neighbours(const cu_ctx *c, const dweight &w)
-{
-    return c->fuse_norm == 1 || (c->fuse_norm == 2 && streams(c, w));
+    return cu_gemv_stream_ok(w) || cu_gemv_q4s_ok(w);
 }
 
 /* The most rows a product of w takes through the matrix-vector kernels: bf16 products of
- * 2 to 8 rows go to cuBLASLt, which reads the weights once for all rows
- * (PAGODA_CUDA_LT_SMALL=0: the matrix-vector kernel, far below bandwidth at 8 rows). */
+ * 2 to 8 rows go to cuBLASLt, which reads the weights once for all rows (the matrix-vector
+ * kernel multiplies each weight with every x row in float32, far below bandwidth at 8
+ * rows). */
 static int gemv_most(const cu_ctx *c, const dweight &d)
 {
     if (c->invariant) return INT_MAX;
-    return c->lt_small && d.fmt == DF_BF16 ? 1 : CU_GEMV_MAX_M;
+    return d.fmt == DF_BF16 ? 1 : CU_GEMV_MAX_M;
 }
 
 static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweight *w, int m)
@@ -1155,10 +1116,10 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
                 return;
             }
         }
-        const int keep_order = c->invariant || !c->row_gemv;
+        const int keep_order = c->invariant;
         /* rms_norm of one row into x just recorded: the product takes its place and
          * normalizes x itself */
-        op *rn = m == 1 && fuse_neighbours(c, d) && !keep_order ? last_op(c, OP_RMS) : NULL;
+        op *rn = m == 1 && streams(d) && !keep_order ? last_op(c, OP_RMS) : NULL;
         if (rn && !(rn->p[0] == x && rn->i[0] == 1 && rn->i[1] == d.k && rn->p[1] != x)) rn = NULL;
         cu_gemv_set norm; /* zeroed bytes, padding too: tapes compare with memcmp */
         memset(&norm, 0, sizeof norm);
@@ -1175,26 +1136,16 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
         o->gs = norm;
         o->gs.keep_order = keep_order;
         o->gs.early = c->early_launch;
-        o->gs.tc4 = c->gemv_tc;
-        o->gs.stream16 = c->gemv_stream;
-        o->gs.ep_early = c->ep_early;
         o->gs.w[0] = d;
         o->gs.y[0] = y;
         o->gs.row_end[0] = d.n;
         o->gs.nw = 1;
         return;
     }
-    if (m > most && d.fmt == DF_BF16 && !c->invariant) {
+    if (m > most && d.fmt == DF_BF16 && !c->invariant)
         c->xb = (__nv_bfloat16 *)grow(c, c->xb, &c->xb_cap,
                                       sizeof(__nv_bfloat16) * (size_t)m * (size_t)d.k);
-        if (!cu_gemm_ready(&c->g, d, m)) {
-            /* First product of this shape: the operations before it run first, so that
-             * the timing runs see this step's input (and no graph capture is under way). */
-            flush(c);
-            cu_gemm_prepare(c->st, &c->g, d, m, x, y, c->xb);
-        }
-    }
-    if (c->gemm_streams && m > most && !c->invariant && cu_gemm_lt_ok(&c->g, d, m)) {
+    if (m > most && !c->invariant && cu_gemm_lt_ok(&c->g, d, m)) {
         /* Another cuBLASLt product over the x of the previous one: both in one set. */
         op *p = c->fuse && c->n_ops ? &c->tape[c->n_ops - 1] : NULL;
         if (p && p->p[1] == x && p->i[0] == m && (void *)y != x) {
@@ -1219,7 +1170,7 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
                 if (fresh) {
                     p->gs.w[p->gs.nw] = d;
                     p->gs.y[p->gs.nw++] = y;
-                    if (p->gs.nw == 3 && c->gemm_fuse) set_fuse(c, m);
+                    if (p->gs.nw == 3) set_fuse(c, m);
                     return;
                 }
             }
@@ -1227,9 +1178,7 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
     }
     /* x just written by the activation or a norm: it writes the bf16 copy the product reads
      * too (a second product over x joins this one in a set, which then skips the copy) */
-    op *prev = m > most && !c->invariant && c->bf16_x && c->fuse && c->n_ops
-                   ? &c->tape[c->n_ops - 1]
-                   : NULL;
+    op *prev = m > most && !c->invariant && c->fuse && c->n_ops ? &c->tape[c->n_ops - 1] : NULL;
     const bool lt = prev && (void *)y != x && cu_gemm_lt_ok(&c->g, d, m);
     const bool pre =
         lt && ((prev->kind == OP_ACT && prev->p[0] == x && prev->n == (int64_t)m * d.k) ||
@@ -1266,7 +1215,7 @@ static void cu_rms_norm_op(void *ctx, float *out, const float *x, const float *w
     /* y = a . W^T (cuBLASLt), then x += y, then this norm of x overwriting y: y is never
      * read, so the product adds into x itself and the norm reads the sum. */
     op *p = last_op(c, OP_ADD);
-    op *mm = p && c->gemm_add && c->n_ops >= 2 ? &c->tape[c->n_ops - 2] : NULL;
+    op *mm = p && c->n_ops >= 2 ? &c->tape[c->n_ops - 2] : NULL;
     if (mm && mm->kind == OP_MATMUL && !mm->i[3] && mm->p[0] == p->p[1] && mm->p[0] == out &&
         p->p[0] == x && (const void *)x != out && mm->p[1] != x && mm->p[1] != out &&
         mm->i[0] == rows && mm->w.n == dim && p->n == (int64_t)rows * dim &&
@@ -1311,12 +1260,12 @@ static void cu_rope_op(void *ctx, float *x, int rows, int heads, int d, const fl
 }
 
 /* The rope + KV store just recorded (the last operation) after the one-row q/k/v products
- * of its q, k and v: the streaming kernel does both (PAGODA_CUDA_GEMV_ROPE=0: off). */
+ * of its q, k and v: the streaming kernel does both. */
 static void qkv_rope(cu_ctx *c, const struct kv_layer *kv, const struct kv_geom *g, const float *q,
                      const float *k, const float *v, const void *cos_t, const void *sin_t,
                      int n_tokens)
 {
-    if (!c->gemv_rope || n_tokens != 1 || c->n_ops < 2) return;
+    if (n_tokens != 1 || c->n_ops < 2) return;
     op *p = &c->tape[c->n_ops - 2];
     cu_gemv_set &s = p->gs;
     const int64_t d = g->head_dim;
@@ -1325,7 +1274,7 @@ static void qkv_rope(cu_ctx *c, const struct kv_layer *kv, const struct kv_geom 
         s.w[1].n != g->n_kv_heads * d || s.w[2].n != s.w[1].n)
         return;
     for (int j = 0; j < 3; j++)
-        if (!streams(c, s.w[j])) return;
+        if (!streams(s.w[j])) return;
     s.rope_half = (int)(d / 2);
     s.rcos = (const float *)cos_t;
     s.rsin = (const float *)sin_t;
@@ -1340,7 +1289,7 @@ static void cu_kv_store_op(void *ctx, const struct kv_layer *kv, const struct kv
 {
     cu_ctx *c = (cu_ctx *)ctx;
     /* rope(q), rope(k) just recorded with the same tables: all three in one launch */
-    if (c->fuse && c->rope_kv && c->n_ops >= 2) {
+    if (c->fuse && c->n_ops >= 2) {
         op *rq = &c->tape[c->n_ops - 2], *rk = &c->tape[c->n_ops - 1];
         if (rq->kind == OP_ROPE && rk->kind == OP_ROPE && rk->p[0] == k && rq->p[0] != k &&
             rq->p[0] != v && rq->i[0] == b->n_tokens && rk->i[0] == b->n_tokens &&
@@ -1365,7 +1314,7 @@ static void cu_kv_store_op(void *ctx, const struct kv_layer *kv, const struct kv
             rq->i[3] = g->head_dim;
             /* after q, k and v as one product: this launch reads its columns in place of
              * the split */
-            op *set = c->split_rope && c->n_ops >= 2 ? &c->tape[c->n_ops - 2] : NULL;
+            op *set = c->n_ops >= 2 ? &c->tape[c->n_ops - 2] : NULL;
             if (set && set->kind == OP_GEMM_SET && set->i[1] && !set->i[3] &&
                 set->i[0] == b->n_tokens && set->gs.nw == 3 && set->gs.y[0] == q &&
                 set->gs.y[1] == k && set->gs.y[2] == v &&
@@ -1537,8 +1486,8 @@ static void cu_add_op(void *ctx, float *x, const float *y, int64_t n)
     cu_ctx *c = (cu_ctx *)ctx;
     /* x += y where y is the one-row product just recorded: the product adds its rows to x */
     op *p = last_op(c, OP_GEMV);
-    if (p && fuse_neighbours(c, p->gs.w[0]) && p->i[0] == 1 && p->gs.nw == 1 && !p->gs.pair &&
-        !p->gs.resid && p->gs.y[0] == y && p->gs.w[0].n == n && (const void *)x != y &&
+    if (p && streams(p->gs.w[0]) && p->i[0] == 1 && p->gs.nw == 1 && !p->gs.pair && !p->gs.resid &&
+        p->gs.y[0] == y && p->gs.w[0].n == n && (const void *)x != y &&
         (const void *)x != p->p[1]) {
         p->gs.resid = x;
         return;
@@ -1656,7 +1605,7 @@ static void token_op(cu_ctx *c, int kind, int32_t *out, const float *x, int rows
         cu_fatal("argmax", "a third pick started before one was read", __FILE__, __LINE__);
     /* The greedy pick of one row just written by a one-row product over the GPU: the
      * product's blocks pick it as they write the row, with no launch of its own. */
-    op *pr = kind == OP_ARGMAX && rows == 1 && c->argmax_fuse ? last_op(c, OP_GEMV) : NULL;
+    op *pr = kind == OP_ARGMAX && rows == 1 ? last_op(c, OP_GEMV) : NULL;
     if (pr && pr->i[0] == 1 && pr->gs.y[0] == x && pr->gs.w[0].n == n && !pr->gs.amax_out &&
         cu_gemv_amax_ok(pr->gs)) {
         pr->gs.amax_out = c->d_pick;
@@ -1669,7 +1618,7 @@ static void token_op(cu_ctx *c, int kind, int32_t *out, const float *x, int rows
         o->p[2] = params;
         o->i[0] = rows;
         o->i[1] = n;
-        if (kind == OP_ARGMAX && c->argmax_split && 4 * rows <= c->prop.multiProcessorCount) {
+        if (kind == OP_ARGMAX && 4 * rows <= c->prop.multiProcessorCount) {
             /* too few rows for a block each to fill the GPU: each row over many blocks */
             o->i[2] = 2 * c->prop.multiProcessorCount / rows;
             if (o->i[2] > 128) o->i[2] = 128;
@@ -1802,13 +1751,11 @@ static void cu_destroy(void *ctx)
     }
     CU(cudaEventDestroy(c->staged));
     if (c->d_sample) CU(cudaFree(c->d_sample));
-    if (c->gemm_streams) {
-        CU(cudaEventDestroy(c->fork));
-        for (int j = 0; j < 2; j++) {
-            CU(cudaStreamDestroy(c->side[j]));
-            CU(cudaEventDestroy(c->join[j]));
-            CU(cudaFree(c->side_ws[j]));
-        }
+    CU(cudaEventDestroy(c->fork));
+    for (int j = 0; j < 2; j++) {
+        CU(cudaStreamDestroy(c->side[j]));
+        CU(cudaEventDestroy(c->join[j]));
+        CU(cudaFree(c->side_ws[j]));
     }
     cu_gemm_ctx_destroy(&c->g);
     cublasLtDestroy(c->g.lt);
@@ -1834,7 +1781,7 @@ static const struct backend_ops cuda_ops = {
     .add_bias = cu_add_bias_op,
     .rms_norm = cu_rms_norm_op,
     .rope = cu_rope_op,
-    .rope_tables = NULL, /* set per backend (cu_create) */
+    .rope_tables = cu_rope_tables_op,
     .kv_store = cu_kv_store_op,
     .attention = cu_attention_op,
     .act_mul = cu_act_mul_op,
@@ -1914,9 +1861,6 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
                                         : 0;
     env = getenv("PAGODA_CUDA_FUSE");
     c->fuse = !(env && !strcmp(env, "0"));
-    env = getenv("PAGODA_CUDA_GEMM");
-    c->g.no_lt = env && !strcmp(env, "tc");
-    c->g.tune = env_flag("PAGODA_CUDA_GEMM_TUNE", 0);
     env = getenv("PAGODA_CUDA_BATCH_INVARIANT");
     c->invariant = env && !strcmp(env, "1");
     env = getenv("PAGODA_CUDA_ATTN");
@@ -1926,50 +1870,23 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
                                                  : 0;
     if (c->attn_mode != 1) cu_attention_init();
     cu_gemv_tc_init();
-    c->fuse_norm = env_flag("PAGODA_CUDA_FUSE_NORM", 2);
-    c->rope_kv = env_flag("PAGODA_CUDA_ROPE_KV", 1);
     c->dec_split = env_flag("PAGODA_CUDA_DEC_SPLIT", 1);
     c->dec_cluster = c->prop.major >= 9 && env_flag("PAGODA_CUDA_DEC_CLUSTER", 1);
     env = getenv("PAGODA_CUDA_DEC_WARP");
     c->dec_warp = env && !strcmp(env, "0") ? 0 : env && !strcmp(env, "2") ? 2 : 1;
-    env = getenv("PAGODA_CUDA_GEMV_ROW");
-    c->row_gemv = !(env && !strcmp(env, "0"));
-    /* 4 (the default): the streaming tensor-core kernel, in 16-row tiles where the rows
-     * allow; 3: the same in 8-row tiles only; 2: the one with a shared-memory ring; 1: the
-     * one that keeps its loads in registers; 0: float32 on CUDA cores */
-    env = getenv("PAGODA_CUDA_GEMV_TC");
-    c->gemv_tc = env && !strcmp(env, "2")   ? 2
-                 : env && !strcmp(env, "3") ? 3
-                                            : env_flag("PAGODA_CUDA_GEMV_TC", 4);
-    c->gemv_stream = env_flag("PAGODA_CUDA_GEMV_STREAM", 1);
-    c->ep_early = env_flag("PAGODA_CUDA_EP_EARLY", 1);
-    c->gemv_rope = env_flag("PAGODA_CUDA_GEMV_ROPE", 1);
-    c->lt_small = env_flag("PAGODA_CUDA_LT_SMALL", 1);
-    c->gemm_streams = env_flag("PAGODA_CUDA_GEMM_STREAMS", 1);
-    c->gemm_fuse = env_flag("PAGODA_CUDA_GEMM_FUSE", 1);
-    c->bf16_x = env_flag("PAGODA_CUDA_BF16_X", 1);
-    c->gemm_add = env_flag("PAGODA_CUDA_GEMM_ADD", 1);
-    c->split_rope = env_flag("PAGODA_CUDA_SPLIT_ROPE", 1);
-    c->bf16_only = env_flag("PAGODA_CUDA_BF16_ONLY", 1);
     c->attn_bf16 = env_flag("PAGODA_CUDA_ATTN_BF16", 1);
-    c->set_b16 = env_flag("PAGODA_CUDA_SET_BF16", 1);
-    c->argmax_split = env_flag("PAGODA_CUDA_ARGMAX_SPLIT", 1);
-    c->argmax_fuse = env_flag("PAGODA_CUDA_ARGMAX_FUSE", 1);
-    if (c->gemm_streams) {
-        CU(cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
-        for (int j = 0; j < 2; j++) {
-            CU(cudaStreamCreateWithFlags(&c->side[j], cudaStreamNonBlocking));
-            CU(cudaEventCreateWithFlags(&c->join[j], cudaEventDisableTiming));
-            CU(cudaMalloc(&c->side_ws[j], c->g.workspace_bytes));
-        }
+    /* the products of a set of more than 8 rows over one x run at the same time on side
+     * streams, each with its own cuBLASLt workspace */
+    CU(cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));
+    for (int j = 0; j < 2; j++) {
+        CU(cudaStreamCreateWithFlags(&c->side[j], cudaStreamNonBlocking));
+        CU(cudaEventCreateWithFlags(&c->join[j], cudaEventDisableTiming));
+        CU(cudaMalloc(&c->side_ws[j], c->g.workspace_bytes));
     }
-    env = getenv("PAGODA_CUDA_PDL");
-    c->early_launch = c->prop.major >= 9 && !(env && !strcmp(env, "0"));
-    /* GPU sampling and rope tables (PAGODA_CUDA_SAMPLE=0, PAGODA_CUDA_ROPE_TABLES=0: the
-     * host's) */
+    c->early_launch = c->prop.major >= 9;
+    /* GPU sampling (PAGODA_CUDA_SAMPLE=0: the host's) */
     c->ops = cuda_ops;
     if (env_flag("PAGODA_CUDA_SAMPLE", 1)) c->ops.sample = cu_sample_op;
-    if (env_flag("PAGODA_CUDA_ROPE_TABLES", 1)) c->ops.rope_tables = cu_rope_tables_op;
     be->ops = &c->ops;
     be->ctx = c;
     return 0;

@@ -35,17 +35,6 @@ struct cu_gemv_set {
     /* 1: the m = 1 kernel may start while the previous kernel finishes (programmatic
      * dependent launch; it waits for that kernel's results before reading x) */
     int early;
-    /* affine 4-bit at m = 1 on tensor cores (gemv_tc.cu) where the shapes allow: 1 with
-     * weights through registers, 2 through a shared-memory ring where it takes the set (else
-     * as 1), 3 streamed by k_gemv_q4_stream in 8-row tiles where it takes the set (else as 2),
-     * 4 as 3 with 16-row tiles where every matrix's rows divide by 16; 0: not */
-    int tc4;
-    /* 16-bit weights at m = 1 through k_gemv_stream (x staged in shared memory, warps
-     * streaming whole rows); 0: the row kernel */
-    int stream16;
-    /* k_gemv_stream: what a task's outputs read (residual, rope values, slot) loaded ahead
-     * of its end (the first task's while x is staged); 0: at its end */
-    int ep_early;
     /* m = 1, fused neighbours (NULL: none). Prologue: x = rms_norm(nsrc) * nweight with
      * nepsilon, also written to x itself; epilogue (one matrix, no pair): resid += y. */
     const float *nsrc, *nweight;
@@ -97,7 +86,9 @@ static __device__ __forceinline__ set_mat set_pick(const cu_gemv_set &g, int i)
 /** Whether the tensor-core 4-bit kernel takes this set (affine 4-bit, groups of 32 or more,
  * k a multiple of 128 up to 16384, every matrix's rows a multiple of 16). */
 bool cu_gemv_q4_tc_ok(const cu_gemv_set &g);
-/** y = W x for m = 1 of affine 4-bit weights on tensor cores (x rounded to fp16). */
+/** y = W x for m = 1 of affine 4-bit weights on tensor cores (x rounded to fp16): through
+ * k_gemv_q4_stream where it takes the set, else the ring kernel where its groups and shared
+ * memory allow, else k_gemv_q4_tc. */
 void cu_gemv_q4_tc(cudaStream_t s, const cu_gemv_set &g, const float *x);
 /* Whether one-row products of w can take the streaming 4-bit kernel (k_gemv_q4_stream:
  * affine 4-bit, groups of 32 to 128 with 16-bit scales, k a multiple of 256 up to 16384,
@@ -106,30 +97,22 @@ bool cu_gemv_q4s_ok(const dweight &w);
 /* y = W x for m = 1 through k_gemv_q4_stream, with the set's fused norm, residual add or
  * rope and KV store; false (nothing launched) where it does not take the set. */
 bool cu_gemv_q4_stream(cudaStream_t s, const cu_gemv_set &g, const float *x);
-/** Once per device, before any product: lets the ring kernel (tc4 = 2) have more than 48 KB
- * of shared memory. */
+/** Once per device, before any product: lets the ring kernel and the streaming 4-bit kernel
+ * have more than 48 KB of shared memory. */
 void cu_gemv_tc_init(void);
 void cu_gemv_multi(cudaStream_t s, const cu_gemv_set &g, const float *x, int m);
 
 /* A cuBLASLt plan of one shape. */
 struct cu_lt_plan {
     int m, n, k;
-    int ob;    /* 1: bf16 results (else float32) */
-    int ok;    /* 0: cuBLASLt has no algorithm for this shape */
-    int tuned; /* the algorithm is the one timed fastest for the shape's size class */
+    int ob; /* 1: bf16 results (else float32) */
+    int ok; /* 0: cuBLASLt has no algorithm for this shape */
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
 };
 
-/* The algorithm timed fastest for n x k products of m in (mb / 2, mb]. */
-struct cu_lt_best {
-    int mb, n, k;
-    cublasLtMatmulAlgo_t algo;
-};
-
 #define CU_LT_PLANS 256
-#define CU_LT_BEST  128
 
 struct cu_gemm_ctx {
     cublasLtHandle_t lt;
@@ -137,25 +120,9 @@ struct cu_gemm_ctx {
     size_t workspace_bytes;
     cu_lt_plan plans[CU_LT_PLANS];
     int n_plans, next_plan;
-    cu_lt_best best[CU_LT_BEST];
-    int n_best, next_best;
-    int no_lt; /* 1: every format through the tensor-core kernel (tests, comparisons) */
-    /* 0: cuBLASLt's first choice; 1: time its candidates and their split-k variants
-     * (PAGODA_CUDA_GEMM_TUNE=1) */
-    int tune;
 };
 
 void cu_gemm_ctx_destroy(cu_gemm_ctx *g);
-
-/** Whether a product of m rows by w has its plan (cu_gemm_prepare has nothing to do). */
-bool cu_gemm_ready(const cu_gemm_ctx *g, const dweight &w, int m);
-/** Before a product is recorded, with every earlier operation already on stream s and no
- * capture under way: makes sure the plan of its shape exists and, the first time a size
- * class of m is seen for an n x k matrix, times cuBLASLt's candidate algorithms on s (x
- * [m, k] rounded into xb as input, y [m, n] as output, both overwritten) and keeps the
- * fastest. */
-void cu_gemm_prepare(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, int m, const float *x,
-                     float *y, __nv_bfloat16 *xb);
 
 /** y[m, n] = x[m, k] . W^T for any m: bf16 weights through cuBLASLt (x rounded to bf16 in
  * xb, m * k values), other formats through a tensor-core kernel that dequantizes tiles.

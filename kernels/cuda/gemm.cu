@@ -244,160 +244,19 @@ static cu_lt_plan *lt_plan(cu_gemm_ctx *g, int m, int n, int k, int ob = 0)
     return p;
 }
 
-static bool lt_usable(const cu_gemm_ctx *g, const dweight &w)
+static bool lt_usable(const dweight &w)
 {
-    return w.fmt == DF_BF16 && !g->no_lt && w.k % 8 == 0;
-}
-
-static int size_class(int m)
-{
-    int mb = 16;
-    while (mb < m) mb *= 2;
-    return mb;
-}
-
-/* Up to `most` algorithms to time for plan p: cuBLASLt's candidates, and for the first few
- * that split k, each with k split 2, 3 and 4 ways (reduced in place or in float32
- * workspace), which the heuristic does not offer but which fill the GPU when the product
- * has few output tiles. */
-static int lt_algos(cu_gemm_ctx *g, const cu_lt_plan *p, cublasLtMatmulAlgo_t *out, int most)
-{
-    enum { CANDIDATES = 12, SPLIT_BASES = 4 };
-    cublasLtMatmulHeuristicResult_t res[CANDIDATES];
-    const int found = lt_candidates(g, p, res, CANDIDATES);
-    int n = 0, bases = 0;
-    for (int i = 0; i < found && n < most; i++) {
-        if (res[i].state != CUBLAS_STATUS_SUCCESS) continue;
-        out[n++] = res[i].algo;
-        uint32_t split_ok = 0, schemes = 0;
-        size_t got = 0;
-        if (bases == SPLIT_BASES ||
-            cublasLtMatmulAlgoCapGetAttribute(&res[i].algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT,
-                                              &split_ok, sizeof split_ok, &got) ||
-            !split_ok ||
-            cublasLtMatmulAlgoCapGetAttribute(&res[i].algo, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK,
-                                              &schemes, sizeof schemes, &got))
-            continue;
-        const uint32_t scheme = schemes & CUBLASLT_REDUCTION_SCHEME_INPLACE
-                                    ? CUBLASLT_REDUCTION_SCHEME_INPLACE
-                                : schemes & CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
-                                    ? CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE
-                                    : 0;
-        if (!scheme) continue;
-        bases++;
-        for (uint32_t split = 2; split <= 4 && n < most; split++) {
-            cublasLtMatmulAlgo_t a = res[i].algo;
-            cublasLtMatmulHeuristicResult_t chk;
-            if (cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
-                                                     sizeof split) ||
-                cublasLtMatmulAlgoConfigSetAttribute(&a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
-                                                     &scheme, sizeof scheme) ||
-                cublasLtMatmulAlgoCheck(g->lt, p->op, p->a, p->b, p->c, p->c, &a, &chk) ||
-                chk.workspaceSize > g->workspace_bytes)
-                continue;
-            out[n++] = a;
-        }
-    }
-    return n;
-}
-
-/* Times each algorithm of lt_algos for plan p (a few runs after one warm-up) and returns the
- * fastest that ran; false when none did. */
-static bool lt_time(cudaStream_t s, cu_gemm_ctx *g, cu_lt_plan *p, const void *wd, float *y,
-                    const __nv_bfloat16 *xb, cublasLtMatmulAlgo_t *out)
-{
-    enum { MOST = 24, RUNS = 4 };
-    cublasLtMatmulAlgo_t algos[MOST];
-    const int found = lt_algos(g, p, algos, MOST);
-    if (found == 0) return false;
-    cudaEvent_t e0, e1;
-    CU(cudaEventCreate(&e0));
-    CU(cudaEventCreate(&e1));
-    float best = 0;
-    bool any = false;
-    int best_i = 0;
-    for (int i = 0; i < found; i++) {
-        const cublasLtMatmulAlgo_t *algo = &algos[i];
-        bool ran = true;
-        for (int r = 0; r <= RUNS && ran; r++) {
-            if (r == 1) CU(cudaEventRecord(e0, s));
-            ran = lt_run(s, g, p, wd, xb, y, algo, g->workspace) == CUBLAS_STATUS_SUCCESS;
-        }
-        CU(cudaEventRecord(e1, s));
-        CU(cudaEventSynchronize(e1));
-        cudaGetLastError();
-        if (!ran) continue;
-        float ms = 0;
-        CU(cudaEventElapsedTime(&ms, e0, e1));
-        if (!any || ms < best) {
-            best = ms;
-            *out = *algo;
-            best_i = i;
-            any = true;
-        }
-    }
-    CU(cudaEventDestroy(e0));
-    CU(cudaEventDestroy(e1));
-    if (any && getenv("PAGODA_CUDA_TRACE")) {
-        uint32_t split = 1;
-        size_t got = 0;
-        cublasLtMatmulAlgoConfigGetAttribute(out, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &split,
-                                             sizeof split, &got);
-        fprintf(stderr, "cuBLASLt %d x %d x %d: algorithm %d of %d, k split %u, %.1f us\n", p->m,
-                p->n, p->k, best_i, found, split, 1e3 * best / RUNS);
-    }
-    return any;
-}
-
-bool cu_gemm_ready(const cu_gemm_ctx *g, const dweight &w, int m)
-{
-    if (!lt_usable(g, w) || !g->tune) return true;
-    for (int i = 0; i < g->n_plans; i++) {
-        const cu_lt_plan *p = &g->plans[i];
-        if (p->m == m && p->n == (int)w.n && p->k == (int)w.k && !p->ob) return p->tuned || !p->ok;
-    }
-    return false;
-}
-
-void cu_gemm_prepare(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, int m, const float *x,
-                     float *y, __nv_bfloat16 *xb)
-{
-    if (!lt_usable(g, w)) return;
-    const int n = (int)w.n, k = (int)w.k;
-    cu_lt_plan *p = lt_plan(g, m, n, k);
-    if (!p->ok || p->tuned || !g->tune) return;
-    const int mb = size_class(m);
-    cu_lt_best *b = NULL;
-    for (int i = 0; i < g->n_best && !b; i++)
-        if (g->best[i].mb == mb && g->best[i].n == n && g->best[i].k == k) b = &g->best[i];
-    if (!b) {
-        cu_to_bf16(s, xb, x, (int64_t)m * k); /* this step's input: x is complete on s */
-        cublasLtMatmulAlgo_t algo;
-        if (!lt_time(s, g, p, w.w, y, xb, &algo)) algo = p->algo;
-        int slot = g->n_best < CU_LT_BEST ? g->n_best++ : (g->next_best++ % CU_LT_BEST);
-        b = &g->best[slot];
-        b->mb = mb;
-        b->n = n;
-        b->k = k;
-        b->algo = algo;
-    }
-    /* The class's algorithm where it supports this m, else the heuristic's. */
-    cublasLtMatmulHeuristicResult_t chk;
-    if (cublasLtMatmulAlgoCheck(g->lt, p->op, p->a, p->b, p->c, p->c, &b->algo, &chk) ==
-            CUBLAS_STATUS_SUCCESS &&
-        chk.workspaceSize <= g->workspace_bytes)
-        p->algo = b->algo;
-    p->tuned = 1;
+    return w.fmt == DF_BF16 && w.k % 8 == 0;
 }
 
 bool cu_gemm_lt_ok(cu_gemm_ctx *g, const dweight &w, int m)
 {
-    return lt_usable(g, w) && lt_plan(g, m, (int)w.n, (int)w.k)->ok;
+    return lt_usable(w) && lt_plan(g, m, (int)w.n, (int)w.k)->ok;
 }
 
 bool cu_gemm_lt_b16_ok(cu_gemm_ctx *g, const dweight &w, int m)
 {
-    return lt_usable(g, w) && lt_plan(g, m, (int)w.n, (int)w.k, 1)->ok;
+    return lt_usable(w) && lt_plan(g, m, (int)w.n, (int)w.k, 1)->ok;
 }
 
 void cu_gemm_lt_b16(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, const __nv_bfloat16 *xb,
@@ -419,7 +278,7 @@ void cu_gemm_lt(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, const __nv_bfl
 void cu_gemm(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, const float *x, int m, float *y,
              __nv_bfloat16 *xb, bool accumulate)
 {
-    cu_lt_plan *p = lt_usable(g, w) ? lt_plan(g, m, (int)w.n, (int)w.k) : NULL;
+    cu_lt_plan *p = lt_usable(w) ? lt_plan(g, m, (int)w.n, (int)w.k) : NULL;
     if (p && p->ok) {
         cu_to_bf16(s, xb, x, (int64_t)m * w.k);
         LT(lt_run(s, g, p, w.w, xb, y, &p->algo, g->workspace, accumulate));

@@ -451,7 +451,9 @@ static bool launch_row_any(cudaStream_t s, const cu_gemv_set &g, const float *x)
  * first weight loads go out before the wait for the previous kernel (programmatic
  * dependent launch). Measured against 512 threads with chunks of 8 and against loads with
  * an L2 sector hint: within 3 %, this one the fastest; weights read past L1 (ld_stream)
- * gave 1.5 % more than through it (kernels/cuda/NOTES.md).
+ * gave 1.5 % more than through it (docs/BENCHMARKS.md). A task's residual value or rope
+ * cosine and sine is loaded ahead of its end (the first task's while x is staged), so that
+ * no load from L2 waits between its last sums and its stores (+0.8 % on an H100).
  */
 #define STREAM_THREADS 1024
 #define STREAM_CH      4
@@ -526,10 +528,9 @@ stream_use(const cu_gemv_set &g, const float4 *xs4, const uint4 (&q)[STREAM_CH],
         }
         if (lane == 0) {
             const float y0 = acc[0] * inv;
-            if (!g.ep_early) stream_ep_load<MODE>(g, p.t, ep);
             stream_out_ep<MODE>(g, p.t, y0, acc[1] * inv, ep);
-            if (AMAX) amax_take(best, y0, (int)p.t); /* one matrix: t is its row */
-            if (g.ep_early && n.t < t_end) stream_ep_load<MODE>(g, n.t, ep); /* the next task's */
+            if (AMAX) amax_take(best, y0, (int)p.t);           /* one matrix: t is its row */
+            if (n.t < t_end) stream_ep_load<MODE>(g, n.t, ep); /* the next task's */
         }
         acc[0] = acc[1] = 0.0f;
     }
@@ -628,7 +629,7 @@ __global__ void __launch_bounds__(STREAM_THREADS, 1)
     /* the first task's residual or rope values, written by earlier kernels: loaded while x
      * is staged */
     stream_ep ep = {0.0f, 0.0f, 0.0f};
-    if (g.ep_early && lane == 0 && p.t < t_end) stream_ep_load<MODE>(g, p.t, ep);
+    if (lane == 0 && p.t < t_end) stream_ep_load<MODE>(g, p.t, ep);
     const float inv = stream_stage_x<NORM>(g, x, xs4, red, k);
     amax best = {-INFINITY, 0x7fffffff};
     if (p.t < t_end) {
@@ -654,7 +655,6 @@ bool cu_gemv_stream_ok(const dweight &w)
 /* Whether k_gemv_stream takes this set at m = 1. */
 static bool stream_ok(const cu_gemv_set &g)
 {
-    if (!g.stream16) return false;
     if (g.nsrc && ((uintptr_t)g.nsrc % 16 || (uintptr_t)g.nweight % 16)) return false;
     if (g.rope_half && (g.nw != 3 || g.pair || g.resid)) return false;
     for (int i = 0; i < g.nw; i++)
@@ -795,8 +795,7 @@ void cu_gemv_multi(cudaStream_t s, const cu_gemv_set &g, const float *x, int m)
     if (g.nsrc || g.resid || g.rope_half) {
         /* Fused neighbours: the streaming kernels take them all, the row kernel the norm and
          * the residual add; elsewhere they run around the product. */
-        if (m == 1 && !g.keep_order &&
-            (launch_stream_any(s, g, x) || (g.tc4 >= 3 && cu_gemv_q4_stream(s, g, x))))
+        if (m == 1 && !g.keep_order && (launch_stream_any(s, g, x) || cu_gemv_q4_stream(s, g, x)))
             return;
         if (g.rope_half) {
             cu_gemv_set h = g;
@@ -810,8 +809,7 @@ void cu_gemv_multi(cudaStream_t s, const cu_gemv_set &g, const float *x, int m)
                        (int)(g.w[1].n / d), d, g.rcos, g.rsin);
             return;
         }
-        if (m == 1 && !g.keep_order && !(g.tc4 && cu_gemv_q4_tc_ok(g)) && launch_row_any(s, g, x))
-            return;
+        if (m == 1 && !g.keep_order && !cu_gemv_q4_tc_ok(g) && launch_row_any(s, g, x)) return;
         cu_gemv_set h = g;
         h.nsrc = h.nweight = NULL;
         h.resid = NULL;
@@ -820,7 +818,7 @@ void cu_gemv_multi(cudaStream_t s, const cu_gemv_set &g, const float *x, int m)
         if (g.resid) cu_add(s, g.resid, g.y[0], w.n);
         return;
     }
-    if (m == 1 && !g.keep_order && g.tc4 && cu_gemv_q4_tc_ok(g)) return cu_gemv_q4_tc(s, g, x);
+    if (m == 1 && !g.keep_order && cu_gemv_q4_tc_ok(g)) return cu_gemv_q4_tc(s, g, x);
     if (m == 1 && !g.keep_order && (launch_stream_any(s, g, x) || launch_row_any(s, g, x))) return;
     switch (w.fmt) {
     case DF_F32:

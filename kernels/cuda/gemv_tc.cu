@@ -696,7 +696,7 @@ static void launch_ring(cudaStream_t s, const cu_gemv_set &g, const float *x, in
  * the sums at the end); every warp then streams its
  * own share of the block's 8-row tiles with no barrier until the end. A step is 256
  * columns of a tile: 128 contiguous bytes of each of its 8 rows (a warp reading 16 rows x
- * 64 bytes a step reached 2.3 TB/s where 8 x 128 reaches 3.5: kernels/cuda/NOTES.md). The
+ * 64 bytes a step reached 2.3 TB/s where 8 x 128 reaches 3.5: docs/BENCHMARKS.md). The
  * MMA's row g takes the first 128 columns of row g and its row g + 8 the last 128; its
  * columns 0-3 hold the x units of the first half and 4-7 those of the second, so that
  * output column n < 4 of row g and n >= 4 of row g + 8 are the unit sums, and each lane of
@@ -706,13 +706,13 @@ static void launch_ring(cudaStream_t s, const cu_gemv_set &g, const float *x, in
  * each of 16 rows and a lane takes rows g and g + 8: one MMA pass over both rows' first
  * halves and one over their second halves use the same x fragments, so that x is read
  * from shared memory once per 2 KB of weights (x reads were about a third of the L1
- * wavefronts of a step: 459.6 against 502.8 tok/s, NOTES.md). Weights are read past L1 (no
- * allocation there), so that the scales and biases, read in pieces of 2 to 8 bytes a row, stay in
- * it. The block's tiles x steps are cut into equal ranges, one a warp, so a warp may stop inside a
- * tile and the next one go on there. A warp keeps the loads of its next step in flight in
- * registers while it uses one (deeper, through registers with fewer warps or through a
- * cp.async ring in shared memory, measured no faster), and its first loads go out before
- * the wait for the kernel that writes x.
+ * wavefronts of a step: 459.6 against 502.8 tok/s, docs/BENCHMARKS.md). Weights are read
+ * past L1 (no allocation there), so that the scales and biases, read in pieces of 2 to 8
+ * bytes a row, stay in it. The block's tiles x steps are cut into equal ranges, one a warp,
+ * so a warp may stop inside a tile and the next one go on there. A warp keeps the loads of
+ * its next step in flight in registers while it uses one (deeper, through registers with
+ * fewer warps or through a cp.async ring in shared memory, measured no faster), and its
+ * first loads go out before the wait for the kernel that writes x.
  *
  * The nibbles become fp16 values with one logic operation a pair and no arithmetic: OR-ed
  * into 0x6400 (1024, where fp16's last place is 1) a nibble in bits 0-3 reads 1024 + q, and
@@ -732,9 +732,10 @@ static void launch_ring(cudaStream_t s, const cu_gemv_set &g, const float *x, in
  * two tiles), so that a task's two rows end in one block.
  */
 
-/* Rows a tile: 8, or 16 where each lane takes rows g and g + 8 (PAGODA_CUDA_GEMV_TC=4): the
- * MMAs of the two rows' first halves and of their second halves share the x fragments,
- * which are then read from shared memory once per 2 KB of weights instead of per 1 KB.
+/* Rows a tile: 8, or 16 where every matrix's rows divide by 16, each lane taking rows g and
+ * g + 8: the MMAs of the two rows' first halves and of their second halves share the x
+ * fragments, which are then read from shared memory once per 2 KB of weights instead of
+ * per 1 KB.
  * Threads a block and steps in flight a warp: 1,024 and 2 with 8 rows (64 registers),
  * 512 and 3 with 16 (up to 128; 768 threads spilled at 80). */
 template <int RW> struct q4s_cfg {
@@ -1092,7 +1093,7 @@ bool cu_gemv_q4_stream(cudaStream_t s, const cu_gemv_set &g, const float *x)
 {
     const dweight &w = g.w[0];
     if (!tcr_sms || g.keep_order || (uintptr_t)x % 16) return false;
-    bool rows16 = g.tc4 == 4; /* 16-row tiles where every matrix has rows of 16 */
+    bool rows16 = true; /* 16-row tiles where every matrix has rows of 16 */
     for (int i = 0; i < g.nw; i++) {
         if (!cu_gemv_q4s_ok(g.w[i]) || g.w[i].k != w.k || g.w[i].gshift != w.gshift ||
             g.w[i].sdtype != w.sdtype)
@@ -1112,22 +1113,22 @@ void cu_gemv_q4_tc(cudaStream_t s, const cu_gemv_set &g, const float *x)
     const int W = k % 1024 == 0 ? 8 : k % 512 == 0 ? 4 : k % 256 == 0 ? 2 : 1;
     const int NA = g.pair ? 2 : 1;
     const bool g64 = g.w[0].gshift >= 6;
-    if (g.tc4 >= 3 && cu_gemv_q4_stream(s, g, x)) return;
-    if (g.tc4 >= 2) {
-        /* the ring kernel: steps of 128 columns a warp, K / W a whole number of them */
-        const int G = g.w[0].gshift == 5 ? 4 : g.w[0].gshift == 6 ? 2 : 1;
-        const size_t rs = tcr_smem(k, W, NA, G);
-        if (tcr_ok(g, rs)) {
-            if (g.pair)
-                G == 4   ? launch_ring<true, 4>(s, g, x, W, rs)
-                : G == 2 ? launch_ring<true, 2>(s, g, x, W, rs)
-                         : launch_ring<true, 1>(s, g, x, W, rs);
-            else
-                G == 4   ? launch_ring<false, 4>(s, g, x, W, rs)
-                : G == 2 ? launch_ring<false, 2>(s, g, x, W, rs)
-                         : launch_ring<false, 1>(s, g, x, W, rs);
-            return;
-        }
+    /* the streaming kernel where it takes the set; else the ring kernel (steps of 128
+     * columns a warp, K / W a whole number of them) where its groups and shared memory
+     * allow; else the one that keeps its loads in registers */
+    if (cu_gemv_q4_stream(s, g, x)) return;
+    const int G = g.w[0].gshift == 5 ? 4 : g.w[0].gshift == 6 ? 2 : 1;
+    const size_t rs = tcr_smem(k, W, NA, G);
+    if (tcr_ok(g, rs)) {
+        if (g.pair)
+            G == 4   ? launch_ring<true, 4>(s, g, x, W, rs)
+            : G == 2 ? launch_ring<true, 2>(s, g, x, W, rs)
+                     : launch_ring<true, 1>(s, g, x, W, rs);
+        else
+            G == 4   ? launch_ring<false, 4>(s, g, x, W, rs)
+            : G == 2 ? launch_ring<false, 2>(s, g, x, W, rs)
+                     : launch_ring<false, 1>(s, g, x, W, rs);
+        return;
     }
     const size_t smem = (size_t)k / 8 * 16 + (size_t)k / 32 * 4 + 64 + 2 * (size_t)W * NA * 16 * 4;
     if (g.pair)

@@ -6,31 +6,24 @@
  *   - exact decodes and copies (embed, add, add_bias, gather_rows, argmax): 1e-6 or equal;
  *   - float32 arithmetic in another order (norms, rope, activations, soft-capping): 1e-5;
  *     matrix-vector products (m <= 8) against the float64 product: 3e-5;
- *   - tensor-core products with bf16 operands (m > 8; bf16 weights from m = 2 unless
- *     PAGODA_CUDA_LT_SMALL=0): 1e-2; affine 4-bit at m = 1 on tensor
- *     cores (the default; x rounded to fp16): 2e-3;
+ *   - tensor-core products with bf16 operands (m > 8; bf16 weights from m = 2): 1e-2;
+ *     affine 4-bit at m = 1 on tensor cores (x rounded to fp16): 2e-3;
  *   - attention (bf16 KV rows; inputs pre-rounded to bf16 so both sides see equal keys
  *     and values; fast exponentials): 1e-4 for the float32 kernel, 1e-2 for the
  *     tensor-core kernel (queries and probabilities rounded to bf16 as operands);
  *   - sampling: the token the definition of backend_ops.sample gives, computed in double.
  * Sections (named on the command line after the test data folder; none: all): the default
- * backend, then each switchable path in a backend of its own with only its variable set:
- * attention-simt / attention-tc / attention-dec (PAGODA_CUDA_ATTN; the default picks per
- * step), tune
- * (PAGODA_CUDA_GEMM_TUNE=1), gemv-f32 (PAGODA_CUDA_GEMV_TC=0: 4-bit m = 1 in float32),
- * gemv-regs (PAGODA_CUDA_GEMV_TC=1: the 4-bit tensor-core kernel that keeps its loads in
- * registers), gemv-ring (PAGODA_CUDA_GEMV_TC=2: the one with a shared-memory ring; the
- * default is the streaming one, with 16-row tiles where the rows allow), gemv-rows8
- * (PAGODA_CUDA_GEMV_TC=3: the streaming one with 8-row tiles only),
- * rope-split
- * (PAGODA_CUDA_ROPE_KV=0: rope and the KV store as separate launches), sample
- * (PAGODA_CUDA_SAMPLE=1, the default), gemm-one-stream (PAGODA_CUDA_GEMM_STREAMS=0: every
- * product of a set on the main stream), fuse-norm
- * (PAGODA_CUDA_FUSE_NORM=1: norms and residual adds join every one-row product; by default
- * only those of the streaming kernels, 16-bit and 4-bit), lt-small-off (PAGODA_CUDA_LT_SMALL=0:
- * bf16 products of 2 to 8 rows on the matrix-vector kernel). Every output buffer is poisoned with
- * NaN before the CUDA run, so unwritten elements fail. Without a GPU the test prints "no GPU: not
- * run" and exits 77 (skipped).
+ * backend (its shapes reach every one-row 4-bit kernel: the streaming one in 16- and 8-row
+ * tiles, the ring one for k not a multiple of 256, the register one for groups of 256), then
+ * each switch in a backend of its own with only its variable set: attention-simt /
+ * attention-tc / attention-dec (PAGODA_CUDA_ATTN; the default picks per step), sample
+ * (PAGODA_CUDA_SAMPLE=1, the default), no-fuse (PAGODA_CUDA_FUSE=0: every operation in a
+ * launch of its own, rope and the KV store included), invariant
+ * (PAGODA_CUDA_BATCH_INVARIANT=1: every product through the matrix-vector kernels, 8 rows a
+ * launch), the decode-layer and attention sections of the decode attention switches, and
+ * stream (the one-row 16-bit products at the 8B widths). Every output buffer is poisoned with
+ * NaN before the CUDA run, so unwritten elements fail. Without a GPU the test prints "no GPU:
+ * not run" and exits 77 (skipped).
  */
 #include <math.h>
 #include <stdio.h>
@@ -161,39 +154,44 @@ static const struct fmt_case fmts[] = {
     /* 16-bit, k a multiple of 256: the streaming m = 1 kernel (a last chunk of 7 units) */
     {WFMT_BF16, 16, 0, 100, 3840},
     {WFMT_F16, 16, 0, 40, 768},
-    /* the tensor-core 4-bit m = 1 kernels when they are on: rows a multiple of 8 and k of
-     * 256 for the streaming one (25 tiles of 11 steps: its warps stop inside tiles; 40 rows:
-     * no other kernel of the kind takes them), rows of 16 and k of 128 for the others */
+    /* the tensor-core 4-bit m = 1 kernels: rows a multiple of 8 and k of 256 for the
+     * streaming one in 8-row tiles (25 tiles of 11 steps: its warps stop inside tiles; 40
+     * rows: no other kernel of the kind takes them) */
     {WFMT_AFFINE, 4, 64, 160, 4096},
-    {WFMT_AFFINE, 4, 32, 32, 1920},
     {WFMT_AFFINE, 4, 128, 200, 2816},
     {WFMT_AFFINE, 4, 32, 40, 2048},
-    /* and its 16-row tiles (the default where rows divide by 16): 13 tiles of 11 steps, 3
-     * of 8 */
+    /* and in 16-row tiles (where rows divide by 16): 13 tiles of 11 steps, 3 of 8 */
     {WFMT_AFFINE, 4, 128, 208, 2816},
     {WFMT_AFFINE, 4, 32, 48, 2048},
+    /* rows of 16 and k a multiple of 128 but not of 256: the ring kernel, groups of 32, 64
+     * and 128 (11 groups a row: the scale pairs' halves alternate by row) */
+    {WFMT_AFFINE, 4, 32, 32, 1920},
+    {WFMT_AFFINE, 4, 64, 32, 1152},
+    {WFMT_AFFINE, 4, 128, 48, 1408},
+    /* groups of 256, which neither takes: the kernel that keeps its loads in registers */
+    {WFMT_AFFINE, 4, 256, 32, 1024},
+    {WFMT_AFFINE, 4, 256, 48, 768},
 };
 
-/* Whether a product runs on the tensor-core 4-bit m = 1 kernel (x rounded to fp16): the
- * default unless the backend under test was made with PAGODA_CUDA_GEMV_TC=0. */
+/* Whether a product runs on a tensor-core 4-bit m = 1 kernel (x rounded to fp16): the
+ * streaming one (groups up to 128, k a multiple of 256, rows of 8), else the others (k a
+ * multiple of 128, rows of 16). In batch-invariant mode none does, and the float32 kernels'
+ * errors stay within the bound of these. */
 static int gemv_tc_case(int fmt, int bits, int group, int n, int k, int rows)
 {
-    const char *env = getenv("PAGODA_CUDA_GEMV_TC");
-    if (env && !strcmp(env, "0")) return 0;
     if (rows != 1 || fmt != WFMT_AFFINE || bits != 4 || group < 32 || (group & (group - 1)) ||
         k > 16384)
         return 0;
-    const int streaming = !env || !strcmp(env, "3") || !strcmp(env, "4");
-    if (streaming && group <= 128 && k % 256 == 0 && n % 8 == 0) return 1;
+    if (group <= 128 && k % 256 == 0 && n % 8 == 0) return 1;
     return k % 128 == 0 && n % 16 == 0;
 }
 
 /* Whether a bf16 product of m rows takes bf16 operands (cuBLASLt) rather than the
- * matrix-vector kernels. */
+ * matrix-vector kernels (in batch-invariant mode it does not, and the bound of bf16 operands
+ * holds for those all the same). */
 static int bf16_operands(int m)
 {
-    const char *env = getenv("PAGODA_CUDA_LT_SMALL");
-    return m > 8 || (m > 1 && !(env && !strcmp(env, "0")));
+    return m > 1;
 }
 
 /* A batch of one sequence's n tokens and no logit rows. */
@@ -547,10 +545,12 @@ static void check_outs(const struct out_ref *o, size_t n, const char *what)
  * products with the activation, a residual add with the next norm): run those sequences
  * through the op table and compare with the CPU backend doing them one by one (bound
  * 1e-4: the CPU's own decode kernels sum in another order than the float64 reference; 1e-2
- * at m = 40, where the products take bf16 operands).
+ * at m = 40, where the products take bf16 operands). Gate and up are bf16 (gate_group 0) or
+ * affine 4-bit with groups of gate_group.
  */
-static void test_fusions_case(int H, int gate_bf16, int m)
+static void test_fusions_case(int H, int gate_group, int m)
 {
+    const int gate_bf16 = gate_group == 0;
     const int F = 2 * H, KV = H / 2;
     {
         struct mat wq, wk, wv, wg, wu, wd;
@@ -562,8 +562,8 @@ static void test_fusions_case(int H, int gate_bf16, int m)
             mat_make(&wg, WFMT_BF16, 16, 0, F, H);
             mat_make(&wu, WFMT_BF16, 16, 0, F, H);
         } else {
-            mat_make(&wg, WFMT_AFFINE, 4, 64, F, H);
-            mat_make(&wu, WFMT_AFFINE, 4, 64, F, H);
+            mat_make(&wg, WFMT_AFFINE, 4, gate_group, F, H);
+            mat_make(&wu, WFMT_AFFINE, 4, gate_group, F, H);
         }
         size_t nh = (size_t)m * H, nf = (size_t)m * F, nk = (size_t)m * KV;
         float *x = rvec(nh), *res = rvec(nh), *nw = rvec(H);
@@ -600,7 +600,7 @@ static void test_fusions_case(int H, int gate_bf16, int m)
          * m = 1 round x to fp16 */
         const double b = bf16_operands(m) ? 1e-2 : 1e-4;
         const double bgu =
-            m <= 8 && gemv_tc_case(WFMT_AFFINE, 4, 64, F, H, m) && !gate_bf16 ? 2e-3 : b;
+            m <= 8 && gemv_tc_case(WFMT_AFFINE, 4, gate_group, F, H, m) && !gate_bf16 ? 2e-3 : b;
         const struct out_ref outs[] = {
             {"q", dq, q, nh, b},           {"k", dk, k, nk, b},
             {"v", dv, v, nk, b},           {"act(gate)*up", dg, g, nf, bgu},
@@ -624,11 +624,11 @@ static void test_fusions_case(int H, int gate_bf16, int m)
 /*
  * Decoding rows through two residual blocks as the model records them: o product, x +=
  * it, rms_norm, q/k/v products; then down product, x += it, rms_norm, gate/up with the
- * activation. With PAGODA_CUDA_FUSE_NORM=1 each add joins the product before it and each
- * norm the products after it; either way every result matches the CPU within 1e-4.
- * in_place: each norm writes over the product that was added (as the model's forward pass
- * does), so a cuBLASLt product adds into x itself (PAGODA_CUDA_GEMM_ADD); the products'
- * own results are then not compared, being overwritten.
+ * activation. Where a streaming kernel takes a one-row product, each add joins the product
+ * before it and each norm the products after it; either way every result matches the CPU
+ * within 1e-4. in_place: each norm writes over the product that was added (as the model's
+ * forward pass does), so a cuBLASLt product adds into x itself; the products' own results
+ * are then not compared, being overwritten.
  */
 /* The buffers of run_tails (host or device). */
 struct tails {
@@ -660,9 +660,9 @@ static void run_tails(const struct backend *be, int on_gpu, const struct tails *
     be->ops->act_mul(c, t->g, t->g, t->u, (int64_t)m * F, ACT_SILU);
 }
 
-static void test_norm_fusion_case(int H, enum wfmt fmt, int bits, int m, int in_place)
+static void test_norm_fusion_case(int H, enum wfmt fmt, int bits, int group, int m, int in_place)
 {
-    const int F = 2 * H, KV = H / 2, group = fmt == WFMT_AFFINE ? 64 : 0;
+    const int F = 2 * H, KV = H / 2;
     struct mat wo, wq, wk, wv, wd, wg, wu;
     mat_make(&wo, fmt, bits, group, H, H);
     mat_make(&wq, fmt, bits, group, H, H);
@@ -711,25 +711,34 @@ static void test_norm_fusion_case(int H, enum wfmt fmt, int bits, int m, int in_
 
 static void test_norm_fusion(void)
 {
-    test_norm_fusion_case(1024, WFMT_BF16, 16, 1, 0);
-    test_norm_fusion_case(2048, WFMT_AFFINE, 4, 1, 0);
-    test_norm_fusion_case(256, WFMT_BF16, 16, 1, 0); /* k under 1024: around the general kernel */
-    test_norm_fusion_case(1024, WFMT_BF16, 16, 1, 1);
+    test_norm_fusion_case(1024, WFMT_BF16, 16, 0, 1, 0);
+    test_norm_fusion_case(2048, WFMT_AFFINE, 4, 64, 1, 0);
+    /* 4-bit with k = 384 (and 768 for down): q/k/v and gate/up on the ring kernel, their
+     * norms and o's add in launches of their own; groups of 256: the register kernel */
+    test_norm_fusion_case(384, WFMT_AFFINE, 4, 64, 1, 0);
+    test_norm_fusion_case(512, WFMT_AFFINE, 4, 256, 1, 0);
+    /* k under 1024: around the general kernel */
+    test_norm_fusion_case(256, WFMT_BF16, 16, 0, 1, 0);
+    test_norm_fusion_case(1024, WFMT_BF16, 16, 0, 1, 1);
     /* cuBLASLt products: the norms hand q/k/v and gate/up their bf16 input */
-    test_norm_fusion_case(1024, WFMT_BF16, 16, 40, 0);
+    test_norm_fusion_case(1024, WFMT_BF16, 16, 0, 40, 0);
     /* and o and down add into x in their epilogue */
-    test_norm_fusion_case(1024, WFMT_BF16, 16, 40, 1);
-    test_norm_fusion_case(512, WFMT_BF16, 16, 256, 1);
+    test_norm_fusion_case(1024, WFMT_BF16, 16, 0, 40, 1);
+    test_norm_fusion_case(512, WFMT_BF16, 16, 0, 256, 1);
 }
 
-/* Small shapes take the general matrix-vector kernel; k = 1024 at m = 1 the row kernel. */
+/* Small shapes take the general matrix-vector kernel; k = 1024 at m = 1 the row kernel. At
+ * m = 1, 4-bit gate and up take the streaming kernel (k a multiple of 256), the ring kernel
+ * (k = 384) or the register one (groups of 256) as a pair. */
 static void test_fusions(void)
 {
     const int ms[] = {1, 8, 40};
     for (int i = 0; i < 3; i++) {
-        test_fusions_case(256, 0, ms[i]);
+        test_fusions_case(256, 64, ms[i]);
+        test_fusions_case(1024, 64, ms[i]);
         test_fusions_case(1024, 0, ms[i]);
-        test_fusions_case(1024, 1, ms[i]);
+        test_fusions_case(384, 64, ms[i]);
+        test_fusions_case(512, 256, ms[i]);
     }
 }
 
@@ -1241,8 +1250,9 @@ static void test_decode_layers(int n_seqs, int d, int max_blocks, int ctx_base)
 
 static void decode_layers_section(void)
 {
-    /* twice each: the first run of a product shape times cuBLASLt's algorithms, running the
-     * operations recorded before it first, so only the second records each step whole */
+    /* twice each: the first run of a shape grows scratch buffers and moves the q/k/v
+     * matrices next to each other, running the operations recorded before it first, so only
+     * the second records each step whole */
     for (int rep = 0; rep < 2; rep++) {
         test_decode_layers(40, 64, 8, 0);    /* one block a token and KV head */
         test_decode_layers(40, 128, 8, 30);  /* heads of 128, as in the 8B shape */
@@ -1391,19 +1401,21 @@ static void products_and_fusions(void)
 }
 
 /* A 4-bit m = 1 product with more 16-row tiles than the GPU holds blocks at once, so that
- * each block of the tensor-core kernel takes several tiles in turn. */
-static void test_gemv_tc_many_tiles(void)
+ * each block of a tensor-core kernel takes several tiles in turn: the streaming kernel (k =
+ * 1024), the ring kernel (k = 1152: one warp a block, up to about 18 blocks an SM, so 4,096
+ * tiles), the register one (groups of 256). */
+static void test_gemv_tc_many_tiles_case(int group, int n, int k)
 {
-    const int n = 16 * 1024, k = 1024;
     struct mat m;
-    mat_make(&m, WFMT_AFFINE, 4, 64, n, k);
+    mat_make(&m, WFMT_AFFINE, 4, group, n, k);
     float *x = rvec(k), *ref = xmalloc(sizeof(float) * n);
     mm_ref(&m.w, x, 1, ref);
     float *dx = dev(x, k), *dy = poisoned(n);
     gpu.ops->matmul(gpu.ctx, dy, dx, &m.wg, 1);
     float *y = back(dy, n);
     double err = rel_err(y, ref, n);
-    CHECK(err <= 2e-3, "4-bit m=1 %dx%d (many tiles): relative error %.3g > 2e-3", n, k, err);
+    CHECK(err <= 2e-3, "4-bit m=1 %dx%d groups of %d (many tiles): relative error %.3g > 2e-3", n,
+          k, group, err);
     free(x);
     free(ref);
     free(y);
@@ -1412,21 +1424,11 @@ static void test_gemv_tc_many_tiles(void)
     mat_free(&m);
 }
 
-/* 4-bit m = 1 products in float32 on CUDA cores (PAGODA_CUDA_GEMV_TC=0). */
-static void gemv_f32_section(void)
+static void test_gemv_tc_many_tiles(void)
 {
-    products_and_fusions();
-    test_norm_fusion();
-}
-
-/* 4-bit m = 1 products through the tensor-core kernel that keeps its loads in registers
- * (PAGODA_CUDA_GEMV_TC=1), or the one with a shared-memory ring (2); the default streams
- * them (k_gemv_q4_stream). */
-static void gemv_regs_section(void)
-{
-    products_and_fusions();
-    test_norm_fusion();
-    test_gemv_tc_many_tiles();
+    test_gemv_tc_many_tiles_case(64, 16 * 1024, 1024);
+    test_gemv_tc_many_tiles_case(64, 64 * 1024, 1152);
+    test_gemv_tc_many_tiles_case(256, 16 * 1024, 1024);
 }
 
 /*
@@ -1514,24 +1516,26 @@ static void rope_kv_cases(void)
     test_qkv_rope_kv(256, 8, 2, 8, WFMT_AFFINE, 4, 64, 3);
 }
 
-/* The streaming 4-bit kernel with 8-row tiles only (16-row tiles where the rows allow are
- * the default). */
-static void gemv_rows8_section(void)
-{
-    gemv_regs_section();
-    rope_kv_cases();
-}
-
 /* One-row 16-bit products at the 8B shape's widths (H = 4096: rows of 4 to 16 chunks, tens
  * of rows a block, several a warp), then the fused norms, residual adds, gate/up pairs and
  * rope + KV store of the smaller cases. */
 static void stream_section(void)
 {
-    test_norm_fusion_case(4096, WFMT_BF16, 16, 1, 0);
-    test_norm_fusion_case(4096, WFMT_BF16, 16, 1, 1);
+    test_norm_fusion_case(4096, WFMT_BF16, 16, 0, 1, 0);
+    test_norm_fusion_case(4096, WFMT_BF16, 16, 0, 1, 1);
     test_qkv_rope_kv(4096, 32, 8, 128, WFMT_BF16, 16, 0, 77);
     test_norm_fusion();
     rope_kv_cases();
+}
+
+/* Every operation in a launch of its own (PAGODA_CUDA_FUSE=0): rope and the KV store, the
+ * norms and residual adds around the one-row products, and a decode step through two
+ * layers with none of its operations merged. */
+static void no_fuse_section(void)
+{
+    rope_kv_cases();
+    test_norm_fusion();
+    decode_layers_section();
 }
 
 static void sample_section(void)
@@ -1587,19 +1591,10 @@ static const struct {
     {"attention-dec", "PAGODA_CUDA_ATTN", "dec", attention_tc},
     {"attention-decw", "PAGODA_CUDA_DEC_WARP", "2", attention_decodes_section},
     {"attention-dec-blocks", "PAGODA_CUDA_DEC_WARP", "0", attention_decodes_section},
-    {"tune", "PAGODA_CUDA_GEMM_TUNE", "1", products_and_fusions},
-    {"gemv-f32", "PAGODA_CUDA_GEMV_TC", "0", gemv_f32_section},
-    {"gemv-regs", "PAGODA_CUDA_GEMV_TC", "1", gemv_regs_section},
-    {"gemv-ring", "PAGODA_CUDA_GEMV_TC", "2", gemv_regs_section},
-    {"gemv-rows8", "PAGODA_CUDA_GEMV_TC", "3", gemv_rows8_section},
-    {"rope-split", "PAGODA_CUDA_ROPE_KV", "0", rope_kv_cases},
     {"sample", "PAGODA_CUDA_SAMPLE", "1", sample_section},
-    {"gemm-one-stream", "PAGODA_CUDA_GEMM_STREAMS", "0", products_and_fusions},
-    {"fuse-norm", "PAGODA_CUDA_FUSE_NORM", "1", test_norm_fusion},
-    {"lt-small-off", "PAGODA_CUDA_LT_SMALL", "0", products_and_fusions},
+    {"no-fuse", "PAGODA_CUDA_FUSE", "0", no_fuse_section},
+    {"invariant", "PAGODA_CUDA_BATCH_INVARIANT", "1", products_and_fusions},
     {"decode-layers", NULL, NULL, decode_layers_section},
-    {"decode-layers-plain", "PAGODA_CUDA_BF16_ONLY", "0", decode_layers_section},
-    {"decode-layers-split", "PAGODA_CUDA_SPLIT_ROPE", "0", decode_layers_section},
     {"decode-layers-attn32", "PAGODA_CUDA_ATTN_BF16", "0", decode_layers_section},
     {"decode-layers-decw", "PAGODA_CUDA_DEC_WARP", "2", decode_layers_section},
     {"decode-layers-global-merge", "PAGODA_CUDA_DEC_CLUSTER", "0", decode_layers_section},
