@@ -1,14 +1,21 @@
 /*
  * Attention over block-paged KV (bf16 rows [block][offset][kv head][head_dim]).
  *
- * One kernel serves prefill and decode tokens of a mixed batch: a block takes one token,
- * one KV head with up to 4 of the query heads that share it (GQA), and one contiguous
- * range of the token's visible keys (split-K, flash-decoding style). Each warp walks every
- * 4th key of the range with an online softmax; the warps meet in shared memory. With more
- * than one range per token, a second kernel merges the ranges' partial results.
- * Windows (sliding attention) and score soft-capping follow the CPU reference.
+ * One kernel serves prefill and decode tokens of a mixed batch on CUDA cores, for every even
+ * head size up to CU_ATTN_MAX_D: a block takes one token, one KV head with up to 4 of the
+ * query heads that share it (GQA), and one contiguous range of the token's visible keys
+ * (split-K, flash-decoding style). Each warp walks every 4th key of the range with an online
+ * softmax; the warps meet in shared memory. With more than one range per token, a second
+ * kernel merges the ranges' partial results. Head sizes 64 and 128 also have tensor-core
+ * kernels, below. Windows (sliding attention) and score soft-capping follow the CPU
+ * reference.
  */
+#include <assert.h>
 #include <math.h>
+
+extern "C" {
+#include "common/err.h"
+}
 
 #include "kernels/cuda/cuda.cuh"
 
@@ -16,7 +23,7 @@
 
 #define ATT_WARPS 4
 #define ATT_HG    4 /* query heads per block */
-#define ATT_U     4 /* keys in flight per warp */
+#define ATT_U     4 /* keys in flight per warp (2 over head size 256) */
 
 __global__ void k_kv_store(__nv_bfloat16 *kc, __nv_bfloat16 *vc, const float *__restrict__ k,
                            const float *__restrict__ v, const int32_t *__restrict__ slot, int row)
@@ -38,6 +45,14 @@ void cu_kv_store(cudaStream_t s, __nv_bfloat16 *kc, __nv_bfloat16 *vc, const flo
     CU_LAUNCHED();
 }
 
+/*
+ * A warp holds a row of head size D as DPL dimensions a lane: lane l has [l DPL, l DPL + DPL).
+ * G = 0: D = 32 DPL (32 to 256 in steps of 32), every lane full, loads as wide as DPL allows.
+ * G > 0: any other even D, with DPL = ceil(D / 32) rounded up to even (2 to 16): the lanes
+ * from D / DPL on hold fewer dimensions or none, their scores' terms are 0 x 0 and their
+ * output is not stored; loads are of G dimensions (2, 4 or 8 bf16), G dividing DPL and D so
+ * that every group is aligned and lies wholly inside or outside the row.
+ */
 template <int DPL>
 static __device__ __forceinline__ void load_row(const __nv_bfloat16 *p, float *out)
 {
@@ -63,10 +78,43 @@ static __device__ __forceinline__ void load_row(const __nv_bfloat16 *p, float *o
     }
 }
 
-template <int DPL> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(cu_attn_args a)
+/* A lane's DPL dimensions of a row from p in loads of G, 0 from its n-th on (n, the
+ * dimensions the lane holds, is a multiple of G; 0 or less: none, nothing read). */
+template <int DPL, int G>
+static __device__ __forceinline__ void load_row_part(const __nv_bfloat16 *p, float *out, int n)
+{
+#pragma unroll
+    for (int i = 0; i < DPL / G; i++) {
+        uint4 u = make_uint4(0u, 0u, 0u, 0u);
+        if (G * i < n) {
+            if constexpr (G == 8) {
+                u = __ldg((const uint4 *)p + i);
+            } else if constexpr (G == 4) {
+                const uint2 h = __ldg((const uint2 *)p + i);
+                u.x = h.x;
+                u.y = h.y;
+            } else {
+                u.x = __ldg((const uint32_t *)p + i);
+            }
+        }
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int e = 0; e < G / 2; e++) {
+            out[G * i + 2 * e] = __uint_as_float(w[e] << 16);
+            out[G * i + 2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+        }
+    }
+}
+
+/* Registers a thread: q and acc 4 DPL floats each, keys and values U DPL each. Over head
+ * size 256 (DPL > 8) U is 2, not 4: 192 floats at DPL 16 (220 registers), where 4 keys would
+ * take 256 and spill; a warp still has 4 KB of keys and values in flight, as at 256. */
+template <int DPL, int G>
+__global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(cu_attn_args a)
 {
     allow_dependents();
-    const int D = DPL * 32;
+    constexpr int U = DPL <= 8 ? ATT_U : 2;
+    const int D = G ? a.head_dim : DPL * 32;
     const int t = blockIdx.x;
     const int group = a.n_heads / a.n_kv_heads;
     const int chunks = (group + ATT_HG - 1) / ATT_HG;
@@ -74,6 +122,7 @@ template <int DPL> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention
     const int nh = min(ATT_HG, kvh * group + group - h0);
     const int sp = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nd = G ? min(DPL, D - lane * DPL) : DPL; /* dimensions this lane holds */
 
     const int s = a.tok_seq[t], qpos = a.pos[t];
     int first = 0;
@@ -90,27 +139,32 @@ template <int DPL> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention
 #pragma unroll
         for (int j = 0; j < DPL; j++) {
             acc[hh][j] = 0.0f;
-            q[hh][j] = hh < nh
+            q[hh][j] = hh < nh && (!G || j < nd)
                            ? a.q[((int64_t)t * a.n_heads + h0 + hh) * D + lane * DPL + j] * a.scale
                            : 0.0f;
         }
     }
     const int32_t *bt = a.block_table + (int64_t)s * a.max_blocks;
     const int64_t kv_row = (int64_t)a.n_kv_heads * D;
-    /* ATT_U keys per warp and iteration: their block-table entries and rows are all
-     * loaded before the first is used, so the loads' latencies overlap. */
-    for (int base = k_lo + warp; base < k_hi; base += ATT_WARPS * ATT_U) {
-        float kr[ATT_U][DPL], vr[ATT_U][DPL];
+    /* U keys per warp and iteration: their block-table entries and rows are all loaded
+     * before the first is used, so the loads' latencies overlap. */
+    for (int base = k_lo + warp; base < k_hi; base += ATT_WARPS * U) {
+        float kr[U][DPL], vr[U][DPL];
 #pragma unroll
-        for (int u = 0; u < ATT_U; u++) {
+        for (int u = 0; u < U; u++) {
             int kp = min(base + u * ATT_WARPS, k_hi - 1);
             int64_t slot = (int64_t)bt[kp / a.block_size] * a.block_size + kp % a.block_size;
             const int64_t off = slot * kv_row + (int64_t)kvh * D + lane * DPL;
-            load_row<DPL>(a.k + off, kr[u]);
-            load_row<DPL>(a.v + off, vr[u]);
+            if constexpr (G) {
+                load_row_part<DPL, G>(a.k + off, kr[u], nd);
+                load_row_part<DPL, G>(a.v + off, vr[u], nd);
+            } else {
+                load_row<DPL>(a.k + off, kr[u]);
+                load_row<DPL>(a.v + off, vr[u]);
+            }
         }
 #pragma unroll
-        for (int u = 0; u < ATT_U; u++) {
+        for (int u = 0; u < U; u++) {
             if (base + u * ATT_WARPS >= k_hi) break;
 #pragma unroll
             for (int hh = 0; hh < ATT_HG; hh++) {
@@ -143,7 +197,8 @@ template <int DPL> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention
 #pragma unroll
     for (int hh = 0; hh < ATT_HG; hh++)
 #pragma unroll
-        for (int j = 0; j < DPL; j++) s_acc[(warp * ATT_HG + hh) * D + lane * DPL + j] = acc[hh][j];
+        for (int j = 0; j < DPL; j++)
+            if (!G || j < nd) s_acc[(warp * ATT_HG + hh) * D + lane * DPL + j] = acc[hh][j];
     __syncthreads();
     for (int i = threadIdx.x; i < nh * D; i += blockDim.x) {
         int hh = i / D, d = i % D;
@@ -1085,13 +1140,13 @@ int cu_attn_splits(int n_tokens, int n_kv_heads, int max_keys, int sms)
     return want < 1 ? 1 : want;
 }
 
-template <int DPL> static void launch(cudaStream_t s, const cu_attn_args &a)
+template <int DPL, int G> static void launch(cudaStream_t s, const cu_attn_args &a)
 {
     int group = a.n_heads / a.n_kv_heads;
     int chunks = (group + ATT_HG - 1) / ATT_HG;
     dim3 grid((unsigned)a.n_tokens, (unsigned)(a.n_kv_heads * chunks), (unsigned)a.splits);
-    size_t smem = sizeof(float) * ATT_WARPS * ATT_HG * DPL * 32;
-    k_attention<DPL><<<grid, ATT_WARPS * 32, smem, s>>>(a);
+    size_t smem = sizeof(float) * ATT_WARPS * ATT_HG * a.head_dim; /* 32 KB at 512 */
+    k_attention<DPL, G><<<grid, ATT_WARPS * 32, smem, s>>>(a);
     CU_LAUNCHED();
     if (a.splits > 1) {
         k_attn_merge<<<(unsigned)(a.n_tokens * a.n_heads), 128, 0, s>>>(a.out, a.part, a.splits,
@@ -1100,30 +1155,83 @@ template <int DPL> static void launch(cudaStream_t s, const cu_attn_args &a)
     }
 }
 
+/* A head size with lanes that hold fewer than DPL dimensions: loads of 8 or 4 where D and
+ * DPL allow, else of 2. */
+template <int DPL> static void launch_part(cudaStream_t s, const cu_attn_args &a)
+{
+    constexpr int GW = DPL % 8 == 0 ? 8 : DPL % 4 == 0 ? 4 : 2;
+    if (a.head_dim % GW == 0) return launch<DPL, GW>(s, a);
+    return launch<DPL, 2>(s, a);
+}
+
+static void launch_simt(cudaStream_t s, const cu_attn_args &a)
+{
+    const int D = a.head_dim;
+    if (D % 32 == 0 && D <= 256) {
+        switch (D / 32) {
+        case 1:
+            return launch<1, 0>(s, a);
+        case 2:
+            return launch<2, 0>(s, a);
+        case 3:
+            return launch<3, 0>(s, a);
+        case 4:
+            return launch<4, 0>(s, a);
+        case 5:
+            return launch<5, 0>(s, a);
+        case 6:
+            return launch<6, 0>(s, a);
+        case 7:
+            return launch<7, 0>(s, a);
+        default:
+            return launch<8, 0>(s, a);
+        }
+    }
+    const int dpl = ((D + 31) / 32 + 1) & ~1;
+    switch (dpl) {
+    case 2:
+        return launch_part<2>(s, a);
+    case 4:
+        return launch_part<4>(s, a);
+    case 6:
+        return launch_part<6>(s, a);
+    case 8:
+        return launch_part<8>(s, a);
+    case 10:
+        return launch_part<10>(s, a);
+    case 12:
+        return launch_part<12>(s, a);
+    case 14:
+        return launch_part<14>(s, a);
+    default:
+        return launch_part<16>(s, a);
+    }
+}
+
+bool cu_attn_ok(int head_dim, int n_heads, int n_kv_heads)
+{
+    return head_dim >= 2 && head_dim <= CU_ATTN_MAX_D && head_dim % 2 == 0 && n_kv_heads >= 1 &&
+           n_heads >= n_kv_heads && n_heads <= 65535 && n_heads % n_kv_heads == 0;
+}
+
+int cu_attn_check(void *ctx, int head_dim, int n_heads, int n_kv_heads, struct err *e)
+{
+    (void)ctx;
+    if (cu_attn_ok(head_dim, n_heads, n_kv_heads)) return 0;
+    return err_set(e,
+                   "the CUDA backend runs attention of even head sizes from 2 to %d, with the "
+                   "query heads (up to 65535) a multiple of the KV heads",
+                   CU_ATTN_MAX_D);
+}
+
 void cu_attention(cudaStream_t s, const cu_attn_args &a)
 {
+    assert(cu_attn_ok(a.head_dim, a.n_heads, a.n_kv_heads));
     if (a.decode == 2) return a.head_dim == 64 ? launch_decw<64>(s, a) : launch_decw<128>(s, a);
     if (a.decode) return a.head_dim == 64 ? launch_dec<64>(s, a) : launch_dec<128>(s, a);
     if (a.n_tiles > 0) {
         if (a.head_dim == 64) return launch_tc<64>(s, a);
         return launch_tc<128>(s, a);
     }
-    switch (a.head_dim / 32) {
-    case 1:
-        return launch<1>(s, a);
-    case 2:
-        return launch<2>(s, a);
-    case 3:
-        return launch<3>(s, a);
-    case 4:
-        return launch<4>(s, a);
-    case 5:
-        return launch<5>(s, a);
-    case 6:
-        return launch<6>(s, a);
-    case 7:
-        return launch<7>(s, a);
-    default:
-        return launch<8>(s, a);
-    }
+    launch_simt(s, a);
 }

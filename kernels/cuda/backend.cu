@@ -12,6 +12,7 @@
  * step records the same tape (same operations on the same buffers and shapes; the values
  * that change per step live in the metadata buffers), so a step costs one graph launch.
  */
+#include <assert.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1404,12 +1405,7 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
                             const struct attn_params *p)
 {
     cu_ctx *c = (cu_ctx *)ctx;
-    if (p->head_dim % 32 || p->head_dim > 256 || p->n_heads % p->n_kv_heads) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "head_dim %d with %d/%d heads is not supported", p->head_dim,
-                 p->n_heads, p->n_kv_heads);
-        cu_fatal("attention", msg, __FILE__, __LINE__);
-    }
+    assert(cu_attn_ok(p->head_dim, p->n_heads, p->n_kv_heads)); /* attn_check at load */
     cu_attn_args a;
     memset(&a, 0, sizeof a);
     a.q = q;
@@ -1438,7 +1434,8 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
      * then holds many rows or its key tiles are few; and the decode kernel for every decode
      * step, whose keys go in ranges over the GPU when the sequences are few (one sequence of
      * 1024 + 64 tokens: 239.8 against 216.7 tokens/s with the float32 kernel's splits, of
-     * 4096 + 32: 230.8 against 191.9). Otherwise the float32 kernel. */
+     * 4096 + 32: 230.8 against 191.9). Otherwise the float32 kernel, which takes every head
+     * size (the tensor-core kernels take 64 and 128). */
     const int dec = b->n_tokens == b->n_seqs && cu_attn_dec_ok(p->head_dim, group);
     int use_tc = !c->invariant && cu_attn_tc_ok(p->head_dim) && c->attn_mode != 1 &&
                  (c->attn_mode >= 2 || b->n_tokens > b->n_seqs || b->n_tokens >= 64 || dec);
@@ -1829,6 +1826,7 @@ static const struct backend_ops cuda_ops = {
     .download = cu_download,
     .weight_prepare = cu_weight_prepare,
     .batch_begin = cu_batch_begin,
+    .attn_check = cu_attn_check,
     .embed = cu_embed_op,
     .matmul = cu_matmul_op,
     .add_bias = cu_add_bias_op,
