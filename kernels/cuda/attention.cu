@@ -6,9 +6,9 @@
  * query heads that share it (GQA), and one contiguous range of the token's visible keys
  * (split-K, flash-decoding style). Each warp walks every 4th key of the range with an online
  * softmax; the warps meet in shared memory. With more than one range per token, a second
- * kernel merges the ranges' partial results. Head sizes 64 and 128 also have tensor-core
- * kernels, below. Windows (sliding attention) and score soft-capping follow the CPU
- * reference.
+ * kernel merges the ranges' partial results. Head sizes 64, 128 (and 256 for steps of 64-row
+ * tiles) also have tensor-core kernels, below. Windows (sliding attention) and score
+ * soft-capping follow the CPU reference.
  */
 #include <assert.h>
 #include <math.h>
@@ -247,20 +247,35 @@ __global__ void k_attn_merge(float *out, const float *__restrict__ part, int spl
 }
 
 /*
- * Tensor-core attention (prefill and large batches): a block takes 64 query rows of one
- * sequence and one KV head (the rows of a GQA group share every key), each of its 4 warps
- * 16 of them. Key tiles of 64 keys are copied from the paged cache into shared memory with
- * cp.async, the next tile's copy in flight while the current one is used. Scores S = Q K^T
- * and the output O += P V run as bf16 mma.sync m16n8k16 with float32 accumulators; the
- * softmax is online in float32 (FlashAttention-2 order). Q and P are rounded to bf16 as
- * operands, so results differ from the float32 path by about 1e-3 relative.
+ * Tensor-core attention (prefill and large batches), head sizes 64, 128 and 256: a block
+ * takes 64 query rows of one sequence and one KV head (the rows of a GQA group share every
+ * key), each of its 4 warps 16 of them. Key tiles of 64 keys (32 at 256) are copied from the
+ * paged cache into shared memory with cp.async, the next tile's copy in flight while the
+ * current one is used. Scores S = Q K^T and the output O += P V run as bf16 mma.sync
+ * m16n8k16 with float32 accumulators; the softmax is online in float32 (FlashAttention-2
+ * order). Q and P are rounded to bf16 as operands, so results differ from the float32 path
+ * by about 1e-3 relative.
+ *
+ * At 256 a thread's O fragments alone are 128 registers: its Q fragments (64 more) stay in
+ * shared memory, each lane reading back only its own 16 bytes a k-step, and the key tiles
+ * are 32 keys (scores 16 registers, not 32). Shared memory 98 KB a block (tiles 66, Q 32):
+ * two blocks an SM, and within the 99 KB that sm_86/89 allow a block.
  */
 #define TC_KEYS 64
 
 template <int D> struct tc_smem {
-    __nv_bfloat16 k[2][TC_KEYS][D + 8]; /* 16 bytes of padding: conflict-free fragments */
-    __nv_bfloat16 v[2][TC_KEYS][D + 8];
+    static constexpr int KEYS = D > 128 ? 32 : TC_KEYS; /* keys a tile */
+    __nv_bfloat16 k[2][KEYS][D + 8]; /* 16 bytes of padding: conflict-free fragments */
+    __nv_bfloat16 v[2][KEYS][D + 8];
 };
+
+/* Dynamic shared memory of k_attention_tc<D>: the tiles, then at D > 128 the Q fragments
+ * [warp][k-step][lane], 16 bytes each. */
+template <int D> static constexpr size_t tc_smem_bytes()
+{
+    return sizeof(tc_smem<D>) + (D > 128 ? (size_t)4 * (D / 16) * 32 * 16 : 0);
+}
+static_assert(tc_smem_bytes<256>() <= 99 * 1024, "k_attention_tc<256> shared memory");
 
 static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
 {
@@ -293,6 +308,8 @@ template <int D> __global__ void __launch_bounds__(128) k_attention_tc(cu_attn_a
     constexpr int DK = D / 16; /* k-steps of Q K^T */
     constexpr int DN = D / 8;  /* n-tiles of O */
     constexpr int CH = D / 8;  /* 16-byte chunks per key row */
+    constexpr int KT = tc_smem<D>::KEYS;
+    constexpr bool QS = D > 128; /* Q fragments in shared memory */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, tq = lane & 3;
     const int s = a.tile_seq[blockIdx.x], row0 = a.tile_row[blockIdx.x];
@@ -322,7 +339,7 @@ template <int D> __global__ void __launch_bounds__(128) k_attention_tc(cu_attn_a
     const int32_t *bt = a.block_table + (int64_t)s * a.max_blocks;
     const int64_t kv_row = (int64_t)a.n_kv_heads * D;
     auto load_tile = [&](int buf, int kt0) {
-        for (int i = threadIdx.x; i < TC_KEYS * CH; i += blockDim.x) {
+        for (int i = threadIdx.x; i < KT * CH; i += blockDim.x) {
             const int key = i / CH, c = i % CH, kp = kt0 + key;
             const bool ok = kp < k_hi;
             int64_t off = 0;
@@ -337,20 +354,38 @@ template <int D> __global__ void __launch_bounds__(128) k_attention_tc(cu_attn_a
         asm volatile("cp.async.commit_group;");
     };
 
-    const int kt_begin = k_lo / TC_KEYS * TC_KEYS;
+    const int kt_begin = k_lo / KT * KT;
     load_tile(0, kt_begin);
 
     /* Q fragments (A operand, row-major 16 x 16 per k-step), rounded to bf16. */
-    uint32_t qf[DK][4];
+    uint32_t qf[QS ? 1 : DK][4];
+    uint4 *sq = (uint4 *)(tc_raw + sizeof(tc_smem<D>)) + warp * DK * 32 + lane; /* QS: [kk * 32] */
+    if constexpr (QS) {
 #pragma unroll
-    for (int kk = 0; kk < DK; kk++)
+        for (int kk = 0; kk < DK; kk++) {
+            uint32_t f[4];
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const float *qr = a.q + ((int64_t)tok[h] * a.n_heads + head[h]) * D + kk * 16 + 2 * tq;
-            float2 lo = *(const float2 *)qr, hi = *(const float2 *)(qr + 8);
-            qf[kk][h] = pack_bf16(lo.x, lo.y);
-            qf[kk][2 + h] = pack_bf16(hi.x, hi.y);
+            for (int h = 0; h < 2; h++) {
+                const float *qr =
+                    a.q + ((int64_t)tok[h] * a.n_heads + head[h]) * D + kk * 16 + 2 * tq;
+                float2 lo = *(const float2 *)qr, hi = *(const float2 *)(qr + 8);
+                f[h] = pack_bf16(lo.x, lo.y);
+                f[2 + h] = pack_bf16(hi.x, hi.y);
+            }
+            sq[kk * 32] = make_uint4(f[0], f[1], f[2], f[3]);
         }
+    } else {
+#pragma unroll
+        for (int kk = 0; kk < DK; kk++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const float *qr =
+                    a.q + ((int64_t)tok[h] * a.n_heads + head[h]) * D + kk * 16 + 2 * tq;
+                float2 lo = *(const float2 *)qr, hi = *(const float2 *)(qr + 8);
+                qf[kk][h] = pack_bf16(lo.x, lo.y);
+                qf[kk][2 + h] = pack_bf16(hi.x, hi.y);
+            }
+    }
 
     float o[DN][4];
 #pragma unroll
@@ -358,29 +393,46 @@ template <int D> __global__ void __launch_bounds__(128) k_attention_tc(cu_attn_a
     float mx[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
     int buf = 0;
-    for (int kt0 = kt_begin; kt0 < k_hi; kt0 += TC_KEYS, buf ^= 1) {
-        if (kt0 + TC_KEYS < k_hi) {
-            load_tile(buf ^ 1, kt0 + TC_KEYS);
+    for (int kt0 = kt_begin; kt0 < k_hi; kt0 += KT, buf ^= 1) {
+        if (kt0 + KT < k_hi) {
+            load_tile(buf ^ 1, kt0 + KT);
             asm volatile("cp.async.wait_group 1;");
         } else {
             asm volatile("cp.async.wait_group 0;");
         }
         __syncthreads();
         if (warp_live) {
-            float sc[TC_KEYS / 8][4];
+            float sc[KT / 8][4];
+            if constexpr (QS) {
+                /* k-steps outside: each Q fragment read once a tile; every sc[j] still sums
+                 * its k-steps in order */
 #pragma unroll
-            for (int j = 0; j < TC_KEYS / 8; j++) {
-                sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+                for (int j = 0; j < KT / 8; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
 #pragma unroll
                 for (int kk = 0; kk < DK; kk++) {
-                    const __nv_bfloat16 *kr = &sm.k[buf][8 * j + g][kk * 16 + 2 * tq];
-                    mma_bf16(sc[j], qf[kk], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
+                    const uint4 f = sq[kk * 32];
+                    const uint32_t qa[4] = {f.x, f.y, f.z, f.w};
+#pragma unroll
+                    for (int j = 0; j < KT / 8; j++) {
+                        const __nv_bfloat16 *kr = &sm.k[buf][8 * j + g][kk * 16 + 2 * tq];
+                        mma_bf16(sc[j], qa, *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < KT / 8; j++) {
+                    sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+                    for (int kk = 0; kk < DK; kk++) {
+                        const __nv_bfloat16 *kr = &sm.k[buf][8 * j + g][kk * 16 + 2 * tq];
+                        mma_bf16(sc[j], qf[kk], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
+                    }
                 }
             }
             /* scale, soft-cap, mask; the tile's row maxima */
             float tmax[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-            for (int j = 0; j < TC_KEYS / 8; j++)
+            for (int j = 0; j < KT / 8; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int h = e >> 1, kp = kt0 + 8 * j + 2 * tq + (e & 1);
@@ -403,9 +455,9 @@ template <int D> __global__ void __launch_bounds__(128) k_attention_tc(cu_attn_a
                 tmax[h] = base;
             }
             float rs[2] = {0.0f, 0.0f};
-            uint32_t pf[TC_KEYS / 16][4];
+            uint32_t pf[KT / 16][4];
 #pragma unroll
-            for (int j = 0; j < TC_KEYS / 8; j++) {
+            for (int j = 0; j < KT / 8; j++) {
                 const float p0 = __expf(sc[j][0] - tmax[0]), p1 = __expf(sc[j][1] - tmax[0]);
                 const float p2 = __expf(sc[j][2] - tmax[1]), p3 = __expf(sc[j][3] - tmax[1]);
                 rs[0] += p0 + p1;
@@ -425,7 +477,7 @@ template <int D> __global__ void __launch_bounds__(128) k_attention_tc(cu_attn_a
             /* O += P V: V fragments (k = key, n = dim) by transposing loads */
             const int mi = lane >> 3, ri = lane & 7;
 #pragma unroll
-            for (int ks = 0; ks < TC_KEYS / 16; ks++)
+            for (int ks = 0; ks < KT / 16; ks++)
 #pragma unroll
                 for (int dt = 0; dt < D / 16; dt++) {
                     const __nv_bfloat16 *vp =
@@ -1109,7 +1161,7 @@ template <int D> static void launch_decw(cudaStream_t s, const cu_attn_args &a)
 
 bool cu_attn_tc_ok(int head_dim)
 {
-    return head_dim == 64 || head_dim == 128;
+    return head_dim == 64 || head_dim == 128 || head_dim == 256;
 }
 
 void cu_attention_init(void)
@@ -1117,14 +1169,16 @@ void cu_attention_init(void)
     /* More than 48 KB of shared memory must be allowed per kernel, before any launch (and
      * outside graph capture). */
     CU(cudaFuncSetAttribute(k_attention_tc<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            (int)sizeof(tc_smem<64>)));
+                            (int)tc_smem_bytes<64>()));
     CU(cudaFuncSetAttribute(k_attention_tc<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            (int)sizeof(tc_smem<128>)));
+                            (int)tc_smem_bytes<128>()));
+    CU(cudaFuncSetAttribute(k_attention_tc<256>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            (int)tc_smem_bytes<256>()));
 }
 
 template <int D> static void launch_tc(cudaStream_t s, const cu_attn_args &a)
 {
-    const size_t smem = sizeof(tc_smem<D>);
+    const size_t smem = tc_smem_bytes<D>();
     dim3 grid((unsigned)a.n_tiles, (unsigned)a.n_kv_heads);
     k_attention_tc<D><<<grid, 128, smem, s>>>(a);
     CU_LAUNCHED();
@@ -1231,7 +1285,8 @@ void cu_attention(cudaStream_t s, const cu_attn_args &a)
     if (a.decode) return a.head_dim == 64 ? launch_dec<64>(s, a) : launch_dec<128>(s, a);
     if (a.n_tiles > 0) {
         if (a.head_dim == 64) return launch_tc<64>(s, a);
-        return launch_tc<128>(s, a);
+        if (a.head_dim == 128) return launch_tc<128>(s, a);
+        return launch_tc<256>(s, a);
     }
     launch_simt(s, a);
 }

@@ -1435,7 +1435,7 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
      * step, whose keys go in ranges over the GPU when the sequences are few (one sequence of
      * 1024 + 64 tokens: 239.8 against 216.7 tokens/s with the float32 kernel's splits, of
      * 4096 + 32: 230.8 against 191.9). Otherwise the float32 kernel, which takes every head
-     * size (the tensor-core kernels take 64 and 128). */
+     * size (the decode kernels take 64 and 128, the tile kernel 256 as well). */
     const int dec = b->n_tokens == b->n_seqs && cu_attn_dec_ok(p->head_dim, group);
     int use_tc = !c->invariant && cu_attn_tc_ok(p->head_dim) && c->attn_mode != 1 &&
                  (c->attn_mode >= 2 || b->n_tokens > b->n_seqs || b->n_tokens >= 64 || dec);

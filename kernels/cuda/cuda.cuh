@@ -223,7 +223,7 @@ extern "C" int cu_attn_check(void *ctx, int head_dim, int n_heads, int n_kv_head
 
 /* Query rows per block of the tensor-core attention kernel. */
 #define CU_ATTN_TC_ROWS 64
-/** Whether the tensor-core attention kernel takes this head size (64, 128). */
+/** Whether the tensor-core attention kernel takes this head size (64, 128, 256). */
 bool cu_attn_tc_ok(int head_dim);
 /** Whether the tensor-core decode attention kernels take this head size (64, 128) and GQA
  * group (up to 16). */
