@@ -120,20 +120,15 @@ struct cu_ctx {
     int32_t *d_tiles, *h_tiles;
     size_t tiles_cap; /* int32 per table */
     int tile_group[CU_TILE_TABLES], tile_n[CU_TILE_TABLES], n_tile_tables;
-    /* PAGODA_CUDA_ATTN: unset (auto, the default) tensor cores for steps with prompt tokens
-     * or >= 64 tokens (the decode kernel when every token is its sequence's only one), simt
-     * the float32 kernel, tc the 64-row tile kernel for every step, dec the decode kernel for
-     * every decode step and the tile kernel otherwise, where the head size allows */
-    int attn_mode; /* 0 auto, 1 simt, 2 tc, 3 dec */
+    /* PAGODA_CUDA_ATTN, a debugging override: unset (auto, the default) tensor cores for
+     * steps with prompt tokens or >= 64 tokens (the decode kernel when every token is its
+     * sequence's only one) where the head size allows, simt the float32 kernel for every
+     * step, tc the 64-row tile kernel for every step whose head size it takes */
+    int attn_mode; /* 0 auto, 1 simt, 2 tc */
     int rope_kv;   /* rope(q), rope(k), kv_store as one launch (PAGODA_CUDA_ROPE_KV=0: off) */
-    /* the decode kernel's keys in ranges over the GPU for few sequences (PAGODA_CUDA_DEC_SPLIT=0:
-     * one block a token and KV head) */
-    int dec_split;
-    int dec_cluster; /* the decode kernel's ranges merged in a cluster (PAGODA_CUDA_DEC_CLUSTER=0:
-                        off) */
-    /* decode steps of many (token, KV head) pairs over short contexts: a warp a pair
-     * (PAGODA_CUDA_DEC_WARP=0: the block kernel; 2: every decode step) */
-    int dec_warp;
+    /* the decode kernel's 2 to CU_ATTN_CLUSTER_MAX key ranges merged in a cluster (compute
+     * capability 9.0 on; more ranges, or older GPUs: by the last range through global memory) */
+    int dec_cluster;
     /* At m = 1 a residual add joins the product before it and the rms_norm the product
      * after it: where the streaming 16-bit kernel takes the product (unset, the default;
      * other kernels would run them as launches of their own), for every product
@@ -205,9 +200,6 @@ struct cu_ctx {
      * float32 result where nothing else reads it before it is overwritten
      * (PAGODA_CUDA_BF16_ONLY=0: off) */
     int bf16_only;
-    /* decode attention writes the bf16 copy of its result that the o product reads (with
-     * PAGODA_CUDA_BF16_X; PAGODA_CUDA_ATTN_BF16=0: off) */
-    int attn_bf16;
     /* gate and up products write bf16 results for the activation where nothing else reads
      * them (with PAGODA_CUDA_BF16_ONLY; PAGODA_CUDA_SET_BF16=0: off) */
     int set_b16;
@@ -1236,7 +1228,7 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
         lt && ((prev->kind == OP_ACT && prev->p[0] == x && prev->n == (int64_t)m * d.k) ||
                ((prev->kind == OP_RMS || prev->kind == OP_ADD_RMS) && prev->p[0] == x &&
                 prev->i[0] == m && prev->i[1] == d.k) ||
-               (prev->kind == OP_ATTN && c->attn_bf16 && prev->att.decode && prev->att.out == x &&
+               (prev->kind == OP_ATTN && prev->att.decode && prev->att.out == x &&
                 prev->att.n_tokens == m && (int64_t)prev->att.n_heads * prev->att.head_dim == d.k));
     if (pre && prev->kind == OP_ATTN)
         prev->att.outb = c->xb;
@@ -1438,7 +1430,7 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
      * size (the decode kernels take 64 and 128, the tile kernel 256 as well). */
     const int dec = b->n_tokens == b->n_seqs && cu_attn_dec_ok(p->head_dim, group);
     int use_tc = !c->invariant && cu_attn_tc_ok(p->head_dim) && c->attn_mode != 1 &&
-                 (c->attn_mode >= 2 || b->n_tokens > b->n_seqs || b->n_tokens >= 64 || dec);
+                 (c->attn_mode == 2 || b->n_tokens > b->n_seqs || b->n_tokens >= 64 || dec);
     /* Decode steps (one token a sequence): the decode kernel, whose warps split the keys,
      * unless PAGODA_CUDA_ATTN=tc asks for the 64-row tiles. */
     if (use_tc && dec && c->attn_mode != 2) {
@@ -1448,7 +1440,7 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
          * after the others (the longest over 1,024 keys and over twice the mean); few
          * sequences: their keys in ranges over the GPU, merged by the last range */
         const int pairs = b->n_tokens * p->n_kv_heads;
-        if (c->dec_warp && (c->dec_warp == 2 || pairs >= 4 * c->prop.multiProcessorCount)) {
+        if (pairs >= 4 * c->prop.multiProcessorCount) {
             int64_t longest = 0, total = 0;
             for (int t = 0; t < b->n_tokens; t++) {
                 int64_t keys = (int64_t)b->pos[t] + 1;
@@ -1456,14 +1448,11 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
                 if (keys > longest) longest = keys;
                 total += keys;
             }
-            if (c->dec_warp == 2 || longest <= CU_ATTN_DECW_KEYS ||
-                longest * b->n_tokens <= 2 * total)
-                a.decode = 2;
+            if (longest <= CU_ATTN_DECW_KEYS || longest * b->n_tokens <= 2 * total) a.decode = 2;
         }
-        a.splits = c->dec_split && a.decode == 1
-                       ? cu_attn_dec_splits(b->n_tokens, p->n_kv_heads, max_keys,
-                                            c->prop.multiProcessorCount)
-                       : 1;
+        a.splits = a.decode == 1 ? cu_attn_dec_splits(b->n_tokens, p->n_kv_heads, max_keys,
+                                                      c->prop.multiProcessorCount)
+                                 : 1;
         a.cluster = c->dec_cluster && a.splits > 1 && a.splits <= CU_ATTN_CLUSTER_MAX;
         if (a.splits > 1) {
             attn_part(c, b, p, &a);
@@ -1918,18 +1907,12 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     env = getenv("PAGODA_CUDA_BATCH_INVARIANT");
     c->invariant = env && !strcmp(env, "1");
     env = getenv("PAGODA_CUDA_ATTN");
-    c->attn_mode = env && !strcmp(env, "tc")     ? 2
-                   : env && !strcmp(env, "dec")  ? 3
-                   : env && !strcmp(env, "simt") ? 1
-                                                 : 0;
+    c->attn_mode = env && !strcmp(env, "tc") ? 2 : env && !strcmp(env, "simt") ? 1 : 0;
     if (c->attn_mode != 1) cu_attention_init();
     cu_gemv_tc_init();
     c->fuse_norm = env_flag("PAGODA_CUDA_FUSE_NORM", 2);
     c->rope_kv = env_flag("PAGODA_CUDA_ROPE_KV", 1);
-    c->dec_split = env_flag("PAGODA_CUDA_DEC_SPLIT", 1);
-    c->dec_cluster = c->prop.major >= 9 && env_flag("PAGODA_CUDA_DEC_CLUSTER", 1);
-    env = getenv("PAGODA_CUDA_DEC_WARP");
-    c->dec_warp = env && !strcmp(env, "0") ? 0 : env && !strcmp(env, "2") ? 2 : 1;
+    c->dec_cluster = c->prop.major >= 9;
     env = getenv("PAGODA_CUDA_GEMV_ROW");
     c->row_gemv = !(env && !strcmp(env, "0"));
     /* 4 (the default): the streaming tensor-core kernel, in 16-row tiles where the rows
@@ -1949,7 +1932,6 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     c->gemm_add = env_flag("PAGODA_CUDA_GEMM_ADD", 1);
     c->split_rope = env_flag("PAGODA_CUDA_SPLIT_ROPE", 1);
     c->bf16_only = env_flag("PAGODA_CUDA_BF16_ONLY", 1);
-    c->attn_bf16 = env_flag("PAGODA_CUDA_ATTN_BF16", 1);
     c->set_b16 = env_flag("PAGODA_CUDA_SET_BF16", 1);
     c->argmax_split = env_flag("PAGODA_CUDA_ARGMAX_SPLIT", 1);
     c->argmax_fuse = env_flag("PAGODA_CUDA_ARGMAX_FUSE", 1);
