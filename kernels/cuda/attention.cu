@@ -1,14 +1,21 @@
 /*
  * Attention over block-paged KV (bf16 rows [block][offset][kv head][head_dim]).
  *
- * One kernel serves prefill and decode tokens of a mixed batch: a block takes one token,
- * one KV head with up to 4 of the query heads that share it (GQA), and one contiguous
- * range of the token's visible keys (split-K, flash-decoding style). Each warp walks every
- * 4th key of the range with an online softmax; the warps meet in shared memory. With more
- * than one range per token, a second kernel merges the ranges' partial results.
- * Windows (sliding attention) and score soft-capping follow the CPU reference.
+ * One kernel serves prefill and decode tokens of a mixed batch on CUDA cores, for every even
+ * head size up to CU_ATTN_MAX_D: a block takes one token, one KV head with up to 4 of the
+ * query heads that share it (GQA), and one contiguous range of the token's visible keys
+ * (split-K, flash-decoding style). Each warp walks every 4th key of the range with an online
+ * softmax; the warps meet in shared memory. With more than one range per token, a second
+ * kernel merges the ranges' partial results. Head sizes 64, 128 (and 256 for steps of 64-row
+ * tiles) also have tensor-core kernels, below. Windows (sliding attention) and score
+ * soft-capping follow the CPU reference.
  */
+#include <assert.h>
 #include <math.h>
+
+extern "C" {
+#include "common/err.h"
+}
 
 #include "kernels/cuda/cuda.cuh"
 
@@ -16,7 +23,7 @@
 
 #define ATT_WARPS 4
 #define ATT_HG    4 /* query heads per block */
-#define ATT_U     4 /* keys in flight per warp */
+#define ATT_U     4 /* keys in flight per warp (2 over head size 256) */
 
 __global__ void k_kv_store(__nv_bfloat16 *kc, __nv_bfloat16 *vc, const float *__restrict__ k,
                            const float *__restrict__ v, const int32_t *__restrict__ slot, int row)
@@ -38,6 +45,14 @@ void cu_kv_store(cudaStream_t s, __nv_bfloat16 *kc, __nv_bfloat16 *vc, const flo
     CU_LAUNCHED();
 }
 
+/*
+ * A warp holds a row of head size D as DPL dimensions a lane: lane l has [l DPL, l DPL + DPL).
+ * G = 0: D = 32 DPL (32 to 256 in steps of 32), every lane full, loads as wide as DPL allows.
+ * G > 0: any other even D, with DPL = ceil(D / 32) rounded up to even (2 to 16): the lanes
+ * from D / DPL on hold fewer dimensions or none, their scores' terms are 0 x 0 and their
+ * output is not stored; loads are of G dimensions (2, 4 or 8 bf16), G dividing DPL and D so
+ * that every group is aligned and lies wholly inside or outside the row.
+ */
 template <int DPL>
 static __device__ __forceinline__ void load_row(const __nv_bfloat16 *p, float *out)
 {
@@ -63,10 +78,43 @@ static __device__ __forceinline__ void load_row(const __nv_bfloat16 *p, float *o
     }
 }
 
-template <int DPL> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(cu_attn_args a)
+/* A lane's DPL dimensions of a row from p in loads of G, 0 from its n-th on (n, the
+ * dimensions the lane holds, is a multiple of G; 0 or less: none, nothing read). */
+template <int DPL, int G>
+static __device__ __forceinline__ void load_row_part(const __nv_bfloat16 *p, float *out, int n)
+{
+#pragma unroll
+    for (int i = 0; i < DPL / G; i++) {
+        uint4 u = make_uint4(0u, 0u, 0u, 0u);
+        if (G * i < n) {
+            if constexpr (G == 8) {
+                u = __ldg((const uint4 *)p + i);
+            } else if constexpr (G == 4) {
+                const uint2 h = __ldg((const uint2 *)p + i);
+                u.x = h.x;
+                u.y = h.y;
+            } else {
+                u.x = __ldg((const uint32_t *)p + i);
+            }
+        }
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int e = 0; e < G / 2; e++) {
+            out[G * i + 2 * e] = __uint_as_float(w[e] << 16);
+            out[G * i + 2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+        }
+    }
+}
+
+/* Registers a thread: q and acc 4 DPL floats each, keys and values U DPL each. Over head
+ * size 256 (DPL > 8) U is 2, not 4: 192 floats at DPL 16 (220 registers), where 4 keys would
+ * take 256 and spill; a warp still has 4 KB of keys and values in flight, as at 256. */
+template <int DPL, int G>
+__global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(cu_attn_args a)
 {
     allow_dependents();
-    const int D = DPL * 32;
+    constexpr int U = DPL <= 8 ? ATT_U : 2;
+    const int D = G ? a.head_dim : DPL * 32;
     const int t = blockIdx.x;
     const int group = a.n_heads / a.n_kv_heads;
     const int chunks = (group + ATT_HG - 1) / ATT_HG;
@@ -74,6 +122,7 @@ template <int DPL> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention
     const int nh = min(ATT_HG, kvh * group + group - h0);
     const int sp = blockIdx.z;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nd = G ? min(DPL, D - lane * DPL) : DPL; /* dimensions this lane holds */
 
     const int s = a.tok_seq[t], qpos = a.pos[t];
     int first = 0;
@@ -90,27 +139,32 @@ template <int DPL> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention
 #pragma unroll
         for (int j = 0; j < DPL; j++) {
             acc[hh][j] = 0.0f;
-            q[hh][j] = hh < nh
+            q[hh][j] = hh < nh && (!G || j < nd)
                            ? a.q[((int64_t)t * a.n_heads + h0 + hh) * D + lane * DPL + j] * a.scale
                            : 0.0f;
         }
     }
     const int32_t *bt = a.block_table + (int64_t)s * a.max_blocks;
     const int64_t kv_row = (int64_t)a.n_kv_heads * D;
-    /* ATT_U keys per warp and iteration: their block-table entries and rows are all
-     * loaded before the first is used, so the loads' latencies overlap. */
-    for (int base = k_lo + warp; base < k_hi; base += ATT_WARPS * ATT_U) {
-        float kr[ATT_U][DPL], vr[ATT_U][DPL];
+    /* U keys per warp and iteration: their block-table entries and rows are all loaded
+     * before the first is used, so the loads' latencies overlap. */
+    for (int base = k_lo + warp; base < k_hi; base += ATT_WARPS * U) {
+        float kr[U][DPL], vr[U][DPL];
 #pragma unroll
-        for (int u = 0; u < ATT_U; u++) {
+        for (int u = 0; u < U; u++) {
             int kp = min(base + u * ATT_WARPS, k_hi - 1);
             int64_t slot = (int64_t)bt[kp / a.block_size] * a.block_size + kp % a.block_size;
             const int64_t off = slot * kv_row + (int64_t)kvh * D + lane * DPL;
-            load_row<DPL>(a.k + off, kr[u]);
-            load_row<DPL>(a.v + off, vr[u]);
+            if constexpr (G) {
+                load_row_part<DPL, G>(a.k + off, kr[u], nd);
+                load_row_part<DPL, G>(a.v + off, vr[u], nd);
+            } else {
+                load_row<DPL>(a.k + off, kr[u]);
+                load_row<DPL>(a.v + off, vr[u]);
+            }
         }
 #pragma unroll
-        for (int u = 0; u < ATT_U; u++) {
+        for (int u = 0; u < U; u++) {
             if (base + u * ATT_WARPS >= k_hi) break;
 #pragma unroll
             for (int hh = 0; hh < ATT_HG; hh++) {
@@ -143,7 +197,8 @@ template <int DPL> __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention
 #pragma unroll
     for (int hh = 0; hh < ATT_HG; hh++)
 #pragma unroll
-        for (int j = 0; j < DPL; j++) s_acc[(warp * ATT_HG + hh) * D + lane * DPL + j] = acc[hh][j];
+        for (int j = 0; j < DPL; j++)
+            if (!G || j < nd) s_acc[(warp * ATT_HG + hh) * D + lane * DPL + j] = acc[hh][j];
     __syncthreads();
     for (int i = threadIdx.x; i < nh * D; i += blockDim.x) {
         int hh = i / D, d = i % D;
@@ -192,20 +247,35 @@ __global__ void k_attn_merge(float *out, const float *__restrict__ part, int spl
 }
 
 /*
- * Tensor-core attention (prefill and large batches): a block takes 64 query rows of one
- * sequence and one KV head (the rows of a GQA group share every key), each of its 4 warps
- * 16 of them. Key tiles of 64 keys are copied from the paged cache into shared memory with
- * cp.async, the next tile's copy in flight while the current one is used. Scores S = Q K^T
- * and the output O += P V run as bf16 mma.sync m16n8k16 with float32 accumulators; the
- * softmax is online in float32 (FlashAttention-2 order). Q and P are rounded to bf16 as
- * operands, so results differ from the float32 path by about 1e-3 relative.
+ * Tensor-core attention (prefill and large batches), head sizes 64, 128 and 256: a block
+ * takes 64 query rows of one sequence and one KV head (the rows of a GQA group share every
+ * key), each of its 4 warps 16 of them. Key tiles of 64 keys (32 at 256) are copied from the
+ * paged cache into shared memory with cp.async, the next tile's copy in flight while the
+ * current one is used. Scores S = Q K^T and the output O += P V run as bf16 mma.sync
+ * m16n8k16 with float32 accumulators; the softmax is online in float32 (FlashAttention-2
+ * order). Q and P are rounded to bf16 as operands, so results differ from the float32 path
+ * by about 1e-3 relative.
+ *
+ * At 256 a thread's O fragments alone are 128 registers: its Q fragments (64 more) stay in
+ * shared memory, each lane reading back only its own 16 bytes a k-step, and the key tiles
+ * are 32 keys (scores 16 registers, not 32). Shared memory 98 KB a block (tiles 66, Q 32):
+ * two blocks an SM, and within the 99 KB that sm_86/89 allow a block.
  */
 #define TC_KEYS 64
 
 template <int D> struct tc_smem {
-    __nv_bfloat16 k[2][TC_KEYS][D + 8]; /* 16 bytes of padding: conflict-free fragments */
-    __nv_bfloat16 v[2][TC_KEYS][D + 8];
+    static constexpr int KEYS = D > 128 ? 32 : TC_KEYS; /* keys a tile */
+    __nv_bfloat16 k[2][KEYS][D + 8]; /* 16 bytes of padding: conflict-free fragments */
+    __nv_bfloat16 v[2][KEYS][D + 8];
 };
+
+/* Dynamic shared memory of k_attention_tc<D>: the tiles, then at D > 128 the Q fragments
+ * [warp][k-step][lane], 16 bytes each. */
+template <int D> static constexpr size_t tc_smem_bytes()
+{
+    return sizeof(tc_smem<D>) + (D > 128 ? (size_t)4 * (D / 16) * 32 * 16 : 0);
+}
+static_assert(tc_smem_bytes<256>() <= 99 * 1024, "k_attention_tc<256> shared memory");
 
 static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
 {
@@ -238,6 +308,8 @@ template <int D> __global__ void __launch_bounds__(128) k_attention_tc(cu_attn_a
     constexpr int DK = D / 16; /* k-steps of Q K^T */
     constexpr int DN = D / 8;  /* n-tiles of O */
     constexpr int CH = D / 8;  /* 16-byte chunks per key row */
+    constexpr int KT = tc_smem<D>::KEYS;
+    constexpr bool QS = D > 128; /* Q fragments in shared memory */
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, tq = lane & 3;
     const int s = a.tile_seq[blockIdx.x], row0 = a.tile_row[blockIdx.x];
@@ -267,7 +339,7 @@ template <int D> __global__ void __launch_bounds__(128) k_attention_tc(cu_attn_a
     const int32_t *bt = a.block_table + (int64_t)s * a.max_blocks;
     const int64_t kv_row = (int64_t)a.n_kv_heads * D;
     auto load_tile = [&](int buf, int kt0) {
-        for (int i = threadIdx.x; i < TC_KEYS * CH; i += blockDim.x) {
+        for (int i = threadIdx.x; i < KT * CH; i += blockDim.x) {
             const int key = i / CH, c = i % CH, kp = kt0 + key;
             const bool ok = kp < k_hi;
             int64_t off = 0;
@@ -282,20 +354,38 @@ template <int D> __global__ void __launch_bounds__(128) k_attention_tc(cu_attn_a
         asm volatile("cp.async.commit_group;");
     };
 
-    const int kt_begin = k_lo / TC_KEYS * TC_KEYS;
+    const int kt_begin = k_lo / KT * KT;
     load_tile(0, kt_begin);
 
     /* Q fragments (A operand, row-major 16 x 16 per k-step), rounded to bf16. */
-    uint32_t qf[DK][4];
+    uint32_t qf[QS ? 1 : DK][4];
+    uint4 *sq = (uint4 *)(tc_raw + sizeof(tc_smem<D>)) + warp * DK * 32 + lane; /* QS: [kk * 32] */
+    if constexpr (QS) {
 #pragma unroll
-    for (int kk = 0; kk < DK; kk++)
+        for (int kk = 0; kk < DK; kk++) {
+            uint32_t f[4];
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const float *qr = a.q + ((int64_t)tok[h] * a.n_heads + head[h]) * D + kk * 16 + 2 * tq;
-            float2 lo = *(const float2 *)qr, hi = *(const float2 *)(qr + 8);
-            qf[kk][h] = pack_bf16(lo.x, lo.y);
-            qf[kk][2 + h] = pack_bf16(hi.x, hi.y);
+            for (int h = 0; h < 2; h++) {
+                const float *qr =
+                    a.q + ((int64_t)tok[h] * a.n_heads + head[h]) * D + kk * 16 + 2 * tq;
+                float2 lo = *(const float2 *)qr, hi = *(const float2 *)(qr + 8);
+                f[h] = pack_bf16(lo.x, lo.y);
+                f[2 + h] = pack_bf16(hi.x, hi.y);
+            }
+            sq[kk * 32] = make_uint4(f[0], f[1], f[2], f[3]);
         }
+    } else {
+#pragma unroll
+        for (int kk = 0; kk < DK; kk++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const float *qr =
+                    a.q + ((int64_t)tok[h] * a.n_heads + head[h]) * D + kk * 16 + 2 * tq;
+                float2 lo = *(const float2 *)qr, hi = *(const float2 *)(qr + 8);
+                qf[kk][h] = pack_bf16(lo.x, lo.y);
+                qf[kk][2 + h] = pack_bf16(hi.x, hi.y);
+            }
+    }
 
     float o[DN][4];
 #pragma unroll
@@ -303,29 +393,46 @@ template <int D> __global__ void __launch_bounds__(128) k_attention_tc(cu_attn_a
     float mx[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
     int buf = 0;
-    for (int kt0 = kt_begin; kt0 < k_hi; kt0 += TC_KEYS, buf ^= 1) {
-        if (kt0 + TC_KEYS < k_hi) {
-            load_tile(buf ^ 1, kt0 + TC_KEYS);
+    for (int kt0 = kt_begin; kt0 < k_hi; kt0 += KT, buf ^= 1) {
+        if (kt0 + KT < k_hi) {
+            load_tile(buf ^ 1, kt0 + KT);
             asm volatile("cp.async.wait_group 1;");
         } else {
             asm volatile("cp.async.wait_group 0;");
         }
         __syncthreads();
         if (warp_live) {
-            float sc[TC_KEYS / 8][4];
+            float sc[KT / 8][4];
+            if constexpr (QS) {
+                /* k-steps outside: each Q fragment read once a tile; every sc[j] still sums
+                 * its k-steps in order */
 #pragma unroll
-            for (int j = 0; j < TC_KEYS / 8; j++) {
-                sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+                for (int j = 0; j < KT / 8; j++) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
 #pragma unroll
                 for (int kk = 0; kk < DK; kk++) {
-                    const __nv_bfloat16 *kr = &sm.k[buf][8 * j + g][kk * 16 + 2 * tq];
-                    mma_bf16(sc[j], qf[kk], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
+                    const uint4 f = sq[kk * 32];
+                    const uint32_t qa[4] = {f.x, f.y, f.z, f.w};
+#pragma unroll
+                    for (int j = 0; j < KT / 8; j++) {
+                        const __nv_bfloat16 *kr = &sm.k[buf][8 * j + g][kk * 16 + 2 * tq];
+                        mma_bf16(sc[j], qa, *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < KT / 8; j++) {
+                    sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+#pragma unroll
+                    for (int kk = 0; kk < DK; kk++) {
+                        const __nv_bfloat16 *kr = &sm.k[buf][8 * j + g][kk * 16 + 2 * tq];
+                        mma_bf16(sc[j], qf[kk], *(const uint32_t *)kr, *(const uint32_t *)(kr + 8));
+                    }
                 }
             }
             /* scale, soft-cap, mask; the tile's row maxima */
             float tmax[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-            for (int j = 0; j < TC_KEYS / 8; j++)
+            for (int j = 0; j < KT / 8; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int h = e >> 1, kp = kt0 + 8 * j + 2 * tq + (e & 1);
@@ -348,9 +455,9 @@ template <int D> __global__ void __launch_bounds__(128) k_attention_tc(cu_attn_a
                 tmax[h] = base;
             }
             float rs[2] = {0.0f, 0.0f};
-            uint32_t pf[TC_KEYS / 16][4];
+            uint32_t pf[KT / 16][4];
 #pragma unroll
-            for (int j = 0; j < TC_KEYS / 8; j++) {
+            for (int j = 0; j < KT / 8; j++) {
                 const float p0 = __expf(sc[j][0] - tmax[0]), p1 = __expf(sc[j][1] - tmax[0]);
                 const float p2 = __expf(sc[j][2] - tmax[1]), p3 = __expf(sc[j][3] - tmax[1]);
                 rs[0] += p0 + p1;
@@ -370,7 +477,7 @@ template <int D> __global__ void __launch_bounds__(128) k_attention_tc(cu_attn_a
             /* O += P V: V fragments (k = key, n = dim) by transposing loads */
             const int mi = lane >> 3, ri = lane & 7;
 #pragma unroll
-            for (int ks = 0; ks < TC_KEYS / 16; ks++)
+            for (int ks = 0; ks < KT / 16; ks++)
 #pragma unroll
                 for (int dt = 0; dt < D / 16; dt++) {
                     const __nv_bfloat16 *vp =
@@ -1054,7 +1161,7 @@ template <int D> static void launch_decw(cudaStream_t s, const cu_attn_args &a)
 
 bool cu_attn_tc_ok(int head_dim)
 {
-    return head_dim == 64 || head_dim == 128;
+    return head_dim == 64 || head_dim == 128 || head_dim == 256;
 }
 
 void cu_attention_init(void)
@@ -1062,14 +1169,16 @@ void cu_attention_init(void)
     /* More than 48 KB of shared memory must be allowed per kernel, before any launch (and
      * outside graph capture). */
     CU(cudaFuncSetAttribute(k_attention_tc<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            (int)sizeof(tc_smem<64>)));
+                            (int)tc_smem_bytes<64>()));
     CU(cudaFuncSetAttribute(k_attention_tc<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            (int)sizeof(tc_smem<128>)));
+                            (int)tc_smem_bytes<128>()));
+    CU(cudaFuncSetAttribute(k_attention_tc<256>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            (int)tc_smem_bytes<256>()));
 }
 
 template <int D> static void launch_tc(cudaStream_t s, const cu_attn_args &a)
 {
-    const size_t smem = sizeof(tc_smem<D>);
+    const size_t smem = tc_smem_bytes<D>();
     dim3 grid((unsigned)a.n_tiles, (unsigned)a.n_kv_heads);
     k_attention_tc<D><<<grid, 128, smem, s>>>(a);
     CU_LAUNCHED();
@@ -1085,13 +1194,13 @@ int cu_attn_splits(int n_tokens, int n_kv_heads, int max_keys, int sms)
     return want < 1 ? 1 : want;
 }
 
-template <int DPL> static void launch(cudaStream_t s, const cu_attn_args &a)
+template <int DPL, int G> static void launch(cudaStream_t s, const cu_attn_args &a)
 {
     int group = a.n_heads / a.n_kv_heads;
     int chunks = (group + ATT_HG - 1) / ATT_HG;
     dim3 grid((unsigned)a.n_tokens, (unsigned)(a.n_kv_heads * chunks), (unsigned)a.splits);
-    size_t smem = sizeof(float) * ATT_WARPS * ATT_HG * DPL * 32;
-    k_attention<DPL><<<grid, ATT_WARPS * 32, smem, s>>>(a);
+    size_t smem = sizeof(float) * ATT_WARPS * ATT_HG * a.head_dim; /* 32 KB at 512 */
+    k_attention<DPL, G><<<grid, ATT_WARPS * 32, smem, s>>>(a);
     CU_LAUNCHED();
     if (a.splits > 1) {
         k_attn_merge<<<(unsigned)(a.n_tokens * a.n_heads), 128, 0, s>>>(a.out, a.part, a.splits,
@@ -1100,30 +1209,84 @@ template <int DPL> static void launch(cudaStream_t s, const cu_attn_args &a)
     }
 }
 
+/* A head size with lanes that hold fewer than DPL dimensions: loads of 8 or 4 where D and
+ * DPL allow, else of 2. */
+template <int DPL> static void launch_part(cudaStream_t s, const cu_attn_args &a)
+{
+    constexpr int GW = DPL % 8 == 0 ? 8 : DPL % 4 == 0 ? 4 : 2;
+    if (a.head_dim % GW == 0) return launch<DPL, GW>(s, a);
+    return launch<DPL, 2>(s, a);
+}
+
+static void launch_simt(cudaStream_t s, const cu_attn_args &a)
+{
+    const int D = a.head_dim;
+    if (D % 32 == 0 && D <= 256) {
+        switch (D / 32) {
+        case 1:
+            return launch<1, 0>(s, a);
+        case 2:
+            return launch<2, 0>(s, a);
+        case 3:
+            return launch<3, 0>(s, a);
+        case 4:
+            return launch<4, 0>(s, a);
+        case 5:
+            return launch<5, 0>(s, a);
+        case 6:
+            return launch<6, 0>(s, a);
+        case 7:
+            return launch<7, 0>(s, a);
+        default:
+            return launch<8, 0>(s, a);
+        }
+    }
+    const int dpl = ((D + 31) / 32 + 1) & ~1;
+    switch (dpl) {
+    case 2:
+        return launch_part<2>(s, a);
+    case 4:
+        return launch_part<4>(s, a);
+    case 6:
+        return launch_part<6>(s, a);
+    case 8:
+        return launch_part<8>(s, a);
+    case 10:
+        return launch_part<10>(s, a);
+    case 12:
+        return launch_part<12>(s, a);
+    case 14:
+        return launch_part<14>(s, a);
+    default:
+        return launch_part<16>(s, a);
+    }
+}
+
+bool cu_attn_ok(int head_dim, int n_heads, int n_kv_heads)
+{
+    return head_dim >= 2 && head_dim <= CU_ATTN_MAX_D && head_dim % 2 == 0 && n_kv_heads >= 1 &&
+           n_heads >= n_kv_heads && n_heads <= 65535 && n_heads % n_kv_heads == 0;
+}
+
+int cu_attn_check(void *ctx, int head_dim, int n_heads, int n_kv_heads, struct err *e)
+{
+    (void)ctx;
+    if (cu_attn_ok(head_dim, n_heads, n_kv_heads)) return 0;
+    return err_set(e,
+                   "the CUDA backend runs attention of even head sizes from 2 to %d, with the "
+                   "query heads (up to 65535) a multiple of the KV heads",
+                   CU_ATTN_MAX_D);
+}
+
 void cu_attention(cudaStream_t s, const cu_attn_args &a)
 {
+    assert(cu_attn_ok(a.head_dim, a.n_heads, a.n_kv_heads));
     if (a.decode == 2) return a.head_dim == 64 ? launch_decw<64>(s, a) : launch_decw<128>(s, a);
     if (a.decode) return a.head_dim == 64 ? launch_dec<64>(s, a) : launch_dec<128>(s, a);
     if (a.n_tiles > 0) {
         if (a.head_dim == 64) return launch_tc<64>(s, a);
-        return launch_tc<128>(s, a);
+        if (a.head_dim == 128) return launch_tc<128>(s, a);
+        return launch_tc<256>(s, a);
     }
-    switch (a.head_dim / 32) {
-    case 1:
-        return launch<1>(s, a);
-    case 2:
-        return launch<2>(s, a);
-    case 3:
-        return launch<3>(s, a);
-    case 4:
-        return launch<4>(s, a);
-    case 5:
-        return launch<5>(s, a);
-    case 6:
-        return launch<6>(s, a);
-    case 7:
-        return launch<7>(s, a);
-    default:
-        return launch<8>(s, a);
-    }
+    launch_simt(s, a);
 }

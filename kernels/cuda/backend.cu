@@ -12,6 +12,7 @@
  * step records the same tape (same operations on the same buffers and shapes; the values
  * that change per step live in the metadata buffers), so a step costs one graph launch.
  */
+#include <assert.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -119,19 +120,14 @@ struct cu_ctx {
     int32_t *d_tiles, *h_tiles;
     size_t tiles_cap; /* int32 per table */
     int tile_group[CU_TILE_TABLES], tile_n[CU_TILE_TABLES], n_tile_tables;
-    /* PAGODA_CUDA_ATTN: unset (auto, the default) tensor cores for steps with prompt tokens
-     * or >= 64 tokens (the decode kernel when every token is its sequence's only one), simt
-     * the float32 kernel, tc the 64-row tile kernel for every step, dec the decode kernel for
-     * every decode step and the tile kernel otherwise, where the head size allows */
-    int attn_mode; /* 0 auto, 1 simt, 2 tc, 3 dec */
-    /* the decode kernel's keys in ranges over the GPU for few sequences (PAGODA_CUDA_DEC_SPLIT=0:
-     * one block a token and KV head) */
-    int dec_split;
-    int dec_cluster; /* the decode kernel's ranges merged in a cluster (PAGODA_CUDA_DEC_CLUSTER=0:
-                        off) */
-    /* decode steps of many (token, KV head) pairs over short contexts: a warp a pair
-     * (PAGODA_CUDA_DEC_WARP=0: the block kernel; 2: every decode step) */
-    int dec_warp;
+    /* PAGODA_CUDA_ATTN, a debugging override: unset (auto, the default) tensor cores for
+     * steps with prompt tokens or >= 64 tokens (the decode kernel when every token is its
+     * sequence's only one) where the head size allows, simt the float32 kernel for every
+     * step, tc the 64-row tile kernel for every step whose head size it takes */
+    int attn_mode; /* 0 auto, 1 simt, 2 tc */
+    /* the decode kernel's 2 to CU_ATTN_CLUSTER_MAX key ranges merged in a cluster (compute
+     * capability 9.0 on; more ranges, or older GPUs: by the last range through global memory) */
+    int dec_cluster;
 
     /* scratch */
     __nv_bfloat16 *xb;
@@ -174,9 +170,6 @@ struct cu_ctx {
     /* 1: the bf16 matrices of a q/k/v set could not be moved next to each other; their
      * products then run apart */
     int fuse_failed;
-    /* decode attention writes the bf16 copy of its result that the o product reads
-     * (PAGODA_CUDA_ATTN_BF16=0: off) */
-    int attn_bf16;
     float *ycat;
     size_t ycat_cap;
     cudaStream_t side[2];
@@ -1184,7 +1177,7 @@ static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweig
         lt && ((prev->kind == OP_ACT && prev->p[0] == x && prev->n == (int64_t)m * d.k) ||
                ((prev->kind == OP_RMS || prev->kind == OP_ADD_RMS) && prev->p[0] == x &&
                 prev->i[0] == m && prev->i[1] == d.k) ||
-               (prev->kind == OP_ATTN && c->attn_bf16 && prev->att.decode && prev->att.out == x &&
+               (prev->kind == OP_ATTN && prev->att.decode && prev->att.out == x &&
                 prev->att.n_tokens == m && (int64_t)prev->att.n_heads * prev->att.head_dim == d.k));
     if (pre && prev->kind == OP_ATTN)
         prev->att.outb = c->xb;
@@ -1353,12 +1346,7 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
                             const struct attn_params *p)
 {
     cu_ctx *c = (cu_ctx *)ctx;
-    if (p->head_dim % 32 || p->head_dim > 256 || p->n_heads % p->n_kv_heads) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "head_dim %d with %d/%d heads is not supported", p->head_dim,
-                 p->n_heads, p->n_kv_heads);
-        cu_fatal("attention", msg, __FILE__, __LINE__);
-    }
+    assert(cu_attn_ok(p->head_dim, p->n_heads, p->n_kv_heads)); /* attn_check at load */
     cu_attn_args a;
     memset(&a, 0, sizeof a);
     a.q = q;
@@ -1387,10 +1375,11 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
      * then holds many rows or its key tiles are few; and the decode kernel for every decode
      * step, whose keys go in ranges over the GPU when the sequences are few (one sequence of
      * 1024 + 64 tokens: 239.8 against 216.7 tokens/s with the float32 kernel's splits, of
-     * 4096 + 32: 230.8 against 191.9). Otherwise the float32 kernel. */
+     * 4096 + 32: 230.8 against 191.9). Otherwise the float32 kernel, which takes every head
+     * size (the decode kernels take 64 and 128, the tile kernel 256 as well). */
     const int dec = b->n_tokens == b->n_seqs && cu_attn_dec_ok(p->head_dim, group);
     int use_tc = !c->invariant && cu_attn_tc_ok(p->head_dim) && c->attn_mode != 1 &&
-                 (c->attn_mode >= 2 || b->n_tokens > b->n_seqs || b->n_tokens >= 64 || dec);
+                 (c->attn_mode == 2 || b->n_tokens > b->n_seqs || b->n_tokens >= 64 || dec);
     /* Decode steps (one token a sequence): the decode kernel, whose warps split the keys,
      * unless PAGODA_CUDA_ATTN=tc asks for the 64-row tiles. */
     if (use_tc && dec && c->attn_mode != 2) {
@@ -1400,7 +1389,7 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
          * after the others (the longest over 1,024 keys and over twice the mean); few
          * sequences: their keys in ranges over the GPU, merged by the last range */
         const int pairs = b->n_tokens * p->n_kv_heads;
-        if (c->dec_warp && (c->dec_warp == 2 || pairs >= 4 * c->prop.multiProcessorCount)) {
+        if (pairs >= 4 * c->prop.multiProcessorCount) {
             int64_t longest = 0, total = 0;
             for (int t = 0; t < b->n_tokens; t++) {
                 int64_t keys = (int64_t)b->pos[t] + 1;
@@ -1408,14 +1397,11 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
                 if (keys > longest) longest = keys;
                 total += keys;
             }
-            if (c->dec_warp == 2 || longest <= CU_ATTN_DECW_KEYS ||
-                longest * b->n_tokens <= 2 * total)
-                a.decode = 2;
+            if (longest <= CU_ATTN_DECW_KEYS || longest * b->n_tokens <= 2 * total) a.decode = 2;
         }
-        a.splits = c->dec_split && a.decode == 1
-                       ? cu_attn_dec_splits(b->n_tokens, p->n_kv_heads, max_keys,
-                                            c->prop.multiProcessorCount)
-                       : 1;
+        a.splits = a.decode == 1 ? cu_attn_dec_splits(b->n_tokens, p->n_kv_heads, max_keys,
+                                                      c->prop.multiProcessorCount)
+                                 : 1;
         a.cluster = c->dec_cluster && a.splits > 1 && a.splits <= CU_ATTN_CLUSTER_MAX;
         if (a.splits > 1) {
             attn_part(c, b, p, &a);
@@ -1776,6 +1762,7 @@ static const struct backend_ops cuda_ops = {
     .download = cu_download,
     .weight_prepare = cu_weight_prepare,
     .batch_begin = cu_batch_begin,
+    .attn_check = cu_attn_check,
     .embed = cu_embed_op,
     .matmul = cu_matmul_op,
     .add_bias = cu_add_bias_op,
@@ -1792,6 +1779,15 @@ static const struct backend_ops cuda_ops = {
     .picks = cu_picks,
     .destroy = cu_destroy,
     .sample = NULL,
+    /* the hybrid and MoE operations are not on this backend yet: models that need them are
+     * refused when they load */
+    .rope_partial = NULL,
+    .split_qgate = NULL,
+    .gate_mul = NULL,
+    .rms_norm_gated = NULL,
+    .delta_net = NULL,
+    .moe = NULL,
+    .copy = NULL,
 };
 
 int backend_cuda_device_count(void)
@@ -1864,17 +1860,10 @@ int backend_cuda_create(struct backend *be, int device, struct err *e)
     env = getenv("PAGODA_CUDA_BATCH_INVARIANT");
     c->invariant = env && !strcmp(env, "1");
     env = getenv("PAGODA_CUDA_ATTN");
-    c->attn_mode = env && !strcmp(env, "tc")     ? 2
-                   : env && !strcmp(env, "dec")  ? 3
-                   : env && !strcmp(env, "simt") ? 1
-                                                 : 0;
+    c->attn_mode = env && !strcmp(env, "tc") ? 2 : env && !strcmp(env, "simt") ? 1 : 0;
     if (c->attn_mode != 1) cu_attention_init();
     cu_gemv_tc_init();
-    c->dec_split = env_flag("PAGODA_CUDA_DEC_SPLIT", 1);
-    c->dec_cluster = c->prop.major >= 9 && env_flag("PAGODA_CUDA_DEC_CLUSTER", 1);
-    env = getenv("PAGODA_CUDA_DEC_WARP");
-    c->dec_warp = env && !strcmp(env, "0") ? 0 : env && !strcmp(env, "2") ? 2 : 1;
-    c->attn_bf16 = env_flag("PAGODA_CUDA_ATTN_BF16", 1);
+    c->dec_cluster = c->prop.major >= 9;
     /* the products of a set of more than 8 rows over one x run at the same time on side
      * streams, each with its own cuBLASLt workspace */
     CU(cudaEventCreateWithFlags(&c->fork, cudaEventDisableTiming));

@@ -178,11 +178,22 @@ struct cu_attn_args {
 /* The most ranges the decode kernel merges within a cluster (the portable cluster size). */
 #define CU_ATTN_CLUSTER_MAX 8
 
+/* The largest head size attention runs (any even one up to it, on CUDA cores). */
+#define CU_ATTN_MAX_D 512
+/** Whether attention runs this shape: an even head_dim up to CU_ATTN_MAX_D, n_heads (up to
+ * 65535, the grid's y limit) a multiple of n_kv_heads. */
+bool cu_attn_ok(int head_dim, int n_heads, int n_kv_heads);
+struct err;
+/** backend_ops.attn_check: cu_attn_ok, or -1 with a message naming the supported shapes.
+ * It reads no device state (ctx unused), so tests call it without a GPU. */
+extern "C" int cu_attn_check(void *ctx, int head_dim, int n_heads, int n_kv_heads, struct err *e);
+
 /* Query rows per block of the tensor-core attention kernel. */
 #define CU_ATTN_TC_ROWS 64
-/** Whether the tensor-core attention kernel takes this head size. */
+/** Whether the tensor-core attention kernel takes this head size (64, 128, 256). */
 bool cu_attn_tc_ok(int head_dim);
-/** Whether the tensor-core decode attention kernel takes this head size and GQA group. */
+/** Whether the tensor-core decode attention kernels take this head size (64, 128) and GQA
+ * group (up to 16). */
 bool cu_attn_dec_ok(int head_dim, int group);
 /* The longest context a decode step takes to k_attention_decw whatever the others' (a
  * pair's keys are one warp's work; longer ones when the mean is over half of it). */

@@ -10,20 +10,23 @@
  *     affine 4-bit at m = 1 on tensor cores (x rounded to fp16): 2e-3;
  *   - attention (bf16 KV rows; inputs pre-rounded to bf16 so both sides see equal keys
  *     and values; fast exponentials): 1e-4 for the float32 kernel, 1e-2 for the
- *     tensor-core kernel (queries and probabilities rounded to bf16 as operands);
+ *     tensor-core kernels (queries and probabilities rounded to bf16 as operands);
  *   - sampling: the token the definition of backend_ops.sample gives, computed in double.
  * Sections (named on the command line after the test data folder; none: all): the default
  * backend (its shapes reach every one-row 4-bit kernel: the streaming one in 16- and 8-row
  * tiles, the ring one for k not a multiple of 256, the register one for groups of 256), then
- * each switch in a backend of its own with only its variable set: attention-simt /
- * attention-tc / attention-dec (PAGODA_CUDA_ATTN; the default picks per step), sample
- * (PAGODA_CUDA_SAMPLE=1, the default), no-fuse (PAGODA_CUDA_FUSE=0: every operation in a
- * launch of its own, rope and the KV store included), invariant
- * (PAGODA_CUDA_BATCH_INVARIANT=1: every product through the matrix-vector kernels, 8 rows a
- * launch), the decode-layer and attention sections of the decode attention switches, and
- * stream (the one-row 16-bit products at the 8B widths). Every output buffer is poisoned with
- * NaN before the CUDA run, so unwritten elements fail. Without a GPU the test prints "no GPU:
- * not run" and exits 77 (skipped).
+ * each switch in a backend of its own with only its variable set: attn-check
+ * (backend_ops.attn_check over every head size), attention (the default's choice per step
+ * over every case, head sizes 2 to 512), attention-simt / attention-tc (PAGODA_CUDA_ATTN=simt:
+ * the float32 kernel for every step; tc: the tile kernel wherever the head size allows),
+ * attention-invariant (PAGODA_CUDA_BATCH_INVARIANT=1: the float32 kernel in fixed key ranges,
+ * and a token's rows equal alone and in a batch), sample (PAGODA_CUDA_SAMPLE=1, the default),
+ * no-fuse (PAGODA_CUDA_FUSE=0: every operation in a launch of its own, rope and the KV store
+ * included), invariant (PAGODA_CUDA_BATCH_INVARIANT=1: every product through the
+ * matrix-vector kernels, 8 rows a launch), decode-layers (whole decode layers: one warp a
+ * pair, ranges merged through global memory) and stream (the one-row 16-bit products at the
+ * 8B widths). Every output buffer is poisoned with NaN before the CUDA run, so unwritten
+ * elements fail. Without a GPU the test prints "no GPU: not run" and exits 77 (skipped).
  */
 #include <math.h>
 #include <stdio.h>
@@ -991,8 +994,9 @@ static void step_batch_free(struct step_batch *sb)
  * (from ctx_base + 11 on, below max_blocks x 16 - 5 earlier keys; block tables interleaved
  * across sequences). Decode steps run the decode kernel (keys split among a block's warps);
  * with few sequences it splits their keys into ranges over the GPU (blocks of a token and KV
- * head), merged by the last range's block; with 4 (token, KV head) pairs an SM or more (70
- * sequences of 8 KV heads on 132 SMs), a warp takes each pair whole.
+ * head), merged within a cluster (up to 8 ranges) or by the last range's block (more); with
+ * 4 (token, KV head) pairs an SM or more (70 sequences of 8 KV heads on 132 SMs), a warp
+ * takes each pair whole.
  */
 static void test_attention_decode_ctx(int n_seqs, int n_heads, int n_kv, int hd, int window,
                                       float softcap, int max_blocks, int ctx_base)
@@ -1076,6 +1080,13 @@ static void test_attention_decodes(void)
     test_attention_decode(66, 8, 4, 128, 40, 30.0f); /* window and soft-capping */
     test_attention_decode(67, 12, 4, 64, 0, 0);      /* 3 */
     test_attention_decode(5, 32, 8, 128, 0, 0);      /* few sequences */
+    test_attention_decode(6, 32, 2, 128, 0, 0);      /* few, 16 query heads per KV head */
+    /* 640 pairs and more (a warp a pair up to 160 SMs): both head sizes, groups up to 8 and
+     * of 16 rows, window and soft-capping */
+    test_attention_decode(80, 128, 8, 128, 0, 0);     /* 16 */
+    test_attention_decode(160, 64, 4, 64, 0, 0);      /* 16 */
+    test_attention_decode(170, 12, 4, 64, 0, 0);      /* 3 */
+    test_attention_decode(80, 64, 8, 128, 40, 30.0f); /* 8, window and soft-capping */
     /* one sequence of 911 keys (16 ranges of 64 where the decode kernel runs), three of 34
      * to 248 (4 ranges: some of them empty), windows of 40 keys in 8 ranges */
     test_attention_decode_ctx(1, 32, 8, 128, 0, 0, 64, 900);
@@ -1259,7 +1270,49 @@ static void decode_layers_section(void)
         test_decode_layers(3, 128, 16, 90);  /* few sequences: key ranges, merged by the last */
         test_decode_layers(1, 64, 16, 60);   /* one sequence: the one-row products */
         test_decode_layers(1, 128, 16, 150); /* heads of 128, 159 keys */
+        /* 908 keys in 16 ranges: merged by the last range through global memory */
+        test_decode_layers(1, 128, 64, 900);
+        test_decode_layers(320, 64, 8, 0); /* 640 pairs: a warp a (sequence, KV head) pair */
     }
+}
+
+/*
+ * Head sizes other than 64 and 128: prefill, mixed and decode steps. Those that are not a
+ * multiple of 32 (or over 256) run the float32 kernel with lanes that hold fewer dimensions
+ * than the others or none; the sizes below take each of its layouts (dimensions a lane,
+ * load width): 2, 48, 50 (2, 2; 1, 24 and 25 lanes), 80, 112 (4, 4), 102 (4, 2: the last lane
+ * half full), 176 (6, 2), 200 (8, 8), 226 (8, 2), 320 (10, 2), 354 (12, 2), 384 (12, 4),
+ * 448 (14, 2), 510 (16, 2), 512 (16, 8). 256 also runs the tile kernel on tensor cores
+ * (steps with prompt tokens or 64 tokens and more).
+ */
+static void test_attention_head_sizes(void)
+{
+    test_attention_case(6, 2, 48, 0, 0);       /* 3 query heads a KV head */
+    test_attention_case(16, 2, 48, 24, 30.0f); /* 8, window and soft-capping */
+    test_attention_case(6, 2, 80, 0, 0);
+    test_attention_case(16, 2, 80, 0, 50.0f);
+    test_attention_case(14, 2, 112, 24, 0); /* 7: a block of 4 heads and one of 3 */
+    test_attention_case(12, 4, 96, 0, 0);
+    test_attention_case(12, 4, 192, 0, 0);
+    test_attention_case(16, 2, 256, 0, 0);
+    test_attention_case(6, 2, 256, 24, 50.0f);
+    test_attention_case(32, 1, 256, 0, 0); /* 32 query heads a KV head */
+    test_attention_case(6, 2, 512, 0, 0);
+    test_attention_case(16, 2, 512, 24, 30.0f);
+    const int odd[] = {2, 50, 102, 176, 200, 226, 320, 354, 384, 448, 510};
+    for (int i = 0; i < (int)(sizeof odd / sizeof odd[0]); i++)
+        test_attention_case(6, 2, odd[i], 0, 0);
+    /* decode steps: few sequences split their keys into ranges (merged after); 70 of them
+     * take the tile kernel at 256 */
+    test_attention_decode(5, 6, 2, 48, 0, 0);
+    test_attention_decode(3, 16, 2, 80, 40, 30.0f);
+    test_attention_decode(2, 14, 2, 112, 0, 0);
+    test_attention_decode(4, 16, 2, 256, 0, 0);
+    test_attention_decode(70, 16, 2, 256, 0, 0);
+    test_attention_decode(66, 6, 2, 80, 0, 0);
+    test_attention_decode(3, 6, 2, 512, 40, 0);
+    test_attention_decode_ctx(1, 16, 2, 512, 0, 0, 64, 900); /* 911 keys */
+    test_attention_decode_ctx(1, 6, 2, 102, 0, 50.0f, 64, 600);
 }
 
 static void test_attention(void)
@@ -1274,6 +1327,108 @@ static void test_attention(void)
     test_attention_case(8, 4, 128, 0, 50.0f); /* soft-capping, 128-wide heads */
     test_attention_case(8, 1, 64, 40, 30.0f); /* 8 heads per KV head, both */
     test_attention_decodes();
+    test_attention_head_sizes();
+}
+
+/*
+ * Batch-invariant mode: the first sequence's decode token gives the same rows, bit for bit,
+ * in a step of n_seqs sequences and in a step of its own (the float32 kernel's key ranges
+ * are fixed, whatever the batch).
+ */
+static void test_attention_invariant_case(int n_seqs, int n_heads, int n_kv, int hd)
+{
+    const int bs = 16, max_blocks = 16, n_blocks = n_seqs * max_blocks, kv_row = n_kv * hd;
+    int32_t *bt = interleaved_tables(n_seqs, max_blocks);
+    int32_t *ctx = xmalloc(sizeof(int32_t) * (size_t)n_seqs);
+    for (int s = 0; s < n_seqs; s++) ctx[s] = (s * 37 + 100) % (bs * max_blocks - 5);
+    const size_t kv_elems = (size_t)n_blocks * bs * kv_row, nq1 = (size_t)n_heads * hd;
+    struct kv_layer kv = {gpu.ops->alloc(gpu.ctx, kv_elems * 2),
+                          gpu.ops->alloc(gpu.ctx, kv_elems * 2)};
+    struct kv_geom g = {n_blocks, bs, n_kv, hd};
+    struct attn_params p = {n_heads, n_kv, hd, 1.0f / sqrtf((float)hd), 0.0f, 0};
+    float *rows[2] = {NULL, NULL};
+    /* step 0 stores the earlier keys, step 1 decodes every sequence, step 2 (as step 1 of
+     * one sequence) the first alone with the same query, key and value */
+    float *q = NULL, *k = NULL, *v = NULL;
+    for (int step = 0; step < 3; step++) {
+        struct step_batch sb;
+        step_batch_make(&sb, step > 0, step == 2 ? 1 : n_seqs, ctx, bt, max_blocks, bs);
+        const int nt = sb.b.n_tokens;
+        const size_t nk = (size_t)nt * kv_row, nq = (size_t)nt * nq1;
+        if (step < 2) {
+            free(q);
+            free(k);
+            free(v);
+            q = rvec(nq);
+            k = rvec(nk);
+            v = rvec(nk);
+            for (size_t i = 0; i < nk; i++) {
+                k[i] = round_bf16(k[i] * 2.0f);
+                v[i] = round_bf16(v[i]);
+            }
+        }
+        float *dk = dev(k, nk), *dv = dev(v, nk);
+        gpu.ops->batch_begin(gpu.ctx, &sb.b);
+        gpu.ops->kv_store(gpu.ctx, &kv, &g, dk, dv, &sb.b);
+        if (step) {
+            float *dq = dev(q, nq), *dout = poisoned(nq);
+            gpu.ops->attention(gpu.ctx, dout, dq, &kv, &g, &sb.b, &p);
+            rows[step - 1] = back(dout, nq1); /* the first token's rows */
+            gpu.ops->free(gpu.ctx, dq);
+            gpu.ops->free(gpu.ctx, dout);
+        }
+        gpu.ops->free(gpu.ctx, dk);
+        gpu.ops->free(gpu.ctx, dv);
+        step_batch_free(&sb);
+    }
+    CHECK(!memcmp(rows[0], rows[1], sizeof(float) * nq1),
+          "batch-invariant attention heads %d/%d d=%d: the first token's rows differ alone and "
+          "among %d sequences",
+          n_heads, n_kv, hd, n_seqs);
+    free(rows[0]);
+    free(rows[1]);
+    free(q);
+    free(k);
+    free(v);
+    gpu.ops->free(gpu.ctx, kv.k);
+    gpu.ops->free(gpu.ctx, kv.v);
+    free(bt);
+    free(ctx);
+}
+
+/* The CUDA backend's attn_check (kernels/cuda/attention.cu), called without a backend too:
+ * it reads no device state. */
+int cu_attn_check(void *ctx, int head_dim, int n_heads, int n_kv_heads, struct err *e);
+
+/* An attn_check: every even head size up to 512 with GQA groups of 1 to 32 runs; odd, zero
+ * and larger sizes and query heads that are not a multiple of the KV heads are refused with
+ * a message that names the supported sizes. */
+static void check_attn_check(int (*check)(void *, int, int, int, struct err *), void *ctx)
+{
+    const int heads[][2] = {{1, 1}, {6, 2}, {16, 2}, {32, 8}, {16, 1}, {28, 4}, {32, 1}, {64, 64}};
+    struct err e = {0};
+    for (int d = 2; d <= 512; d += 2)
+        for (int i = 0; i < (int)(sizeof heads / sizeof heads[0]); i++) {
+            int r = check(ctx, d, heads[i][0], heads[i][1], &e);
+            CHECK(r == 0, "attn_check head_dim %d, %d/%d heads: %d (%s)", d, heads[i][0],
+                  heads[i][1], r, e.msg);
+        }
+    const int bad[][3] = {{0, 8, 2},   {-2, 8, 2},   {1, 8, 2},  {47, 6, 2}, {514, 8, 2},
+                          {576, 8, 2}, {1024, 8, 2}, {64, 6, 4}, {64, 2, 4}, {64, 8, 0}};
+    for (int i = 0; i < (int)(sizeof bad / sizeof bad[0]); i++) {
+        e.msg[0] = 0;
+        int r = check(ctx, bad[i][0], bad[i][1], bad[i][2], &e);
+        CHECK(r == -1 && strstr(e.msg, "even head sizes") && strstr(e.msg, "512"),
+              "attn_check head_dim %d, %d/%d heads: %d, message '%s'", bad[i][0], bad[i][1],
+              bad[i][2], r, e.msg);
+    }
+}
+
+/* The backend's operation table has it. */
+static void test_attn_check(void)
+{
+    CHECK(gpu.ops->attn_check != NULL, "the CUDA backend has no attn_check");
+    if (gpu.ops->attn_check) check_attn_check(gpu.ops->attn_check, gpu.ctx);
 }
 
 /* Canonical order of backend_ops.sample: larger value first, then lower index. */
@@ -1550,18 +1705,24 @@ static void attention_simt(void)
     test_attention();
 }
 
+/* Tensor cores where the head size and the step allow (the default), or the tile kernel
+ * wherever the head size allows (PAGODA_CUDA_ATTN=tc). */
 static void attention_tc(void)
 {
     attn_bound = 1e-2;
     test_attention();
 }
 
-/* Every decode case, through the kernel its section's variable chooses (the warp-a-pair
- * kernel, which the default takes for steps of many pairs only; the block kernel). */
-static void attention_decodes_section(void)
+/* PAGODA_CUDA_BATCH_INVARIANT=1: the float32 kernel in fixed key ranges for every step. */
+static void attention_invariant(void)
 {
-    attn_bound = 1e-2;
-    test_attention_decodes();
+    attn_bound = 1e-4;
+    test_attention();
+    test_attention_invariant_case(5, 6, 2, 48);
+    test_attention_invariant_case(7, 16, 2, 80);
+    test_attention_invariant_case(3, 32, 8, 128);
+    test_attention_invariant_case(4, 16, 2, 256);
+    test_attention_invariant_case(6, 8, 2, 512);
 }
 
 /* The default backend: products, element-wise operations, fusions, rope + KV store. */
@@ -1586,18 +1747,15 @@ static const struct {
     void (*fn)(void);
 } sections[] = {
     {"default", NULL, NULL, default_section},
+    {"attn-check", NULL, NULL, test_attn_check},
+    {"attention", NULL, NULL, attention_tc},
     {"attention-simt", "PAGODA_CUDA_ATTN", "simt", attention_simt},
     {"attention-tc", "PAGODA_CUDA_ATTN", "tc", attention_tc},
-    {"attention-dec", "PAGODA_CUDA_ATTN", "dec", attention_tc},
-    {"attention-decw", "PAGODA_CUDA_DEC_WARP", "2", attention_decodes_section},
-    {"attention-dec-blocks", "PAGODA_CUDA_DEC_WARP", "0", attention_decodes_section},
+    {"attention-invariant", "PAGODA_CUDA_BATCH_INVARIANT", "1", attention_invariant},
     {"sample", "PAGODA_CUDA_SAMPLE", "1", sample_section},
     {"no-fuse", "PAGODA_CUDA_FUSE", "0", no_fuse_section},
     {"invariant", "PAGODA_CUDA_BATCH_INVARIANT", "1", products_and_fusions},
     {"decode-layers", NULL, NULL, decode_layers_section},
-    {"decode-layers-attn32", "PAGODA_CUDA_ATTN_BF16", "0", decode_layers_section},
-    {"decode-layers-decw", "PAGODA_CUDA_DEC_WARP", "2", decode_layers_section},
-    {"decode-layers-global-merge", "PAGODA_CUDA_DEC_CLUSTER", "0", decode_layers_section},
     {"stream", NULL, NULL, stream_section},
 };
 #define N_SECTIONS (int)(sizeof sections / sizeof sections[0])
@@ -1614,7 +1772,13 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    int want_check = argc <= 2;
+    for (int a = 2; a < argc; a++) want_check |= !strcmp(argv[a], "attn-check");
     if (!backend_cuda_available()) {
+        if (want_check) { /* the one part that needs no GPU */
+            check_attn_check(cu_attn_check, NULL);
+            if (test_failures) TEST_DONE();
+        }
         printf("no GPU: not run (this test compares the CUDA backend with the CPU one)\n");
         return 77;
     }
