@@ -597,7 +597,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < nn; i++) {
         char dir[4200], arch[128];
         snprintf(dir, sizeof dir, "%s/%s", mdir, names[i]);
-        int ok = golden_arch(dir, arch, sizeof arch);
+        int ok = golden_arch(dir, arch, sizeof arch) && golden_device_runs(arch, device);
         if (!ok) {
             free(names[i]);
             continue;

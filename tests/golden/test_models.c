@@ -179,7 +179,22 @@ static int check_folder(const char *bin, const char *dir, const char *name)
     char path[8192], arch[128];
     int ok = golden_arch(dir, arch, sizeof arch);
     if (!ok) {
-        printf("%-24s %s: not a dense architecture of this engine, not compared\n", name, arch);
+        printf("%-24s %s: not an architecture of this engine, not compared\n", name, arch);
+        return 0;
+    }
+    if (!golden_device_runs(arch, device)) {
+        /* refused when it loads, with a message naming what is missing: never mid-step */
+        char cmd[9000];
+        snprintf(cmd, sizeof cmd,
+                 "%s score --device %s --model %s --prompt-ids '1 2' 2>&1; echo exit=$?", bin,
+                 device, dir);
+        char *out = run(cmd);
+        CHECK(out && strstr(out, "does not run yet") && strstr(out, "exit=1"),
+              "%s: the %s backend should refuse %s at load time: %s", name, device, arch,
+              out ? out : "(no output)");
+        free(out);
+        printf("%-24s %s: refused by the %s backend at load time, not compared\n", name, arch,
+               device);
         return 0;
     }
     snprintf(path, sizeof path, "%s/golden.json", dir);
