@@ -80,7 +80,10 @@ const char arg_engine_usage[] =
     "  --max-model-len N           context length (default: the model's)\n"
     "  --no-enable-prefix-caching  no prefix sharing between requests\n"
     "  --disable-overlap-schedule  read each step's tokens before the next step starts\n"
-    "  --mlock                     lock the weights in memory (never paged out)\n";
+    "  --mlock                     lock the weights in memory (never paged out)\n"
+    "  --hybrid-state-interval N   hybrid models: also keep a recurrent-state snapshot every N\n"
+    "                              blocks of a sequence, for prefix hits (default 0: at the end\n"
+    "                              of each prompt's last full block and of a finished one's)\n";
 
 static int parse_bytes(const char *opt, const char *v, size_t *out)
 {
@@ -130,6 +133,13 @@ int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg)
     }
     if (!strcmp(a, "--disable-overlap-schedule")) {
         cfg->overlap = -1;
+        return 1;
+    }
+    if (!strcmp(a, "--hybrid-state-interval")) {
+        const char *v = arg_value(argc, argv, i);
+        long x;
+        if (!v || arg_int(a, v, 0, 1 << 20, &x)) return -1;
+        cfg->hybrid_state_interval = (int)x;
         return 1;
     }
     if (!strcmp(a, "--device")) {

@@ -106,8 +106,13 @@ int cli_info(int argc, char **argv)
     size_t resident = wbytes + act + ((size_t)64 << 20); /* + library workspace, graphs */
     size_t budget = backend_kv_budget(&bi, util, resident);
     size_t kv_blocks = kv_tok ? budget / (kv_tok * 16) : 0;
-    int sliding = 0;
-    for (int l = 0; l < c->n_layers; l++) sliding += c->layer_kinds[l] == LAYER_SLIDING;
+    int sliding = 0, linear = 0, moe = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        sliding += c->layer_kinds[l] == LAYER_SLIDING;
+        linear += c->layer_kinds[l] == LAYER_LINEAR;
+        moe += c->layer_moe[l];
+    }
+    size_t state_seq = model_state_bytes(m); /* float32 recurrent state of one sequence */
     if (json) {
         printf("{\"architecture\": \"%s\", \"family\": \"%s\", \"hidden_size\": %d, "
                "\"num_layers\": %d, \"num_heads\": %d, \"num_kv_heads\": %d, \"head_dim\": %d, "
@@ -123,12 +128,16 @@ int cli_info(int argc, char **argv)
             printf("%s{\"format\": \"%s\", \"parameters\": %lld, \"bits_per_weight\": %.3f}",
                    i ? ", " : "", t[i].name, (long long)t[i].params,
                    8.0 * (double)t[i].bytes / (double)t[i].params);
-        printf("], \"memory\": {\"weights\": %zu, \"kv_per_token\": %zu, "
-               "\"kv_full_context\": %zu, \"activations\": %zu, \"total\": %zu}, "
+        printf("], \"linear_attention_layers\": %d, \"moe_layers\": %d, \"experts\": %d, "
+               "\"experts_per_token\": %d, \"expert_ffn\": %d, \"shared_expert_ffn\": %d, "
+               "\"memory\": {\"weights\": %zu, \"kv_per_token\": %zu, "
+               "\"state_per_sequence\": %zu, \"kv_full_context\": %zu, \"activations\": %zu, "
+               "\"total\": %zu}, "
                "\"device\": {\"name\": \"%s\", \"memory\": %zu, \"free\": %zu, "
                "\"kv_value_bytes\": %d",
-               wbytes, kv_tok, kv_ctx, act, wbytes + kv_ctx + act, bi.device, bi.mem_total,
-               bi.mem_free, bi.kv_value_bytes);
+               linear, moe, c->moe.n_experts, c->moe.top_k, c->moe.inner, c->moe.shared_inner,
+               wbytes, kv_tok, state_seq, kv_ctx, act, wbytes + kv_ctx + state_seq + act, bi.device,
+               bi.mem_total, bi.mem_free, bi.kv_value_bytes);
         if (gpu)
             printf(", \"gpu_memory_utilization\": %.3f, \"kv_pool_bytes\": %zu, "
                    "\"kv_blocks\": %zu, \"kv_tokens\": %zu",
@@ -138,6 +147,16 @@ int cli_info(int argc, char **argv)
         printf("architecture    %s (%s)\n", c->arch_name, c->arch->family);
         printf("dimensions      hidden %d, %d layers, %d heads / %d kv heads of %d, ffn %d\n",
                c->hidden, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn);
+        if (linear)
+            printf("layers          %d Gated DeltaNet (%d key / %d value heads of %d / %d, conv "
+                   "%d), %d full attention%s\n",
+                   linear, c->lin.n_k_heads, c->lin.n_v_heads, c->lin.k_dim, c->lin.v_dim,
+                   c->lin.conv_k, c->n_layers - linear, c->attn_gate ? " with an output gate" : "");
+        if (moe)
+            printf("experts         %d layers of %d experts, top %d, width %d", moe,
+                   c->moe.n_experts, c->moe.top_k, c->moe.inner);
+        if (moe && c->moe.shared_inner) printf(", shared expert of %d", c->moe.shared_inner);
+        if (moe) printf("\n");
         printf("vocabulary      %d\n", c->vocab);
         printf("context         %d tokens", c->max_pos);
         if (sliding)
@@ -151,10 +170,14 @@ int cli_info(int argc, char **argv)
             printf("  %-12s  %lld parameters, %.3f bits per weight\n", t[i].name,
                    (long long)t[i].params, 8.0 * (double)t[i].bytes / (double)t[i].params);
         printf("memory          weights %.2f MiB + KV %.2f MiB for the full context "
-               "(%zu bytes/token, %s) + activations %.2f MiB = %.2f MiB\n",
+               "(%zu bytes/token, %s)",
                (double)wbytes / 1048576.0, (double)kv_ctx / 1048576.0, kv_tok,
-               bi.kv_value_bytes == 2 ? "bf16" : "float32", (double)act / 1048576.0,
-               (double)(wbytes + kv_ctx + act) / 1048576.0);
+               bi.kv_value_bytes == 2 ? "bf16" : "float32");
+        if (state_seq)
+            printf(" + recurrent state %.2f MiB (%zu bytes/sequence, float32)",
+                   (double)state_seq / 1048576.0, state_seq);
+        printf(" + activations %.2f MiB = %.2f MiB\n", (double)act / 1048576.0,
+               (double)(wbytes + kv_ctx + state_seq + act) / 1048576.0);
         printf("device          %s, %.2f GiB (%.2f GiB free)\n", bi.device,
                (double)bi.mem_total / 1073741824.0, (double)bi.mem_free / 1073741824.0);
         if (gpu)

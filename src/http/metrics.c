@@ -149,6 +149,15 @@ static void engine_render(const struct engine_stats *st, struct http_buf *o)
     head(o, "pagoda_kv_usage_ratio", "gauge", "Fraction of KV cache blocks in use.");
     http_buf_printf(o, "pagoda_kv_usage_ratio %.6f\n",
                     st->kv_blocks_total ? (double)st->kv_blocks_used / st->kv_blocks_total : 0.0);
+    head(o, "pagoda_state_slots", "gauge",
+         "Recurrent-state slots of hybrid models by state (0 for other models).");
+    http_buf_printf(
+        o,
+        "pagoda_state_slots{state=\"total\"} %d\npagoda_state_slots{state=\"used\"} %d\n"
+        "pagoda_state_slots{state=\"free\"} %d\npagoda_state_slots{state=\"cached\"} %d\n",
+        st->state_slots_total, st->state_slots_used, st->state_slots_free, st->state_slots_cached);
+    head(o, "pagoda_state_slot_bytes", "gauge", "Bytes of one recurrent-state slot.");
+    http_buf_printf(o, "pagoda_state_slot_bytes %zu\n", st->state_bytes);
     head(o, "pagoda_prefix_cache_queries_total", "counter",
          "Prompt tokens looked up in the prefix cache.");
     http_buf_printf(o, "pagoda_prefix_cache_queries_total %llu\n",

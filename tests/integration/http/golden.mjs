@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { startServer, run, test, postJson, TESTDATA } from './lib.mjs';
 
-const MODELS = ['llama-tiny', 'qwen3-tiny', 'gemma3-tiny'];
+const MODELS = ['llama-tiny', 'qwen3-tiny', 'gemma3-tiny', 'qwen3moe-tiny', 'qwen3_5_moe-tiny'];
 const tests = [];
 for (const model of MODELS) {
   tests.push(test(`golden greedy tokens over HTTP: ${model}`, async () => {
@@ -45,4 +45,27 @@ for (const model of MODELS) {
     }
   }));
 }
+// A hybrid model resumes a repeated prompt from the recurrent-state snapshot taken at the end
+// of its last full block: 32 of its 40 tokens cached, the same greedy tokens, and the
+// snapshot visible in /metrics.
+tests.push(test('hybrid prefix cache over HTTP: qwen3_5-tiny', async () => {
+  const srv = await startServer('qwen3_5-tiny');
+  try {
+    const prompt = Array.from({ length: 40 }, (_, i) => (i * 37 + 11) % 2000);
+    const body = { model: 'qwen3_5-tiny', prompt, max_tokens: 6, temperature: 0, ignore_eos: true };
+    const a = await postJson(srv.base, '/v1/completions', body);
+    const b = await postJson(srv.base, '/v1/completions', body);
+    assert.equal(a.status, 200, a.text);
+    assert.equal(b.status, 200, b.text);
+    assert.equal(a.json.usage.prompt_tokens_details.cached_tokens, 0);
+    assert.equal(b.json.usage.prompt_tokens_details.cached_tokens, 32);
+    assert.equal(b.json.choices[0].text, a.json.choices[0].text);
+    const metrics = await (await fetch(`${srv.base}/metrics`)).text();
+    const slots = (state) => Number(new RegExp(`^pagoda_state_slots\\{state="${state}"\\} (\\d+)$`, 'm')
+      .exec(metrics)[1]);
+    assert.ok(slots('total') > 0 && slots('cached') >= 1 && slots('used') === 0, metrics);
+  } finally {
+    await srv.stop();
+  }
+}));
 await run(tests);

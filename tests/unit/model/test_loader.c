@@ -254,9 +254,43 @@ static void test_config_layouts(const char *testdata)
               c.rope_full.orig_max_pos == 64 && c.rope_full.theta == 500000.0,
           "llama3 rope parameters");
     config_dispose(&c);
-    /* per-layer quantization overrides */
+    /* routed experts, with the router kept at 8 bits by a per-layer override (MLX) */
     snprintf(dir, sizeof dir, "%s/models/qwen3moe-tiny-mlx4", testdata);
-    CHECK(config_load(&c, dir, &e) != 0, "qwen3moe is not a dense architecture");
+    CHECK(config_load(&c, dir, &e) == 0, "qwen3moe config: %s", e.msg);
+    CHECK(c.moe.n_experts == 8 && c.moe.top_k == 2 && c.moe.inner == 64 && c.moe.norm_topk &&
+              c.moe.shared_inner == 0 && c.layer_moe[0] && c.layer_moe[2] && c.qk_norm,
+          "qwen3moe experts");
+    struct quant_spec rq = config_quant_for(&c, "model.layers.1.mlp.gate");
+    CHECK(rq.bits == 8 && rq.group == 64 &&
+              config_quant_for(&c, "model.layers.1.mlp.switch_mlp.up_proj").bits == 4,
+          "qwen3moe router at 8 bits, experts at 4");
+    config_dispose(&c);
+    /* the hybrid stack: layer types, Gated DeltaNet shape, partial rotary, shared expert */
+    snprintf(dir, sizeof dir, "%s/models/qwen3_5_moe-tiny", testdata);
+    CHECK(config_load(&c, dir, &e) == 0, "qwen3_5_moe config: %s", e.msg);
+    CHECK(c.layer_kinds[0] == LAYER_LINEAR && c.layer_kinds[1] == LAYER_LINEAR &&
+              c.layer_kinds[2] == LAYER_FULL,
+          "qwen3_5 layer kinds");
+    CHECK(c.lin.n_k_heads == 2 && c.lin.n_v_heads == 4 && c.lin.k_dim == 32 && c.lin.v_dim == 32 &&
+              c.lin.conv_k == 4,
+          "qwen3_5 linear attention shape");
+    CHECK(c.rope_dim == 8 && c.attn_gate && c.norm_plus_one && c.moe.shared_inner == 64 &&
+              c.moe.n_experts == 8,
+          "qwen3_5 rope %d, gate, norms, experts", c.rope_dim);
+    config_dispose(&c);
+    /* a model the CPU backend runs, refused where a backend lacks an operation it needs */
+    {
+        struct backend be;
+        backend_cpu_create(&be, 1, &e);
+        struct backend_ops ops = *be.ops;
+        ops.delta_net = NULL;
+        struct backend lacking = {&ops, be.ctx};
+        struct model *m = model_load(dir, &lacking, &e);
+        CHECK(m == NULL && strstr(e.msg, "needs Gated DeltaNet layers") &&
+                  strstr(e.msg, "qwen3_5_moe-tiny"),
+              "a missing operation refused at load: %s", e.msg);
+        backend_destroy(&be);
+    }
     const char *fx = fixture("quant", 0);
     const char *qcfg =
         "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 64, \"num_hidden_layers\": 1,"
