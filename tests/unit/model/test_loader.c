@@ -3,6 +3,7 @@
  * the tensor, never a crash; a sharded checkpoint loads and computes exactly what the
  * single-file one does. Fixtures are built from testdata/models/llama-tiny in a temp dir.
  */
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,10 +167,10 @@ static float *run(const char *dir, int *vocab)
     struct model *m = model_load(dir, &be, &e);
     CHECK(m != NULL, "load %s: %s", dir, e.msg);
     if (!m) return NULL;
-    model_state_alloc(m, 8, 1, 1, 16, 0, &e);
+    model_state_alloc(m, 8, 1, 1, 16, 1, &e);
     int32_t tok[4] = {5, 17, 300, 1999}, pos[4] = {0, 1, 2, 3}, slot[4] = {0, 1, 2, 3};
-    int32_t qs[2] = {0, 4}, len[1] = {4}, bt[1] = {0}, rows[1] = {3};
-    struct fwd_batch b = {4, tok, pos, slot, 1, qs, len, bt, 1, 1, rows, NULL, NULL};
+    int32_t qs[2] = {0, 4}, len[1] = {4}, bt[1] = {0}, rows[1] = {3}, state[1] = {0};
+    struct fwd_batch b = {4, tok, pos, slot, 1, qs, len, bt, 1, 1, rows, NULL, state};
     *vocab = m->cfg.vocab;
     float *lg = xmalloc(sizeof(float) * (size_t)*vocab);
     model_forward(m, &b, lg);
@@ -314,6 +315,71 @@ static void test_config_layouts(const char *testdata)
     config_dispose(&c);
 }
 
+static void copy_cb(void *ctx, uint8_t *buf, size_t off, size_t n)
+{
+    memcpy(buf, (const uint8_t *)ctx + off, n);
+}
+
+/* A multimodal checkpoint's text tower (...ForConditionalGeneration: the fields in
+ * text_config, the tensors under a language_model prefix) computes exactly what the text
+ * model does, in the Hugging Face and the MLX naming. */
+static void test_text_tower(const char *testdata)
+{
+    static const char *const model[2] = {"qwen3_5_moe-tiny", "qwen3_5_moe-tiny-mlx8"};
+    static const char *const body[2] = {"model.language_model.", "language_model.model."};
+    static const char *const head[2] = {"lm_head", "language_model.lm_head"};
+    for (int k = 0; k < 2; k++) {
+        char orig[8192], dir[8192], path[8300];
+        snprintf(orig, sizeof orig, "%s/models/%s", testdata, model[k]);
+        snprintf(dir, sizeof dir, "%s/tower%d", tmp, k);
+        mkdir(dir, 0755);
+        snprintf(path, sizeof path, "%s/config.json", orig);
+        char *text = util_read_file(path, NULL, NULL);
+        cJSON *cfg = text ? cJSON_Parse(text) : NULL;
+        free(text);
+        CHECK(cfg != NULL, "%s: config.json", model[k]);
+        if (!cfg) continue;
+        cJSON *tc = cJSON_Duplicate(cfg, 1), *top = cJSON_CreateObject();
+        cJSON_DeleteItemFromObject(tc, "quantization");
+        cJSON_DeleteItemFromObject(tc, "quantization_config");
+        cJSON *arch = cJSON_CreateArray();
+        cJSON_AddItemToArray(arch, cJSON_CreateString("Qwen3_5MoeForConditionalGeneration"));
+        cJSON_AddItemToObject(top, "architectures", arch);
+        cJSON_AddItemToObject(top, "text_config", tc);
+        if (cJSON_GetObjectItem(cfg, "quantization"))
+            cJSON_AddItemToObject(top, "quantization",
+                                  cJSON_Duplicate(cJSON_GetObjectItem(cfg, "quantization"), 1));
+        char *out = cJSON_Print(top);
+        write_file(dir, "config.json", out, strlen(out));
+        free(out);
+        cJSON_Delete(top);
+        cJSON_Delete(cfg);
+        struct safetensors st;
+        struct err e = {{0}};
+        CHECK(st_open(&st, orig, &e) == 0, "%s: %s", model[k], e.msg);
+        struct st_writer *w = st_writer_create();
+        char names[512][160];
+        for (int i = 0; i < st.ntensors && i < 512; i++) {
+            const struct st_tensor *t = &st.tensors[i];
+            if (!strncmp(t->name, "model.", 6))
+                snprintf(names[i], sizeof names[i], "%s%s", body[k], t->name + 6);
+            else
+                snprintf(names[i], sizeof names[i], "%s%s", head[k], t->name + 7);
+            st_writer_add(w, names[i], t->dtype, t->ndim, t->shape, copy_cb, (void *)t->data);
+        }
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        CHECK(st_writer_write(w, path, "pt", &e) == 0, "write %s: %s", path, e.msg);
+        st_writer_destroy(w);
+        st_close(&st);
+        int va, vb;
+        float *a = run(orig, &va), *b = run(dir, &vb);
+        CHECK(a && b && va == vb && !memcmp(a, b, sizeof(float) * (size_t)va),
+              "%s as a text tower (%s): other logits", model[k], body[k]);
+        free(a);
+        free(b);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *testdata = argc > 1 ? argv[1] : "../shared/testdata";
@@ -332,6 +398,7 @@ int main(int argc, char **argv)
     test_errors();
     test_sharded();
     test_config_layouts(testdata);
+    test_text_tower(testdata);
     backend_destroy(&be);
     char cmd[8300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
