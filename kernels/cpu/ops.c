@@ -18,18 +18,7 @@ void cpu_rms_norm(float *out, const float *x, const float *w, int rows, int dim,
 
 void cpu_rope(float *x, int rows, int heads, int d, const float *cos_t, const float *sin_t)
 {
-    int half = d / 2;
-    for (int r = 0; r < rows; r++) {
-        const float *c = cos_t + (size_t)r * half, *s = sin_t + (size_t)r * half;
-        for (int h = 0; h < heads; h++) {
-            float *v = x + ((size_t)r * heads + h) * d;
-            for (int j = 0; j < half; j++) {
-                float a = v[j], b = v[j + half];
-                v[j] = a * c[j] - b * s[j];
-                v[j + half] = b * c[j] + a * s[j];
-            }
-        }
-    }
+    cpu_rope_partial(x, rows, heads, d, d, cos_t, sin_t);
 }
 
 void cpu_silu_mul(float *out, const float *gate, const float *up, int64_t n)
