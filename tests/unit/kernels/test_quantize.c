@@ -170,7 +170,7 @@ static void test_rows(void)
 
     /* a constant group: MLX's bias is the value itself, the scale the 1e-7 floor */
     float c[32], s, bb;
-    uint8_t q[16];
+    uint8_t q[32], sc[2];
     for (int j = 0; j < 32; j++) c[j] = 0.5f;
     struct quant_target t = {WFMT_AFFINE, 4, 32, ST_F32};
     quant_quantize_row(&t, c, 32, q, &s, &bb);
@@ -179,7 +179,7 @@ static void test_rows(void)
     c[3] = NAN;
     c[4] = INFINITY;
     quant_quantize_row(&t, c, 32, q, &s, &bb);
-    for (int i = 0; i < 3; i++) quant_quantize_row(&fp[i], c, 32, q, q, NULL);
+    for (int i = 0; i < 3; i++) quant_quantize_row(&fp[i], c, 32, q, sc, NULL);
 }
 
 /* Quantizes every matrix of `src` that `ref` holds quantized and compares the bytes. */
