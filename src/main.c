@@ -16,6 +16,7 @@ static const struct {
     {"tokenize", cli_tokenize, "text to token ids"},
     {"detokenize", cli_detokenize, "token ids to text"},
     {"template", cli_template, "render a chat template"},
+    {"convert", cli_convert, "rewrite a checkpoint in another weight format"},
     {"bench", cli_bench, "benchmarks: make-model, decode, tokenize"},
 };
 

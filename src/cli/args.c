@@ -85,7 +85,7 @@ const char arg_engine_usage[] =
     "                              blocks of a sequence, for prefix hits (default 0: at the end\n"
     "                              of each prompt's last full block and of a finished one's)\n";
 
-static int parse_bytes(const char *opt, const char *v, size_t *out)
+int arg_bytes(const char *opt, const char *v, size_t *out)
 {
     char *end;
     errno = 0;
@@ -161,7 +161,7 @@ int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg)
     }
     if (!strcmp(a, "--kv-cache-memory")) {
         const char *v = arg_value(argc, argv, i);
-        return !v || parse_bytes(a, v, &cfg->kv_cache_memory) ? -1 : 1;
+        return !v || arg_bytes(a, v, &cfg->kv_cache_memory) ? -1 : 1;
     }
     for (size_t k = 0; k < sizeof ints / sizeof *ints; k++) {
         if (strcmp(a, ints[k])) continue;

@@ -16,6 +16,10 @@ const char *arg_value(int argc, char **argv, int *i);
 int arg_int(const char *opt, const char *v, long lo, long hi, long *out);
 int arg_float(const char *opt, const char *v, double *out);
 
+/** Parses a byte size: a number with an optional suffix (B, K/KiB, M/MiB, G/GiB powers of
+ * 1024; KB, MB, GB powers of 1000); -1 with a message when it is not one. */
+int arg_bytes(const char *opt, const char *v, size_t *out);
+
 /** Parses "1 2 3" (spaces or commas) into a heap array; -1 with a message on bad input. */
 int arg_ids(const char *s, int32_t **ids, size_t *n);
 

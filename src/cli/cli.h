@@ -16,6 +16,8 @@ int cli_bench_tokenize(int argc, char **argv);
 int cli_bench_throughput(int argc, char **argv);
 int cli_bench_matmul(int argc, char **argv);
 int cli_template(int argc, char **argv);
+/** `pagoda convert`: a checkpoint folder in another weight format (cli/convert.h). */
+int cli_convert(int argc, char **argv);
 /** `pagoda serve`: the HTTP server; returns after SIGTERM / SIGINT. */
 int cli_serve(int argc, char **argv);
 
