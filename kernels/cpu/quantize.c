@@ -8,46 +8,39 @@
 
 uint8_t quant_e4m3_encode(float x)
 {
-    uint8_t sign = signbit(x) ? 0x80 : 0;
-    float a = fabsf(x);
-    /* 464 is halfway between 448 (the largest code, 0x7e) and 480 (not a value of the "fn"
-     * variant): from there on, and for NaN, the largest value. */
-    if (!(a < 464.0f)) return sign | 0x7e;
-    /* subnormals are multiples of 2^-9; 8 * 2^-9 rounds into the first normal code, 0x08 */
-    if (a < 0x1p-6f) return sign | (uint8_t)lrintf(a * 512.0f);
-    int e;
-    float m = frexpf(a, &e); /* a = m * 2^e, m in [0.5, 1): 1.f * 2^(e-1) */
-    int q = (int)lrintf(m * 16.0f);
-    if (q == 16) { /* the mantissa rounded up into the next binade */
-        q = 8;
-        e++;
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    uint8_t sign = (uint8_t)((u >> 24) & 0x80);
+    u &= 0x7fffffffu;
+    /* 464 (0x43e80000) is halfway between 448, the largest code (0x7e), and 480, not a value
+     * of the "fn" variant: from there on, and for NaN, the largest value */
+    if (!(u < 0x43e80000u)) return sign | 0x7e;
+    if (u < 0x3c800000u) { /* below 2^-6: subnormal codes, multiples of 2^-9 */
+        float a;
+        memcpy(&a, &u, 4);
+        return sign | (uint8_t)lrintf(a * 512.0f); /* 8 * 2^-9 is the first normal code */
     }
-    return sign | (uint8_t)(((e - 1 + 7) << 3) | (q - 8));
+    /* rebias the exponent (127 -> 7) and round the 20 dropped mantissa bits to even; a carry
+     * moves into the exponent as it should */
+    u -= 120u << 23;
+    u += 0x7ffffu + ((u >> 20) & 1);
+    return sign | (uint8_t)(u >> 20);
+}
+
+/* The e2m1 magnitude code of |x|: values 0, 0.5, 1, 1.5, 2, 3, 4, 6, counted thresholds so
+ * that a midpoint goes to the even code (> vs >=) and past 5 saturates; NaN gives 0. No
+ * branches: random weights would mispredict them. */
+static inline uint8_t e2m1(float x)
+{
+    float a = fabsf(x);
+    int c = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) +
+            (a > 5.0f);
+    return (uint8_t)((signbit(x) ? 8 : 0) | c);
 }
 
 uint8_t quant_e2m1_encode(float x)
 {
-    uint8_t sign = signbit(x) ? 8 : 0;
-    float a = fabsf(x);
-    /* values 0, 0.5, 1, 1.5, 2, 3, 4, 6; a midpoint goes to the even code (<= vs <) */
-    uint8_t c;
-    if (a <= 0.25f)
-        c = 0;
-    else if (a < 0.75f)
-        c = 1;
-    else if (a <= 1.25f)
-        c = 2;
-    else if (a < 1.75f)
-        c = 3;
-    else if (a <= 2.5f)
-        c = 4;
-    else if (a < 3.5f)
-        c = 5;
-    else if (a <= 5.0f)
-        c = 6;
-    else
-        c = 7; /* saturates; NaN lands here too */
-    return sign | c;
+    return e2m1(x);
 }
 
 uint8_t quant_e8m0_encode(float s)
@@ -138,21 +131,23 @@ void quant_quantize_row(const struct quant_target *t, const float *x, int64_t k,
         } else {
             float amax = 0;
             for (int j = 0; j < g; j++) amax = amax < fabsf(xg[j]) ? fabsf(xg[j]) : amax;
-            float div;
             uint8_t sc;
             if (t->fmt == WFMT_NVFP4) {
                 sc = quant_e4m3_encode(amax / 6.0f);
-                div = e4m3_value(sc);
+                float div = e4m3_value(sc);
+                if (codes)
+                    for (int j = 0; j < g; j++) q[j] = e2m1(div == 0 ? 0.0f : xg[j] / div);
             } else {
                 sc = quant_e8m0_encode(amax / (t->fmt == WFMT_MXFP4 ? 6.0f : 448.0f));
-                div = sc == 255 ? INFINITY : ldexpf(1.0f, (int)sc - 127);
+                /* times 2^-e is w / 2^e exactly (2^-e is a float for e in [-127, 127]) */
+                float mul = sc == 255 ? 0.0f : ldexpf(1.0f, 127 - (int)sc);
+                if (codes && t->fmt == WFMT_MXFP8)
+                    for (int j = 0; j < g; j++) q[j] = quant_e4m3_encode(xg[j] * mul);
+                else if (codes)
+                    for (int j = 0; j < g; j++) q[j] = e2m1(xg[j] * mul);
             }
             if (scales) ((uint8_t *)scales)[gi] = sc;
             if (!codes) continue;
-            for (int j = 0; j < g; j++) {
-                float y = div == 0 ? 0.0f : xg[j] / div;
-                q[j] = t->fmt == WFMT_MXFP8 ? quant_e4m3_encode(y) : quant_e2m1_encode(y);
-            }
         }
         for (int j = 0; j < g; j++) {
             acc |= (uint64_t)q[j] << nacc;

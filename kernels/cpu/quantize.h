@@ -42,7 +42,7 @@ void quant_quantize_row(const struct quant_target *t, const float *x, int64_t k,
 uint8_t quant_e4m3_encode(float x);
 
 /** Nearest e2m1 code of x (the 3-bit magnitude and bit 3 the sign), ties to even,
- * saturating at +-6. */
+ * saturating at +-6 (NaN: a zero code). */
 uint8_t quant_e2m1_encode(float x);
 
 /** The e8m0 byte of an mx scale s > 0: 127 + round(log2 s), clamped to [0, 254]; 127 for
