@@ -310,7 +310,7 @@ int cli_embed(int argc, char **argv)
     }
     if (timing && !rc)
         fprintf(stderr,
-                "pagoda embed: %d inputs, %ld tokens in %.3f s: %.1f inputs/s, %.0f tokens/s\n",
+                "pagoda embed: %d inputs, %ld tokens in %.3f s: %.3g inputs/s, %.3g tokens/s\n",
                 n_args, total_tokens, dt, n_args / dt, total_tokens / dt);
     pthread_mutex_destroy(&run.mu);
     pthread_cond_destroy(&run.cv);
