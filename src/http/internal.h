@@ -1,8 +1,8 @@
 /*
  * http internal: the structures the server's files share. One http_loop per event-loop
- * thread owns its connections, its requests (jobs) and two receivers: engine events and
- * control messages from the main thread. Nothing here is touched off its loop thread
- * except the atomics of http_server.
+ * thread owns its connections, its requests (jobs) and three receivers: engine events,
+ * finished embeddings and control messages from the main thread. Nothing here is touched
+ * off its loop thread except the atomics of http_server.
  */
 #ifndef PAGODA_HTTP_INTERNAL_H
 #define PAGODA_HTTP_INTERNAL_H
@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "http/embed.h"
 #include "http/metrics.h"
 #include "http/request.h"
 #include "http/server.h"
@@ -28,7 +29,7 @@ struct http_server {
     _Atomic(struct engine *) engine; /* NULL while the model loads */
     struct http_metrics *metrics;
     atomic_int shutting_down;
-    atomic_int jobs; /* generation requests not finished, over all loops */
+    atomic_int jobs; /* generation and embeddings requests not finished, over all loops */
     atomic_ulong next_id;
     time_t started;
     h2o_globalconf_t conf;
@@ -46,7 +47,9 @@ struct http_loop {
     h2o_socket_t *listener;
     h2o_multithread_receiver_t events;  /* engine thread -> this loop: token events */
     h2o_multithread_receiver_t control; /* main thread -> this loop: shutdown stages */
+    h2o_multithread_receiver_t embeds;  /* engine thread -> this loop: embeddings done */
     h2o_linklist_t jobs;                /* struct http_job of this loop */
+    h2o_linklist_t embed_jobs;          /* embedding jobs of this loop (embed_job.c) */
     h2o_timeout_t probe_timeout;        /* the client probe's period */
     h2o_timeout_entry_t probe;          /* looks for HTTP/1.1 clients that hung up */
     int exit;
@@ -74,6 +77,13 @@ void http_job_abort_all(struct http_loop *l);
  * Runs every 100 ms on each loop.
  */
 void http_job_probe_clients(struct http_loop *l);
+
+/** Starts an embeddings request (takes q); answers itself, errors included. */
+void http_embed_start(struct http_loop *l, h2o_req_t *req, struct http_embed *q);
+/** Receiver callback of http_loop.embeds. */
+void http_embed_on_done(h2o_multithread_receiver_t *r, h2o_linklist_t *messages);
+/** Aborts the engine requests of every embedding job of the loop (shutdown). */
+void http_embed_abort_all(struct http_loop *l);
 
 /** The route handlers; each answers req. */
 int http_routes_dispatch(struct http_loop *l, h2o_req_t *req);

@@ -33,16 +33,10 @@ struct http_metrics {
     struct hist ttft, itl;
 };
 
-static const char *const route_names[HTTP_ROUTE_N] = {"/v1/chat/completions",
-                                                      "/v1/completions",
-                                                      "/v1/messages",
-                                                      "/v1/messages/count_tokens",
-                                                      "/v1/models",
-                                                      "/health",
-                                                      "/metrics",
-                                                      "/tokenize",
-                                                      "/detokenize",
-                                                      "other"};
+static const char *const route_names[HTTP_ROUTE_N] = {
+    "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens",
+    "/v1/models",           "/health",         "/metrics",     "/tokenize",
+    "/detokenize",          "/v1/embeddings",  "other"};
 
 const char *http_route_name(enum http_route r)
 {

@@ -19,6 +19,7 @@ enum http_route {
     HTTP_ROUTE_METRICS,
     HTTP_ROUTE_TOKENIZE,
     HTTP_ROUTE_DETOKENIZE,
+    HTTP_ROUTE_EMBEDDINGS,
     HTTP_ROUTE_OTHER, /* unknown paths (404) */
     HTTP_ROUTE_N
 };

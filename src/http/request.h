@@ -39,6 +39,8 @@ struct http_model {
     const cJSON *tmpl_vars; /* bos_token, eos_token, ... for the template */
     int32_t vocab;          /* token ids must be < this */
     int max_model_len;      /* prompt + max_tokens must fit */
+    /* the model folder's pooling, for embeddings (NULL while the model loads) */
+    const struct pooling_config *pooling;
 };
 
 /** One parsed generation request. */

@@ -1,6 +1,6 @@
 /* Route dispatch (method, auth, readiness) and the routes that answer at once: models,
- * health, metrics, tokenize, detokenize and count_tokens. Generation routes parse their
- * body here and hand it to a job. */
+ * health, metrics, tokenize, detokenize and count_tokens. Generation and embeddings routes
+ * parse their body here and hand it to a job. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -229,6 +229,7 @@ static const struct {
     {"/metrics", "GET", HTTP_ROUTE_METRICS},
     {"/tokenize", "POST", HTTP_ROUTE_TOKENIZE},
     {"/detokenize", "POST", HTTP_ROUTE_DETOKENIZE},
+    {"/v1/embeddings", "POST", HTTP_ROUTE_EMBEDDINGS},
 };
 
 int http_routes_dispatch(struct http_loop *l, h2o_req_t *req)
@@ -297,7 +298,13 @@ int http_routes_dispatch(struct http_loop *l, h2o_req_t *req)
         route_detokenize(s, req, body);
     else if (route == HTTP_ROUTE_COUNT_TOKENS)
         route_count_tokens(s, req, body);
-    else {
+    else if (route == HTTP_ROUTE_EMBEDDINGS) {
+        struct http_embed q;
+        if (http_embed_parse(body, &s->model, &q, &he) < 0)
+            http_reply_error(req, route, &he);
+        else
+            http_embed_start(l, req, &q);
+    } else {
         enum http_api api = route == HTTP_ROUTE_CHAT          ? HTTP_API_CHAT
                             : route == HTTP_ROUTE_COMPLETIONS ? HTTP_API_COMPLETIONS
                                                               : HTTP_API_MESSAGES;

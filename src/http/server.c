@@ -77,6 +77,7 @@ static void on_control(h2o_multithread_receiver_t *r, h2o_linklist_t *messages)
             break;
         case CTRL_ABORT_ALL:
             http_job_abort_all(l);
+            http_embed_abort_all(l);
             break;
         default:
             l->exit = 1;
@@ -120,7 +121,9 @@ static int loop_start(struct http_server *s, struct http_loop *l, struct err *e)
     l->loop = h2o_evloop_create();
     h2o_context_init(&l->ctx, l->loop, &s->conf);
     h2o_linklist_init_anchor(&l->jobs);
+    h2o_linklist_init_anchor(&l->embed_jobs);
     h2o_multithread_register_receiver(l->ctx.queue, &l->events, http_job_on_events);
+    h2o_multithread_register_receiver(l->ctx.queue, &l->embeds, http_embed_on_done);
     h2o_multithread_register_receiver(l->ctx.queue, &l->control, on_control);
     h2o_timeout_init(l->loop, &l->probe_timeout, PROBE_MS);
     l->probe.cb = on_probe;
@@ -272,7 +275,12 @@ int http_serve(const struct http_config *cfg, struct err *e)
     if (tok_vocab_size(s->tok) < vocab) vocab = tok_vocab_size(s->tok);
     s->model.vocab = vocab;
     s->model.max_model_len = engine_max_model_len(en);
+    s->model.pooling = engine_pooling(en);
     atomic_store(&s->engine, en);
+    const struct pooling_config *pc = s->model.pooling;
+    if (pc->can_embed)
+        fprintf(stderr, "pagoda serve: embeddings: %s pooling%s, %d dimensions\n",
+                pooling_kind_name(pc->kind), pc->normalize ? ", normalized" : "", pc->dim);
     fprintf(stderr, "pagoda serve: ready: model '%s', context %d tokens\n", s->name,
             s->model.max_model_len);
 

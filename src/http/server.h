@@ -1,6 +1,6 @@
 /*
  * http server: `pagoda serve`. The engine behind h2o: OpenAI (/v1/chat/completions,
- * /v1/completions, /v1/models) and Anthropic (/v1/messages, /v1/messages/count_tokens)
+ * /v1/completions, /v1/embeddings, /v1/models) and Anthropic (/v1/messages, /v1/messages/count_tokens)
  * routes with SSE streaming, /health, /metrics, /tokenize and /detokenize, over HTTP/1.1,
  * h2c (prior knowledge and Upgrade) and h2 over TLS (ALPN).
  *

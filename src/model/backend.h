@@ -43,6 +43,10 @@ struct fwd_batch {
      * NULL otherwise). A sequence whose first token of the step is at position 0 starts
      * from a zero state; any other continues the state its slot holds. */
     const int32_t *state_slot;
+    /* Rows whose final hidden state (after the final norm, no head) is wanted: the pooled
+     * rows of embedding requests. hidden_rows [n_hidden] token rows, in any order. */
+    int n_hidden;
+    const int32_t *hidden_rows;
 };
 
 /* KV storage of one layer: K and V as [n_blocks][block_size][n_kv_heads][head_dim] values of

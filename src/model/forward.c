@@ -2,6 +2,7 @@
  * The forward pass, written once against the backend table: the step's rope tables, the
  * embedding, the family's layer stack (model/arch.h), the final norm and the head.
  */
+#include <assert.h>
 #include <math.h>
 #include <string.h>
 
@@ -66,6 +67,11 @@ void model_forward(struct model *m, const struct fwd_batch *b, float *logits)
     o->embed(ctx, m->x, &m->embed, b, m->embed_scale);
     c->arch->layers(m, b);
 
+    if (b->n_hidden > 0) { /* pooled rows of embedding requests: the final norm, no head */
+        assert(b->n_hidden <= m->max_hidden);
+        o->gather_rows(ctx, m->hid, m->x, b->hidden_rows, b->n_hidden, H);
+        o->rms_norm(ctx, m->hid, m->hid, m->final_norm, b->n_hidden, H, c->rms_eps);
+    }
     if (b->n_logits == 0) return;
     /* Every row in order (a decode step): the norm reads them in place, no gather. */
     int all_rows = b->n_logits == n;
@@ -80,6 +86,12 @@ void model_forward(struct model *m, const struct fwd_batch *b, float *logits)
     if (c->final_softcap > 0)
         o->softcap(ctx, m->logits, (int64_t)b->n_logits * c->vocab, c->final_softcap);
     if (logits) o->download(ctx, logits, m->logits, sizeof(float) * (size_t)b->n_logits * c->vocab);
+}
+
+void model_hidden(struct model *m, int n, float *out)
+{
+    assert(n <= m->max_hidden);
+    m->be->ops->download(m->be->ctx, out, m->hid, sizeof(float) * (size_t)n * m->cfg.hidden);
 }
 
 void model_argmax(struct model *m, int n, int32_t *out)

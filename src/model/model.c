@@ -540,6 +540,15 @@ int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blo
     return 0;
 }
 
+int model_hidden_alloc(struct model *m, int max_rows, struct err *e)
+{
+    if (m->hid) m->be->ops->free(m->be->ctx, m->hid);
+    m->hid = m->be->ops->alloc(m->be->ctx, sizeof(float) * (size_t)max_rows * m->cfg.hidden);
+    m->max_hidden = m->hid ? max_rows : 0;
+    if (!m->hid) return err_set(e, "out of memory for %d hidden rows of a step", max_rows);
+    return 0;
+}
+
 void model_destroy(struct model *m)
 {
     if (!m) return;
@@ -571,6 +580,7 @@ void model_destroy(struct model *m)
                      m->up,
                      m->xl,
                      m->logits,
+                     m->hid,
                      m->rope_cos[0],
                      m->rope_cos[1],
                      m->rope_sin[0],

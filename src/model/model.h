@@ -107,6 +107,11 @@ struct model {
     struct kv_layer *kv;       /* [n_layers] (attention layers) */
     struct state_layer *state; /* [n_layers] (linear-attention layers) */
     int n_states;              /* recurrent-state slots */
+
+    /* [max_hidden, hidden] final-normed rows of fwd_batch.hidden_rows (embeddings); NULL
+     * and 0 until model_hidden_alloc */
+    float *hid;
+    int max_hidden;
 };
 
 /** Loads the linear layer `prefix` ("model.layers.0.self_attn.q_proj") of n outputs and k
@@ -136,6 +141,14 @@ struct model *model_load(const char *dir, struct backend *be, struct err *e);
 int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blocks, int block_size,
                       int n_states, struct err *e);
 
+/** Sizes the buffer of the rows a step asks the final hidden state of (fwd_batch.hidden_rows,
+ * at most max_rows a step); models that serve no embedding never call it. */
+int model_hidden_alloc(struct model *m, int max_rows, struct err *e);
+
+/** Copies the last step's n hidden rows (after model_forward) to host memory out [n, hidden],
+ * in the order of fwd_batch.hidden_rows; waits for the step to end. */
+void model_hidden(struct model *m, int n, float *out);
+
 /** KV bytes one token takes across the attention layers (K and V in the backend's KV type). */
 size_t model_kv_bytes_per_token(const struct model *m);
 
@@ -147,7 +160,8 @@ size_t model_state_bytes(const struct model *m);
 void model_state_copy(struct model *m, int dst, int src);
 
 /** Runs one step; writes logits [b->n_logits, vocab] to host memory, or leaves them in
- * backend memory (m->logits) when `logits` is NULL (see model_argmax). */
+ * backend memory (m->logits) when `logits` is NULL (see model_argmax). The final-normed
+ * hidden rows b->hidden_rows stay in backend memory until model_hidden reads them. */
 void model_forward(struct model *m, const struct fwd_batch *b, float *logits);
 
 /** Greedy tokens of the last step's n logit rows (after model_forward with NULL logits),

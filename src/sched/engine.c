@@ -179,6 +179,21 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
         engine_destroy(en);
         return NULL;
     }
+    if (pooling_config_load(&en->pooling, cfg->model_dir, mc->hidden, e)) {
+        engine_destroy(en);
+        return NULL;
+    }
+    if (en->pooling.can_embed) {
+        /* mean pooling reads every row of a step; the others one row a sequence */
+        en->max_hidden = en->pooling.kind == POOLING_MEAN ? cfg->max_num_batched_tokens : seq_cap;
+        if (model_hidden_alloc(en->m, en->max_hidden, e)) {
+            engine_destroy(en);
+            return NULL;
+        }
+        en->b_hidden_rows = xmalloc(sizeof(int32_t) * (size_t)en->max_hidden);
+        en->hidden = xmalloc(sizeof(float) * (size_t)en->max_hidden * (size_t)mc->hidden);
+        en->emb_out = xmalloc(sizeof(float) * (size_t)mc->hidden);
+    }
     en->overlap = cfg->overlap > 0 || (cfg->overlap == 0 && en->be.ops->async_picks);
     en->window = mc->sliding_window;
     en->sliding_only = mc->sliding_window > 0;
@@ -249,6 +264,11 @@ int engine_block_size(const struct engine *en)
     return en->block_size;
 }
 
+const struct pooling_config *engine_pooling(const struct engine *en)
+{
+    return &en->pooling;
+}
+
 /* ---- submission ---- */
 
 static int check_params(const struct engine *en, const struct engine_request *q, struct err *e)
@@ -262,6 +282,19 @@ static int check_params(const struct engine *en, const struct engine_request *q,
                            "prompt: token id %d at position %d is outside the vocabulary (0..%d)",
                            (int)q->prompt[i], i, en->vocab - 1),
                    -1;
+    if (q->embed) {
+        if (!en->pooling.can_embed)
+            return err_set(e, "the model cannot embed: %s", en->pooling.why), -1;
+        if (q->n_prompt > en->max_model_len)
+            return err_set(e, "input: %d tokens exceed the context length (%d)", q->n_prompt,
+                           en->max_model_len),
+                   -1;
+        if (q->pool_skip < 0 || q->pool_skip >= q->n_prompt)
+            return err_set(e, "input: no token is left to pool once the prompt's %d are left out",
+                           q->pool_skip),
+                   -1;
+        return 0;
+    }
     if (sp->max_tokens < 1) return err_set(e, "max_tokens: must be at least 1"), -1;
     if ((long)q->n_prompt + sp->max_tokens > en->max_model_len)
         return err_set(e,
@@ -308,23 +341,30 @@ uint64_t engine_submit(struct engine *en, const struct engine_request *q, struct
     r->n_prompt = r->n_tokens = q->n_prompt;
     r->ph_pos = r->ph_row = -1;
     r->state_slot = -1;
-    r->cap = q->n_prompt + q->sp.max_tokens;
+    r->cap = q->n_prompt + (q->embed ? 0 : q->sp.max_tokens);
     r->tokens = xmalloc(sizeof(int32_t) * (size_t)r->cap);
     memcpy(r->tokens, q->prompt, sizeof(int32_t) * (size_t)q->n_prompt);
     r->blocks = xmalloc(sizeof(int32_t) * (size_t)en->max_blocks);
     r->hashes = xmalloc(sizeof(struct kv_hash) * (size_t)en->max_blocks);
     r->sp = q->sp;
-    if (q->sp.n_stop_ids) {
+    if (q->embed) { /* nothing is sampled: plain greedy parameters, no copies to make */
+        sampling_params_default(&r->sp);
+        r->sp.temperature = 0;
+        r->embed = 1;
+        r->pool_skip = en->pooling.kind == POOLING_MEAN ? q->pool_skip : 0;
+        r->pool = xcalloc((size_t)en->m->cfg.hidden, sizeof(double));
+    }
+    if (r->sp.n_stop_ids) {
         r->stop_ids = xmalloc(sizeof(int32_t) * (size_t)q->sp.n_stop_ids);
         memcpy(r->stop_ids, q->sp.stop_ids, sizeof(int32_t) * (size_t)q->sp.n_stop_ids);
     }
-    if (q->sp.n_logit_bias) {
+    if (r->sp.n_logit_bias) {
         r->bias = xmalloc(sizeof(struct logit_bias) * (size_t)q->sp.n_logit_bias);
         memcpy(r->bias, q->sp.logit_bias, sizeof(struct logit_bias) * (size_t)q->sp.n_logit_bias);
     }
     r->sp.stop_ids = r->stop_ids;
     r->sp.logit_bias = r->bias;
-    if (q->sp.prompt_logprobs >= 0) {
+    if (r->sp.prompt_logprobs >= 0) {
         int k = q->sp.prompt_logprobs;
         r->plp = xmalloc(sizeof(float) * (size_t)q->n_prompt);
         r->plp[0] = NAN;
@@ -455,6 +495,7 @@ static void free_request(struct request *r)
     free(r->bias);
     free(r->plp);
     free(r->ptop);
+    free(r->pool);
     free(r);
 }
 
@@ -535,6 +576,10 @@ void engine_destroy(struct engine *en)
     free(en->work);
     free(en->counts);
     free(en->cand);
+    free(en->b_hidden_rows);
+    free(en->hidden);
+    free(en->emb_out);
+    pooling_config_dispose(&en->pooling);
     kv_pool_dispose(&en->pool);
     kv_pool_dispose(&en->states);
     if (en->m) model_destroy(en->m);

@@ -10,6 +10,11 @@
  *     engine_abort(en, id);                              // any time; a finish event follows
  *     engine_destroy(en);                                // aborts what is left, joins
  *
+ * An embedding request (engine_request.embed) is a prompt computed like any other in the
+ * same steps, with no sampling: its pooled rows' final hidden states are pooled as the
+ * model's sentence-transformers files say (engine_pooling), the vector comes back in one
+ * ENGINE_EV_EMBEDDING event, and its KV blocks are released at once.
+ *
  * Threads: engine_submit, engine_abort and engine_stats may be called from any thread.
  * Event callbacks run on the engine thread: they must be quick (copy the event, post it
  * to another thread) and may call engine_abort but not engine_destroy. Pointers inside
@@ -26,6 +31,7 @@
 
 #include "common/err.h"
 #include "model/config.h"
+#include "model/pooling.h"
 #include "model/sampler.h"
 
 enum finish_reason {
@@ -81,6 +87,7 @@ enum engine_event_kind {
     ENGINE_EV_TOKEN,           /* a new output token (finish set when it is the last) */
     ENGINE_EV_PROMPT_LOGPROBS, /* once, before the first token, when prompt_logprobs >= 0 */
     ENGINE_EV_FINISH,          /* the request ended with no token to carry it (abort, error) */
+    ENGINE_EV_EMBEDDING,       /* an embedding request's vector (finish: stop) */
 };
 
 struct engine_event {
@@ -97,6 +104,10 @@ struct engine_event {
     int n_prompt_lp;
     const float *prompt_lp;
     const struct token_logprob *prompt_top;
+    /* ENGINE_EV_EMBEDDING: [n_embedding] floats, pooled and (when the model says so)
+     * L2-normalized */
+    int n_embedding;
+    const float *embedding;
     /* every kind */
     enum finish_reason finish; /* FINISH_NONE until the request's last event */
     int n_prompt;              /* prompt tokens */
@@ -111,6 +122,11 @@ struct engine_request {
     int n_prompt;
     struct sampling_params sp;
     int priority; /* lower runs first (vLLM); ties by arrival */
+    /* 1: an embedding request (sp is not read; the model must be able to embed) */
+    int embed;
+    /* embedding requests of a model whose mean pooling leaves the prompt out
+     * (include_prompt false): these first tokens are not pooled (< n_prompt) */
+    int pool_skip;
     engine_event_fn on_event;
     void *user;
 };
@@ -172,11 +188,13 @@ const struct model_config *engine_model_config(const struct engine *en);
 /** The context length requests must fit: prompt + max_tokens <= this. */
 int engine_max_model_len(const struct engine *en);
 int engine_block_size(const struct engine *en);
+/** The model folder's pooling (can_embed 0: embedding requests are refused). */
+const struct pooling_config *engine_pooling(const struct engine *en);
 
 /**
  * Queues a request; returns its id (> 0), or 0 with a message naming the bad field
  * (empty prompt, a token id outside the vocabulary, prompt + max_tokens over the context,
- * a sampling value out of range).
+ * a sampling value out of range, an embedding request to a model that cannot embed).
  */
 uint64_t engine_submit(struct engine *en, const struct engine_request *req, struct err *e);
 

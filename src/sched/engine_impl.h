@@ -42,6 +42,12 @@ struct request {
     struct rng rng;
     int aborted;
 
+    /* embedding requests: the pooled rows so far, summed (mean) or copied (last, cls) */
+    int embed;
+    int pool_skip; /* leading tokens mean pooling leaves out */
+    double *pool;  /* [hidden] */
+    int pool_rows; /* rows in pool */
+
     /* prompt logprobs, filled while the prompt is computed */
     float *plp;
     struct token_logprob *ptop;
@@ -64,6 +70,8 @@ struct step_seq {
     int n_logits;  /* rows: 1, or one per new token for prompt logprobs */
     int all_rows;  /* a row for every new token (prompt logprobs) */
     int samples;   /* the step completes the request's tokens: its last row picks the next */
+    int hid_row;   /* embedding requests: first hidden row of this sequence in the step */
+    int n_hid;     /* and their number */
 };
 
 struct engine {
@@ -79,6 +87,7 @@ struct engine {
      * block at whose end the state was taken) and kept in LRU order while free. */
     struct kv_pool states;
     int hybrid; /* the model has linear-attention layers */
+    struct pooling_config pooling;
 
     /* guarded by mu */
     pthread_mutex_t mu;
@@ -122,6 +131,12 @@ struct engine {
     uint32_t *counts; /* [vocab] zeroed between uses */
     int32_t *cand;    /* [vocab] candidate ids */
     struct token_logprob top[ENGINE_MAX_TOP_LOGPROBS];
+
+    /* embedding requests (models that can embed): the step's hidden rows, final-normed */
+    int32_t *b_hidden_rows; /* [max_hidden] token rows */
+    float *hidden;          /* [max_hidden, hidden] host copy */
+    float *emb_out;         /* [hidden] the vector of the event */
+    int max_hidden;         /* max_num_batched_tokens for mean pooling, else the sequence cap */
 };
 
 /* step.c */
@@ -138,6 +153,20 @@ void req_count_finish(struct engine *en, enum finish_reason why);
  * FINISH event goes out (counted first); without, the caller has already sent its end with
  * the last token and counted it. */
 void req_finish(struct engine *en, struct request *r, enum finish_reason why, int emit);
+
+/* embed.c: embedding requests */
+/* Whether r's pooling needs rows prefix caching would skip (mean, cls): no cache lookup. */
+int embed_whole_prompt(const struct engine *en, const struct request *r);
+/* Appends to rows the step rows of p's chunk (its tokens are step rows q0...) that r's
+ * pooling reads; returns how many. */
+int embed_plan_rows(const struct engine *en, const struct step_seq *p, int q0, int32_t *rows);
+/* Pools p's hidden rows of the step just run (en->hidden) into its request. */
+void embed_take(struct engine *en, const struct step_seq *p);
+/* Forgets what r pooled (it was preempted: its prompt will be computed again). */
+void embed_reset(struct engine *en, struct request *r);
+/* r's prompt is computed: its vector goes out in an EMBEDDING event and r is retired
+ * (blocks back to the pool). */
+void embed_done(struct engine *en, struct request *r);
 
 /* sample.c: the next token of r from its logits row (left unchanged). */
 int32_t sample_next(struct engine *en, struct request *r, const float *logits);

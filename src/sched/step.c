@@ -3,6 +3,7 @@
  * allocate their KV blocks (plan, then commit), run one forward pass over the flattened
  * batch, then sample, emit events and retire finished requests.
  */
+#include <assert.h>
 #include <math.h>
 #include <string.h>
 
@@ -86,6 +87,7 @@ static void preempt(struct engine *en, struct request *v, uint64_t *n_preempt)
     v->n_blocks = 0;
     v->n_computed = 0;
     v->n_committed = 0;
+    if (v->embed) embed_reset(en, v);
     v->state = RS_WAITING;
     list_insert_ordered(&en->waiting, v);
     (*n_preempt)++;
@@ -120,7 +122,7 @@ static int host_row_params(const struct sampling_params *sp)
  * host): then the step after one that runs it need not wait for its token. */
 static int pickable(const struct engine *en, const struct request *r)
 {
-    return !r->plp && !host_row_params(&r->sp) &&
+    return !r->plp && !r->embed && !host_row_params(&r->sp) &&
            (r->sp.temperature <= 0 || model_can_sample(en->m));
 }
 
@@ -164,7 +166,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
         if (self) break;
         kv_allocate(&en->pool, need, r->blocks + r->n_blocks);
         r->n_blocks += need;
-        plan[n_plan++] = (struct step_seq){r, n_new, -1, 0, 0, 0};
+        plan[n_plan++] = (struct step_seq){r, n_new, -1, 0, 0, 0, 0, 0};
         budget -= n_new;
         if (wants_prompt_rows(r)) *lp_left -= n_new;
         r = r->next;
@@ -182,7 +184,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
         }
         update_hashes(en, r);
         int n_hit = 0;
-        if (!en->cfg.disable_prefix_caching && !r->plp) {
+        if (!en->cfg.disable_prefix_caching && !r->plp && !embed_whole_prompt(en, r)) {
             n_hit = kv_lookup_prefix(&en->pool, r->hashes, r->n_hashes, en->hit_blocks);
             if (n_hit * en->block_size >= r->n_tokens) n_hit--; /* compute at least one token */
         }
@@ -221,7 +223,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
         list_remove(&en->waiting, r);
         r->state = RS_RUNNING;
         list_insert_ordered(&en->running, r);
-        plan[n_plan++] = (struct step_seq){r, n_new, -1, 0, 0, 0};
+        plan[n_plan++] = (struct step_seq){r, n_new, -1, 0, 0, 0, 0, 0};
         en->plan_n[en->cur] = n_plan;
         budget -= n_new;
         if (wants_prompt_rows(r)) *lp_left -= n_new;
@@ -233,7 +235,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
  * Returns the number of logit rows. */
 static int build_batch(struct engine *en, int n_plan, struct fwd_batch *b)
 {
-    int bs = en->block_size, nt = 0, nl = 0, picked = 0;
+    int bs = en->block_size, nt = 0, nl = 0, nh = 0, picked = 0;
     for (int s = 0; s < n_plan; s++) {
         struct step_seq *p = &en->plans[en->cur][s];
         struct request *r = p->r;
@@ -266,6 +268,11 @@ static int build_batch(struct engine *en, int n_plan, struct fwd_batch *b)
             en->b_logit_rows[nl++] = nt - 1;
         }
         p->samples = done && p->n_logits > 0;
+        if (r->embed) {
+            p->hid_row = nh;
+            p->n_hid = embed_plan_rows(en, p, en->b_qstart[s], en->b_hidden_rows + nh);
+            nh += p->n_hid;
+        }
     }
     en->b_qstart[n_plan] = nt;
     *b = (struct fwd_batch){.n_tokens = nt,
@@ -280,7 +287,9 @@ static int build_batch(struct engine *en, int n_plan, struct fwd_batch *b)
                             .n_logits = nl,
                             .logit_rows = en->b_logit_rows,
                             .pick_rows = picked ? en->b_pick : NULL,
-                            .state_slot = en->hybrid ? en->b_state : NULL};
+                            .state_slot = en->hybrid ? en->b_state : NULL,
+                            .n_hidden = nh,
+                            .hidden_rows = en->b_hidden_rows};
     return nl;
 }
 
@@ -328,12 +337,16 @@ static void commit_blocks(struct engine *en, struct request *r)
     if (full > r->n_committed) r->n_committed = full;
 }
 
+static void publish_counts(struct engine *en, struct step_counts *sc);
+
 /* Once the step is launched: its rows are computed (the device runs them in order before
- * any later step), its full blocks registered, prompt log-probabilities recorded. */
+ * any later step), its full blocks registered, prompt log-probabilities recorded; an
+ * embedding request pools its rows (read back already) and ends with its prompt. */
 static void advance(struct engine *en, struct step_seq *p, struct step_counts *sc)
 {
     struct request *r = p->r;
     if (!r) return;
+    if (r->embed) embed_take(en, p);
     int bs = en->block_size, old = r->n_computed;
     r->n_computed += p->n_new;
     if (old < r->n_prompt) sc->prompt_tokens += (uint64_t)(min_i(r->n_computed, r->n_prompt) - old);
@@ -354,6 +367,10 @@ static void advance(struct engine *en, struct step_seq *p, struct step_counts *s
                 kv_release(&en->pool, &r->blocks[i], 1);
                 r->blocks[i] = -1;
             }
+    }
+    if (r->embed && r->n_computed == r->n_prompt) {
+        publish_counts(en, sc); /* its prompt tokens are counted before its event */
+        embed_done(en, r);
     }
 }
 
@@ -539,6 +556,12 @@ static int may_overlap(const struct engine *en)
     return 1;
 }
 
+/* The step's hidden rows of embedding requests, to the host (waits for the step). */
+static void read_hidden(struct engine *en, const struct fwd_batch *b)
+{
+    if (b->n_hidden > 0) model_hidden(en->m, b->n_hidden, en->hidden);
+}
+
 int step_run(struct engine *en)
 {
     double t0 = util_now();
@@ -552,6 +575,8 @@ int step_run(struct engine *en)
         overlapped = n_plan > 0;
         struct fwd_batch b;
         int nl = n_plan > 0 ? build_batch(en, n_plan, &b) : 0;
+        /* embedding requests are not pickable: none is in a step planned ahead */
+        assert(n_plan == 0 || b.n_hidden == 0);
         if (n_plan > 0 && nl == 0) model_forward(en->m, &b, NULL);
         /* every request is pickable (may_overlap, plan_step): this cannot fail */
         else if (n_plan > 0 && !launch_picked(en, n_plan, &b, nl))
@@ -575,11 +600,13 @@ int step_run(struct engine *en)
             struct fwd_batch b;
             int nl = build_batch(en, n_plan, &b);
             if (nl > 0 && launch_picked(en, n_plan, &b, nl)) {
+                read_hidden(en, &b);
                 take_off(en, n_plan, nl, &sc);
                 if (!en->overlap) collect(en, &sc);
             } else {
                 en->greedy_step = 0;
                 model_forward(en->m, &b, en->logits);
+                read_hidden(en, &b);
                 struct step_seq *plan = en->plans[en->cur];
                 for (int s = 0; s < n_plan; s++) advance(en, &plan[s], &sc);
                 sc.gen_tokens += (uint64_t)picks(plan, n_plan);

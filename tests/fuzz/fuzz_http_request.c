@@ -1,7 +1,8 @@
 /*
  * libFuzzer target for the server's request parsing: arbitrary bytes are parsed as a JSON
- * body and, when they are JSON, validated as a chat completions, a completions and an
- * Anthropic messages request against the tiny Llama's tokenizer and chat template.
+ * body and, when they are JSON, validated as a chat completions, a completions, an
+ * Anthropic messages and an embeddings request against the tiny Llama's tokenizer and chat
+ * template (and a mean pooling that leaves its "query" prompt out).
  * Property: parsing never crashes, leaks or overruns; a rejected request always carries a
  * 4xx status and a message; an accepted one has prompts of valid token ids.
  * Built and run by tests/fuzz/run.sh.
@@ -10,10 +11,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "http/embed.h"
 #include "http/request.h"
 #include "text/tmpl.h"
 
 static struct http_model model;
+static struct pooling_prompt query = {"query", "Query: "};
+static struct pooling_config pooling = {.can_embed = 1,
+                                        .kind = POOLING_MEAN,
+                                        .include_prompt = 0,
+                                        .dim = 64,
+                                        .prompts = &query,
+                                        .n_prompts = 1};
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
@@ -32,7 +41,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
                                 .tmpl_src = tmpl_load_from_model(dir, NULL, &e),
                                 .tmpl_vars = tmpl_special_tokens(dir),
                                 .vocab = tok_vocab_size(t),
-                                .max_model_len = 512};
+                                .max_model_len = 512,
+                                .pooling = &pooling};
     return 0;
 }
 
@@ -53,6 +63,19 @@ int LLVMFuzzerTestOneInput(const unsigned char *data, size_t size)
             for (int i = 0; i < g.n_prompt[p]; i++)
                 if (g.prompts[p][i] < 0 || g.prompts[p][i] >= model.vocab) abort();
         http_gen_dispose(&g);
+    }
+    struct http_embed q;
+    struct http_error he = {0};
+    if (http_embed_parse(body, &model, &q, &he) < 0) {
+        if (he.status < 400 || he.status > 499 || !he.msg[0]) abort();
+    } else {
+        if (q.n_inputs < 1 || q.dimensions < 1 || q.dimensions > q.dim || !q.vecs) abort();
+        for (int p = 0; p < q.n_inputs; p++) {
+            if (q.n_input[p] < 1 || q.pool_skip[p] < 0 || q.pool_skip[p] >= q.n_input[p]) abort();
+            for (int i = 0; i < q.n_input[p]; i++)
+                if (q.inputs[p][i] < 0 || q.inputs[p][i] >= model.vocab) abort();
+        }
+        http_embed_dispose(&q);
     }
     cJSON_Delete(body);
     return 0;

@@ -10,8 +10,10 @@ if (!PAGODA || !TESTDATA) {
   process.exit(2);
 }
 
+// model: a folder of testdata/models, or a path under testdata ("embeddings/NAME").
 export async function startServer(model, extra = []) {
-  const args = ['serve', '--model', `${TESTDATA}/models/${model}`, '--port', '0',
+  const dir = model.includes('/') ? `${TESTDATA}/${model}` : `${TESTDATA}/models/${model}`;
+  const args = ['serve', '--model', dir, '--port', '0',
     '--threads', '2', ...extra];
   const proc = spawn(PAGODA, args, { stdio: ['ignore', 'inherit', 'pipe'] });
   let log = '';
