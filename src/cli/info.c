@@ -30,6 +30,21 @@ static void tally(struct fmt_tally *t, int *n, const struct qweight *w)
     (*n)++;
 }
 
+/* Parameters a token multiplies: all but the experts it is not routed to. */
+static int64_t active_params(const struct model *m)
+{
+    const struct moe_config *mc = &m->cfg.moe;
+    int64_t n = model_param_count(m);
+    for (int l = 0; l < m->cfg.n_layers && mc->n_experts; l++) {
+        if (!m->cfg.layer_moe[l]) continue;
+        const struct qweight *x = m->experts + (size_t)l * 3 * mc->n_experts;
+        int64_t all = 0;
+        for (int i = 0; i < 3 * mc->n_experts; i++) all += x[i].n * x[i].k;
+        n -= all / mc->n_experts * (mc->n_experts - mc->top_k);
+    }
+    return n;
+}
+
 int cli_info(int argc, char **argv)
 {
     const char *dir = NULL, *device = NULL;
@@ -106,19 +121,38 @@ int cli_info(int argc, char **argv)
     size_t resident = wbytes + act + ((size_t)64 << 20); /* + library workspace, graphs */
     size_t budget = backend_kv_budget(&bi, util, resident);
     size_t kv_blocks = kv_tok ? budget / (kv_tok * 16) : 0;
-    int sliding = 0;
-    for (int l = 0; l < c->n_layers; l++) sliding += c->layer_kinds[l] == LAYER_SLIDING;
+    int sliding = 0, linear = 0, moe = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        sliding += c->layer_kinds[l] == LAYER_SLIDING;
+        linear += c->layer_kinds[l] == LAYER_LINEAR;
+        moe += c->layer_moe[l];
+    }
+    int64_t active = active_params(m);
+    size_t state = model_state_bytes(m);
     if (json) {
         printf("{\"architecture\": \"%s\", \"family\": \"%s\", \"hidden_size\": %d, "
                "\"num_layers\": %d, \"num_heads\": %d, \"num_kv_heads\": %d, \"head_dim\": %d, "
                "\"intermediate_size\": %d, \"vocab_size\": %d, \"context_length\": %d, "
                "\"sliding_window\": %d, \"sliding_layers\": %d, \"rope_type\": \"%s\", "
                "\"rope_theta\": %g, \"tied_embeddings\": %s, \"parameters\": %lld, "
-               "\"weight_bytes\": %zu, \"bits_per_weight\": %.3f, \"formats\": [",
+               "\"active_parameters\": %lld, \"weight_bytes\": %zu, \"bits_per_weight\": %.3f, "
+               "\"rotary_dim\": %d, ",
                c->arch_name, c->arch->family, c->hidden, c->n_layers, c->n_heads, c->n_kv_heads,
                c->head_dim, c->ffn, c->vocab, c->max_pos, c->sliding_window, sliding,
                config_rope_type_name(c->rope_full.type), c->rope_full.theta,
-               m->lm_head.w == m->embed.w ? "true" : "false", (long long)params, wbytes, bpw);
+               m->lm_head.w == m->embed.w ? "true" : "false", (long long)params, (long long)active,
+               wbytes, bpw, c->rope_dim);
+        if (moe)
+            printf("\"experts\": {\"layers\": %d, \"num_experts\": %d, \"experts_per_token\": %d, "
+                   "\"expert_ffn\": %d, \"shared_expert_ffn\": %d}, ",
+                   moe, c->moe.n_experts, c->moe.top_k, c->moe.inner, c->moe.shared_inner);
+        if (linear)
+            printf("\"linear_attention\": {\"layers\": %d, \"key_heads\": %d, \"value_heads\": "
+                   "%d, \"key_dim\": %d, \"value_dim\": %d, \"conv_kernel\": %d, "
+                   "\"state_bytes_per_sequence\": %zu}, ",
+                   linear, c->lin.n_k_heads, c->lin.n_v_heads, c->lin.k_dim, c->lin.v_dim,
+                   c->lin.conv_k, state);
+        printf("\"formats\": [");
         for (int i = 0; i < nt; i++)
             printf("%s{\"format\": \"%s\", \"parameters\": %lld, \"bits_per_weight\": %.3f}",
                    i ? ", " : "", t[i].name, (long long)t[i].params,
@@ -143,9 +177,26 @@ int cli_info(int argc, char **argv)
         if (sliding)
             printf(" (%d of %d layers use a %d-token window)", sliding, c->n_layers,
                    c->sliding_window);
-        printf("\nrope            %s, theta %g\n", config_rope_type_name(c->rope_full.type),
+        printf("\nrope            %s, theta %g", config_rope_type_name(c->rope_full.type),
                c->rope_full.theta);
-        printf("parameters      %lld (%.2f M)\n", (long long)params, (double)params / 1e6);
+        if (c->rope_dim < c->head_dim)
+            printf(", %d of %d dimensions rotated", c->rope_dim, c->head_dim);
+        printf("\n");
+        if (linear)
+            printf(
+                "linear attn     %d of %d layers Gated DeltaNet: %d key / %d value heads of %d / "
+                "%d, conv %d; state %.2f MiB per sequence\n",
+                linear, c->n_layers, c->lin.n_k_heads, c->lin.n_v_heads, c->lin.k_dim, c->lin.v_dim,
+                c->lin.conv_k, (double)state / 1048576.0);
+        if (moe)
+            printf("experts         %d of %d layers: %d routed, %d per token, width %d; shared "
+                   "expert %d\n",
+                   moe, c->n_layers, c->moe.n_experts, c->moe.top_k, c->moe.inner,
+                   c->moe.shared_inner);
+        printf("parameters      %lld (%.2f M)", (long long)params, (double)params / 1e6);
+        if (active != params)
+            printf(", %lld (%.2f M) active per token", (long long)active, (double)active / 1e6);
+        printf("\n");
         printf("weights         %.2f MiB, %.2f bits per weight\n", (double)wbytes / 1048576.0, bpw);
         for (int i = 0; i < nt; i++)
             printf("  %-12s  %lld parameters, %.3f bits per weight\n", t[i].name,
