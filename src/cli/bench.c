@@ -47,6 +47,26 @@ static double measure_read_bw(int threads)
     return best;
 }
 
+/* Bytes of weights a decode step of B sequences streams: every matrix but the embedding
+ * table (only rows of it are read) unless it doubles as the output head, and of a MoE
+ * layer's experts only those routed to: K of E for one sequence, and for B the expected
+ * number of distinct experts under uniform routing, E * (1 - (1 - K / E)^B). */
+static size_t step_weight_bytes(const struct model *m, int B)
+{
+    const struct moe_config *mc = &m->cfg.moe;
+    double bytes = (double)model_weight_bytes(m);
+    if (m->lm_head.w != m->embed.w) bytes -= (double)qweight_bytes(&m->embed);
+    double E = mc->n_experts, read = E * (1.0 - pow(1.0 - (double)mc->top_k / E, B));
+    for (int l = 0; l < m->cfg.n_layers && mc->n_experts; l++) {
+        if (!m->cfg.layer_moe[l]) continue;
+        const struct qweight *x = m->experts + (size_t)l * 3 * mc->n_experts;
+        double all = 0;
+        for (int i = 0; i < 3 * mc->n_experts; i++) all += (double)qweight_bytes(&x[i]);
+        bytes -= all * (E - read) / E;
+    }
+    return (size_t)bytes;
+}
+
 static int bench_decode(int argc, char **argv)
 {
     const char *dir = NULL, *device = NULL;
@@ -201,11 +221,7 @@ static int bench_decode(int argc, char **argv)
     free(pick_rows);
     qsort(step_t, (size_t)G, sizeof(double), cmp_double);
     double med = step_t[G / 2];
-    size_t wbytes = model_weight_bytes(r.m);
-    /* Bytes a decode step streams: every matrix but the embedding table (only rows of it
-     * are read) unless it doubles as the output head. */
-    size_t step_bytes = wbytes;
-    if (r.m->lm_head.w != r.m->embed.w) step_bytes -= qweight_bytes(&r.m->embed);
+    size_t step_bytes = step_weight_bytes(r.m, (int)B);
     double prefill_tps = (double)(B * P) / t_prefill;
     double decode_tps = (double)B / med;
     double eff_bw = (double)step_bytes / med;
