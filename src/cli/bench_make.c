@@ -625,25 +625,36 @@ static int parse_flags(int argc, char **argv, struct mk_shape *s, struct mm_spec
     return 0;
 }
 
-/* Creates dir (or takes an existing one) and checks its file system has room for `bytes`;
- * 0 or 1 with a message. */
+/* Checks that OUT's file system (its parent's, when OUT does not exist yet) has room for
+ * `bytes`, then creates OUT (or takes an existing directory); 0 or 1 with a message. */
 static int prepare_out(const char *out, size_t bytes)
 {
+    char where[4096];
+    snprintf(where, sizeof where, "%s", out);
     struct stat sb;
-    if (mkdir(out, 0755) != 0 && (stat(out, &sb) != 0 || !S_ISDIR(sb.st_mode))) {
-        fprintf(stderr, "pagoda bench make-model: cannot create %s\n", out);
-        return 1;
+    if (stat(where, &sb) != 0) {
+        char *slash = strrchr(where, '/');
+        if (!slash)
+            snprintf(where, sizeof where, ".");
+        else if (slash == where)
+            where[1] = 0;
+        else
+            *slash = 0;
     }
     struct statvfs vs;
-    if (statvfs(out, &vs) == 0) {
+    if (statvfs(where, &vs) == 0) {
         double room = (double)vs.f_bavail * (double)vs.f_frsize;
         if (room < (double)bytes + (64 << 20)) {
             fprintf(stderr,
                     "pagoda bench make-model: %s has %.2f GB free, the checkpoint needs %.2f GB "
                     "(a tmpfs such as /dev/shm holds it in memory)\n",
-                    out, room / 1e9, (double)bytes / 1e9);
+                    where, room / 1e9, (double)bytes / 1e9);
             return 1;
         }
+    }
+    if (mkdir(out, 0755) != 0 && (stat(out, &sb) != 0 || !S_ISDIR(sb.st_mode))) {
+        fprintf(stderr, "pagoda bench make-model: cannot create %s\n", out);
+        return 1;
     }
     return 0;
 }

@@ -141,6 +141,10 @@ expect "info names the experts" 1 \
 expect "experts on llama" 2 "$(status "$BIN" bench make-model --arch llama --experts 8 "$TMP/x")"
 expect "more chosen than experts" 2 \
   "$(status "$BIN" bench make-model --arch qwen3_moe --experts 4 --experts-per-tok 5 "$TMP/x")"
+# a checkpoint larger than any disk (1 PB of embeddings) is refused before anything is written
+expect "no room" 1 "$(status "$BIN" bench make-model --hidden 1048576 --heads 8192 --kv-heads 8192 \
+  --vocab 536870912 --layers 1 --ffn 64 "$TMP/huge")"
+expect "no room leaves no directory" 0 "$(ls -d "$TMP/huge" 2>/dev/null | wc -l)"
 expect "shared expert on qwen3_moe" 2 \
   "$(status "$BIN" bench make-model --arch qwen3_moe --shared-expert-ffn 64 "$TMP/x")"
 
