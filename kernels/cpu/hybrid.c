@@ -87,6 +87,38 @@ static void conv_channel(const struct delta_job *j, int s, int c)
     for (int i = 0; i < K - 1; i++) tail[(size_t)i * C + c] = win[i];
 }
 
+void conv_token_portable(float *x, float *tail, size_t ldt, const float *w, int n, int K, int fresh)
+{
+    for (int c = 0; c < n; c++) {
+        const float *wc = w + (size_t)c * K;
+        float xin = x[c], y = 0;
+        for (int i = 0; i < K - 1; i++) y += wc[i] * (fresh ? 0.0f : tail[(size_t)i * ldt + c]);
+        y += wc[K - 1] * xin;
+        for (int i = 0; i + 1 < K - 1; i++)
+            tail[(size_t)i * ldt + c] = fresh ? 0.0f : tail[(size_t)(i + 1) * ldt + c];
+        if (K > 1) tail[(size_t)(K - 2) * ldt + c] = xin;
+        x[c] = y;
+    }
+}
+
+/* Channels [c0, c0 + n) of sequence s: a single token (decode) through the kernel table's
+ * convolution step, then SiLU; longer runs channel by channel. Both make the same float
+ * operations per channel, in the same order. */
+static void conv_span(const struct delta_job *j, int s, int c0, int n)
+{
+    const struct fwd_batch *b = j->b;
+    int t0 = b->q_start[s];
+    if (b->q_start[s + 1] - t0 != 1) {
+        for (int c = c0; c < c0 + n; c++) conv_channel(j, s, c);
+        return;
+    }
+    int C = j->conv_dim, K = j->p->conv_k;
+    float *tail = j->st->conv + (size_t)b->state_slot[s] * (size_t)(K - 1) * C + c0;
+    float *x = j->qkv + (size_t)t0 * C + c0;
+    cpu_impl->conv_token(x, tail, (size_t)C, j->p->conv_w + (size_t)c0 * K, n, K, b->pos[t0] == 0);
+    for (int c = 0; c < n; c++) x[c] = x[c] / (1.0f + expf(-x[c]));
+}
+
 static void l2norm(float *dst, const float *x, int n, float scale)
 {
     float ss = 0;
@@ -191,11 +223,9 @@ static void group_task(void *arg, int ith, int nth)
     for (long item = lo; item < hi; item++) {
         int s = (int)(item / Hk), kh = (int)(item % Hk);
         if (b->q_start[s] == b->q_start[s + 1]) continue;
-        for (int c = 0; c < dk; c++) {
-            conv_channel(j, s, kh * dk + c);
-            conv_channel(j, s, (Hk + kh) * dk + c);
-        }
-        for (int c = 0; c < ratio * dv; c++) conv_channel(j, s, 2 * Hk * dk + kh * ratio * dv + c);
+        conv_span(j, s, kh * dk, dk);
+        conv_span(j, s, (Hk + kh) * dk, dk);
+        conv_span(j, s, 2 * Hk * dk + kh * ratio * dv, ratio * dv);
         for (int h = kh * ratio; h < (kh + 1) * ratio; h++) rule_head(j, s, h, buf);
     }
 }

@@ -79,3 +79,33 @@ void delta_step_avx2(float *S, const float *q, const float *k, const float *v, i
         }
     }
 }
+
+/* 8 channels a vector for the usual kernel of 4 taps (their weights gathered, 4 floats
+ * apart), the rest as the portable step does them. */
+void conv_token_avx2(float *x, float *tail, size_t ldt, const float *w, int n, int K, int fresh)
+{
+    int c = 0;
+    if (K == 4) {
+        const __m256i idx = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+        float *t0 = tail, *t1 = tail + ldt, *t2 = tail + 2 * ldt;
+        for (; c + 8 <= n; c += 8) {
+            const float *wc = w + (size_t)c * 4;
+            __m256 w0 = _mm256_i32gather_ps(wc, idx, 4), w1 = _mm256_i32gather_ps(wc + 1, idx, 4);
+            __m256 w2 = _mm256_i32gather_ps(wc + 2, idx, 4),
+                   w3 = _mm256_i32gather_ps(wc + 3, idx, 4);
+            __m256 zero = _mm256_setzero_ps(), xin = _mm256_loadu_ps(x + c);
+            __m256 a0 = fresh ? zero : _mm256_loadu_ps(t0 + c);
+            __m256 a1 = fresh ? zero : _mm256_loadu_ps(t1 + c);
+            __m256 a2 = fresh ? zero : _mm256_loadu_ps(t2 + c);
+            __m256 y = _mm256_add_ps(zero, _mm256_mul_ps(w0, a0));
+            y = _mm256_add_ps(y, _mm256_mul_ps(w1, a1));
+            y = _mm256_add_ps(y, _mm256_mul_ps(w2, a2));
+            y = _mm256_add_ps(y, _mm256_mul_ps(w3, xin));
+            _mm256_storeu_ps(t0 + c, a1);
+            _mm256_storeu_ps(t1 + c, a2);
+            _mm256_storeu_ps(t2 + c, xin);
+            _mm256_storeu_ps(x + c, y);
+        }
+    }
+    if (c < n) conv_token_portable(x + c, tail + c, ldt, w + (size_t)c * K, n - c, K, fresh);
+}

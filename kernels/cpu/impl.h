@@ -34,11 +34,19 @@ struct cpu_impl {
      * multiplies and adds, sums over i in order), so all give bitwise the same results. */
     void (*delta_step)(float *S, const float *q, const float *k, const float *v, int dk, int dv,
                        float decay, float beta, float *o, float *tmp);
+    /* conv_token_portable's step (same operations, same order) */
+    void (*conv_token)(float *x, float *tail, size_t ldt, const float *w, int n, int K, int fresh);
 };
 
+/* The causal depthwise convolution of one token over n channels (decode): x[c] becomes
+ * sum over i < K - 1 (in order, from 0) of w[c][i] * tail[i][c] (0 when `fresh`), plus
+ * w[c][K - 1] * x[c]; the tail rows (ldt floats apart) shift up and take x. */
+void conv_token_portable(float *x, float *tail, size_t ldt, const float *w, int n, int K,
+                         int fresh);
 void delta_step_portable(float *S, const float *q, const float *k, const float *v, int dk, int dv,
                          float decay, float beta, float *o, float *tmp);
 #if defined(PAGODA_X86)
+void conv_token_avx2(float *x, float *tail, size_t ldt, const float *w, int n, int K, int fresh);
 void delta_step_avx2(float *S, const float *q, const float *k, const float *v, int dk, int dv,
                      float decay, float beta, float *o, float *tmp);
 #endif
