@@ -160,8 +160,15 @@ static void moe_up_task(void *arg, int ith, int nth)
         const uint8_t *xp;
         in_rows(&j->in, s, &x, &xp);
         int ld = j->inner;
-        cpu_impl->matmul(&p->gate[e], lo, hi, x, xp, j->in.stride, n, j->g + (size_t)s * ld, ld);
-        cpu_impl->matmul(&p->up[e], lo, hi, x, xp, j->in.stride, n, j->u + (size_t)s * ld, ld);
+        /* gate and up alternate every 32 rows: two weight streams in flight at once keep
+         * more of the memory system busy than one (random experts of the scaled Qwen3.6
+         * shape on one core: 0 to 18 %, typically 5 %, more bytes a second); an output row
+         * is the same whatever range computes it */
+        for (long r = lo; r < hi; r += 32) {
+            long r1 = r + 32 < hi ? r + 32 : hi;
+            cpu_impl->matmul(&p->gate[e], r, r1, x, xp, j->in.stride, n, j->g + (size_t)s * ld, ld);
+            cpu_impl->matmul(&p->up[e], r, r1, x, xp, j->in.stride, n, j->u + (size_t)s * ld, ld);
+        }
         for (int i = s; i < s + n; i++)
             act_mul(p->act, j->g + (size_t)i * ld + lo, j->u + (size_t)i * ld + lo, hi - lo);
     }
