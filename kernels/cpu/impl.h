@@ -28,7 +28,28 @@ struct cpu_impl {
     void (*axpy)(float *y, float a, const float *x, int n);
     /* XOR of every 64-bit word of p[0, n) (n a multiple of 64): a pure streaming read. */
     uint64_t (*read_sum)(const void *p, size_t n);
+    /* One token of the delta rule on one value head's state S [dk][dv]: S *= decay,
+     * delta = (v - S^T k) * beta, S += k delta^T, o = S^T q (o [dv]; tmp: 2 dv floats).
+     * Every table runs the same float operations in the same order per element (separate
+     * multiplies and adds, sums over i in order), so all give bitwise the same results. */
+    void (*delta_step)(float *S, const float *q, const float *k, const float *v, int dk, int dv,
+                       float decay, float beta, float *o, float *tmp);
+    /* conv_token_portable's step (same operations, same order) */
+    void (*conv_token)(float *x, float *tail, size_t ldt, const float *w, int n, int K, int fresh);
 };
+
+/* The causal depthwise convolution of one token over n channels (decode): x[c] becomes
+ * sum over i < K - 1 (in order, from 0) of w[c][i] * tail[i][c] (0 when `fresh`), plus
+ * w[c][K - 1] * x[c]; the tail rows (ldt floats apart) shift up and take x. */
+void conv_token_portable(float *x, float *tail, size_t ldt, const float *w, int n, int K,
+                         int fresh);
+void delta_step_portable(float *S, const float *q, const float *k, const float *v, int dk, int dv,
+                         float decay, float beta, float *o, float *tmp);
+#if defined(PAGODA_X86)
+void conv_token_avx2(float *x, float *tail, size_t ldt, const float *w, int n, int K, int fresh);
+void delta_step_avx2(float *S, const float *q, const float *k, const float *v, int dk, int dv,
+                     float decay, float beta, float *o, float *tmp);
+#endif
 
 extern const struct cpu_impl cpu_impl_portable;
 #if defined(PAGODA_X86)

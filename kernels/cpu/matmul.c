@@ -170,6 +170,8 @@ const struct cpu_impl cpu_impl_portable = {
     .dot = dot_portable,
     .axpy = axpy_portable,
     .read_sum = read_sum_portable,
+    .delta_step = delta_step_portable,
+    .conv_token = conv_token_portable,
 };
 
 /* ---- the threaded driver ---- */

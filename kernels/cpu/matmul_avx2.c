@@ -298,7 +298,9 @@ FTL(2, 2)
 FTL(2, 3)
 FTL(3, 1)
 FTL(3, 2)
-FTL(3, 3) FTL(1, 4) FTL(2, 4) FTL(3, 4)
+FTL(3, 3)
+FTL(1, 4)
+FTL(2, 4) FTL(3, 4)
     /* Large m, f32 panels: [MR - 1][NR - 1] */
     static const ftile_fn ft_large[3][4] = {{ftl_1_1, ftl_1_2, ftl_1_3, ftl_1_4},
                                             {ftl_2_1, ftl_2_2, ftl_2_3, ftl_2_4},
@@ -471,4 +473,6 @@ const struct cpu_impl cpu_impl_avx2 = {
     .dot = dot_avx2,
     .axpy = axpy_avx2,
     .read_sum = read_sum_avx2,
+    .delta_step = delta_step_avx2,
+    .conv_token = conv_token_avx2,
 };

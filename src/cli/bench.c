@@ -1,7 +1,7 @@
 /*
- * bench: make-model writes a random-weight checkpoint of any realistic shape; decode
- * measures prefill and decode throughput of a model on this machine, next to the
- * machine's measured memory read bandwidth (decode is bound by it).
+ * bench decode: prefill and decode throughput of a model on this machine, next to the
+ * machine's measured memory read bandwidth (decode is bound by it). The other bench
+ * subcommands live in bench_*.c (make-model: bench_make.c).
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -11,285 +11,11 @@
 #include <sys/stat.h>
 
 #include "cli/args.h"
+#include "cli/bench_util.h"
 #include "cli/cli.h"
 #include "common/threadpool.h"
 #include "common/util.h"
 #include "kernels/cpu/cpu.h"
-#include "model/st_writer.h"
-
-/* ---- make-model ---- */
-
-enum fill_kind {
-    FILL_BF16_UNIFORM,
-    FILL_BF16_CONST,
-    FILL_RANDOM_BITS,
-    FILL_U8_CONST,
-    FILL_FP8_RANDOM /* random e4m3 codes, never the NaN codes 0x7f / 0xff */
-};
-
-struct fill {
-    enum fill_kind kind;
-    uint64_t seed;
-    float a; /* uniform half-width or constant */
-    uint8_t byte;
-};
-
-static inline uint64_t mix(uint64_t x)
-{
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    x *= 0xc4ceb9fe1a85ec53ull;
-    return x ^ (x >> 33);
-}
-
-static void fill_cb(void *ctx, uint8_t *buf, size_t off, size_t n)
-{
-    struct fill *f = ctx;
-    switch (f->kind) {
-    case FILL_BF16_UNIFORM:
-        for (size_t i = 0; i < n / 2; i++) {
-            uint64_t r = mix(f->seed + (off / 2 + i));
-            float u = (float)(r >> 40) * (1.0f / 16777216.0f) * 2.0f - 1.0f;
-            ((uint16_t *)buf)[i] = f32_to_bf16(u * f->a);
-        }
-        break;
-    case FILL_BF16_CONST:
-        for (size_t i = 0; i < n / 2; i++) ((uint16_t *)buf)[i] = f32_to_bf16(f->a);
-        break;
-    case FILL_RANDOM_BITS:
-        for (size_t i = 0; i < n / 8; i++) {
-            uint64_t r = mix(f->seed + (off / 8 + i));
-            memcpy(buf + i * 8, &r, 8);
-        }
-        break;
-    case FILL_U8_CONST:
-        memset(buf, f->byte, n);
-        break;
-    case FILL_FP8_RANDOM:
-        for (size_t i = 0; i < n; i++) {
-            uint8_t b = (uint8_t)(mix(f->seed + off + i) >> 24);
-            buf[i] = (b & 0x7f) == 0x7f ? (uint8_t)(b ^ 1) : b;
-        }
-        break;
-    }
-}
-
-struct mm_spec {
-    const char *format; /* bf16 | mlx4 | mlx8 | mxfp4 | mxfp8 */
-    int bits, group;
-};
-
-/* Declares a linear layer `prefix` of [n, k] in the chosen format. Fill descriptors live
- * in `pool` (one per tensor) until the file is written. */
-static void add_linear(struct st_writer *w, struct fill **pool, int *np, const char *prefix,
-                       int64_t n, int64_t k, const struct mm_spec *f, uint64_t seed)
-{
-    char name[256];
-    float a = sqrtf(3.0f / (float)k); /* unit output variance for unit inputs */
-    struct fill *fw = &(*pool)[(*np)++];
-    snprintf(name, sizeof name, "%s.weight", prefix);
-    if (!strcmp(f->format, "bf16")) {
-        *fw = (struct fill){FILL_BF16_UNIFORM, seed, a, 0};
-        int64_t shape[2] = {n, k};
-        st_writer_add(w, name, ST_BF16, 2, shape, fill_cb, fw);
-        return;
-    }
-    *fw =
-        (struct fill){!strcmp(f->format, "mxfp8") ? FILL_FP8_RANDOM : FILL_RANDOM_BITS, seed, 0, 0};
-    int64_t wshape[2] = {n, k * f->bits / 32}, sshape[2] = {n, k / f->group};
-    st_writer_add(w, name, ST_U32, 2, wshape, fill_cb, fw);
-    struct fill *fs = &(*pool)[(*np)++];
-    snprintf(name, sizeof name, "%s.scales", prefix);
-    if (!strcmp(f->format, "mxfp4")) {
-        /* e2m1 magnitudes reach 6: a scale of 2^round(log2(a / 3)) keeps |w| near a. */
-        *fs = (struct fill){FILL_U8_CONST, 0, 0, (uint8_t)(127 + (int)lrintf(log2f(a / 3.0f)))};
-        st_writer_add(w, name, ST_U8, 2, sshape, fill_cb, fs);
-        return;
-    }
-    if (!strcmp(f->format, "mxfp8")) {
-        /* random e4m3 codes have magnitudes of about 128 (RMS): scale them down to a */
-        *fs = (struct fill){FILL_U8_CONST, 0, 0, (uint8_t)(127 + (int)lrintf(log2f(a / 128.0f)))};
-        st_writer_add(w, name, ST_U8, 2, sshape, fill_cb, fs);
-        return;
-    }
-    float levels = (float)((1 << f->bits) - 1);
-    *fs = (struct fill){FILL_BF16_CONST, 0, 2.0f * a / levels, 0};
-    st_writer_add(w, name, ST_BF16, 2, sshape, fill_cb, fs);
-    struct fill *fb = &(*pool)[(*np)++];
-    *fb = (struct fill){FILL_BF16_CONST, 0, -a, 0};
-    snprintf(name, sizeof name, "%s.biases", prefix);
-    st_writer_add(w, name, ST_BF16, 2, sshape, fill_cb, fb);
-}
-
-static int make_model(int argc, char **argv)
-{
-    const char *arch = "llama", *format = "bf16", *out = NULL;
-    long H = 2048, L = 16, A = 32, K = 8, F = 8192, V = 32000, ctx = 4096, seed = 1;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        if (a[0] != '-') {
-            out = a;
-            continue;
-        }
-        if (!(v = arg_value(argc, argv, &i))) return 2;
-        long *dst = !strcmp(a, "--hidden")     ? &H
-                    : !strcmp(a, "--layers")   ? &L
-                    : !strcmp(a, "--heads")    ? &A
-                    : !strcmp(a, "--kv-heads") ? &K
-                    : !strcmp(a, "--ffn")      ? &F
-                    : !strcmp(a, "--vocab")    ? &V
-                    : !strcmp(a, "--context")  ? &ctx
-                    : !strcmp(a, "--seed")     ? &seed
-                                               : NULL;
-        if (dst) {
-            if (arg_int(a, v, 1, 1L << 30, dst)) return 2;
-        } else if (!strcmp(a, "--arch")) {
-            arch = v;
-        } else if (!strcmp(a, "--format")) {
-            format = v;
-        } else {
-            fprintf(stderr, "pagoda bench make-model: unknown option '%s'\n", a);
-            return 2;
-        }
-    }
-    if (!out) {
-        fprintf(stderr,
-                "usage: pagoda bench make-model --arch llama|qwen3 --hidden H --layers L "
-                "--heads A --kv-heads K --ffn F --vocab V --format bf16|mlx4|mlx8|mxfp4|mxfp8 "
-                "OUT\n");
-        return 2;
-    }
-    int qwen3 = !strcmp(arch, "qwen3");
-    if (!qwen3 && strcmp(arch, "llama")) {
-        fprintf(stderr, "pagoda bench make-model: --arch must be llama or qwen3\n");
-        return 2;
-    }
-    struct mm_spec f;
-    if (!strcmp(format, "bf16"))
-        f = (struct mm_spec){"bf16", 16, 0};
-    else if (!strcmp(format, "mlx4"))
-        f = (struct mm_spec){"mlx4", 4, 64};
-    else if (!strcmp(format, "mlx8"))
-        f = (struct mm_spec){"mlx8", 8, 64};
-    else if (!strcmp(format, "mxfp4"))
-        f = (struct mm_spec){"mxfp4", 4, 32};
-    else if (!strcmp(format, "mxfp8"))
-        f = (struct mm_spec){"mxfp8", 8, 32};
-    else {
-        fprintf(stderr,
-                "pagoda bench make-model: --format must be bf16, mlx4, mlx8, mxfp4 or mxfp8\n");
-        return 2;
-    }
-    if (H % A || A % K || (f.group && (H % f.group || F % f.group))) {
-        fprintf(stderr, "pagoda bench make-model: shapes do not divide (hidden %% heads, heads %% "
-                        "kv-heads, hidden and ffn by the group size)\n");
-        return 2;
-    }
-    long D = H / A;
-    if (mkdir(out, 0755) != 0) {
-        struct stat sb;
-        if (stat(out, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
-            fprintf(stderr, "pagoda bench make-model: cannot create %s\n", out);
-            return 1;
-        }
-    }
-    struct st_writer *w = st_writer_create();
-    struct fill *pool = xcalloc((size_t)(L * 40 + 16), sizeof *pool);
-    int np = 0;
-    struct fill *one = &pool[np++];
-    *one = (struct fill){FILL_BF16_CONST, 0, 1.0f, 0};
-    char p[256];
-    add_linear(w, &pool, &np, "model.embed_tokens", V, H, &f, (uint64_t)seed << 40);
-    add_linear(w, &pool, &np, "lm_head", V, H, &f, ((uint64_t)seed << 40) + (1ull << 38));
-    int64_t hshape[1] = {H}, dshape[1] = {D};
-    st_writer_add(w, "model.norm.weight", ST_BF16, 1, hshape, fill_cb, one);
-    for (long l = 0; l < L; l++) {
-        uint64_t s = ((uint64_t)seed << 40) + ((uint64_t)(l + 1) << 32);
-        const char *names[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                               "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
-                               "mlp.down_proj"};
-        int64_t ns[] = {A * D, K * D, K * D, H, F, F, H}, ks[] = {H, H, H, A * D, H, H, F};
-        for (int i = 0; i < 7; i++) {
-            snprintf(p, sizeof p, "model.layers.%ld.%s", l, names[i]);
-            add_linear(w, &pool, &np, p, ns[i], ks[i], &f, s + ((uint64_t)i << 28));
-        }
-        snprintf(p, sizeof p, "model.layers.%ld.input_layernorm.weight", l);
-        st_writer_add(w, p, ST_BF16, 1, hshape, fill_cb, one);
-        snprintf(p, sizeof p, "model.layers.%ld.post_attention_layernorm.weight", l);
-        st_writer_add(w, p, ST_BF16, 1, hshape, fill_cb, one);
-        if (qwen3) {
-            snprintf(p, sizeof p, "model.layers.%ld.self_attn.q_norm.weight", l);
-            st_writer_add(w, p, ST_BF16, 1, dshape, fill_cb, one);
-            snprintf(p, sizeof p, "model.layers.%ld.self_attn.k_norm.weight", l);
-            st_writer_add(w, p, ST_BF16, 1, dshape, fill_cb, one);
-        }
-    }
-    char path[4096];
-    snprintf(path, sizeof path, "%s/model.safetensors", out);
-    struct err e = {0};
-    double t0 = util_now();
-    int rc = st_writer_write(w, path, f.bits == 16 ? "pt" : "mlx", &e);
-    st_writer_destroy(w);
-    free(pool);
-    if (rc) {
-        fprintf(stderr, "pagoda: %s\n", e.msg);
-        return 1;
-    }
-    cJSON *c = cJSON_CreateObject();
-    cJSON *ar = cJSON_AddArrayToObject(c, "architectures");
-    cJSON_AddItemToArray(ar, cJSON_CreateString(qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM"));
-    cJSON_AddStringToObject(c, "model_type", qwen3 ? "qwen3" : "llama");
-    cJSON_AddNumberToObject(c, "hidden_size", (double)H);
-    cJSON_AddNumberToObject(c, "num_hidden_layers", (double)L);
-    cJSON_AddNumberToObject(c, "num_attention_heads", (double)A);
-    cJSON_AddNumberToObject(c, "num_key_value_heads", (double)K);
-    cJSON_AddNumberToObject(c, "head_dim", (double)D);
-    cJSON_AddNumberToObject(c, "intermediate_size", (double)F);
-    cJSON_AddNumberToObject(c, "vocab_size", (double)V);
-    cJSON_AddNumberToObject(c, "max_position_embeddings", (double)ctx);
-    cJSON_AddNumberToObject(c, "rms_norm_eps", 1e-5);
-    cJSON_AddStringToObject(c, "hidden_act", "silu");
-    cJSON_AddFalseToObject(c, "tie_word_embeddings");
-    cJSON_AddNumberToObject(c, "bos_token_id", 1);
-    cJSON_AddNumberToObject(c, "eos_token_id", 2);
-    cJSON_AddStringToObject(c, "torch_dtype", "bfloat16");
-    cJSON *rp = cJSON_AddObjectToObject(c, "rope_parameters");
-    cJSON_AddNumberToObject(rp, "rope_theta", qwen3 ? 1000000.0 : 500000.0);
-    if (qwen3) {
-        cJSON_AddStringToObject(rp, "rope_type", "default");
-    } else {
-        cJSON_AddStringToObject(rp, "rope_type", "llama3");
-        cJSON_AddNumberToObject(rp, "factor", 8.0);
-        cJSON_AddNumberToObject(rp, "low_freq_factor", 1.0);
-        cJSON_AddNumberToObject(rp, "high_freq_factor", 4.0);
-        cJSON_AddNumberToObject(rp, "original_max_position_embeddings", 8192);
-    }
-    if (f.bits != 16) {
-        for (int i = 0; i < 2; i++) {
-            cJSON *q = cJSON_AddObjectToObject(c, i ? "quantization_config" : "quantization");
-            cJSON_AddNumberToObject(q, "group_size", f.group);
-            cJSON_AddNumberToObject(q, "bits", f.bits);
-            if (!strcmp(f.format, "mxfp4") || !strcmp(f.format, "mxfp8"))
-                cJSON_AddStringToObject(q, "mode", f.format);
-        }
-    }
-    char *text = cJSON_Print(c);
-    cJSON_Delete(c);
-    snprintf(path, sizeof path, "%s/config.json", out);
-    FILE *fp = fopen(path, "w");
-    if (!fp) {
-        free(text);
-        fprintf(stderr, "pagoda: %s: cannot write\n", path);
-        return 1;
-    }
-    fputs(text, fp);
-    fclose(fp);
-    free(text);
-    printf("wrote %s (%s, %s) in %.1f s\n", out, qwen3 ? "Qwen3ForCausalLM" : "LlamaForCausalLM",
-           f.format, util_now() - t0);
-    return 0;
-}
 
 /* ---- decode ---- */
 
@@ -319,6 +45,26 @@ static double measure_read_bw(int threads)
     free(buf);
     if (sink == 42) fprintf(stderr, " "); /* keeps the reads observable */
     return best;
+}
+
+/* Bytes of weights a decode step of B sequences streams: every matrix but the embedding
+ * table (only rows of it are read) unless it doubles as the output head, and of a MoE
+ * layer's experts only those routed to: K of E for one sequence, and for B the expected
+ * number of distinct experts under uniform routing, E * (1 - (1 - K / E)^B). */
+static size_t step_weight_bytes(const struct model *m, int B)
+{
+    const struct moe_config *mc = &m->cfg.moe;
+    double bytes = (double)model_weight_bytes(m);
+    if (m->lm_head.w != m->embed.w) bytes -= (double)qweight_bytes(&m->embed);
+    double E = mc->n_experts, read = E * (1.0 - pow(1.0 - (double)mc->top_k / E, B));
+    for (int l = 0; l < m->cfg.n_layers && mc->n_experts; l++) {
+        if (!m->cfg.layer_moe[l]) continue;
+        const struct qweight *x = m->experts + (size_t)l * 3 * mc->n_experts;
+        double all = 0;
+        for (int i = 0; i < 3 * mc->n_experts; i++) all += (double)qweight_bytes(&x[i]);
+        bytes -= all * (E - read) / E;
+    }
+    return (size_t)bytes;
 }
 
 static int bench_decode(int argc, char **argv)
@@ -402,7 +148,7 @@ static int bench_decode(int argc, char **argv)
      * sequence starts over. */
     {
         for (long i = 0; i < P * K; i++)
-            prompt[i] = (int32_t)(mix(x + (uint64_t)i) % (uint64_t)c->vocab);
+            prompt[i] = (int32_t)(bench_mix(x + (uint64_t)i) % (uint64_t)c->vocab);
         for (long s = 0; s < K; s++) {
             sids[s] = (int)s;
             toks[s] = prompt + s * P;
@@ -424,7 +170,7 @@ static int bench_decode(int argc, char **argv)
         int n = (int)(B - s0 < K ? B - s0 : K);
         for (int j = 0; j < n; j++) {
             for (long i = 0; i < P; i++)
-                prompt[j * P + i] = (int32_t)(mix(x++) % (uint64_t)c->vocab);
+                prompt[j * P + i] = (int32_t)(bench_mix(x++) % (uint64_t)c->vocab);
             sids[j] = (int)(s0 + j);
             toks[j] = prompt + j * P;
             counts[j] = (int)P;
@@ -436,7 +182,7 @@ static int bench_decode(int argc, char **argv)
     }
     double t_prefill = util_now() - t0;
     for (long s = 0; s < B; s++) {
-        next[s] = (int32_t)(mix(x++) % (uint64_t)c->vocab);
+        next[s] = (int32_t)(bench_mix(x++) % (uint64_t)c->vocab);
         toks[s] = &next[s];
         counts[s] = 1;
     }
@@ -475,11 +221,7 @@ static int bench_decode(int argc, char **argv)
     free(pick_rows);
     qsort(step_t, (size_t)G, sizeof(double), cmp_double);
     double med = step_t[G / 2];
-    size_t wbytes = model_weight_bytes(r.m);
-    /* Bytes a decode step streams: every matrix but the embedding table (only rows of it
-     * are read) unless it doubles as the output head. */
-    size_t step_bytes = wbytes;
-    if (r.m->lm_head.w != r.m->embed.w) step_bytes -= qweight_bytes(&r.m->embed);
+    size_t step_bytes = step_weight_bytes(r.m, (int)B);
     double prefill_tps = (double)(B * P) / t_prefill;
     double decode_tps = (double)B / med;
     double eff_bw = (double)step_bytes / med;
@@ -526,7 +268,8 @@ static int bench_decode(int argc, char **argv)
 
 int cli_bench(int argc, char **argv)
 {
-    if (argc >= 2 && !strcmp(argv[1], "make-model")) return make_model(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "make-model"))
+        return cli_bench_make_model(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "decode")) return bench_decode(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "tokenize")) return cli_bench_tokenize(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "throughput"))

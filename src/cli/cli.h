@@ -17,6 +17,8 @@ int cli_detokenize(int argc, char **argv);
 int cli_bench_tokenize(int argc, char **argv);
 int cli_bench_throughput(int argc, char **argv);
 int cli_bench_matmul(int argc, char **argv);
+/** `pagoda bench make-model`: argv[0] is "make-model"; a random-weight checkpoint. */
+int cli_bench_make_model(int argc, char **argv);
 int cli_template(int argc, char **argv);
 /** `pagoda convert`: a checkpoint folder in another weight format (cli/convert.h). */
 int cli_convert(int argc, char **argv);

@@ -30,6 +30,21 @@ static void tally(struct fmt_tally *t, int *n, const struct qweight *w)
     (*n)++;
 }
 
+/* Parameters a token multiplies: all but the experts it is not routed to. */
+static int64_t active_params(const struct model *m)
+{
+    const struct moe_config *mc = &m->cfg.moe;
+    int64_t n = model_param_count(m);
+    for (int l = 0; l < m->cfg.n_layers && mc->n_experts; l++) {
+        if (!m->cfg.layer_moe[l]) continue;
+        const struct qweight *x = m->experts + (size_t)l * 3 * mc->n_experts;
+        int64_t all = 0;
+        for (int i = 0; i < 3 * mc->n_experts; i++) all += x[i].n * x[i].k;
+        n -= all / mc->n_experts * (mc->n_experts - mc->top_k);
+    }
+    return n;
+}
+
 int cli_info(int argc, char **argv)
 {
     const char *dir = NULL, *device = NULL;
@@ -112,31 +127,42 @@ int cli_info(int argc, char **argv)
         linear += c->layer_kinds[l] == LAYER_LINEAR;
         moe += c->layer_moe[l];
     }
-    size_t state_seq = model_state_bytes(m); /* float32 recurrent state of one sequence */
+    int64_t active = active_params(m);
+    size_t state = model_state_bytes(m);
     if (json) {
         printf("{\"architecture\": \"%s\", \"family\": \"%s\", \"hidden_size\": %d, "
                "\"num_layers\": %d, \"num_heads\": %d, \"num_kv_heads\": %d, \"head_dim\": %d, "
                "\"intermediate_size\": %d, \"vocab_size\": %d, \"context_length\": %d, "
                "\"sliding_window\": %d, \"sliding_layers\": %d, \"rope_type\": \"%s\", "
                "\"rope_theta\": %g, \"tied_embeddings\": %s, \"parameters\": %lld, "
-               "\"weight_bytes\": %zu, \"bits_per_weight\": %.3f, \"formats\": [",
+               "\"active_parameters\": %lld, \"weight_bytes\": %zu, \"bits_per_weight\": %.3f, "
+               "\"rotary_dim\": %d, ",
                c->arch_name, c->arch->family, c->hidden, c->n_layers, c->n_heads, c->n_kv_heads,
                c->head_dim, c->ffn, c->vocab, c->max_pos, c->sliding_window, sliding,
                config_rope_type_name(c->rope_full.type), c->rope_full.theta,
-               m->lm_head.w == m->embed.w ? "true" : "false", (long long)params, wbytes, bpw);
+               m->lm_head.w == m->embed.w ? "true" : "false", (long long)params, (long long)active,
+               wbytes, bpw, c->rope_dim);
+        if (moe)
+            printf("\"experts\": {\"layers\": %d, \"num_experts\": %d, \"experts_per_token\": %d, "
+                   "\"expert_ffn\": %d, \"shared_expert_ffn\": %d}, ",
+                   moe, c->moe.n_experts, c->moe.top_k, c->moe.inner, c->moe.shared_inner);
+        if (linear)
+            printf("\"linear_attention\": {\"layers\": %d, \"key_heads\": %d, \"value_heads\": "
+                   "%d, \"key_dim\": %d, \"value_dim\": %d, \"conv_kernel\": %d, "
+                   "\"state_bytes_per_sequence\": %zu}, ",
+                   linear, c->lin.n_k_heads, c->lin.n_v_heads, c->lin.k_dim, c->lin.v_dim,
+                   c->lin.conv_k, state);
+        printf("\"formats\": [");
         for (int i = 0; i < nt; i++)
             printf("%s{\"format\": \"%s\", \"parameters\": %lld, \"bits_per_weight\": %.3f}",
                    i ? ", " : "", t[i].name, (long long)t[i].params,
                    8.0 * (double)t[i].bytes / (double)t[i].params);
-        printf("], \"linear_attention_layers\": %d, \"moe_layers\": %d, \"experts\": %d, "
-               "\"experts_per_token\": %d, \"expert_ffn\": %d, \"shared_expert_ffn\": %d, "
-               "\"memory\": {\"weights\": %zu, \"kv_per_token\": %zu, "
+        printf("], \"memory\": {\"weights\": %zu, \"kv_per_token\": %zu, "
                "\"state_per_sequence\": %zu, \"kv_full_context\": %zu, \"activations\": %zu, "
                "\"total\": %zu}, "
                "\"device\": {\"name\": \"%s\", \"memory\": %zu, \"free\": %zu, "
                "\"kv_value_bytes\": %d",
-               linear, moe, c->moe.n_experts, c->moe.top_k, c->moe.inner, c->moe.shared_inner,
-               wbytes, kv_tok, state_seq, kv_ctx, act, wbytes + kv_ctx + state_seq + act, bi.device,
+               wbytes, kv_tok, state, kv_ctx, act, wbytes + kv_ctx + state + act, bi.device,
                bi.mem_total, bi.mem_free, bi.kv_value_bytes);
         if (gpu)
             printf(", \"gpu_memory_utilization\": %.3f, \"kv_pool_bytes\": %zu, "
@@ -147,24 +173,31 @@ int cli_info(int argc, char **argv)
         printf("architecture    %s (%s)\n", c->arch_name, c->arch->family);
         printf("dimensions      hidden %d, %d layers, %d heads / %d kv heads of %d, ffn %d\n",
                c->hidden, c->n_layers, c->n_heads, c->n_kv_heads, c->head_dim, c->ffn);
-        if (linear)
-            printf("layers          %d Gated DeltaNet (%d key / %d value heads of %d / %d, conv "
-                   "%d), %d full attention%s\n",
-                   linear, c->lin.n_k_heads, c->lin.n_v_heads, c->lin.k_dim, c->lin.v_dim,
-                   c->lin.conv_k, c->n_layers - linear, c->attn_gate ? " with an output gate" : "");
-        if (moe)
-            printf("experts         %d layers of %d experts, top %d, width %d", moe,
-                   c->moe.n_experts, c->moe.top_k, c->moe.inner);
-        if (moe && c->moe.shared_inner) printf(", shared expert of %d", c->moe.shared_inner);
-        if (moe) printf("\n");
         printf("vocabulary      %d\n", c->vocab);
         printf("context         %d tokens", c->max_pos);
         if (sliding)
             printf(" (%d of %d layers use a %d-token window)", sliding, c->n_layers,
                    c->sliding_window);
-        printf("\nrope            %s, theta %g\n", config_rope_type_name(c->rope_full.type),
+        printf("\nrope            %s, theta %g", config_rope_type_name(c->rope_full.type),
                c->rope_full.theta);
-        printf("parameters      %lld (%.2f M)\n", (long long)params, (double)params / 1e6);
+        if (c->rope_dim < c->head_dim)
+            printf(", %d of %d dimensions rotated", c->rope_dim, c->head_dim);
+        printf("\n");
+        if (linear)
+            printf(
+                "linear attn     %d of %d layers Gated DeltaNet: %d key / %d value heads of %d / "
+                "%d, conv %d; state %.2f MiB per sequence\n",
+                linear, c->n_layers, c->lin.n_k_heads, c->lin.n_v_heads, c->lin.k_dim, c->lin.v_dim,
+                c->lin.conv_k, (double)state / 1048576.0);
+        if (moe)
+            printf("experts         %d of %d layers: %d routed, %d per token, width %d; shared "
+                   "expert %d\n",
+                   moe, c->n_layers, c->moe.n_experts, c->moe.top_k, c->moe.inner,
+                   c->moe.shared_inner);
+        printf("parameters      %lld (%.2f M)", (long long)params, (double)params / 1e6);
+        if (active != params)
+            printf(", %lld (%.2f M) active per token", (long long)active, (double)active / 1e6);
+        printf("\n");
         printf("weights         %.2f MiB, %.2f bits per weight\n", (double)wbytes / 1048576.0, bpw);
         for (int i = 0; i < nt; i++)
             printf("  %-12s  %lld parameters, %.3f bits per weight\n", t[i].name,
@@ -173,11 +206,11 @@ int cli_info(int argc, char **argv)
                "(%zu bytes/token, %s)",
                (double)wbytes / 1048576.0, (double)kv_ctx / 1048576.0, kv_tok,
                bi.kv_value_bytes == 2 ? "bf16" : "float32");
-        if (state_seq)
+        if (state)
             printf(" + recurrent state %.2f MiB (%zu bytes/sequence, float32)",
-                   (double)state_seq / 1048576.0, state_seq);
+                   (double)state / 1048576.0, state);
         printf(" + activations %.2f MiB = %.2f MiB\n", (double)act / 1048576.0,
-               (double)(wbytes + kv_ctx + state_seq + act) / 1048576.0);
+               (double)(wbytes + kv_ctx + state + act) / 1048576.0);
         printf("device          %s, %.2f GiB (%.2f GiB free)\n", bi.device,
                (double)bi.mem_total / 1073741824.0, (double)bi.mem_free / 1073741824.0);
         if (gpu)

@@ -2,7 +2,9 @@
 # CLI test of `pagoda bench decode` and `pagoda bench throughput` on the bundled demo model:
 # the run's shape as reported in --json (batch, prompts per prefill step, lengths; requests,
 # sampling, output tokens), the clamp of --prefill-seqs to the batch, and exit status 2 for
-# usage errors.
+# usage errors. Then `pagoda bench make-model` for the MoE and hybrid families: the tensors
+# of both layouts (names, dtypes, shapes), info's parameter counts against the shape's, and
+# 8 generated tokens from each written model.
 # Usage: bench_cli.sh PAGODA_BINARY
 set -uo pipefail
 BIN="$1"
@@ -48,6 +50,103 @@ expect "throughput sampled" \
 expect "negative temperature" 2 "$(status tp --temperature -1)"
 expect "top-p of 0" 2 "$(status tp --top-p 0)"
 expect "top-p above 1" 2 "$(status tp --top-p 1.5)"
+
+# bench make-model, MoE and hybrid: hidden 128, 4 layers (3 DeltaNet + 1 full attention on
+# qwen3_5*), 4/2 heads of 32, 8 experts top 2 of width 64, shared expert 64, DeltaNet 2 key /
+# 4 value heads of 32 (conv channels 2*64 + 128 = 256), vocab 512.
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+mk() { # mk ARCH FORMAT [flags]: writes $TMP/ARCH-FORMAT
+  local a="$1" f="$2"
+  shift 2
+  "$BIN" bench make-model --arch "$a" --format "$f" --hidden 128 --layers 4 --heads 4 \
+    --kv-heads 2 --ffn 256 --vocab 512 "$@" "$TMP/$a-$f" >/dev/null
+}
+MOE=(--experts 8 --experts-per-tok 2 --expert-ffn 64)
+LIN=(--linear-key-heads 2 --linear-value-heads 4 --linear-key-dim 32 --linear-value-dim 32)
+header() { head -c 200000 "$TMP/$1/model.safetensors" | tr -d '\0'; }
+has() { # has MODEL 'name' DTYPE 'shape': the header entry, exactly
+  local got
+  got="$(header "$1" | grep -ao "\"$2\":{\"dtype\":\"[A-Z0-9]*\",\"shape\":\[[0-9,]*\]")"
+  expect "$1 $2" "\"$2\":{\"dtype\":\"$3\",\"shape\":[$4]}" "${got/\]/]\}}"
+}
+for f in bf16 mlx4; do
+  mk qwen3_moe $f "${MOE[@]}" || { echo "FAIL make-model qwen3_moe $f"; fails=$((fails + 1)); }
+  mk qwen3_5 $f "${LIN[@]}" || { echo "FAIL make-model qwen3_5 $f"; fails=$((fails + 1)); }
+  mk qwen3_5_moe $f "${MOE[@]}" "${LIN[@]}" --shared-expert-ffn 64 ||
+    { echo "FAIL make-model qwen3_5_moe $f"; fails=$((fails + 1)); }
+done
+# Hugging Face layout
+has qwen3_moe-bf16 model.layers.3.mlp.experts.7.down_proj.weight BF16 128,64
+has qwen3_moe-bf16 model.layers.0.mlp.gate.weight BF16 8,128
+has qwen3_moe-bf16 model.layers.0.self_attn.q_proj.weight BF16 128,128
+has qwen3_5-bf16 model.layers.0.linear_attn.conv1d.weight BF16 256,1,4
+has qwen3_5-bf16 model.layers.0.linear_attn.in_proj_qkv.weight BF16 256,128
+has qwen3_5-bf16 model.layers.0.linear_attn.in_proj_z.weight BF16 128,128
+has qwen3_5-bf16 model.layers.0.linear_attn.in_proj_b.weight BF16 4,128
+has qwen3_5-bf16 model.layers.0.linear_attn.in_proj_a.weight BF16 4,128
+has qwen3_5-bf16 model.layers.0.linear_attn.out_proj.weight BF16 128,128
+has qwen3_5-bf16 model.layers.2.linear_attn.A_log BF16 4
+has qwen3_5-bf16 model.layers.2.linear_attn.dt_bias BF16 4
+has qwen3_5-bf16 model.layers.2.linear_attn.norm.weight BF16 32
+has qwen3_5-bf16 model.layers.3.self_attn.q_proj.weight BF16 256,128
+has qwen3_5-bf16 model.layers.3.self_attn.q_norm.weight BF16 32
+has qwen3_5-bf16 model.layers.3.mlp.down_proj.weight BF16 128,256
+has qwen3_5_moe-bf16 model.layers.1.mlp.experts.0.gate_proj.weight BF16 64,128
+has qwen3_5_moe-bf16 model.layers.1.mlp.shared_expert.up_proj.weight BF16 64,128
+has qwen3_5_moe-bf16 model.layers.1.mlp.shared_expert_gate.weight BF16 1,128
+# MLX layout: stacked experts, conv1d [C, K, 1], routers at 8 bits, vectors unquantized
+has qwen3_moe-mlx4 model.layers.2.mlp.switch_mlp.up_proj.weight U32 8,64,16
+has qwen3_moe-mlx4 model.layers.2.mlp.switch_mlp.down_proj.scales BF16 8,128,1
+has qwen3_moe-mlx4 model.layers.2.mlp.gate.weight U32 8,32
+has qwen3_5-mlx4 model.layers.0.linear_attn.conv1d.weight BF16 256,4,1
+has qwen3_5-mlx4 model.layers.0.linear_attn.in_proj_qkv.weight U32 256,16
+has qwen3_5-mlx4 model.layers.0.linear_attn.A_log BF16 4
+has qwen3_5_moe-mlx4 model.layers.3.mlp.switch_mlp.gate_proj.biases BF16 8,64,2
+has qwen3_5_moe-mlx4 model.layers.3.mlp.shared_expert_gate.weight U32 1,32
+has qwen3_5_moe-mlx4 model.layers.3.mlp.shared_expert.down_proj.weight U32 128,8
+expect "no per-expert tensors in MLX" 0 \
+  "$(header qwen3_5_moe-mlx4 | grep -ac 'mlp\.experts\.' || true)"
+expect "router override (quantization, quantization_config)" 2 "$(grep -c '"model.layers.3.mlp.gate":' "$TMP/qwen3_moe-mlx4/config.json")"
+expect "layer types" '"layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"],' \
+  "$(tr -d '\t\n' <"$TMP/qwen3_5-bf16/config.json" | grep -o '"layer_types":[^]]*],' | sed 's/:/: /')"
+
+# Parameter counts from the shape: embedding + head 2*512*128, final norm 128, per layer
+# two norms 256; attention q (128 or gated 256) + k, v 64 + o 128 rows of 128 (+ q/k norms
+# 64); DeltaNet qkv 256 + z 128 + b, a 4 + out 128 rows of 128, conv 256*4, A_log, dt_bias
+# 4, norm 32; dense MLP 3*256*128; experts router 8*128 + 8*3*64*128, shared 3*64*128 + 128.
+emb=$((2 * 512 * 128 + 128 + 4 * 256))
+att=$(((128 + 64 + 64 + 128) * 128 + 64))
+gatt=$(((256 + 64 + 64 + 128) * 128 + 64))
+lin=$(((256 + 128 + 4 + 4 + 128) * 128 + 256 * 4 + 4 + 4 + 32))
+mlp=$((3 * 256 * 128))
+expert=$((3 * 64 * 128))
+moe=$((8 * 128 + 8 * expert))
+params() { "$BIN" info --model "$TMP/$1" --json | grep -o "\"$2\": [0-9]*" | head -1 | grep -o '[0-9]*$'; }
+for f in bf16 mlx4; do
+  expect "qwen3_moe $f parameters" $((emb + 4 * (att + moe))) "$(params qwen3_moe-$f parameters)"
+  expect "qwen3_moe $f active" $((emb + 4 * (att + moe - 6 * expert))) \
+    "$(params qwen3_moe-$f active_parameters)"
+  expect "qwen3_5 $f parameters" $((emb + 3 * lin + gatt + 4 * mlp)) "$(params qwen3_5-$f parameters)"
+  expect "qwen3_5_moe $f parameters" $((emb + 3 * lin + gatt + 4 * (moe + expert + 128))) \
+    "$(params qwen3_5_moe-$f parameters)"
+  for a in qwen3_moe qwen3_5 qwen3_5_moe; do
+    ids="$("$BIN" generate --model "$TMP/$a-$f" --prompt-ids "1 2 3" -n 8 --temperature 0 \
+      --ignore-eos --threads 1)"
+    expect "$a $f generates 8 tokens" 8 "$(echo "$ids" | wc -w)"
+  done
+done
+expect "info names the experts" 1 \
+  "$("$BIN" info --model "$TMP/qwen3_5_moe-mlx4" | grep -c '^experts .*8 routed, 2 per token, width 64; shared expert 64')"
+expect "experts on llama" 2 "$(status "$BIN" bench make-model --arch llama --experts 8 "$TMP/x")"
+expect "more chosen than experts" 2 \
+  "$(status "$BIN" bench make-model --arch qwen3_moe --experts 4 --experts-per-tok 5 "$TMP/x")"
+# a checkpoint larger than any disk (1 PB of embeddings) is refused before anything is written
+expect "no room" 1 "$(status "$BIN" bench make-model --hidden 1048576 --heads 8192 --kv-heads 8192 \
+  --vocab 536870912 --layers 1 --ffn 64 "$TMP/huge")"
+expect "no room leaves no directory" 0 "$(ls -d "$TMP/huge" 2>/dev/null | wc -l)"
+expect "shared expert on qwen3_moe" 2 \
+  "$(status "$BIN" bench make-model --arch qwen3_moe --shared-expert-ffn 64 "$TMP/x")"
 
 if [ "$fails" -ne 0 ]; then
   echo "bench_cli: $fails failed"
