@@ -189,11 +189,14 @@ int cli_info(int argc, char **argv)
                 "%d, conv %d; state %.2f MiB per sequence\n",
                 linear, c->n_layers, c->lin.n_k_heads, c->lin.n_v_heads, c->lin.k_dim, c->lin.v_dim,
                 c->lin.conv_k, (double)state / 1048576.0);
-        if (moe)
-            printf("experts         %d of %d layers: %d routed, %d per token, width %d; shared "
-                   "expert %d\n",
-                   moe, c->n_layers, c->moe.n_experts, c->moe.top_k, c->moe.inner,
-                   c->moe.shared_inner);
+        if (moe) {
+            printf("experts         %d of %d layers: %d routed, %d per token, width %d", moe,
+                   c->n_layers, c->moe.n_experts, c->moe.top_k, c->moe.inner);
+            if (c->moe.shared_inner)
+                printf("; shared expert %d\n", c->moe.shared_inner);
+            else
+                printf("; no shared expert\n");
+        }
         printf("parameters      %lld (%.2f M)", (long long)params, (double)params / 1e6);
         if (active != params)
             printf(", %lld (%.2f M) active per token", (long long)active, (double)active / 1e6);
