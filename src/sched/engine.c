@@ -91,6 +91,15 @@ void list_insert_ordered(struct req_list *l, struct request *r)
 
 static void *engine_main(void *arg);
 
+/* Recurrent-state slots of a hybrid model: one per running request plus half as many for
+ * prefix snapshots, in at most half of `mem`. */
+static long state_slots(const struct engine_config *cfg, size_t mem, size_t per_state)
+{
+    long n = cfg->max_num_seqs + cfg->max_num_seqs / 2 + 1;
+    if ((size_t)n * per_state > mem / 2) n = (long)(mem / 2 / per_state);
+    return n;
+}
+
 struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
 {
     struct engine *en = xcalloc(1, sizeof *en);
@@ -137,11 +146,8 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
             mem =
                 backend_kv_budget(&bi, util, model_weight_bytes(en->m) + act + ((size_t)256 << 20));
         }
-        if (en->hybrid) {
-            /* Recurrent states: one slot per running request plus half as many for prefix
-             * snapshots, at most half of the memory; the blocks take the rest. */
-            n_states = cfg->max_num_seqs + cfg->max_num_seqs / 2 + 1;
-            if ((size_t)n_states * per_state > mem / 2) n_states = (long)(mem / 2 / per_state);
+        if (en->hybrid) { /* the blocks take what the recurrent states leave */
+            n_states = state_slots(cfg, mem, per_state);
             mem -= (size_t)n_states * per_state;
         }
         n_blocks = (long)(mem / per_block);
@@ -149,10 +155,7 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
         long useful = ((long)ctx + en->block_size - 1) / en->block_size * (long)cfg->max_num_seqs;
         if (n_blocks > useful) n_blocks = useful;
     }
-    if (en->hybrid && n_states <= 0) {
-        n_states = cfg->max_num_seqs + cfg->max_num_seqs / 2 + 1;
-        if ((size_t)n_states * per_state > mem / 2) n_states = (long)(mem / 2 / per_state);
-    }
+    if (en->hybrid && n_states <= 0) n_states = state_slots(cfg, mem, per_state);
     if (en->hybrid && n_states < 2) {
         err_set(e,
                 "the memory for recurrent states holds %ld slot(s) of %zu bytes; give "
