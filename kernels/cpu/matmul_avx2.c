@@ -300,7 +300,8 @@ FTL(3, 1)
 FTL(3, 2)
 FTL(3, 3)
 FTL(1, 4)
-FTL(2, 4) FTL(3, 4)
+FTL(2, 4)
+FTL(3, 4)
     /* Large m, f32 panels: [MR - 1][NR - 1] */
     static const ftile_fn ft_large[3][4] = {{ftl_1_1, ftl_1_2, ftl_1_3, ftl_1_4},
                                             {ftl_2_1, ftl_2_2, ftl_2_3, ftl_2_4},

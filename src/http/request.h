@@ -67,7 +67,6 @@ struct http_gen {
     int skip_special;  /* drop special tokens from text (default 1) */
 };
 
-
 /** Parses and validates body for api into g. 0, or -1 with he (g then holds nothing). */
 int http_gen_parse(enum http_api api, const cJSON *body, const struct http_model *m,
                    struct http_gen *g, struct http_error *he);

@@ -1,8 +1,8 @@
 /*
  * http server: `pagoda serve`. The engine behind h2o: OpenAI (/v1/chat/completions,
- * /v1/completions, /v1/embeddings, /v1/models) and Anthropic (/v1/messages, /v1/messages/count_tokens)
- * routes with SSE streaming, /health, /metrics, /tokenize and /detokenize, over HTTP/1.1,
- * h2c (prior knowledge and Upgrade) and h2 over TLS (ALPN).
+ * /v1/completions, /v1/embeddings, /v1/models) and Anthropic (/v1/messages,
+ * /v1/messages/count_tokens) routes with SSE streaming, /health, /metrics, /tokenize and
+ * /detokenize, over HTTP/1.1, h2c (prior knowledge and Upgrade) and h2 over TLS (ALPN).
  *
  *     struct http_config cfg;
  *     http_config_default(&cfg);
