@@ -45,11 +45,10 @@ void conv_token_portable(float *x, float *tail, size_t ldt, const float *w, int 
                          int fresh);
 void delta_step_portable(float *S, const float *q, const float *k, const float *v, int dk, int dv,
                          float decay, float beta, float *o, float *tmp);
-#if defined(PAGODA_X86)
+/* The AVX2 versions (hybrid_avx2.c; only built and called on x86-64) */
 void conv_token_avx2(float *x, float *tail, size_t ldt, const float *w, int n, int K, int fresh);
 void delta_step_avx2(float *S, const float *q, const float *k, const float *v, int dk, int dv,
                      float decay, float beta, float *o, float *tmp);
-#endif
 
 extern const struct cpu_impl cpu_impl_portable;
 #if defined(PAGODA_X86)
