@@ -58,12 +58,22 @@ enum opk {
     OP_SAMPLE,
     OP_GEMM_SET, /* 2 or 3 cuBLASLt products over one x, run on as many streams at once */
     OP_ROPE_TAB, /* the step's rope tables (also done by an embed op: its rope fields) */
+    /* the hybrid and MoE families (hybrid.cu, moe.cu) */
+    OP_ROPE_PART,
+    OP_SPLIT_QG,
+    OP_GATE_MUL,
+    OP_RMS_GATED,
+    OP_DELTA, /* its arguments in dn */
+    OP_MOE,   /* its arguments in me */
+    OP_COPY,
 };
 
 static const char *const op_names[] = {
-    "embed",     "gemm",         "add_bias",      "rms_norm", "rope",        "kv_store",
-    "attention", "act_mul",      "add",           "softcap",  "gather_rows", "argmax",
-    "gemv",      "add+rms_norm", "rope+kv_store", "sample",   "gemm set",    "rope tables"};
+    "embed",       "gemm",           "add_bias",    "rms_norm",     "rope",
+    "kv_store",    "attention",      "act_mul",     "add",          "softcap",
+    "gather_rows", "argmax",         "gemv",        "add+rms_norm", "rope+kv_store",
+    "sample",      "gemm set",       "rope tables", "rope_partial", "split_qgate",
+    "gate_mul",    "rms_norm_gated", "delta_net",   "moe",          "copy"};
 
 /* Flags of an OP_GEMM_SET in i[3]: the rope + KV store launch after the fused set reads
  * its columns (no split); the set's results are bf16. */
@@ -80,6 +90,10 @@ struct op {
     dweight w;
     cu_attn_args att;
     cu_gemv_set gs;
+    union {
+        cu_delta_args dn; /* OP_DELTA */
+        cu_moe_args me;   /* OP_MOE */
+    };
 };
 
 /* Per-operation device time, when PAGODA_CUDA_PROFILE=1 (operations run eagerly). */
@@ -107,7 +121,7 @@ struct cu_ctx {
     int32_t *d_meta, *h_meta;
     size_t cap_tok, cap_seq, cap_bt; /* capacities (elements) */
     int32_t *d_tokens, *d_pos, *d_slot, *d_tok_seq, *d_logit_rows, *d_pick_rows, *d_seq_len,
-        *d_q_start, *d_bt;
+        *d_q_start, *d_state_slot, *d_bt;
     /* recorded after a step's copies from the staging buffers (h_meta, h_tiles), before its
      * operations: the next step refills them once it has passed, without waiting for the
      * step itself */
@@ -152,6 +166,12 @@ struct cu_ctx {
     int pick_n[2], pick_first, pick_pending;
     struct sample_row *d_sample; /* sampling parameters of the rows being sampled */
     size_t sample_cap;
+    /* routed experts: a device table of each MoE layer's expert descriptors, built on the
+     * layer's first use (found by its gate array), and the scratch of cu_moe */
+    struct moe_table *moe_tabs;
+    int n_moe_tabs;
+    void *moe_ws;
+    size_t moe_ws_cap;
 
     uint64_t gen; /* bumped when any buffer a tape points to moves */
     op *tape;
@@ -337,6 +357,30 @@ static void exec_op(cu_ctx *c, const op *o)
                         (const float *)o->p[3], o->i[0], o->i[1], o->f[0],
                         (__nv_bfloat16 *)o->p[4]);
         break;
+    case OP_ROPE_PART:
+        cu_rope_partial(s, (float *)o->p[0], o->i[0], o->i[1], o->i[2], o->i[3],
+                        (const float *)o->p[1], (const float *)o->p[2]);
+        break;
+    case OP_SPLIT_QG:
+        cu_split_qgate(s, (float *)o->p[0], (float *)o->p[1], (const float *)o->p[2], o->i[0],
+                       o->i[1], o->i[2]);
+        break;
+    case OP_GATE_MUL:
+        cu_gate_mul(s, (float *)o->p[0], (const float *)o->p[1], o->i[0], o->i[1], o->i[2]);
+        break;
+    case OP_RMS_GATED:
+        cu_rms_norm_gated(s, (float *)o->p[0], (const float *)o->p[1], (const float *)o->p[2],
+                          (const float *)o->p[3], o->i[0], o->i[1], o->f[0]);
+        break;
+    case OP_DELTA:
+        cu_delta_net(s, o->dn);
+        break;
+    case OP_MOE:
+        cu_moe(s, o->me);
+        break;
+    case OP_COPY:
+        cu_copy(s, (void *)o->p[0], o->p[1], (size_t)o->n);
+        break;
     }
 }
 
@@ -360,6 +404,11 @@ static void op_label(const op *o, char *buf, size_t n)
     case OP_GEMM_SET:
         snprintf(buf, n, "gemm set %s%lldx%lld", o->i[1] ? "fused " : "",
                  (long long)(o->gs.w[0].n + o->gs.w[1].n + o->gs.w[2].n), (long long)o->gs.w[0].k);
+        break;
+    case OP_MOE:
+        snprintf(buf, n, "moe %s (%d experts, top %d)",
+                 o->me.grouped ? "grouped, tensor cores" : "a product per (row, expert)",
+                 o->me.n_experts, o->me.top_k);
         break;
     case OP_MATMUL:
         snprintf(buf, n, "gemm %s%s %lldx%lld",
@@ -507,6 +556,15 @@ static bool op_mentions(const op *o, const void *b)
         if (o->p[i] == b) return true;
     for (int i = 0; i < 3; i++)
         if ((const void *)o->gs.y[i] == b) return true;
+    if (o->kind == OP_DELTA) {
+        const cu_delta_args &d = o->dn;
+        if ((const void *)d.out == b || (const void *)d.qkv == b || (const void *)d.beta == b ||
+            (const void *)d.a == b || (const void *)d.conv == b || (const void *)d.rec == b)
+            return true;
+    }
+    if (o->kind == OP_MOE && ((const void *)o->me.out == b || (const void *)o->me.x == b ||
+                              (const void *)o->me.router == b))
+        return true;
     return (const void *)o->gs.nsrc == b || (const void *)o->gs.resid == b ||
            (const void *)o->att.q == b || (const void *)o->att.out == b;
 }
@@ -851,7 +909,7 @@ static void cu_batch_begin(void *ctx, const struct fwd_batch *b)
         CU(cudaStreamSynchronize(c->st)); /* a running step may read them */
         if (c->d_meta) CU(cudaFree(c->d_meta));
         if (c->h_meta) CU(cudaFreeHost(c->h_meta));
-        size_t total = 6 * ct + 2 * cs + cb;
+        size_t total = 6 * ct + 3 * cs + cb;
         CU(cudaMalloc((void **)&c->d_meta, total * sizeof(int32_t)));
         CU(cudaMallocHost((void **)&c->h_meta, total * sizeof(int32_t)));
         c->cap_tok = ct;
@@ -865,7 +923,8 @@ static void cu_batch_begin(void *ctx, const struct fwd_batch *b)
         c->d_pick_rows = c->d_meta + 5 * ct;
         c->d_seq_len = c->d_meta + 6 * ct;
         c->d_q_start = c->d_meta + 6 * ct + cs;
-        c->d_bt = c->d_meta + 6 * ct + 2 * cs;
+        c->d_state_slot = c->d_meta + 6 * ct + 2 * cs;
+        c->d_bt = c->d_meta + 6 * ct + 3 * cs;
         c->gen++;
         graphs_clear(c);
     }
@@ -887,8 +946,12 @@ static void cu_batch_begin(void *ctx, const struct fwd_batch *b)
     }
     memcpy(h + 6 * ct, b->seq_len, (size_t)b->n_seqs * 4);
     memcpy(h + 6 * ct + cs, b->q_start, (size_t)(b->n_seqs + 1) * 4);
-    memcpy(h + 6 * ct + 2 * cs, b->block_table, (size_t)b->n_seqs * b->max_blocks * 4);
-    CU(cudaMemcpyAsync(c->d_meta, h, (6 * ct + 2 * cs + cb) * 4, cudaMemcpyHostToDevice, c->st));
+    if (b->state_slot)
+        memcpy(h + 6 * ct + 2 * cs, b->state_slot, (size_t)b->n_seqs * 4);
+    else
+        memset(h + 6 * ct + 2 * cs, 0, (size_t)b->n_seqs * 4); /* no linear-attention layers */
+    memcpy(h + 6 * ct + 3 * cs, b->block_table, (size_t)b->n_seqs * b->max_blocks * 4);
+    CU(cudaMemcpyAsync(c->d_meta, h, (6 * ct + 3 * cs + cb) * 4, cudaMemcpyHostToDevice, c->st));
     c->h_logit_rows = b->logit_rows;
     c->n_tokens = b->n_tokens;
     c->n_seqs = b->n_seqs;
@@ -1648,6 +1711,193 @@ static void cu_sample_op(void *ctx, int32_t *out, const float *x, int rows, int 
     token_op(c, OP_SAMPLE, out, x, rows, n, c->d_sample);
 }
 
+/* ---- the hybrid and MoE families ---- */
+
+static void cu_rope_partial_op(void *ctx, float *x, int rows, int heads, int d, int rot,
+                               const float *cos_t, const float *sin_t)
+{
+    op *o = record((cu_ctx *)ctx, OP_ROPE_PART);
+    o->p[0] = x;
+    o->p[1] = cos_t;
+    o->p[2] = sin_t;
+    o->i[0] = rows;
+    o->i[1] = heads;
+    o->i[2] = d;
+    o->i[3] = rot;
+}
+
+static void cu_split_qgate_op(void *ctx, float *q, float *gate, const float *qg, int rows,
+                              int heads, int d)
+{
+    op *o = record((cu_ctx *)ctx, OP_SPLIT_QG);
+    o->p[0] = q;
+    o->p[1] = gate;
+    o->p[2] = qg;
+    o->i[0] = rows;
+    o->i[1] = heads;
+    o->i[2] = d;
+}
+
+static void cu_gate_mul_op(void *ctx, float *x, const float *g, int rows, int n, int gn)
+{
+    op *o = record((cu_ctx *)ctx, OP_GATE_MUL);
+    o->p[0] = x;
+    o->p[1] = g;
+    o->i[0] = rows;
+    o->i[1] = n;
+    o->i[2] = gn;
+}
+
+static void cu_rms_norm_gated_op(void *ctx, float *out, const float *x, const float *z,
+                                 const float *w, int rows, int dim, float eps)
+{
+    op *o = record((cu_ctx *)ctx, OP_RMS_GATED);
+    o->p[0] = out;
+    o->p[1] = x;
+    o->p[2] = z;
+    o->p[3] = w;
+    o->i[0] = rows;
+    o->i[1] = dim;
+    o->f[0] = eps;
+}
+
+/* The step's token ranges, positions and state slots are read from the metadata buffers. */
+static void cu_delta_net_op(void *ctx, float *out, float *qkv, const float *beta_in, const float *a,
+                            const struct state_layer *st, const struct delta_params *p,
+                            const struct fwd_batch *b)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    if (!b->state_slot)
+        cu_fatal("delta_net", "a step without recurrent-state slots", __FILE__, __LINE__);
+    op *o = record(c, OP_DELTA);
+    cu_delta_args &d = o->dn;
+    d.out = out;
+    d.qkv = qkv;
+    d.beta = beta_in;
+    d.a = a;
+    d.conv = st->conv;
+    d.rec = st->rec;
+    d.conv_w = p->conv_w;
+    d.a_log = p->a_log;
+    d.dt_bias = p->dt_bias;
+    d.q_start = c->d_q_start;
+    d.pos = c->d_pos;
+    d.state_slot = c->d_state_slot;
+    d.n_tokens = b->n_tokens;
+    d.n_seqs = b->n_seqs;
+    d.n_k_heads = p->n_k_heads;
+    d.n_v_heads = p->n_v_heads;
+    d.k_dim = p->k_dim;
+    d.v_dim = p->v_dim;
+    d.conv_k = p->conv_k;
+}
+
+/* A MoE layer's expert descriptors on the device: gate, up and down [n_experts] each. */
+struct moe_table {
+    /* the host descriptors (qweight.dev) of the first and last experts' matrices: they stay
+     * allocated while the backend lives, so no other layer's can share their addresses */
+    const void *key[6];
+    int n_experts;
+    int uniform_gu, uniform_down; /* as cu_moe_args */
+    dweight *d;
+};
+
+static bool same_layout(const dweight &a, const dweight &b)
+{
+    return a.fmt == b.fmt && a.bits == b.bits && a.group == b.group && a.sdtype == b.sdtype &&
+           a.gshift == b.gshift && a.gpr == b.gpr && a.n == b.n && a.k == b.k &&
+           a.row_bytes == b.row_bytes && !a.scales == !b.scales && !a.biases == !b.biases;
+}
+
+/* The table of p's layer, built on its first use (outside any graph capture: recording
+ * runs nothing). */
+static const moe_table *moe_table_get(cu_ctx *c, const struct moe_params *p)
+{
+    const int E = p->n_experts;
+    const void *key[6] = {p->gate[0].dev,     p->up[0].dev,     p->down[0].dev,
+                          p->gate[E - 1].dev, p->up[E - 1].dev, p->down[E - 1].dev};
+    for (int i = 0; i < c->n_moe_tabs; i++)
+        if (!memcmp(c->moe_tabs[i].key, key, sizeof key) && c->moe_tabs[i].n_experts == E)
+            return &c->moe_tabs[i];
+    const size_t bytes = sizeof(dweight) * 3 * (size_t)E;
+    dweight *h = (dweight *)malloc(bytes);
+    c->moe_tabs =
+        (moe_table *)realloc(c->moe_tabs, sizeof(moe_table) * (size_t)(c->n_moe_tabs + 1));
+    if (!h || !c->moe_tabs) cu_fatal("malloc", "out of host memory", __FILE__, __LINE__);
+    moe_table *t = &c->moe_tabs[c->n_moe_tabs++];
+    memcpy(t->key, key, sizeof key);
+    t->n_experts = E;
+    t->uniform_gu = t->uniform_down = 1;
+    for (int e = 0; e < E; e++) {
+        h[e] = dw(&p->gate[e]);
+        h[E + e] = dw(&p->up[e]);
+        h[2 * E + e] = dw(&p->down[e]);
+        t->uniform_gu &= same_layout(h[0], h[e]) && same_layout(h[0], h[E + e]);
+        t->uniform_down &= same_layout(h[2 * E], h[2 * E + e]);
+    }
+    CU(cudaSetDevice(c->dev));
+    CU(cudaMalloc((void **)&t->d, bytes));
+    CU(cudaMemcpyAsync(t->d, h, bytes, cudaMemcpyHostToDevice, c->st));
+    CU(cudaStreamSynchronize(c->st)); /* h goes away */
+    free(h);
+    return t;
+}
+
+static void cu_moe_op(void *ctx, float *out, const float *x, const float *router,
+                      const struct moe_params *p, int rows, int hidden)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    if (rows <= 0) return;
+    const int E = p->n_experts, K = p->top_k;
+    const dweight &g0 = dw(&p->gate[0]), &d0 = dw(&p->down[0]);
+    if (g0.k != hidden || d0.n != hidden || d0.k != g0.n || K < 1 || K > E)
+        cu_fatal("moe", "expert shapes that do not match the layer", __FILE__, __LINE__);
+    if (sizeof(float) * (size_t)E + 8 * (size_t)K > 48 * 1024)
+        cu_fatal("moe", "more experts than the routing kernel holds", __FILE__, __LINE__);
+    const moe_table *t = moe_table_get(c, p);
+    const int inner = (int)g0.n;
+    /* growing flushes what was recorded before: the operation is recorded after it */
+    c->moe_ws = grow(c, c->moe_ws, &c->moe_ws_cap, cu_moe_scratch_bytes(rows, K, E, inner, hidden));
+    op *o = record(c, OP_MOE);
+    cu_moe_args &a = o->me;
+    a.out = out;
+    a.x = x;
+    a.router = router;
+    a.gate = t->d;
+    a.up = t->d + E;
+    a.down = t->d + 2 * E;
+    a.ex_gu = g0;
+    a.ex_down = d0;
+    a.uniform_gu = t->uniform_gu;
+    a.uniform_down = t->uniform_down;
+    a.rows = rows;
+    a.hidden = hidden;
+    a.inner = inner;
+    a.n_experts = E;
+    a.top_k = K;
+    a.norm_topk = p->norm_topk;
+    a.gelu = p->act == ACT_GELU_TANH;
+    /* batch-invariant mode: the per-entry products for every row (as the dense products) */
+    a.grouped = rows > CU_GEMV_MAX_M && !c->invariant;
+    cu_moe_carve(&a, c->moe_ws);
+}
+
+/* Recorded behind the tape's operations; with none recorded (between steps, as the engine
+ * copies recurrent states) launched at once, in stream order all the same. */
+static void cu_copy_op(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    if (!c->n_ops) {
+        CU(cudaSetDevice(c->dev));
+        cu_copy(c->st, dst, src, bytes);
+        return;
+    }
+    op *o = record(c, OP_COPY);
+    o->p[0] = dst;
+    o->p[1] = src;
+    o->n = (int64_t)bytes;
+}
+
 static void cu_info(void *ctx, struct backend_info *out)
 {
     cu_ctx *c = (cu_ctx *)ctx;
@@ -1737,6 +1987,9 @@ static void cu_destroy(void *ctx)
     }
     CU(cudaEventDestroy(c->staged));
     if (c->d_sample) CU(cudaFree(c->d_sample));
+    for (int i = 0; i < c->n_moe_tabs; i++) CU(cudaFree(c->moe_tabs[i].d));
+    free(c->moe_tabs);
+    if (c->moe_ws) CU(cudaFree(c->moe_ws));
     CU(cudaEventDestroy(c->fork));
     for (int j = 0; j < 2; j++) {
         CU(cudaStreamDestroy(c->side[j]));
@@ -1779,15 +2032,13 @@ static const struct backend_ops cuda_ops = {
     .picks = cu_picks,
     .destroy = cu_destroy,
     .sample = NULL,
-    /* the hybrid and MoE operations are not on this backend yet: models that need them are
-     * refused when they load */
-    .rope_partial = NULL,
-    .split_qgate = NULL,
-    .gate_mul = NULL,
-    .rms_norm_gated = NULL,
-    .delta_net = NULL,
-    .moe = NULL,
-    .copy = NULL,
+    .rope_partial = cu_rope_partial_op,
+    .split_qgate = cu_split_qgate_op,
+    .gate_mul = cu_gate_mul_op,
+    .rms_norm_gated = cu_rms_norm_gated_op,
+    .delta_net = cu_delta_net_op,
+    .moe = cu_moe_op,
+    .copy = cu_copy_op,
 };
 
 int backend_cuda_device_count(void)

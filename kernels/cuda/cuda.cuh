@@ -272,6 +272,78 @@ void cu_split3(cudaStream_t s, const float *src, int m, int n0, int n1, int n2, 
 void cu_argmax(cudaStream_t s, int32_t *out, const float *x, int rows, int n, int split,
                unsigned long long *slot, unsigned *count, bool early);
 
+/* ---- the hybrid and MoE families (hybrid.cu, moe.cu) ---- */
+
+/** Partial rotary on x [rows, heads, d]: pairs (j, j + rot/2), j < rot/2, of each head;
+ * cos_t/sin_t [rows, rot/2]. */
+void cu_rope_partial(cudaStream_t s, float *x, int rows, int heads, int d, int rot,
+                     const float *cos_t, const float *sin_t);
+/** qg [rows, heads, 2 d] (each head's query, then its gate) into q and gate [rows, heads, d]. */
+void cu_split_qgate(cudaStream_t s, float *q, float *gate, const float *qg, int rows, int heads,
+                    int d);
+/** x [rows, n] *= sigmoid(g), g [rows, gn], gn = n (element-wise) or 1 (one gate a row). */
+void cu_gate_mul(cudaStream_t s, float *x, const float *g, int rows, int n, int gn);
+/** out[r] = rms_norm(x[r]) * w * silu(z[r]) over rows of dim (out may be x). */
+void cu_rms_norm_gated(cudaStream_t s, float *out, const float *x, const float *z, const float *w,
+                       int rows, int dim, float eps);
+/** dst = src, bytes of device memory, as a kernel (a node like the others in a graph). */
+void cu_copy(cudaStream_t s, void *dst, const void *src, size_t bytes);
+
+/* A Gated DeltaNet layer over a step (backend_ops.delta_net); the per-step values (token
+ * ranges, positions, state slots) are device buffers that batch_begin fills. */
+struct cu_delta_args {
+    float *out;                   /* [n_tokens, n_v_heads * v_dim] */
+    float *qkv;                   /* [n_tokens, conv_dim]: q, k (n_k_heads * k_dim each), v */
+    const float *beta, *a;        /* [n_tokens, n_v_heads] */
+    float *conv;                  /* [slots][conv_k - 1][conv_dim] */
+    float *rec;                   /* [slots][n_v_heads][k_dim][v_dim] */
+    const float *conv_w;          /* [conv_dim][conv_k] */
+    const float *a_log, *dt_bias; /* [n_v_heads] */
+    const int32_t *q_start, *pos, *state_slot; /* [n_seqs + 1], [n_tokens], [n_seqs] */
+    int n_tokens, n_seqs, n_k_heads, n_v_heads, k_dim, v_dim, conv_k;
+};
+/** The causal convolution (in place on qkv, SiLU, each sequence's tail continued and left in
+ * its slot), then the delta rule per (sequence, value head) over the sequence's tokens. */
+void cu_delta_net(cudaStream_t s, const cu_delta_args &d);
+
+/* Rows a launch of the experts takes at most: longer steps run in chunks of this many rows
+ * (the scratch holds a result row of each expert's products per chunk row). */
+#define CU_MOE_CHUNK 1024
+
+/* Routed experts (backend_ops.moe) over rows of x. */
+struct cu_moe_args {
+    float *out;              /* [rows, hidden] */
+    const float *x, *router; /* [rows, hidden], [rows, n_experts] */
+    /* the experts' matrices, device arrays [n_experts]: gate and up [inner, hidden], down
+     * [hidden, inner] */
+    const dweight *gate, *up, *down;
+    /* expert 0's gate and down; uniform_gu: every expert's gate and up laid out as ex_gu,
+     * uniform_down: every down as ex_down. Where uniform, the products decode whole units with
+     * the format's templates; else element by element, each expert as its descriptor says. */
+    dweight ex_gu, ex_down;
+    int uniform_gu, uniform_down;
+    int rows, hidden, inner, n_experts, top_k, norm_topk, gelu;
+    /* 0: a matrix-vector product per (row, chosen expert) pair; 1: rows grouped by expert,
+     * tiles of 64 rows on tensor cores (x rounded to bf16) */
+    int grouped;
+    /* scratch of cu_moe_scratch_bytes(CU_MOE_CHUNK rows at most), carved by cu_moe_carve */
+    int32_t *sel;   /* [rows * top_k] entry r * top_k + j: row r's j-th expert by id */
+    float *wt;      /* [rows * top_k] the entry's weight */
+    int32_t *list;  /* [rows * top_k] grouped: entries, expert after expert */
+    int32_t *start; /* [n_experts + 1] grouped: each expert's first position in list */
+    int32_t *tile0; /* [n_experts + 1] grouped: each expert's first tile of 64 positions */
+    float *h;       /* [rows * top_k, inner] act(gate x) * up x, by entry (grouped: by position) */
+    float *y;       /* [rows * top_k, hidden] each entry's expert output */
+};
+/** Bytes of scratch for rows (at most CU_MOE_CHUNK) of a layer's shape. */
+size_t cu_moe_scratch_bytes(int rows, int top_k, int n_experts, int inner, int hidden);
+/** Points a's scratch fields into ws (cu_moe_scratch_bytes of a's shape). */
+void cu_moe_carve(cu_moe_args *a, void *ws);
+/** Routing (softmax, top_k with ties to the lower index, renormalized when norm_topk), the
+ * chosen experts' products and each row's sum of them in expert order; rows beyond
+ * CU_MOE_CHUNK in chunks. */
+void cu_moe(cudaStream_t s, const cu_moe_args &a);
+
 /* ---- sampling (sample.cu) ---- */
 
 struct sample_row;
