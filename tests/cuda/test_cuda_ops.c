@@ -24,9 +24,12 @@
  * no-fuse (PAGODA_CUDA_FUSE=0: every operation in a launch of its own, rope and the KV store
  * included), invariant (PAGODA_CUDA_BATCH_INVARIANT=1: every product through the
  * matrix-vector kernels, 8 rows a launch), decode-layers (whole decode layers: one warp a
- * pair, ranges merged through global memory) and stream (the one-row 16-bit products at the
- * 8B widths). Every output buffer is poisoned with NaN before the CUDA run, so unwritten
- * elements fail. Without a GPU the test prints "no GPU: not run" and exits 77 (skipped).
+ * pair, ranges merged through global memory), stream (the one-row 16-bit products at the
+ * 8B widths), hybrid (the operations of the hybrid and MoE families, then their layers over
+ * prefill and decode steps: ops_hybrid.h, which states its bounds) and hybrid-invariant (the
+ * same with PAGODA_CUDA_BATCH_INVARIANT=1). Every output buffer is poisoned with NaN before the
+ * CUDA run, so unwritten elements fail. Without a GPU the test prints "no GPU: not run" and exits
+ * 77 (skipped).
  */
 #include <math.h>
 #include <stdio.h>
@@ -1740,6 +1743,8 @@ static void default_section(void)
     test_attention_decodes();
 }
 
+#include "ops_hybrid.h"
+
 /* Sections, each selectable by name after the test data folder (none: all). Each
  * switchable path runs in a backend of its own, with only its variable set. */
 static const struct {
@@ -1757,6 +1762,8 @@ static const struct {
     {"invariant", "PAGODA_CUDA_BATCH_INVARIANT", "1", products_and_fusions},
     {"decode-layers", NULL, NULL, decode_layers_section},
     {"stream", NULL, NULL, stream_section},
+    {"hybrid", NULL, NULL, hybrid_section},
+    {"hybrid-invariant", "PAGODA_CUDA_BATCH_INVARIANT", "1", hybrid_invariant_section},
 };
 #define N_SECTIONS (int)(sizeof sections / sizeof sections[0])
 
