@@ -323,8 +323,9 @@ struct cu_moe_args {
     dweight ex_gu, ex_down;
     int uniform_gu, uniform_down;
     int rows, hidden, inner, n_experts, top_k, norm_topk, gelu;
-    /* 0: a matrix-vector product per (row, chosen expert) pair; 1: rows grouped by expert,
-     * tiles of 64 rows on tensor cores (x rounded to bf16) */
+    /* 0: a matrix-vector product per (row, chosen expert) entry, the down products adding
+     * each row's entries in expert order; 1: entries grouped by expert, tiles of 64 on tensor
+     * cores (x rounded to bf16), a last launch adding each row's */
     int grouped;
     /* scratch of cu_moe_scratch_bytes(CU_MOE_CHUNK rows at most), carved by cu_moe_carve */
     int32_t *sel;   /* [rows * top_k] entry r * top_k + j: row r's j-th expert by id */
@@ -333,7 +334,7 @@ struct cu_moe_args {
     int32_t *start; /* [n_experts + 1] grouped: each expert's first position in list */
     int32_t *tile0; /* [n_experts + 1] grouped: each expert's first tile of 64 positions */
     float *h;       /* [rows * top_k, inner] act(gate x) * up x, by entry (grouped: by position) */
-    float *y;       /* [rows * top_k, hidden] each entry's expert output */
+    float *y;       /* [rows * top_k, hidden] grouped: each entry's expert output */
 };
 /** Bytes of scratch for rows (at most CU_MOE_CHUNK) of a layer's shape. */
 size_t cu_moe_scratch_bytes(int rows, int top_k, int n_experts, int inner, int hidden);

@@ -1,16 +1,18 @@
 /*
  * Routed experts (backend_ops.moe) on the device: routing, the chosen experts' products, and
- * each row's sum of its experts. Every (row, chosen expert) entry's output is kept apart
- * ([rows * top_k, hidden]) and a last kernel adds a row's entries in expert order, so a row's
- * result does not depend on which other rows share the step's experts, and the order of the
- * sum is the CPU backend's (kernels/cpu/hybrid.c).
+ * each row's sum of its experts. Every (row, chosen expert) entry's output is computed on its
+ * own and a row's entries are added in expert order, so a row's result does not depend on
+ * which other rows share the step's experts, and the order of the sum is the CPU backend's
+ * (kernels/cpu/hybrid.c).
  *
  * Few rows (decode): a warp per output row of an entry's matrix, decoding whole units of
  * every format (common.cuh), gate and up with the activation in one launch, down in a
- * second; the entries' experts are read from a device table of descriptors, one per expert.
+ * second that also adds a row's entries as it goes; the entries' experts are read from a
+ * device table of descriptors, one per expert.
  * Many rows (prefill): the entries grouped by expert on the device (counts, offsets, lists),
  * then a launch per matrix kind over every expert's tiles of 64 entries, on tensor cores as
- * gemm.cu's k_gemm (x rounded to bf16, weight tiles decoded into shared memory). Its grid is
+ * gemm.cu's k_gemm (x rounded to bf16, weight tiles decoded into shared memory), each entry's
+ * output kept apart ([rows * top_k, hidden]) for a last launch to add. Its grid is
  * sized for the most tiles a step of that many rows can have; tiles past the device's count
  * exit at once. It reads each 64 x 64 weight tile once per 64 rows of its expert with no
  * pipelining of the tile loads: with few rows an expert (many experts, short prompts) it is
@@ -308,10 +310,83 @@ static __device__ __forceinline__ float dot_units(const float *v, const float *_
     return t;
 }
 
+/* Rows r of gate and up dotted with x (W.k floats, 16-byte aligned where whole units
+ * decode), each summed over the warp: every lane holds the sums. FMT < 0: element by
+ * element, any layout. */
+template <int FMT, int BITS>
+static __device__ __forceinline__ void gate_up_dot(const dweight &G, const dweight &U, int64_t r,
+                                                   const float *__restrict__ x, int lane, float &g,
+                                                   float &u)
+{
+    g = u = 0.0f;
+    if constexpr (FMT >= 0) {
+        constexpr int V = unit_traits<FMT, BITS>::vals;
+        const int64_t units = G.k / V;
+#pragma unroll 2
+        for (int64_t k = lane; k < units; k += 32) {
+            float v[V];
+            decode_unit<FMT, BITS>(G, r, k, v);
+            g += dot_units<V>(v, x + k * V);
+            decode_unit<FMT, BITS>(U, r, k, v);
+            u += dot_units<V>(v, x + k * V);
+        }
+    } else {
+        for (int64_t c = lane; c < G.k; c += 32) {
+            g = fmaf(dq_elem(G, r, c), x[c], g);
+            u = fmaf(dq_elem(U, r, c), x[c], u);
+        }
+    }
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) {
+        g += __shfl_xor_sync(0xffffffffu, g, m);
+        u += __shfl_xor_sync(0xffffffffu, u, m);
+    }
+}
+
+/* Entries a row's down products take at once: their loads are in flight together. */
+#define MOE_DOWN_BATCH 8
+
+/* Row r of the down matrices of entries p0 .. p0 + nb - 1 (nb <= MOE_DOWN_BATCH) dotted with
+ * their h rows, each summed over the warp into s[j] (every lane). */
+template <int FMT, int BITS>
+static __device__ __forceinline__ void down_dots(const cu_moe_args &a, int p0, int nb, int64_t r,
+                                                 int lane, float (&s)[MOE_DOWN_BATCH])
+{
+#pragma unroll
+    for (int j = 0; j < MOE_DOWN_BATCH; j++) s[j] = 0.0f;
+    if constexpr (FMT >= 0) {
+        constexpr int V = unit_traits<FMT, BITS>::vals;
+        const int64_t units = a.inner / V;
+        for (int64_t k = lane; k < units; k += 32) {
+#pragma unroll
+            for (int j = 0; j < MOE_DOWN_BATCH; j++) {
+                if (j < nb) {
+                    float v[V];
+                    decode_unit<FMT, BITS>(a.down[a.sel[p0 + j]], r, k, v);
+                    s[j] += dot_units<V>(v, a.h + (int64_t)(p0 + j) * a.inner + k * V);
+                }
+            }
+        }
+    } else {
+        for (int64_t c = lane; c < a.inner; c += 32)
+#pragma unroll
+            for (int j = 0; j < MOE_DOWN_BATCH; j++)
+                if (j < nb)
+                    s[j] = fmaf(dq_elem(a.down[a.sel[p0 + j]], r, c),
+                                a.h[(int64_t)(p0 + j) * a.inner + c], s[j]);
+    }
+#pragma unroll
+    for (int j = 0; j < MOE_DOWN_BATCH; j++)
+#pragma unroll
+        for (int m = 16; m > 0; m >>= 1) s[j] += __shfl_xor_sync(0xffffffffu, s[j], m);
+}
+
 /*
- * A warp per output row r of the entries' matrices: PAIR, row r of the entry's expert's gate
- * and up over the entry's x row, h = act(gate) * up; else row r of its down over the entry's
- * h row. Grid: (rows of the matrix / 8, entries, at a stride of gridDim.y). FMT < 0: any
+ * A warp per output row r of the entries' matrices. PAIR: row r of each entry's expert's
+ * gate and up over the entry's x row, h = act(gate) * up (grid: inner / 8 by entries, at a
+ * stride of gridDim.y). Else row r of down over each entry's h row (8 entries' loads in
+ * flight at once), the row's entries weighted and added in expert order into out itself
+ * (grid: hidden / 8 by rows): no per-entry results and no launch to add them. FMT < 0: any
  * layout, element by element (experts whose matrices differ in layout, or that the unit
  * decoders do not take).
  */
@@ -322,45 +397,28 @@ __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32) k_moe_gemv(cu_moe_args a)
     allow_dependents();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.x * MOE_GEMV_WARPS + warp;
-    if (r >= (PAIR ? a.inner : a.hidden)) return; /* no barrier below */
-    const int np = a.rows * a.top_k;
-    for (int pr = blockIdx.y; pr < np; pr += gridDim.y) {
-        const int e = a.sel[pr];
-        const dweight W = PAIR ? a.gate[e] : a.down[e];
-        const dweight U = PAIR ? a.up[e] : W;
-        const float *x =
-            PAIR ? a.x + (int64_t)(pr / a.top_k) * a.hidden : a.h + (int64_t)pr * a.inner;
-        float sg = 0.0f, su = 0.0f;
-        if constexpr (FMT >= 0) {
-            constexpr int V = unit_traits<FMT, BITS>::vals;
-            const int64_t units = W.k / V;
-#pragma unroll 2
-            for (int64_t u = lane; u < units; u += 32) {
-                float v[V];
-                decode_unit<FMT, BITS>(W, r, u, v);
-                sg += dot_units<V>(v, x + u * V);
-                if (PAIR) {
-                    decode_unit<FMT, BITS>(U, r, u, v);
-                    su += dot_units<V>(v, x + u * V);
-                }
-            }
-        } else {
-            for (int64_t c = lane; c < W.k; c += 32) {
-                const float xv = x[c];
-                sg = fmaf(dq_elem(W, r, c), xv, sg);
-                if (PAIR) su = fmaf(dq_elem(U, r, c), xv, su);
-            }
+    if (r >= (PAIR ? a.inner : a.hidden)) return; /* the whole warp; no barrier below */
+    const int K = a.top_k;
+    if constexpr (PAIR) {
+        for (int pr = blockIdx.y; pr < a.rows * K; pr += gridDim.y) {
+            const int e = a.sel[pr];
+            float g, u;
+            gate_up_dot<FMT, BITS>(a.gate[e], a.up[e], r, a.x + (int64_t)(pr / K) * a.hidden, lane,
+                                   g, u);
+            if (lane == 0) a.h[(int64_t)pr * a.inner + r] = act_of(g, a.gelu) * u;
         }
+    } else {
+        for (int row = blockIdx.y; row < a.rows; row += gridDim.y) {
+            float o = 0.0f;
+            for (int j0 = 0; j0 < K; j0 += MOE_DOWN_BATCH) {
+                const int nb = K - j0 < MOE_DOWN_BATCH ? K - j0 : MOE_DOWN_BATCH;
+                float s[MOE_DOWN_BATCH];
+                down_dots<FMT, BITS>(a, row * K + j0, nb, r, lane, s);
 #pragma unroll
-        for (int m = 16; m > 0; m >>= 1) {
-            sg += __shfl_xor_sync(0xffffffffu, sg, m);
-            if (PAIR) su += __shfl_xor_sync(0xffffffffu, su, m);
-        }
-        if (lane == 0) {
-            if (PAIR)
-                a.h[(int64_t)pr * a.inner + r] = act_of(sg, a.gelu) * su;
-            else
-                a.y[(int64_t)pr * a.hidden + r] = sg;
+                for (int j = 0; j < MOE_DOWN_BATCH; j++)
+                    if (j < nb) o += s[j] * a.wt[row * K + j0 + j];
+            }
+            if (lane == 0) a.out[(int64_t)row * a.hidden + r] = o;
         }
     }
 }
@@ -592,9 +650,9 @@ template <bool PAIR> static void launch_gemv(cudaStream_t s, const cu_moe_args &
 {
     const dweight &w = PAIR ? a.ex_gu : a.ex_down;
     const int64_t n = PAIR ? a.inner : a.hidden;
-    const int np = a.rows * a.top_k;
+    const int ny = PAIR ? a.rows * a.top_k : a.rows;
     const dim3 grid((unsigned)((n + MOE_GEMV_WARPS - 1) / MOE_GEMV_WARPS),
-                    (unsigned)(np < 65535 ? np : 65535));
+                    (unsigned)(ny < 65535 ? ny : 65535));
     if (!units_ok(a, PAIR, PAIR ? a.x : a.h)) {
         k_moe_gemv<-1, 0, PAIR><<<grid, MOE_GEMV_WARPS * 32, 0, s>>>(a);
         CU_LAUNCHED();
@@ -665,15 +723,15 @@ void cu_moe(cudaStream_t s, const cu_moe_args &a0)
         a.router += (int64_t)r0 * a.n_experts;
         a.out += (int64_t)r0 * a.hidden;
         route(s, a);
-        if (a.grouped) {
-            k_moe_group<<<1, GROUP_THREADS, sizeof(int32_t) * (size_t)a.n_experts, s>>>(a);
-            CU_LAUNCHED();
-            launch_mm<true>(s, a);
-            launch_mm<false>(s, a);
-        } else {
+        if (!a.grouped) {
             launch_gemv<true>(s, a);
-            launch_gemv<false>(s, a);
+            launch_gemv<false>(s, a); /* adds the entries into out itself */
+            continue;
         }
+        k_moe_group<<<1, GROUP_THREADS, sizeof(int32_t) * (size_t)a.n_experts, s>>>(a);
+        CU_LAUNCHED();
+        launch_mm<true>(s, a);
+        launch_mm<false>(s, a);
         k_moe_combine<<<combine_blocks((int64_t)a.rows * a.hidden), 256, 0, s>>>(a);
         CU_LAUNCHED();
     }

@@ -316,7 +316,8 @@ static void test_moe_case(int E, int K, int H, int I, enum wfmt fmt, int bits, i
 /* Shapes of the layer check: hidden 256; gated attention of 4 heads of 64 over 2 KV heads,
  * rotary on 32 of each head's values; Gated DeltaNet of 2 key and 4 value heads of 64; 8
  * experts, top 2, of 128 (bf16 in the linear-attention layer with a gated shared expert of
- * 128, MLX 4-bit in the attention layer, whose experts' result is copied into h). */
+ * 128, MLX 4-bit in the attention layer, whose experts' result is copied into h), routed by
+ * routers of zeros (see test_hybrid_layers). */
 enum {
     HL_H = 256,
     HL_HEADS = 4,
@@ -474,7 +475,17 @@ static void test_hybrid_layers(void)
                                    {HL_KVH * HL_D, H},
                                    {H, HL_HEADS * HL_D},
                                    {HL_E, H}};
-    for (int i = 0; i < 15; i++) mat_make(&mw[i], WFMT_BF16, 16, 0, shapes[i][0], shapes[i][1]);
+    for (int i = 0; i < 15; i++) {
+        /* the routers (5, 14) are zeros: every row picks experts 0 and 1 by the tie rule. With
+         * products of bf16 operands on one side only, logits a few thousandths apart could
+         * pick other experts on the two backends (the op check compares routing on equal
+         * logits). */
+        test_mat_make(&mw[i].h, WFMT_BF16, 16, 0, shapes[i][0], shapes[i][1], ST_BF16);
+        if (i == 5 || i == 14) memset(mw[i].h.data, 0, (size_t)shapes[i][0] * shapes[i][1] * 2);
+        mw[i].w = mw[i].wg = mw[i].h.w;
+        struct err e = {0};
+        CHECK(gpu.ops->weight_prepare(gpu.ctx, &mw[i].wg, &e) == 0, "weight_prepare: %s", e.msg);
+    }
     struct hyb_experts e1, e2;
     experts_make(&e1, HL_E, H, HL_I, WFMT_BF16, 16, 0);
     experts_make(&e2, HL_E, H, HL_I, WFMT_AFFINE, 4, 64);
