@@ -484,10 +484,11 @@ int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blo
     for (int i = 0; i < 2; i++) {
         m->rope_cos[i] = A(T * D / 2);
         m->rope_sin[i] = A(T * D / 2);
-        if (o->rope_tables) {
-            m->rope_inv_dev[i] = A(D / 2);
+        if (o->rope_tables) { /* rope_dim / 2 frequencies (the host array's length) */
+            size_t half = (size_t)c->rope_dim / 2;
+            m->rope_inv_dev[i] = A(half);
             if (m->rope_inv_dev[i])
-                o->upload(ctx, m->rope_inv_dev[i], m->rope_inv_freq[i], sizeof(float) * (D / 2));
+                o->upload(ctx, m->rope_inv_dev[i], m->rope_inv_freq[i], sizeof(float) * half);
         }
     }
     m->host_cos = xmalloc(sizeof(float) * T * D / 2);

@@ -270,7 +270,7 @@ static struct moe_params moe_params_of(const struct hyb_experts *x, int K, int n
 }
 
 /*
- * Routed experts of a format, over 1, 3 and 40 rows (and 1100 with few experts: two chunks
+ * Routed experts of a format, over 1, 3, 18 and 40 rows (and 1100 with few experts: two chunks
  * of the grouped path): the routing (row 0's logits tie at the top_k-th place: the lower
  * expert wins), the products and each row's sum in expert order.
  */
@@ -283,8 +283,8 @@ static void test_moe_case(int E, int K, int H, int I, enum wfmt fmt, int bits, i
     qweight_format_name(&x.m[0].w, name, sizeof name);
     const struct moe_params pc = moe_params_of(&x, K, norm, gelu, 0),
                             pg = moe_params_of(&x, K, norm, gelu, 1);
-    const int rows_list[] = {1, 3, 40, 1100};
-    for (int ri = 0; ri < 4; ri++) {
+    const int rows_list[] = {1, 3, 18, 40, 1100};
+    for (int ri = 0; ri < 5; ri++) {
         const int rows = rows_list[ri];
         if (rows > 40 && E > 8) continue;
         const size_t nx = (size_t)rows * H, nr = (size_t)rows * E;
@@ -571,6 +571,26 @@ static void test_hybrid_layers(void)
         printf("hybrid layers, step %d (%d tokens): residual relative error %.3g\n", step, n, err);
         CHECK(err <= 1e-2, "%s relative error %.3g > 1e-2", what, err);
         free(got);
+        /* where a difference starts, for the log: the linear-attention layer's convolved
+         * q/k/v and its gated output, the attention layer's experts (router logits of zeros:
+         * equal on both sides) */
+        const struct {
+            const float *d, *h;
+            size_t n;
+            const char *name;
+        } parts[] = {{bg.qkv, bc.qkv, (size_t)n * HL_C, "conv"},
+                     {bg.lo, bc.lo, (size_t)n * HL_HV * HL_DK, "delta+norm"},
+                     {bg.router, bc.router, (size_t)n * HL_E, "router"},
+                     {bg.moe, bc.moe, (size_t)n * H, "experts"}};
+        printf("  parts:");
+        for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
+            float *pg = back(parts[i].d, parts[i].n);
+            printf(" %s %.3g", parts[i].name, rel_err(pg, parts[i].h, parts[i].n));
+            free(pg);
+        }
+        printf("\n");
+        snprintf(what, sizeof what, "hybrid layers, step %d: convolution tails", step);
+        check_buf(w[1].st.conv, w[0].st.conv, conv_n, 1e-2, what);
         snprintf(what, sizeof what, "hybrid layers, step %d: states", step);
         check_buf(w[1].st.rec, w[0].st.rec, rec_n, 1e-2, what);
         free(x);
@@ -613,6 +633,7 @@ static void hybrid_cases(int invariant)
 {
     test_hybrid_elementwise();
     test_delta_net_case(2, 4, 32, 32, 4);     /* the tiny models' shape */
+    test_delta_net_case(2, 4, 64, 64, 4);     /* the layer check's: two column blocks a head */
     test_delta_net_case(16, 32, 128, 128, 4); /* Qwen3.5 / 3.6 */
     test_delta_net_case(2, 2, 48, 48, 3);     /* rows past k_dim, a part-filled column block */
     test_delta_net_case(1, 2, 160, 40, 2);    /* k_dim past 128: the state in global memory */
@@ -623,6 +644,10 @@ static void hybrid_cases(int invariant)
     test_moe_case(8, 2, 192, 96, WFMT_AFFINE, 3, 32, 1, 0, invariant); /* units of 3 bits */
     test_moe_case(8, 2, 100, 60, WFMT_BF16, 16, 0, 1, 0, invariant);   /* element by element */
     test_moe_case(40, 33, 128, 64, WFMT_BF16, 16, 0, 1, 0, invariant); /* top_k past 32 */
+    /* the tiny models' experts (hidden 128, 64 inner): bf16, MLX 4- and 8-bit of group 64 */
+    test_moe_case(8, 2, 128, 64, WFMT_BF16, 16, 0, 1, 0, invariant);
+    test_moe_case(8, 2, 128, 64, WFMT_AFFINE, 4, 64, 1, 0, invariant);
+    test_moe_case(8, 2, 128, 64, WFMT_AFFINE, 8, 64, 0, 0, invariant);
     test_hybrid_layers();
 }
 
