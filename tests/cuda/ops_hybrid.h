@@ -8,10 +8,15 @@
  *     rms_norm_gated, the convolution's outputs): 1e-5;
  *   - the delta rule (float32 state, sums over k_dim in another order, carried from token to
  *     token and step to step) and the experts through the matrix-vector kernels (few rows, or
- *     every row in batch-invariant mode): 1e-4;
+ *     every row in batch-invariant mode): 1e-4, but 5e-4 for MLX 4-bit of groups of 64 or
+ *     more, whose CPU products take x in 16-bit fixed point (kernels/cpu/affine4_avx2.c: at
+ *     the tiny models' 128 x 64 experts the CPU alone is up to 1e-4 from a float64 product);
  *   - the experts grouped on tensor cores (more than 8 rows: x and the activations rounded to
  *     bf16 as operands): 1e-2;
- *   - the layers: 1e-2 (products with bf16 operands, bf16 KV rows), as the dense layers'.
+ *   - the layers, residual stream and states: 2e-2 (products with bf16 operands, bf16 KV rows,
+ *     the experts grouped on tensor cores; up to 8e-3 seen); in batch-invariant mode, every
+ *     product in float32: 2e-3 (up to 5e-4 seen).
+ * The inputs are random, drawn afresh each run (test_cuda_ops.c seeds from the clock).
  */
 
 /* A sequence of a step: its identity (its KV blocks), first position, tokens and state slot. */
@@ -300,7 +305,8 @@ static void test_moe_case(int E, int K, int H, int I, enum wfmt fmt, int bits, i
         char what[128];
         snprintf(what, sizeof what, "moe %s, %d experts top %d%s%s, %d rows", name, E, K,
                  norm ? " renormalized" : "", gelu ? ", gelu" : "", rows);
-        check_buf(dout, ref, nx, rows <= 8 || invariant ? 1e-4 : 1e-2, what);
+        const double few = fmt == WFMT_AFFINE && bits == 4 && group >= 64 ? 5e-4 : 1e-4;
+        check_buf(dout, ref, nx, rows <= 8 || invariant ? few : 1e-2, what);
         free(xin);
         free(router);
         free(ref);
@@ -456,8 +462,9 @@ static float *norm_w(int dim, float scale)
  * (the second replays the first's graph: same operations, per-step values in the metadata).
  * After each step the residual stream and the recurrent states must match the CPU's.
  */
-static void test_hybrid_layers(void)
+static void test_hybrid_layers(int invariant)
 {
+    const double bound = invariant ? 2e-3 : 2e-2; /* see the top of this file */
     const int H = HL_H;
     struct mat mw[15];
     const int64_t shapes[15][2] = {{HL_C, H},
@@ -569,7 +576,7 @@ static void test_hybrid_layers(void)
         float *got = back(bg.x, (size_t)n * H);
         const double err = rel_err(got, bc.x, (size_t)n * H);
         printf("hybrid layers, step %d (%d tokens): residual relative error %.3g\n", step, n, err);
-        CHECK(err <= 1e-2, "%s relative error %.3g > 1e-2", what, err);
+        CHECK(err <= bound, "%s relative error %.3g > %g", what, err, bound);
         free(got);
         /* where a difference starts, for the log: the linear-attention layer's convolved
          * q/k/v and its gated output, the attention layer's experts (router logits of zeros:
@@ -590,9 +597,9 @@ static void test_hybrid_layers(void)
         }
         printf("\n");
         snprintf(what, sizeof what, "hybrid layers, step %d: convolution tails", step);
-        check_buf(w[1].st.conv, w[0].st.conv, conv_n, 1e-2, what);
+        check_buf(w[1].st.conv, w[0].st.conv, conv_n, bound, what);
         snprintf(what, sizeof what, "hybrid layers, step %d: states", step);
-        check_buf(w[1].st.rec, w[0].st.rec, rec_n, 1e-2, what);
+        check_buf(w[1].st.rec, w[0].st.rec, rec_n, bound, what);
         free(x);
         free(cs);
         free(sn);
@@ -648,7 +655,7 @@ static void hybrid_cases(int invariant)
     test_moe_case(8, 2, 128, 64, WFMT_BF16, 16, 0, 1, 0, invariant);
     test_moe_case(8, 2, 128, 64, WFMT_AFFINE, 4, 64, 1, 0, invariant);
     test_moe_case(8, 2, 128, 64, WFMT_AFFINE, 8, 64, 0, 0, invariant);
-    test_hybrid_layers();
+    test_hybrid_layers(invariant);
 }
 
 static void hybrid_section(void)

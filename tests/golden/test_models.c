@@ -38,7 +38,7 @@
  * prefill products (q, k, v, the gates' inputs) from token to token over a whole prompt. The
  * largest deviation seen was 0.054, on a late prompt log-probability of qwen3_5-tiny's
  * 300-token prompt; with every product in float32 (PAGODA_CUDA_BATCH_INVARIANT=1) it is
- * HYBRID_F32_DEV. */
+ * 0.003 there. */
 #define CUDA_TOL_HYBRID 8e-2
 
 static double TOL = CPU_TOL;
