@@ -79,6 +79,13 @@ static int nonempty_string(const cJSON *j)
     return cJSON_IsString(j) && j->valuestring[0];
 }
 
+/* Servers without a tokenizer (vLLM's and pagoda's --skip-tokenizer-init) send "" as text and
+ * the chunk's tokens as "token_ids": such a chunk is content too. */
+static int nonempty_ids(const cJSON *j)
+{
+    return cJSON_IsArray(j) && cJSON_GetArraySize(j) > 0;
+}
+
 int breq_on_event(void *ctx, const char *event, const char *data, size_t len)
 {
     struct breq *b = ctx;
@@ -108,7 +115,8 @@ int breq_on_event(void *ctx, const char *event, const char *data, size_t len)
     const cJSON *c0 = cJSON_GetArrayItem(choices, 0);
     if (c0) {
         const cJSON *delta = cJSON_GetObjectItemCaseSensitive(c0, "delta");
-        int content = nonempty_string(cJSON_GetObjectItemCaseSensitive(c0, "text"));
+        int content = nonempty_string(cJSON_GetObjectItemCaseSensitive(c0, "text")) ||
+                      nonempty_ids(cJSON_GetObjectItemCaseSensitive(c0, "token_ids"));
         if (delta)
             content |=
                 nonempty_string(cJSON_GetObjectItemCaseSensitive(delta, "content")) ||

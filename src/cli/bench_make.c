@@ -6,6 +6,11 @@
  * [C, K, 1], routers at 8 bits). Values are deterministic for a seed and scaled so that
  * every product keeps unit variance for unit inputs.
  *
+ * Next to the weights go a tokenizer and a chat template, so `pagoda serve` runs the model:
+ * a byte-level BPE of the model's vocabulary size (text/tokenizer_gen.h), or with
+ * --tokenizer DIR a copy of a real one (Llama 3's for a vocabulary of 128256), whose BOS and
+ * EOS ids then go into config.json and generation_config.json.
+ *
  * Tensors are declared first and streamed to the file in 8 MiB pieces by st_writer, each
  * piece computed from its tensor's fill descriptor: memory stays at a few MiB whatever the
  * size, so a 70 GB checkpoint can go to /dev/shm on a machine with little disk.
@@ -26,6 +31,8 @@
 #include "common/threadpool.h"
 #include "common/util.h"
 #include "model/st_writer.h"
+#include "text/tokenizer.h"
+#include "text/tokenizer_gen.h"
 
 enum fill_kind {
     FILL_BF16_UNIFORM,     /* c + a * u, u uniform in [-1, 1) */
@@ -142,6 +149,8 @@ struct mk_shape {
     long hidden, layers, heads, kv_heads, head_dim, ffn, vocab, ctx, seed;
     long experts, top_k, expert_ffn, shared_ffn;                 /* MoE (experts 0: dense) */
     long full_every, lk_heads, lv_heads, lk_dim, lv_dim, conv_k; /* Qwen3.5 */
+    const char *tokenizer;                                       /* --tokenizer DIR or NULL */
+    int32_t bos, eos, eos2; /* the tokenizer's special ids (eos2: a second EOS, or -1) */
 };
 
 static int is_hybrid(const struct mk_shape *s)
@@ -393,7 +402,7 @@ static cJSON *mk_config(const struct mk_shape *s, const struct mk *m)
     cJSON_AddNumberToObject(c, "rms_norm_eps", hf5 ? 1e-6 : 1e-5);
     cJSON_AddStringToObject(c, "hidden_act", "silu");
     cJSON_AddFalseToObject(c, "tie_word_embeddings");
-    cJSON_AddNumberToObject(c, "eos_token_id", 2);
+    cJSON_AddNumberToObject(c, "eos_token_id", s->eos);
     cJSON *rp = cJSON_AddObjectToObject(c, "rope_parameters");
     cJSON_AddNumberToObject(rp, "rope_theta", is_hybrid(s) ? 1e7 : qwen ? 1e6 : 500000.0);
     cJSON_AddStringToObject(rp, "rope_type", qwen ? "default" : "llama3");
@@ -404,7 +413,7 @@ static cJSON *mk_config(const struct mk_shape *s, const struct mk *m)
         cJSON_AddNumberToObject(rp, "original_max_position_embeddings", 8192);
     }
     if (!hf5) {
-        cJSON_AddNumberToObject(c, "bos_token_id", 1);
+        cJSON_AddNumberToObject(c, "bos_token_id", s->bos);
         cJSON_AddStringToObject(c, "torch_dtype", "bfloat16");
     } else {
         cJSON_AddFalseToObject(c, "attention_bias");
@@ -466,6 +475,7 @@ static const char usage[] =
     "usage: pagoda bench make-model --arch llama|qwen3|qwen3_moe|qwen3_5|qwen3_5_moe\n"
     "         --hidden H --layers L --heads A --kv-heads K [--head-dim D] --ffn F --vocab V\n"
     "         --format bf16|mlx4|mlx8|mxfp4|mxfp8 [--context N] [--seed S]\n"
+    "         [--tokenizer DIR]   (default: a byte-level BPE of --vocab ids)\n"
     "         [--experts E --experts-per-tok K --expert-ffn I --shared-expert-ffn S]\n"
     "         [--full-attention-interval N --linear-key-heads N --linear-value-heads N\n"
     "          --linear-key-dim N --linear-value-dim N --conv-kernel N] OUT\n";
@@ -507,6 +517,125 @@ static const char *check_shape(const struct mk_shape *s, const struct mm_spec *f
     if (moe_arch && s->hidden % router_spec.group)
         return "--hidden must be a multiple of 64 (the routers' 8-bit groups)";
     return NULL;
+}
+
+/* The tokenizer's fit and special ids, before anything is written: a --tokenizer DIR must
+ * load and have no more ids than the model; a generated one needs TOK_GEN_MIN_VOCAB ids.
+ * 0, or 2 with a message. */
+static int check_tokenizer(struct mk_shape *s)
+{
+    s->eos2 = -1;
+    if (!s->tokenizer) {
+        if (s->vocab < TOK_GEN_MIN_VOCAB) {
+            fprintf(stderr,
+                    "pagoda bench make-model: --vocab must be at least %d for the byte-level "
+                    "tokenizer (256 bytes and 4 special tokens), or give --tokenizer DIR\n",
+                    TOK_GEN_MIN_VOCAB);
+            return 2;
+        }
+        s->bos = tok_gen_bos_id((int32_t)s->vocab);
+        s->eos = tok_gen_eos_id((int32_t)s->vocab);
+        s->eos2 = tok_gen_end_of_text_id((int32_t)s->vocab);
+        return 0;
+    }
+    struct err e = {0};
+    struct tok *t = tok_load(s->tokenizer, &e);
+    if (!t) {
+        fprintf(stderr, "pagoda bench make-model: --tokenizer %s: %s\n", s->tokenizer, e.msg);
+        return 2;
+    }
+    int32_t n = tok_vocab_size(t);
+    s->bos = tok_bos_id(t);
+    s->eos = tok_eos_id(t);
+    tok_destroy(t);
+    if (n > s->vocab) {
+        fprintf(stderr,
+                "pagoda bench make-model: the tokenizer in %s has %d ids, more than the model's "
+                "--vocab %ld (give --vocab %d or more)\n",
+                s->tokenizer, n, s->vocab, n);
+        return 2;
+    }
+    if (s->eos < 0) {
+        fprintf(stderr,
+                "pagoda bench make-model: --tokenizer %s: tokenizer_config.json names no "
+                "eos_token\n",
+                s->tokenizer);
+        return 2;
+    }
+    return 0;
+}
+
+/* Copies DIR/name into OUT when it exists (required: it must); 0 or 1 with a message. */
+static int copy_file(const char *dir, const char *out, const char *name, int required)
+{
+    char from[4096], to[4096];
+    snprintf(from, sizeof from, "%s/%s", dir, name);
+    snprintf(to, sizeof to, "%s/%s", out, name);
+    struct stat sb;
+    if (stat(from, &sb) != 0 && !required) return 0;
+    struct err e = {0};
+    size_t len = 0;
+    char *data = util_read_file(from, &len, &e);
+    if (!data) {
+        fprintf(stderr, "pagoda bench make-model: %s\n", e.msg);
+        return 1;
+    }
+    FILE *f = fopen(to, "wb");
+    int bad = !f || fwrite(data, 1, len, f) != len;
+    if ((f && fclose(f) != 0) || bad) {
+        fprintf(stderr, "pagoda bench make-model: %s: cannot write\n", to);
+        bad = 1;
+    }
+    free(data);
+    return bad;
+}
+
+static int write_text(const char *out, const char *name, const char *text)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", out, name);
+    FILE *fp = fopen(path, "w");
+    int bad = !fp || fputs(text, fp) < 0;
+    if ((fp && fclose(fp) != 0) || bad) {
+        fprintf(stderr, "pagoda: %s: cannot write\n", path);
+        return 1;
+    }
+    return 0;
+}
+
+/* The tokenizer files and generation_config.json (BOS and EOS ids; a generated tokenizer
+ * stops at <|end_of_text|> and <|im_end|>). 0 or 1 with a message. */
+static int write_tokenizer(const struct mk_shape *s, const char *out)
+{
+    if (s->tokenizer) {
+        static const char *const files[] = {"tokenizer.json", "tokenizer_config.json",
+                                            "special_tokens_map.json", "generation_config.json"};
+        for (int i = 0; i < 4; i++)
+            if (copy_file(s->tokenizer, out, files[i], i == 0)) return 1;
+        char path[4096];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/generation_config.json", s->tokenizer);
+        if (stat(path, &sb) == 0) return 0;
+    } else {
+        struct err e = {0};
+        if (tok_gen_write(out, (int32_t)s->vocab, &e) != 0) {
+            fprintf(stderr, "pagoda bench make-model: %s\n", e.msg);
+            return 1;
+        }
+    }
+    cJSON *g = cJSON_CreateObject();
+    if (s->bos >= 0) cJSON_AddNumberToObject(g, "bos_token_id", s->bos);
+    if (s->eos2 >= 0) {
+        int ids[2] = {s->eos2, s->eos};
+        cJSON_AddItemToObject(g, "eos_token_id", cJSON_CreateIntArray(ids, 2));
+    } else {
+        cJSON_AddNumberToObject(g, "eos_token_id", s->eos);
+    }
+    char *text = cJSON_Print(g);
+    cJSON_Delete(g);
+    int rc = write_text(out, "generation_config.json", text);
+    free(text);
+    return rc;
 }
 
 /* Parses the flags into s and f; 0, or 2 after a usage message. */
@@ -580,6 +709,8 @@ static int parse_flags(int argc, char **argv, struct mk_shape *s, struct mm_spec
             arch = v;
         } else if (!strcmp(a, "--format")) {
             format = v;
+        } else if (!strcmp(a, "--tokenizer")) {
+            s->tokenizer = v;
         } else {
             fprintf(stderr, "pagoda bench make-model: unknown option '%s'\n%s", a, usage);
             return 2;
@@ -622,7 +753,7 @@ static int parse_flags(int argc, char **argv, struct mk_shape *s, struct mm_spec
         fprintf(stderr, "pagoda bench make-model: %s\n", why);
         return 2;
     }
-    return 0;
+    return check_tokenizer(s);
 }
 
 /* Checks that OUT's file system (its parent's, when OUT does not exist yet) has room for
@@ -691,18 +822,14 @@ int cli_bench_make_model(int argc, char **argv)
         cJSON *c = mk_config(&s, &m);
         char *text = cJSON_Print(c);
         cJSON_Delete(c);
-        snprintf(path, sizeof path, "%s/config.json", out);
-        FILE *fp = fopen(path, "w");
-        int bad = !fp || fputs(text, fp) < 0;
-        if ((fp && fclose(fp) != 0) || bad) {
-            fprintf(stderr, "pagoda: %s: cannot write\n", path);
-            rc = 1;
-        }
+        rc = write_text(out, "config.json", text);
         free(text);
     }
+    if (!rc) rc = write_tokenizer(&s, out);
     cJSON_Delete(m.overrides);
     if (!rc)
-        printf("wrote %s (%s, %s, %d tensors, %.2f GB) in %.1f s\n", out, arch_names[s.arch].hf,
-               m.f.format, m.ntensors, (double)m.bytes / 1e9, util_now() - t0);
+        printf("wrote %s (%s, %s, %d tensors, %.2f GB; tokenizer: %s) in %.1f s\n", out,
+               arch_names[s.arch].hf, m.f.format, m.ntensors, (double)m.bytes / 1e9,
+               s.tokenizer ? s.tokenizer : "byte-level BPE", util_now() - t0);
     return rc;
 }

@@ -23,6 +23,9 @@ static void usage_serve(FILE *f)
             "  --api-key KEY            require 'Authorization: Bearer KEY' or 'x-api-key'\n"
             "  --max-body-size BYTES    largest request body (default 8388608)\n"
             "  --shutdown-timeout S     seconds in-flight requests get on SIGTERM (default 30)\n"
+            "  --skip-tokenizer-init    load no tokenizer: /v1/completions takes token-id prompts\n"
+            "                           and answers with token_ids (text \"\"); chat, text\n"
+            "                           prompts, stop strings, /tokenize are a 400\n"
             "%s",
             arg_engine_usage);
 }
@@ -39,6 +42,10 @@ int cli_serve(int argc, char **argv)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage_serve(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--skip-tokenizer-init")) {
+            cfg.skip_tokenizer_init = 1;
+            continue;
         }
         static const char *const with_value[] = {
             "--model",         "--served-model-name", "--host",    "--port",

@@ -7,7 +7,7 @@ void http_choice_init(struct http_choice *c, const struct tok *t, int skip_speci
                       char *const *stop, int n_stop)
 {
     memset(c, 0, sizeof *c);
-    c->ts = tok_stream_create(t, skip_special);
+    c->ts = t ? tok_stream_create(t, skip_special) : NULL; /* no tokenizer: no text */
     c->stop = stop;
     c->n_stop = n_stop;
     c->stop_index = -1;
@@ -64,7 +64,7 @@ static int release(struct http_choice *c, struct http_buf *out, int at_end)
 
 int http_choice_push(struct http_choice *c, int32_t id, struct http_buf *out)
 {
-    if (c->stopped) return 0;
+    if (c->stopped || !c->ts) return 0;
     size_t len = 0;
     char *s = tok_stream_push_len(c->ts, id, &len);
     if (s) http_buf_append(&c->held, s, len);
@@ -75,7 +75,7 @@ int http_choice_push(struct http_choice *c, int32_t id, struct http_buf *out)
 
 void http_choice_finish(struct http_choice *c, struct http_buf *out)
 {
-    if (c->stopped) return;
+    if (c->stopped || !c->ts) return;
     size_t len = 0;
     char *s = tok_stream_finish_len(c->ts, &len);
     if (s) http_buf_append(&c->held, s, len);

@@ -4,7 +4,7 @@
  * the start of a stop string is held back until the next token decides it, so a client
  * never sees part of a stop string.
  *
- *     http_choice_init(&c, tok, 1, stops, n_stops);
+ *     http_choice_init(&c, tok, 1, stops, n_stops);    // tok NULL: the text stays empty
  *     if (http_choice_push(&c, id, &delta)) engine_abort(...);  // a stop string matched
  *     http_choice_finish(&c, &delta);                          // the engine finished
  *     http_choice_dispose(&c);

@@ -37,6 +37,7 @@ static int text_input(struct http_embed *q, const struct http_model *m, const ch
                       const char *text, const char *where, struct http_error *he)
 {
     if (!text[0]) return http_error_set(he, 400, where, "'%s' must not be empty", where);
+    if (!m->tok) return http_error_no_tokenizer(he, where, "a text input");
     size_t pl = prompt ? strlen(prompt) : 0, tl = strlen(text);
     char *full = xmalloc(pl + tl + 1);
     memcpy(full, prompt ? prompt : "", pl);

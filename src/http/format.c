@@ -13,10 +13,11 @@ static void put_float(struct http_buf *o, float f)
     http_buf_printf(o, "%.8g", (double)f);
 }
 
-/* The token as clients see it: its text, or "token_id:N" with return_tokens_as_token_ids. */
+/* The token as clients see it: its text, or "token_id:N" with return_tokens_as_token_ids
+ * or without a tokenizer. */
 static char *token_text(struct http_job *j, int32_t id, size_t *len)
 {
-    if (j->g.tokens_as_ids) {
+    if (j->g.tokens_as_ids || !j->loop->srv->tok) {
         char buf[32];
         int n = snprintf(buf, sizeof buf, "token_id:%d", id);
         *len = (size_t)n;
@@ -130,6 +131,7 @@ static void completion_logprobs(struct http_buf *o, struct http_job *j, const st
                 http_buf_puts(o, "}");
             } else {
                 http_buf_printf(o, "%ld", *off);
+                if (!j->loop->srv->tok) continue; /* no text: every offset is 0 */
                 size_t len = 0;
                 char *s = tok_decode_len(j->loop->srv->tok, &lp->id, 1, 0, &len);
                 *off += (long)len;
@@ -139,6 +141,19 @@ static void completion_logprobs(struct http_buf *o, struct http_job *j, const st
         http_buf_puts(o, "]");
     }
     http_buf_puts(o, "}");
+}
+
+/* ,"key":[ids] (return_token_ids, as vLLM names them). */
+static void put_ids(struct http_buf *o, const char *key, const int32_t *ids, int n)
+{
+    http_buf_printf(o, ",\"%s\":[", key);
+    for (int i = 0; i < n; i++) http_buf_printf(o, i ? ",%d" : "%d", ids[i]);
+    http_buf_puts(o, "]");
+}
+
+static void put_prompt_ids(struct http_buf *o, struct http_job *j, const struct job_choice *c)
+{
+    put_ids(o, "prompt_token_ids", j->g.prompts[c->prompt], j->g.n_prompt[c->prompt]);
 }
 
 static const char *openai_finish(enum finish_reason f)
@@ -253,10 +268,16 @@ void http_fmt_final(struct http_job *j, struct http_buf *o)
             else
                 http_buf_puts(o, "null");
         }
-        http_buf_printf(o, ",\"finish_reason\":\"%s\"}", openai_finish(c->finish));
+        http_buf_printf(o, ",\"finish_reason\":\"%s\"", openai_finish(c->finish));
+        if (j->g.return_ids) {
+            if (!chat) put_prompt_ids(o, j, c);
+            put_ids(o, "token_ids", c->ids, c->n_ids);
+        }
+        http_buf_puts(o, "}");
     }
     http_buf_puts(o, "],");
     openai_usage(j, o);
+    if (chat && j->g.return_ids) put_prompt_ids(o, j, &j->c[0]); /* one prompt */
     http_buf_puts(o, "}");
 }
 
@@ -320,13 +341,15 @@ void http_fmt_stream_choice(struct http_job *j, int index, const char *delta, si
                         "\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]",
                         index);
         if (j->g.include_usage) http_buf_puts(&d, ",\"usage\":null");
+        if (j->g.return_ids) put_prompt_ids(&d, j, c);
         http_buf_puts(&d, "}");
         sse_event(o, NULL, &d);
         d.len = 0;
     }
     int echo = !chat && j->g.echo && !c->sent_first;
+    int prompt_ids = !chat && j->g.return_ids && !c->sent_first;
     c->sent_first = 1;
-    if (!len && !n_lps && !finished && !echo) {
+    if (!len && !n_lps && !c->n_ids && !finished && !echo && !prompt_ids) {
         http_buf_dispose(&d);
         return;
     }
@@ -359,9 +382,12 @@ void http_fmt_stream_choice(struct http_job *j, int index, const char *delta, si
             http_buf_puts(&d, "null");
     }
     if (finished)
-        http_buf_printf(&d, ",\"finish_reason\":\"%s\"}]", openai_finish(c->finish));
+        http_buf_printf(&d, ",\"finish_reason\":\"%s\"", openai_finish(c->finish));
     else
-        http_buf_puts(&d, ",\"finish_reason\":null}]");
+        http_buf_puts(&d, ",\"finish_reason\":null");
+    if (prompt_ids) put_prompt_ids(&d, j, c);
+    if (j->g.return_ids) put_ids(&d, "token_ids", c->ids, c->n_ids);
+    http_buf_puts(&d, "}]");
     if (j->g.include_usage) http_buf_puts(&d, ",\"usage\":null");
     http_buf_puts(&d, "}");
     sse_event(o, NULL, &d);

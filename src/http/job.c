@@ -165,6 +165,7 @@ static void job_free(struct http_job *j)
         http_buf_dispose(&c->text);
         free(c->lps);
         free(c->plps);
+        free(c->ids);
     }
     free(j->c);
     http_gen_dispose(&j->g);
@@ -265,6 +266,13 @@ static void process(struct http_job *j, struct job_choice *c, struct ev_rec *evs
                 else
                     add_lp(&c->lps, &c->n_lps, &c->cap_lps, r);
             }
+            if (j->g.return_ids) {
+                if (c->n_ids == c->cap_ids) {
+                    c->cap_ids = c->cap_ids ? c->cap_ids * 2 : 64;
+                    c->ids = xrealloc(c->ids, sizeof *c->ids * (size_t)c->cap_ids);
+                }
+                c->ids[c->n_ids++] = r->token;
+            }
             if (http_choice_push(&c->ch, r->token, &delta)) {
                 c->finish = FINISH_STOP;
                 struct engine *en = atomic_load(&s->engine);
@@ -285,6 +293,7 @@ static void process(struct http_job *j, struct job_choice *c, struct ev_rec *evs
         if (j->req)
             http_fmt_stream_choice(j, c->index, delta.p ? delta.p : "", delta.len, lps, n_lps,
                                    finished);
+        c->n_ids = 0;
     } else if (delta.len) {
         http_buf_append(&c->text, delta.p, delta.len);
     }

@@ -56,6 +56,8 @@ struct job_choice {
     int n_lps, cap_lps;
     struct http_lp *plps; /* echo: prompt logprobs */
     int n_plps;
+    int32_t *ids; /* return_token_ids: generated ids not sent yet (streaming) or all of them */
+    int n_ids, cap_ids;
 };
 
 struct http_job {
@@ -80,7 +82,8 @@ struct http_job {
 
 /** The complete non-streaming body of a finished job. */
 void http_fmt_final(struct http_job *j, struct http_buf *out);
-/** SSE events for choice `index`: new text, its tokens' logprobs, and the finish. */
+/** SSE events for choice `index`: new text, its tokens' logprobs and ids (the choice's
+ * `ids`, which the caller then empties), and the finish. */
 void http_fmt_stream_choice(struct http_job *j, int index, const char *delta, size_t len,
                             const struct http_lp *lps, int n_lps, int finished);
 /** The end of a stream: usage, [DONE] / message_stop, or the error event. */

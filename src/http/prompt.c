@@ -186,6 +186,9 @@ fail:
 int http_chat_prompt(enum http_api api, const cJSON *body, const struct http_model *m,
                      int32_t **ids, int *n, char **text_out, struct http_error *he)
 {
+    if (!m->tok)
+        return http_error_no_tokenizer(
+            he, "messages", api == HTTP_API_MESSAGES ? "a messages request" : "a chat request");
     char *prefill = NULL;
     cJSON *msgs = api == HTTP_API_MESSAGES ? anthropic_messages(body, &prefill, he)
                                            : openai_messages(body, he);

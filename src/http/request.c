@@ -8,7 +8,6 @@
 
 #include "common/util.h"
 
-
 void http_gen_dispose(struct http_gen *g)
 {
     for (int i = 0; i < g->n_prompts; i++) {
@@ -22,6 +21,20 @@ void http_gen_dispose(struct http_gen *g)
     free(g->stop_ids);
     free(g->bias);
     memset(g, 0, sizeof *g);
+}
+
+int http_error_no_tokenizer(struct http_error *he, const char *param, const char *what)
+{
+    return http_error_set(he, 400, param,
+                          "%s needs the tokenizer, and this server runs with "
+                          "--skip-tokenizer-init: send token ids to /v1/completions",
+                          what);
+}
+
+/* The prompt as text (for echo): "" without a tokenizer. */
+static char *ids_text(const struct http_model *m, const int32_t *ids, int n)
+{
+    return m->tok ? tok_decode(m->tok, ids, (size_t)n, 0) : xstrdup("");
 }
 
 int http_check_model(const cJSON *body, const struct http_model *m, int required,
@@ -94,6 +107,7 @@ static int completion_prompts(const cJSON *body, const struct http_model *m, str
     const char *bad = "'prompt' must be a string, an array of strings, an array of token ids or "
                       "an array of token-id arrays";
     struct err e = {0};
+    if (!m->tok && cJSON_IsString(p)) return http_error_no_tokenizer(he, "prompt", "a text prompt");
     if (cJSON_IsString(p)) {
         int32_t *ids = NULL;
         size_t n = 0;
@@ -108,7 +122,7 @@ static int completion_prompts(const cJSON *body, const struct http_model *m, str
         int32_t *ids;
         int n;
         if (parse_ids(p, "prompt", m->vocab, &ids, &n, he) < 0) return -1;
-        add_prompt(g, ids, n, tok_decode(m->tok, ids, (size_t)n, 0));
+        add_prompt(g, ids, n, ids_text(m, ids, n));
         return 0;
     }
     if (cJSON_GetArraySize(p) > HTTP_MAX_PROMPTS)
@@ -120,7 +134,9 @@ static int completion_prompts(const cJSON *body, const struct http_model *m, str
     {
         char where[32];
         snprintf(where, sizeof where, "prompt[%d]", i++);
-        if (cJSON_IsString(v)) {
+        if (cJSON_IsString(v) && !m->tok) {
+            return http_error_no_tokenizer(he, where, "a text prompt");
+        } else if (cJSON_IsString(v)) {
             int32_t *ids = NULL;
             size_t n = 0;
             if (tok_encode(m->tok, v->valuestring, strlen(v->valuestring), 1, &ids, &n, &e) != 0)
@@ -130,7 +146,7 @@ static int completion_prompts(const cJSON *body, const struct http_model *m, str
             int32_t *ids;
             int n;
             if (parse_ids(v, where, m->vocab, &ids, &n, he) < 0) return -1;
-            add_prompt(g, ids, n, tok_decode(m->tok, ids, (size_t)n, 0));
+            add_prompt(g, ids, n, ids_text(m, ids, n));
         } else {
             return http_error_set(he, 400, "prompt", "%s", bad);
         }
@@ -139,11 +155,13 @@ static int completion_prompts(const cJSON *body, const struct http_model *m, str
 }
 
 /* "stop" (OpenAI: a string or strings) or "stop_sequences" (Anthropic: strings). */
-static int parse_stop(const cJSON *body, const char *name, int allow_string, struct http_gen *g,
-                      struct http_error *he)
+static int parse_stop(const cJSON *body, const char *name, int allow_string, int no_tok,
+                      struct http_gen *g, struct http_error *he)
 {
     const cJSON *s = cJSON_GetObjectItemCaseSensitive(body, name);
     if (!s || cJSON_IsNull(s)) return 0;
+    if (no_tok && !(cJSON_IsArray(s) && cJSON_GetArraySize(s) == 0))
+        return http_error_no_tokenizer(he, name, "a stop string");
     const cJSON *one = allow_string && cJSON_IsString(s) ? s : NULL;
     if (!one && !cJSON_IsArray(s))
         return http_error_set(he, 400, name, "'%s' must be %san array of strings", name,
@@ -254,7 +272,7 @@ static int parse_sampling(enum http_api api, const cJSON *body, const struct htt
     if ((r = http_json_int(body, "top_k", -1, 1 << 30, &l, he)) < 0) return -1;
     if (r) sp->top_k = l < 0 ? 0 : (int)l;
     if (api == HTTP_API_MESSAGES) {
-        if (parse_stop(body, "stop_sequences", 0, g, he) < 0) return -1;
+        if (parse_stop(body, "stop_sequences", 0, !m->tok, g, he) < 0) return -1;
         return 0;
     }
     if ((r = http_json_num(body, "min_p", 0, 1, &d, he)) < 0) return -1;
@@ -273,7 +291,7 @@ static int parse_sampling(enum http_api api, const cJSON *body, const struct htt
     if (r) sp->ignore_eos = b;
     if ((r = http_json_bool(body, "skip_special_tokens", &b, he)) < 0) return -1;
     if (r) g->skip_special = b;
-    if (parse_stop(body, "stop", 1, g, he) < 0) return -1;
+    if (parse_stop(body, "stop", 1, !m->tok, g, he) < 0) return -1;
     if (parse_logit_bias(body, m, g, he) < 0) return -1;
     const cJSON *sti = cJSON_GetObjectItemCaseSensitive(body, "stop_token_ids");
     if (sti && !cJSON_IsNull(sti)) {
@@ -289,8 +307,8 @@ static int parse_sampling(enum http_api api, const cJSON *body, const struct htt
 }
 
 /* logprobs / top_logprobs (chat: a boolean and a count; completions: a count). */
-static int parse_logprobs(enum http_api api, const cJSON *body, struct http_gen *g,
-                          struct http_error *he)
+static int parse_logprobs(enum http_api api, const cJSON *body, const struct http_model *m,
+                          struct http_gen *g, struct http_error *he)
 {
     long l;
     int r, b;
@@ -309,6 +327,12 @@ static int parse_logprobs(enum http_api api, const cJSON *body, struct http_gen 
         if (r) g->logprobs = 1, g->top_logprobs = (int)l;
         if ((r = http_json_bool(body, "echo", &b, he)) < 0) return -1;
         if (r) g->echo = b;
+        if (g->echo && !m->tok) return http_error_no_tokenizer(he, "echo", "'echo'");
+    }
+    if (api != HTTP_API_MESSAGES) {
+        g->return_ids = !m->tok;
+        if ((r = http_json_bool(body, "return_token_ids", &b, he)) < 0) return -1;
+        if (r) g->return_ids = b;
     }
     if ((r = http_json_bool(body, "return_tokens_as_token_ids", &b, he)) < 0) return -1;
     if (r) g->tokens_as_ids = b;
@@ -401,7 +425,7 @@ int http_gen_parse(enum http_api api, const cJSON *body, const struct http_model
     if (http_check_model(body, m, api == HTTP_API_MESSAGES, he) < 0) goto fail;
     if (reject_unsupported(api, body, he) < 0) goto fail;
     if (parse_sampling(api, body, m, g, he) < 0) goto fail;
-    if (parse_logprobs(api, body, g, he) < 0) goto fail;
+    if (parse_logprobs(api, body, m, g, he) < 0) goto fail;
     if (parse_stream(api, body, g, he) < 0) goto fail;
     if (api == HTTP_API_COMPLETIONS) {
         if (completion_prompts(body, m, g, he) < 0) goto fail;

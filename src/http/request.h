@@ -34,7 +34,7 @@ enum http_api {
 /** What the routes know of the served model. */
 struct http_model {
     const char *name;       /* the served model name ("model" must equal it) */
-    const struct tok *tok;  /* tokenizer */
+    const struct tok *tok;  /* tokenizer; NULL with --skip-tokenizer-init (token ids only) */
     const char *tmpl_src;   /* chat template source, NULL when the model has none */
     const cJSON *tmpl_vars; /* bos_token, eos_token, ... for the template */
     int32_t vocab;          /* token ids must be < this */
@@ -65,6 +65,8 @@ struct http_gen {
     int top_logprobs;  /* alternatives per token */
     int tokens_as_ids; /* return_tokens_as_token_ids */
     int skip_special;  /* drop special tokens from text (default 1) */
+    int return_ids;    /* return_token_ids: prompt_token_ids and token_ids in the response
+                        * (default: on without a tokenizer, where text is always "") */
 };
 
 /** Parses and validates body for api into g. 0, or -1 with he (g then holds nothing). */
@@ -78,6 +80,12 @@ void http_gen_dispose(struct http_gen *g);
  */
 int http_chat_prompt(enum http_api api, const cJSON *body, const struct http_model *m,
                      int32_t **ids, int *n, char **text, struct http_error *he);
+
+/**
+ * The 400 for what needs the tokenizer on a server without one (--skip-tokenizer-init):
+ * `what` names it ("a text prompt", "chat messages"). Returns -1.
+ */
+int http_error_no_tokenizer(struct http_error *he, const char *param, const char *what);
 
 /** Checks the "model" field against the served name (404 when it differs). */
 int http_check_model(const cJSON *body, const struct http_model *m, int required,

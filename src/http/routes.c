@@ -128,6 +128,10 @@ static void route_tokenize(struct http_server *s, h2o_req_t *req, const cJSON *b
     int32_t *ids = NULL;
     int n = 0;
     if (http_check_model(body, &s->model, 0, &he) < 0) goto fail;
+    if (!s->tok) {
+        http_error_no_tokenizer(&he, NULL, "/tokenize");
+        goto fail;
+    }
     if (cJSON_GetObjectItemCaseSensitive(body, "messages")) {
         if (http_chat_prompt(HTTP_API_CHAT, body, &s->model, &ids, &n, NULL, &he) < 0) goto fail;
     } else {
@@ -165,6 +169,10 @@ static void route_detokenize(struct http_server *s, h2o_req_t *req, const cJSON 
 {
     struct http_error he = {0};
     if (http_check_model(body, &s->model, 0, &he) < 0) goto fail;
+    if (!s->tok) {
+        http_error_no_tokenizer(&he, NULL, "/detokenize");
+        goto fail;
+    }
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(body, "tokens");
     if (!cJSON_IsArray(t)) {
         http_error_set(&he, 400, "tokens", "'tokens' must be an array of token ids");

@@ -194,10 +194,12 @@ static int setup_tls(struct http_server *s, struct err *e)
 static int load_model_side(struct http_server *s, struct err *e)
 {
     const char *dir = s->cfg.model_dir;
-    if (!(s->tok = tok_load(dir, e))) return -1;
-    struct err te = {0};
-    s->tmpl_src = tmpl_load_from_model(dir, NULL, &te); /* NULL: no template, chat is a 400 */
-    s->tmpl_vars = tmpl_special_tokens(dir);
+    if (!s->cfg.skip_tokenizer_init) {
+        if (!(s->tok = tok_load(dir, e))) return -1;
+        struct err te = {0};
+        s->tmpl_src = tmpl_load_from_model(dir, NULL, &te); /* NULL: no template, chat is a 400 */
+        s->tmpl_vars = tmpl_special_tokens(dir);
+    }
     if (s->cfg.served_name) {
         s->name = xstrdup(s->cfg.served_name);
     } else {
@@ -272,7 +274,7 @@ int http_serve(const struct http_config *cfg, struct err *e)
         return -1;
     }
     int32_t vocab = engine_model_config(en)->vocab;
-    if (tok_vocab_size(s->tok) < vocab) vocab = tok_vocab_size(s->tok);
+    if (s->tok && tok_vocab_size(s->tok) < vocab) vocab = tok_vocab_size(s->tok);
     s->model.vocab = vocab;
     s->model.max_model_len = engine_max_model_len(en);
     s->model.pooling = engine_pooling(en);

@@ -27,6 +27,7 @@ struct http_config {
     const char *api_key;            /* required on every route but /health and /metrics */
     size_t max_body;                /* request body bytes at most; default 8 MiB */
     double shutdown_timeout;        /* seconds in-flight requests get at shutdown; default 30 */
+    int skip_tokenizer_init;        /* no tokenizer: token-id prompts in, token ids out */
     struct engine_config engine;
 };
 

@@ -10,9 +10,11 @@ if (!PAGODA || !TESTDATA) {
   process.exit(2);
 }
 
-// model: a folder of testdata/models, or a path under testdata ("embeddings/NAME").
+// model: a folder of testdata/models, a path under testdata ("embeddings/NAME"), or an
+// absolute path.
 export async function startServer(model, extra = []) {
-  const dir = model.includes('/') ? `${TESTDATA}/${model}` : `${TESTDATA}/models/${model}`;
+  const dir = model.startsWith('/') ? model
+    : model.includes('/') ? `${TESTDATA}/${model}` : `${TESTDATA}/models/${model}`;
   const args = ['serve', '--model', dir, '--port', '0',
     '--threads', '2', ...extra];
   const proc = spawn(PAGODA, args, { stdio: ['ignore', 'inherit', 'pipe'] });

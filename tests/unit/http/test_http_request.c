@@ -133,6 +133,59 @@ static void test_stops(const struct tok *t)
     free(ids);
 }
 
+/* --skip-tokenizer-init: the model has no tokenizer and no template. Token-id prompts parse,
+ * with return_token_ids on by default; what needs the tokenizer is a 400 naming the flag. */
+static void test_no_tokenizer(void)
+{
+    struct http_model with = model;
+    model.tok = NULL;
+    model.tmpl_src = NULL;
+    model.tmpl_vars = NULL;
+    struct http_gen g;
+    struct http_error he;
+    CHECK(parse(HTTP_API_COMPLETIONS, "{\"prompt\":[[5,6],[7]],\"max_tokens\":3}", &g, &he) == 0,
+          "%s", he.msg);
+    CHECK(g.n_prompts == 2 && g.n_prompt[0] == 2 && g.prompts[0][1] == 6 && g.prompts[1][0] == 7,
+          "ids");
+    CHECK(g.return_ids == 1 && !strcmp(g.prompt_text[0], ""), "ids out, no text");
+    http_gen_dispose(&g);
+    CHECK(parse(HTTP_API_COMPLETIONS, "{\"prompt\":[5],\"return_token_ids\":false}", &g, &he) == 0,
+          "%s", he.msg);
+    CHECK(g.return_ids == 0, "return_token_ids false");
+    http_gen_dispose(&g);
+    static const struct {
+        enum http_api api;
+        const char *body, *param;
+    } bad[] = {
+        {HTTP_API_COMPLETIONS, "{\"prompt\":\"hi\"}", "prompt"},
+        {HTTP_API_COMPLETIONS, "{\"prompt\":[[1],\"hi\"]}", "prompt[1]"},
+        {HTTP_API_COMPLETIONS, "{\"prompt\":[1],\"stop\":\"x\"}", "stop"},
+        {HTTP_API_COMPLETIONS, "{\"prompt\":[1],\"echo\":true}", "echo"},
+        {HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "messages"},
+        {HTTP_API_MESSAGES,
+         "{\"model\":\"tiny\",\"max_tokens\":2,\"messages\":[{\"role\":\"user\",\"content\":"
+         "\"hi\"}]}",
+         "messages"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        CHECK(parse(bad[i].api, bad[i].body, &g, &he) == -1, "%s accepted", bad[i].body);
+        CHECK(he.status == 400 && !strcmp(he.param, bad[i].param) &&
+                  strstr(he.msg, "--skip-tokenizer-init"),
+              "%s: %d %s %s", bad[i].body, he.status, he.param, he.msg);
+    }
+    /* with the tokenizer, return_token_ids is off unless asked for */
+    model = with;
+    CHECK(parse(HTTP_API_COMPLETIONS, "{\"prompt\":[5]}", &g, &he) == 0, "%s", he.msg);
+    CHECK(g.return_ids == 0, "default off");
+    http_gen_dispose(&g);
+    CHECK(parse(HTTP_API_CHAT,
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"return_token_ids\":true}",
+                &g, &he) == 0,
+          "%s", he.msg);
+    CHECK(g.return_ids == 1, "asked for");
+    http_gen_dispose(&g);
+}
+
 int main(int argc, char **argv)
 {
     const char *data = argc > 1 ? argv[1] : "../shared/testdata";
@@ -156,6 +209,7 @@ int main(int argc, char **argv)
     test_errors();
     test_parse();
     test_stops(t);
+    test_no_tokenizer();
     free(src);
     cJSON_Delete(vars);
     tok_destroy(t);
