@@ -37,6 +37,13 @@ struct gram *gram_json_object(void);
 /** Exactly one of n strings (vLLM guided_choice). */
 struct gram *gram_from_choices(const char *const *s, const size_t *len, int n, struct err *e);
 
+enum gram_kind { GRAM_JSON_SCHEMA, GRAM_REGEX, GRAM_GBNF, GRAM_JSON_OBJECT };
+/**
+ * Compiles through a process-wide cache keyed by the source's hash (text unused for
+ * GRAM_JSON_OBJECT): the same text gives the same grammar, one more reference to it.
+ */
+struct gram *gram_compile_cached(enum gram_kind kind, const char *text, size_t len, struct err *e);
+
 /** References: creators return one; each gram_ref needs a gram_unref. */
 struct gram *gram_ref(struct gram *g);
 void gram_unref(struct gram *g);
