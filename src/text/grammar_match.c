@@ -28,6 +28,8 @@ struct visit {
     uint64_t h;
 };
 
+struct wstate;
+
 struct gram_matcher {
     struct gram *g;
     struct gnode *nodes;
@@ -41,9 +43,15 @@ struct gram_matcher {
     struct visit *vis;
     int n_vis, cap_vis;
     /* mask walk scratch */
-    int32_t *buf;
-    int cap_buf;
-    int32_t *lv; /* [3 * levels] off, count, arena mark per trie depth */
+    struct wstate *ws; /* the walk's interned states */
+    int n_ws, cap_ws;
+    int32_t *wtab; /* hash table of ws indices (-1 empty), [cap_wtab] */
+    int cap_wtab;
+    int32_t *buf; /* the stacks of the walk's states */
+    int n_buf, cap_buf;
+    int32_t *trans; /* [256] per state that has been left */
+    int n_trans, cap_trans;
+    int32_t *lv; /* the walk state at each trie depth */
     int cap_lv;
     int32_t *key;
     int cap_key;
@@ -178,7 +186,7 @@ void gram_matcher_destroy(struct gram_matcher *m)
     if (!m) return;
     gram_unref(m->g);
     free(m->nodes), free(m->cur), free(m->out), free(m->tmp), free(m->vis);
-    free(m->buf), free(m->lv), free(m->key);
+    free(m->buf), free(m->lv), free(m->key), free(m->ws), free(m->wtab), free(m->trans);
     free(m);
 }
 
@@ -262,6 +270,39 @@ int gram_matcher_is_terminated(const struct gram_matcher *m)
 
 /* ---- the vocabulary trie ---- */
 
+/* One trie node, 16 bytes: the walk reads them in order. */
+struct tnode {
+    uint8_t byte;
+    uint8_t pad;
+    uint16_t depth;
+    uint16_t cls; /* byte classes (byte_class) of the bytes in its subtree, itself included */
+    uint16_t tok_n;
+    int32_t skip; /* the node after its subtree */
+    int32_t tok0; /* tokens ending before this node in preorder */
+};
+
+/* Byte classes for whole-subtree decisions: digits, a-z, A-Z, space, other printable
+ * ASCII, '"', '\', tab/newline/CR, other controls, UTF-8 continuation bytes and the
+ * lead bytes of 2-, 3- and 4-byte sequences (and invalid bytes). */
+#define N_CLS 14
+static int byte_class(unsigned c)
+{
+    if (c >= '0' && c <= '9') return 0;
+    if (c >= 'a' && c <= 'z') return 1;
+    if (c >= 'A' && c <= 'Z') return 2;
+    if (c == ' ') return 3;
+    if (c == '"') return 5;
+    if (c == '\\') return 6;
+    if (c == '\t' || c == '\n' || c == '\r') return 7;
+    if (c < 0x20 || c == 0x7F) return 8;
+    if (c < 0x7F) return 4;
+    if (c < 0xC0) return 9;
+    if (c < 0xE0) return 10;
+    if (c < 0xF0) return 11;
+    if (c < 0xF8) return 12;
+    return 13;
+}
+
 struct gram_vocab {
     int32_t n_vocab;
     char *bytes;     /* token bytes, by id */
@@ -269,12 +310,11 @@ struct gram_vocab {
     uint8_t *is_eos; /* [n_vocab] */
     int32_t *eos;
     int n_eos;
-    /* trie in preorder: node i has byte[i] at depth[i] (root 0 at depth 0); its subtree
-     * ends before skip[i]; the tokens ending there are order[tok0[i] .. + tok_n[i]) */
+    /* the trie in preorder (node 0 the root): the tokens of node i's subtree are
+     * order[t[i].tok0 .. t[t[i].skip].tok0), its own the first t[i].tok_n of them */
+    struct tnode *t; /* [n_nodes + 1] */
     int n_nodes;
-    uint8_t *byte;
-    uint16_t *depth;
-    int32_t *skip, *tok0, *tok_n, *order;
+    int32_t *order; /* token ids sorted by their bytes */
     int max_depth;
 };
 
@@ -320,16 +360,13 @@ struct gram_vocab *gram_vocab_create(const struct tok *t, int32_t n_vocab, const
     qsort(ids, (size_t)n_ids, sizeof *ids, cmp_tok);
     sort_v = NULL;
     /* at most one node per byte of the tokens, plus the root */
-    size_t cap_n = len + 1;
-    v->byte = xmalloc(cap_n);
-    v->depth = xmalloc(sizeof *v->depth * cap_n);
-    v->skip = xmalloc(sizeof *v->skip * cap_n);
-    v->tok0 = xmalloc(sizeof *v->tok0 * cap_n);
+    size_t cap_n = len + 2;
+    struct tnode *tr = xcalloc(cap_n, sizeof *tr);
+    int32_t *parent = xmalloc(sizeof *parent * cap_n);
     v->order = ids;
     int32_t path[1025]; /* node at each depth of the current path */
     int n = 1, depth = 0;
-    v->byte[0] = 0, v->depth[0] = 0, path[0] = 0;
-    v->tok_n = xcalloc(cap_n, sizeof *v->tok_n);
+    path[0] = 0;
     const char *prev = NULL;
     size_t prev_len = 0;
     for (int i = 0; i < n_ids; i++) {
@@ -337,21 +374,33 @@ struct gram_vocab *gram_vocab_create(const struct tok *t, int32_t n_vocab, const
         size_t l = v->off[ids[i] + 1] - v->off[ids[i]];
         size_t common = 0;
         while (prev && common < l && common < prev_len && s[common] == prev[common]) common++;
-        while (depth > (int)common) v->skip[path[depth--]] = n; /* close nodes off the path */
+        while (depth > (int)common) tr[path[depth--]].skip = n; /* close nodes off the path */
         for (size_t k = common; k < l; k++) {
-            v->byte[n] = (uint8_t)s[k];
-            v->depth[n] = (uint16_t)(k + 1);
-            v->tok_n[n] = 0;
+            tr[n].byte = (uint8_t)s[k];
+            tr[n].depth = (uint16_t)(k + 1);
+            parent[n] = path[depth];
             path[++depth] = n++;
         }
-        /* sorted: tokens with the same bytes are adjacent, so a node's tokens are a run */
-        int32_t end = path[depth];
-        if (v->tok_n[end]++ == 0) v->tok0[end] = i;
+        /* sorted: tokens with the same bytes are adjacent, and come before the tokens they
+         * are a prefix of, so preorder numbers the tokens in this order */
+        tr[path[depth]].tok_n++;
         if (l > (size_t)v->max_depth) v->max_depth = (int)l;
         prev = s, prev_len = l;
     }
-    while (depth > 0) v->skip[path[depth--]] = n;
-    v->skip[0] = n;
+    while (depth > 0) tr[path[depth--]].skip = n;
+    tr[0].skip = n;
+    tr[n].skip = n;
+    int32_t base = 0;
+    for (int j = 0; j <= n; j++) {
+        tr[j].tok0 = base;
+        if (j < n) base += tr[j].tok_n;
+    }
+    for (int j = n - 1; j >= 1; j--) {
+        tr[j].cls |= (uint16_t)(1u << byte_class(tr[j].byte));
+        tr[parent[j]].cls |= tr[j].cls;
+    }
+    free(parent);
+    v->t = tr;
     v->n_nodes = n;
     return v;
 }
@@ -360,7 +409,7 @@ void gram_vocab_destroy(struct gram_vocab *v)
 {
     if (!v) return;
     free(v->bytes), free(v->off), free(v->is_eos), free(v->eos);
-    free(v->byte), free(v->depth), free(v->skip), free(v->tok0), free(v->tok_n), free(v->order);
+    free(v->t), free(v->order);
     free(v);
 }
 
@@ -446,40 +495,155 @@ static int state_key(struct gram_matcher *m, uint64_t *h)
     return k;
 }
 
+/*
+ * The walk's states: each distinct set of stacks met during one walk, interned, with its
+ * transitions filled in as bytes are tried. The trie has hundreds of thousands of nodes but
+ * a walk meets few distinct states (inside a JSON string, nearly every byte leads back to
+ * the same one), so most nodes cost a table lookup instead of a matcher step.
+ */
+struct wstate {
+    int32_t off, n; /* stacks: m->buf[off .. off + n) */
+    int acc;
+    uint64_t h;
+    int32_t trans;  /* index of its [256] transitions in m->trans, -1 until needed */
+    uint16_t loops; /* byte classes every byte of which leads back to this state */
+    int visits;     /* trie nodes tried from it */
+};
+
+/* A state tried this often gets its looping classes worked out (up to 256 steps): worth it
+ * for the few states a walk spends most of its nodes in, such as inside a string. */
+#define LOOP_AFTER 512
+
+#define T_UNKNOWN (-2)
+#define T_DEAD    (-1)
+
+static int cmp_h(const void *a, const void *b, void *ctx)
+{
+    const struct gram_matcher *m = ctx;
+    uint64_t x = m->nodes[*(const int32_t *)a].h, y = m->nodes[*(const int32_t *)b].h;
+    return x < y ? -1 : x > y;
+}
+
+/* The walk state of stacks s[0..n) + acc (sorted in place), added when new. */
+static int32_t intern(struct gram_matcher *m, int32_t *s, int n, int acc)
+{
+    if (n > 1) qsort_r(s, (size_t)n, sizeof *s, cmp_h, m);
+    uint64_t h = mix(H0, acc);
+    for (int i = 0; i < n; i++) h = mix(h ^ m->nodes[s[i]].h, 0);
+    int cap = m->cap_wtab;
+    for (int32_t i = (int32_t)(h & (uint64_t)(cap - 1));; i = (i + 1) & (cap - 1)) {
+        int32_t w = m->wtab[i];
+        if (w < 0) {
+            if (2 * (m->n_ws + 1) > cap) break; /* grow below, then insert */
+            grow(&m->buf, &m->cap_buf, m->n_buf + n);
+            memcpy(m->buf + m->n_buf, s, sizeof *s * (size_t)n);
+            if (m->n_ws == m->cap_ws) {
+                m->cap_ws = m->cap_ws ? 2 * m->cap_ws : 64;
+                m->ws = xrealloc(m->ws, sizeof *m->ws * (size_t)m->cap_ws);
+            }
+            m->ws[m->n_ws] = (struct wstate){m->n_buf, n, acc, h, -1, 0, 0};
+            m->n_buf += n;
+            m->wtab[i] = m->n_ws;
+            return m->n_ws++;
+        }
+        const struct wstate *x = &m->ws[w];
+        if (x->h != h || x->n != n || x->acc != acc) continue;
+        int eq = 1;
+        for (int k = 0; k < n && eq; k++) eq = same(m, m->buf[x->off + k], s[k]);
+        if (eq) return w;
+    }
+    /* the table is half full: double it and rehash */
+    int ncap = cap * 2;
+    int32_t *t = xmalloc(sizeof *t * (size_t)ncap);
+    for (int i = 0; i < ncap; i++) t[i] = -1;
+    for (int w = 0; w < m->n_ws; w++) {
+        int32_t i = (int32_t)(m->ws[w].h & (uint64_t)(ncap - 1));
+        while (t[i] >= 0) i = (i + 1) & (ncap - 1);
+        t[i] = w;
+    }
+    free(m->wtab);
+    m->wtab = t;
+    m->cap_wtab = ncap;
+    return intern(m, s, n, acc);
+}
+
+/* The state after byte c from walk state w, or T_DEAD. */
+static int32_t transition(struct gram_matcher *m, int32_t w, unsigned c)
+{
+    if (m->ws[w].trans < 0) {
+        grow(&m->trans, &m->cap_trans, m->n_trans + 256);
+        for (int k = 0; k < 256; k++) m->trans[m->n_trans + k] = T_UNKNOWN;
+        m->ws[w].trans = m->n_trans;
+        m->n_trans += 256;
+    }
+    int32_t *t = &m->trans[m->ws[w].trans + (int)c];
+    if (*t != T_UNKNOWN) return *t;
+    /* step reads the stacks from buf, which intern may move: copy them out first */
+    int n = m->ws[w].n;
+    grow(&m->tmp, &m->cap_tmp, n);
+    memcpy(m->tmp, m->buf + m->ws[w].off, sizeof *m->tmp * (size_t)n);
+    step(m, m->tmp, n, c);
+    int32_t r = !m->n_out && !m->out_acc ? T_DEAD : intern(m, m->out, m->n_out, m->out_acc);
+    m->trans[m->ws[w].trans + (int)c] = r;
+    return r;
+}
+
+static void loops_of(struct gram_matcher *m, int32_t w)
+{
+    uint16_t bad = 0;
+    for (unsigned c = 0; c < 256; c++)
+        if (!(bad >> byte_class(c) & 1) && transition(m, w, c) != w)
+            bad |= (uint16_t)(1u << byte_class(c));
+    m->ws[w].loops = (uint16_t)(~bad & ((1u << N_CLS) - 1));
+}
+
 /* Every token whose bytes the state accepts, walking the trie in preorder and skipping the
- * subtree below the first rejected byte. Cost: one step per trie node visited. */
+ * subtree below the first rejected byte. Cost: a transition lookup per trie node visited,
+ * a matcher step per distinct (state, byte) pair. */
 static void walk(struct gram_matcher *m, const struct gram_vocab *v, uint32_t *mask)
 {
     int words = (v->n_vocab + 31) / 32;
     memset(mask, 0, sizeof *mask * (size_t)words);
-    grow(&m->lv, &m->cap_lv, 3 * (v->max_depth + 1));
-    grow(&m->buf, &m->cap_buf, m->n_cur + 1);
-    memcpy(m->buf, m->cur, sizeof *m->buf * (size_t)m->n_cur);
-    int32_t *lv = m->lv;
+    grow(&m->lv, &m->cap_lv, v->max_depth + 1);
     int base = m->n_nodes;
-    lv[0] = 0, lv[1] = m->n_cur, lv[2] = base;
+    m->n_ws = m->n_buf = m->n_trans = 0;
+    if (!m->wtab) {
+        m->cap_wtab = 256;
+        m->wtab = xmalloc(sizeof *m->wtab * (size_t)m->cap_wtab);
+    }
+    for (int i = 0; i < m->cap_wtab; i++) m->wtab[i] = -1;
+    grow(&m->tmp, &m->cap_tmp, m->n_cur);
+    memcpy(m->tmp, m->cur, sizeof *m->tmp * (size_t)m->n_cur);
+    int32_t *lv = m->lv;
+    lv[0] = intern(m, m->tmp, m->n_cur, m->acc);
+    const struct tnode *tn = v->t;
     for (int i = 1; i < v->n_nodes;) {
-        int d = v->depth[i];
-        const int32_t *up = &lv[3 * (d - 1)];
-        m->n_nodes = up[2];
-        int top = up[0] + up[1];
-        step(m, m->buf + up[0], up[1], v->byte[i]);
-        if (!m->n_out && !m->out_acc) {
-            i = v->skip[i];
+        const struct tnode *x = &tn[i];
+        struct wstate *up = &m->ws[lv[x->depth - 1]];
+        /* every byte below stays in this state: the whole subtree is allowed */
+        if (!(x->cls & ~up->loops)) {
+            for (int32_t k = x->tok0; k < tn[x->skip].tok0; k++) {
+                int32_t id = v->order[k];
+                mask[id >> 5] |= 1u << (id & 31);
+            }
+            i = x->skip;
             continue;
         }
-        for (int k = 0; k < v->tok_n[i]; k++) {
-            int32_t id = v->order[v->tok0[i] + k];
+        if (++up->visits == LOOP_AFTER) loops_of(m, lv[x->depth - 1]);
+        int32_t t = transition(m, lv[x->depth - 1], x->byte);
+        if (t == T_DEAD) {
+            i = x->skip;
+            continue;
+        }
+        for (int k = 0; k < x->tok_n; k++) {
+            int32_t id = v->order[x->tok0 + k];
             mask[id >> 5] |= 1u << (id & 31);
         }
-        if (!m->n_out) {
-            i = v->skip[i];
+        if (m->ws[t].n == 0) { /* complete: no byte may follow */
+            i = x->skip;
             continue;
         }
-        grow(&m->buf, &m->cap_buf, top + m->n_out);
-        memcpy(m->buf + top, m->out, sizeof *m->buf * (size_t)m->n_out);
-        lv = m->lv;
-        lv[3 * d] = top, lv[3 * d + 1] = m->n_out, lv[3 * d + 2] = m->n_nodes;
+        lv[x->depth] = t;
         i++;
     }
     m->n_nodes = base;
