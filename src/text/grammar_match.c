@@ -97,8 +97,15 @@ static int same(const struct gram_matcher *m, int32_t a, int32_t b)
     return 1;
 }
 
+/* memcpy of n int32 that may be 0 (with NULL arrays) */
+static inline void cpy(int32_t *d, const int32_t *s, int n)
+{
+    if (n > 0) memcpy(d, s, sizeof *d * (size_t)n);
+}
+
 static void grow(int32_t **p, int *cap, int need)
 {
+    if (need < 1) need = 1; /* never NULL */
     if (need <= *cap) return;
     while (*cap < need) *cap = *cap ? *cap * 2 : 64;
     *p = xrealloc(*p, sizeof **p * (size_t)*cap);
@@ -175,7 +182,7 @@ struct gram_matcher *gram_matcher_create(struct gram *g)
     for (int a = g->rule_alt[g->root]; a < g->rule_alt[g->root + 1]; a++)
         closure(m, g->alt_pos[a], -1);
     grow(&m->cur, &m->cap_cur, m->n_out);
-    memcpy(m->cur, m->out, sizeof *m->cur * (size_t)m->n_out);
+    cpy(m->cur, m->out, m->n_out);
     m->n_cur = m->n_out;
     m->acc = m->out_acc;
     return m;
@@ -229,7 +236,7 @@ static int run_bytes(struct gram_matcher *m, const char *s, size_t n, int commit
             return 0;
         }
         grow(&m->tmp, &m->cap_tmp, m->n_out);
-        memcpy(m->tmp, m->out, sizeof *m->tmp * (size_t)m->n_out);
+        cpy(m->tmp, m->out, m->n_out);
         in = m->tmp;
         n_in = m->n_out;
         acc = m->out_acc;
@@ -240,7 +247,7 @@ static int run_bytes(struct gram_matcher *m, const char *s, size_t n, int commit
     }
     if (n) {
         grow(&m->cur, &m->cap_cur, n_in);
-        memcpy(m->cur, in, sizeof *m->cur * (size_t)n_in);
+        cpy(m->cur, in, n_in);
         m->n_cur = n_in;
         m->acc = acc;
     }
@@ -536,7 +543,7 @@ static int32_t intern(struct gram_matcher *m, int32_t *s, int n, int acc)
         if (w < 0) {
             if (2 * (m->n_ws + 1) > cap) break; /* grow below, then insert */
             grow(&m->buf, &m->cap_buf, m->n_buf + n);
-            memcpy(m->buf + m->n_buf, s, sizeof *s * (size_t)n);
+            cpy(m->buf + m->n_buf, s, n);
             if (m->n_ws == m->cap_ws) {
                 m->cap_ws = m->cap_ws ? 2 * m->cap_ws : 64;
                 m->ws = xrealloc(m->ws, sizeof *m->ws * (size_t)m->cap_ws);
@@ -581,7 +588,7 @@ static int32_t transition(struct gram_matcher *m, int32_t w, unsigned c)
     /* step reads the stacks from buf, which intern may move: copy them out first */
     int n = m->ws[w].n;
     grow(&m->tmp, &m->cap_tmp, n);
-    memcpy(m->tmp, m->buf + m->ws[w].off, sizeof *m->tmp * (size_t)n);
+    cpy(m->tmp, m->buf + m->ws[w].off, n);
     step(m, m->tmp, n, c);
     int32_t r = !m->n_out && !m->out_acc ? T_DEAD : intern(m, m->out, m->n_out, m->out_acc);
     m->trans[m->ws[w].trans + (int)c] = r;
@@ -613,7 +620,7 @@ static void walk(struct gram_matcher *m, const struct gram_vocab *v, uint32_t *m
     }
     for (int i = 0; i < m->cap_wtab; i++) m->wtab[i] = -1;
     grow(&m->tmp, &m->cap_tmp, m->n_cur);
-    memcpy(m->tmp, m->cur, sizeof *m->tmp * (size_t)m->n_cur);
+    cpy(m->tmp, m->cur, m->n_cur);
     int32_t *lv = m->lv;
     lv[0] = intern(m, m->tmp, m->n_cur, m->acc);
     const struct tnode *tn = v->t;
