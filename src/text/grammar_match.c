@@ -519,7 +519,7 @@ struct wstate {
 
 /* A state tried this often gets its looping classes worked out (up to 256 steps): worth it
  * for the few states a walk spends most of its nodes in, such as inside a string. */
-#define LOOP_AFTER 512
+#define LOOP_AFTER 64
 
 #define T_UNKNOWN (-2)
 #define T_DEAD    (-1)
@@ -595,9 +595,18 @@ static int32_t transition(struct gram_matcher *m, int32_t w, unsigned c)
     return r;
 }
 
+/* The byte classes of walk state w that loop: one byte of each class is tried first, and
+ * only the classes whose first byte loops are tried whole (a state that loops on no class,
+ * such as one inside a UTF-8 sequence, costs N_CLS steps, not 256). */
 static void loops_of(struct gram_matcher *m, int32_t w)
 {
-    uint16_t bad = 0;
+    uint16_t seen = 0, bad = 0;
+    for (unsigned c = 0; c < 256; c++) {
+        int k = byte_class(c);
+        if (seen >> k & 1) continue;
+        seen |= (uint16_t)(1u << k);
+        if (transition(m, w, c) != w) bad |= (uint16_t)(1u << k);
+    }
     for (unsigned c = 0; c < 256; c++)
         if (!(bad >> byte_class(c) & 1) && transition(m, w, c) != w)
             bad |= (uint16_t)(1u << byte_class(c));
