@@ -277,15 +277,17 @@ int gram_matcher_is_terminated(const struct gram_matcher *m)
 
 /* ---- the vocabulary trie ---- */
 
-/* One trie node, 16 bytes: the walk reads them in order. */
+/* One trie node, 20 bytes: the walk reads them in order. */
 struct tnode {
     uint8_t byte;
     uint8_t pad;
     uint16_t depth;
     uint16_t cls; /* byte classes (byte_class) of the bytes in its subtree, itself included */
     uint16_t tok_n;
-    int32_t skip; /* the node after its subtree */
-    int32_t tok0; /* tokens ending before this node in preorder */
+    int32_t skip;    /* the node after its subtree */
+    int32_t tok0;    /* tokens ending before this node in preorder */
+    int32_t tok_end; /* and before its subtree's end (t[skip].tok0, kept here: the walk
+                        would otherwise read a distant node for every subtree it allows) */
 };
 
 /* Byte classes for whole-subtree decisions: digits, a-z, A-Z, space, other printable
@@ -318,7 +320,7 @@ struct gram_vocab {
     int32_t *eos;
     int n_eos;
     /* the trie in preorder (node 0 the root): the tokens of node i's subtree are
-     * order[t[i].tok0 .. t[t[i].skip].tok0), its own the first t[i].tok_n of them */
+     * order[t[i].tok0 .. t[i].tok_end), its own the first t[i].tok_n of them */
     struct tnode *t; /* [n_nodes + 1] */
     int n_nodes;
     int32_t *order; /* token ids sorted by their bytes */
@@ -402,6 +404,7 @@ struct gram_vocab *gram_vocab_create(const struct tok *t, int32_t n_vocab, const
         tr[j].tok0 = base;
         if (j < n) base += tr[j].tok_n;
     }
+    for (int j = 0; j <= n; j++) tr[j].tok_end = tr[tr[j].skip].tok0;
     for (int j = n - 1; j >= 1; j--) {
         tr[j].cls |= (uint16_t)(1u << byte_class(tr[j].byte));
         tr[parent[j]].cls |= tr[j].cls;
@@ -638,7 +641,7 @@ static void walk(struct gram_matcher *m, const struct gram_vocab *v, uint32_t *m
         struct wstate *up = &m->ws[lv[x->depth - 1]];
         /* every byte below stays in this state: the whole subtree is allowed */
         if (!(x->cls & ~up->loops)) {
-            for (int32_t k = x->tok0; k < tn[x->skip].tok0; k++) {
+            for (int32_t k = x->tok0; k < x->tok_end; k++) {
                 int32_t id = v->order[k];
                 mask[id >> 5] |= 1u << (id & 31);
             }
