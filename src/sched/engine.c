@@ -341,20 +341,25 @@ static int check_params(const struct engine *en, const struct engine_request *q,
 const struct gram_vocab *engine_grammar_vocab(struct engine *en, struct err *e)
 {
     pthread_mutex_lock(&en->mu);
-    if (!en->gvocab) {
-        struct tok *t = tok_load(en->cfg.model_dir, e);
-        if (t) {
-            const struct model_config *c = &en->m->cfg;
-            int32_t eos[64];
-            int n = 0;
-            for (int i = 0; i < c->n_eos && n < 63; i++) eos[n++] = c->eos_ids[i];
-            if (tok_eos_id(t) >= 0) eos[n++] = tok_eos_id(t);
-            en->gvocab = gram_vocab_create(t, en->vocab, eos, n, e);
-            tok_destroy(t);
-        }
-    }
     const struct gram_vocab *v = en->gvocab;
     pthread_mutex_unlock(&en->mu);
+    if (v) return v;
+    /* built outside the lock: the engine thread keeps stepping meanwhile */
+    struct tok *t = tok_load(en->cfg.model_dir, e);
+    if (!t) return NULL;
+    const struct model_config *c = &en->m->cfg;
+    int32_t eos[CONFIG_MAX_EOS + 1];
+    int n = 0;
+    for (int i = 0; i < c->n_eos; i++) eos[n++] = c->eos_ids[i];
+    if (tok_eos_id(t) >= 0) eos[n++] = tok_eos_id(t);
+    struct gram_vocab *nv = gram_vocab_create(t, en->vocab, eos, n, e);
+    tok_destroy(t);
+    if (!nv) return NULL;
+    pthread_mutex_lock(&en->mu);
+    if (!en->gvocab) en->gvocab = nv, nv = NULL; /* else another thread was first: keep its trie */
+    v = en->gvocab;
+    pthread_mutex_unlock(&en->mu);
+    gram_vocab_destroy(nv);
     return v;
 }
 
