@@ -48,6 +48,8 @@ int gb_fail(struct gb *b, const char *fmt, ...)
 
 int gb_rule_new(struct gb *b, const char *name, int anon)
 {
+    if (b->n_rules >= GB_MAX_RULES && !b->failed)
+        gb_fail(b, "grammar too large (more than %d rules)", GB_MAX_RULES);
     if (b->n_rules == b->cap_rules) {
         b->cap_rules = b->cap_rules ? b->cap_rules * 2 : 64;
         b->rules = xrealloc(b->rules, sizeof *b->rules * (size_t)b->cap_rules);
@@ -77,6 +79,11 @@ int gb_rule_named(struct gb *b, const char *name, size_t len)
 
 void gb_alt_add(struct gb *b, int rule, const int32_t *syms, int n)
 {
+    b->n_symbols += n;
+    if (b->n_symbols > GB_MAX_SYMBOLS) {
+        gb_fail(b, "grammar too large (more than %d symbols)", GB_MAX_SYMBOLS);
+        n = 0; /* failed: what is built is never used */
+    }
     struct gb_rule *r = &b->rules[rule];
     r->alts = xrealloc(r->alts, sizeof *r->alts * (size_t)(r->n_alts + 1));
     r->alt_len = xrealloc(r->alt_len, sizeof *r->alt_len * (size_t)(r->n_alts + 1));
@@ -118,11 +125,13 @@ int32_t gb_seq(struct gb *b, const int32_t *syms, int n)
     if (b->failed) return -1; /* a failed part (-1) is never used */
     if (n == 1) return syms[0];
     /* splice one-alternative helper rules: shorter stacks for the matcher */
-    int cap = 0;
+    long cap = 0;
     for (int i = 0; i < n; i++) {
         const struct gb_rule *r = GSYM_IS_RULE(syms[i]) ? &b->rules[GSYM_ID(syms[i])] : NULL;
         cap += r && r->anon && r->n_alts == 1 ? r->alt_len[0] : 1;
     }
+    if (cap > GB_MAX_SYMBOLS)
+        return gb_fail(b, "grammar too large (more than %d symbols)", GB_MAX_SYMBOLS);
     int32_t *v = xmalloc(sizeof *v * (size_t)(cap ? cap : 1));
     int k = 0;
     for (int i = 0; i < n; i++) {

@@ -31,13 +31,19 @@ struct gb_rule {
     char *name;
 };
 
+/* Bounds on one grammar, so that a request cannot make the server build a huge one
+ * ("(a{9999}){9999}"), nor a matcher recurse deeper than a thread's stack allows. */
+#define GB_MAX_SYMBOLS 1000000
+#define GB_MAX_RULES   50000
+
 /* A grammar under construction. Helpers return a symbol that stands for what they built. */
 struct gb {
     struct gb_rule *rules;
     int n_rules, cap_rules;
     struct gbset *sets;
     int n_sets, cap_sets;
-    int depth; /* nesting of the front end, against unbounded recursion */
+    int depth;      /* nesting of the front end, against unbounded recursion */
+    long n_symbols; /* in all alternatives so far, against GB_MAX_SYMBOLS */
     struct err *e;
     int failed;
 };

@@ -397,6 +397,10 @@ static void test_regex(void)
         CHECK(accepts(g, rc[i].s) == rc[i].ok, "regex %s on '%s'", rc[i].re, rc[i].s);
         gram_unref(g);
     }
+    /* a grammar that would hold 10^8 symbols is refused, not built */
+    struct err big = {0};
+    struct gram *gb = gram_from_regex("(a{9999}){9999}", 15, &big);
+    CHECK(!gb && strstr(big.msg, "grammar too large"), "nested repetition: %s", big.msg);
     static const char *const bad[] = {"(a", "a)", "*a", "a\\1", "a{3,1}", "[a-", "[z-a]", "a^b"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         struct err e = {0};
