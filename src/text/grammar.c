@@ -345,7 +345,7 @@ static int cmp_pair(const void *a, const void *b)
 
 void cp_ranges_norm(struct cp_ranges *c, int negate)
 {
-    qsort(c->r, (size_t)c->n, 2 * sizeof *c->r, cmp_pair);
+    if (c->n > 1) qsort(c->r, (size_t)c->n, 2 * sizeof *c->r, cmp_pair); /* r is NULL when empty */
     int k = 0;
     for (int i = 0; i < c->n; i++) {
         if (k && c->r[2 * i] <= c->r[2 * (k - 1) + 1] + 1) {
@@ -359,7 +359,7 @@ void cp_ranges_norm(struct cp_ranges *c, int negate)
     c->n = k;
     if (!negate) return;
     uint32_t *old = xmalloc(sizeof *old * 2 * (size_t)(k ? k : 1));
-    memcpy(old, c->r, sizeof *old * 2 * (size_t)k);
+    if (k) memcpy(old, c->r, sizeof *old * 2 * (size_t)k);
     c->n = 0;
     uint32_t next = 0;
     for (int i = 0; i < k; i++) {

@@ -397,6 +397,13 @@ static void test_regex(void)
         CHECK(accepts(g, rc[i].s) == rc[i].ok, "regex %s on '%s'", rc[i].re, rc[i].s);
         gram_unref(g);
     }
+    /* regression: an empty class "[]" sorted a NULL range list (UBSan); now an error */
+    struct err ec = {0};
+    struct gram *g0 = gram_from_regex("[]-z]", 5, &ec);
+    CHECK(!g0 && strstr(ec.msg, "empty character class"), "empty class: %s", ec.msg);
+    g0 = gram_from_regex("[^\\x00-\\x7f]", 12, &ec);
+    CHECK(g0 && accepts(g0, "\xc3\xa9") && !accepts(g0, "a"), "negated ASCII class: %s", ec.msg);
+    gram_unref(g0);
     /* a grammar that would hold 10^8 symbols is refused, not built */
     struct err big = {0};
     struct gram *gb = gram_from_regex("(a{9999}){9999}", 15, &big);
