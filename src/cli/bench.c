@@ -275,7 +275,8 @@ int cli_bench(int argc, char **argv)
     if (argc >= 2 && !strcmp(argv[1], "throughput"))
         return cli_bench_throughput(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "matmul")) return cli_bench_matmul(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "grammar")) return cli_bench_grammar(argc - 1, argv + 1);
     fprintf(stderr, "usage: pagoda bench make-model ... | decode ... | throughput ... | matmul ... "
-                    "| tokenize ...\n");
+                    "| tokenize ... | grammar ...\n");
     return 2;
 }

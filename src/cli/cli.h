@@ -17,6 +17,8 @@ int cli_detokenize(int argc, char **argv);
 int cli_bench_tokenize(int argc, char **argv);
 int cli_bench_throughput(int argc, char **argv);
 int cli_bench_matmul(int argc, char **argv);
+/** `pagoda bench grammar`: mask time per step of constrained decoding (--model DIR). */
+int cli_bench_grammar(int argc, char **argv);
 /** `pagoda bench make-model`: argv[0] is "make-model"; a random-weight checkpoint. */
 int cli_bench_make_model(int argc, char **argv);
 int cli_template(int argc, char **argv);

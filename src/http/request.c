@@ -20,6 +20,7 @@ void http_gen_dispose(struct http_gen *g)
     for (int i = 0; i < g->n_stop; i++) free(g->stop[i]);
     free(g->stop_ids);
     free(g->bias);
+    gram_unref(g->sp.grammar);
     memset(g, 0, sizeof *g);
 }
 
@@ -234,12 +235,6 @@ static int reject_unsupported(enum http_api api, const cJSON *body, struct http_
         return http_error_set(he, 400, list[i], "'%s' is not supported by this server", list[i]);
     }
     if (api == HTTP_API_CHAT) {
-        const cJSON *rf = cJSON_GetObjectItemCaseSensitive(body, "response_format");
-        const cJSON *t = rf ? cJSON_GetObjectItemCaseSensitive(rf, "type") : NULL;
-        if (rf && !cJSON_IsNull(rf) && !(cJSON_IsString(t) && !strcmp(t->valuestring, "text")))
-            return http_error_set(he, 400, "response_format",
-                                  "'response_format' other than {\"type\": \"text\"} is not "
-                                  "supported");
         const cJSON *tc = cJSON_GetObjectItemCaseSensitive(body, "tool_choice");
         if (tc && !cJSON_IsNull(tc) && !(cJSON_IsString(tc) && !strcmp(tc->valuestring, "none")))
             return http_error_set(he, 400, "tool_choice", "'tool_choice' is not supported");
@@ -427,6 +422,7 @@ int http_gen_parse(enum http_api api, const cJSON *body, const struct http_model
     if (parse_sampling(api, body, m, g, he) < 0) goto fail;
     if (parse_logprobs(api, body, m, g, he) < 0) goto fail;
     if (parse_stream(api, body, g, he) < 0) goto fail;
+    if (http_parse_structured(api, body, g, he) < 0) goto fail;
     if (api == HTTP_API_COMPLETIONS) {
         if (completion_prompts(body, m, g, he) < 0) goto fail;
         if (g->n_prompts * g->n > HTTP_MAX_PROMPTS)

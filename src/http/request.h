@@ -69,6 +69,14 @@ struct http_gen {
                         * (default: on without a tokenizer, where text is always "") */
 };
 
+/**
+ * Structured output (response_format, guided_json / guided_regex / guided_choice /
+ * guided_grammar) into g->sp.grammar, compiled through the compile cache. 0, or -1 + he
+ * (400 naming the field) when a field is malformed or its schema, regex or grammar is invalid.
+ */
+int http_parse_structured(enum http_api api, const cJSON *body, struct http_gen *g,
+                          struct http_error *he);
+
 /** Parses and validates body for api into g. 0, or -1 with he (g then holds nothing). */
 int http_gen_parse(enum http_api api, const cJSON *body, const struct http_model *m,
                    struct http_gen *g, struct http_error *he);

@@ -229,6 +229,7 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
     en->hit_blocks = xmalloc(sizeof(int32_t) * (size_t)en->max_blocks);
     en->hit_hashes = xmalloc(sizeof(struct kv_hash) * (size_t)en->max_blocks);
     en->work = xmalloc(sizeof(float) * (size_t)en->vocab);
+    en->gmask = xmalloc(sizeof(uint32_t) * (size_t)((en->vocab + 31) / 32));
     en->counts = xcalloc((size_t)en->vocab, sizeof(uint32_t));
     en->cand = xmalloc(sizeof(int32_t) * (size_t)en->vocab);
     rng_seed(&en->seeder, 0x70a60da5eedull ^ (uint64_t)(util_now() * 1e9));
@@ -337,9 +338,35 @@ static int check_params(const struct engine *en, const struct engine_request *q,
     return 0;
 }
 
+const struct gram_vocab *engine_grammar_vocab(struct engine *en, struct err *e)
+{
+    pthread_mutex_lock(&en->mu);
+    const struct gram_vocab *v = en->gvocab;
+    pthread_mutex_unlock(&en->mu);
+    if (v) return v;
+    /* built outside the lock: the engine thread keeps stepping meanwhile */
+    struct tok *t = tok_load(en->cfg.model_dir, e);
+    if (!t) return NULL;
+    const struct model_config *c = &en->m->cfg;
+    int32_t eos[CONFIG_MAX_EOS + 1];
+    int n = 0;
+    for (int i = 0; i < c->n_eos; i++) eos[n++] = c->eos_ids[i];
+    if (tok_eos_id(t) >= 0) eos[n++] = tok_eos_id(t);
+    struct gram_vocab *nv = gram_vocab_create(t, en->vocab, eos, n, e);
+    tok_destroy(t);
+    if (!nv) return NULL;
+    pthread_mutex_lock(&en->mu);
+    if (!en->gvocab) en->gvocab = nv, nv = NULL; /* else another thread was first: keep its trie */
+    v = en->gvocab;
+    pthread_mutex_unlock(&en->mu);
+    gram_vocab_destroy(nv);
+    return v;
+}
+
 uint64_t engine_submit(struct engine *en, const struct engine_request *q, struct err *e)
 {
     if (check_params(en, q, e)) return 0;
+    if (q->sp.grammar && !q->embed && !engine_grammar_vocab(en, e)) return 0;
     struct request *r = xcalloc(1, sizeof *r);
     r->n_prompt = r->n_tokens = q->n_prompt;
     r->ph_pos = r->ph_row = -1;
@@ -367,6 +394,8 @@ uint64_t engine_submit(struct engine *en, const struct engine_request *q, struct
     }
     r->sp.stop_ids = r->stop_ids;
     r->sp.logit_bias = r->bias;
+    if (r->sp.grammar) r->gm = gram_matcher_create(r->sp.grammar); /* holds the reference */
+    r->sp.grammar = NULL; /* r->gm stands for it from here on */
     if (r->sp.prompt_logprobs >= 0) {
         int k = q->sp.prompt_logprobs;
         r->plp = xmalloc(sizeof(float) * (size_t)q->n_prompt);
@@ -499,6 +528,7 @@ static void free_request(struct request *r)
     free(r->plp);
     free(r->ptop);
     free(r->pool);
+    gram_matcher_destroy(r->gm);
     free(r);
 }
 
@@ -577,6 +607,8 @@ void engine_destroy(struct engine *en)
     free(en->hit_blocks);
     free(en->hit_hashes);
     free(en->work);
+    free(en->gmask);
+    gram_vocab_destroy(en->gvocab);
     free(en->counts);
     free(en->cand);
     free(en->b_hidden_rows);

@@ -33,6 +33,7 @@
 #include "model/config.h"
 #include "model/pooling.h"
 #include "model/sampler.h"
+#include "text/grammar.h"
 
 enum finish_reason {
     FINISH_NONE = 0, /* still running */
@@ -78,6 +79,10 @@ struct sampling_params {
     int top_logprobs;    /* and this many alternatives, 0..ENGINE_MAX_TOP_LOGPROBS */
     int prompt_logprobs; /* >= 0 alternatives per prompt position; -1 = none. A request
                             with prompt logprobs computes its whole prompt (no cache reuse). */
+    /* Structured output: every output token keeps the text a prefix of a sentence of this
+     * grammar (text/grammar.h); end-of-sequence only where the sentence is complete, and
+     * the request ends (stop) once nothing may follow. Submit takes its own reference. */
+    struct gram *grammar;
 };
 
 /** Greedy-free defaults: temperature 1, no filters, no penalties, max_tokens 16. */
@@ -190,6 +195,12 @@ int engine_max_model_len(const struct engine *en);
 int engine_block_size(const struct engine *en);
 /** The model folder's pooling (can_embed 0: embedding requests are refused). */
 const struct pooling_config *engine_pooling(const struct engine *en);
+
+/**
+ * The vocabulary trie of constrained decoding, built from the model folder's tokenizer on
+ * first use (a few hundred ms for a 128K vocabulary). NULL + err when there is no tokenizer.
+ */
+const struct gram_vocab *engine_grammar_vocab(struct engine *en, struct err *e);
 
 /**
  * Queues a request; returns its id (> 0), or 0 with a message naming the bad field

@@ -41,6 +41,7 @@ struct request {
     struct logit_bias *bias;
     struct rng rng;
     int aborted;
+    struct gram_matcher *gm; /* structured output: the grammar's state after the output */
 
     /* embedding requests: the pooled rows so far, summed (mean) or copied (last, cls) */
     int embed;
@@ -127,9 +128,11 @@ struct engine {
     int overlap;   /* steps overlap (cfg.overlap resolved for the backend) */
     int32_t *hit_blocks;
     struct kv_hash *hit_hashes;
-    float *work;      /* [vocab] sampling scratch */
-    uint32_t *counts; /* [vocab] zeroed between uses */
-    int32_t *cand;    /* [vocab] candidate ids */
+    float *work;               /* [vocab] sampling scratch */
+    uint32_t *gmask;           /* [(vocab + 31) / 32] the allowed tokens of a grammar request */
+    struct gram_vocab *gvocab; /* built on the first grammar request (guarded by mu) */
+    uint32_t *counts;          /* [vocab] zeroed between uses */
+    int32_t *cand;             /* [vocab] candidate ids */
     struct token_logprob top[ENGINE_MAX_TOP_LOGPROBS];
 
     /* embedding requests (models that can embed): the step's hidden rows, final-normed */

@@ -159,18 +159,37 @@ int sample_nucleus(int32_t *ids, int n, const float *w, float mx, double inv_t, 
     return m > 0 ? m : n;
 }
 
+/* Structured output: tokens the grammar does not allow next get -inf. When none is
+ * allowed (the grammar is complete and the vocabulary has no end-of-sequence id the model
+ * knows), the row is left as it is: the request ends on this token by its stop check. */
+static void apply_grammar(struct engine *en, struct request *r, float *x)
+{
+    uint32_t *mask = en->gmask;
+    gram_matcher_fill_mask(r->gm, en->gvocab, mask);
+    int V = en->vocab, any = 0;
+    for (int w = 0; w < (V + 31) / 32; w++) any |= mask[w] != 0;
+    if (!any) return;
+    for (int w = 0; w < (V + 31) / 32; w++) {
+        uint32_t m = mask[w];
+        if (m == 0xFFFFFFFFu) continue;
+        for (int b = 0; b < 32 && w * 32 + b < V; b++)
+            if (!(m >> b & 1)) x[w * 32 + b] = -INFINITY;
+    }
+}
+
 int32_t sample_next(struct engine *en, struct request *r, const float *logits)
 {
     const struct sampling_params *sp = &r->sp;
     int V = en->vocab;
     const float *w = logits;
     if (sp->n_logit_bias || sp->repetition_penalty != 1.0f || sp->presence_penalty != 0 ||
-        sp->frequency_penalty != 0) {
+        sp->frequency_penalty != 0 || r->gm) {
         float *x = en->work;
         memcpy(x, logits, sizeof(float) * (size_t)V);
         for (int i = 0; i < sp->n_logit_bias; i++)
             x[sp->logit_bias[i].id] += sp->logit_bias[i].bias;
         apply_penalties(en, r, x);
+        if (r->gm) apply_grammar(en, r, x);
         w = x;
     }
     if (sp->temperature <= 0) return argmax(w, V);

@@ -122,7 +122,7 @@ static int host_row_params(const struct sampling_params *sp)
  * host): then the step after one that runs it need not wait for its token. */
 static int pickable(const struct engine *en, const struct request *r)
 {
-    return !r->plp && !r->embed && !host_row_params(&r->sp) &&
+    return !r->plp && !r->embed && !r->gm && !host_row_params(&r->sp) &&
            (r->sp.temperature <= 0 || model_can_sample(en->m));
 }
 
@@ -321,6 +321,7 @@ static enum finish_reason stop_check(const struct engine *en, const struct reque
     }
     for (int i = 0; i < r->sp.n_stop_ids; i++)
         if (r->sp.stop_ids[i] == t) return FINISH_STOP;
+    if (r->gm && gram_matcher_is_terminated(r->gm)) return FINISH_STOP; /* nothing may follow */
     if (r->n_output >= r->sp.max_tokens || r->n_tokens >= en->max_model_len) return FINISH_LENGTH;
     return FINISH_NONE;
 }
@@ -424,6 +425,7 @@ static void result(struct engine *en, struct step_seq *p)
         r->tokens[r->n_tokens++] = t;
     }
     r->n_output++;
+    if (r->gm) gram_matcher_accept_token(r->gm, en->gvocab, t); /* the mask allowed t */
     struct engine_event ev = {.kind = ENGINE_EV_TOKEN,
                               .req_id = r->id,
                               .token = t,
@@ -459,10 +461,10 @@ static void add_placeholders(struct engine *en, struct step_seq *plan, int n_pla
 }
 
 /* Whether a row of this sequence must reach the host: prompt log-probabilities, logit bias,
- * penalties or log-probabilities of the chosen token. */
+ * penalties, log-probabilities of the chosen token, or a grammar's mask. */
 static int needs_host_row(const struct step_seq *p)
 {
-    return p->all_rows || host_row_params(&p->r->sp);
+    return p->all_rows || p->r->gm || host_row_params(&p->r->sp);
 }
 
 /* Whether every token this step samples is a plain greedy pick: then the backend picks

@@ -47,6 +47,13 @@ int tok_is_special(const struct tok *t, int32_t id);
 int32_t tok_bos_id(const struct tok *t);
 int32_t tok_eos_id(const struct tok *t);
 
+/**
+ * The bytes token id adds to a decoded text in the middle of a sequence (byte-level
+ * mapping and <0xXX> byte tokens undone, no UTF-8 repair), into out[cap]. Returns the
+ * length, or -1 for an unknown id or a token longer than cap. For constrained decoding.
+ */
+int tok_token_bytes(const struct tok *t, int32_t id, char *out, size_t cap);
+
 /** The token string of an id (owned by t), or NULL when the id is unknown. */
 const char *tok_id_to_token(const struct tok *t, int32_t id);
 

@@ -535,3 +535,55 @@ char *tok_stream_finish_len(struct tok_stream *s, size_t *len)
     }
     return take_out(s, len);
 }
+
+/* ---- the bytes of one token ---- */
+
+int tok_token_bytes(const struct tok *t, int32_t id, char *out, size_t cap)
+{
+    if (id < 0 || id >= t->nids || !t->id2tok[id]) return -1;
+    const struct tok_decoder *d = &t->dec;
+    struct tok_buf a = {0}, b = {0};
+    tok_buf_put(&a, t->id2tok[id], t->id2len[id]);
+    int is_byte = 0;
+    for (int k = 0; d->present && k < d->n; k++) {
+        const struct tok_dec *x = &d->v[k];
+        b.len = 0;
+        switch (x->kind) {
+        case TOK_DEC_BYTELEVEL:
+            bytelevel_bytes(a.p, a.len, &b);
+            break;
+        case TOK_DEC_BYTEFALLBACK: {
+            int v = is_byte ? -1 : byte_token(a.p, a.len);
+            if (v >= 0) {
+                tok_buf_putc(&b, (char)v);
+                is_byte = 1; /* later stages see a raw byte, not text */
+            } else {
+                tok_buf_put(&b, a.p, a.len);
+            }
+            break;
+        }
+        case TOK_DEC_REPLACE:
+            if (is_byte)
+                tok_buf_put(&b, a.p, a.len);
+            else
+                replace_token(x, a.p, a.len, &b);
+            break;
+        case TOK_DEC_METASPACE:
+            metaspace_token(x, 0, a.p, a.len, &b);
+            break;
+        default: /* Fuse joins tokens; Strip acts at the ends of the whole text */
+            tok_buf_put(&b, a.p, a.len);
+        }
+        struct tok_buf s = a;
+        a = b;
+        b = s;
+    }
+    int n = (int)a.len;
+    if (a.len > cap)
+        n = -1;
+    else if (a.len)
+        memcpy(out, a.p, a.len);
+    tok_buf_dispose(&a);
+    tok_buf_dispose(&b);
+    return n;
+}

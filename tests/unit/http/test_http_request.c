@@ -186,6 +186,52 @@ static void test_no_tokenizer(void)
     http_gen_dispose(&g);
 }
 
+/* response_format and guided_*: compiled into sp.grammar, shared through the compile
+ * cache; bad ones a 400 naming the field. */
+static void test_structured(void)
+{
+    struct http_gen g, g2;
+    struct http_error he;
+    const char *chat = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],";
+    char buf[1024];
+    snprintf(buf, sizeof buf,
+             "%s\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\","
+             "\"strict\":true,\"schema\":{\"type\":\"integer\"}}}}",
+             chat);
+    CHECK(parse(HTTP_API_CHAT, buf, &g, &he) == 0 && g.sp.grammar, "%s", he.msg);
+    CHECK(parse(HTTP_API_CHAT, buf, &g2, &he) == 0 && g2.sp.grammar == g.sp.grammar,
+          "the same schema text is compiled once");
+    http_gen_dispose(&g);
+    http_gen_dispose(&g2);
+    snprintf(buf, sizeof buf, "{\"prompt\":\"a\",\"guided_choice\":[\"x\",\"y\"]}");
+    CHECK(parse(HTTP_API_COMPLETIONS, buf, &g, &he) == 0 && g.sp.grammar, "%s", he.msg);
+    http_gen_dispose(&g);
+    snprintf(buf, sizeof buf, "%s\"response_format\":{\"type\":\"text\"}}", chat);
+    CHECK(parse(HTTP_API_CHAT, buf, &g, &he) == 0 && !g.sp.grammar, "text: no grammar");
+    http_gen_dispose(&g);
+    static const char *const bad[][3] = {
+        {"\"guided_regex\":\"a{2,1}\"}", "guided_regex", "'guided_regex' is invalid: repetition"},
+        {"\"guided_json\":{\"type\":\"object\",\"if\":{}}}", "guided_json",
+         "'if' is not supported"},
+        {"\"guided_grammar\":\"root ::= root \\\"a\\\"\"}", "guided_grammar", "left-recursive"},
+        {"\"response_format\":{\"type\":\"json_schema\"}}", "response_format.json_schema",
+         "must be an object"},
+        {"\"response_format\":\"json\"}", "response_format", "must be an object"},
+        {"\"guided_choice\":[\"a\",3]}", "guided_choice", "'guided_choice[1]'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(buf, sizeof buf, "%s%s", chat, bad[i][0]);
+        CHECK(parse(HTTP_API_CHAT, buf, &g, &he) < 0 && he.status == 400, "bad %zu accepted", i);
+        CHECK(!strcmp(he.param, bad[i][1]), "bad %zu: param '%s'", i, he.param);
+        CHECK(strstr(he.msg, bad[i][2]), "bad %zu: '%s' lacks '%s'", i, he.msg, bad[i][2]);
+    }
+    snprintf(buf, sizeof buf,
+             "{\"model\":\"tiny\",\"max_tokens\":5,\"messages\":[{\"role\":\"user\",\"content\":"
+             "\"hi\"}],\"guided_regex\":\"a\"}");
+    CHECK(parse(HTTP_API_MESSAGES, buf, &g, &he) < 0 && !strcmp(he.param, "guided_regex"),
+          "messages");
+}
+
 int main(int argc, char **argv)
 {
     const char *data = argc > 1 ? argv[1] : "../shared/testdata";
@@ -210,6 +256,7 @@ int main(int argc, char **argv)
     test_parse();
     test_stops(t);
     test_no_tokenizer();
+    test_structured();
     free(src);
     cJSON_Delete(vars);
     tok_destroy(t);

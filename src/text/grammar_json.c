@@ -1,0 +1,593 @@
+/*
+ * JSON Schema into a grammar: what OpenAI strict structured outputs accept. Types object
+ * (properties in schema order, required ones present, others optional; no property
+ * outside "properties", as strict mode asks; an object without "properties" is a map whose
+ * values follow "additionalProperties", any JSON when that is absent or true), array
+ * (items, minItems, maxItems), string (minLength, maxLength, pattern as a whole-string
+ * regex, formats date, time, date-time, uuid, email, ipv4), integer (minimum, maximum and
+ * their exclusive forms, exactly), number (a non-negative minimum drops the sign; other
+ * bounds are not enforced), boolean, null; enum, const, anyOf / oneOf, a single allOf,
+ * type lists, $ref into the document (#, #/$defs/..., #/definitions/..., recursion
+ * allowed). Keywords whose meaning a grammar cannot enforce (not, if, patternProperties,
+ * uniqueItems ...) are refused with an error rather than ignored.
+ *
+ * Whitespace as XGrammar's default JSON grammar: any of space, tab, newline, carriage
+ * return between tokens, here at most JSON_WS_MAX bytes in each gap, so that a model
+ * cannot stall in whitespace. The value itself starts and ends the output.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "common/util.h"
+#include "text/grammar_impl.h"
+
+#define JSON_WS_MAX 20
+#define JSON_DEPTH  64
+
+struct jref {
+    char *path;
+    int rule;
+};
+
+struct js {
+    struct gb *b;
+    const cJSON *doc;
+    struct jref *refs;
+    int n_refs;
+    int depth;
+    int32_t ws, str, num, intg, any, chr; /* built on first use, 0 until then */
+};
+
+static int32_t js_schema(struct js *j, const cJSON *s);
+
+static int32_t lit(struct js *j, const char *s)
+{
+    return gb_lit(j->b, s, strlen(s));
+}
+
+static int32_t regex(struct js *j, const char *re, int in_string)
+{
+    return gram_regex_into(j->b, re, strlen(re), in_string);
+}
+
+static int32_t ws(struct js *j)
+{
+    if (!j->ws) {
+        struct gbset s = {{0}};
+        s.w[0] = 1u << '\t' | 1u << '\n' | 1u << '\r';
+        s.w[1] = 1u << (' ' - 32);
+        j->ws = gb_rep(j->b, gb_set(j->b, &s), 0, JSON_WS_MAX);
+    }
+    return j->ws;
+}
+
+/* One character inside a JSON string: unescaped (no '"', '\' or controls) or an escape. */
+static int32_t str_char(struct js *j)
+{
+    if (!j->chr) {
+        uint32_t r[6] = {0x20, 0x21, 0x23, 0x5B, 0x5D, 0x10FFFF};
+        int32_t plain = gb_cp_ranges(j->b, r, 3);
+        int32_t esc = regex(j, "\\\\([\"\\\\/bfnrt]|u[0-9a-fA-F]{4})", 0);
+        int32_t alt[2] = {plain, esc};
+        j->chr = gb_alt(j->b, alt, 2);
+    }
+    return j->chr;
+}
+
+static int32_t quoted(struct js *j, int32_t body)
+{
+    int32_t q = gb_byte('"');
+    int32_t v[3] = {q, body, q};
+    return gb_seq(j->b, v, 3);
+}
+
+static int32_t any_string(struct js *j)
+{
+    if (!j->str) j->str = quoted(j, gb_star(j->b, str_char(j)));
+    return j->str;
+}
+
+static int32_t any_number(struct js *j)
+{
+    if (!j->num) j->num = regex(j, "-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?", 0);
+    return j->num;
+}
+
+/* "{" ws ( kv ws ( "," ws kv ws )* )? "}" with kv = key ws ":" ws value */
+static int32_t map_of(struct js *j, int32_t value)
+{
+    struct gb *b = j->b;
+    int32_t kv[5] = {any_string(j), ws(j), gb_byte(':'), ws(j), value};
+    int32_t k = gb_seq(b, kv, 5);
+    int32_t more[4] = {gb_byte(','), ws(j), k, ws(j)};
+    int32_t body[3] = {k, ws(j), gb_star(b, gb_seq(b, more, 4))};
+    int32_t all[4] = {gb_byte('{'), ws(j), gb_opt(b, gb_seq(b, body, 3)), gb_byte('}')};
+    return gb_seq(b, all, 4);
+}
+
+static int32_t list_of(struct js *j, int32_t item, int lo, int hi)
+{
+    struct gb *b = j->b;
+    if (hi == 0) {
+        int32_t v[3] = {gb_byte('['), ws(j), gb_byte(']')};
+        return gb_seq(b, v, 3);
+    }
+    int32_t more[4] = {gb_byte(','), ws(j), item, ws(j)};
+    int32_t rest = gb_rep(b, gb_seq(b, more, 4), lo > 1 ? lo - 1 : 0, hi < 0 ? -1 : hi - 1);
+    int32_t body[3] = {item, ws(j), rest};
+    int32_t in = gb_seq(b, body, 3);
+    int32_t all[4] = {gb_byte('['), ws(j), lo > 0 ? in : gb_opt(b, in), gb_byte(']')};
+    return gb_seq(b, all, 4);
+}
+
+/* Any JSON value: a named rule, so that it can nest. */
+static int32_t any_value(struct js *j)
+{
+    if (j->any) return j->any;
+    struct gb *b = j->b;
+    int rule = gb_rule_new(b, "value", 0);
+    j->any = GSYM_RULE(rule);
+    int32_t alts[7] = {map_of(j, j->any), list_of(j, j->any, 0, -1), any_string(j), any_number(j),
+                       lit(j, "true"),    lit(j, "false"),           lit(j, "null")};
+    for (int i = 0; i < 7; i++) gb_alt_add(b, rule, &alts[i], 1);
+    return j->any;
+}
+
+/* ---- integers in a range, as a regex ---- */
+
+typedef struct {
+    char s[4096];
+    size_t n;
+} rbuf;
+
+static void put(rbuf *r, const char *s)
+{
+    size_t l = strlen(s);
+    if (r->n + l < sizeof r->s) memcpy(r->s + r->n, s, l), r->n += l, r->s[r->n] = 0;
+}
+
+/* Equal-length digit strings a <= b: the numbers between them, digit by digit. */
+static void same_len(rbuf *r, const char *a, const char *b, int n)
+{
+    char t[64];
+    if (n == 0) return;
+    if (n == 1) {
+        snprintf(t, sizeof t, "[%c-%c]", a[0], b[0]);
+        put(r, t);
+        return;
+    }
+    if (a[0] == b[0]) {
+        snprintf(t, sizeof t, "%c", a[0]);
+        put(r, t);
+        put(r, "(");
+        same_len(r, a + 1, b + 1, n - 1);
+        put(r, ")");
+        return;
+    }
+    char nines[32], zeros[32];
+    memset(nines, '9', (size_t)n - 1), memset(zeros, '0', (size_t)n - 1);
+    snprintf(t, sizeof t, "(%c(", a[0]);
+    put(r, t);
+    same_len(r, a + 1, nines, n - 1);
+    put(r, "))");
+    if (a[0] + 1 <= b[0] - 1) {
+        snprintf(t, sizeof t, "|[%c-%c][0-9]{%d}", a[0] + 1, b[0] - 1, n - 1);
+        put(r, t);
+    }
+    snprintf(t, sizeof t, "|(%c(", b[0]);
+    put(r, t);
+    same_len(r, zeros, b + 1, n - 1);
+    put(r, "))");
+}
+
+/* Non-negative integers lo..hi (hi < 0: unbounded) without leading zeros. */
+static void nonneg(rbuf *r, long long lo, long long hi)
+{
+    put(r, "(");
+    int first = 1;
+    for (int len = 1; len <= 19; len++) {
+        long long start = len == 1 ? 0 : 1, end = 9;
+        for (int i = 1; i < len; i++) start *= 10, end = end * 10 + 9;
+        if (hi >= 0 && start > hi) break;
+        if (end < lo) continue;
+        long long a = lo > start ? lo : start;
+        if (hi < 0 && a == start && len > 1) { /* every number of this length and longer */
+            char t[64];
+            snprintf(t, sizeof t, "%s[1-9][0-9]{%d,}", first ? "" : "|", len - 1);
+            put(r, t);
+            first = 0;
+            break;
+        }
+        long long z = hi >= 0 && hi < end ? hi : end;
+        char sa[32], sz[32];
+        snprintf(sa, sizeof sa, "%lld", a);
+        snprintf(sz, sizeof sz, "%lld", z);
+        if (!first) put(r, "|");
+        put(r, "(");
+        same_len(r, sa, sz, len);
+        put(r, ")");
+        first = 0;
+    }
+    put(r, ")");
+}
+
+static int32_t integer(struct js *j, const cJSON *s)
+{
+    const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minimum");
+    const cJSON *mx = cJSON_GetObjectItemCaseSensitive(s, "maximum");
+    const cJSON *xmn = cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum");
+    const cJSON *xmx = cJSON_GetObjectItemCaseSensitive(s, "exclusiveMaximum");
+    const double big = 1e15;
+    int has_lo = 0, has_hi = 0;
+    long long lo = 0, hi = 0;
+    if (cJSON_IsNumber(mn) && fabs(mn->valuedouble) < big)
+        has_lo = 1, lo = (long long)ceil(mn->valuedouble);
+    if (cJSON_IsNumber(xmn) && fabs(xmn->valuedouble) < big) {
+        long long v = (long long)floor(xmn->valuedouble) + 1;
+        if (!has_lo || v > lo) lo = v;
+        has_lo = 1;
+    }
+    if (cJSON_IsNumber(mx) && fabs(mx->valuedouble) < big)
+        has_hi = 1, hi = (long long)floor(mx->valuedouble);
+    if (cJSON_IsNumber(xmx) && fabs(xmx->valuedouble) < big) {
+        long long v = (long long)ceil(xmx->valuedouble) - 1;
+        if (!has_hi || v < hi) hi = v;
+        has_hi = 1;
+    }
+    if (!has_lo && !has_hi) {
+        if (!j->intg) j->intg = regex(j, "-?(0|[1-9][0-9]*)", 0);
+        return j->intg;
+    }
+    if (has_lo && has_hi && lo > hi)
+        return gb_fail(j->b, "schema: integer range %lld..%lld is empty", lo, hi);
+    rbuf r = {{0}, 0};
+    if (!has_lo) { /* ..hi */
+        if (hi >= 0) {
+            put(&r, "-[1-9][0-9]*|");
+            nonneg(&r, 0, hi);
+        } else {
+            put(&r, "-");
+            nonneg(&r, -hi, -1);
+        }
+    } else if (lo >= 0) {
+        nonneg(&r, lo, has_hi ? hi : -1);
+    } else { /* lo < 0 */
+        put(&r, "-");
+        nonneg(&r, has_hi && hi < 0 ? -hi : 1, -lo);
+        if (!has_hi || hi >= 0) {
+            put(&r, "|");
+            nonneg(&r, 0, has_hi ? hi : -1);
+        }
+    }
+    return regex(j, r.s, 0);
+}
+
+/* ---- strings ---- */
+
+static int32_t string(struct js *j, const cJSON *s)
+{
+    const cJSON *pat = cJSON_GetObjectItemCaseSensitive(s, "pattern");
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(s, "format");
+    const cJSON *mnl = cJSON_GetObjectItemCaseSensitive(s, "minLength");
+    const cJSON *mxl = cJSON_GetObjectItemCaseSensitive(s, "maxLength");
+    if (cJSON_IsString(pat)) return quoted(j, regex(j, pat->valuestring, 1));
+    if (pat) return gb_fail(j->b, "schema: 'pattern' must be a string");
+    if (cJSON_IsString(fmt)) {
+        static const char *const fmts[][2] = {
+            {"date", "[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])"},
+            {"time", "([01][0-9]|2[0-3]):[0-5][0-9]:([0-5][0-9]|60)(\\.[0-9]+)?(Z|[+-]([01][0-9]|2["
+                     "0-3]):[0-5][0-9])"},
+            {"date-time",
+             "[0-9]{4}-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])T([01][0-9]|2[0-3]):[0-5][0-9]:([0-"
+             "5][0-9]|60)(\\.[0-9]+)?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"},
+            {"uuid", "[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"},
+            {"email", "[a-zA-Z0-9_%+-]+(\\.[a-zA-Z0-9_%+-]+)*@[a-zA-Z0-9-]+(\\.[a-zA-Z0-9-]+)*\\.["
+                      "a-zA-Z]{2,}"},
+            {"ipv4", "((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\\.){3}(25[0-5]|2[0-4][0-9]|1["
+                     "0-9][0-9]|[1-9]?[0-9])"},
+        };
+        for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++)
+            if (!strcmp(fmt->valuestring, fmts[i][0])) return quoted(j, regex(j, fmts[i][1], 1));
+        /* other formats are annotations (JSON Schema's default): any string */
+    }
+    int lo = 0, hi = -1;
+    if (mnl && (!cJSON_IsNumber(mnl) || mnl->valuedouble < 0 || mnl->valuedouble > 10000))
+        return gb_fail(j->b, "schema: 'minLength' must be an integer in 0..10000");
+    if (mxl && (!cJSON_IsNumber(mxl) || mxl->valuedouble < 0 || mxl->valuedouble > 10000))
+        return gb_fail(j->b, "schema: 'maxLength' must be an integer in 0..10000");
+    if (mnl) lo = (int)mnl->valuedouble;
+    if (mxl) hi = (int)mxl->valuedouble;
+    if (!mnl && !mxl) return any_string(j);
+    return quoted(j, gb_rep(j->b, str_char(j), lo, hi));
+}
+
+/* ---- objects ---- */
+
+static int32_t key_lit(struct js *j, const char *name)
+{
+    cJSON *s = cJSON_CreateString(name);
+    char *t = cJSON_PrintUnformatted(s);
+    int32_t x = lit(j, t);
+    free(t);
+    cJSON_Delete(s);
+    return x;
+}
+
+static int32_t object(struct js *j, const cJSON *s)
+{
+    struct gb *b = j->b;
+    const cJSON *props = cJSON_GetObjectItemCaseSensitive(s, "properties");
+    const cJSON *req = cJSON_GetObjectItemCaseSensitive(s, "required");
+    const cJSON *add = cJSON_GetObjectItemCaseSensitive(s, "additionalProperties");
+    if (props && !cJSON_IsObject(props))
+        return gb_fail(b, "schema: 'properties' must be an object");
+    if (req && !cJSON_IsArray(req)) return gb_fail(b, "schema: 'required' must be an array");
+    const cJSON *r;
+    cJSON_ArrayForEach(r, req)
+    {
+        if (!cJSON_IsString(r)) return gb_fail(b, "schema: 'required' must list strings");
+        if (!cJSON_GetObjectItemCaseSensitive(props, r->valuestring))
+            return gb_fail(b, "schema: required property '%.100s' is not in 'properties'",
+                           r->valuestring);
+    }
+    int n = cJSON_GetArraySize(props);
+    if (n == 0) {
+        if (cJSON_IsFalse(add)) {
+            int32_t v[3] = {gb_byte('{'), ws(j), gb_byte('}')};
+            return gb_seq(b, v, 3);
+        }
+        return map_of(j, add && cJSON_IsObject(add) ? js_schema(j, add) : any_value(j));
+    }
+    /* rest[i][first]: properties i.. , the first one written without a leading comma */
+    int32_t *kv = xmalloc(sizeof *kv * (size_t)n);
+    char *need = xcalloc((size_t)n, 1);
+    int i = 0;
+    const cJSON *p;
+    cJSON_ArrayForEach(p, props)
+    {
+        cJSON_ArrayForEach(r, req) if (!strcmp(r->valuestring, p->string)) need[i] = 1;
+        int32_t v[6] = {key_lit(j, p->string), ws(j), gb_byte(':'), ws(j), js_schema(j, p), ws(j)};
+        if (b->failed) break;
+        kv[i++] = gb_seq(b, v, 6);
+    }
+    int32_t body = -1;
+    if (!b->failed) {
+        int32_t next[2] = {gb_empty(b), gb_empty(b)}; /* rest[n][0], rest[n][1] */
+        for (i = n - 1; i >= 0; i--) {
+            int32_t cur[2];
+            for (int first = 0; first < 2; first++) {
+                int32_t with[3] = {gb_byte(','), ws(j), kv[i]};
+                int32_t w = first ? kv[i] : gb_seq(b, with, 3);
+                int32_t v[2] = {w, next[0]};
+                int32_t present = gb_seq(b, v, 2);
+                if (need[i]) {
+                    cur[first] = present;
+                } else {
+                    int32_t alt[2] = {present, next[first]};
+                    cur[first] = gb_alt(b, alt, 2);
+                }
+            }
+            next[0] = cur[0], next[1] = cur[1];
+        }
+        int32_t v[4] = {gb_byte('{'), ws(j), next[1], gb_byte('}')};
+        body = gb_seq(b, v, 4);
+    }
+    free(kv);
+    free(need);
+    return b->failed ? -1 : body;
+}
+
+/* ---- the schema ---- */
+
+static int32_t ref(struct js *j, const char *path)
+{
+    for (int i = 0; i < j->n_refs; i++)
+        if (!strcmp(j->refs[i].path, path)) return GSYM_RULE(j->refs[i].rule);
+    if (path[0] != '#')
+        return gb_fail(j->b, "schema: only local $ref (#...) is supported, got '%.100s'", path);
+    const cJSON *t = j->doc;
+    const char *s = path + 1;
+    while (*s == '/') {
+        s++;
+        char part[256];
+        size_t k = 0;
+        while (*s && *s != '/' && k + 1 < sizeof part) {
+            if (s[0] == '~' && (s[1] == '0' || s[1] == '1'))
+                part[k++] = s[1] == '0' ? '~' : '/', s += 2;
+            else
+                part[k++] = *s++;
+        }
+        part[k] = 0;
+        t = cJSON_GetObjectItemCaseSensitive(t, part);
+        if (!t) return gb_fail(j->b, "schema: $ref '%.100s' does not resolve", path);
+    }
+    if (*s) return gb_fail(j->b, "schema: $ref '%.100s' does not resolve", path);
+    int rule = gb_rule_new(j->b, path, 0);
+    j->refs = xrealloc(j->refs, sizeof *j->refs * (size_t)(j->n_refs + 1));
+    j->refs[j->n_refs++] = (struct jref){xstrdup(path), rule};
+    int32_t body = js_schema(j, t);
+    if (!j->b->failed) gb_alt_add(j->b, rule, &body, 1);
+    return GSYM_RULE(rule);
+}
+
+static int32_t of_type(struct js *j, const cJSON *s, const char *type)
+{
+    if (!strcmp(type, "object")) return object(j, s);
+    if (!strcmp(type, "string")) return string(j, s);
+    if (!strcmp(type, "integer")) return integer(j, s);
+    if (!strcmp(type, "number")) {
+        const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minimum");
+        const cJSON *xmn = cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum");
+        if ((cJSON_IsNumber(mn) && mn->valuedouble >= 0) ||
+            (cJSON_IsNumber(xmn) && xmn->valuedouble >= 0))
+            return regex(j, "(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?", 0);
+        return any_number(j);
+    }
+    if (!strcmp(type, "boolean")) {
+        int32_t v[2] = {lit(j, "true"), lit(j, "false")};
+        return gb_alt(j->b, v, 2);
+    }
+    if (!strcmp(type, "null")) return lit(j, "null");
+    if (!strcmp(type, "array")) {
+        const cJSON *items = cJSON_GetObjectItemCaseSensitive(s, "items");
+        const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minItems");
+        const cJSON *mx = cJSON_GetObjectItemCaseSensitive(s, "maxItems");
+        if (cJSON_GetObjectItemCaseSensitive(s, "prefixItems"))
+            return gb_fail(j->b, "schema: 'prefixItems' is not supported");
+        int lo = 0, hi = -1;
+        if (mn && (!cJSON_IsNumber(mn) || mn->valuedouble < 0 || mn->valuedouble > 1000))
+            return gb_fail(j->b, "schema: 'minItems' must be an integer in 0..1000");
+        if (mx && (!cJSON_IsNumber(mx) || mx->valuedouble < 0 || mx->valuedouble > 1000))
+            return gb_fail(j->b, "schema: 'maxItems' must be an integer in 0..1000");
+        if (mn) lo = (int)mn->valuedouble;
+        if (mx) hi = (int)mx->valuedouble;
+        if (hi >= 0 && hi < lo) return gb_fail(j->b, "schema: 'maxItems' is below 'minItems'");
+        if (cJSON_IsFalse(items)) hi = 0;
+        return list_of(j, items && cJSON_IsObject(items) ? js_schema(j, items) : any_value(j), lo,
+                       hi);
+    }
+    return gb_fail(j->b, "schema: unknown type '%.40s'", type);
+}
+
+static int32_t literal_value(struct js *j, const cJSON *v)
+{
+    char *t = cJSON_PrintUnformatted(v);
+    int32_t x = lit(j, t);
+    free(t);
+    return x;
+}
+
+static int32_t alternatives(struct js *j, const cJSON *arr, const char *kw)
+{
+    int n = cJSON_GetArraySize(arr);
+    if (!cJSON_IsArray(arr) || n == 0)
+        return gb_fail(j->b, "schema: '%s' must be a non-empty array", kw);
+    int32_t *v = xmalloc(sizeof *v * (size_t)n);
+    int i = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, arr)
+    {
+        v[i] = !strcmp(kw, "enum") ? literal_value(j, x) : js_schema(j, x);
+        if (j->b->failed) break;
+        i++;
+    }
+    int32_t r = j->b->failed ? -1 : gb_alt(j->b, v, n);
+    free(v);
+    return r;
+}
+
+static int32_t js_schema(struct js *j, const cJSON *s)
+{
+    struct gb *b = j->b;
+    if (b->failed) return -1;
+    if (cJSON_IsTrue(s)) return any_value(j);
+    if (!cJSON_IsObject(s)) return gb_fail(b, "schema: a schema must be an object or true");
+    if (++j->depth > JSON_DEPTH) return gb_fail(b, "schema: nested deeper than %d", JSON_DEPTH);
+    static const char *const refused[] = {"not",
+                                          "if",
+                                          "then",
+                                          "else",
+                                          "patternProperties",
+                                          "dependentSchemas",
+                                          "dependentRequired",
+                                          "unevaluatedProperties",
+                                          "unevaluatedItems",
+                                          "propertyNames",
+                                          "contains",
+                                          "minProperties",
+                                          "maxProperties",
+                                          "multipleOf",
+                                          NULL};
+    int32_t out = -1;
+    for (int i = 0; refused[i]; i++)
+        if (cJSON_GetObjectItemCaseSensitive(s, refused[i])) {
+            out = gb_fail(b, "schema: '%s' is not supported", refused[i]);
+            goto done;
+        }
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(s, "uniqueItems");
+    if (cJSON_IsTrue(u)) {
+        out = gb_fail(b, "schema: 'uniqueItems' is not supported");
+        goto done;
+    }
+    const cJSON *x;
+    if ((x = cJSON_GetObjectItemCaseSensitive(s, "$ref"))) {
+        out = cJSON_IsString(x) ? ref(j, x->valuestring)
+                                : gb_fail(b, "schema: '$ref' must be a string");
+    } else if ((x = cJSON_GetObjectItemCaseSensitive(s, "const"))) {
+        out = literal_value(j, x);
+    } else if ((x = cJSON_GetObjectItemCaseSensitive(s, "enum"))) {
+        out = alternatives(j, x, "enum");
+    } else if ((x = cJSON_GetObjectItemCaseSensitive(s, "anyOf"))) {
+        out = alternatives(j, x, "anyOf");
+    } else if ((x = cJSON_GetObjectItemCaseSensitive(s, "oneOf"))) {
+        out = alternatives(j, x, "oneOf");
+    } else if ((x = cJSON_GetObjectItemCaseSensitive(s, "allOf"))) {
+        if (!cJSON_IsArray(x) || cJSON_GetArraySize(x) != 1)
+            out = gb_fail(b, "schema: 'allOf' is supported with exactly one schema");
+        else
+            out = js_schema(j, x->child);
+    } else if ((x = cJSON_GetObjectItemCaseSensitive(s, "type"))) {
+        if (cJSON_IsString(x)) {
+            out = of_type(j, s, x->valuestring);
+        } else if (cJSON_IsArray(x) && cJSON_GetArraySize(x) > 0) {
+            int n = cJSON_GetArraySize(x), i = 0;
+            int32_t v[8];
+            const cJSON *t;
+            cJSON_ArrayForEach(t, x)
+            {
+                if (!cJSON_IsString(t) || i == 8) {
+                    out = gb_fail(b, "schema: 'type' must be a string or a list of type names");
+                    goto done;
+                }
+                v[i++] = of_type(j, s, t->valuestring);
+            }
+            out = b->failed ? -1 : gb_alt(b, v, n);
+        } else {
+            out = gb_fail(b, "schema: 'type' must be a string or a list of type names");
+        }
+    } else if (cJSON_GetObjectItemCaseSensitive(s, "properties")) {
+        out = object(j, s);
+    } else if (cJSON_GetObjectItemCaseSensitive(s, "items")) {
+        out = of_type(j, s, "array");
+    } else {
+        out = any_value(j);
+    }
+done:
+    j->depth--;
+    return out;
+}
+
+struct gram *gram_from_json_schema(const char *json, size_t len, struct err *e)
+{
+    const char *end = NULL;
+    cJSON *doc = cJSON_ParseWithLengthOpts(json, len, &end, 0);
+    if (!doc)
+        return err_set(e, "schema: not valid JSON (near byte %zu)", end ? (size_t)(end - json) : 0),
+               NULL;
+    struct gb b;
+    gb_init(&b, e);
+    struct js j = {&b, doc, NULL, 0, 0, 0, 0, 0, 0, 0, 0};
+    int32_t x = js_schema(&j, doc);
+    int root = gb_rule_new(&b, "root", 0);
+    if (!b.failed) gb_alt_add(&b, root, &x, 1);
+    for (int i = 0; i < j.n_refs; i++) free(j.refs[i].path);
+    free(j.refs);
+    cJSON_Delete(doc);
+    return gb_finish(&b, root);
+}
+
+struct gram *gram_json_object(void)
+{
+    struct gb b;
+    struct err e;
+    gb_init(&b, &e);
+    struct js j = {&b, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0};
+    int32_t x = map_of(&j, any_value(&j));
+    int root = gb_rule_new(&b, "root", 0);
+    gb_alt_add(&b, root, &x, 1);
+    return gb_finish(&b, root);
+}
