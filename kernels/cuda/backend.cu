@@ -1788,6 +1788,7 @@ static const struct backend_ops cuda_ops = {
     .delta_net = NULL,
     .moe = NULL,
     .copy = NULL,
+    .scale = NULL,
 };
 
 int backend_cuda_device_count(void)

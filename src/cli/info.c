@@ -112,8 +112,8 @@ int cli_info(int argc, char **argv)
     size_t kv_ctx = kv_tok * (size_t)c->max_pos;
     /* Step buffers for a 512-token prefill step plus one row of logits. */
     size_t act = sizeof(float) * 512 *
-                     (size_t)(3 * c->hidden + 2 * c->n_heads * c->head_dim +
-                              2 * c->n_kv_heads * c->head_dim + 2 * c->ffn) +
+                     (size_t)(3 * c->hidden + 2 * c->n_heads * c->max_head_dim + 2 * c->max_kv_dim +
+                              2 * c->ffn) +
                  sizeof(float) * (size_t)c->vocab;
     double bpw = 8.0 * (double)wbytes / (double)params;
     /* The GPU plan: weights and activations resident, the rest of the allowed share is KV

@@ -17,12 +17,14 @@
 static const char *const golden_supported[] = {
     "LlamaForCausalLM",    "MistralForCausalLM", "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",    "Gemma2ForCausalLM",  "Gemma3ForCausalLM",
-    "Qwen3MoeForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"};
+    "Qwen3MoeForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
+    "Gemma4ForCausalLM"};
 
-/* Architectures whose operations (routed experts, linear attention) the CUDA backend does
- * not run yet: it refuses them when they load, so they are compared on the CPU only. */
+/* Architectures whose operations (routed experts, linear attention, Gemma 4's layer scalars)
+ * the CUDA backend does not run yet: it refuses them when they load, so they are compared on
+ * the CPU only. */
 static const char *const golden_cpu_only[] = {"Qwen3MoeForCausalLM", "Qwen3_5ForCausalLM",
-                                              "Qwen3_5MoeForCausalLM"};
+                                              "Qwen3_5MoeForCausalLM", "Gemma4ForCausalLM"};
 
 /* Whether `device` runs arch (any supported one on the CPU). */
 static inline int golden_device_runs(const char *arch, const char *device)
