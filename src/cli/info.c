@@ -183,6 +183,19 @@ int cli_info(int argc, char **argv)
         if (c->rope_dim < c->head_dim)
             printf(", %d of %d dimensions rotated", c->rope_dim, c->head_dim);
         printf("\n");
+        int kv_shared = 0, other_heads = -1;
+        for (int l = 0; l < c->n_layers; l++) {
+            kv_shared += c->kv_source[l] != l;
+            if (c->layer_head_dim[l] != c->head_dim) other_heads = l;
+        }
+        if (other_heads >= 0)
+            printf("per layer       %s layers: %d kv heads of %d\n",
+                   c->layer_kinds[other_heads] == LAYER_FULL ? "full" : "some",
+                   c->layer_kv_heads[other_heads], c->layer_head_dim[other_heads]);
+        if (kv_shared)
+            printf("kv sharing      the last %d layers read earlier layers' KV and store none\n",
+                   kv_shared);
+        if (c->ple_dim) printf("per-layer input %d values a layer\n", c->ple_dim);
         if (linear)
             printf(
                 "linear attn     %d of %d layers Gated DeltaNet: %d key / %d value heads of %d / "
