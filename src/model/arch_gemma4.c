@@ -114,6 +114,7 @@ static int gemma4_config(struct model_config *c, const cJSON *root, struct err *
     c->embed_scale = sqrtf((float)c->hidden);
     c->attn_scale = 1.0f; /* q and k are normalized per head */
     c->k_eq_v = config_get_bool(root, "attention_k_eq_v", false);
+    c->layer_scale = true;
     if (!c->layer_types_given) return err_set(e, "config.json: Gemma 4 needs layer_types");
     for (int l = 0; l < c->n_layers; l++) {
         if (c->layer_kinds[l] == LAYER_LINEAR)

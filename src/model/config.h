@@ -118,6 +118,7 @@ struct model_config {
     int ple_dim;          /* hidden_size_per_layer_input: per-layer inputs (Gemma 4), 0 = none */
     bool k_eq_v;          /* attention_k_eq_v: full-attention layers take V from the K projection */
     bool ffn_double_wide; /* use_double_wide_mlp: KV-shared layers' MLP is 2 * intermediate_size */
+    bool layer_scale;     /* each layer's output is scaled by its layer_scalar (Gemma 4) */
     bool attn_gate;       /* q_proj also yields a sigmoid gate on the attention output */
     struct moe_config moe;
     bool *layer_moe; /* [n_layers] the layer's MLP is routed experts */

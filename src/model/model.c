@@ -427,7 +427,7 @@ static int rope_equal(const struct rope_params *a, const struct rope_params *b)
            a->high_freq_factor == b->high_freq_factor && a->beta_fast == b->beta_fast &&
            a->beta_slow == b->beta_slow && a->attention_factor == b->attention_factor &&
            a->mscale == b->mscale && a->mscale_all_dim == b->mscale_all_dim &&
-           a->truncate == b->truncate;
+           a->truncate == b->truncate && a->partial == b->partial;
 }
 
 /* A model whose layers need an operation the backend lacks is refused here, naming both. */
@@ -449,8 +449,8 @@ static int check_ops(const struct model *m, const char *dir, struct err *e)
         missing = "partial rotary embeddings";
     else if (moe && (!o->moe || !o->gate_mul))
         missing = "routed experts";
-    else if (c->ple_dim && !o->scale)
-        missing = "per-layer inputs and layer scalars";
+    else if (c->layer_scale && !o->scale)
+        missing = "layer scalars";
     else if (c->k_eq_v && !o->copy)
         missing = "K reused as V";
     if (!missing) return 0;
@@ -469,6 +469,11 @@ struct model *model_load(const char *dir, struct backend *be, struct err *e)
         return NULL;
     }
     const struct model_config *c = &m->cfg;
+    if (check_ops(m, dir, e)) { /* first: what the backend cannot run is named as such */
+        config_dispose(&m->cfg);
+        free(m);
+        return NULL;
+    }
     struct err be_err;
     for (int l = 0; l < c->n_layers && be->ops->attn_check; l++) {
         int d = c->layer_head_dim[l], kv = c->layer_kv_heads[l];
@@ -481,7 +486,7 @@ struct model *model_load(const char *dir, struct backend *be, struct err *e)
             return NULL;
         }
     }
-    if (check_ops(m, dir, e) || st_open(&m->st, dir, e) || load_weights(m, e)) {
+    if (st_open(&m->st, dir, e) || load_weights(m, e)) {
         model_destroy(m);
         return NULL;
     }
