@@ -15,10 +15,9 @@
 
 /* The dense architectures of the engine. */
 static const char *const golden_supported[] = {
-    "LlamaForCausalLM",    "MistralForCausalLM", "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",    "Gemma2ForCausalLM",  "Gemma3ForCausalLM",
-    "Qwen3MoeForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM",
-    "Gemma4ForCausalLM"};
+    "LlamaForCausalLM",      "MistralForCausalLM", "Qwen2ForCausalLM",    "Qwen3ForCausalLM",
+    "Gemma2ForCausalLM",     "Gemma3ForCausalLM",  "Qwen3MoeForCausalLM", "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM", "Gemma4ForCausalLM"};
 
 /* Architectures whose operations (routed experts, linear attention, Gemma 4's layer scalars)
  * the CUDA backend does not run yet: it refuses them when they load, so they are compared on
