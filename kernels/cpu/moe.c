@@ -71,6 +71,8 @@ static void moe_route(const float *router, const struct moe_params *p, int rows,
             for (int i = 0; i < K; i++) tot += rw[i];
             for (int i = 0; i < K; i++) rw[i] /= tot;
         }
+        if (p->expert_scale)
+            for (int i = 0; i < K; i++) rw[i] *= p->expert_scale[rs[i]];
     }
     memset(rt->start, 0, sizeof(int32_t) * (size_t)(E + 1));
     for (int i = 0; i < rows * K; i++) rt->start[rt->sel[i] + 1]++;

@@ -2039,6 +2039,9 @@ static const struct backend_ops cuda_ops = {
     .delta_net = cu_delta_net_op,
     .moe = cu_moe_op,
     .copy = cu_copy_op,
+    /* Gemma 4's scalars are not on this backend yet: models that need them are refused when
+     * they load */
+    .scale = NULL,
 };
 
 int backend_cuda_device_count(void)

@@ -1,10 +1,10 @@
 /*
  * bench make-model: a random-weight checkpoint of any shape, for measuring models nobody
- * has to download. Llama, Qwen3, Qwen3-MoE and the hybrid Qwen3.5 / 3.6 (dense and MoE),
- * in the Hugging Face layout (bf16: per-expert `mlp.experts.N.*`, conv1d [C, 1, K]) or the
- * MLX one (mlx4, mlx8, mxfp4, mxfp8: experts stacked as `mlp.switch_mlp.*` [E, n, k], conv1d
- * [C, K, 1], routers at 8 bits). Values are deterministic for a seed and scaled so that
- * every product keeps unit variance for unit inputs.
+ * has to download. Llama, Qwen3, Qwen3-MoE, the hybrid Qwen3.5 / 3.6 (dense and MoE) and
+ * Gemma 4 (dense and MoE, bf16 only), in the Hugging Face layout (bf16: per-expert
+ * `mlp.experts.N.*`, conv1d [C, 1, K]) or the MLX one (mlx4, mlx8, mxfp4, mxfp8: experts stacked as
+ * `mlp.switch_mlp.*` [E, n, k], conv1d [C, K, 1], routers at 8 bits). Values are deterministic for
+ * a seed and scaled so that every product keeps unit variance for unit inputs.
  *
  * Next to the weights go a tokenizer and a chat template, so `pagoda serve` runs the model:
  * a byte-level BPE of the model's vocabulary size (text/tokenizer_gen.h), or with
@@ -131,7 +131,7 @@ struct mm_spec {
 /* The 8-bit affine format mlx-lm keeps MoE routers and shared-expert gates in. */
 static const struct mm_spec router_spec = {"mlx8", 8, 64};
 
-enum mk_arch { MK_LLAMA, MK_QWEN3, MK_QWEN3_MOE, MK_QWEN3_5, MK_QWEN3_5_MOE };
+enum mk_arch { MK_LLAMA, MK_QWEN3, MK_QWEN3_MOE, MK_QWEN3_5, MK_QWEN3_5_MOE, MK_GEMMA4 };
 
 static const struct {
     const char *flag, *hf, *model_type;
@@ -141,6 +141,7 @@ static const struct {
     [MK_QWEN3_MOE] = {"qwen3_moe", "Qwen3MoeForCausalLM", "qwen3_moe"},
     [MK_QWEN3_5] = {"qwen3_5", "Qwen3_5ForCausalLM", "qwen3_5_text"},
     [MK_QWEN3_5_MOE] = {"qwen3_5_moe", "Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"},
+    [MK_GEMMA4] = {"gemma4", "Gemma4ForCausalLM", "gemma4_text"},
 };
 
 /* What the flags set; names follow the config.json fields they become. */
@@ -148,10 +149,28 @@ struct mk_shape {
     enum mk_arch arch;
     long hidden, layers, heads, kv_heads, head_dim, ffn, vocab, ctx, seed;
     long experts, top_k, expert_ffn, shared_ffn;                 /* MoE (experts 0: dense) */
-    long full_every, lk_heads, lv_heads, lk_dim, lv_dim, conv_k; /* Qwen3.5 */
-    const char *tokenizer;                                       /* --tokenizer DIR or NULL */
+    long full_every, lk_heads, lv_heads, lk_dim, lv_dim, conv_k; /* Qwen3.5 (and Gemma 4) */
+    long global_head_dim, global_kv_heads, window, ple_dim, kv_shared, k_eq_v; /* Gemma 4 */
+    const char *tokenizer;  /* --tokenizer DIR or NULL */
     int32_t bos, eos, eos2; /* the tokenizer's special ids (eos2: a second EOS, or -1) */
 };
+
+/* Gemma 4: every full_every-th layer is full attention, with its own head size and (with K
+ * as V) KV heads; the last kv_shared layers store no K or V. */
+static int g4_full(const struct mk_shape *s, long l)
+{
+    return (l + 1) % s->full_every == 0;
+}
+
+static long g4_head_dim(const struct mk_shape *s, long l)
+{
+    return g4_full(s, l) ? s->global_head_dim : s->head_dim;
+}
+
+static long g4_kv_heads(const struct mk_shape *s, long l)
+{
+    return g4_full(s, l) && s->k_eq_v ? s->global_kv_heads : s->kv_heads;
+}
 
 static int is_hybrid(const struct mk_shape *s)
 {
@@ -328,8 +347,69 @@ static void mk_moe(struct mk *m, const struct mk_shape *s, long l)
     mk_router(m, NAME("model.layers.%ld.mlp.shared_expert_gate", l), 1, H, tseed(s, l, 51));
 }
 
+/* Gemma 4: tied embeddings, per-layer inputs, q/k norms, layer scalars, the MoE block's
+ * router, fused experts and extra norms beside the dense MLP. Norms (plain w) are 1. */
+static void mk_gemma4_layers(struct mk *m, const struct mk_shape *s)
+{
+    char p[300];
+    int64_t H = s->hidden, P = s->ple_dim, L = s->layers, E = s->experts, I = s->expert_ffn;
+    struct fill one = constant(1.0f);
+    uint64_t base = (uint64_t)s->seed << 40;
+    mk_linear(m, "model.embed_tokens", 0, s->vocab, H, &m->f, base);
+    mk_vec(m, "model.norm.weight", H, one);
+    if (P) {
+        mk_linear(m, "model.embed_tokens_per_layer", 0, s->vocab, L * P, &m->f, tseed(s, -1, 6));
+        mk_linear(m, "model.per_layer_model_projection", 0, L * P, H, &m->f, tseed(s, -1, 7));
+        mk_vec(m, "model.per_layer_projection_norm.weight", P, one);
+    }
+    for (long l = 0; l < L; l++) {
+        int64_t D = g4_head_dim(s, l), qd = s->heads * D, kvd = g4_kv_heads(s, l) * D;
+#define LNAME(x) NAME("model.layers.%ld.%s", l, x)
+        mk_linear(m, LNAME("self_attn.q_proj"), 0, qd, H, &m->f, tseed(s, l, 60));
+        mk_linear(m, LNAME("self_attn.o_proj"), 0, H, qd, &m->f, tseed(s, l, 61));
+        mk_vec(m, LNAME("self_attn.q_norm.weight"), D, one);
+        if (l < L - s->kv_shared) {
+            mk_linear(m, LNAME("self_attn.k_proj"), 0, kvd, H, &m->f, tseed(s, l, 62));
+            if (!(g4_full(s, l) && s->k_eq_v))
+                mk_linear(m, LNAME("self_attn.v_proj"), 0, kvd, H, &m->f, tseed(s, l, 63));
+            mk_vec(m, LNAME("self_attn.k_norm.weight"), D, one);
+        }
+        mk_linear(m, LNAME("mlp.gate_proj"), 0, s->ffn, H, &m->f, tseed(s, l, 64));
+        mk_linear(m, LNAME("mlp.up_proj"), 0, s->ffn, H, &m->f, tseed(s, l, 65));
+        mk_linear(m, LNAME("mlp.down_proj"), 0, H, s->ffn, &m->f, tseed(s, l, 66));
+        static const char *const norms[] = {
+            "input_layernorm.weight", "post_attention_layernorm.weight",
+            "pre_feedforward_layernorm.weight", "post_feedforward_layernorm.weight"};
+        for (int i = 0; i < 4; i++) mk_vec(m, LNAME(norms[i]), H, one);
+        mk_vec(m, LNAME("layer_scalar"), 1, one);
+        if (P) {
+            mk_linear(m, LNAME("per_layer_input_gate"), 0, P, H, &m->f, tseed(s, l, 67));
+            mk_linear(m, LNAME("per_layer_projection"), 0, H, P, &m->f, tseed(s, l, 68));
+            mk_vec(m, LNAME("post_per_layer_input_norm.weight"), H, one);
+        }
+        if (!E) continue;
+        mk_linear(m, LNAME("router.proj"), 0, E, H, &m->f, tseed(s, l, 69));
+        mk_vec(m, LNAME("router.scale"), H, one);
+        mk_vec(m, LNAME("router.per_expert_scale"), E, one);
+        int64_t gu[3] = {E, 2 * I, H}, dn[3] = {E, H, I};
+        mk_tensor(m, LNAME("experts.gate_up_proj"), ST_BF16, 3, gu,
+                  uniform(tseed(s, l, 70), sqrtf(3.0f / (float)H), 0.0f));
+        mk_tensor(m, LNAME("experts.down_proj"), ST_BF16, 3, dn,
+                  uniform(tseed(s, l, 71), sqrtf(3.0f / (float)I), 0.0f));
+        static const char *const moe_norms[] = {"pre_feedforward_layernorm_2.weight",
+                                                "post_feedforward_layernorm_1.weight",
+                                                "post_feedforward_layernorm_2.weight"};
+        for (int i = 0; i < 3; i++) mk_vec(m, LNAME(moe_norms[i]), H, one);
+#undef LNAME
+    }
+}
+
 static void mk_layers(struct mk *m, const struct mk_shape *s)
 {
+    if (s->arch == MK_GEMMA4) {
+        mk_gemma4_layers(m, s);
+        return;
+    }
     char p[300];
     int64_t H = s->hidden;
     /* Norms: (1 + w) on Qwen3.5, so w near 0 there; plain w = 1 elsewhere. */
@@ -382,10 +462,77 @@ static void sort_keys(cJSON *o)
     free(it);
 }
 
+/* Gemma 4's config.json in transformers 5.17's layout (per_layer_config for the full layers,
+ * as the reference checkpoints of tests/golden have it). */
+static cJSON *mk_config_gemma4(const struct mk_shape *s)
+{
+    cJSON *c = cJSON_CreateObject();
+    cJSON *ar = cJSON_AddArrayToObject(c, "architectures");
+    cJSON_AddItemToArray(ar, cJSON_CreateString(arch_names[s->arch].hf));
+    cJSON_AddStringToObject(c, "model_type", arch_names[s->arch].model_type);
+    static const char *const num_names[] = {"hidden_size",
+                                            "num_hidden_layers",
+                                            "num_attention_heads",
+                                            "num_key_value_heads",
+                                            "head_dim",
+                                            "intermediate_size",
+                                            "vocab_size",
+                                            "max_position_embeddings",
+                                            "sliding_window",
+                                            "hidden_size_per_layer_input",
+                                            "vocab_size_per_layer_input",
+                                            "num_kv_shared_layers"};
+    long nums[] = {s->hidden, s->layers, s->heads,  s->kv_heads, s->head_dim, s->ffn,
+                   s->vocab,  s->ctx,    s->window, s->ple_dim,  s->vocab,    s->kv_shared};
+    for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++)
+        cJSON_AddNumberToObject(c, num_names[i], (double)nums[i]);
+    cJSON_AddNumberToObject(c, "rms_norm_eps", 1e-6);
+    cJSON_AddStringToObject(c, "hidden_activation", "gelu_pytorch_tanh");
+    cJSON_AddTrueToObject(c, "tie_word_embeddings");
+    cJSON_AddNumberToObject(c, "bos_token_id", 2);
+    cJSON_AddNumberToObject(c, "eos_token_id", 1);
+    cJSON_AddNumberToObject(c, "pad_token_id", 0);
+    cJSON_AddNumberToObject(c, "final_logit_softcapping", 30.0);
+    cJSON_AddFalseToObject(c, "attention_bias");
+    cJSON_AddBoolToObject(c, "attention_k_eq_v", s->k_eq_v != 0);
+    cJSON_AddFalseToObject(c, "use_double_wide_mlp");
+    cJSON_AddBoolToObject(c, "enable_moe_block", s->experts > 0);
+    if (s->experts) {
+        cJSON_AddNumberToObject(c, "num_experts", (double)s->experts);
+        cJSON_AddNumberToObject(c, "top_k_experts", (double)s->top_k);
+        cJSON_AddNumberToObject(c, "moe_intermediate_size", (double)s->expert_ffn);
+    }
+    cJSON_AddStringToObject(c, "dtype", "bfloat16");
+    cJSON_AddStringToObject(c, "transformers_version", "5.17.0");
+    cJSON *lt = cJSON_AddArrayToObject(c, "layer_types");
+    cJSON *plc = cJSON_AddObjectToObject(c, "per_layer_config");
+    for (long l = 0; l < s->layers; l++) {
+        cJSON_AddItemToArray(
+            lt, cJSON_CreateString(g4_full(s, l) ? "full_attention" : "sliding_attention"));
+        if (!g4_full(s, l)) continue;
+        char key[24];
+        snprintf(key, sizeof key, "%ld", l);
+        cJSON *o = cJSON_AddObjectToObject(plc, key);
+        cJSON_AddNumberToObject(o, "head_dim", (double)s->global_head_dim);
+        cJSON_AddNumberToObject(o, "num_key_value_heads", (double)g4_kv_heads(s, l));
+    }
+    cJSON *rp = cJSON_AddObjectToObject(c, "rope_parameters");
+    cJSON *full = cJSON_AddObjectToObject(rp, "full_attention");
+    cJSON_AddNumberToObject(full, "partial_rotary_factor", 0.25);
+    cJSON_AddNumberToObject(full, "rope_theta", 1e6);
+    cJSON_AddStringToObject(full, "rope_type", "proportional");
+    cJSON *sl = cJSON_AddObjectToObject(rp, "sliding_attention");
+    cJSON_AddNumberToObject(sl, "rope_theta", 1e4);
+    cJSON_AddStringToObject(sl, "rope_type", "default");
+    sort_keys(c);
+    return c;
+}
+
 /* config.json with the fields and defaults transformers saves for the architecture (as in
  * the reference checkpoints of tests/golden), then mlx-lm's quantization entries. */
 static cJSON *mk_config(const struct mk_shape *s, const struct mk *m)
 {
+    if (s->arch == MK_GEMMA4) return mk_config_gemma4(s);
     cJSON *c = cJSON_CreateObject();
     int moe = s->experts > 0, qwen = s->arch != MK_LLAMA, hf5 = s->arch >= MK_QWEN3_MOE;
     cJSON *ar = cJSON_AddArrayToObject(c, "architectures");
@@ -472,24 +619,38 @@ static cJSON *mk_config(const struct mk_shape *s, const struct mk *m)
 }
 
 static const char usage[] =
-    "usage: pagoda bench make-model --arch llama|qwen3|qwen3_moe|qwen3_5|qwen3_5_moe\n"
+    "usage: pagoda bench make-model --arch llama|qwen3|qwen3_moe|qwen3_5|qwen3_5_moe|gemma4\n"
     "         --hidden H --layers L --heads A --kv-heads K [--head-dim D] --ffn F --vocab V\n"
     "         --format bf16|mlx4|mlx8|mxfp4|mxfp8 [--context N] [--seed S]\n"
     "         [--tokenizer DIR]   (default: a byte-level BPE of --vocab ids)\n"
     "         [--experts E --experts-per-tok K --expert-ffn I --shared-expert-ffn S]\n"
     "         [--full-attention-interval N --linear-key-heads N --linear-value-heads N\n"
-    "          --linear-key-dim N --linear-value-dim N --conv-kernel N] OUT\n";
+    "          --linear-key-dim N --linear-value-dim N --conv-kernel N]\n"
+    "         [gemma4: --global-head-dim D --global-kv-heads K --sliding-window W\n"
+    "          --per-layer-dim P --kv-shared-layers S --k-eq-v 0|1] OUT\n";
 
 /* Checks the shape against the architecture and the format's group size; 0 or a message. */
 static const char *check_shape(const struct mk_shape *s, const struct mm_spec *f, int moe_flags,
-                               int hybrid_flags)
+                               int hybrid_flags, int gemma4_flags)
 {
-    int moe_arch = s->arch == MK_QWEN3_MOE || s->arch == MK_QWEN3_5_MOE;
+    int gemma4 = s->arch == MK_GEMMA4;
+    int moe_arch = s->arch == MK_QWEN3_MOE || s->arch == MK_QWEN3_5_MOE || gemma4;
     if (moe_flags && !moe_arch)
-        return "--experts and its options need --arch qwen3_moe or qwen3_5_moe";
-    if (hybrid_flags && !is_hybrid(s))
+        return "--experts and its options need --arch qwen3_moe, qwen3_5_moe or gemma4";
+    if (hybrid_flags && !is_hybrid(s) && !(gemma4 && hybrid_flags == 1))
         return "--full-attention-interval and the linear-attention options need --arch qwen3_5 "
-               "or qwen3_5_moe";
+               "or qwen3_5_moe (gemma4 takes --full-attention-interval)";
+    if (gemma4_flags && !gemma4) return "the Gemma 4 options need --arch gemma4";
+    if (gemma4) {
+        if (f->group) return "Gemma 4 checkpoints are made in bf16 only";
+        if (s->global_head_dim % 2 || s->global_head_dim > 512 || s->head_dim > 512)
+            return "head sizes must be even and at most 512";
+        if (s->heads % s->global_kv_heads) return "--heads must be a multiple of --global-kv-heads";
+        if (s->kv_shared >= s->layers - s->full_every + 1 && s->kv_shared)
+            return "--kv-shared-layers must leave a full and a sliding layer before it";
+        if (s->experts && s->top_k > s->experts)
+            return "--experts-per-tok must be at most --experts";
+    }
     if (s->heads % s->kv_heads) return "--heads must be a multiple of --kv-heads";
     if (s->head_dim % 2) return "--head-dim must be even";
     if (moe_arch && (s->top_k > s->experts)) return "--experts-per-tok must be at most --experts";
@@ -660,8 +821,11 @@ static int parse_flags(int argc, char **argv, struct mk_shape *s, struct mm_spec
                            .lv_heads = 32,
                            .lk_dim = 128,
                            .lv_dim = 128,
-                           .conv_k = 4};
-    int moe_flags = 0, hybrid_flags = 0;
+                           .conv_k = 4,
+                           .global_head_dim = 512,
+                           .window = 512,
+                           .ple_dim = 256};
+    int moe_flags = 0, hybrid_flags = 0, gemma4_flags = 0, interval_given = 0;
     *out = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -674,7 +838,7 @@ static int parse_flags(int argc, char **argv, struct mk_shape *s, struct mm_spec
             const char *flag;
             size_t off;
             long lo;
-            int group; /* 1: MoE, 2: hybrid */
+            int group; /* 1: MoE, 2: hybrid, 3: Gemma 4, 4: hybrid or Gemma 4 */
         } opts[] = {
             {"--hidden", offsetof(struct mk_shape, hidden), 1, 0},
             {"--layers", offsetof(struct mk_shape, layers), 1, 0},
@@ -687,19 +851,27 @@ static int parse_flags(int argc, char **argv, struct mk_shape *s, struct mm_spec
             {"--experts", offsetof(struct mk_shape, experts), 1, 1},
             {"--experts-per-tok", offsetof(struct mk_shape, top_k), 1, 1},
             {"--expert-ffn", offsetof(struct mk_shape, expert_ffn), 1, 1},
-            {"--full-attention-interval", offsetof(struct mk_shape, full_every), 1, 2},
+            {"--full-attention-interval", offsetof(struct mk_shape, full_every), 1, 4},
             {"--linear-key-heads", offsetof(struct mk_shape, lk_heads), 1, 2},
             {"--linear-value-heads", offsetof(struct mk_shape, lv_heads), 1, 2},
             {"--linear-key-dim", offsetof(struct mk_shape, lk_dim), 1, 2},
             {"--linear-value-dim", offsetof(struct mk_shape, lv_dim), 1, 2},
             {"--conv-kernel", offsetof(struct mk_shape, conv_k), 1, 2},
+            {"--global-head-dim", offsetof(struct mk_shape, global_head_dim), 2, 3},
+            {"--global-kv-heads", offsetof(struct mk_shape, global_kv_heads), 1, 3},
+            {"--sliding-window", offsetof(struct mk_shape, window), 1, 3},
+            {"--per-layer-dim", offsetof(struct mk_shape, ple_dim), 0, 3},
+            {"--kv-shared-layers", offsetof(struct mk_shape, kv_shared), 0, 3},
+            {"--k-eq-v", offsetof(struct mk_shape, k_eq_v), 0, 3},
         };
         size_t k = 0;
         while (k < sizeof opts / sizeof opts[0] && strcmp(a, opts[k].flag)) k++;
         if (k < sizeof opts / sizeof opts[0]) {
             if (arg_int(a, v, opts[k].lo, 1L << 30, (long *)((char *)s + opts[k].off))) return 2;
             moe_flags |= opts[k].group == 1;
-            hybrid_flags |= opts[k].group == 2;
+            hybrid_flags |= opts[k].group == 2 ? 2 : opts[k].group == 4 ? 1 : 0;
+            gemma4_flags |= opts[k].group == 3;
+            interval_given |= opts[k].group == 4;
         } else if (!strcmp(a, "--head-dim")) {
             if (arg_int(a, v, 2, 1 << 16, &head_dim)) return 2;
         } else if (!strcmp(a, "--shared-expert-ffn")) {
@@ -723,8 +895,8 @@ static int parse_flags(int argc, char **argv, struct mk_shape *s, struct mm_spec
     size_t ai = 0;
     while (ai < sizeof arch_names / sizeof arch_names[0] && strcmp(arch, arch_names[ai].flag)) ai++;
     if (ai == sizeof arch_names / sizeof arch_names[0]) {
-        fprintf(stderr, "pagoda bench make-model: --arch must be llama, qwen3, qwen3_moe, qwen3_5 "
-                        "or qwen3_5_moe\n");
+        fprintf(stderr, "pagoda bench make-model: --arch must be llama, qwen3, qwen3_moe, "
+                        "qwen3_5, qwen3_5_moe or gemma4\n");
         return 2;
     }
     s->arch = (enum mk_arch)ai;
@@ -745,10 +917,15 @@ static int parse_flags(int argc, char **argv, struct mk_shape *s, struct mm_spec
     }
     s->head_dim = head_dim ? head_dim : s->hidden / s->heads;
     int moe_arch = s->arch == MK_QWEN3_MOE || s->arch == MK_QWEN3_5_MOE;
+    if (s->arch == MK_GEMMA4) { /* dense unless --experts says otherwise; full every 6th */
+        moe_arch = moe_flags;
+        if (!interval_given) s->full_every = 6;
+        if (!s->global_kv_heads) s->global_kv_heads = s->kv_heads;
+    }
     if (!moe_arch) s->experts = 0;
     /* Qwen3.5-MoE has a shared expert as wide as a routed one unless told otherwise. */
     s->shared_ffn = shared >= 0 ? shared : s->arch == MK_QWEN3_5_MOE ? s->expert_ffn : 0;
-    const char *why = check_shape(s, f, moe_flags, hybrid_flags);
+    const char *why = check_shape(s, f, moe_flags, hybrid_flags, gemma4_flags);
     if (why) {
         fprintf(stderr, "pagoda bench make-model: %s\n", why);
         return 2;

@@ -112,8 +112,8 @@ int cli_info(int argc, char **argv)
     size_t kv_ctx = kv_tok * (size_t)c->max_pos;
     /* Step buffers for a 512-token prefill step plus one row of logits. */
     size_t act = sizeof(float) * 512 *
-                     (size_t)(3 * c->hidden + 2 * c->n_heads * c->head_dim +
-                              2 * c->n_kv_heads * c->head_dim + 2 * c->ffn) +
+                     (size_t)(3 * c->hidden + 2 * c->n_heads * c->max_head_dim + 2 * c->max_kv_dim +
+                              2 * c->ffn) +
                  sizeof(float) * (size_t)c->vocab;
     double bpw = 8.0 * (double)wbytes / (double)params;
     /* The GPU plan: weights and activations resident, the rest of the allowed share is KV
@@ -183,6 +183,19 @@ int cli_info(int argc, char **argv)
         if (c->rope_dim < c->head_dim)
             printf(", %d of %d dimensions rotated", c->rope_dim, c->head_dim);
         printf("\n");
+        int kv_shared = 0, other_heads = -1;
+        for (int l = 0; l < c->n_layers; l++) {
+            kv_shared += c->kv_source[l] != l;
+            if (c->layer_head_dim[l] != c->head_dim) other_heads = l;
+        }
+        if (other_heads >= 0)
+            printf("per layer       %s layers: %d kv heads of %d\n",
+                   c->layer_kinds[other_heads] == LAYER_FULL ? "full" : "some",
+                   c->layer_kv_heads[other_heads], c->layer_head_dim[other_heads]);
+        if (kv_shared)
+            printf("kv sharing      the last %d layers read earlier layers' KV and store none\n",
+                   kv_shared);
+        if (c->ple_dim) printf("per-layer input %d values a layer\n", c->ple_dim);
         if (linear)
             printf(
                 "linear attn     %d of %d layers Gated DeltaNet: %d key / %d value heads of %d / "

@@ -80,6 +80,8 @@ struct moe_params {
     int norm_topk; /* renormalize the chosen weights to sum to 1 */
     enum act_kind act;
     const struct qweight *gate, *up, *down; /* [n_experts] each: [I, H], [I, H], [H, I] */
+    const float *expert_scale; /* host [n_experts]: multiplies a chosen expert's weight after
+                                  the renormalization (Gemma 4), else NULL */
 };
 
 struct attn_params {
@@ -206,6 +208,8 @@ struct backend_ops {
                 const struct moe_params *p, int rows, int hidden);
     /* dst = src, bytes in backend memory (ordered with the step's work). */
     void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
+    /* x [n] *= s (Gemma 4's layer scalars). */
+    void (*scale)(void *ctx, float *x, int64_t n, float s);
 };
 
 struct backend {

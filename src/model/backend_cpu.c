@@ -304,6 +304,12 @@ static void cpu_moe_op(void *ctx, float *out, const float *x, const float *route
     cpu_moe(c->tp, out, x, router, p, rows, hidden);
 }
 
+static void cpu_scale(void *ctx, float *x, int64_t n, float s)
+{
+    (void)ctx;
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
 static void cpu_info(void *ctx, struct backend_info *out)
 {
     struct cpu_ctx *c = ctx;
@@ -357,6 +363,7 @@ static const struct backend_ops cpu_ops = {
     .delta_net = cpu_delta_net_op,
     .moe = cpu_moe_op,
     .copy = cpu_copy,
+    .scale = cpu_scale,
 };
 
 int backend_cpu_create(struct backend *be, int threads, struct err *e)

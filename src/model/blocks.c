@@ -104,7 +104,7 @@ void blk_attn(struct model *m, const struct attn_block *a, int layer, const stru
         o->rope(ctx, m->q, n, c->n_heads, D, m->rope_cos[rt], m->rope_sin[rt]);
         o->rope(ctx, m->k, n, c->n_kv_heads, D, m->rope_cos[rt], m->rope_sin[rt]);
     }
-    o->kv_store(ctx, &m->kv[layer], &m->kvg, m->k, m->v, b);
+    o->kv_store(ctx, &m->kv[layer], &m->kvg[layer], m->k, m->v, b);
     struct attn_params ap = {
         .n_heads = c->n_heads,
         .n_kv_heads = c->n_kv_heads,
@@ -113,7 +113,7 @@ void blk_attn(struct model *m, const struct attn_block *a, int layer, const stru
         .softcap = c->attn_softcap,
         .window = sliding ? c->sliding_window : 0,
     };
-    o->attention(ctx, m->att, m->q, &m->kv[layer], &m->kvg, b, &ap);
+    o->attention(ctx, m->att, m->q, &m->kv[layer], &m->kvg[layer], b, &ap);
     if (c->attn_gate) o->gate_mul(ctx, m->att, m->qgate, n, qdim, qdim);
     o->matmul(ctx, m->h, m->att, &a->wo, n);
     if (a->bo) o->add_bias(ctx, m->h, a->bo, n, c->hidden);

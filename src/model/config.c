@@ -11,7 +11,7 @@
 
 const char *config_rope_type_name(enum rope_type t)
 {
-    static const char *names[] = {"default", "linear", "dynamic", "yarn", "llama3"};
+    static const char *names[] = {"default", "linear", "dynamic", "yarn", "llama3", "proportional"};
     return names[t];
 }
 
@@ -67,6 +67,7 @@ static int parse_rope(const cJSON *p, double theta_def, int max_pos, struct rope
     r->beta_fast = 32;
     r->beta_slow = 1;
     r->truncate = true;
+    r->partial = 1;
     if (!p) return 0;
     if (!cJSON_IsObject(p)) return err_set(e, "config.json: rope parameters must be an object");
     const cJSON *t = config_get(p, "rope_type");
@@ -82,6 +83,8 @@ static int parse_rope(const cJSON *p, double theta_def, int max_pos, struct rope
         r->type = ROPE_YARN;
     else if (!strcmp(ty, "llama3"))
         r->type = ROPE_LLAMA3;
+    else if (!strcmp(ty, "proportional"))
+        r->type = ROPE_PROPORTIONAL;
     else
         return err_set(e, "config.json: rope type '%s' is not supported", ty);
     if (config_get_num(p, "rope_theta", theta_def, &r->theta, e) ||
@@ -93,8 +96,11 @@ static int parse_rope(const cJSON *p, double theta_def, int max_pos, struct rope
         config_get_num(p, "beta_slow", 1, &r->beta_slow, e) ||
         config_get_num(p, "attention_factor", 0, &r->attention_factor, e) ||
         config_get_num(p, "mscale", 0, &r->mscale, e) ||
-        config_get_num(p, "mscale_all_dim", 0, &r->mscale_all_dim, e))
+        config_get_num(p, "mscale_all_dim", 0, &r->mscale_all_dim, e) ||
+        config_get_num(p, "partial_rotary_factor", 1, &r->partial, e))
         return -1;
+    if (r->partial <= 0 || r->partial > 1)
+        return err_set(e, "config.json: partial_rotary_factor must be in (0, 1]");
     r->truncate = config_get_bool(p, "truncate", true);
     if (r->theta <= 0) return err_set(e, "config.json: rope_theta must be positive");
     if (r->type != ROPE_DEFAULT && r->factor <= 0)
@@ -342,8 +348,22 @@ int config_load(struct model_config *c, const char *dir, struct err *e)
     c->embed_scale = 1.0f;
     c->rope_dim = c->head_dim;
     c->layer_moe = xcalloc((size_t)c->n_layers, sizeof *c->layer_moe);
+    c->layer_head_dim = xcalloc((size_t)c->n_layers, sizeof *c->layer_head_dim);
+    c->layer_kv_heads = xcalloc((size_t)c->n_layers, sizeof *c->layer_kv_heads);
+    c->kv_source = xcalloc((size_t)c->n_layers, sizeof *c->kv_source);
+    for (int i = 0; i < c->n_layers; i++) {
+        c->layer_head_dim[i] = c->head_dim;
+        c->layer_kv_heads[i] = c->n_kv_heads;
+        c->kv_source[i] = i;
+    }
     /* The family's own fields and defaults (layer patterns, biases, norms). */
     if (c->arch->config && c->arch->config(c, root, e)) goto out;
+    if (!c->rope_dims[0]) c->rope_dims[0] = c->rope_dims[1] = c->rope_dim;
+    for (int i = 0; i < c->n_layers; i++) {
+        int d = c->layer_head_dim[i], kv = d * c->layer_kv_heads[i];
+        c->max_head_dim = d > c->max_head_dim ? d : c->max_head_dim;
+        c->max_kv_dim = kv > c->max_kv_dim ? kv : c->max_kv_dim;
+    }
     /* Without a window every attention layer is full attention, whatever its declared type. */
     if (c->sliding_window == 0)
         for (int i = 0; i < c->n_layers; i++)
@@ -385,7 +405,11 @@ void config_dispose(struct model_config *c)
 {
     free(c->layer_kinds);
     free(c->layer_moe);
+    free(c->layer_head_dim);
+    free(c->layer_kv_heads);
+    free(c->kv_source);
     c->layer_moe = NULL;
+    c->layer_head_dim = c->layer_kv_heads = c->kv_source = NULL;
     for (int i = 0; i < c->n_quant_overrides; i++) free(c->quant_overrides[i].prefix);
     free(c->quant_overrides);
     c->layer_kinds = NULL;

@@ -14,7 +14,14 @@
 struct arch;
 struct cJSON;
 
-enum rope_type { ROPE_DEFAULT, ROPE_LINEAR, ROPE_DYNAMIC, ROPE_YARN, ROPE_LLAMA3 };
+enum rope_type {
+    ROPE_DEFAULT,
+    ROPE_LINEAR,
+    ROPE_DYNAMIC,
+    ROPE_YARN,
+    ROPE_LLAMA3,
+    ROPE_PROPORTIONAL
+};
 
 struct rope_params {
     enum rope_type type;
@@ -27,6 +34,9 @@ struct rope_params {
     double attention_factor;     /* yarn; 0 = derived from factor (and mscale) */
     double mscale, mscale_all_dim;
     bool truncate; /* yarn: round the correction range */
+    /* proportional (Gemma 4): the share of a head's pairs that rotate; the rest keep a zero
+     * frequency, and the exponents divide by the whole head size */
+    double partial;
 };
 
 /* Attention over all earlier tokens, over a window of them, or linear attention with a
@@ -57,6 +67,7 @@ struct moe_config {
     int inner;        /* moe_intermediate_size */
     int shared_inner; /* shared_expert_intermediate_size; 0 = no shared expert */
     bool norm_topk;   /* norm_topk_prob */
+    bool beside_mlp;  /* Gemma 4: the experts run beside the dense MLP, with a scaled router */
 };
 
 /* Gated DeltaNet layers (linear_*). */
@@ -96,7 +107,19 @@ struct model_config {
     float attn_scale;    /* multiplies q.k */
     float embed_scale;   /* multiplies the embedded rows (Gemma: sqrt(hidden)) */
     int rope_dim;        /* rotated values of a head (partial_rotary_factor * head_dim) */
-    bool attn_gate;      /* q_proj also yields a sigmoid gate on the attention output */
+    /* values of a head the rope tables cover on full-attention and on sliding layers: both
+     * rope_dim unless the family sets them (Gemma 4: each kind's head size) */
+    int rope_dims[2];
+    /* Per layer (default: head_dim, num_key_value_heads, the layer itself). kv_source[l] != l:
+     * the layer reads that earlier layer's K and V and stores none (num_kv_shared_layers). */
+    int *layer_head_dim, *layer_kv_heads, *kv_source;
+    int max_head_dim;     /* the largest of layer_head_dim */
+    int max_kv_dim;       /* the largest layer_kv_heads * layer_head_dim */
+    int ple_dim;          /* hidden_size_per_layer_input: per-layer inputs (Gemma 4), 0 = none */
+    bool k_eq_v;          /* attention_k_eq_v: full-attention layers take V from the K projection */
+    bool ffn_double_wide; /* use_double_wide_mlp: KV-shared layers' MLP is 2 * intermediate_size */
+    bool layer_scale;     /* each layer's output is scaled by its layer_scalar (Gemma 4) */
+    bool attn_gate;       /* q_proj also yields a sigmoid gate on the attention output */
     struct moe_config moe;
     bool *layer_moe; /* [n_layers] the layer's MLP is routed experts */
     struct linear_config lin;

@@ -16,7 +16,7 @@ static void rope_tables(const struct model *m, int which, const struct fwd_batch
                         float *sin_t)
 {
     const struct rope_params *r = which == 0 ? &m->cfg.rope_full : &m->cfg.rope_sliding;
-    int d = m->cfg.rope_dim, half = d / 2;
+    int d = m->cfg.rope_dims[which], half = d / 2;
     const float *inv = m->rope_inv_freq[which];
     float ms = m->rope_mscale[which];
     for (int t = 0; t < b->n_tokens; t++) {
@@ -47,12 +47,13 @@ void model_forward(struct model *m, const struct fwd_batch *b, float *logits)
     const struct model_config *c = &m->cfg;
     const struct backend_ops *o = m->be->ops;
     void *ctx = m->be->ctx;
-    int n = b->n_tokens, H = c->hidden, D = c->rope_dim;
-    size_t half_bytes = sizeof(float) * (size_t)n * (size_t)(D / 2);
+    int n = b->n_tokens, H = c->hidden;
 
     o->batch_begin(ctx, b);
     for (int i = 0; i < (m->rope_shared ? 1 : 2); i++) {
         const struct rope_params *r = i == 0 ? &c->rope_full : &c->rope_sliding;
+        int D = c->rope_dims[i];
+        size_t half_bytes = sizeof(float) * (size_t)n * (size_t)(D / 2);
         if (o->rope_tables && m->rope_inv_dev[i] && r->type != ROPE_DYNAMIC) {
             /* the backend computes them where they are used: no copy before the step */
             o->rope_tables(ctx, m->rope_cos[i], m->rope_sin[i], m->rope_inv_dev[i], D / 2,

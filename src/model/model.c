@@ -225,6 +225,77 @@ int model_load_vec(struct model *m, const char *name, int dim, float add, int re
     return load_floats(m, t, dim, add, out, e);
 }
 
+int model_read_vec(struct model *m, const char *name, int dim, float *out, struct err *e)
+{
+    const struct st_tensor *t = need(m, name, e);
+    if (!t) return -1;
+    int64_t want[1] = {dim};
+    if (check_shape(t, 1, want, e)) return -1;
+    for (int i = 0; i < dim; i++) {
+        if (t->dtype == ST_F32)
+            out[i] = ((const float *)t->data)[i];
+        else if (t->dtype == ST_F16)
+            out[i] = f16_to_f32(((const uint16_t *)t->data)[i]);
+        else if (t->dtype == ST_BF16)
+            out[i] = bf16_to_f32(((const uint16_t *)t->data)[i]);
+        else
+            return err_set(e, "%s: tensor '%s': dtype %s is not supported for a vector", t->file,
+                           t->name, st_dtype_name(t->dtype));
+    }
+    return 0;
+}
+
+float *model_upload_vec(struct model *m, const float *host, int64_t n, struct err *e)
+{
+    float *d = m->be->ops->alloc(m->be->ctx, sizeof(float) * (size_t)n);
+    if (!d) {
+        err_set(e, "out of memory for a vector of %lld values", (long long)n);
+        return NULL;
+    }
+    m->be->ops->upload(m->be->ctx, d, host, sizeof(float) * (size_t)n);
+    track_vec(m, d, n);
+    return d;
+}
+
+int model_load_expert_rows(struct model *m, const char *name, int expert, int64_t row0, int64_t n,
+                           int64_t k, struct qweight *w, struct err *e)
+{
+    memset(w, 0, sizeof *w);
+    const struct st_tensor *t = need(m, name, e);
+    if (!t) return -1;
+    char a[128];
+    if (t->ndim != 3 || t->shape[0] <= expert || t->shape[1] < row0 + n || t->shape[2] != k)
+        return err_set(e, "%s: tensor '%s': shape %s, expected [>%d, >=%lld, %lld]", t->file,
+                       t->name, st_shape_str(t->shape, t->ndim, a, sizeof a), expert,
+                       (long long)(row0 + n), (long long)k);
+    switch (t->dtype) {
+    case ST_F32:
+        w->fmt = WFMT_F32;
+        break;
+    case ST_F16:
+        w->fmt = WFMT_F16;
+        break;
+    case ST_BF16:
+        w->fmt = WFMT_BF16;
+        break;
+    default:
+        return err_set(e,
+                       "%s: tensor '%s': dtype %s is not a supported expert stack (need F32, "
+                       "F16 or BF16)",
+                       t->file, t->name, st_dtype_name(t->dtype));
+    }
+    size_t es = st_dtype_size(t->dtype);
+    w->n = n;
+    w->k = k;
+    w->bits = (int)es * 8;
+    w->w = (const uint8_t *)t->data +
+           ((size_t)expert * (size_t)t->shape[1] + (size_t)row0) * (size_t)k * es;
+    w->row_bytes = (size_t)k * es;
+    if (m->be->ops->weight_prepare(m->be->ctx, w, e)) return -1;
+    track_linear(m, w);
+    return 0;
+}
+
 int model_load_rows(struct model *m, const char *name, int64_t rows, int64_t cols, float **out,
                     struct err *e)
 {
@@ -255,6 +326,11 @@ static float rope_inv_freq(const struct rope_params *r, int d, float *inv)
     case ROPE_LINEAR:
         for (int i = 0; i < half; i++) inv[i] = (float)(inv[i] / r->factor);
         break;
+    case ROPE_PROPORTIONAL: { /* the first partial * d / 2 pairs rotate, the rest stand */
+        int angles = (int)(r->partial * d / 2);
+        for (int i = 0; i < half; i++) inv[i] = i < angles ? (float)(inv[i] / r->factor) : 0.0f;
+        break;
+    }
     case ROPE_LLAMA3: {
         double old = r->orig_max_pos, lo_wl = old / r->low_freq_factor,
                hi_wl = old / r->high_freq_factor;
@@ -351,7 +427,7 @@ static int rope_equal(const struct rope_params *a, const struct rope_params *b)
            a->high_freq_factor == b->high_freq_factor && a->beta_fast == b->beta_fast &&
            a->beta_slow == b->beta_slow && a->attention_factor == b->attention_factor &&
            a->mscale == b->mscale && a->mscale_all_dim == b->mscale_all_dim &&
-           a->truncate == b->truncate;
+           a->truncate == b->truncate && a->partial == b->partial;
 }
 
 /* A model whose layers need an operation the backend lacks is refused here, naming both. */
@@ -373,6 +449,10 @@ static int check_ops(const struct model *m, const char *dir, struct err *e)
         missing = "partial rotary embeddings";
     else if (moe && (!o->moe || !o->gate_mul))
         missing = "routed experts";
+    else if (c->layer_scale && !o->scale)
+        missing = "layer scalars";
+    else if (c->k_eq_v && !o->copy)
+        missing = "K reused as V";
     if (!missing) return 0;
     return err_set(e,
                    "%s: %s (%s) needs %s, which the %s backend does not run yet (use --device "
@@ -389,25 +469,34 @@ struct model *model_load(const char *dir, struct backend *be, struct err *e)
         return NULL;
     }
     const struct model_config *c = &m->cfg;
-    struct err be_err;
-    if (be->ops->attn_check &&
-        be->ops->attn_check(be->ctx, c->head_dim, c->n_heads, c->n_kv_heads, &be_err)) {
-        err_set(e, "%s: config.json head_dim %d (%d query heads, %d KV heads): %s", dir,
-                c->head_dim, c->n_heads, c->n_kv_heads, be_err.msg);
+    if (check_ops(m, dir, e)) { /* first: what the backend cannot run is named as such */
         config_dispose(&m->cfg);
         free(m);
         return NULL;
     }
-    if (check_ops(m, dir, e) || st_open(&m->st, dir, e) || load_weights(m, e)) {
+    struct err be_err;
+    for (int l = 0; l < c->n_layers && be->ops->attn_check; l++) {
+        int d = c->layer_head_dim[l], kv = c->layer_kv_heads[l];
+        if (l > 0 && d == c->layer_head_dim[l - 1] && kv == c->layer_kv_heads[l - 1]) continue;
+        if (be->ops->attn_check(be->ctx, d, c->n_heads, kv, &be_err)) {
+            err_set(e, "%s: config.json head_dim %d (%d query heads, %d KV heads): %s", dir, d,
+                    c->n_heads, kv, be_err.msg);
+            config_dispose(&m->cfg);
+            free(m);
+            return NULL;
+        }
+    }
+    if (st_open(&m->st, dir, e) || load_weights(m, e)) {
         model_destroy(m);
         return NULL;
     }
-    m->rope_shared = rope_equal(&m->cfg.rope_full, &m->cfg.rope_sliding);
-    int half = m->cfg.rope_dim / 2;
+    m->rope_shared = rope_equal(&m->cfg.rope_full, &m->cfg.rope_sliding) &&
+                     m->cfg.rope_dims[0] == m->cfg.rope_dims[1];
     for (int i = 0; i < 2; i++) {
-        m->rope_inv_freq[i] = xmalloc(sizeof(float) * (size_t)half);
-        m->rope_mscale[i] = rope_inv_freq(i == 0 ? &m->cfg.rope_full : &m->cfg.rope_sliding,
-                                          m->cfg.rope_dim, m->rope_inv_freq[i]);
+        int d = m->cfg.rope_dims[i];
+        m->rope_inv_freq[i] = xmalloc(sizeof(float) * (size_t)(d / 2));
+        m->rope_mscale[i] = rope_inv_freq(i == 0 ? &m->cfg.rope_full : &m->cfg.rope_sliding, d,
+                                          m->rope_inv_freq[i]);
     }
     return m;
 }
@@ -419,10 +508,20 @@ static int n_attn_layers(const struct model_config *c)
     return n;
 }
 
+/* Whether layer l stores K and V: an attention layer that reads no earlier layer's. */
+static int owns_kv(const struct model_config *c, int l)
+{
+    return c->layer_kinds[l] != LAYER_LINEAR && c->kv_source[l] == l;
+}
+
 size_t model_kv_bytes_per_token(const struct model *m)
 {
+    const struct model_config *c = &m->cfg;
     size_t vb = m->be->ops->kv_value_bytes > 0 ? (size_t)m->be->ops->kv_value_bytes : sizeof(float);
-    return (size_t)2 * n_attn_layers(&m->cfg) * m->cfg.n_kv_heads * m->cfg.head_dim * vb;
+    size_t n = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        if (owns_kv(c, l)) n += (size_t)2 * c->layer_kv_heads[l] * c->layer_head_dim[l] * vb;
+    return n;
 }
 
 /* Floats of one slot of one linear-attention layer: the conv tail, then the matrix. */
@@ -463,8 +562,9 @@ int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blo
     const struct model_config *c = &m->cfg;
     const struct backend_ops *o = m->be->ops;
     void *ctx = m->be->ctx;
-    size_t T = (size_t)max_tokens, H = (size_t)c->hidden, D = (size_t)c->head_dim;
-    size_t qdim = (size_t)c->n_heads * D, kvdim = (size_t)c->n_kv_heads * D;
+    size_t T = (size_t)max_tokens, H = (size_t)c->hidden, D = (size_t)c->max_head_dim;
+    size_t qdim = (size_t)c->n_heads * D, kvdim = (size_t)c->max_kv_dim;
+    size_t R = (size_t)(c->rope_dims[0] > c->rope_dims[1] ? c->rope_dims[0] : c->rope_dims[1]);
     size_t wide = qdim > H ? qdim : H;
     m->max_tokens = max_tokens;
     m->max_logits = max_logits;
@@ -476,28 +576,37 @@ int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blo
     m->v = A(T * kvdim);
     m->att = A(T * qdim);
     size_t F = (size_t)c->ffn;
+    if (c->ffn_double_wide) F *= 2;
     if ((size_t)c->moe.shared_inner > F) F = (size_t)c->moe.shared_inner;
     m->gate = A(T * F);
     m->up = A(T * F);
     m->xl = A((size_t)max_logits * H);
     m->logits = A((size_t)max_logits * (size_t)c->vocab);
     for (int i = 0; i < 2; i++) {
-        m->rope_cos[i] = A(T * D / 2);
-        m->rope_sin[i] = A(T * D / 2);
-        if (o->rope_tables) { /* rope_dim / 2 frequencies (the host array's length) */
-            size_t half = (size_t)c->rope_dim / 2;
+        size_t half = (size_t)c->rope_dims[i] / 2;
+        m->rope_cos[i] = A(T * R / 2);
+        m->rope_sin[i] = A(T * R / 2);
+        if (o->rope_tables) {
             m->rope_inv_dev[i] = A(half);
             if (m->rope_inv_dev[i])
                 o->upload(ctx, m->rope_inv_dev[i], m->rope_inv_freq[i], sizeof(float) * half);
         }
     }
-    m->host_cos = xmalloc(sizeof(float) * T * D / 2);
-    m->host_sin = xmalloc(sizeof(float) * T * D / 2);
-    m->kvg = (struct kv_geom){n_blocks, block_size, c->n_kv_heads, c->head_dim};
+    m->host_cos = xmalloc(sizeof(float) * T * R / 2);
+    m->host_sin = xmalloc(sizeof(float) * T * R / 2);
     m->kv = xcalloc((size_t)c->n_layers, sizeof *m->kv);
+    m->kvg = xcalloc((size_t)c->n_layers, sizeof *m->kvg);
     m->state = xcalloc((size_t)c->n_layers, sizeof *m->state);
     size_t vb = o->kv_value_bytes > 0 ? (size_t)o->kv_value_bytes : sizeof(float);
-    size_t kv_bytes = (size_t)n_blocks * block_size * kvdim * vb;
+    if (c->ple_dim) {
+        size_t LP = (size_t)c->n_layers * (size_t)c->ple_dim;
+        m->ple = A(T * LP);
+        m->ple_in = A(T * LP);
+        m->ple_g = A(T * (size_t)c->ple_dim);
+        m->ple_rows = xmalloc(sizeof(int32_t) * T * (size_t)c->n_layers);
+        if (!m->ple || !m->ple_in || !m->ple_g)
+            return err_set(e, "out of memory for the per-layer inputs of %d tokens", max_tokens);
+    }
     if (c->attn_gate) {
         m->qg = A(T * qdim * 2);
         m->qgate = A(T * qdim);
@@ -529,6 +638,12 @@ int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blo
     }
     for (int l = 0; l < c->n_layers; l++) {
         if (c->layer_kinds[l] == LAYER_LINEAR) continue;
+        int src = c->kv_source[l];
+        m->kvg[l] =
+            (struct kv_geom){n_blocks, block_size, c->layer_kv_heads[src], c->layer_head_dim[src]};
+        if (!owns_kv(c, l)) continue; /* it reads its source's storage */
+        size_t kv_bytes = (size_t)n_blocks * block_size * (size_t)c->layer_kv_heads[l] *
+                          (size_t)c->layer_head_dim[l] * vb;
         m->kv[l].k = o->alloc(ctx, kv_bytes);
         m->kv[l].v = o->alloc(ctx, kv_bytes);
         if (!m->kv[l].k || !m->kv[l].v)
@@ -561,7 +676,10 @@ void model_destroy(struct model *m)
     free(t->vec_len);
     free(t->linears);
     free(m->layers);
-    float *bufs[] = {m->qg,
+    float *bufs[] = {m->ple,
+                     m->ple_in,
+                     m->ple_g,
+                     m->qg,
                      m->qgate,
                      m->lin_qkv,
                      m->lin_z,
@@ -605,6 +723,9 @@ void model_destroy(struct model *m)
         free(m->state);
     }
     free(m->experts);
+    free(m->kvg);
+    free(m->ple_rows);
+    free(m->host_scales);
     free(m->host_cos);
     free(m->host_sin);
     free(m->rope_inv_freq[0]);

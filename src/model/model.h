@@ -51,6 +51,7 @@ struct moe_block {
     struct qweight *gate, *up, *down; /* [E] each: [inner, hidden] x2, [hidden, inner] */
     struct mlp_block shared;          /* shared_expert.*, when the config has one */
     struct qweight shared_gate;       /* [1, hidden] shared_expert_gate */
+    const float *expert_scale;        /* [E] host: Gemma 4's router.per_expert_scale, else NULL */
 };
 
 /* One decoder layer: a family fills the blocks and norms it has. */
@@ -62,6 +63,14 @@ struct model_layer {
     struct linear_block lin;
     struct mlp_block mlp;
     struct moe_block moe;
+    /* Gemma 4 */
+    float *v_norm;      /* [D] ones: V's RMSNorm has no weight */
+    float *router_norm; /* [hidden] router.scale / sqrt(hidden): the router's input norm */
+    float *pre_moe_norm, *post_mlp_norm,
+        *post_moe_norm;                /* [hidden] *_feedforward_layernorm_2/1/2 */
+    struct qweight ple_gate, ple_proj; /* [P, hidden] per_layer_input_gate, [hidden, P] */
+    float *ple_norm;                   /* [hidden] post_per_layer_input_norm */
+    float layer_scalar;                /* the layer's output is scaled by it */
 };
 
 /* Every tensor a model loaded, for counting and freeing without knowing its family. */
@@ -85,6 +94,11 @@ struct model {
     struct model_layer *layers;
     struct qweight *experts; /* every MoE layer's experts, 3 * n_experts a layer */
     struct model_tensors tensors;
+    float *host_scales; /* host vectors the layers point into (per-expert scales) */
+    /* Per-layer inputs (Gemma 4): embed_tokens_per_layer [vocab, L*P], per_layer_model_
+     * projection [L*P, hidden], per_layer_projection_norm [P] */
+    struct qweight ple_embed, ple_model_proj;
+    float *ple_proj_norm;
     int rope_shared;         /* full and sliding layers use the same rope tables */
     float *rope_inv_freq[2]; /* [D/2] host tables: full-attention layers, sliding layers */
     float rope_mscale[2];    /* yarn attention factor (1 otherwise) */
@@ -97,13 +111,16 @@ struct model {
     float *logits;                              /* [max_logits, vocab] */
     float *rope_cos[2], *rope_sin[2];           /* [max_tokens, D/2] backend tables */
     float *host_cos, *host_sin;                 /* host staging for the tables */
-    float *qg, *qgate;       /* gated attention: [T, Hq*2D] q_proj output, [T, Hq*D] gate */
-    float *lin_qkv, *lin_z;  /* DeltaNet: [T, conv_dim], [T, Hv*dv] */
-    float *lin_b, *lin_a;    /* [T, Hv] each */
-    float *lin_out;          /* [T, Hv*dv] */
-    float *router, *moe_out; /* MoE: [T, E], [T, hidden] */
-    float *shared_g;         /* [T] the shared expert's gate */
-    struct kv_geom kvg;
+    float *qg, *qgate;         /* gated attention: [T, Hq*2D] q_proj output, [T, Hq*D] gate */
+    float *lin_qkv, *lin_z;    /* DeltaNet: [T, conv_dim], [T, Hv*dv] */
+    float *lin_b, *lin_a;      /* [T, Hv] each */
+    float *lin_out;            /* [T, Hv*dv] */
+    float *router, *moe_out;   /* MoE: [T, E], [T, hidden] */
+    float *shared_g;           /* [T] the shared expert's gate */
+    float *ple, *ple_in;       /* per-layer inputs: [T, L*P] work rows, [L, T, P] per layer */
+    float *ple_g;              /* [T, P] a layer's gated per-layer input */
+    int32_t *ple_rows;         /* host [L * T]: the gather from [T, L, P] to [L, T, P] */
+    struct kv_geom *kvg;       /* [n_layers] each layer's KV shape (its source's when shared) */
     struct kv_layer *kv;       /* [n_layers] (attention layers) */
     struct state_layer *state; /* [n_layers] (linear-attention layers) */
     int n_states;              /* recurrent-state slots */
@@ -127,6 +144,17 @@ int model_load_vec(struct model *m, const char *name, int dim, float add, int re
 /** Expert `expert` of the stack [E, n, k] stored under `prefix` (MLX switch_mlp). */
 int model_load_expert(struct model *m, const char *prefix, int expert, int64_t n, int64_t k,
                       struct qweight *w, struct err *e);
+
+/** Rows [row0, row0 + n) of expert `expert` of the unquantized stack `name` [E, R, k] (a
+ * fused gate_up_proj holds gate then up). */
+int model_load_expert_rows(struct model *m, const char *name, int expert, int64_t row0, int64_t n,
+                           int64_t k, struct qweight *w, struct err *e);
+
+/** The `dim` values of the vector `name` as host floats. */
+int model_read_vec(struct model *m, const char *name, int dim, float *out, struct err *e);
+
+/** A copy of host values in backend memory, freed with the model. */
+float *model_upload_vec(struct model *m, const float *host, int64_t n, struct err *e);
 
 /** Loads `name` as rows x cols floats, stored with any singleton dimensions ([C, 1, K] or
  * [C, K, 1] for a depthwise convolution's [C, K]). */

@@ -139,8 +139,8 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
             struct backend_info bi;
             en->be.ops->info(en->be.ctx, &bi);
             size_t act = sizeof(float) * (size_t)cfg->max_num_batched_tokens *
-                             (size_t)(3 * mc->hidden + 2 * mc->n_heads * mc->head_dim +
-                                      2 * mc->n_kv_heads * mc->head_dim + 2 * mc->ffn) +
+                             (size_t)(3 * mc->hidden + 2 * mc->n_heads * mc->max_head_dim +
+                                      2 * mc->max_kv_dim + 2 * mc->ffn) +
                          sizeof(float) * 2 * (size_t)(cfg->max_num_seqs + 256) * (size_t)mc->vocab;
             double util = cfg->gpu_memory_utilization > 0 ? cfg->gpu_memory_utilization : 0.9;
             mem =

@@ -270,8 +270,13 @@ static struct moe_params moe_params_of(const struct hyb_experts *x, int K, int n
                                        int device)
 {
     const struct qweight *w = device ? x->gw : x->hw;
-    return (struct moe_params){x->E, K,        norm,        gelu ? ACT_GELU_TANH : ACT_SILU,
-                               w,    w + x->E, w + 2 * x->E};
+    return (struct moe_params){.n_experts = x->E,
+                               .top_k = K,
+                               .norm_topk = norm,
+                               .act = gelu ? ACT_GELU_TANH : ACT_SILU,
+                               .gate = w,
+                               .up = w + x->E,
+                               .down = w + 2 * x->E};
 }
 
 /*

@@ -15,13 +15,14 @@
 
 /* The dense architectures of the engine. */
 static const char *const golden_supported[] = {
-    "LlamaForCausalLM",    "MistralForCausalLM", "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",    "Gemma2ForCausalLM",  "Gemma3ForCausalLM",
-    "Qwen3MoeForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"};
+    "LlamaForCausalLM",      "MistralForCausalLM", "Qwen2ForCausalLM",    "Qwen3ForCausalLM",
+    "Gemma2ForCausalLM",     "Gemma3ForCausalLM",  "Qwen3MoeForCausalLM", "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM", "Gemma4ForCausalLM"};
 
-/* Architectures whose operations the CUDA backend does not run yet (none now; NULL ends the
- * list): it refuses them when they load, so they are compared on the CPU only. */
-static const char *const golden_cpu_only[] = {NULL};
+/* Architectures whose operations (Gemma 4's layer scalars and per-expert scales) the CUDA
+ * backend does not run yet (NULL ends the list): it refuses them when they load, so they are
+ * compared on the CPU only. */
+static const char *const golden_cpu_only[] = {"Gemma4ForCausalLM", NULL};
 
 /* Whether `device` runs arch (any supported one on the CPU). */
 static inline int golden_device_runs(const char *arch, const char *device)

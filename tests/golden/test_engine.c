@@ -9,7 +9,8 @@
  *   - a seeded sampled request gives identical tokens alone and inside a batch;
  *   - sampling controls with exact outcomes (top_k 1, logit bias, stop ids, max_tokens),
  *     prompt log-probabilities against the golden, aborts;
- *   - after every scenario the pool is all free again.
+ *   - after every scenario the pool is all free again;
+ *   - Gemma 4's KV-shared layers own no KV storage: the pool is sized by the other layers.
  * With --device cuda the same checks run on the CUDA backend (without a GPU: "no GPU: not
  * run", exit 77, which ctest counts as skipped). Prompt log-probabilities are then compared at
  * the CUDA golden tolerance (bf16 activations and KV), with the backend in its batch-invariant
@@ -25,6 +26,7 @@
 
 #include "common/util.h"
 #include "model/backend.h"
+#include "model/model.h"
 #include "sched/engine.h"
 #include "golden/golden_util.h"
 #include "test_util.h"
@@ -193,6 +195,42 @@ static void test_hybrid_states(const char *dir, const char *name, const struct g
     check_pool_free(en, name, "hybrid states");
     engine_destroy(en);
     free(fork.prompt);
+}
+
+/* gemma4moe-tiny: layers 2 and 3 read the KV of layers 0 (sliding, 2 KV heads of 32) and 1
+ * (full, 2 of 512). On the CPU (float32 KV) a token takes 2 * (64 + 1024) * 4 = 8704 bytes,
+ * not 17408, so 1 MiB holds 7 blocks of 16 tokens, not 3. */
+static void test_kv_shared(const char *dir, const char *name)
+{
+    if (strcmp(device, "cpu")) return;
+    struct backend be;
+    struct err e = {0};
+    CHECK(backend_cpu_create(&be, 1, &e) == 0, "%s: cpu backend: %s", name, e.msg);
+    struct model *m = model_load(dir, &be, &e);
+    CHECK(m != NULL, "%s: model_load: %s", name, e.msg);
+    if (m) {
+        const struct model_config *c = &m->cfg;
+        CHECK(c->kv_source[0] == 0 && c->kv_source[1] == 1 && c->kv_source[2] == 0 &&
+                  c->kv_source[3] == 1,
+              "%s: KV sources %d %d %d %d, want 0 1 0 1", name, c->kv_source[0], c->kv_source[1],
+              c->kv_source[2], c->kv_source[3]);
+        CHECK(model_kv_bytes_per_token(m) == 8704, "%s: %zu KV bytes a token, want 8704", name,
+              model_kv_bytes_per_token(m));
+        CHECK(model_state_alloc(m, 16, 4, 4, 16, 0, &e) == 0, "%s: state: %s", name, e.msg);
+        CHECK(m->kv[0].k && m->kv[1].k && !m->kv[2].k && !m->kv[2].v && !m->kv[3].k && !m->kv[3].v,
+              "%s: KV-shared layers hold storage", name);
+        model_destroy(m);
+    }
+    backend_destroy(&be);
+    struct engine_config cfg = {
+        .model_dir = dir, .device = device, .kv_cache_memory = (size_t)1 << 20, .manual = 1};
+    struct engine *en = engine_create(&cfg, &e);
+    CHECK(en != NULL, "%s: engine_create: %s", name, e.msg);
+    if (!en) return;
+    struct engine_stats st;
+    engine_stats(en, &st);
+    CHECK(st.kv_blocks_total == 7, "%s: %d KV blocks in 1 MiB, want 7", name, st.kv_blocks_total);
+    engine_destroy(en);
 }
 
 static void test_model(const char *dir, const char *name, struct golden_case *cs, int nc)
@@ -611,6 +649,7 @@ int main(int argc, char **argv)
         if (!strcmp(names[i], "llama-tiny") || !strcmp(names[i], "qwen3-tiny-mlx8"))
             test_controls(dir, cs, nc);
         if (!strcmp(names[i], "llama-tiny") && nc > 1) test_counts(dir, cs, nc);
+        if (!strcmp(names[i], "gemma4moe-tiny")) test_kv_shared(dir, names[i]);
         printf("%-24s %s\n", names[i], test_failures == before ? "ok" : "FAILED");
         tested++;
         for (int k = 0; k < nc; k++) free(cs[k].prompt);

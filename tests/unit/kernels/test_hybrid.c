@@ -177,7 +177,7 @@ static void test_moe(void)
                                  .w = (const uint8_t *)dw[e],
                                  .row_bytes = 4};
     }
-    struct moe_params p = {E, K, 1, ACT_SILU, g, u, dn};
+    struct moe_params p = {E, K, 1, ACT_SILU, g, u, dn, NULL};
     /* rows: a clear top 2 (experts 4, 1); a tie between 2 and 3 for second place (2 wins); */
     float router[3][E] = {{0, 1, 0, 0, 2, 0}, {3, 0, 1, 1, 0, 0}, {0, 0, 0, 0, 0, 5}};
     float x[3][H] = {{1}, {1}, {1}};
@@ -201,6 +201,14 @@ static void test_moe(void)
     double z = 4 + e1 + e4;
     CHECK(fabs(alone[4] - s1 * e4 / z) < 1e-6, "softmax weight without renormalization %g",
           alone[4]);
+    /* Gemma 4's per-expert scales multiply the renormalized weights: exactly 2x and 0.5x */
+    float scale[E] = {1, 0.5f, 1, 1, 2, 1}, scaled[H];
+    p.norm_topk = 1;
+    p.expert_scale = scale;
+    o->moe(be.ctx, scaled, &x[0][0], &router[0][0], &p, 1, H);
+    CHECK(scaled[4] == 2 * out[0][4] && scaled[1] == 0.5f * out[0][1],
+          "per-expert scales: %g %g, want %g %g", scaled[4], scaled[1], 2 * out[0][4],
+          0.5f * out[0][1]);
 }
 
 static void test_small_ops(void)
@@ -224,6 +232,9 @@ static void test_small_ops(void)
     float h[4] = {1, 2, 3, 4}, c[1] = {0}, s[1] = {1};
     o->rope_partial(be.ctx, h, 1, 1, 4, 2, c, s);
     CHECK(h[0] == -2 && h[1] == 1 && h[2] == 3 && h[3] == 4, "rope_partial %g %g", h[0], h[1]);
+    float sc[3] = {1, -2, 0.5f};
+    o->scale(be.ctx, sc, 3, 4);
+    CHECK(sc[0] == 4 && sc[1] == -8 && sc[2] == 2, "scale %g %g %g", sc[0], sc[1], sc[2]);
 }
 
 int main(void)

@@ -182,7 +182,8 @@ static void check_moe(struct threadpool *tps[3], enum wfmt f, int bits, int grou
     float *alone = xmalloc(sizeof(float) * MAXR * (size_t)H);
     const int rows[] = {1, 2, 3, 5, 8, 17, MAXR};
     for (int act = 0; act < 2; act++) {
-        struct moe_params p = {E, K, act == 0, act ? ACT_GELU_TANH : ACT_SILU, w, w + E, w + 2 * E};
+        struct moe_params p = {E, K,     act == 0,  act ? ACT_GELU_TANH : ACT_SILU,
+                               w, w + E, w + 2 * E, NULL};
         ref_moe(tps[0], want, x, lg, &p, MAXR, H);
         for (int r = 0; r < MAXR; r++)
             cpu_moe(tps[1], alone + (size_t)r * H, x + (size_t)r * H, lg + (size_t)r * E, &p, 1, H);
