@@ -1,9 +1,15 @@
 /*
  * The kernels of the hybrid and MoE families on the CPU: Gated DeltaNet (causal conv and
- * the delta rule, one token after another: the state after token t depends only on the
- * tokens up to t, so results are the same however a prompt is split into steps), partial
- * rotary embeddings and the gated norm. The routed experts are in moe.c.
+ * the delta rule), partial rotary embeddings and the gated norm. The routed experts are in
+ * moe.c.
+ *
+ * The delta rule runs in one of two forms: one token after another, or (prefill) in chunks
+ * of C tokens aligned to positions 0, C, 2C... that fwd_batch.delta_chunked marks, in the
+ * WY form of Yang et al.'s Gated DeltaNet. Either way a token's result depends only on its
+ * sequence's tokens up to it and on which form its position takes, never on how the tokens
+ * are split into steps or batched, provided steps end at chunk boundaries below the mark.
  */
+#include <assert.h>
 #include <math.h>
 #include <string.h>
 
@@ -61,6 +67,7 @@ struct delta_job {
     const struct delta_params *p;
     const struct fwd_batch *b;
     int conv_dim;
+    int chunk; /* delta-rule chunk length, 0 when no token takes the chunked form */
 };
 
 /* The causal depthwise convolution of channel c over sequence s's tokens, with SiLU, in
@@ -101,22 +108,20 @@ void conv_token_portable(float *x, float *tail, size_t ldt, const float *w, int 
     }
 }
 
-/* Channels [c0, c0 + n) of sequence s: a single token (decode) through the kernel table's
- * convolution step, then SiLU; longer runs channel by channel. Both make the same float
- * operations per channel, in the same order. */
+/* Channels [c0, c0 + n) of sequence s, token after token through the kernel table's
+ * convolution step, then SiLU: the same float operations per channel, in the same order, as
+ * conv_channel. */
 static void conv_span(const struct delta_job *j, int s, int c0, int n)
 {
     const struct fwd_batch *b = j->b;
-    int t0 = b->q_start[s];
-    if (b->q_start[s + 1] - t0 != 1) {
-        for (int c = c0; c < c0 + n; c++) conv_channel(j, s, c);
-        return;
-    }
     int C = j->conv_dim, K = j->p->conv_k;
     float *tail = j->st->conv + (size_t)b->state_slot[s] * (size_t)(K - 1) * C + c0;
-    float *x = j->qkv + (size_t)t0 * C + c0;
-    cpu_impl->conv_token(x, tail, (size_t)C, j->p->conv_w + (size_t)c0 * K, n, K, b->pos[t0] == 0);
-    for (int c = 0; c < n; c++) x[c] = x[c] / (1.0f + expf(-x[c]));
+    for (int t = b->q_start[s]; t < b->q_start[s + 1]; t++) {
+        float *x = j->qkv + (size_t)t * C + c0;
+        cpu_impl->conv_token(x, tail, (size_t)C, j->p->conv_w + (size_t)c0 * K, n, K,
+                             t == b->q_start[s] && b->pos[t] == 0);
+        for (int c = 0; c < n; c++) x[c] = x[c] / (1.0f + expf(-x[c]));
+    }
 }
 
 static void l2norm(float *dst, const float *x, int n, float scale)
@@ -150,6 +155,111 @@ void delta_step_portable(float *S, const float *q, const float *k, const float *
     }
 }
 
+void gemm_portable(float *y, size_t ldy, const float *x, size_t ldx, const float *b, size_t ldb,
+                   int M, int K, int N, float scale, int acc)
+{
+    for (int m = 0; m < M; m++) {
+        float *ym = y + m * ldy;
+        for (int n = 0; n < N; n++) ym[n] = acc ? scale * ym[n] : 0.0f;
+        for (int k = 0; k < K; k++) {
+            float xk = x[m * ldx + k];
+            const float *bk = b + k * ldb;
+            for (int n = 0; n < N; n++) ym[n] += xk * bk[n];
+        }
+    }
+}
+
+/* x * scale / |x| with the sum of squares through the kernel table (the chunked form's
+ * own: its order differs from l2norm's). */
+static void l2norm_dot(float *dst, const float *x, int n, float scale)
+{
+    float inv = 1.0f / sqrtf(cpu_impl->dot(x, x, n) + 1e-6f) * scale;
+    for (int i = 0; i < n; i++) dst[i] = x[i] * inv;
+}
+
+/*
+ * C tokens [t, t + C) of value head h in the chunked form, from the state S0 before them.
+ * With G_i the running sum of the log decays g (so that token i's state is
+ * S_i = e^(G_i) S0 + sum over j <= i of e^(G_i - G_j) k_j d_j^T) and A the strictly lower
+ * [C][C] matrix A_ij = beta_i e^(G_i - G_j) k_i.k_j, the value updates are
+ * d = T (beta v) - T (beta e^G k) S0 = U - W S0 with T = (I + A)^-1 (forward substitution),
+ * o_i = e^(G_i) q_i S0 + sum over j <= i of e^(G_i - G_j) (q_i.k_j) d_j, and
+ * S_C = e^(G_C) S0 + sum over j of (e^(G_C - G_j) k_j) d_j^T. Every product but T's goes
+ * through the table's gemm: the three with the state take 3 C dk dv multiply-adds, as many
+ * as C token steps, in register tiles instead of streaming the state through each token.
+ */
+static void rule_chunk(const struct delta_job *j, float *S, int h, int kh, int t, int C, float A_h,
+                       float *buf)
+{
+    const struct delta_params *p = j->p;
+    int Hv = p->n_v_heads, Hk = p->n_k_heads, dk = p->k_dim, dv = p->v_dim, cd = j->conv_dim;
+    size_t c = (size_t)C, ldo = (size_t)Hv * dv;
+    float *Q = buf, *K = Q + c * dk, *W = K + c * dk;                         /* [C][dk] each */
+    float *Kt = W + c * dk;                                                   /* [dk][C] */
+    float *U = Kt + c * dk, *Y = U + c * dv;                                  /* [C][dv] each */
+    float *A = Y + c * dv, *T = A + c * c, *TU = T + c * c, *TW = TU + c * c; /* [C][C] each */
+    float *M = TW + c * c, *beta = M + c * c, *G = beta + c;
+    const float *v0 = j->qkv + (size_t)t * cd + (size_t)2 * Hk * dk + (size_t)h * dv;
+    float *o0 = j->out + ((size_t)t * Hv + h) * dv;
+    float g = 0;
+    for (int i = 0; i < C; i++) {
+        const float *row = j->qkv + (size_t)(t + i) * cd;
+        beta[i] = sigmoid(j->beta_in[(size_t)(t + i) * Hv + h]);
+        g += A_h * softplus(j->a[(size_t)(t + i) * Hv + h] + p->dt_bias[h]);
+        G[i] = g;
+        l2norm_dot(Q + i * dk, row + (size_t)kh * dk, dk, 1.0f / sqrtf((float)dk));
+        l2norm_dot(K + i * dk, row + (size_t)Hk * dk + (size_t)kh * dk, dk, 1.0f);
+        for (int r = 0; r < dk; r++) Kt[(size_t)r * C + i] = K[i * dk + r];
+    }
+    /* A = K K^T and M = Q K^T, then their decays: A strictly lower times beta_i
+     * e^(G_i - G_j), M lower times e^(G_i - G_j) */
+    cpu_impl->gemm(A, c, K, (size_t)dk, Kt, c, C, dk, C, 0.0f, 0);
+    cpu_impl->gemm(M, c, Q, (size_t)dk, Kt, c, C, dk, C, 0.0f, 0);
+    for (int i = 0; i < C; i++)
+        for (int jj = 0; jj < C; jj++) {
+            float e = jj <= i ? expf(G[i] - G[jj]) : 0.0f;
+            A[i * c + jj] = jj < i ? beta[i] * e * A[i * c + jj] : 0.0f;
+            M[i * c + jj] = e * M[i * c + jj];
+        }
+    /* T = (I + A)^-1, unit lower: row i from the rows above it; then TU = T diag(beta),
+     * TW = T diag(beta e^G) */
+    for (int i = 0; i < C; i++)
+        for (int jj = 0; jj <= i; jj++) {
+            float x = jj == i ? 1.0f : 0.0f;
+            for (int m = jj; m < i; m++) x -= A[i * c + m] * T[m * c + jj];
+            T[i * c + jj] = x;
+            TU[i * c + jj] = x * beta[jj];
+            TW[i * c + jj] = x * beta[jj] * expf(G[jj]);
+        }
+    for (int i = 0; i < C; i++)
+        for (int jj = i + 1; jj < C; jj++) TU[i * c + jj] = TW[i * c + jj] = 0.0f;
+    cpu_impl->gemm(U, (size_t)dv, TU, c, v0, (size_t)cd, C, C, dv, 0.0f, 0);
+    cpu_impl->gemm(W, (size_t)dk, TW, c, K, (size_t)dk, C, C, dk, 0.0f, 0);
+    /* d = U - W S0; o = e^G (Q S0) + M d; S = e^(G_C) S0 + (e^(G_C - G) K)^T d */
+    cpu_impl->gemm(Y, (size_t)dv, W, (size_t)dk, S, (size_t)dv, C, dk, dv, 0.0f, 0);
+    for (size_t i = 0; i < c * dv; i++) U[i] -= Y[i];
+    cpu_impl->gemm(o0, ldo, Q, (size_t)dk, S, (size_t)dv, C, dk, dv, 0.0f, 0);
+    for (int i = 0; i < C; i++) {
+        float e = expf(G[i]), *oi = o0 + i * ldo;
+        for (int x = 0; x < dv; x++) oi[x] *= e;
+    }
+    cpu_impl->gemm(o0, ldo, M, c, U, (size_t)dv, C, C, dv, 1.0f, 1);
+    for (int jj = 0; jj < C; jj++) {
+        float e = expf(G[C - 1] - G[jj]);
+        for (int r = 0; r < dk; r++) Kt[(size_t)r * C + jj] *= e;
+    }
+    cpu_impl->gemm(S, (size_t)dv, Kt, c, U, (size_t)dv, dk, C, dv, expf(G[C - 1]), 1);
+}
+
+/* Floats of rule_head's buffer for chunks of C tokens (0: the token form alone). */
+static size_t rule_buf_floats(const struct delta_params *p, int C)
+{
+    size_t dk = (size_t)p->k_dim, dv = (size_t)p->v_dim, c = (size_t)C;
+    size_t chunk = c * (4 * dk + 2 * dv + 2) + 5 * c * c;
+    size_t token = 2 * dk + 2 * dv;
+    return chunk > token ? chunk : token;
+}
+
 /* The delta rule of value head h over sequence s's tokens (their channels convolved). */
 static void rule_head(const struct delta_job *j, int s, int h, float *buf)
 {
@@ -162,7 +272,14 @@ static void rule_head(const struct delta_job *j, int s, int h, float *buf)
     float *S = j->st->rec + ((size_t)b->state_slot[s] * Hv + h) * (size_t)dk * dv;
     if (b->pos[t0] == 0) memset(S, 0, sizeof(float) * (size_t)dk * dv);
     float A = -expf(p->a_log[h]);
+    int CC = j->chunk, mark = CC ? b->delta_chunked[s] : 0;
     for (int t = t0; t < t1; t++) {
+        int pt = b->pos[t];
+        if (CC && pt % CC == 0 && pt + CC <= mark && t + CC <= t1) {
+            rule_chunk(j, S, h, kh, t, CC, A, buf);
+            t += CC - 1;
+            continue;
+        }
         const float *row = j->qkv + (size_t)t * C;
         l2norm(q, row + (size_t)kh * dk, dk, 1.0f / sqrtf((float)dk));
         l2norm(k, row + (size_t)p->n_k_heads * dk + (size_t)kh * dk, dk, 1.0f);
@@ -174,9 +291,9 @@ static void rule_head(const struct delta_job *j, int s, int h, float *buf)
     }
 }
 
-static float *rule_buf(const struct delta_params *p)
+static float *rule_buf(const struct delta_job *j)
 {
-    return scratch_get(SCRATCH_DELTA, (size_t)(2 * p->k_dim + 2 * p->v_dim));
+    return scratch_get(SCRATCH_DELTA, rule_buf_floats(j->p, j->chunk));
 }
 
 /* Phase 1 of the two-job form, one (sequence, channel) per item. */
@@ -199,7 +316,7 @@ static void rule_task(void *arg, int ith, int nth)
     struct delta_job *j = arg;
     const struct fwd_batch *b = j->b;
     int Hv = j->p->n_v_heads;
-    float *buf = rule_buf(j->p);
+    float *buf = rule_buf(j);
     long lo, hi;
     tp_range((long)b->n_seqs * Hv, ith, nth, 1, &lo, &hi);
     for (long item = lo; item < hi; item++) {
@@ -217,7 +334,7 @@ static void group_task(void *arg, int ith, int nth)
     const struct delta_params *p = j->p;
     const struct fwd_batch *b = j->b;
     int Hk = p->n_k_heads, dk = p->k_dim, dv = p->v_dim, ratio = p->n_v_heads / Hk;
-    float *buf = rule_buf(p);
+    float *buf = rule_buf(j);
     long lo, hi;
     tp_range((long)b->n_seqs * Hk, ith, nth, 1, &lo, &hi);
     for (long item = lo; item < hi; item++) {
@@ -234,8 +351,11 @@ void cpu_delta_net(struct threadpool *tp, float *out, float *qkv, const float *b
                    const float *a, const struct state_layer *st, const struct delta_params *p,
                    const struct fwd_batch *b)
 {
-    struct delta_job j = {out, qkv, beta_in, a,
-                          st,  p,   b,       2 * p->n_k_heads * p->k_dim + p->n_v_heads * p->v_dim};
+    int chunk = b->delta_chunked && b->delta_chunk >= 2 ? b->delta_chunk : 0;
+    assert(chunk <= DELTA_CHUNK_MAX);
+    struct delta_job j = {out,  qkv, beta_in, a,
+                          st,   p,   b,       2 * p->n_k_heads * p->k_dim + p->n_v_heads * p->v_dim,
+                          chunk};
     /* One hand-off when the key heads keep every thread busy (decode: 16 of them on
      * Qwen3.6), else the channels and then the value heads spread over the pool. */
     if ((long)b->n_seqs * p->n_k_heads >= tp_size(tp)) {

@@ -8,7 +8,10 @@
  * block (dk x 64 floats, 32 KB at dk = 128) stays in L1 between the two walks, so a token
  * reads and writes each head's state once from memory (64 KB at 128 x 128): at decode the
  * rule runs at the speed of that traffic rather than of a scalar loop.
+ *
+ * Also the products of the rule's chunked form (gemm_avx2), with fused multiply-adds.
  */
+#include <math.h>
 #include <string.h>
 
 #include "kernels/cpu/avx2.h"
@@ -108,4 +111,55 @@ void conv_token_avx2(float *x, float *tail, size_t ldt, const float *w, int n, i
         }
     }
     if (c < n) conv_token_portable(x + c, tail + c, ldt, w + (size_t)c * K, n - c, K, fresh);
+}
+
+/* Rows [m, m + NR) by columns [n, n + 8 NV) of gemm_avx2: NR x NV accumulators, each a
+ * chain of fused multiply-adds over k in order. */
+ALWAYS_INLINE void gemm_tile(float *y, size_t ldy, const float *x, size_t ldx, const float *b,
+                             size_t ldb, int m, int n, int K, __m256 scale, int acc, const int NR,
+                             const int NV)
+{
+    __m256 c[4][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 2
+        for (int u = 0; u < NV; u++)
+            c[r][u] = acc ? _mm256_mul_ps(scale, _mm256_loadu_ps(y + (m + r) * ldy + n + 8 * u))
+                          : _mm256_setzero_ps();
+    for (int k = 0; k < K; k++) {
+        const float *bk = b + k * ldb + n;
+        __m256 b0 = _mm256_loadu_ps(bk), b1 = NV > 1 ? _mm256_loadu_ps(bk + 8) : b0;
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            __m256 xr = _mm256_broadcast_ss(x + (m + r) * ldx + k);
+            c[r][0] = _mm256_fmadd_ps(xr, b0, c[r][0]);
+            if (NV > 1) c[r][1] = _mm256_fmadd_ps(xr, b1, c[r][1]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++)
+#pragma GCC unroll 2
+        for (int u = 0; u < NV; u++) _mm256_storeu_ps(y + (m + r) * ldy + n + 8 * u, c[r][u]);
+}
+
+/* Tiles of 4 rows by 16 columns (8 accumulators; a 16-column strip of b, K x 64 bytes, stays
+ * in L1 over the rows), then the edges; columns past the last 8 with scalar fused steps. */
+void gemm_avx2(float *y, size_t ldy, const float *x, size_t ldx, const float *b, size_t ldb, int M,
+               int K, int N, float scale, int acc)
+{
+    __m256 sc = _mm256_set1_ps(scale);
+    int n = 0;
+    for (; n + 16 <= N; n += 16) {
+        int m = 0;
+        for (; m + 4 <= M; m += 4) gemm_tile(y, ldy, x, ldx, b, ldb, m, n, K, sc, acc, 4, 2);
+        for (; m < M; m++) gemm_tile(y, ldy, x, ldx, b, ldb, m, n, K, sc, acc, 1, 2);
+    }
+    for (; n + 8 <= N; n += 8)
+        for (int m = 0; m < M; m++) gemm_tile(y, ldy, x, ldx, b, ldb, m, n, K, sc, acc, 1, 1);
+    for (; n < N; n++)
+        for (int m = 0; m < M; m++) {
+            float s = acc ? scale * y[m * ldy + n] : 0.0f;
+            for (int k = 0; k < K; k++) s = fmaf(x[m * ldx + k], b[k * ldb + n], s);
+            y[m * ldy + n] = s;
+        }
 }

@@ -36,6 +36,12 @@ struct cpu_impl {
                        float decay, float beta, float *o, float *tmp);
     /* conv_token_portable's step (same operations, same order) */
     void (*conv_token)(float *x, float *tail, size_t ldt, const float *w, int n, int K, int fresh);
+    /* y[m][n] = (acc ? scale * y[m][n] : 0) + the sum over k (in order, from 0) of
+     * x[m][k] * b[k][n], for m < M, n < N (rows ldy, ldx, ldb floats apart): the delta rule's
+     * chunked form. Each element's operations are fixed by its position alone; the AVX2
+     * table fuses each multiply and add, so tables agree to rounding, not bitwise. */
+    void (*gemm)(float *y, size_t ldy, const float *x, size_t ldx, const float *b, size_t ldb,
+                 int M, int K, int N, float scale, int acc);
 };
 
 /* The causal depthwise convolution of one token over n channels (decode): x[c] becomes
@@ -45,10 +51,14 @@ void conv_token_portable(float *x, float *tail, size_t ldt, const float *w, int 
                          int fresh);
 void delta_step_portable(float *S, const float *q, const float *k, const float *v, int dk, int dv,
                          float decay, float beta, float *o, float *tmp);
+void gemm_portable(float *y, size_t ldy, const float *x, size_t ldx, const float *b, size_t ldb,
+                   int M, int K, int N, float scale, int acc);
 /* The AVX2 versions (hybrid_avx2.c; only built and called on x86-64) */
 void conv_token_avx2(float *x, float *tail, size_t ldt, const float *w, int n, int K, int fresh);
 void delta_step_avx2(float *S, const float *q, const float *k, const float *v, int dk, int dv,
                      float decay, float beta, float *o, float *tmp);
+void gemm_avx2(float *y, size_t ldy, const float *x, size_t ldx, const float *b, size_t ldb, int M,
+               int K, int N, float scale, int acc);
 
 extern const struct cpu_impl cpu_impl_portable;
 #if defined(PAGODA_X86)

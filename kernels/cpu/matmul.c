@@ -172,6 +172,7 @@ const struct cpu_impl cpu_impl_portable = {
     .read_sum = read_sum_portable,
     .delta_step = delta_step_portable,
     .conv_token = conv_token_portable,
+    .gemm = gemm_portable,
 };
 
 /* ---- the threaded driver ---- */

@@ -302,10 +302,10 @@ FTL(3, 3)
 FTL(1, 4)
 FTL(2, 4)
 FTL(3, 4)
-    /* Large m, f32 panels: [MR - 1][NR - 1] */
-    static const ftile_fn ft_large[3][4] = {{ftl_1_1, ftl_1_2, ftl_1_3, ftl_1_4},
-                                            {ftl_2_1, ftl_2_2, ftl_2_3, ftl_2_4},
-                                            {ftl_3_1, ftl_3_2, ftl_3_3, ftl_3_4}};
+/* Large m, f32 panels: [MR - 1][NR - 1] */
+static const ftile_fn ft_large[3][4] = {{ftl_1_1, ftl_1_2, ftl_1_3, ftl_1_4},
+                                        {ftl_2_1, ftl_2_2, ftl_2_3, ftl_2_4},
+                                        {ftl_3_1, ftl_3_2, ftl_3_3, ftl_3_4}};
 
 /* Blocking. Up to SMALL_M x rows (decode): whole rows, 4 weight rows at a time streamed
  * from memory with prefetch, weights widened in registers. Above: blocks of LNB weight
@@ -476,4 +476,5 @@ const struct cpu_impl cpu_impl_avx2 = {
     .read_sum = read_sum_avx2,
     .delta_step = delta_step_avx2,
     .conv_token = conv_token_avx2,
+    .gemm = gemm_avx2,
 };

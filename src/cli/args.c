@@ -177,6 +177,9 @@ int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg)
     return 0;
 }
 
+/* The delta rule's chunk in the runner's steps (hybrid models). */
+#define RUNNER_DELTA_CHUNK 16
+
 int runner_open(struct runner *r, const char *dir, const char *device, int threads, int n_seqs,
                 int max_ctx, int max_tokens, int max_logits)
 {
@@ -213,6 +216,7 @@ int runner_open(struct runner *r, const char *dir, const char *device, int threa
     r->block_table = xmalloc((size_t)n_seqs * (size_t)r->blocks_per_seq * 4);
     r->bt_step = xmalloc((size_t)n_seqs * (size_t)r->blocks_per_seq * 4);
     r->state_slot = xmalloc((size_t)n_seqs * 4);
+    r->chunked = xmalloc((size_t)n_seqs * 4);
     for (int s = 0; s < n_seqs; s++)
         for (int b = 0; b < r->blocks_per_seq; b++)
             r->block_table[s * r->blocks_per_seq + b] = s * r->blocks_per_seq + b;
@@ -234,6 +238,7 @@ void runner_close(struct runner *r)
     free(r->block_table);
     free(r->bt_step);
     free(r->state_slot);
+    free(r->chunked);
     free(r->logits);
     memset(r, 0, sizeof *r);
 }
@@ -254,6 +259,8 @@ int runner_step(struct runner *r, int n, const int *seq_ids, const int32_t *cons
             if (want_all[i] || j == counts[i] - 1) r->logit_rows[nl++] = t;
         }
         r->len[s] += counts[i];
+        /* the delta rule in chunks wherever a whole one lies in the step (one token: none) */
+        r->chunked[i] = r->len[s] / RUNNER_DELTA_CHUNK * RUNNER_DELTA_CHUNK;
         r->state_slot[i] = s; /* sequence s keeps slot s */
         r->seq_len[i] = r->len[s];
         memcpy(r->bt_step + (size_t)i * r->blocks_per_seq,
@@ -275,6 +282,8 @@ int runner_step(struct runner *r, int n, const int *seq_ids, const int32_t *cons
         .logit_rows = r->logit_rows,
         .pick_rows = r->pick_rows,
         .state_slot = r->state_slot,
+        .delta_chunked = r->chunked,
+        .delta_chunk = RUNNER_DELTA_CHUNK,
     };
     model_forward(r->m, &b, r->keep_logits ? NULL : r->logits);
     return nl;

@@ -49,6 +49,7 @@ struct runner {
     int32_t *bt_step;         /* the rows of this step's sequences, in step order */
     int32_t *state_slot;      /* [n_seqs] recurrent-state slot of each step sequence */
     int32_t *len;             /* [n_seqs] tokens already in each sequence's KV */
+    int32_t *chunked;         /* [n_seqs] fwd_batch.delta_chunked: a step's whole chunks */
     float *logits;            /* [max_logits, vocab] host */
     int keep_logits;          /* 1: logits stay in backend memory (model_argmax reads them) */
     const int32_t *pick_rows; /* the step's pick_rows (fwd_batch), or NULL */

@@ -11,13 +11,19 @@
  * than the gap between two kernels of one forward pass, far shorter than an idle period. */
 #define TP_SPIN 20000
 
+/* A job's nth parts are claimed, not assigned: each thread takes the next unclaimed part
+ * until none is left, so a worker that the OS has descheduled (a machine shared with other
+ * work) delays the job by at most the part it is running, instead of the caller waiting a
+ * whole time slice for the part that was its. Part ith covers the same work whichever thread
+ * runs it, so results do not change. */
 struct threadpool {
     int n;
     pthread_t *threads;
-    tp_fn fn;
-    void *ctx;
-    atomic_uint generation; /* bumped once per job */
-    atomic_int pending;     /* workers still running the current job */
+    _Atomic(tp_fn) fn;
+    _Atomic(void *) ctx;
+    /* (generation << 32) | next unclaimed part: one word, so that a claim names its job */
+    atomic_ullong claim;
+    atomic_int done; /* parts of the current job finished */
     atomic_int stop;
     atomic_int sleepers;
     pthread_mutex_t mu;
@@ -29,17 +35,33 @@ struct worker_arg {
     int ith;
 };
 
+/* Runs unclaimed parts of job `gen` until none is left (or a later job has started). */
+static void run_parts(struct threadpool *tp, unsigned long long gen)
+{
+    for (;;) {
+        unsigned long long v = atomic_load_explicit(&tp->claim, memory_order_acquire);
+        if (v >> 32 != gen || (int)(v & 0xffffffffu) >= tp->n) return;
+        tp_fn fn = atomic_load_explicit(&tp->fn, memory_order_relaxed);
+        void *ctx = atomic_load_explicit(&tp->ctx, memory_order_relaxed);
+        /* a successful claim means the job was unfinished, so fn and ctx were its own */
+        if (!atomic_compare_exchange_weak_explicit(&tp->claim, &v, v + 1, memory_order_acq_rel,
+                                                   memory_order_relaxed))
+            continue;
+        fn(ctx, (int)(v & 0xffffffffu), tp->n);
+        atomic_fetch_add_explicit(&tp->done, 1, memory_order_release);
+    }
+}
+
 static void *worker_main(void *p)
 {
     struct worker_arg *wa = p;
     struct threadpool *tp = wa->tp;
-    int ith = wa->ith;
     free(wa);
-    unsigned seen = 0;
+    unsigned long long seen = 0;
     for (;;) {
-        unsigned gen;
+        unsigned long long gen;
         int spins = 0;
-        while ((gen = atomic_load_explicit(&tp->generation, memory_order_acquire)) == seen &&
+        while ((gen = atomic_load_explicit(&tp->claim, memory_order_acquire) >> 32) == seen &&
                !atomic_load(&tp->stop)) {
             if (++spins < TP_SPIN) {
 #if defined(__x86_64__)
@@ -49,15 +71,14 @@ static void *worker_main(void *p)
             }
             pthread_mutex_lock(&tp->mu);
             atomic_fetch_add(&tp->sleepers, 1);
-            while (atomic_load(&tp->generation) == seen && !atomic_load(&tp->stop))
+            while (atomic_load(&tp->claim) >> 32 == seen && !atomic_load(&tp->stop))
                 pthread_cond_wait(&tp->wake, &tp->mu);
             atomic_fetch_sub(&tp->sleepers, 1);
             pthread_mutex_unlock(&tp->mu);
         }
         if (atomic_load(&tp->stop)) return NULL;
         seen = gen;
-        tp->fn(tp->ctx, ith, tp->n);
-        atomic_fetch_sub_explicit(&tp->pending, 1, memory_order_release);
+        run_parts(tp, gen);
     }
 }
 
@@ -107,18 +128,19 @@ void tp_run(struct threadpool *tp, tp_fn fn, void *ctx)
         fn(ctx, 0, 1);
         return;
     }
-    tp->fn = fn;
-    tp->ctx = ctx;
-    atomic_store_explicit(&tp->pending, tp->n - 1, memory_order_relaxed);
-    atomic_fetch_add(&tp->generation, 1);
+    atomic_store_explicit(&tp->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&tp->ctx, ctx, memory_order_relaxed);
+    atomic_store_explicit(&tp->done, 0, memory_order_relaxed);
+    unsigned long long gen = (atomic_load(&tp->claim) >> 32) + 1;
+    atomic_store_explicit(&tp->claim, gen << 32, memory_order_release);
     if (atomic_load(&tp->sleepers) > 0) {
         pthread_mutex_lock(&tp->mu);
         pthread_cond_broadcast(&tp->wake);
         pthread_mutex_unlock(&tp->mu);
     }
-    fn(ctx, 0, tp->n);
+    run_parts(tp, gen);
     int spins = 0;
-    while (atomic_load_explicit(&tp->pending, memory_order_acquire) > 0) {
+    while (atomic_load_explicit(&tp->done, memory_order_acquire) < tp->n) {
         if (++spins > TP_SPIN) sched_yield();
 #if defined(__x86_64__)
         else

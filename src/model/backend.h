@@ -47,7 +47,18 @@ struct fwd_batch {
      * rows of embedding requests. hidden_rows [n_hidden] token rows, in any order. */
     int n_hidden;
     const int32_t *hidden_rows;
+    /* Gated DeltaNet layers: NULL (every token one at a time), or [n_seqs] a position, a
+     * multiple of delta_chunk, below which the sequence's tokens run the delta rule in
+     * chunks of delta_chunk tokens aligned to positions 0, C, 2C... (the WY form); tokens at
+     * or past it run one at a time. A chunk not wholly in the step also runs token by token.
+     * The two forms differ in the last bits, so the caller fixes the position per request
+     * (the engine: the prompt's whole chunks) and ends steps below it at chunk boundaries. */
+    const int32_t *delta_chunked;
+    int delta_chunk; /* 2 to DELTA_CHUNK_MAX */
 };
+
+/* The longest delta-rule chunk a backend takes (fwd_batch.delta_chunk). */
+#define DELTA_CHUNK_MAX 64
 
 /* KV storage of one layer: K and V as [n_blocks][block_size][n_kv_heads][head_dim] values of
  * the backend's KV type (backend_ops.kv_value_bytes: float32 on the CPU, bf16 on CUDA). */

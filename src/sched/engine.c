@@ -130,6 +130,14 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
     size_t per_block = model_kv_bytes_per_token(en->m) * (size_t)en->block_size;
     size_t per_state = model_state_bytes(en->m);
     en->hybrid = per_state > 0;
+    /* The delta rule's chunk: 16 tokens where the block size allows (the chunk must divide
+     * it, so that prefix snapshots fall on chunk boundaries), else the largest power of two
+     * that divides it; none where a step's budget could not hold one. */
+    if (en->hybrid) {
+        int c = ENGINE_DELTA_CHUNK;
+        while (c > 1 && en->block_size % c) c /= 2;
+        en->delta_chunk = c >= 2 && c <= cfg->max_num_batched_tokens ? c : 0;
+    }
     long n_blocks = cfg->num_blocks, n_states = 0;
     size_t mem = cfg->kv_cache_memory ? cfg->kv_cache_memory : (size_t)1 << 30;
     if (n_blocks <= 0) {
@@ -219,6 +227,7 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
     en->b_qstart = xmalloc(sizeof(int32_t) * (size_t)(seq_cap + 1));
     en->b_seqlen = xmalloc(sizeof(int32_t) * (size_t)seq_cap);
     en->b_state = xmalloc(sizeof(int32_t) * (size_t)seq_cap);
+    en->b_chunked = xmalloc(sizeof(int32_t) * (size_t)seq_cap);
     en->b_bt = xmalloc(sizeof(int32_t) * (size_t)seq_cap * (size_t)en->max_blocks);
     en->b_logit_rows = xmalloc(sizeof(int32_t) * (size_t)en->max_logits);
     en->logits = xmalloc(sizeof(float) * (size_t)en->max_logits * (size_t)en->vocab);
@@ -596,6 +605,7 @@ void engine_destroy(struct engine *en)
     free(en->b_qstart);
     free(en->b_seqlen);
     free(en->b_state);
+    free(en->b_chunked);
     free(en->b_bt);
     free(en->b_logit_rows);
     free(en->logits);

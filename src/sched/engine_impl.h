@@ -10,6 +10,9 @@
 #include "paged_kv/kv_pool.h"
 #include "sched/engine.h"
 
+/* The delta rule's chunk of hybrid models where the block size allows (engine.c). */
+#define ENGINE_DELTA_CHUNK 16
+
 enum req_state { RS_WAITING, RS_RUNNING, RS_DONE };
 
 struct request {
@@ -88,6 +91,14 @@ struct engine {
      * block at whose end the state was taken) and kept in LRU order while free. */
     struct kv_pool states;
     int hybrid; /* the model has linear-attention layers */
+    /* Hybrid models: the delta rule's chunk (fwd_batch.delta_chunk; it divides block_size),
+     * or 0 when every token takes the token form. A request's prompt tokens below
+     * chunk_mark() take the chunked form, the rest and every generated token the token
+     * form, however the request is scheduled: pieces of a prompt end at chunk boundaries
+     * below the mark, and states past it are not kept as prefix snapshots (a later prompt
+     * would compute those positions in chunks). */
+    int delta_chunk;
+    int32_t *b_chunked; /* [seq_cap] chunk_mark of each step sequence */
     struct pooling_config pooling;
 
     /* guarded by mu */
@@ -147,6 +158,12 @@ struct engine {
 int step_run(struct engine *en);
 /* Publishes the running/waiting/KV gauges to the shared statistics. */
 void step_publish_gauges(struct engine *en);
+/* Where r's chunked delta-rule tokens end: its prompt's whole chunks. */
+static inline int chunk_mark(const struct engine *en, const struct request *r)
+{
+    return en->delta_chunk ? r->n_prompt / en->delta_chunk * en->delta_chunk : 0;
+}
+
 /* Gives r's recurrent-state slot back (named as a snapshot where it ends at a block). */
 void req_release_state(struct engine *en, struct request *r);
 /* Counts a finished request in the statistics; done before its last event goes out, so

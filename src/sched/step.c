@@ -38,7 +38,8 @@ void req_release_state(struct engine *en, struct request *r)
 {
     if (r->state_slot < 0) return;
     int bs = en->block_size, k = r->n_computed / bs;
-    if (!en->cfg.disable_prefix_caching && k > 0 && r->n_computed % bs == 0) {
+    if (!en->cfg.disable_prefix_caching && k > 0 && r->n_computed % bs == 0 &&
+        (!en->delta_chunk || r->n_computed <= chunk_mark(en, r))) {
         update_hashes(en, r);
         if (k <= r->n_hashes && kv_lookup(&en->states, r->hashes[k - 1]) < 0)
             kv_commit_hash(&en->states, r->state_slot, r->hashes[k - 1]);
@@ -56,6 +57,7 @@ static void snapshot(struct engine *en, struct request *r)
     int bs = en->block_size, k = r->n_computed / bs, iv = en->cfg.hybrid_state_interval;
     if (k < 1 || r->n_computed % bs) return;
     if (k != r->n_prompt / bs && !(iv > 0 && k % iv == 0)) return;
+    if (en->delta_chunk && r->n_computed > chunk_mark(en, r)) return;
     update_hashes(en, r);
     if (k > r->n_hashes || kv_lookup(&en->states, r->hashes[k - 1]) >= 0) return;
     int32_t slot;
@@ -77,6 +79,16 @@ static int cap_snapshot(const struct engine *en, const struct request *r, int co
         if (next < end) end = next;
     }
     return end - computed;
+}
+
+/* Hybrid models: a piece that stops below the request's chunk mark stops at a chunk
+ * boundary, where the delta rule's chunked form needs it; 0 when no whole chunk fits. */
+static int cap_chunk(const struct engine *en, const struct request *r, int computed, int n_new)
+{
+    int C = en->delta_chunk, end = computed + n_new;
+    if (!C || end >= chunk_mark(en, r)) return n_new;
+    end = end / C * C;
+    return end > computed ? end - computed : 0;
 }
 
 static void preempt(struct engine *en, struct request *v, uint64_t *n_preempt)
@@ -144,6 +156,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
     for (struct request *r = en->running.head; r && budget > 0 && n_plan < seq_cap;) {
         int n_new = cap_prompt_rows(r, min_i(r->n_tokens - r->n_computed, budget), *lp_left);
         n_new = cap_snapshot(en, r, r->n_computed, n_new);
+        n_new = cap_chunk(en, r, r->n_computed, n_new);
         if (n_new <= 0) {
             r = r->next;
             continue;
@@ -196,6 +209,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
         int n_new = min_i(r->n_tokens - computed, budget);
         if (wants_prompt_rows(r)) n_new = min_i(n_new, *lp_left);
         n_new = cap_snapshot(en, r, computed, n_new);
+        n_new = cap_chunk(en, r, computed, n_new);
         if (n_new <= 0) break;
         int need = blocks_needed(en, computed, n_hit, n_new);
         if (!kv_can_allocate(&en->pool, need, en->hit_blocks, n_hit)) break;
@@ -254,6 +268,7 @@ static int build_batch(struct engine *en, int n_plan, struct fwd_batch *b)
         }
         en->b_seqlen[s] = r->n_computed + p->n_new;
         en->b_state[s] = r->state_slot;
+        en->b_chunked[s] = chunk_mark(en, r);
         int32_t *row = en->b_bt + (size_t)s * en->max_blocks;
         for (int i = 0; i < r->n_blocks; i++) row[i] = r->blocks[i] < 0 ? 0 : r->blocks[i];
         int done = r->n_computed + p->n_new == r->n_tokens;
@@ -289,7 +304,9 @@ static int build_batch(struct engine *en, int n_plan, struct fwd_batch *b)
                             .pick_rows = picked ? en->b_pick : NULL,
                             .state_slot = en->hybrid ? en->b_state : NULL,
                             .n_hidden = nh,
-                            .hidden_rows = en->b_hidden_rows};
+                            .hidden_rows = en->b_hidden_rows,
+                            .delta_chunked = en->delta_chunk ? en->b_chunked : NULL,
+                            .delta_chunk = en->delta_chunk};
     return nl;
 }
 

@@ -152,8 +152,8 @@ static struct engine *open_engine(const char *dir, int budget, int blocks, int c
 }
 
 /* Hybrid models: with a state snapshot every block, a prompt sharing 40 tokens resumes at
- * 32 with the same tokens as without any cache; aborted, finished and preempted requests
- * leave no slot held. */
+ * 32 with the same tokens as without any cache; a budget that would cut a prompt mid-chunk
+ * cuts it at the chunk; aborted, finished and preempted requests leave no slot held. */
 static void test_hybrid_states(const char *dir, const char *name, const struct golden_case *L)
 {
     state_interval = 1;
@@ -176,6 +176,22 @@ static void test_hybrid_states(const char *dir, const char *name, const struct g
         drain(solo);
         CHECK(same_ids(&r2, &solo_r), "%s: resumed from a state snapshot, other tokens", name);
         engine_destroy(solo);
+    }
+    /* A step budget of 23 would end the prompt's first piece mid-chunk: it ends at 16 (the
+     * delta rule's chunks stay whole, so every prompt token takes the same form as in one
+     * piece) and the tokens are those of the request alone. */
+    struct engine *cut = open_engine(dir, 23, 0, 0, 1);
+    if (cut) {
+        struct result rc;
+        struct engine_stats cs;
+        submit(cut, L, greedy_params(8), &rc);
+        engine_step(cut);
+        engine_stats(cut, &cs);
+        CHECK(cs.prompt_tokens == 16, "%s: budget 23: first piece of %llu tokens, want 16", name,
+              (unsigned long long)cs.prompt_tokens);
+        drain(cut);
+        CHECK(same_ids(&rc, &r1), "%s: budget 23: other tokens than in one piece", name);
+        engine_destroy(cut);
     }
     /* aborts mid-prompt and mid-output beside a request that finishes */
     uint64_t a0 = submit(en, L, greedy_params(20), &ab[0]);

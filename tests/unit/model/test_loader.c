@@ -170,7 +170,8 @@ static float *run(const char *dir, int *vocab)
     model_state_alloc(m, 8, 1, 1, 16, 1, &e);
     int32_t tok[4] = {5, 17, 300, 1999}, pos[4] = {0, 1, 2, 3}, slot[4] = {0, 1, 2, 3};
     int32_t qs[2] = {0, 4}, len[1] = {4}, bt[1] = {0}, rows[1] = {3}, state[1] = {0};
-    struct fwd_batch b = {4, tok, pos, slot, 1, qs, len, bt, 1, 1, rows, NULL, state, 0, NULL};
+    struct fwd_batch b = {4, tok,  pos,  slot,  1, qs,   len,  bt, 1,
+                          1, rows, NULL, state, 0, NULL, NULL, 0};
     *vocab = m->cfg.vocab;
     float *lg = xmalloc(sizeof(float) * (size_t)*vocab);
     model_forward(m, &b, lg);
