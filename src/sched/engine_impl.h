@@ -95,8 +95,9 @@ struct engine {
      * or 0 when every token takes the token form. A request's prompt tokens below
      * chunk_mark() take the chunked form, the rest and every generated token the token
      * form, however the request is scheduled: pieces of a prompt end at chunk boundaries
-     * below the mark, and states past it are not kept as prefix snapshots (a later prompt
-     * would compute those positions in chunks). */
+     * below the mark. A snapshot past the mark (taken at finish, preemption or an interval)
+     * holds a state computed token by token where a later prompt without it would compute
+     * those positions in chunks: resuming from it agrees with that to rounding, not bitwise. */
     int delta_chunk;
     int32_t *b_chunked; /* [seq_cap] chunk_mark of each step sequence */
     struct pooling_config pooling;

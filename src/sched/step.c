@@ -38,8 +38,7 @@ void req_release_state(struct engine *en, struct request *r)
 {
     if (r->state_slot < 0) return;
     int bs = en->block_size, k = r->n_computed / bs;
-    if (!en->cfg.disable_prefix_caching && k > 0 && r->n_computed % bs == 0 &&
-        (!en->delta_chunk || r->n_computed <= chunk_mark(en, r))) {
+    if (!en->cfg.disable_prefix_caching && k > 0 && r->n_computed % bs == 0) {
         update_hashes(en, r);
         if (k <= r->n_hashes && kv_lookup(&en->states, r->hashes[k - 1]) < 0)
             kv_commit_hash(&en->states, r->state_slot, r->hashes[k - 1]);
@@ -57,7 +56,6 @@ static void snapshot(struct engine *en, struct request *r)
     int bs = en->block_size, k = r->n_computed / bs, iv = en->cfg.hybrid_state_interval;
     if (k < 1 || r->n_computed % bs) return;
     if (k != r->n_prompt / bs && !(iv > 0 && k % iv == 0)) return;
-    if (en->delta_chunk && r->n_computed > chunk_mark(en, r)) return;
     update_hashes(en, r);
     if (k > r->n_hashes || kv_lookup(&en->states, r->hashes[k - 1]) >= 0) return;
     int32_t slot;

@@ -152,8 +152,9 @@ static struct engine *open_engine(const char *dir, int budget, int blocks, int c
 }
 
 /* Hybrid models: with a state snapshot every block, a prompt sharing 40 tokens resumes at
- * 32 with the same tokens as without any cache; a budget that would cut a prompt mid-chunk
- * cuts it at the chunk; aborted, finished and preempted requests leave no slot held. */
+ * 32 with the same tokens as without any cache, a continued conversation after the answer; a budget
+ * that would cut a prompt mid-chunk cuts it at the chunk; aborted, finished and preempted requests
+ * leave no slot held. */
 static void test_hybrid_states(const char *dir, const char *name, const struct golden_case *L)
 {
     state_interval = 1;
@@ -177,6 +178,29 @@ static void test_hybrid_states(const char *dir, const char *name, const struct g
         CHECK(same_ids(&r2, &solo_r), "%s: resumed from a state snapshot, other tokens", name);
         engine_destroy(solo);
     }
+    /* A continued conversation (the first prompt, its 8 tokens, 5 more) resumes after the
+     * answer's last full block, from a state taken while decoding (token by token, where
+     * the uncached run takes those positions in chunks: the same tokens, not bitwise). */
+    struct golden_case conv = *L;
+    conv.n_prompt = L->n_prompt + r1.n + 5;
+    conv.prompt = xmalloc(sizeof(int32_t) * (size_t)conv.n_prompt);
+    memcpy(conv.prompt, L->prompt, sizeof(int32_t) * (size_t)L->n_prompt);
+    for (int i = 0; i < r1.n; i++) conv.prompt[L->n_prompt + i] = r1.ids[i];
+    for (int i = 0; i < 5; i++) conv.prompt[L->n_prompt + r1.n + i] = 3 + i;
+    int want = (L->n_prompt + r1.n - 1) / 16 * 16;
+    struct result r3, solo3;
+    submit(en, &conv, greedy_params(8), &r3);
+    drain(en);
+    CHECK(want > L->n_prompt / 16 * 16 && r3.n_cached == want,
+          "%s: continued conversation: hit %d tokens, want %d", name, r3.n_cached, want);
+    solo = open_engine(dir, 64, 0, 0, 0);
+    if (solo) {
+        submit(solo, &conv, greedy_params(8), &solo3);
+        drain(solo);
+        CHECK(same_ids(&r3, &solo3), "%s: resumed after the answer, other tokens", name);
+        engine_destroy(solo);
+    }
+    free(conv.prompt);
     /* A step budget of 23 would end the prompt's first piece mid-chunk: it ends at 16 (the
      * delta rule's chunks stay whole, so every prompt token takes the same form as in one
      * piece) and the tokens are those of the request alone. */
