@@ -37,6 +37,8 @@ struct http_server {
     int listen_fd;
     struct http_loop *loops;
     int n_loops;
+    pthread_mutex_t start_mu; /* a loop thread reports that it is listening */
+    pthread_cond_t start_cv;
 };
 
 struct http_loop {
@@ -53,6 +55,8 @@ struct http_loop {
     h2o_timeout_t probe_timeout;        /* the client probe's period */
     h2o_timeout_entry_t probe;          /* looks for HTTP/1.1 clients that hung up */
     int exit;
+    atomic_ulong accepted; /* connections this loop accepted (read by /metrics) */
+    int started; /* 0 while the thread sets the loop up, 1 when it runs, -errno on failure */
     pthread_t thread;
 };
 

@@ -116,6 +116,11 @@ static void route_metrics(struct http_server *s, h2o_req_t *req)
     struct engine_stats st;
     if (en) engine_stats(en, &st);
     http_metrics_render(s->metrics, en ? &st : NULL, &b);
+    http_buf_puts(&b, "# HELP pagoda_http_connections_total Connections accepted, by event loop.\n"
+                      "# TYPE pagoda_http_connections_total counter\n");
+    for (int i = 0; i < s->n_loops; i++)
+        http_buf_printf(&b, "pagoda_http_connections_total{loop=\"%d\"} %lu\n", i,
+                        atomic_load(&s->loops[i].accepted));
     http_reply(req, HTTP_ROUTE_METRICS, 200, "text/plain; version=0.0.4; charset=utf-8", b.p,
                b.len);
     http_buf_dispose(&b);
