@@ -23,6 +23,10 @@ static void usage_serve(FILE *f)
             "  --api-key KEY            require 'Authorization: Bearer KEY' or 'x-api-key'\n"
             "  --max-body-size BYTES    largest request body (default 8388608)\n"
             "  --shutdown-timeout S     seconds in-flight requests get on SIGTERM (default 30)\n"
+            "  --max-stream-buffer BYTES  output a stream may hold for a client that does not\n"
+            "                           read; past it the request is aborted (default 1048576)\n"
+            "  --stream-idle-timeout S  a stream whose client reads nothing for S seconds is\n"
+            "                           aborted and its connection closed (default 60)\n"
             "%s",
             arg_engine_usage);
 }
@@ -40,10 +44,19 @@ int cli_serve(int argc, char **argv)
             usage_serve(stdout);
             return 0;
         }
-        static const char *const with_value[] = {
-            "--model",         "--served-model-name", "--host",    "--port",
-            "--http-threads",  "--tls-cert",          "--tls-key", "--api-key",
-            "--max-body-size", "--shutdown-timeout",  NULL};
+        static const char *const with_value[] = {"--model",
+                                                 "--served-model-name",
+                                                 "--host",
+                                                 "--port",
+                                                 "--http-threads",
+                                                 "--tls-cert",
+                                                 "--tls-key",
+                                                 "--api-key",
+                                                 "--max-body-size",
+                                                 "--shutdown-timeout",
+                                                 "--max-stream-buffer",
+                                                 "--stream-idle-timeout",
+                                                 NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++) known |= !strcmp(a, with_value[k]);
         if (!known) {
@@ -82,6 +95,17 @@ int cli_serve(int argc, char **argv)
                 return 2;
             }
             cfg.shutdown_timeout = d;
+        } else if (!strcmp(a, "--max-stream-buffer")) {
+            if (arg_int(a, v, 1024, 1L << 32, &n)) return 2;
+            cfg.max_stream_buffer = (size_t)n;
+        } else if (!strcmp(a, "--stream-idle-timeout")) {
+            if (arg_float(a, v, &d)) return 2;
+            if (!(d > 0 && d <= 86400)) {
+                fprintf(stderr,
+                        "pagoda serve: --stream-idle-timeout must be in (0, 86400] seconds\n");
+                return 2;
+            }
+            cfg.stream_idle_timeout = d;
         }
     }
     struct stat st;

@@ -142,6 +142,7 @@ static void job_flush(struct http_job *j)
     h2o_iovec_t buf = h2o_iovec_init(j->sending.p, j->sending.len);
     int final = j->complete;
     j->inflight = !final;
+    j->t_write = util_now();
     if (final) {
         j->final_sent = 1;
         if (j->counted_stream) http_metrics_streams(j->loop->srv->metrics, -1);
@@ -149,6 +150,25 @@ static void job_flush(struct http_job *j)
     }
     h2o_send(j->req, &buf, buf.len ? 1 : 0,
              final ? H2O_SEND_STATE_FINAL : H2O_SEND_STATE_IN_PROGRESS);
+}
+
+/*
+ * A client that does not read (or holds an HTTP/2 window at zero) leaves one write in
+ * flight for good while the engine keeps producing: past --max-stream-buffer bytes waiting
+ * behind that write, the request is aborted so that the stream holds at most that much.
+ */
+static void stall(struct http_job *j, enum http_stream_abort why)
+{
+    if (j->stalled) return;
+    j->stalled = 1 + (int)why;
+    http_metrics_stream_abort(j->loop->srv->metrics, why);
+    abort_choices(j);
+}
+
+static void check_buffer(struct http_job *j)
+{
+    if (j->req && j->inflight && j->out.len > j->loop->srv->cfg.max_stream_buffer)
+        stall(j, HTTP_STREAM_ABORT_BUFFER_FULL);
 }
 
 /* ---- the job ------------------------------------------------------------------------ */
@@ -299,12 +319,13 @@ static void process(struct http_job *j, struct job_choice *c, struct ev_rec *evs
                                               "the KV cache")
                                    ? 400
                                    : 0;
-        if (c->finish == FINISH_ABORT && j->req && !j->failed_status)
-            j->failed_status = http_error_set(&j->err, 503, NULL,
-                                              "the request was aborted: the server is shutting "
-                                              "down")
-                                   ? 503
-                                   : 0;
+        if (c->finish == FINISH_ABORT && j->req && !j->failed_status) {
+            const char *why = j->stalled ? "the client did not read its stream"
+                              : atomic_load(&s->shutting_down) ? "the server is shutting down"
+                                                               : "the engine ended it";
+            j->failed_status =
+                http_error_set(&j->err, 503, NULL, "the request was aborted: %s", why) ? 503 : 0;
+        }
         if (--j->live == 0) job_complete(j);
         job_release(j);
     }
@@ -331,15 +352,36 @@ void http_job_on_events(h2o_multithread_receiver_t *r, h2o_linklist_t *messages)
         c->pending = 0;
         pthread_mutex_unlock(&c->mu);
         process(j, c, evs, n);
+        check_buffer(j);
         job_flush(j);
         job_release(j);
     }
 }
 
+/*
+ * A write that waited --stream-idle-timeout seconds: the request is aborted and the
+ * connection shut down (the socket stays open for h2o, whose pending write then fails and
+ * which closes the connection itself).
+ */
+static void check_idle(struct http_job *j, double now)
+{
+    if (!j->req || !j->inflight || now - j->t_write < j->loop->srv->cfg.stream_idle_timeout) return;
+    if (j->stalled == 1 + HTTP_STREAM_ABORT_IDLE_TIMEOUT) return;
+    j->stalled = 0; /* counted again, under the reason that ends the connection */
+    stall(j, HTTP_STREAM_ABORT_IDLE_TIMEOUT);
+    h2o_socket_t *sock = j->req->conn->callbacks->get_socket
+                             ? j->req->conn->callbacks->get_socket(j->req->conn)
+                             : NULL;
+    int fd = sock ? h2o_socket_get_fd(sock) : -1;
+    if (fd >= 0) shutdown(fd, SHUT_RDWR);
+}
+
 void http_job_probe_clients(struct http_loop *l)
 {
+    double now = util_now();
     for (h2o_linklist_t *n = l->jobs.next; n != &l->jobs; n = n->next) {
         struct http_job *j = H2O_STRUCT_FROM_MEMBER(struct http_job, link, n);
+        check_idle(j, now);
         if (!j->req || j->complete || j->header_sent || j->req->version >= 0x200) continue;
         h2o_socket_t *sock = j->req->conn->callbacks->get_socket
                                  ? j->req->conn->callbacks->get_socket(j->req->conn)

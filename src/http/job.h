@@ -69,6 +69,8 @@ struct http_job {
     int final_sent, inflight, started, header_sent, counted_stream;
     int msg_started;   /* Anthropic stream: message_start is out */
     int failed_status; /* non-zero: answer with this error */
+    int stalled;       /* 1 + enum http_stream_abort once the client stopped reading */
+    double t_write;    /* when the write in flight was handed to h2o */
     struct http_error err;
     struct http_buf out, sending;
     h2o_generator_t gen;

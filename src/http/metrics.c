@@ -30,6 +30,7 @@ struct hist {
 struct http_metrics {
     atomic_ulong requests[HTTP_ROUTE_N][N_STATUS];
     atomic_long streams;
+    atomic_ulong stream_aborts[HTTP_STREAM_ABORT_N];
     struct hist ttft, itl;
 };
 
@@ -49,6 +50,7 @@ struct http_metrics *http_metrics_create(void)
     for (int r = 0; r < HTTP_ROUTE_N; r++)
         for (int s = 0; s < N_STATUS; s++) atomic_init(&m->requests[r][s], 0);
     atomic_init(&m->streams, 0);
+    for (int i = 0; i < HTTP_STREAM_ABORT_N; i++) atomic_init(&m->stream_aborts[i], 0);
     pthread_mutex_init(&m->ttft.mu, NULL);
     pthread_mutex_init(&m->itl.mu, NULL);
     m->ttft.bounds = ttft_bounds, m->ttft.n = TTFT_BUCKETS;
@@ -70,6 +72,11 @@ void http_metrics_request(struct http_metrics *m, enum http_route r, int status)
     while (s < N_STATUS - 1 && statuses[s] != status) s++;
     if (r < 0 || r >= HTTP_ROUTE_N) r = HTTP_ROUTE_OTHER;
     atomic_fetch_add(&m->requests[r][s], 1);
+}
+
+void http_metrics_stream_abort(struct http_metrics *m, enum http_stream_abort why)
+{
+    atomic_fetch_add(&m->stream_aborts[why], 1);
 }
 
 void http_metrics_streams(struct http_metrics *m, int delta)
@@ -201,6 +208,12 @@ void http_metrics_render(struct http_metrics *m, const struct engine_stats *st, 
         }
     head(o, "pagoda_http_active_streams", "gauge", "Streaming responses in progress.");
     http_buf_printf(o, "pagoda_http_active_streams %ld\n", (long)atomic_load(&m->streams));
+    static const char *const abort_names[HTTP_STREAM_ABORT_N] = {"buffer_full", "idle_timeout"};
+    head(o, "pagoda_http_stream_aborts_total", "counter",
+         "Streams the server aborted because the client did not read them, by reason.");
+    for (int i = 0; i < HTTP_STREAM_ABORT_N; i++)
+        http_buf_printf(o, "pagoda_http_stream_aborts_total{reason=\"%s\"} %lu\n", abort_names[i],
+                        atomic_load(&m->stream_aborts[i]));
     hist_render(o, &m->ttft, "pagoda_time_to_first_token_seconds",
                 "Seconds from a request's arrival to its first token.");
     hist_render(o, &m->itl, "pagoda_inter_token_latency_seconds",

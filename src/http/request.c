@@ -8,7 +8,6 @@
 
 #include "common/util.h"
 
-
 void http_gen_dispose(struct http_gen *g)
 {
     for (int i = 0; i < g->n_prompts; i++) {

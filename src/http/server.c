@@ -38,6 +38,8 @@ void http_config_default(struct http_config *cfg)
     cfg->threads = 1;
     cfg->max_body = 8u << 20;
     cfg->shutdown_timeout = 30;
+    cfg->max_stream_buffer = 1u << 20;
+    cfg->stream_idle_timeout = 60;
 }
 
 struct http_loop *http_loop_of(h2o_req_t *req)
