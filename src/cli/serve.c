@@ -23,6 +23,10 @@ static void usage_serve(FILE *f)
             "  --api-key KEY            require 'Authorization: Bearer KEY' or 'x-api-key'\n"
             "  --max-body-size BYTES    largest request body (default 8388608)\n"
             "  --shutdown-timeout S     seconds in-flight requests get on SIGTERM (default 30)\n"
+            "  --max-waiting-requests N requests waiting for the engine at most; more get a\n"
+            "                           429 with Retry-After (default 0: no bound)\n"
+            "  --max-streams-per-connection N  generation requests one connection may have\n"
+            "                           in progress; more get a 429 (default 0: no bound)\n"
             "  --max-stream-buffer BYTES  output a stream may hold for a client that does not\n"
             "                           read; past it the request is aborted (default 1048576)\n"
             "  --stream-idle-timeout S  a stream whose client reads nothing for S seconds is\n"
@@ -55,6 +59,8 @@ int cli_serve(int argc, char **argv)
                                                  "--max-body-size",
                                                  "--shutdown-timeout",
                                                  "--max-stream-buffer",
+                                                 "--max-waiting-requests",
+                                                 "--max-streams-per-connection",
                                                  "--stream-idle-timeout",
                                                  NULL};
         int known = 0;
@@ -95,6 +101,12 @@ int cli_serve(int argc, char **argv)
                 return 2;
             }
             cfg.shutdown_timeout = d;
+        } else if (!strcmp(a, "--max-waiting-requests")) {
+            if (arg_int(a, v, 0, 1L << 24, &n)) return 2;
+            cfg.max_waiting = (int)n;
+        } else if (!strcmp(a, "--max-streams-per-connection")) {
+            if (arg_int(a, v, 0, 1L << 20, &n)) return 2;
+            cfg.max_conn_streams = (int)n;
         } else if (!strcmp(a, "--max-stream-buffer")) {
             if (arg_int(a, v, 1024, 1L << 32, &n)) return 2;
             cfg.max_stream_buffer = (size_t)n;

@@ -55,6 +55,8 @@ struct http_loop {
     h2o_timeout_t probe_timeout;        /* the client probe's period */
     h2o_timeout_entry_t probe;          /* looks for HTTP/1.1 clients that hung up */
     int exit;
+    struct conn_slot *conns; /* generation requests per connection (job.c), when bounded */
+    size_t conns_cap, conns_used;
     atomic_ulong accepted; /* connections this loop accepted (read by /metrics) */
     int started; /* 0 while the thread sets the loop up, 1 when it runs, -errno on failure */
     pthread_t thread;
@@ -71,6 +73,8 @@ void http_reply_error(h2o_req_t *req, enum http_route route, const struct http_e
 
 /** Starts a generation request (takes g); answers itself, errors included. */
 void http_job_start(struct http_loop *l, h2o_req_t *req, enum http_route route, struct http_gen *g);
+/** Generation requests in progress on conn (counted only with --max-streams-per-connection). */
+int http_conn_streams(struct http_loop *l, const h2o_conn_t *conn);
 /** Receiver callback of http_loop.events. */
 void http_job_on_events(h2o_multithread_receiver_t *r, h2o_linklist_t *messages);
 /** Aborts the engine requests of every job of the loop (shutdown). */

@@ -77,6 +77,7 @@ struct http_job {
     char id[48];
     long created;
     double t_start;
+    const h2o_conn_t *conn; /* counted in loop->conns while req is set (when bounded) */
     h2o_linklist_t link;
 };
 

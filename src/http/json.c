@@ -113,6 +113,7 @@ int http_error_set(struct http_error *he, int status, const char *param, const c
 static const char *openai_type(int status)
 {
     if (status >= 500) return "server_error";
+    if (status == 429) return "requests"; /* OpenAI's type for a request-count limit */
     return "invalid_request_error";
 }
 

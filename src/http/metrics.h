@@ -44,6 +44,8 @@ enum http_stream_abort {
 };
 /** One stream ended by the server for reason why. */
 void http_metrics_stream_abort(struct http_metrics *m, enum http_stream_abort why);
+/** One request refused (429): the engine's queue was full, or (per_conn) its connection's. */
+void http_metrics_rejected(struct http_metrics *m, int per_conn);
 /** Seconds from a request's arrival to its first token. */
 void http_metrics_ttft(struct http_metrics *m, double seconds);
 /** Seconds between two tokens of one sequence. */

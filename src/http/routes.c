@@ -20,6 +20,7 @@ void http_reply(h2o_req_t *req, enum http_route route, int status, const char *c
                    {404, "Not Found"},
                    {405, "Method Not Allowed"},
                    {413, "Payload Too Large"},
+                   {429, "Too Many Requests"},
                    {500, "Internal Server Error"},
                    {503, "Service Unavailable"}};
     const char *reason = "Error";
@@ -42,6 +43,45 @@ void http_reply_error(h2o_req_t *req, enum http_route route, const struct http_e
                        H2O_STRLIT("Bearer"));
     http_reply(req, route, he->status, "application/json", body, strlen(body));
     free(body);
+}
+
+/*
+ * Admission: a generation request on a connection that already has
+ * --max-streams-per-connection in progress, or whose n engine requests would make more than
+ * --max-waiting-requests wait (queued in the engine, not running), is answered 429 with
+ * Retry-After instead of queueing without bound. Returns 0 when admitted (nothing is
+ * reserved: requests checked at once on several loops can overshoot the waiting bound by
+ * the number of loops).
+ */
+static int admit(struct http_server *s, struct engine *en, h2o_req_t *req, enum http_route route,
+                 int n)
+{
+    struct http_error he = {0};
+    int per_conn = route != HTTP_ROUTE_EMBEDDINGS && s->cfg.max_conn_streams > 0
+                       ? http_conn_streams(http_loop_of(req), req->conn)
+                       : 0;
+    if (per_conn >= s->cfg.max_conn_streams && s->cfg.max_conn_streams > 0) {
+        http_error_set(&he, 429, NULL,
+                       "this connection has %d requests in progress "
+                       "(--max-streams-per-connection %d); retry later",
+                       per_conn, s->cfg.max_conn_streams);
+    } else {
+        if (s->cfg.max_waiting <= 0) return 0;
+        struct engine_stats st;
+        engine_stats(en, &st);
+        int waiting = engine_live(en) - st.running;
+        if (waiting + n <= s->cfg.max_waiting) return 0;
+        http_error_set(&he, 429, NULL,
+                       "the server is at capacity: %d requests are waiting "
+                       "(--max-waiting-requests %d); retry later",
+                       waiting, s->cfg.max_waiting);
+    }
+    snprintf(he.code, sizeof he.code, "rate_limit_exceeded");
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_RETRY_AFTER, NULL, H2O_STRLIT("1"));
+    http_metrics_rejected(s->metrics,
+                          per_conn >= s->cfg.max_conn_streams && s->cfg.max_conn_streams > 0);
+    http_reply_error(req, route, &he);
+    return -1;
 }
 
 static void reply_buf(h2o_req_t *req, enum http_route route, struct http_buf *b)
@@ -307,6 +347,8 @@ int http_routes_dispatch(struct http_loop *l, h2o_req_t *req)
         struct http_embed q;
         if (http_embed_parse(body, &s->model, &q, &he) < 0)
             http_reply_error(req, route, &he);
+        else if (admit(s, en, req, route, q.n_inputs) < 0)
+            http_embed_dispose(&q);
         else
             http_embed_start(l, req, &q);
     } else {
@@ -316,6 +358,8 @@ int http_routes_dispatch(struct http_loop *l, h2o_req_t *req)
         struct http_gen g;
         if (http_gen_parse(api, body, &s->model, &g, &he) < 0)
             http_reply_error(req, route, &he);
+        else if (admit(s, en, req, route, g.n_prompts * g.n) < 0)
+            http_gen_dispose(&g);
         else
             http_job_start(l, req, route, &g);
     }

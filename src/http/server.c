@@ -154,6 +154,7 @@ static void *loop_main(void *arg)
     pthread_mutex_unlock(&l->srv->start_mu);
     if (rc < 0) return NULL;
     while (!l->exit) h2o_evloop_run(l->loop, INT32_MAX);
+    free(l->conns);
     return NULL;
 }
 
