@@ -10,7 +10,6 @@
  * request, seen through a shared allocation in req->pool) and one per engine request not
  * yet finished (dropped when its last event is processed). All on the loop thread.
  */
-#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <errno.h>
@@ -84,79 +83,15 @@ static void abort_choices(struct http_job *j)
         if (j->c[i].req_id && en) engine_abort(en, j->c[i].req_id);
 }
 
-/*
- * Generation requests per connection, for --max-streams-per-connection: an open-addressing
- * table of the loop keyed by the connection's address (deleted by backward shift, so a
- * lookup visits at most the cluster of its home slot; the table stays at most half full).
- */
-struct conn_slot {
-    const h2o_conn_t *conn;
-    int n;
-};
-
-static size_t conn_home(const struct http_loop *l, const h2o_conn_t *c)
-{
-    return (size_t)(((uint64_t)(uintptr_t)c >> 4) * 0x9E3779B97F4A7C15ull >> 20) &
-           (l->conns_cap - 1);
-}
-
-static size_t conn_find(const struct http_loop *l, const h2o_conn_t *c)
-{
-    size_t i = conn_home(l, c);
-    while (l->conns[i].conn && l->conns[i].conn != c) i = (i + 1) & (l->conns_cap - 1);
-    return i;
-}
-
-int http_conn_streams(struct http_loop *l, const h2o_conn_t *conn)
-{
-    if (!l->conns_cap) return 0;
-    size_t i = conn_find(l, conn);
-    return l->conns[i].conn ? l->conns[i].n : 0;
-}
-
-static void conn_add(struct http_loop *l, const h2o_conn_t *c)
-{
-    if ((l->conns_used + 1) * 2 > l->conns_cap) {
-        struct conn_slot *old = l->conns;
-        size_t n = l->conns_cap;
-        l->conns_cap = n ? n * 2 : 64;
-        l->conns = xcalloc(l->conns_cap, sizeof *l->conns);
-        for (size_t k = 0; k < n; k++)
-            if (old[k].conn) l->conns[conn_find(l, old[k].conn)] = old[k];
-        free(old);
-    }
-    size_t i = conn_find(l, c);
-    if (!l->conns[i].conn) {
-        l->conns[i].conn = c;
-        l->conns[i].n = 0;
-        l->conns_used++;
-    }
-    l->conns[i].n++;
-}
-
-static void conn_del(struct http_loop *l, const h2o_conn_t *c)
-{
-    size_t mask = l->conns_cap - 1, i = conn_find(l, c);
-    assert(l->conns[i].conn == c);
-    if (--l->conns[i].n > 0) return;
-    for (size_t j = (i + 1) & mask; l->conns[j].conn; j = (j + 1) & mask) {
-        size_t k = conn_home(l, l->conns[j].conn);
-        /* j's entry may move into the hole at i unless its home lies in (i, j] */
-        int stays = i <= j ? (k > i && k <= j) : (k > i || k <= j);
-        if (stays) continue;
-        l->conns[i] = l->conns[j];
-        i = j;
-    }
-    l->conns[i].conn = NULL;
-    l->conns_used--;
-}
-
 /* The client is gone (or h2o is done with the request): never touch req again. */
 static void req_gone(struct http_job *j)
 {
     if (!j->req) return;
+    /* an HTTP/2 stream ended before its response: the client reset it */
+    int reset =
+        !j->final_sent && j->req->version >= 0x200 && !atomic_load(&j->loop->srv->shutting_down);
     j->req = NULL;
-    if (j->conn) conn_del(j->loop, j->conn);
+    if (j->conn) http_conn_release(j->loop, j->conn, reset);
     j->conn = NULL;
     if (j->counted_stream) {
         http_metrics_streams(j->loop->srv->metrics, -1);
@@ -474,7 +409,6 @@ void http_job_abort_all(struct http_loop *l)
 void http_job_start(struct http_loop *l, h2o_req_t *req, enum http_route route, struct http_gen *g)
 {
     struct http_server *s = l->srv;
-    struct engine *en = atomic_load(&s->engine);
     struct http_job *j = xcalloc(1, sizeof *j);
     j->loop = l;
     j->req = req;
@@ -494,9 +428,9 @@ void http_job_start(struct http_loop *l, h2o_req_t *req, enum http_route route, 
              hex);
     h2o_linklist_insert(&l->jobs, &j->link);
     atomic_fetch_add(&s->jobs, 1);
-    if (s->cfg.max_conn_streams > 0) {
+    if (s->cfg.max_conn_streams > 0 || req->version >= 0x200) {
         j->conn = req->conn;
-        conn_add(l, j->conn);
+        http_conn_hold(l, j->conn);
     }
     for (int i = 0; i < j->n_c; i++) {
         struct job_choice *c = &j->c[i];
@@ -509,8 +443,25 @@ void http_job_start(struct http_loop *l, h2o_req_t *req, enum http_route route, 
     /* The request reference: dropped when h2o disposes req. */
     struct http_job **guard = h2o_mem_alloc_shared(&req->pool, sizeof *guard, on_req_dispose);
     *guard = j;
-    j->refs = 1;
+    j->refs = 2; /* and one until the submission below */
     if (j->g.stream) start_stream(j);
+    /*
+     * The engine gets the request once h2o has handled the rest of what this read brought:
+     * a client that resets the stream in the same packet (HTTP/2 rapid reset) costs no
+     * prefill, since its request is dropped here before the engine ever sees it.
+     */
+    h2o_linklist_insert(&l->to_submit, &j->submit_link);
+    if (!h2o_timeout_is_linked(&l->submit))
+        h2o_timeout_link(l->loop, &l->ctx.zero_timeout, &l->submit);
+}
+
+static void job_submit(struct http_job *j)
+{
+    struct engine *en = atomic_load(&j->loop->srv->engine);
+    if (!j->req) { /* reset before it was submitted */
+        job_complete(j);
+        return;
+    }
     struct sampling_params sp = j->g.sp;
     sp.stop_ids = j->g.stop_ids;
     sp.n_stop_ids = j->g.n_stop_ids;
@@ -542,4 +493,16 @@ void http_job_start(struct http_loop *l, h2o_req_t *req, enum http_route route, 
     if (j->failed_status) abort_choices(j);
     if (j->live == 0) job_complete(j);
     job_flush(j);
+}
+
+void http_job_submit_pending(h2o_timeout_entry_t *entry)
+{
+    struct http_loop *l = H2O_STRUCT_FROM_MEMBER(struct http_loop, submit, entry);
+    while (!h2o_linklist_is_empty(&l->to_submit)) {
+        struct http_job *j =
+            H2O_STRUCT_FROM_MEMBER(struct http_job, submit_link, l->to_submit.next);
+        h2o_linklist_unlink(&j->submit_link);
+        job_submit(j);
+        job_release(j);
+    }
 }

@@ -79,6 +79,7 @@ struct http_job {
     double t_start;
     const h2o_conn_t *conn; /* counted in loop->conns while req is set (when bounded) */
     h2o_linklist_t link;
+    h2o_linklist_t submit_link; /* in loop->to_submit until handed to the engine */
 };
 
 /** The complete non-streaming body of a finished job. */

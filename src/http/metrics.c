@@ -31,6 +31,7 @@ struct http_metrics {
     atomic_ulong requests[HTTP_ROUTE_N][N_STATUS];
     atomic_long streams;
     atomic_ulong stream_aborts[HTTP_STREAM_ABORT_N];
+    atomic_ulong goaways;
     atomic_ulong rejected[2]; /* max_waiting_requests, max_streams_per_connection */
     struct hist ttft, itl;
 };
@@ -78,6 +79,11 @@ void http_metrics_request(struct http_metrics *m, enum http_route r, int status)
 void http_metrics_stream_abort(struct http_metrics *m, enum http_stream_abort why)
 {
     atomic_fetch_add(&m->stream_aborts[why], 1);
+}
+
+void http_metrics_goaway(struct http_metrics *m)
+{
+    atomic_fetch_add(&m->goaways, 1);
 }
 
 void http_metrics_rejected(struct http_metrics *m, int per_conn)
@@ -220,6 +226,9 @@ void http_metrics_render(struct http_metrics *m, const struct engine_stats *st, 
     for (int i = 0; i < HTTP_STREAM_ABORT_N; i++)
         http_buf_printf(o, "pagoda_http_stream_aborts_total{reason=\"%s\"} %lu\n", abort_names[i],
                         atomic_load(&m->stream_aborts[i]));
+    head(o, "pagoda_http_rapid_reset_goaways_total", "counter",
+         "HTTP/2 connections sent GOAWAY (ENHANCE_YOUR_CALM) for resetting streams too fast.");
+    http_buf_printf(o, "pagoda_http_rapid_reset_goaways_total %lu\n", atomic_load(&m->goaways));
     head(o, "pagoda_http_requests_rejected_total", "counter",
          "Requests answered 429, by the bound they met.");
     http_buf_printf(o,

@@ -44,6 +44,8 @@ enum http_stream_abort {
 };
 /** One stream ended by the server for reason why. */
 void http_metrics_stream_abort(struct http_metrics *m, enum http_stream_abort why);
+/** One GOAWAY (ENHANCE_YOUR_CALM) sent to a connection that reset streams too fast. */
+void http_metrics_goaway(struct http_metrics *m);
 /** One request refused (429): the engine's queue was full, or (per_conn) its connection's. */
 void http_metrics_rejected(struct http_metrics *m, int per_conn);
 /** Seconds from a request's arrival to its first token. */

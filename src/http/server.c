@@ -109,6 +109,7 @@ static void on_probe(h2o_timeout_entry_t *entry)
 {
     struct http_loop *l = H2O_STRUCT_FROM_MEMBER(struct http_loop, probe, entry);
     http_job_probe_clients(l);
+    if (++l->probes % 10 == 0) http_conn_sweep(l);
     h2o_timeout_link(l->loop, &l->probe_timeout, &l->probe);
 }
 
@@ -127,6 +128,9 @@ static int loop_init(struct http_loop *l)
     h2o_context_init(&l->ctx, l->loop, &s->conf);
     h2o_linklist_init_anchor(&l->jobs);
     h2o_linklist_init_anchor(&l->embed_jobs);
+    h2o_linklist_init_anchor(&l->to_submit);
+    l->submit.cb = http_job_submit_pending;
+    l->calm.cb = http_conn_send_calm;
     h2o_multithread_register_receiver(l->ctx.queue, &l->events, http_job_on_events);
     h2o_multithread_register_receiver(l->ctx.queue, &l->embeds, http_embed_on_done);
     h2o_multithread_register_receiver(l->ctx.queue, &l->control, on_control);

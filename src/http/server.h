@@ -29,9 +29,9 @@ struct http_config {
     double shutdown_timeout;        /* seconds in-flight requests get at shutdown; default 30 */
     int max_waiting;
     int max_conn_streams;
-        /* generation requests in progress per connection; 0: no bound */ /* requests waiting in the
-                                                                             engine at most; 0: no
-                                                                             bound */
+    /* generation requests in progress per connection; 0: no bound */ /* requests waiting in the
+                                                                         engine at most; 0: no
+                                                                         bound */
     size_t max_stream_buffer;   /* bytes a stream may hold for a client that does not read */
     double stream_idle_timeout; /* seconds a stream's write may wait for the client */
     struct engine_config engine;

@@ -48,7 +48,10 @@ await run([
     const waited = (Date.now() - t0) / 1000;
     assert.ok(waited >= 2.9 && waited < 12, `connection closed after ${waited} s`);
     m = await waitKvFree(srv.base);
-    assert.equal(abortsOf(m, 'idle_timeout'), STALLED);
+    // the first stream to time out closes the connection, and with it those of the others
+    // that had not timed out in the same 100 ms check
+    const idle = abortsOf(m, 'idle_timeout');
+    assert.ok(idle >= 1 && idle <= STALLED, `idle_timeout ${idle}`);
     assert.equal(m.pagoda_http_active_streams, 0);
     assert.equal(m['pagoda_requests_finished_total{reason="abort"}'] -
       before['pagoda_requests_finished_total{reason="abort"}'], STALLED);
