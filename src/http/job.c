@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <errno.h>
 #include <stdlib.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <string.h>
 
@@ -126,6 +128,7 @@ static void start_stream(struct http_job *j)
     j->gen.stop = on_stop;
     h2o_start_response(req, &j->gen);
     j->started = 1;
+    j->header_sent = 1; /* from here a gone client is seen at the next write */
     http_metrics_request(j->loop->srv->metrics, j->route, 200);
     http_metrics_streams(j->loop->srv->metrics, 1);
     j->counted_stream = 1;
@@ -395,8 +398,27 @@ void http_job_probe_clients(struct http_loop *l)
         if (fd < 0) continue;
         char c;
         ssize_t got = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-            abort_choices(j); /* end of stream or a reset: the client is gone */
+        if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            abort_choices(j); /* a reset: the client is gone */
+        } else if (got == 0 && j->eof_seen) {
+            /* after the end of stream recv keeps saying 0; the reset shows in the state */
+            struct tcp_info ti;
+            socklen_t tl = sizeof ti;
+            if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) == 0 && ti.tcpi_state == TCP_CLOSE)
+                abort_choices(j);
+        } else if (got == 0 && !j->eof_seen) {
+            /*
+             * End of stream: the client closed its connection, or only its sending side
+             * (shutdown(SHUT_WR) after the request, which HTTP/1.1 allows). An interim
+             * "102 Processing" tells them apart: a closed socket answers it with a reset,
+             * which the next check sees; a half-closed client skips it and gets its
+             * response. Over TLS no bytes can be slipped in, and the request is aborted.
+             */
+            j->eof_seen = 1;
+            static const char interim[] = "HTTP/1.1 102 Processing\r\n\r\n";
+            if (sock->ssl || send(fd, interim, sizeof interim - 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+                abort_choices(j);
+        }
     }
 }
 

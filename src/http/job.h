@@ -69,6 +69,7 @@ struct http_job {
     int final_sent, inflight, started, header_sent, counted_stream;
     int msg_started;   /* Anthropic stream: message_start is out */
     int failed_status; /* non-zero: answer with this error */
+    int eof_seen;      /* HTTP/1.1: the client's end of stream was seen (the probe) */
     int stalled;       /* 1 + enum http_stream_abort once the client stopped reading */
     double t_write;    /* when the write in flight was handed to h2o */
     struct http_error err;

@@ -90,11 +90,17 @@ static void reply_buf(h2o_req_t *req, enum http_route route, struct http_buf *b)
     http_buf_dispose(b);
 }
 
-static int header_is(h2o_req_t *req, const char *name, const char *value, size_t vlen)
+/* scheme: a prefix compared without regard to case ("Bearer " in RFC 7235 is); "" for none */
+static int header_is(h2o_req_t *req, const char *name, const char *scheme, const char *value,
+                     size_t vlen)
 {
     ssize_t i = h2o_find_header_by_str(&req->headers, name, strlen(name), -1);
     if (i < 0) return 0;
     h2o_iovec_t v = req->headers.entries[i].value;
+    size_t sl = strlen(scheme);
+    if (v.len < sl || !h2o_lcstris(v.base, sl, scheme, sl)) return 0;
+    v.base += sl;
+    v.len -= sl;
     /* Constant time over the key's length. */
     if (v.len != vlen) return 0;
     unsigned char diff = 0;
@@ -107,13 +113,8 @@ static int authorized(struct http_server *s, h2o_req_t *req)
     const char *key = s->cfg.api_key;
     if (!key) return 1;
     size_t kl = strlen(key);
-    char *bearer = xmalloc(kl + 8);
-    memcpy(bearer, "Bearer ", 7);
-    memcpy(bearer + 7, key, kl + 1);
-    int ok =
-        header_is(req, "authorization", bearer, kl + 7) || header_is(req, "x-api-key", key, kl);
-    free(bearer);
-    return ok;
+    return header_is(req, "authorization", "bearer ", key, kl) ||
+           header_is(req, "x-api-key", "", key, kl);
 }
 
 static cJSON *body_json(h2o_req_t *req, struct http_error *he)
