@@ -296,7 +296,7 @@ static void process(struct http_job *j, struct job_choice *c, struct ev_rec *evs
             if (http_choice_push(&c->ch, r->token, &delta)) {
                 c->finish = FINISH_STOP;
                 struct engine *en = atomic_load(&s->engine);
-                if (r->finish == FINISH_NONE && en) engine_abort(en, c->req_id);
+                if (r->finish == FINISH_NONE && en) engine_stop_request(en, c->req_id);
             }
         }
         if (r->finish != FINISH_NONE) {
@@ -495,6 +495,7 @@ static void job_submit(struct http_job *j)
                                     .n_prompt = j->g.n_prompt[c->prompt],
                                     .sp = sp,
                                     .on_event = on_engine_event,
+                                    .priority = j->g.priority,
                                     .user = c};
         /* n > 1 without a seed: each choice its own draw; with one, seed + index. */
         if (sp.has_seed) er.sp.seed = sp.seed + (uint64_t)i;

@@ -268,6 +268,9 @@ static int parse_sampling(enum http_api api, const cJSON *body, const struct htt
     if (r) sp->repetition_penalty = (float)d;
     if ((r = http_json_int(body, "seed", -(1L << 53), 1L << 53, &l, he)) < 0) return -1;
     if (r) sp->has_seed = 1, sp->seed = (uint64_t)l;
+    /* vLLM's extension: lower runs first, ties by arrival */
+    if ((r = http_json_int(body, "priority", INT32_MIN, INT32_MAX, &l, he)) < 0) return -1;
+    if (r) g->priority = (int)l;
     if ((r = http_json_bool(body, "ignore_eos", &b, he)) < 0) return -1;
     if (r) sp->ignore_eos = b;
     if ((r = http_json_bool(body, "skip_special_tokens", &b, he)) < 0) return -1;

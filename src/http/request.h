@@ -65,6 +65,7 @@ struct http_gen {
     int top_logprobs;  /* alternatives per token */
     int tokens_as_ids; /* return_tokens_as_token_ids */
     int skip_special;  /* drop special tokens from text (default 1) */
+    int priority;      /* engine queue order: lower first (vLLM's "priority") */
 };
 
 /** Parses and validates body for api into g. 0, or -1 with he (g then holds nothing). */
