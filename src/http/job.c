@@ -191,6 +191,7 @@ static void job_free(struct http_job *j)
         pthread_mutex_destroy(&c->mu);
         http_choice_dispose(&c->ch);
         http_buf_dispose(&c->text);
+        if (c->text_pos.ts) tok_stream_destroy(c->text_pos.ts);
         free(c->lps);
         free(c->plps);
     }
@@ -280,7 +281,7 @@ static void process(struct http_job *j, struct job_choice *c, struct ev_rec *evs
         }
         if (r->kind == ENGINE_EV_PROMPT_LOGPROBS) {
             take_prompt_lps(j, c, r);
-        } else if (r->kind == ENGINE_EV_TOKEN && !c->ch.stopped) {
+        } else if (r->kind == ENGINE_EV_TOKEN && !c->ch.stopped && !j->g.score_only) {
             if (c->n_output == 0)
                 http_metrics_ttft(s->metrics, r->t - j->t_start);
             else

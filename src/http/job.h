@@ -18,6 +18,12 @@ struct http_lp {
     struct token_logprob top[ENGINE_MAX_TOP_LOGPROBS];
 };
 
+/** Where a sequence's text stands, for text_offset: a detokenizer and its characters. */
+struct http_text_pos {
+    struct tok_stream *ts; /* created at the first token */
+    long chars;            /* code points made final so far */
+};
+
 struct ev_rec {
     enum engine_event_kind kind;
     int32_t token;
@@ -49,10 +55,10 @@ struct job_choice {
     int n_prompt, n_cached, n_output;
     enum finish_reason finish;
     double t_last;
-    int sent_first;       /* streaming: the choice's first chunk is out */
-    long text_off;        /* completions logprobs: text offset of the next token */
-    struct http_buf text; /* non-streaming: all text */
-    struct http_lp *lps;  /* non-streaming: logprobs of every token */
+    int sent_first;                /* streaming: the choice's first chunk is out */
+    struct http_text_pos text_pos; /* completions logprobs, streaming: text_offset state */
+    struct http_buf text;          /* non-streaming: all text */
+    struct http_lp *lps;           /* non-streaming: logprobs of every token */
     int n_lps, cap_lps;
     struct http_lp *plps; /* echo: prompt logprobs */
     int n_plps;

@@ -65,6 +65,7 @@ struct http_gen {
     int top_logprobs;  /* alternatives per token */
     int tokens_as_ids; /* return_tokens_as_token_ids */
     int skip_special;  /* drop special tokens from text (default 1) */
+    int score_only;    /* max_tokens 0 with echo: no output, the prompt's logprobs */
     int priority;      /* engine queue order: lower first (vLLM's "priority") */
 };
 

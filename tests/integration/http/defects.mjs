@@ -1,5 +1,6 @@
 // Small defects, each a regression test named after what broke: a stop-string finish was
-// counted as an abort in /metrics; `priority` was accepted and ignored.
+// counted as an abort in /metrics; `priority` was accepted and ignored; text_offset went
+// wrong after a character split into byte tokens; max_tokens 0 could not score a prompt.
 import assert from 'node:assert/strict';
 import { startServer, run, test, postJson, waitKvFree } from './lib.mjs';
 
@@ -22,6 +23,47 @@ await run([
       before[`pagoda_requests_finished_total{reason="${k}"}`];
     assert.equal(d('stop'), 1);
     assert.equal(d('abort'), 0);
+  }),
+  test('text_offset counts a character split over byte tokens once ("né café")', async () => {
+    // llama-tiny spells é as the byte tokens <0xC3> <0xA9>
+    const r = await postJson(srv.base, '/v1/completions', { model: MODEL, prompt: 'né café',
+      echo: true, logprobs: 0, max_tokens: 0 });
+    assert.equal(r.status, 200, r.text);
+    const lp = r.json.choices[0].logprobs;
+    assert.equal(lp.tokens.length, 7, JSON.stringify(lp.tokens));
+    assert.deepEqual(lp.text_offset, [0, 1, 1, 2, 5, 6, 6]);
+    // streamed, the offsets continue from chunk to chunk
+    const g = await postJson(srv.base, '/v1/completions', { model: MODEL, prompt: 'né café',
+      logprobs: 0, max_tokens: 12, temperature: 0, ignore_eos: true });
+    const want = g.json.choices[0].logprobs.text_offset;
+    const sse = await (await fetch(`${srv.base}/v1/completions`, { method: 'POST',
+      headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: MODEL,
+        prompt: 'né café', logprobs: 0, max_tokens: 12, temperature: 0, ignore_eos: true,
+        stream: true }) })).text();
+    const got = [];
+    for (const ev of sse.split('\n\n')) {
+      if (!ev.startsWith('data: {')) continue;
+      const c = JSON.parse(ev.slice(6)).choices[0];
+      if (c.logprobs) got.push(...c.logprobs.text_offset);
+    }
+    assert.deepEqual(got, want);
+    for (let i = 1; i < want.length; i++) assert.ok(want[i] >= want[i - 1], `${want}`);
+  }),
+  test('max_tokens 0 with echo scores the prompt; without echo it is a 400', async () => {
+    const r = await postJson(srv.base, '/v1/completions', { model: MODEL, prompt: [5, 6, 7, 8],
+      echo: true, logprobs: 1, max_tokens: 0 });
+    assert.equal(r.status, 200, r.text);
+    const c = r.json.choices[0];
+    assert.equal(c.finish_reason, 'length');
+    assert.equal(r.json.usage.completion_tokens, 0);
+    assert.equal(r.json.usage.prompt_tokens, 4);
+    assert.equal(c.logprobs.token_logprobs.length, 4);
+    assert.equal(c.logprobs.token_logprobs[0], null);
+    assert.ok(c.logprobs.token_logprobs.slice(1).every((x) => x < 0));
+    const bad = await postJson(srv.base, '/v1/completions', { model: MODEL, prompt: [5],
+      max_tokens: 0 });
+    assert.equal(bad.status, 400);
+    assert.equal(bad.json.error.param, 'max_tokens');
   }),
   test('priority orders the waiting queue (lower first, as vLLM)', async () => {
     const done = [];
