@@ -23,6 +23,8 @@ static void usage_serve(FILE *f)
             "  --api-key KEY            require 'Authorization: Bearer KEY' or 'x-api-key'\n"
             "  --max-body-size BYTES    largest request body (default 8388608)\n"
             "  --shutdown-timeout S     seconds in-flight requests get on SIGTERM (default 30)\n"
+            "  --allowed-origins L      CORS origins: * (default), a comma or JSON list, or ''\n"
+            "                           for no CORS headers\n"
             "  --max-waiting-requests N requests waiting for the engine at most; more get a\n"
             "                           429 with Retry-After (default 0: no bound)\n"
             "  --max-streams-per-connection N  generation requests one connection may have\n"
@@ -60,6 +62,7 @@ int cli_serve(int argc, char **argv)
                                                  "--shutdown-timeout",
                                                  "--max-stream-buffer",
                                                  "--max-waiting-requests",
+                                                 "--allowed-origins",
                                                  "--max-streams-per-connection",
                                                  "--stream-idle-timeout",
                                                  NULL};
@@ -101,6 +104,8 @@ int cli_serve(int argc, char **argv)
                 return 2;
             }
             cfg.shutdown_timeout = d;
+        } else if (!strcmp(a, "--allowed-origins")) {
+            cfg.allowed_origins = v;
         } else if (!strcmp(a, "--max-waiting-requests")) {
             if (arg_int(a, v, 0, 1L << 24, &n)) return 2;
             cfg.max_waiting = (int)n;

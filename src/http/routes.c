@@ -278,9 +278,67 @@ static const struct {
     {"/v1/embeddings", "POST", HTTP_ROUTE_EMBEDDINGS},
 };
 
+/*
+ * CORS (--allowed-origins, as vLLM): a request whose Origin is allowed gets
+ * Access-Control-Allow-Origin (the origin itself, or * when every origin is), and a
+ * preflight (OPTIONS with Access-Control-Request-Method) is answered 204 with the methods
+ * and the headers asked for, before authentication (browsers send preflights without
+ * credentials). Returns 1 when req was a preflight and is answered.
+ */
+static int origin_allowed(const char *list, h2o_iovec_t origin)
+{
+    /* list: "*", or origins separated by commas, spaces, quotes or brackets (a JSON list) */
+    for (const char *p = list; *p;) {
+        while (*p && strchr("[], \"'", *p)) p++;
+        const char *e = p;
+        while (*e && !strchr("[], \"'", *e)) e++;
+        size_t n = (size_t)(e - p);
+        if (n == 1 && *p == '*') return 2;
+        if (n && n == origin.len && !memcmp(p, origin.base, n)) return 1;
+        p = e;
+    }
+    return 0;
+}
+
+static int cors(struct http_server *s, h2o_req_t *req)
+{
+    const char *list = s->cfg.allowed_origins;
+    ssize_t i = h2o_find_header_by_str(&req->headers, H2O_STRLIT("origin"), -1);
+    if (!list || !*list || i < 0) return 0;
+    h2o_iovec_t origin = req->headers.entries[i].value;
+    int ok = origin_allowed(list, origin);
+    if (!ok) return 0;
+    if (ok == 2)
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ACCESS_CONTROL_ALLOW_ORIGIN, NULL,
+                       H2O_STRLIT("*"));
+    else {
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ACCESS_CONTROL_ALLOW_ORIGIN, NULL,
+                       origin.base, origin.len);
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_VARY, NULL, H2O_STRLIT("Origin"));
+    }
+    ssize_t m =
+        h2o_find_header_by_str(&req->headers, H2O_STRLIT("access-control-request-method"), -1);
+    if (!h2o_memis(req->method.base, req->method.len, H2O_STRLIT("OPTIONS")) || m < 0) return 0;
+    h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("access-control-allow-methods"),
+                          0, NULL, H2O_STRLIT("GET, POST, OPTIONS"));
+    ssize_t h =
+        h2o_find_header_by_str(&req->headers, H2O_STRLIT("access-control-request-headers"), -1);
+    if (h >= 0)
+        h2o_add_header_by_str(
+            &req->pool, &req->res.headers, H2O_STRLIT("access-control-allow-headers"), 0, NULL,
+            req->headers.entries[h].value.base, req->headers.entries[h].value.len);
+    h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("access-control-max-age"), 0,
+                          NULL, H2O_STRLIT("600"));
+    req->res.status = 204;
+    req->res.reason = "No Content";
+    h2o_send_inline(req, "", 0);
+    return 1;
+}
+
 int http_routes_dispatch(struct http_loop *l, h2o_req_t *req)
 {
     struct http_server *s = l->srv;
+    if (cors(s, req)) return 0;
     size_t plen = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
     int found = -1;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)

@@ -39,6 +39,7 @@ void http_config_default(struct http_config *cfg)
     cfg->max_body = 8u << 20;
     cfg->shutdown_timeout = 30;
     cfg->max_stream_buffer = 1u << 20;
+    cfg->allowed_origins = "*"; /* vLLM's and llama.cpp's default */
     cfg->stream_idle_timeout = 60;
 }
 

@@ -27,6 +27,7 @@ struct http_config {
     const char *api_key;            /* required on every route but /health and /metrics */
     size_t max_body;                /* request body bytes at most; default 8 MiB */
     double shutdown_timeout;        /* seconds in-flight requests get at shutdown; default 30 */
+    const char *allowed_origins;    /* CORS: "*", a comma list or a JSON list; NULL/"": none */
     int max_waiting;
     int max_conn_streams;
     /* generation requests in progress per connection; 0: no bound */ /* requests waiting in the

@@ -1,6 +1,7 @@
 // Small defects, each a regression test named after what broke: a stop-string finish was
 // counted as an abort in /metrics; `priority` was accepted and ignored; text_offset went
-// wrong after a character split into byte tokens; max_tokens 0 could not score a prompt.
+// wrong after a character split into byte tokens; max_tokens 0 could not score a prompt;
+// no CORS (browsers could not call the server, preflights got 405).
 import assert from 'node:assert/strict';
 import { startServer, run, test, postJson, waitKvFree } from './lib.mjs';
 
@@ -81,6 +82,49 @@ await run([
     const bad = await postJson(srv.base, '/v1/completions', cmpl({ max_tokens: 1, priority: 'high' }));
     assert.equal(bad.status, 400);
     assert.equal(bad.json.error.param, 'priority');
+  }),
+]);
+
+await run([
+  test('CORS: * by default, a preflight answered; --allowed-origins lists origins', async () => {
+    let r = await fetch(`${srv.base}/v1/models`, { headers: { origin: 'http://a.example' } });
+    assert.equal(r.headers.get('access-control-allow-origin'), '*');
+    r = await fetch(`${srv.base}/v1/chat/completions`, { method: 'OPTIONS', headers: {
+      origin: 'http://a.example', 'access-control-request-method': 'POST',
+      'access-control-request-headers': 'content-type, authorization' } });
+    assert.equal(r.status, 204);
+    assert.equal(r.headers.get('access-control-allow-origin'), '*');
+    assert.match(r.headers.get('access-control-allow-methods'), /POST/);
+    assert.equal(r.headers.get('access-control-allow-headers'), 'content-type, authorization');
+    const k = await startServer(MODEL, ['--allowed-origins', '["http://a.example","http://b.example"]',
+      '--api-key', 'k']);
+    try {
+      r = await fetch(`${k.base}/v1/models`, { headers: { origin: 'http://b.example',
+        authorization: 'Bearer k' } });
+      assert.equal(r.status, 200);
+      assert.equal(r.headers.get('access-control-allow-origin'), 'http://b.example');
+      assert.equal(r.headers.get('vary'), 'Origin');
+      // the preflight needs no key; an origin not listed gets no CORS headers
+      r = await fetch(`${k.base}/v1/models`, { method: 'OPTIONS', headers: {
+        origin: 'http://a.example', 'access-control-request-method': 'GET' } });
+      assert.equal(r.status, 204);
+      r = await fetch(`${k.base}/v1/models`, { headers: { origin: 'http://c.example',
+        authorization: 'Bearer k' } });
+      assert.equal(r.status, 200);
+      assert.equal(r.headers.get('access-control-allow-origin'), null);
+      r = await fetch(`${k.base}/v1/models`, { method: 'OPTIONS', headers: {
+        origin: 'http://c.example', 'access-control-request-method': 'GET' } });
+      assert.equal(r.status, 405);
+    } finally {
+      await k.stop();
+    }
+    const none = await startServer(MODEL, ['--allowed-origins', '']);
+    try {
+      r = await fetch(`${none.base}/health`, { headers: { origin: 'http://a.example' } });
+      assert.equal(r.headers.get('access-control-allow-origin'), null);
+    } finally {
+      await none.stop();
+    }
   }),
 ]);
 await srv.stop();
