@@ -149,6 +149,25 @@ static int loop_init(struct http_loop *l)
     return 0;
 }
 
+/*
+ * h2o keeps freed socket buffers and memory-pool chunks on per-thread lists for reuse and
+ * never frees them: what LeakSanitizer reported at exit (37-279 KB). The socket buffers'
+ * list is reachable; the pool chunks' is not, but a fresh pool's first allocation takes
+ * the list's head (or mallocs one), so taking and freeing more chunks than the list holds
+ * (at most 16) empties it.
+ */
+static void http_loop_free_recycled(void)
+{
+    h2o_mem_recycle_t *r = &h2o_socket_buffer_prototype.allocator;
+    while (r->cnt) free(h2o_mem_alloc_recycle(r, 1));
+    for (int k = 0; k < 64; k++) {
+        h2o_mem_pool_t pool;
+        h2o_mem_init_pool(&pool);
+        h2o_mem_alloc_pool(&pool, 1);
+        free(pool.chunks); /* the chunk is the allocation itself */
+    }
+}
+
 static void *loop_main(void *arg)
 {
     struct http_loop *l = arg;
@@ -160,10 +179,7 @@ static void *loop_main(void *arg)
     if (rc < 0) return NULL;
     while (!l->exit) h2o_evloop_run(l->loop, INT32_MAX);
     free(l->conns);
-    /* The socket buffers this thread's recycling allocator keeps for reuse (h2o frees
-     * them never): what LeakSanitizer reported at exit. */
-    h2o_mem_recycle_t *r = &h2o_socket_buffer_prototype.allocator;
-    while (r->cnt) free(h2o_mem_alloc_recycle(r, 1));
+    http_loop_free_recycled();
     return NULL;
 }
 
