@@ -31,8 +31,8 @@ static void usage_serve(FILE *f)
             "                           in progress; more get a 429 (default 0: no bound)\n"
             "  --max-stream-buffer BYTES  output a stream may hold for a client that does not\n"
             "                           read; past it the request is aborted (default 1048576)\n"
-            "  --stream-idle-timeout S  a stream whose client reads nothing for S seconds is\n"
-            "                           aborted and its connection closed (default 60)\n"
+            "  --stream-idle-timeout S  a stream whose write waits S seconds for its client\n"
+            "                           is aborted and its connection closed (default 60)\n"
             "%s",
             arg_engine_usage);
 }
