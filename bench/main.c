@@ -124,15 +124,23 @@ static int write_json(const char *path, cJSON *doc)
     return ok ? 0 : -1;
 }
 
+/* One row per run; with --slo a goodput column (requests/s meeting every objective). */
 static void sweep_table(FILE *f, const struct summary *s, int n, const char *load)
 {
-    fprintf(f, "%12s %8s %10s %9s %9s %9s %9s %9s %7s\n", load, "req/s", "out tok/s", "TTFT p50",
+    int slo = n > 0 && s[0].slo_set;
+    fprintf(f, "%12s %8s %10s %9s %9s %9s %9s %9s %7s", load, "req/s", "out tok/s", "TTFT p50",
             "TTFT p99", "TPOT p50", "TPOT p99", "E2E p50", "failed");
-    for (int i = 0; i < n; i++)
-        fprintf(f, "%12g %8.2f %10.1f %9.1f %9.1f %9.2f %9.2f %9.1f %7d\n", s[i].load,
+    fprintf(f, slo ? " %9s\n" : "\n", "goodput");
+    for (int i = 0; i < n; i++) {
+        fprintf(f, "%12g %8.2f %10.1f %9.1f %9.1f %9.2f %9.2f %9.1f %7d", s[i].load,
                 s[i].request_throughput, s[i].output_throughput, s[i].ttft.median, s[i].ttft.p99,
                 s[i].tpot.median, s[i].tpot.p99, s[i].e2el.median, s[i].failed);
-    fprintf(f, "(latencies in ms)\n");
+        if (slo)
+            fprintf(f, " %9.2f\n", s[i].goodput);
+        else
+            fputc('\n', f);
+    }
+    fprintf(f, "(latencies in ms%s)\n", slo ? "; goodput: requests/s meeting --slo" : "");
 }
 
 int main(int argc, char **argv)

@@ -26,6 +26,16 @@ static void usage_serve(FILE *f)
             "  --skip-tokenizer-init    load no tokenizer: /v1/completions takes token-id prompts\n"
             "                           and answers with token_ids (text \"\"); chat, text\n"
             "                           prompts, stop strings, /tokenize are a 400\n"
+            "  --allowed-origins L      CORS origins: * (default), a comma or JSON list, or ''\n"
+            "                           for no CORS headers\n"
+            "  --max-waiting-requests N requests waiting for the engine at most; more get a\n"
+            "                           429 with Retry-After (default 0: no bound)\n"
+            "  --max-streams-per-connection N  generation requests one connection may have\n"
+            "                           in progress; more get a 429 (default 0: no bound)\n"
+            "  --max-stream-buffer BYTES  output a stream may hold for a client that does not\n"
+            "                           read; past it the request is aborted (default 1048576)\n"
+            "  --stream-idle-timeout S  a stream whose write waits S seconds for its client\n"
+            "                           is aborted and its connection closed (default 60)\n"
             "%s",
             arg_engine_usage);
 }
@@ -47,10 +57,22 @@ int cli_serve(int argc, char **argv)
             cfg.skip_tokenizer_init = 1;
             continue;
         }
-        static const char *const with_value[] = {
-            "--model",         "--served-model-name", "--host",    "--port",
-            "--http-threads",  "--tls-cert",          "--tls-key", "--api-key",
-            "--max-body-size", "--shutdown-timeout",  NULL};
+        static const char *const with_value[] = {"--model",
+                                                 "--served-model-name",
+                                                 "--host",
+                                                 "--port",
+                                                 "--http-threads",
+                                                 "--tls-cert",
+                                                 "--tls-key",
+                                                 "--api-key",
+                                                 "--max-body-size",
+                                                 "--shutdown-timeout",
+                                                 "--max-stream-buffer",
+                                                 "--max-waiting-requests",
+                                                 "--allowed-origins",
+                                                 "--max-streams-per-connection",
+                                                 "--stream-idle-timeout",
+                                                 NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++) known |= !strcmp(a, with_value[k]);
         if (!known) {
@@ -89,6 +111,25 @@ int cli_serve(int argc, char **argv)
                 return 2;
             }
             cfg.shutdown_timeout = d;
+        } else if (!strcmp(a, "--allowed-origins")) {
+            cfg.allowed_origins = v;
+        } else if (!strcmp(a, "--max-waiting-requests")) {
+            if (arg_int(a, v, 0, 1L << 24, &n)) return 2;
+            cfg.max_waiting = (int)n;
+        } else if (!strcmp(a, "--max-streams-per-connection")) {
+            if (arg_int(a, v, 0, 1L << 20, &n)) return 2;
+            cfg.max_conn_streams = (int)n;
+        } else if (!strcmp(a, "--max-stream-buffer")) {
+            if (arg_int(a, v, 1024, 1L << 32, &n)) return 2;
+            cfg.max_stream_buffer = (size_t)n;
+        } else if (!strcmp(a, "--stream-idle-timeout")) {
+            if (arg_float(a, v, &d)) return 2;
+            if (!(d > 0 && d <= 86400)) {
+                fprintf(stderr,
+                        "pagoda serve: --stream-idle-timeout must be in (0, 86400] seconds\n");
+                return 2;
+            }
+            cfg.stream_idle_timeout = d;
         }
     }
     struct stat st;

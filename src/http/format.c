@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/util.h"
 #include "http/job.h"
 
 static void put_float(struct http_buf *o, float f)
@@ -86,16 +87,39 @@ static void chat_logprobs(struct http_buf *o, struct http_job *j, const struct h
     http_buf_puts(o, "]}");
 }
 
-/* Completions: {"tokens","token_logprobs","top_logprobs","text_offset"} of a and then b. */
+/* Code points of UTF-8 text s[n]: the unit of text_offset (vLLM counts Python characters). */
+static long code_points(const char *s, size_t n)
+{
+    long k = 0;
+    for (size_t i = 0; i < n; i++) k += ((unsigned char)s[i] & 0xc0) != 0x80;
+    return k;
+}
+
+/*
+ * Completions: {"tokens","token_logprobs","top_logprobs","text_offset"} of a and then b.
+ * A token's text_offset is where the text stands when it arrives: the characters the
+ * sequence's detokenizer (*pos) has made final before it. A character split over byte
+ * tokens ("é" as <0xC3><0xA9>) counts once, at the token that completes it; decoding each
+ * token alone would count a U+FFFD for each of its bytes.
+ */
 static void completion_logprobs(struct http_buf *o, struct http_job *j, const struct http_lp *a,
-                                int na, const struct http_lp *b, int nb, long *off)
+                                int na, const struct http_lp *b, int nb, struct http_text_pos *pos)
 {
     const char *keys[4] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
-    long start = *off;
+    long *offs = xmalloc(sizeof *offs * (size_t)(na + nb ? na + nb : 1));
+    const struct tok *tok = j->loop->srv->tok;
+    if (tok && !pos->ts) pos->ts = tok_stream_create(tok, j->g.skip_special);
+    for (int i = 0; i < na + nb; i++) {
+        offs[i] = pos->chars;
+        if (!tok) continue; /* no text (--skip-tokenizer-init): every offset is 0 */
+        size_t len = 0;
+        char *s = tok_stream_push_len(pos->ts, i < na ? a[i].id : b[i - na].id, &len);
+        pos->chars += code_points(s, len);
+        free(s);
+    }
     http_buf_puts(o, "{");
     for (int k = 0; k < 4; k++) {
         http_buf_printf(o, "%s\"%s\":[", k ? "," : "", keys[k]);
-        *off = start;
         for (int i = 0; i < na + nb; i++) {
             const struct http_lp *lp = i < na ? &a[i] : &b[i - na];
             if (i) http_buf_puts(o, ",");
@@ -130,17 +154,13 @@ static void completion_logprobs(struct http_buf *o, struct http_job *j, const st
                 }
                 http_buf_puts(o, "}");
             } else {
-                http_buf_printf(o, "%ld", *off);
-                if (!j->loop->srv->tok) continue; /* no text: every offset is 0 */
-                size_t len = 0;
-                char *s = tok_decode_len(j->loop->srv->tok, &lp->id, 1, 0, &len);
-                *off += (long)len;
-                free(s);
+                http_buf_printf(o, "%ld", offs[i]);
             }
         }
         http_buf_puts(o, "]");
     }
     http_buf_puts(o, "}");
+    free(offs);
 }
 
 /* ,"key":[ids] (return_token_ids, as vLLM names them). */
@@ -261,10 +281,12 @@ void http_fmt_final(struct http_job *j, struct http_buf *o)
             http_buf_json_str(o, text.p, text.len);
             http_buf_dispose(&text);
             http_buf_puts(o, ",\"logprobs\":");
-            long off = 0;
+            struct http_text_pos pos = {0};
             if (j->g.logprobs)
                 completion_logprobs(o, j, j->g.echo ? c->plps : NULL, j->g.echo ? c->n_plps : 0,
-                                    c->lps, c->n_lps, &off);
+                                    c->lps, c->n_lps, &pos);
+            if (pos.ts)
+                tok_stream_destroy(pos.ts);
             else
                 http_buf_puts(o, "null");
         }
@@ -377,7 +399,7 @@ void http_fmt_stream_choice(struct http_job *j, int index, const char *delta, si
         http_buf_puts(&d, ",\"logprobs\":");
         if (j->g.logprobs && (n_lps || echo))
             completion_logprobs(&d, j, echo ? c->plps : NULL, echo ? c->n_plps : 0, lps, n_lps,
-                                &c->text_off);
+                                &c->text_pos);
         else
             http_buf_puts(&d, "null");
     }

@@ -37,6 +37,8 @@ struct http_server {
     int listen_fd;
     struct http_loop *loops;
     int n_loops;
+    pthread_mutex_t start_mu; /* a loop thread reports that it is listening */
+    pthread_cond_t start_cv;
 };
 
 struct http_loop {
@@ -50,9 +52,17 @@ struct http_loop {
     h2o_multithread_receiver_t embeds;  /* engine thread -> this loop: embeddings done */
     h2o_linklist_t jobs;                /* struct http_job of this loop */
     h2o_linklist_t embed_jobs;          /* embedding jobs of this loop (embed_job.c) */
+    h2o_linklist_t to_submit;           /* jobs not yet handed to the engine (job.c) */
+    h2o_timeout_entry_t submit;         /* hands them over once the current read is handled */
     h2o_timeout_t probe_timeout;        /* the client probe's period */
     h2o_timeout_entry_t probe;          /* looks for HTTP/1.1 clients that hung up */
     int exit;
+    struct conn_slot *conns; /* per-connection requests and resets (conns.c) */
+    size_t conns_cap, conns_used;
+    h2o_timeout_entry_t calm; /* sends GOAWAY to connections that reset too fast */
+    int probes;               /* probe ticks, for the once-a-second sweep of conns */
+    atomic_ulong accepted;    /* connections this loop accepted (read by /metrics) */
+    int started; /* 0 while the thread sets the loop up, 1 when it runs, -errno on failure */
     pthread_t thread;
 };
 
@@ -67,6 +77,19 @@ void http_reply_error(h2o_req_t *req, enum http_route route, const struct http_e
 
 /** Starts a generation request (takes g); answers itself, errors included. */
 void http_job_start(struct http_loop *l, h2o_req_t *req, enum http_route route, struct http_gen *g);
+/** Generation requests in progress on conn (counted for HTTP/2, and for all with
+ * --max-streams-per-connection). */
+int http_conn_streams(struct http_loop *l, const h2o_conn_t *conn);
+/** One more request of conn in progress. */
+void http_conn_hold(struct http_loop *l, const h2o_conn_t *conn);
+/** One request of conn ended; reset: the client reset its stream before the response ended. */
+void http_conn_release(struct http_loop *l, const h2o_conn_t *conn, int reset);
+/** Timeout callback of http_loop.calm: GOAWAY (ENHANCE_YOUR_CALM) to the flagged connections. */
+void http_conn_send_calm(h2o_timeout_entry_t *entry);
+/** Drops the entries of connections with nothing in progress and nothing to remember. */
+void http_conn_sweep(struct http_loop *l);
+/** Timeout callback of http_loop.submit: submits the jobs of http_loop.to_submit. */
+void http_job_submit_pending(h2o_timeout_entry_t *entry);
 /** Receiver callback of http_loop.events. */
 void http_job_on_events(h2o_multithread_receiver_t *r, h2o_linklist_t *messages);
 /** Aborts the engine requests of every job of the loop (shutdown). */

@@ -14,6 +14,8 @@
 #include <stdio.h>
 #include <errno.h>
 #include <stdlib.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <string.h>
 
@@ -87,7 +89,12 @@ static void abort_choices(struct http_job *j)
 static void req_gone(struct http_job *j)
 {
     if (!j->req) return;
+    /* an HTTP/2 stream ended before its response: the client reset it */
+    int reset =
+        !j->final_sent && j->req->version >= 0x200 && !atomic_load(&j->loop->srv->shutting_down);
     j->req = NULL;
+    if (j->conn) http_conn_release(j->loop, j->conn, reset);
+    j->conn = NULL;
     if (j->counted_stream) {
         http_metrics_streams(j->loop->srv->metrics, -1);
         j->counted_stream = 0;
@@ -121,6 +128,7 @@ static void start_stream(struct http_job *j)
     j->gen.stop = on_stop;
     h2o_start_response(req, &j->gen);
     j->started = 1;
+    j->header_sent = 1; /* from here a gone client is seen at the next write */
     http_metrics_request(j->loop->srv->metrics, j->route, 200);
     http_metrics_streams(j->loop->srv->metrics, 1);
     j->counted_stream = 1;
@@ -142,6 +150,7 @@ static void job_flush(struct http_job *j)
     h2o_iovec_t buf = h2o_iovec_init(j->sending.p, j->sending.len);
     int final = j->complete;
     j->inflight = !final;
+    j->t_write = util_now();
     if (final) {
         j->final_sent = 1;
         if (j->counted_stream) http_metrics_streams(j->loop->srv->metrics, -1);
@@ -149,6 +158,25 @@ static void job_flush(struct http_job *j)
     }
     h2o_send(j->req, &buf, buf.len ? 1 : 0,
              final ? H2O_SEND_STATE_FINAL : H2O_SEND_STATE_IN_PROGRESS);
+}
+
+/*
+ * A client that does not read (or holds an HTTP/2 window at zero) leaves one write in
+ * flight for good while the engine keeps producing: past --max-stream-buffer bytes waiting
+ * behind that write, the request is aborted so that the stream holds at most that much.
+ */
+static void stall(struct http_job *j, enum http_stream_abort why)
+{
+    if (j->stalled) return;
+    j->stalled = 1 + (int)why;
+    http_metrics_stream_abort(j->loop->srv->metrics, why);
+    abort_choices(j);
+}
+
+static void check_buffer(struct http_job *j)
+{
+    if (j->req && j->inflight && j->out.len > j->loop->srv->cfg.max_stream_buffer)
+        stall(j, HTTP_STREAM_ABORT_BUFFER_FULL);
 }
 
 /* ---- the job ------------------------------------------------------------------------ */
@@ -163,6 +191,7 @@ static void job_free(struct http_job *j)
         pthread_mutex_destroy(&c->mu);
         http_choice_dispose(&c->ch);
         http_buf_dispose(&c->text);
+        if (c->text_pos.ts) tok_stream_destroy(c->text_pos.ts);
         free(c->lps);
         free(c->plps);
         free(c->ids);
@@ -253,7 +282,7 @@ static void process(struct http_job *j, struct job_choice *c, struct ev_rec *evs
         }
         if (r->kind == ENGINE_EV_PROMPT_LOGPROBS) {
             take_prompt_lps(j, c, r);
-        } else if (r->kind == ENGINE_EV_TOKEN && !c->ch.stopped) {
+        } else if (r->kind == ENGINE_EV_TOKEN && !c->ch.stopped && !j->g.score_only) {
             if (c->n_output == 0)
                 http_metrics_ttft(s->metrics, r->t - j->t_start);
             else
@@ -276,7 +305,7 @@ static void process(struct http_job *j, struct job_choice *c, struct ev_rec *evs
             if (http_choice_push(&c->ch, r->token, &delta)) {
                 c->finish = FINISH_STOP;
                 struct engine *en = atomic_load(&s->engine);
-                if (r->finish == FINISH_NONE && en) engine_abort(en, c->req_id);
+                if (r->finish == FINISH_NONE && en) engine_stop_request(en, c->req_id);
             }
         }
         if (r->finish != FINISH_NONE) {
@@ -308,12 +337,13 @@ static void process(struct http_job *j, struct job_choice *c, struct ev_rec *evs
                                               "the KV cache")
                                    ? 400
                                    : 0;
-        if (c->finish == FINISH_ABORT && j->req && !j->failed_status)
-            j->failed_status = http_error_set(&j->err, 503, NULL,
-                                              "the request was aborted: the server is shutting "
-                                              "down")
-                                   ? 503
-                                   : 0;
+        if (c->finish == FINISH_ABORT && j->req && !j->failed_status) {
+            const char *why = j->stalled ? "the client did not read its stream"
+                              : atomic_load(&s->shutting_down) ? "the server is shutting down"
+                                                               : "the engine ended it";
+            j->failed_status =
+                http_error_set(&j->err, 503, NULL, "the request was aborted: %s", why) ? 503 : 0;
+        }
         if (--j->live == 0) job_complete(j);
         job_release(j);
     }
@@ -340,15 +370,36 @@ void http_job_on_events(h2o_multithread_receiver_t *r, h2o_linklist_t *messages)
         c->pending = 0;
         pthread_mutex_unlock(&c->mu);
         process(j, c, evs, n);
+        check_buffer(j);
         job_flush(j);
         job_release(j);
     }
 }
 
+/*
+ * A write that waited --stream-idle-timeout seconds: the request is aborted and the
+ * connection shut down (the socket stays open for h2o, whose pending write then fails and
+ * which closes the connection itself).
+ */
+static void check_idle(struct http_job *j, double now)
+{
+    if (!j->req || !j->inflight || now - j->t_write < j->loop->srv->cfg.stream_idle_timeout) return;
+    if (j->stalled == 1 + HTTP_STREAM_ABORT_IDLE_TIMEOUT) return;
+    j->stalled = 0; /* counted again, under the reason that ends the connection */
+    stall(j, HTTP_STREAM_ABORT_IDLE_TIMEOUT);
+    h2o_socket_t *sock = j->req->conn->callbacks->get_socket
+                             ? j->req->conn->callbacks->get_socket(j->req->conn)
+                             : NULL;
+    int fd = sock ? h2o_socket_get_fd(sock) : -1;
+    if (fd >= 0) shutdown(fd, SHUT_RDWR);
+}
+
 void http_job_probe_clients(struct http_loop *l)
 {
+    double now = util_now();
     for (h2o_linklist_t *n = l->jobs.next; n != &l->jobs; n = n->next) {
         struct http_job *j = H2O_STRUCT_FROM_MEMBER(struct http_job, link, n);
+        check_idle(j, now);
         if (!j->req || j->complete || j->header_sent || j->req->version >= 0x200) continue;
         h2o_socket_t *sock = j->req->conn->callbacks->get_socket
                                  ? j->req->conn->callbacks->get_socket(j->req->conn)
@@ -357,8 +408,27 @@ void http_job_probe_clients(struct http_loop *l)
         if (fd < 0) continue;
         char c;
         ssize_t got = recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-        if (got == 0 || (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-            abort_choices(j); /* end of stream or a reset: the client is gone */
+        if (got < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+            abort_choices(j); /* a reset: the client is gone */
+        } else if (got == 0 && j->eof_seen) {
+            /* after the end of stream recv keeps saying 0; the reset shows in the state */
+            struct tcp_info ti;
+            socklen_t tl = sizeof ti;
+            if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) == 0 && ti.tcpi_state == TCP_CLOSE)
+                abort_choices(j);
+        } else if (got == 0 && !j->eof_seen) {
+            /*
+             * End of stream: the client closed its connection, or only its sending side
+             * (shutdown(SHUT_WR) after the request, which HTTP/1.1 allows). An interim
+             * "102 Processing" tells them apart: a closed socket answers it with a reset,
+             * which the next check sees; a half-closed client skips it and gets its
+             * response. Over TLS no bytes can be slipped in, and the request is aborted.
+             */
+            j->eof_seen = 1;
+            static const char interim[] = "HTTP/1.1 102 Processing\r\n\r\n";
+            if (sock->ssl || send(fd, interim, sizeof interim - 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+                abort_choices(j);
+        }
     }
 }
 
@@ -371,7 +441,6 @@ void http_job_abort_all(struct http_loop *l)
 void http_job_start(struct http_loop *l, h2o_req_t *req, enum http_route route, struct http_gen *g)
 {
     struct http_server *s = l->srv;
-    struct engine *en = atomic_load(&s->engine);
     struct http_job *j = xcalloc(1, sizeof *j);
     j->loop = l;
     j->req = req;
@@ -391,6 +460,10 @@ void http_job_start(struct http_loop *l, h2o_req_t *req, enum http_route route, 
              hex);
     h2o_linklist_insert(&l->jobs, &j->link);
     atomic_fetch_add(&s->jobs, 1);
+    if (s->cfg.max_conn_streams > 0 || req->version >= 0x200) {
+        j->conn = req->conn;
+        http_conn_hold(l, j->conn);
+    }
     for (int i = 0; i < j->n_c; i++) {
         struct job_choice *c = &j->c[i];
         c->job = j;
@@ -402,8 +475,25 @@ void http_job_start(struct http_loop *l, h2o_req_t *req, enum http_route route, 
     /* The request reference: dropped when h2o disposes req. */
     struct http_job **guard = h2o_mem_alloc_shared(&req->pool, sizeof *guard, on_req_dispose);
     *guard = j;
-    j->refs = 1;
+    j->refs = 2; /* and one until the submission below */
     if (j->g.stream) start_stream(j);
+    /*
+     * The engine gets the request once h2o has handled the rest of what this read brought:
+     * a client that resets the stream in the same packet (HTTP/2 rapid reset) costs no
+     * prefill, since its request is dropped here before the engine ever sees it.
+     */
+    h2o_linklist_insert(&l->to_submit, &j->submit_link);
+    if (!h2o_timeout_is_linked(&l->submit))
+        h2o_timeout_link(l->loop, &l->ctx.zero_timeout, &l->submit);
+}
+
+static void job_submit(struct http_job *j)
+{
+    struct engine *en = atomic_load(&j->loop->srv->engine);
+    if (!j->req) { /* reset before it was submitted */
+        job_complete(j);
+        return;
+    }
     struct sampling_params sp = j->g.sp;
     sp.stop_ids = j->g.stop_ids;
     sp.n_stop_ids = j->g.n_stop_ids;
@@ -415,6 +505,7 @@ void http_job_start(struct http_loop *l, h2o_req_t *req, enum http_route route, 
                                     .n_prompt = j->g.n_prompt[c->prompt],
                                     .sp = sp,
                                     .on_event = on_engine_event,
+                                    .priority = j->g.priority,
                                     .user = c};
         /* n > 1 without a seed: each choice its own draw; with one, seed + index. */
         if (sp.has_seed) er.sp.seed = sp.seed + (uint64_t)i;
@@ -435,4 +526,16 @@ void http_job_start(struct http_loop *l, h2o_req_t *req, enum http_route route, 
     if (j->failed_status) abort_choices(j);
     if (j->live == 0) job_complete(j);
     job_flush(j);
+}
+
+void http_job_submit_pending(h2o_timeout_entry_t *entry)
+{
+    struct http_loop *l = H2O_STRUCT_FROM_MEMBER(struct http_loop, submit, entry);
+    while (!h2o_linklist_is_empty(&l->to_submit)) {
+        struct http_job *j =
+            H2O_STRUCT_FROM_MEMBER(struct http_job, submit_link, l->to_submit.next);
+        h2o_linklist_unlink(&j->submit_link);
+        job_submit(j);
+        job_release(j);
+    }
 }

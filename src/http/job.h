@@ -18,6 +18,12 @@ struct http_lp {
     struct token_logprob top[ENGINE_MAX_TOP_LOGPROBS];
 };
 
+/** Where a sequence's text stands, for text_offset: a detokenizer and its characters. */
+struct http_text_pos {
+    struct tok_stream *ts; /* created at the first token */
+    long chars;            /* code points made final so far */
+};
+
 struct ev_rec {
     enum engine_event_kind kind;
     int32_t token;
@@ -49,10 +55,10 @@ struct job_choice {
     int n_prompt, n_cached, n_output;
     enum finish_reason finish;
     double t_last;
-    int sent_first;       /* streaming: the choice's first chunk is out */
-    long text_off;        /* completions logprobs: text offset of the next token */
-    struct http_buf text; /* non-streaming: all text */
-    struct http_lp *lps;  /* non-streaming: logprobs of every token */
+    int sent_first;                /* streaming: the choice's first chunk is out */
+    struct http_text_pos text_pos; /* completions logprobs, streaming: text_offset state */
+    struct http_buf text;          /* non-streaming: all text */
+    struct http_lp *lps;           /* non-streaming: logprobs of every token */
     int n_lps, cap_lps;
     struct http_lp *plps; /* echo: prompt logprobs */
     int n_plps;
@@ -71,13 +77,18 @@ struct http_job {
     int final_sent, inflight, started, header_sent, counted_stream;
     int msg_started;   /* Anthropic stream: message_start is out */
     int failed_status; /* non-zero: answer with this error */
+    int eof_seen;      /* HTTP/1.1: the client's end of stream was seen (the probe) */
+    int stalled;       /* 1 + enum http_stream_abort once the client stopped reading */
+    double t_write;    /* when the write in flight was handed to h2o */
     struct http_error err;
     struct http_buf out, sending;
     h2o_generator_t gen;
     char id[48];
     long created;
     double t_start;
+    const h2o_conn_t *conn; /* counted in loop->conns while req is set (when bounded) */
     h2o_linklist_t link;
+    h2o_linklist_t submit_link; /* in loop->to_submit until handed to the engine */
 };
 
 /** The complete non-streaming body of a finished job. */

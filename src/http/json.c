@@ -113,6 +113,7 @@ int http_error_set(struct http_error *he, int status, const char *param, const c
 static const char *openai_type(int status)
 {
     if (status >= 500) return "server_error";
+    if (status == 429) return "requests"; /* OpenAI's type for a request-count limit */
     return "invalid_request_error";
 }
 
@@ -155,12 +156,45 @@ char *http_error_openai(const struct http_error *he)
     return b.p;
 }
 
+/*
+ * Anthropic names a field as a dotted path (messages.0.content) and starts the message with
+ * it: "messages.0.content: field required". The parsers name fields OpenAI's way
+ * (messages[0].content), some in the message too; this writes every one in that form.
+ */
+static void anthropic_message(const struct http_error *he, struct http_buf *out)
+{
+    char path[sizeof he->param];
+    size_t n = 0;
+    for (const char *p = he->param; *p && n + 1 < sizeof path; p++) {
+        if (*p == ']') continue;
+        path[n++] = *p == '[' ? '.' : *p;
+    }
+    path[n] = 0;
+    const char *msg = he->msg;
+    if (n) {
+        http_buf_printf(out, "%s: ", path);
+        /* the message already names the field: 'x' must be ... / x: ... */
+        size_t pl = strlen(he->param);
+        if (!strncmp(msg, path, n) && msg[n] == ':')
+            msg += n + 1;
+        else if (msg[0] == '\'' && !strncmp(msg + 1, he->param, pl) && msg[pl + 1] == '\'')
+            msg += pl + 2; /* 'x' must be ... -> x: must be ... */
+        else if (!strncmp(msg, he->param, pl) && msg[pl] == ':')
+            msg += pl + 1;
+        while (*msg == ' ') msg++;
+    }
+    http_buf_puts(out, msg);
+}
+
 char *http_error_anthropic(const struct http_error *he)
 {
     struct http_buf b = {0};
     http_buf_printf(&b, "{\"type\":\"error\",\"error\":{\"type\":\"%s\",\"message\":",
                     anthropic_type(he->status));
-    http_buf_json_str(&b, he->msg, strlen(he->msg));
+    struct http_buf m = {0};
+    anthropic_message(he, &m);
+    http_buf_json_str(&b, m.p ? m.p : "", m.len);
+    http_buf_dispose(&m);
     http_buf_puts(&b, "}}");
     return b.p;
 }
@@ -269,10 +303,60 @@ int http_json_str(const cJSON *o, const char *name, const char **out, struct htt
     return 1;
 }
 
+/* Byte offset of the first raw control character inside a string, or -1 (RFC 8259 §7:
+ * they must be escaped; cJSON takes them as they are). One pass over the body. */
+static long raw_control_in_string(const char *s, size_t n)
+{
+    int in = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (!in) {
+            in = c == '"';
+        } else if (c == '\\') {
+            i++;
+        } else if (c == '"') {
+            in = 0;
+        } else if (c < 0x20) {
+            return (long)i;
+        }
+    }
+    return -1;
+}
+
+/* The first member name that an object of v repeats (depth first), or NULL. Cost: the
+ * pairs of names of each object, so objects are limited to HTTP_JSON_MAX_MEMBERS members. */
+#define HTTP_JSON_MAX_MEMBERS 4096
+static const char *duplicate_key(const cJSON *v, int *too_many)
+{
+    if (!cJSON_IsObject(v) && !cJSON_IsArray(v)) return NULL;
+    int n = 0;
+    for (const cJSON *a = v->child; a; a = a->next, n++) {
+        if (cJSON_IsObject(v)) {
+            if (n >= HTTP_JSON_MAX_MEMBERS) {
+                *too_many = 1;
+                return NULL;
+            }
+            for (const cJSON *b = v->child; b != a; b = b->next)
+                if (!strcmp(a->string, b->string)) return a->string;
+        }
+        const char *d = duplicate_key(a, too_many);
+        if (d || *too_many) return d;
+    }
+    return NULL;
+}
+
 cJSON *http_json_parse_body(const char *body, size_t len, struct http_error *he)
 {
     if (!http_utf8_valid(body, len)) {
         http_error_set(he, 400, NULL, "the request body is not valid UTF-8");
+        return NULL;
+    }
+    long raw = raw_control_in_string(body, len);
+    if (raw >= 0) {
+        http_error_set(he, 400, NULL,
+                       "the request body is not valid JSON: a string holds a raw control "
+                       "character (byte %ld; write it as an escape such as \\n)",
+                       raw);
         return NULL;
     }
     const char *end = NULL;
@@ -292,6 +376,18 @@ cJSON *http_json_parse_body(const char *body, size_t len, struct http_error *he)
     if (!cJSON_IsObject(j)) {
         cJSON_Delete(j);
         http_error_set(he, 400, NULL, "the request body must be a JSON object");
+        return NULL;
+    }
+    int too_many = 0;
+    const char *dup = duplicate_key(j, &too_many);
+    if (dup || too_many) {
+        if (too_many)
+            http_error_set(he, 400, NULL, "the request body has an object of more than %d members",
+                           HTTP_JSON_MAX_MEMBERS);
+        else
+            http_error_set(he, 400, NULL,
+                           "the request body repeats the member '%.60s' in one object", dup);
+        cJSON_Delete(j);
         return NULL;
     }
     return j;

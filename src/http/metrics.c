@@ -8,7 +8,7 @@
 #include "common/util.h"
 
 /* Status codes counted one by one; anything else lands in the last slot ("other"). */
-static const int statuses[] = {200, 400, 401, 404, 405, 413, 500, 503};
+static const int statuses[] = {200, 400, 401, 404, 405, 413, 429, 500, 503};
 #define N_STATUS ((int)(sizeof statuses / sizeof statuses[0]) + 1)
 
 #define TTFT_BUCKETS 12
@@ -30,6 +30,9 @@ struct hist {
 struct http_metrics {
     atomic_ulong requests[HTTP_ROUTE_N][N_STATUS];
     atomic_long streams;
+    atomic_ulong stream_aborts[HTTP_STREAM_ABORT_N];
+    atomic_ulong goaways;
+    atomic_ulong rejected[2]; /* max_waiting_requests, max_streams_per_connection */
     struct hist ttft, itl;
 };
 
@@ -49,6 +52,7 @@ struct http_metrics *http_metrics_create(void)
     for (int r = 0; r < HTTP_ROUTE_N; r++)
         for (int s = 0; s < N_STATUS; s++) atomic_init(&m->requests[r][s], 0);
     atomic_init(&m->streams, 0);
+    for (int i = 0; i < HTTP_STREAM_ABORT_N; i++) atomic_init(&m->stream_aborts[i], 0);
     pthread_mutex_init(&m->ttft.mu, NULL);
     pthread_mutex_init(&m->itl.mu, NULL);
     m->ttft.bounds = ttft_bounds, m->ttft.n = TTFT_BUCKETS;
@@ -70,6 +74,21 @@ void http_metrics_request(struct http_metrics *m, enum http_route r, int status)
     while (s < N_STATUS - 1 && statuses[s] != status) s++;
     if (r < 0 || r >= HTTP_ROUTE_N) r = HTTP_ROUTE_OTHER;
     atomic_fetch_add(&m->requests[r][s], 1);
+}
+
+void http_metrics_stream_abort(struct http_metrics *m, enum http_stream_abort why)
+{
+    atomic_fetch_add(&m->stream_aborts[why], 1);
+}
+
+void http_metrics_goaway(struct http_metrics *m)
+{
+    atomic_fetch_add(&m->goaways, 1);
+}
+
+void http_metrics_rejected(struct http_metrics *m, int per_conn)
+{
+    atomic_fetch_add(&m->rejected[per_conn ? 1 : 0], 1);
 }
 
 void http_metrics_streams(struct http_metrics *m, int delta)
@@ -201,6 +220,22 @@ void http_metrics_render(struct http_metrics *m, const struct engine_stats *st, 
         }
     head(o, "pagoda_http_active_streams", "gauge", "Streaming responses in progress.");
     http_buf_printf(o, "pagoda_http_active_streams %ld\n", (long)atomic_load(&m->streams));
+    static const char *const abort_names[HTTP_STREAM_ABORT_N] = {"buffer_full", "idle_timeout"};
+    head(o, "pagoda_http_stream_aborts_total", "counter",
+         "Streams the server aborted because the client did not read them, by reason.");
+    for (int i = 0; i < HTTP_STREAM_ABORT_N; i++)
+        http_buf_printf(o, "pagoda_http_stream_aborts_total{reason=\"%s\"} %lu\n", abort_names[i],
+                        atomic_load(&m->stream_aborts[i]));
+    head(o, "pagoda_http_rapid_reset_goaways_total", "counter",
+         "HTTP/2 connections sent GOAWAY (ENHANCE_YOUR_CALM) for resetting streams too fast.");
+    http_buf_printf(o, "pagoda_http_rapid_reset_goaways_total %lu\n", atomic_load(&m->goaways));
+    head(o, "pagoda_http_requests_rejected_total", "counter",
+         "Requests answered 429, by the bound they met.");
+    http_buf_printf(o,
+                    "pagoda_http_requests_rejected_total{reason=\"max_waiting_requests\"} %lu\n"
+                    "pagoda_http_requests_rejected_total{reason=\"max_streams_per_connection\"} "
+                    "%lu\n",
+                    atomic_load(&m->rejected[0]), atomic_load(&m->rejected[1]));
     hist_render(o, &m->ttft, "pagoda_time_to_first_token_seconds",
                 "Seconds from a request's arrival to its first token.");
     hist_render(o, &m->itl, "pagoda_inter_token_latency_seconds",

@@ -36,6 +36,18 @@ void http_metrics_destroy(struct http_metrics *m);
 void http_metrics_request(struct http_metrics *m, enum http_route r, int status);
 /** Streams open now: +1 when one starts, -1 when it ends. */
 void http_metrics_streams(struct http_metrics *m, int delta);
+/** Why the server ended a stream whose client stopped reading. */
+enum http_stream_abort {
+    HTTP_STREAM_ABORT_BUFFER_FULL,  /* more than --max-stream-buffer bytes waited for the client */
+    HTTP_STREAM_ABORT_IDLE_TIMEOUT, /* a write waited --stream-idle-timeout seconds */
+    HTTP_STREAM_ABORT_N
+};
+/** One stream ended by the server for reason why. */
+void http_metrics_stream_abort(struct http_metrics *m, enum http_stream_abort why);
+/** One GOAWAY (ENHANCE_YOUR_CALM) sent to a connection that reset streams too fast. */
+void http_metrics_goaway(struct http_metrics *m);
+/** One request refused (429): the engine's queue was full, or (per_conn) its connection's. */
+void http_metrics_rejected(struct http_metrics *m, int per_conn);
 /** Seconds from a request's arrival to its first token. */
 void http_metrics_ttft(struct http_metrics *m, double seconds);
 /** Seconds between two tokens of one sequence. */

@@ -282,6 +282,9 @@ static int parse_sampling(enum http_api api, const cJSON *body, const struct htt
     if (r) sp->repetition_penalty = (float)d;
     if ((r = http_json_int(body, "seed", -(1L << 53), 1L << 53, &l, he)) < 0) return -1;
     if (r) sp->has_seed = 1, sp->seed = (uint64_t)l;
+    /* vLLM's extension: lower runs first, ties by arrival */
+    if ((r = http_json_int(body, "priority", INT32_MIN, INT32_MAX, &l, he)) < 0) return -1;
+    if (r) g->priority = (int)l;
     if ((r = http_json_bool(body, "ignore_eos", &b, he)) < 0) return -1;
     if (r) sp->ignore_eos = b;
     if ((r = http_json_bool(body, "skip_special_tokens", &b, he)) < 0) return -1;
@@ -370,7 +373,10 @@ static int parse_max_tokens(enum http_api api, const cJSON *body, const struct h
         if ((r = http_json_int(body, "max_completion_tokens", 1, 1L << 30, &l, he)) < 0) return -1;
         if (r) name = "max_completion_tokens";
     }
-    if (!r && (r = http_json_int(body, "max_tokens", 1, 1L << 30, &l, he)) < 0) return -1;
+    /* completions with echo may ask for 0 tokens: the prompt is scored (lm-eval's
+     * loglikelihood requests, which vLLM serves the same way) */
+    long least = api == HTTP_API_COMPLETIONS && g->echo ? 0 : 1;
+    if (!r && (r = http_json_int(body, "max_tokens", least, 1L << 30, &l, he)) < 0) return -1;
     if (!r && api == HTTP_API_MESSAGES)
         return http_error_set(he, 400, "max_tokens", "max_tokens: field required");
     int longest = 0;
@@ -404,7 +410,8 @@ static int parse_max_tokens(enum http_api api, const cJSON *body, const struct h
         snprintf(he->code, sizeof he->code, "context_length_exceeded");
         return -1;
     }
-    g->sp.max_tokens = (int)l;
+    g->score_only = r && l == 0;
+    g->sp.max_tokens = g->score_only ? 1 : (int)l; /* the engine makes one token, dropped */
     g->max_tokens_given = r;
     return 0;
 }

@@ -67,6 +67,8 @@ struct http_gen {
     int skip_special;  /* drop special tokens from text (default 1) */
     int return_ids;    /* return_token_ids: prompt_token_ids and token_ids in the response
                         * (default: on without a tokenizer, where text is always "") */
+    int score_only;    /* max_tokens 0 with echo: no output, the prompt's logprobs */
+    int priority;      /* engine queue order: lower first (vLLM's "priority") */
 };
 
 /**

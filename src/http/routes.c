@@ -20,6 +20,7 @@ void http_reply(h2o_req_t *req, enum http_route route, int status, const char *c
                    {404, "Not Found"},
                    {405, "Method Not Allowed"},
                    {413, "Payload Too Large"},
+                   {429, "Too Many Requests"},
                    {500, "Internal Server Error"},
                    {503, "Service Unavailable"}};
     const char *reason = "Error";
@@ -44,17 +45,62 @@ void http_reply_error(h2o_req_t *req, enum http_route route, const struct http_e
     free(body);
 }
 
+/*
+ * Admission: a generation request on a connection that already has
+ * --max-streams-per-connection in progress, or whose n engine requests would make more than
+ * --max-waiting-requests wait (queued in the engine, not running), is answered 429 with
+ * Retry-After instead of queueing without bound. Returns 0 when admitted (nothing is
+ * reserved: requests checked at once on several loops can overshoot the waiting bound by
+ * the number of loops).
+ */
+static int admit(struct http_server *s, struct engine *en, h2o_req_t *req, enum http_route route,
+                 int n)
+{
+    struct http_error he = {0};
+    int per_conn = route != HTTP_ROUTE_EMBEDDINGS && s->cfg.max_conn_streams > 0
+                       ? http_conn_streams(http_loop_of(req), req->conn)
+                       : 0;
+    if (per_conn >= s->cfg.max_conn_streams && s->cfg.max_conn_streams > 0) {
+        http_error_set(&he, 429, NULL,
+                       "this connection has %d requests in progress "
+                       "(--max-streams-per-connection %d); retry later",
+                       per_conn, s->cfg.max_conn_streams);
+    } else {
+        if (s->cfg.max_waiting <= 0) return 0;
+        struct engine_stats st;
+        engine_stats(en, &st);
+        int waiting = engine_live(en) - st.running;
+        if (waiting + n <= s->cfg.max_waiting) return 0;
+        http_error_set(&he, 429, NULL,
+                       "the server is at capacity: %d requests are waiting "
+                       "(--max-waiting-requests %d); retry later",
+                       waiting, s->cfg.max_waiting);
+    }
+    snprintf(he.code, sizeof he.code, "rate_limit_exceeded");
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_RETRY_AFTER, NULL, H2O_STRLIT("1"));
+    http_metrics_rejected(s->metrics,
+                          per_conn >= s->cfg.max_conn_streams && s->cfg.max_conn_streams > 0);
+    http_reply_error(req, route, &he);
+    return -1;
+}
+
 static void reply_buf(h2o_req_t *req, enum http_route route, struct http_buf *b)
 {
     http_reply(req, route, 200, "application/json", b->p ? b->p : "", b->len);
     http_buf_dispose(b);
 }
 
-static int header_is(h2o_req_t *req, const char *name, const char *value, size_t vlen)
+/* scheme: a prefix compared without regard to case ("Bearer " in RFC 7235 is); "" for none */
+static int header_is(h2o_req_t *req, const char *name, const char *scheme, const char *value,
+                     size_t vlen)
 {
     ssize_t i = h2o_find_header_by_str(&req->headers, name, strlen(name), -1);
     if (i < 0) return 0;
     h2o_iovec_t v = req->headers.entries[i].value;
+    size_t sl = strlen(scheme);
+    if (v.len < sl || !h2o_lcstris(v.base, sl, scheme, sl)) return 0;
+    v.base += sl;
+    v.len -= sl;
     /* Constant time over the key's length. */
     if (v.len != vlen) return 0;
     unsigned char diff = 0;
@@ -67,13 +113,8 @@ static int authorized(struct http_server *s, h2o_req_t *req)
     const char *key = s->cfg.api_key;
     if (!key) return 1;
     size_t kl = strlen(key);
-    char *bearer = xmalloc(kl + 8);
-    memcpy(bearer, "Bearer ", 7);
-    memcpy(bearer + 7, key, kl + 1);
-    int ok =
-        header_is(req, "authorization", bearer, kl + 7) || header_is(req, "x-api-key", key, kl);
-    free(bearer);
-    return ok;
+    return header_is(req, "authorization", "bearer ", key, kl) ||
+           header_is(req, "x-api-key", "", key, kl);
 }
 
 static cJSON *body_json(h2o_req_t *req, struct http_error *he)
@@ -116,6 +157,11 @@ static void route_metrics(struct http_server *s, h2o_req_t *req)
     struct engine_stats st;
     if (en) engine_stats(en, &st);
     http_metrics_render(s->metrics, en ? &st : NULL, &b);
+    http_buf_puts(&b, "# HELP pagoda_http_connections_total Connections accepted, by event loop.\n"
+                      "# TYPE pagoda_http_connections_total counter\n");
+    for (int i = 0; i < s->n_loops; i++)
+        http_buf_printf(&b, "pagoda_http_connections_total{loop=\"%d\"} %lu\n", i,
+                        atomic_load(&s->loops[i].accepted));
     http_reply(req, HTTP_ROUTE_METRICS, 200, "text/plain; version=0.0.4; charset=utf-8", b.p,
                b.len);
     http_buf_dispose(&b);
@@ -240,9 +286,67 @@ static const struct {
     {"/v1/embeddings", "POST", HTTP_ROUTE_EMBEDDINGS},
 };
 
+/*
+ * CORS (--allowed-origins, as vLLM): a request whose Origin is allowed gets
+ * Access-Control-Allow-Origin (the origin itself, or * when every origin is), and a
+ * preflight (OPTIONS with Access-Control-Request-Method) is answered 204 with the methods
+ * and the headers asked for, before authentication (browsers send preflights without
+ * credentials). Returns 1 when req was a preflight and is answered.
+ */
+static int origin_allowed(const char *list, h2o_iovec_t origin)
+{
+    /* list: "*", or origins separated by commas, spaces, quotes or brackets (a JSON list) */
+    for (const char *p = list; *p;) {
+        while (*p && strchr("[], \"'", *p)) p++;
+        const char *e = p;
+        while (*e && !strchr("[], \"'", *e)) e++;
+        size_t n = (size_t)(e - p);
+        if (n == 1 && *p == '*') return 2;
+        if (n && n == origin.len && !memcmp(p, origin.base, n)) return 1;
+        p = e;
+    }
+    return 0;
+}
+
+static int cors(struct http_server *s, h2o_req_t *req)
+{
+    const char *list = s->cfg.allowed_origins;
+    ssize_t i = h2o_find_header_by_str(&req->headers, H2O_STRLIT("origin"), -1);
+    if (!list || !*list || i < 0) return 0;
+    h2o_iovec_t origin = req->headers.entries[i].value;
+    int ok = origin_allowed(list, origin);
+    if (!ok) return 0;
+    if (ok == 2)
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ACCESS_CONTROL_ALLOW_ORIGIN, NULL,
+                       H2O_STRLIT("*"));
+    else {
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_ACCESS_CONTROL_ALLOW_ORIGIN, NULL,
+                       origin.base, origin.len);
+        h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_VARY, NULL, H2O_STRLIT("Origin"));
+    }
+    ssize_t m =
+        h2o_find_header_by_str(&req->headers, H2O_STRLIT("access-control-request-method"), -1);
+    if (!h2o_memis(req->method.base, req->method.len, H2O_STRLIT("OPTIONS")) || m < 0) return 0;
+    h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("access-control-allow-methods"),
+                          0, NULL, H2O_STRLIT("GET, POST, OPTIONS"));
+    ssize_t h =
+        h2o_find_header_by_str(&req->headers, H2O_STRLIT("access-control-request-headers"), -1);
+    if (h >= 0)
+        h2o_add_header_by_str(
+            &req->pool, &req->res.headers, H2O_STRLIT("access-control-allow-headers"), 0, NULL,
+            req->headers.entries[h].value.base, req->headers.entries[h].value.len);
+    h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT("access-control-max-age"), 0,
+                          NULL, H2O_STRLIT("600"));
+    req->res.status = 204;
+    req->res.reason = "No Content";
+    h2o_send_inline(req, "", 0);
+    return 1;
+}
+
 int http_routes_dispatch(struct http_loop *l, h2o_req_t *req)
 {
     struct http_server *s = l->srv;
+    if (cors(s, req)) return 0;
     size_t plen = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
     int found = -1;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
@@ -310,6 +414,8 @@ int http_routes_dispatch(struct http_loop *l, h2o_req_t *req)
         struct http_embed q;
         if (http_embed_parse(body, &s->model, &q, &he) < 0)
             http_reply_error(req, route, &he);
+        else if (admit(s, en, req, route, q.n_inputs) < 0)
+            http_embed_dispose(&q);
         else
             http_embed_start(l, req, &q);
     } else {
@@ -319,6 +425,8 @@ int http_routes_dispatch(struct http_loop *l, h2o_req_t *req)
         struct http_gen g;
         if (http_gen_parse(api, body, &s->model, &g, &he) < 0)
             http_reply_error(req, route, &he);
+        else if (admit(s, en, req, route, g.n_prompts * g.n) < 0)
+            http_gen_dispose(&g);
         else
             http_job_start(l, req, route, &g);
     }

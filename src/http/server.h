@@ -28,6 +28,11 @@ struct http_config {
     size_t max_body;                /* request body bytes at most; default 8 MiB */
     double shutdown_timeout;        /* seconds in-flight requests get at shutdown; default 30 */
     int skip_tokenizer_init;        /* no tokenizer: token-id prompts in, token ids out */
+    const char *allowed_origins;    /* CORS: "*", a comma or JSON list; NULL/"": none */
+    int max_waiting;                /* requests waiting in the engine at most; 0: no bound */
+    int max_conn_streams;       /* generation requests in progress per connection; 0: no bound */
+    size_t max_stream_buffer;   /* bytes a stream may hold for a client that does not read */
+    double stream_idle_timeout; /* seconds a stream's write may wait for the client */
     struct engine_config engine;
 };
 

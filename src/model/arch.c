@@ -2,6 +2,7 @@
 #include "model/arch.h"
 
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 
 static const struct arch *const archs[] = {
@@ -15,4 +16,15 @@ const struct arch *arch_find(const char *name)
     for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
         if (!strcmp(archs[i]->name, name)) return archs[i];
     return NULL;
+}
+
+void arch_list(char *buf, size_t n)
+{
+    size_t at = 0;
+    if (n) buf[0] = 0;
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0] && at < n; i++) {
+        int w = snprintf(buf + at, n - at, "%s%s", i ? ", " : "", archs[i]->name);
+        if (w < 0) break;
+        at += (size_t)w;
+    }
 }

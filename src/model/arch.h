@@ -11,6 +11,7 @@
 #define PAGODA_MODEL_ARCH_H
 
 #include <stdbool.h>
+#include <stddef.h>
 
 #include "common/err.h"
 
@@ -34,6 +35,8 @@ struct arch {
 
 /** The descriptor of an architecture name, or NULL when pagoda does not run it. */
 const struct arch *arch_find(const char *name);
+/** The config.json names of every supported architecture, ", "-separated, into buf[n]. */
+void arch_list(char *buf, size_t n);
 
 extern const struct arch arch_llama, arch_mistral, arch_qwen2, arch_qwen3;
 extern const struct arch arch_gemma2, arch_gemma3, arch_gemma4, arch_gemma4_vl;

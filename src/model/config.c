@@ -281,7 +281,9 @@ int config_load(struct model_config *c, const char *dir, struct err *e)
     snprintf(c->arch_name, sizeof c->arch_name, "%s", an);
     c->arch = arch_find(an);
     if (!c->arch) {
-        err_set(e, "config.json: architecture '%s' is not supported", an);
+        char names[512];
+        arch_list(names, sizeof names);
+        err_set(e, "config.json: architecture '%s' is not supported (supported: %s)", an, names);
         goto out;
     }
     /* A multimodal checkpoint (...ForConditionalGeneration) keeps the text tower's fields in

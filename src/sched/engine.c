@@ -430,13 +430,15 @@ uint64_t engine_submit(struct engine *en, const struct engine_request *q, struct
     return r->id;
 }
 
-void engine_abort(struct engine *en, uint64_t id)
+static void end_early(struct engine *en, uint64_t id, enum finish_reason why)
 {
     pthread_mutex_lock(&en->mu);
     if (en->n_aborts == en->cap_aborts) {
         en->cap_aborts = en->cap_aborts ? 2 * en->cap_aborts : 64;
         en->aborts = xrealloc(en->aborts, sizeof(uint64_t) * (size_t)en->cap_aborts);
+        en->abort_why = xrealloc(en->abort_why, sizeof *en->abort_why * (size_t)en->cap_aborts);
     }
+    en->abort_why[en->n_aborts] = why;
     en->aborts[en->n_aborts++] = id;
     pthread_cond_signal(&en->cv);
     pthread_mutex_unlock(&en->mu);
@@ -444,11 +446,21 @@ void engine_abort(struct engine *en, uint64_t id)
 
 /* ---- the loop ---- */
 
-static int find_and_mark(struct req_list *l, uint64_t id)
+void engine_abort(struct engine *en, uint64_t id)
+{
+    end_early(en, id, FINISH_ABORT);
+}
+
+void engine_stop_request(struct engine *en, uint64_t id)
+{
+    end_early(en, id, FINISH_STOP);
+}
+
+static int find_and_mark(struct req_list *l, uint64_t id, enum finish_reason why)
 {
     for (struct request *r = l->head; r; r = r->next)
         if (r->id == id) {
-            r->aborted = 1;
+            if (!r->aborted) r->aborted = why;
             return 1;
         }
     return 0;
@@ -464,7 +476,8 @@ static void intake_locked(struct engine *en)
         list_insert_ordered(&en->waiting, r);
     }
     for (int i = 0; i < en->n_aborts; i++)
-        if (!find_and_mark(&en->waiting, en->aborts[i])) find_and_mark(&en->running, en->aborts[i]);
+        if (!find_and_mark(&en->waiting, en->aborts[i], en->abort_why[i]))
+            find_and_mark(&en->running, en->aborts[i], en->abort_why[i]);
     en->n_aborts = 0;
 }
 
@@ -472,7 +485,7 @@ static void finish_aborted(struct engine *en, struct req_list *l)
 {
     for (struct request *r = l->head, *nx; r; r = nx) {
         nx = r->next;
-        if (r->aborted) req_finish(en, r, FINISH_ABORT, 1);
+        if (r->aborted) req_finish(en, r, (enum finish_reason)r->aborted, 1);
     }
 }
 
@@ -599,6 +612,7 @@ void engine_destroy(struct engine *en)
         pthread_cond_destroy(&en->cv);
     }
     free(en->aborts);
+    free(en->abort_why);
     free(en->b_tokens);
     free(en->b_pos);
     free(en->b_slot);

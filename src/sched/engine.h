@@ -211,6 +211,12 @@ uint64_t engine_submit(struct engine *en, const struct engine_request *req, stru
 
 /** Ends a request at the next step (its blocks return to the pool); unknown ids are ignored. */
 void engine_abort(struct engine *en, uint64_t id);
+/**
+ * Ends a request at the next step as FINISH_STOP: the caller found a stop condition the
+ * engine does not see (a stop string in the detokenized text). Counted as a stop, not an
+ * abort, in engine_stats.
+ */
+void engine_stop_request(struct engine *en, uint64_t id);
 
 /** Manual mode: runs one step; returns the requests still live (running + waiting). */
 int engine_step(struct engine *en);

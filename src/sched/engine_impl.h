@@ -43,7 +43,7 @@ struct request {
     int32_t *stop_ids;
     struct logit_bias *bias;
     struct rng rng;
-    int aborted;
+    int aborted; /* 0, or the finish reason an early end gives it (engine_abort / _stop_request) */
     struct gram_matcher *gm; /* structured output: the grammar's state after the output */
 
     /* embedding requests: the pooled rows so far, summed (mean) or copied (last, cls) */
@@ -107,6 +107,7 @@ struct engine {
     pthread_cond_t cv;
     struct req_list incoming;
     uint64_t *aborts;
+    enum finish_reason *abort_why; /* [cap_aborts]: FINISH_ABORT, or FINISH_STOP */
     int n_aborts, cap_aborts;
     int stop;
     struct engine_stats stats;

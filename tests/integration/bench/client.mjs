@@ -150,7 +150,11 @@ await run([
       assert.equal(x.good_requests, 8, 'generous objectives: every request is good');
       assert.ok(Math.abs(x.goodput - x.request_throughput) < 1e-9);
     }
-    assert.match(r.out, /concurrency +req\/s/);
+    assert.match(r.out, /concurrency +req\/s.* goodput\n/);
+    // the table's goodput column is the report's goodput, as printed (2 decimals)
+    const rows = r.out.split('\n').filter((l) => /^ +[14] /.test(l));
+    assert.equal(rows.length, 2, r.out);
+    rows.forEach((l, i) => assert.equal(l.trim().split(/ +/).at(-1), runs[i].goodput.toFixed(2)));
     const text = readFileSync(svg, 'utf8');
     assert.ok(text.startsWith('<svg') && text.trimEnd().endsWith('</svg>'));
     assert.equal((text.match(/<circle/g) || []).length, 8, 'two runs x median/P99 x 2 panels');

@@ -30,9 +30,48 @@ static void test_errors(void)
     free(o);
     char *a = http_error_anthropic(&he);
     CHECK(!strcmp(a, "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\","
-                     "\"message\":\"'temperature' must be a number\"}}"),
+                     "\"message\":\"temperature: must be a number\"}}"),
           "%s", a);
     free(a);
+    /* Anthropic messages: one "dotted.path: message" form whatever the parser wrote */
+    static const char *const forms[][3] = {
+        {"messages[0].content[1]", "messages[0].content[1]: unsupported block",
+         "messages.0.content.1: unsupported block"},
+        {"messages.0.role", "messages.0.role: unknown role", "messages.0.role: unknown role"},
+        {"stop_sequences", "must be a list", "stop_sequences: must be a list"},
+        {"", "the request body is not valid JSON", "the request body is not valid JSON"},
+    };
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        http_error_set(&he, 400, forms[i][0][0] ? forms[i][0] : NULL, "%s", forms[i][1]);
+        a = http_error_anthropic(&he);
+        cJSON *j = cJSON_Parse(a);
+        const char *m =
+            cJSON_GetObjectItem(cJSON_GetObjectItem(j, "error"), "message")->valuestring;
+        CHECK(!strcmp(m, forms[i][2]), "%s -> %s", forms[i][1], m);
+        cJSON_Delete(j);
+        free(a);
+    }
+    /* raw control characters inside strings and repeated members are refused; escapes and
+     * control characters between tokens are not */
+    static const struct {
+        const char *body;
+        int ok;
+    } bodies[] = {
+        {"{\"a\":\"x\\ty\"}", 1},
+        {"{\"a\":\"x\ty\"}", 0},
+        {"{\n\t\"a\":\r\n1}", 1},
+        {"{\"a\":\"\\\"\x01\"}", 0},
+        {"{\"a\":1,\"a\":2}", 0},
+        {"{\"a\":{\"b\":1,\"c\":2,\"b\":3}}", 0},
+        {"{\"a\":[{\"b\":1},{\"b\":2}]}", 1},
+        {"{\"a\":1,\"A\":2}", 1},
+    };
+    for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
+        memset(&he, 0, sizeof he);
+        cJSON *j = http_json_parse_body(bodies[i].body, strlen(bodies[i].body), &he);
+        CHECK(!!j == bodies[i].ok && (j || he.status == 400), "body %zu: %s", i, he.msg);
+        cJSON_Delete(j);
+    }
     CHECK(http_utf8_valid("h\xc3\xa9", 3), "valid");
     CHECK(!http_utf8_valid("\xc3", 1), "cut");
     CHECK(!http_utf8_valid("\xc0\xaf", 2), "overlong");

@@ -139,6 +139,8 @@ static void test_errors(void)
     if (pos) memcpy(pos, "LlamaForCausalXX", 16);
     write_file(d, "config.json", cfg, n);
     expect_error("unsupported arch", d, "config.json", "'LlamaForCausalXX' is not supported");
+    expect_error("unsupported arch names the supported", d, "config.json",
+                 "(supported: LlamaForCausalLM, MistralForCausalLM, ");
     free(cfg);
 
     d = fixture("badjson", 1);
