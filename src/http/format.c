@@ -285,10 +285,9 @@ void http_fmt_final(struct http_job *j, struct http_buf *o)
             if (j->g.logprobs)
                 completion_logprobs(o, j, j->g.echo ? c->plps : NULL, j->g.echo ? c->n_plps : 0,
                                     c->lps, c->n_lps, &pos);
-            if (pos.ts)
-                tok_stream_destroy(pos.ts);
             else
                 http_buf_puts(o, "null");
+            if (pos.ts) tok_stream_destroy(pos.ts);
         }
         http_buf_printf(o, ",\"finish_reason\":\"%s\"", openai_finish(c->finish));
         if (j->g.return_ids) {

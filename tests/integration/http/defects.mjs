@@ -68,8 +68,17 @@ await run([
   }),
   test('priority orders the waiting queue (lower first, as vLLM)', async () => {
     const done = [];
-    const a = postJson(srv.base, '/v1/completions', cmpl({ max_tokens: 300, ignore_eos: true }));
-    await new Promise((r) => setTimeout(r, 300)); // A runs; the single slot is taken
+    // A streams a long output: once its first event is in, it holds the single slot
+    // (about a second on this model), and the others queue behind it.
+    const res = await fetch(`${srv.base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify(cmpl({ max_tokens: 3500, ignore_eos: true, stream: true })),
+    });
+    assert.equal(res.status, 200);
+    const reader = res.body.getReader();
+    await reader.read();
+    const a = (async () => { while (!(await reader.read()).done); })();
     const order = [['late', 10], ['early', -10], ['default', undefined]];
     const jobs = [];
     for (const [name, priority] of order) {
