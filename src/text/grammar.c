@@ -645,6 +645,8 @@ void gram_unref(struct gram *g)
 {
     if (!g || __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
     gram_cache_free(g->cache);
+    free(g->pos_rule);
+    free(g->follow);
     pthread_mutex_destroy(&g->mu);
     free(g->syms);
     free(g->alt_pos);

@@ -10,6 +10,7 @@
 
 #include "common/util.h"
 #include "text/grammar.h"
+#include "text/grammar_impl.h"
 #include "test_util.h"
 
 static int accepts(struct gram *g, const char *s)
@@ -488,7 +489,8 @@ static void test_masks(const char *testdata)
     int words = (V + 31) / 32;
     uint32_t *mask = xmalloc(sizeof *mask * (size_t)words);
     /* later instances of a schema reuse its grammar: states met for the first time there
-     * are built from the token sets of positions met before */
+     * are built from the token sets of positions met before (masks by state and by
+     * position: grammar_match.c) */
     static const char *const sch[][3] = {
         {PERSON, "{\"name\": \"Bo\\\"b \xc3\xa9\", \"age\": -30}",
          "{ \"name\" : \"\\u00e9x\" , \"age\" : 7 }"},
@@ -496,11 +498,25 @@ static void test_masks(const char *testdata)
          "{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[{\"v\":3,\"kids\":[{\"v\":4,\"kids\":[]}]}]}]}"},
         {"{\"type\":\"string\",\"format\":\"date-time\"}", "\"2024-02-29T12:30:00Z\"",
          "\"1999-12-31T23:59:59.5+01:00\""},
+        {"gbnf:root ::= item (\",\" ws item)*\n"
+         "item ::= [a-z]+ | \"\\\"\" [^\"]* \"\\\"\" | \"(\" ws root ws \")\"\n"
+         "ws ::= \" \"*\n",
+         "ab, \"q r\",( c )", "x,((y, \"z\")),w"},
+        {"re:(ab|a)*c[0-9]{2,4}", "abac12", "aababc1234"},
     };
     int states = 0;
     for (size_t k = 0; k < sizeof sch / sizeof sch[0]; k++) {
-        struct gram *g = gram_from_json_schema(sch[k][0], strlen(sch[k][0]), &e);
-        for (int r = 1; r <= 2; r++) {
+        const char *src = sch[k][0];
+        struct gram *g = !strncmp(src, "gbnf:", 5) ? gram_from_gbnf(src + 5, strlen(src + 5), &e)
+                         : !strncmp(src, "re:", 3) ? gram_from_regex(src + 3, strlen(src + 3), &e)
+                                                   : gram_from_json_schema(src, strlen(src), &e);
+        CHECK(g, "grammar %zu: %s", k, e.msg);
+        if (!g) continue;
+        for (int pass = 0; pass < 4; pass++) {
+            /* the last two passes drop the masks cached by state: each state's mask is
+             * then built from the token sets its positions got in the first two */
+            int r = 1 + pass % 2;
+            if (pass == 2) gram_forget_states(g);
             struct gram_matcher *m = gram_matcher_create(g);
             const char *inst = sch[k][r];
             size_t n = strlen(inst);
