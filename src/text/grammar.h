@@ -44,6 +44,12 @@ enum gram_kind { GRAM_JSON_SCHEMA, GRAM_REGEX, GRAM_GBNF, GRAM_JSON_OBJECT };
  */
 struct gram *gram_compile_cached(enum gram_kind kind, const char *text, size_t len, struct err *e);
 
+/** Compiles (any of the above) running longer than ms fail with an error naming the bound
+ * (the server's --grammar-compile-timeout); 0: no bound. Process-wide; default
+ * GRAM_COMPILE_TIMEOUT_MS. */
+#define GRAM_COMPILE_TIMEOUT_MS 5000
+void gram_set_compile_timeout(int ms);
+
 /** References: creators return one; each gram_ref needs a gram_unref. */
 struct gram *gram_ref(struct gram *g);
 void gram_unref(struct gram *g);

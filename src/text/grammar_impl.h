@@ -42,8 +42,10 @@ struct gb {
     int n_rules, cap_rules;
     struct gbset *sets;
     int n_sets, cap_sets;
-    int depth;      /* nesting of the front end, against unbounded recursion */
-    long n_symbols; /* in all alternatives so far, against GB_MAX_SYMBOLS */
+    int depth;       /* nesting of the front end, against unbounded recursion */
+    long n_symbols;  /* in all alternatives so far, against GB_MAX_SYMBOLS */
+    double deadline; /* monotonic seconds, 0: none (gram_set_compile_timeout) */
+    int timeout_ms;
     struct err *e;
     int failed;
 };

@@ -475,6 +475,25 @@ static void test_choices(void)
     gram_unref(g);
 }
 
+/* A compile past the bound fails with an error naming it; within it, it succeeds. */
+static void test_compile_timeout(void)
+{
+    struct err e = {0};
+    const char *re = "(a{1,999}b){1,900}"; /* about 900K symbols */
+    gram_set_compile_timeout(1);
+    struct gram *g = gram_from_regex(re, strlen(re), &e);
+    CHECK(!g, "compiled within 1 ms");
+    CHECK(strstr(e.msg, "compiling took longer than 1 ms (--grammar-compile-timeout)"), "%s",
+          e.msg);
+    gram_unref(g);
+    gram_set_compile_timeout(0);
+    e = (struct err){0};
+    g = gram_from_regex("a{1,999}", 8, &e);
+    CHECK(g, "%s", e.msg);
+    gram_unref(g);
+    gram_set_compile_timeout(GRAM_COMPILE_TIMEOUT_MS);
+}
+
 /* Masks against the brute force: every token's bytes tried on the matcher. */
 static void test_masks(const char *testdata)
 {
@@ -558,6 +577,7 @@ int main(int argc, char **argv)
     test_regex();
     test_gbnf();
     test_choices();
+    test_compile_timeout();
     test_masks(testdata);
     TEST_DONE();
 }
