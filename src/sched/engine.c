@@ -529,6 +529,7 @@ static void free_request(struct request *r)
     free(r->ptop);
     free(r->pool);
     gram_matcher_destroy(r->gm);
+    free(r->gmask);
     free(r);
 }
 
@@ -607,6 +608,7 @@ void engine_destroy(struct engine *en)
     free(en->hit_blocks);
     free(en->hit_hashes);
     free(en->work);
+    masks_stop(en);
     free(en->gmask);
     gram_vocab_destroy(en->gvocab);
     free(en->counts);
