@@ -82,8 +82,9 @@ int gram_matcher_is_terminated(const struct gram_matcher *m);
 /**
  * The tokens that may come next: mask[(n_vocab + 31) / 32] words, bit id of word id / 32
  * set when the token's bytes are a valid continuation (eos ids: when the grammar can end).
- * Cached per state in the grammar; a miss walks the trie, pruning at the first rejected
- * byte.
+ * Cached per state in the grammar; a miss joins the token sets of the state's stacks'
+ * top positions (each computed once per grammar by a trie walk, and also cached) and
+ * checks against the whole state only the tokens that run past those positions' rules.
  */
 void gram_matcher_fill_mask(struct gram_matcher *m, const struct gram_vocab *v, uint32_t *mask);
 
