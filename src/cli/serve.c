@@ -6,6 +6,7 @@
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "http/server.h"
+#include "text/grammar.h"
 
 /* The model served when --model is not given (when that folder exists). */
 #define DEFAULT_MODEL "models/demo"
@@ -23,6 +24,9 @@ static void usage_serve(FILE *f)
             "  --api-key KEY            require 'Authorization: Bearer KEY' or 'x-api-key'\n"
             "  --max-body-size BYTES    largest request body (default 8388608)\n"
             "  --shutdown-timeout S     seconds in-flight requests get on SIGTERM (default 30)\n"
+            "  --grammar-compile-timeout MS\n"
+            "                           compiling a request's JSON schema, regex or grammar past\n"
+            "                           this is a 400 (default 5000; 0: no bound)\n"
             "  --skip-tokenizer-init    load no tokenizer: /v1/completions takes token-id prompts\n"
             "                           and answers with token_ids (text \"\"); chat, text\n"
             "                           prompts, stop strings, /tokenize are a 400\n"
@@ -72,6 +76,7 @@ int cli_serve(int argc, char **argv)
                                                  "--allowed-origins",
                                                  "--max-streams-per-connection",
                                                  "--stream-idle-timeout",
+                                                 "--grammar-compile-timeout",
                                                  NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++) known |= !strcmp(a, with_value[k]);
@@ -104,6 +109,9 @@ int cli_serve(int argc, char **argv)
         } else if (!strcmp(a, "--max-body-size")) {
             if (arg_int(a, v, 1024, 1L << 32, &n)) return 2;
             cfg.max_body = (size_t)n;
+        } else if (!strcmp(a, "--grammar-compile-timeout")) {
+            if (arg_int(a, v, 0, 3600000, &n)) return 2;
+            gram_set_compile_timeout((int)n);
         } else if (!strcmp(a, "--shutdown-timeout")) {
             if (arg_float(a, v, &d)) return 2;
             if (d < 0 || d > 86400) {

@@ -551,6 +551,7 @@ static void free_request(struct request *r)
     free(r->ptop);
     free(r->pool);
     gram_matcher_destroy(r->gm);
+    free(r->gmask);
     free(r);
 }
 
@@ -631,6 +632,7 @@ void engine_destroy(struct engine *en)
     free(en->hit_blocks);
     free(en->hit_hashes);
     free(en->work);
+    masks_stop(en);
     free(en->gmask);
     gram_vocab_destroy(en->gvocab);
     free(en->counts);

@@ -45,6 +45,8 @@ struct request {
     struct rng rng;
     int aborted; /* 0, or the finish reason an early end gives it (engine_abort / _stop_request) */
     struct gram_matcher *gm; /* structured output: the grammar's state after the output */
+    uint32_t *gmask;         /* its next mask, computed during the forward pass (masks.c) */
+    int gmask_ready;
 
     /* embedding requests: the pooled rows so far, summed (mean) or copied (last, cls) */
     int embed;
@@ -144,8 +146,15 @@ struct engine {
     float *work;               /* [vocab] sampling scratch */
     uint32_t *gmask;           /* [(vocab + 31) / 32] the allowed tokens of a grammar request */
     struct gram_vocab *gvocab; /* built on the first grammar request (guarded by mu) */
-    uint32_t *counts;          /* [vocab] zeroed between uses */
-    int32_t *cand;             /* [vocab] candidate ids */
+    /* the thread that computes grammar requests' masks while a step's forward pass runs
+     * (masks.c): the step's requests in mq[0..mq_n), mq_done once all are filled */
+    pthread_t mthread;
+    int mthread_on, mquit, mq_n, mq_cap, mq_busy, mq_done;
+    struct request **mq;
+    pthread_mutex_t mmu;
+    pthread_cond_t mcv;
+    uint32_t *counts; /* [vocab] zeroed between uses */
+    int32_t *cand;    /* [vocab] candidate ids */
     struct token_logprob top[ENGINE_MAX_TOP_LOGPROBS];
 
     /* embedding requests (models that can embed): the step's hidden rows, final-normed */
@@ -204,5 +213,11 @@ void list_append(struct req_list *l, struct request *r);
 void list_remove(struct req_list *l, struct request *r);
 /* Inserts by (priority, arrival): lower first. */
 void list_insert_ordered(struct req_list *l, struct request *r);
+
+/* masks.c: grammar masks of the step's sampling requests on a worker thread, started
+ * before the forward pass and waited for after it; sample.c uses r->gmask when ready. */
+void masks_start(struct engine *en, const struct step_seq *plan, int n_plan);
+void masks_wait(struct engine *en);
+void masks_stop(struct engine *en);
 
 #endif

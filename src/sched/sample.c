@@ -165,7 +165,12 @@ int sample_nucleus(int32_t *ids, int n, const float *w, float mx, double inv_t, 
 static void apply_grammar(struct engine *en, struct request *r, float *x)
 {
     uint32_t *mask = en->gmask;
-    gram_matcher_fill_mask(r->gm, en->gvocab, mask);
+    if (r->gmask_ready) { /* computed during the forward pass (masks.c) */
+        mask = r->gmask;
+        r->gmask_ready = 0;
+    } else {
+        gram_matcher_fill_mask(r->gm, en->gvocab, mask);
+    }
     int V = en->vocab, any = 0;
     for (int w = 0; w < (V + 31) / 32; w++) any |= mask[w] != 0;
     if (!any) return;

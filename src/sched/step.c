@@ -622,7 +622,10 @@ int step_run(struct engine *en)
                 if (!en->overlap) collect(en, &sc);
             } else {
                 en->greedy_step = 0;
+                struct step_seq *ps = en->plans[en->cur];
+                masks_start(en, ps, n_plan);
                 model_forward(en->m, &b, en->logits);
+                masks_wait(en);
                 read_hidden(en, &b);
                 struct step_seq *plan = en->plans[en->cur];
                 for (int s = 0; s < n_plan; s++) advance(en, &plan[s], &sc);

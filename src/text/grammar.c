@@ -7,14 +7,31 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/util.h"
 #include "text/grammar_impl.h"
+
+static int compile_timeout_ms = GRAM_COMPILE_TIMEOUT_MS;
+
+void gram_set_compile_timeout(int ms)
+{
+    __atomic_store_n(&compile_timeout_ms, ms < 0 ? 0 : ms, __ATOMIC_RELAXED);
+}
+
+static double mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 void gb_init(struct gb *b, struct err *e)
 {
     memset(b, 0, sizeof *b);
     b->e = e;
+    b->timeout_ms = __atomic_load_n(&compile_timeout_ms, __ATOMIC_RELAXED);
+    if (b->timeout_ms) b->deadline = mono() + 1e-3 * b->timeout_ms;
     b->cap_sets = 512;
     b->sets = xcalloc((size_t)b->cap_sets, sizeof *b->sets);
     for (int c = 0; c < 256; c++) b->sets[c].w[c >> 5] = 1u << (c & 31);
@@ -83,6 +100,12 @@ void gb_alt_add(struct gb *b, int rule, const int32_t *syms, int n)
     if (b->n_symbols > GB_MAX_SYMBOLS) {
         gb_fail(b, "grammar too large (more than %d symbols)", GB_MAX_SYMBOLS);
         n = 0; /* failed: what is built is never used */
+    }
+    /* the clock once every 4096 symbols */
+    if (b->deadline && !b->failed && b->n_symbols >> 12 != (b->n_symbols - n) >> 12 &&
+        mono() > b->deadline) {
+        gb_fail(b, "compiling took longer than %d ms (--grammar-compile-timeout)", b->timeout_ms);
+        n = 0;
     }
     struct gb_rule *r = &b->rules[rule];
     r->alts = xrealloc(r->alts, sizeof *r->alts * (size_t)(r->n_alts + 1));
@@ -645,6 +668,8 @@ void gram_unref(struct gram *g)
 {
     if (!g || __atomic_sub_fetch(&g->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
     gram_cache_free(g->cache);
+    free(g->pos_rule);
+    free(g->follow);
     pthread_mutex_destroy(&g->mu);
     free(g->syms);
     free(g->alt_pos);

@@ -44,6 +44,12 @@ enum gram_kind { GRAM_JSON_SCHEMA, GRAM_REGEX, GRAM_GBNF, GRAM_JSON_OBJECT };
  */
 struct gram *gram_compile_cached(enum gram_kind kind, const char *text, size_t len, struct err *e);
 
+/** Compiles (any of the above) running longer than ms fail with an error naming the bound
+ * (the server's --grammar-compile-timeout); 0: no bound. Process-wide; default
+ * GRAM_COMPILE_TIMEOUT_MS. */
+#define GRAM_COMPILE_TIMEOUT_MS 5000
+void gram_set_compile_timeout(int ms);
+
 /** References: creators return one; each gram_ref needs a gram_unref. */
 struct gram *gram_ref(struct gram *g);
 void gram_unref(struct gram *g);
@@ -76,8 +82,9 @@ int gram_matcher_is_terminated(const struct gram_matcher *m);
 /**
  * The tokens that may come next: mask[(n_vocab + 31) / 32] words, bit id of word id / 32
  * set when the token's bytes are a valid continuation (eos ids: when the grammar can end).
- * Cached per state in the grammar; a miss walks the trie, pruning at the first rejected
- * byte.
+ * Cached per state in the grammar; a miss joins the token sets of the state's stacks'
+ * top positions (each computed once per grammar by a trie walk, and also cached) and
+ * checks against the whole state only the tokens that run past those positions' rules.
  */
 void gram_matcher_fill_mask(struct gram_matcher *m, const struct gram_vocab *v, uint32_t *mask);
 

@@ -42,8 +42,10 @@ struct gb {
     int n_rules, cap_rules;
     struct gbset *sets;
     int n_sets, cap_sets;
-    int depth;      /* nesting of the front end, against unbounded recursion */
-    long n_symbols; /* in all alternatives so far, against GB_MAX_SYMBOLS */
+    int depth;       /* nesting of the front end, against unbounded recursion */
+    long n_symbols;  /* in all alternatives so far, against GB_MAX_SYMBOLS */
+    double deadline; /* monotonic seconds, 0: none (gram_set_compile_timeout) */
+    int timeout_ms;
     struct err *e;
     int failed;
 };
@@ -105,10 +107,15 @@ struct gram {
     int n_sets;
     int root;
     int refs;
-    pthread_mutex_t mu; /* the cache */
+    pthread_mutex_t mu; /* the cache, and the two below when first made */
     struct gram_cache *cache;
+    int32_t *pos_rule;    /* the rule of each position in syms (grammar_match.c) */
+    struct gbset *follow; /* by rule: the bytes that may come right after it */
 };
 
 void gram_cache_free(struct gram_cache *c);
+/* Drops the masks cached by state, keeping the token sets by position: the next mask of
+ * every state is built from those (bench grammar and tests measure and check that path). */
+void gram_forget_states(struct gram *g);
 
 #endif

@@ -55,6 +55,10 @@ struct gram_matcher {
     int cap_lv;
     int32_t *key;
     int cap_key;
+    uint32_t *cm; /* build_mask scratch */
+    int cap_cm;
+    int32_t *cand;
+    int cap_cand;
 };
 
 #define H0 0x9E3779B97F4A7C15ull
@@ -66,9 +70,10 @@ static uint64_t mix(uint64_t h, int32_t pos)
     return h ^ (h >> 31);
 }
 
+/* Below the bottom frame: -1 (the grammar's end), or SENT (an unknown stack: masks, below). */
 static inline uint64_t hash_of(const struct gram_matcher *m, int32_t n)
 {
-    return n < 0 ? H0 : m->nodes[n].h;
+    return n >= 0 ? m->nodes[n].h : n == -1 ? H0 : ~H0;
 }
 
 static int32_t node_new(struct gram_matcher *m, int32_t pos, int32_t parent)
@@ -131,7 +136,7 @@ static void closure(struct gram_matcher *m, int32_t pos, int32_t parent)
     for (;;) {
         int32_t s = g->syms[pos];
         if (s == GSYM_END) {
-            if (parent < 0) {
+            if (parent < 0) { /* the grammar's end, or out of a mask walk's position */
                 m->out_acc = 1;
                 return;
             }
@@ -194,6 +199,7 @@ void gram_matcher_destroy(struct gram_matcher *m)
     gram_unref(m->g);
     free(m->nodes), free(m->cur), free(m->out), free(m->tmp), free(m->vis);
     free(m->buf), free(m->lv), free(m->key), free(m->ws), free(m->wtab), free(m->trans);
+    free(m->cm), free(m->cand);
     free(m);
 }
 
@@ -462,10 +468,25 @@ struct centry {
     uint32_t *mask;
 };
 
+/* A position's token sets (see build_mask). */
+struct gpos {
+    int32_t p1, p2; /* the top frame's position and the next one's (-1: none) */
+    int done;
+    uint32_t *acc_mask; /* accepted as a bitmask, or */
+    int32_t *acc;       /* as a list of ids, whichever is smaller */
+    int n_acc;
+    uint32_t *unc_mask; /* uncertain tokens as indices into v->order: a bitmask, or */
+    int32_t *unc;       /* an ascending list, whichever is smaller */
+    int n_unc;
+};
+
 struct gram_cache {
     const struct gram_vocab *v;
     struct centry *t; /* open addressing, [cap] */
     int n, cap;
+    struct gpos **pt; /* token sets by the positions of a stack's top two frames: open
+                         addressing, [cap_pt] */
+    int n_pt, cap_pt;
 };
 
 void gram_cache_free(struct gram_cache *c)
@@ -473,6 +494,11 @@ void gram_cache_free(struct gram_cache *c)
     if (!c) return;
     for (int i = 0; i < c->cap; i++)
         if (c->t[i].key) free(c->t[i].key), free(c->t[i].mask);
+    for (int i = 0; i < c->cap_pt; i++)
+        if (c->pt[i])
+            free(c->pt[i]->acc_mask), free(c->pt[i]->acc), free(c->pt[i]->unc),
+                free(c->pt[i]->unc_mask), free(c->pt[i]);
+    free(c->pt);
     free(c->t);
     free(c);
 }
@@ -515,9 +541,10 @@ struct wstate {
     int32_t off, n; /* stacks: m->buf[off .. off + n) */
     int acc;
     uint64_t h;
-    int32_t trans;  /* index of its [256] transitions in m->trans, -1 until needed */
-    uint16_t loops; /* byte classes every byte of which leads back to this state */
-    int visits;     /* trie nodes tried from it */
+    int32_t trans;    /* index of its [256] transitions in m->trans, -1 until needed */
+    uint16_t loops;   /* byte classes every byte of which leads back to this state */
+    int visits;       /* trie nodes tried from it */
+    struct gbset adm; /* the bytes its stacks' tops admit: any other byte is dead */
 };
 
 /* A state tried this often gets its looping classes worked out (up to 256 steps): worth it
@@ -551,7 +578,12 @@ static int32_t intern(struct gram_matcher *m, int32_t *s, int n, int acc)
                 m->cap_ws = m->cap_ws ? 2 * m->cap_ws : 64;
                 m->ws = xrealloc(m->ws, sizeof *m->ws * (size_t)m->cap_ws);
             }
-            m->ws[m->n_ws] = (struct wstate){m->n_buf, n, acc, h, -1, 0, 0};
+            struct wstate *x = &m->ws[m->n_ws];
+            *x = (struct wstate){m->n_buf, n, acc, h, -1, 0, 0, {{0}}};
+            for (int k = 0; k < n; k++) {
+                const struct gbset *set = &m->g->sets[GSYM_ID(m->g->syms[m->nodes[s[k]].pos])];
+                for (int b = 0; b < 8; b++) x->adm.w[b] |= set->w[b];
+            }
             m->n_buf += n;
             m->wtab[i] = m->n_ws;
             return m->n_ws++;
@@ -580,6 +612,7 @@ static int32_t intern(struct gram_matcher *m, int32_t *s, int n, int acc)
 /* The state after byte c from walk state w, or T_DEAD. */
 static int32_t transition(struct gram_matcher *m, int32_t w, unsigned c)
 {
+    if (!(m->ws[w].adm.w[c >> 5] >> (c & 31) & 1)) return T_DEAD;
     if (m->ws[w].trans < 0) {
         grow(&m->trans, &m->cap_trans, m->n_trans + 256);
         for (int k = 0; k < 256; k++) m->trans[m->n_trans + k] = T_UNKNOWN;
@@ -616,33 +649,161 @@ static void loops_of(struct gram_matcher *m, int32_t w)
     m->ws[w].loops = (uint16_t)(~bad & ((1u << N_CLS) - 1));
 }
 
-/* Every token whose bytes the state accepts, walking the trie in preorder and skipping the
- * subtree below the first rejected byte. Cost: a transition lookup per trie node visited,
- * a matcher step per distinct (state, byte) pair. */
-static void walk(struct gram_matcher *m, const struct gram_vocab *v, uint32_t *mask)
+/*
+ * Masks are built from per-position token sets (the split XGrammar makes). A stack's top is
+ * a position in one alternative; the stack below it only matters once a token's bytes run
+ * past the end of that alternative. So for each position the trie is walked once with an
+ * unknown stack below (a parent marked SENT), sorting every token into
+ *   accepted:  some path takes all its bytes without leaving the alternative;
+ *   uncertain: not accepted, but some path leaves the alternative (pops into the unknown
+ *              stack) before or right after its last byte;
+ *   rejected:  the rest.
+ * These sets depend on the grammar and the vocabulary only, so they are computed the first
+ * time a position is met and kept in the grammar for every later state and request. A
+ * state's mask is then the union of its stacks' accepted sets and those of their uncertain
+ * tokens that the whole state accepts, tried in trie order so shared prefixes are stepped
+ * once.
+ */
+#define SENT (-2)
+
+/* Resets the walk's tables and interns the stacks s[0..n) + acc as the walk's first state. */
+static int32_t walk_begin(struct gram_matcher *m, const struct gram_vocab *v, const int32_t *s,
+                          int n, int acc)
 {
-    int words = (v->n_vocab + 31) / 32;
-    memset(mask, 0, sizeof *mask * (size_t)words);
     grow(&m->lv, &m->cap_lv, v->max_depth + 1);
-    int base = m->n_nodes;
     m->n_ws = m->n_buf = m->n_trans = 0;
     if (!m->wtab) {
         m->cap_wtab = 256;
         m->wtab = xmalloc(sizeof *m->wtab * (size_t)m->cap_wtab);
     }
     for (int i = 0; i < m->cap_wtab; i++) m->wtab[i] = -1;
-    grow(&m->tmp, &m->cap_tmp, m->n_cur);
-    cpy(m->tmp, m->cur, m->n_cur);
+    grow(&m->tmp, &m->cap_tmp, n);
+    cpy(m->tmp, s, n);
+    return intern(m, m->tmp, n, acc);
+}
+
+static void unc_add_range(int32_t **u, int *n, int *cap, int32_t a, int32_t b)
+{
+    if (a >= b) return;
+    grow(u, cap, *n + (b - a));
+    for (int32_t k = a; k < b; k++) (*u)[(*n)++] = k;
+}
+
+/*
+ * The token sets of position pos, walking the trie in preorder from the stack (pos, SENT)
+ * and skipping the subtree below the first rejected byte. In this walk a state's acc flag
+ * means the step into it popped past the alternative's end. Cost: a transition lookup per
+ * trie node visited, a matcher step per distinct (state, byte) pair.
+ */
+static void walk_pos(struct gram_matcher *m, const struct gram_vocab *v, int32_t p1, int32_t p2,
+                     struct gpos *out)
+{
+    const struct gbset *follow = m->g->follow;
+    const int32_t *pos_rule = m->g->pos_rule;
+    int words = (v->n_vocab + 31) / 32;
+    uint32_t *mask = xcalloc((size_t)words, sizeof *mask);
+    int32_t *unc = NULL;
+    int n_unc = 0, cap_unc = 0, n_acc = 0;
+    int base = m->n_nodes;
+    int32_t top = node_new(m, p1, p2 >= 0 ? node_new(m, p2, SENT) : SENT);
+    walk_begin(m, v, &top, 1, 0);
     int32_t *lv = m->lv;
-    lv[0] = intern(m, m->tmp, m->n_cur, m->acc);
+    lv[0] = 0;
+    /* pend[d]: some path to trie depth d has just left the alternative (the next byte must
+     * be able to follow its rule); out[d]: some path has left it and taken such a byte, so
+     * the rest of the token is the unknown stack's to judge */
+    uint8_t *pend = xcalloc((size_t)v->max_depth + 1, 1);
+    uint8_t *out_ = xcalloc((size_t)v->max_depth + 1, 1);
+    const struct gbset *fol = &follow[pos_rule[p2 >= 0 ? p2 : p1]];
     const struct tnode *tn = v->t;
     for (int i = 1; i < v->n_nodes;) {
         const struct tnode *x = &tn[i];
-        struct wstate *up = &m->ws[lv[x->depth - 1]];
-        /* every byte below stays in this state: the whole subtree is allowed */
+        int d = x->depth;
+        struct wstate *up = &m->ws[lv[d - 1]];
+        /* every byte below stays in this state (which has stacks): all accepted */
         if (!(x->cls & ~up->loops)) {
             for (int32_t k = x->tok0; k < x->tok_end; k++) {
                 int32_t id = v->order[k];
+                mask[id >> 5] |= 1u << (id & 31);
+            }
+            n_acc += x->tok_end - x->tok0;
+            i = x->skip;
+            continue;
+        }
+        int ctx = out_[d - 1] || (pend[d - 1] && (fol->w[x->byte >> 5] >> (x->byte & 31) & 1));
+        if (up->n && ++up->visits == LOOP_AFTER) loops_of(m, lv[d - 1]);
+        int32_t t = transition(m, lv[d - 1], x->byte);
+        if (t == T_DEAD) {
+            if (ctx) unc_add_range(&unc, &n_unc, &cap_unc, x->tok0, x->tok_end);
+            i = x->skip;
+            continue;
+        }
+        /* tokens ending here: taken inside the alternative, or left to the stack below
+         * (this step popped, or an earlier pop took this byte) */
+        if (m->ws[t].n > 0) {
+            for (int k = 0; k < x->tok_n; k++) {
+                int32_t id = v->order[x->tok0 + k];
+                mask[id >> 5] |= 1u << (id & 31);
+            }
+            n_acc += x->tok_n;
+        } else {
+            unc_add_range(&unc, &n_unc, &cap_unc, x->tok0, x->tok0 + x->tok_n);
+        }
+        pend[d] = (uint8_t)m->ws[t].acc;
+        out_[d] = (uint8_t)ctx;
+        lv[d] = t;
+        i++;
+    }
+    free(pend), free(out_);
+    m->n_nodes = base;
+    if (n_acc < words) { /* the list is smaller */
+        out->acc = xmalloc(sizeof *out->acc * (size_t)(n_acc ? n_acc : 1));
+        for (int w = 0; w < words; w++)
+            for (uint32_t b = mask[w]; b; b &= b - 1)
+                out->acc[out->n_acc++] = w * 32 + __builtin_ctz(b);
+        free(mask);
+    } else {
+        out->acc_mask = mask;
+        out->n_acc = n_acc;
+    }
+    if (n_unc >= words) {
+        out->unc_mask = xcalloc((size_t)words, sizeof *out->unc_mask);
+        for (int k = 0; k < n_unc; k++) out->unc_mask[unc[k] >> 5] |= 1u << (unc[k] & 31);
+        free(unc);
+    } else {
+        out->unc = unc;
+    }
+    out->n_unc = n_unc;
+    out->p1 = p1;
+    out->p2 = p2;
+    out->done = 1;
+}
+
+/* Sets the bits of the tokens in cand[0..n) (indices into v->order, ascending) whose bytes
+ * the matcher's state accepts: a walk of the trie from the whole state that enters only
+ * subtrees holding candidates and leaves one at its first rejected byte. */
+static void verify(struct gram_matcher *m, const struct gram_vocab *v, const int32_t *cand, int n,
+                   uint32_t *mask)
+{
+    if (!n) return;
+    int base = m->n_nodes;
+    walk_begin(m, v, m->cur, m->n_cur, m->acc);
+    int32_t *lv = m->lv;
+    lv[0] = 0;
+    const struct tnode *tn = v->t;
+    int j = 0;
+    for (int i = 1; i < v->n_nodes && j < n;) {
+        const struct tnode *x = &tn[i];
+        while (j < n && cand[j] < x->tok0) j++;
+        if (j == n) break;
+        if (cand[j] >= x->tok_end) {
+            i = x->skip;
+            continue;
+        }
+        struct wstate *up = &m->ws[lv[x->depth - 1]];
+        if (!(x->cls & ~up->loops)) { /* the whole subtree is accepted */
+            for (; j < n && cand[j] < x->tok_end; j++) {
+                int32_t id = v->order[cand[j]];
                 mask[id >> 5] |= 1u << (id & 31);
             }
             i = x->skip;
@@ -654,8 +815,8 @@ static void walk(struct gram_matcher *m, const struct gram_vocab *v, uint32_t *m
             i = x->skip;
             continue;
         }
-        for (int k = 0; k < x->tok_n; k++) {
-            int32_t id = v->order[x->tok0 + k];
+        for (; j < n && cand[j] < x->tok0 + x->tok_n; j++) {
+            int32_t id = v->order[cand[j]];
             mask[id >> 5] |= 1u << (id & 31);
         }
         if (m->ws[t].n == 0) { /* complete: no byte may follow */
@@ -666,6 +827,197 @@ static void walk(struct gram_matcher *m, const struct gram_vocab *v, uint32_t *m
         i++;
     }
     m->n_nodes = base;
+}
+
+static int set_or(struct gbset *d, const struct gbset *x)
+{
+    int ch = 0;
+    for (int i = 0; i < 8; i++) {
+        uint32_t w = d->w[i] | x->w[i];
+        ch |= w != d->w[i];
+        d->w[i] = w;
+    }
+    return ch;
+}
+
+/* g->pos_rule, and g->follow: the FOLLOW sets of the rules over bytes (with FIRST and
+ * nullability on the way), iterated to a fixed point. The end of the grammar adds no
+ * byte. Called under g->mu. */
+static void make_follow(struct gram *g)
+{
+    if (g->follow) return;
+    int R = g->n_rules;
+    int32_t *pr = xmalloc(sizeof *pr * (size_t)(g->n_syms ? g->n_syms : 1));
+    for (int r = 0; r < R; r++)
+        for (int a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++)
+            for (int p = g->alt_pos[a];; p++) {
+                pr[p] = r;
+                if (g->syms[p] == GSYM_END) break;
+            }
+    struct gbset *first = xcalloc((size_t)R, sizeof *first);
+    struct gbset *fol = xcalloc((size_t)R, sizeof *fol);
+    uint8_t *nul = xcalloc((size_t)R, 1);
+    for (int ch = 1; ch;) {
+        ch = 0;
+        for (int r = 0; r < R; r++)
+            for (int a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++) {
+                int p = g->alt_pos[a];
+                for (;; p++) {
+                    int32_t s = g->syms[p];
+                    if (s == GSYM_END) break;
+                    if (!GSYM_IS_RULE(s)) {
+                        ch |= set_or(&first[r], &g->sets[GSYM_ID(s)]);
+                        break;
+                    }
+                    ch |= set_or(&first[r], &first[GSYM_ID(s)]);
+                    if (!nul[GSYM_ID(s)]) break;
+                }
+                if (g->syms[p] == GSYM_END && !nul[r]) nul[r] = 1, ch = 1;
+            }
+    }
+    for (int ch = 1; ch;) {
+        ch = 0;
+        for (int r = 0; r < R; r++)
+            for (int a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++)
+                for (int p = g->alt_pos[a]; g->syms[p] != GSYM_END; p++) {
+                    int32_t s = g->syms[p];
+                    if (!GSYM_IS_RULE(s)) continue;
+                    struct gbset *f = &fol[GSYM_ID(s)];
+                    int q = p + 1;
+                    for (;; q++) { /* FIRST of what follows, and FOLLOW(r) if it may be empty */
+                        int32_t t = g->syms[q];
+                        if (t == GSYM_END) {
+                            ch |= set_or(f, &fol[r]);
+                            break;
+                        }
+                        if (!GSYM_IS_RULE(t)) {
+                            ch |= set_or(f, &g->sets[GSYM_ID(t)]);
+                            break;
+                        }
+                        ch |= set_or(f, &first[GSYM_ID(t)]);
+                        if (!nul[GSYM_ID(t)]) break;
+                    }
+                }
+    }
+    free(first), free(nul);
+    g->pos_rule = pr;
+    g->follow = fol;
+}
+
+static struct gram_cache *cache_for(struct gram *g, const struct gram_vocab *v)
+{
+    struct gram_cache *c = g->cache;
+    if (c && c->v != v) {
+        gram_cache_free(c);
+        c = g->cache = NULL;
+    }
+    if (!c) {
+        c = g->cache = xcalloc(1, sizeof *c);
+        c->v = v;
+        c->cap = 2 * CACHE_MAX;
+        c->t = xcalloc((size_t)c->cap, sizeof *c->t);
+        c->cap_pt = 256;
+        c->pt = xcalloc((size_t)c->cap_pt, sizeof *c->pt);
+    }
+    return c;
+}
+
+static uint32_t pt_hash(int32_t p1, int32_t p2)
+{
+    return (uint32_t)(mix(mix(H0, p1), p2) >> 32);
+}
+
+/* The entry of (p1, p2) in c, NULL when absent; adds fresh (taking its arrays) when given. */
+static struct gpos *pt_get(struct gram_cache *c, int32_t p1, int32_t p2, struct gpos *fresh)
+{
+    uint32_t i = pt_hash(p1, p2) & (uint32_t)(c->cap_pt - 1);
+    for (; c->pt[i]; i = (i + 1) & (uint32_t)(c->cap_pt - 1))
+        if (c->pt[i]->p1 == p1 && c->pt[i]->p2 == p2) return c->pt[i];
+    if (!fresh) return NULL;
+    if (2 * (c->n_pt + 1) > c->cap_pt) {
+        int cap = c->cap_pt * 2;
+        struct gpos **t = xcalloc((size_t)cap, sizeof *t);
+        for (int k = 0; k < c->cap_pt; k++)
+            if (c->pt[k]) {
+                uint32_t j = pt_hash(c->pt[k]->p1, c->pt[k]->p2) & (uint32_t)(cap - 1);
+                while (t[j]) j = (j + 1) & (uint32_t)(cap - 1);
+                t[j] = c->pt[k];
+            }
+        free(c->pt);
+        c->pt = t;
+        c->cap_pt = cap;
+        return pt_get(c, p1, p2, fresh);
+    }
+    c->pt[i] = xmalloc(sizeof *c->pt[i]);
+    *c->pt[i] = *fresh;
+    c->n_pt++;
+    return c->pt[i];
+}
+
+/* A state's mask from its positions' token sets (computed here when new). */
+static void build_mask(struct gram_matcher *m, const struct gram_vocab *v, uint32_t *mask)
+{
+    struct gram *g = m->g;
+    int words = (v->n_vocab + 31) / 32;
+    memset(mask, 0, sizeof *mask * (size_t)words);
+    /* uncertain tokens by index into v->order */
+    if (m->cap_cm < words) {
+        free(m->cm);
+        m->cm = xmalloc(sizeof *m->cm * (size_t)words);
+        m->cap_cm = words;
+    }
+    uint32_t *cm = m->cm;
+    memset(cm, 0, sizeof *cm * (size_t)words);
+    int n_unc = 0;
+    for (int i = 0; i < m->n_cur; i++) {
+        const struct gnode *top = &m->nodes[m->cur[i]];
+        int32_t p1 = top->pos, p2 = top->parent >= 0 ? m->nodes[top->parent].pos : -1;
+        int dup = 0;
+        for (int j = 0; j < i && !dup; j++) {
+            const struct gnode *o = &m->nodes[m->cur[j]];
+            dup = o->pos == p1 && (o->parent >= 0 ? m->nodes[o->parent].pos : -1) == p2;
+        }
+        if (dup) continue;
+        pthread_mutex_lock(&g->mu);
+        make_follow(g);
+        int done = pt_get(cache_for(g, v), p1, p2, NULL) != NULL;
+        pthread_mutex_unlock(&g->mu);
+        struct gpos fresh = {0};
+        if (!done) walk_pos(m, v, p1, p2, &fresh);
+        pthread_mutex_lock(&g->mu);
+        struct gpos *e = pt_get(cache_for(g, v), p1, p2, NULL);
+        if (!e && fresh.done)
+            e = pt_get(g->cache, p1, p2, &fresh);
+        else
+            free(fresh.acc), free(fresh.acc_mask), free(fresh.unc), free(fresh.unc_mask);
+        if (!e) { /* the cache was replaced for another vocabulary meanwhile */
+            pthread_mutex_unlock(&g->mu);
+            i--;
+            continue;
+        }
+        if (e->acc_mask)
+            for (int w = 0; w < words; w++) mask[w] |= e->acc_mask[w];
+        else
+            for (int k = 0; k < e->n_acc; k++) mask[e->acc[k] >> 5] |= 1u << (e->acc[k] & 31);
+        if (e->unc_mask)
+            for (int w = 0; w < words; w++) cm[w] |= e->unc_mask[w];
+        else
+            for (int k = 0; k < e->n_unc; k++) cm[e->unc[k] >> 5] |= 1u << (e->unc[k] & 31);
+        n_unc += e->n_unc;
+        pthread_mutex_unlock(&g->mu);
+    }
+    int k = 0;
+    if (n_unc) /* in order, unique, and not accepted already */
+        for (int w = 0; w < words; w++)
+            for (uint32_t x = cm[w]; x; x &= x - 1) {
+                int32_t c = w * 32 + __builtin_ctz(x), id = v->order[c];
+                if (mask[id >> 5] >> (id & 31) & 1) continue;
+                grow(&m->cand, &m->cap_cand, k + 1);
+                m->cand[k++] = c;
+            }
+    verify(m, v, m->cand, k, mask);
+    if (m->acc)
+        for (int i = 0; i < v->n_eos; i++) mask[v->eos[i] >> 5] |= 1u << (v->eos[i] & 31);
 }
 
 void gram_matcher_fill_mask(struct gram_matcher *m, const struct gram_vocab *v, uint32_t *mask)
@@ -690,37 +1042,37 @@ void gram_matcher_fill_mask(struct gram_matcher *m, const struct gram_vocab *v, 
         }
     }
     pthread_mutex_unlock(&g->mu);
-    if (!hit) {
-        walk(m, v, mask);
-        for (int i = 0; i < v->n_eos; i++)
-            if (m->acc) mask[v->eos[i] >> 5] |= 1u << (v->eos[i] & 31);
-        pthread_mutex_lock(&g->mu);
-        c = g->cache;
-        if (c && c->v != v) {
-            gram_cache_free(c);
-            c = g->cache = NULL;
+    if (hit) return;
+    build_mask(m, v, mask);
+    pthread_mutex_lock(&g->mu);
+    c = cache_for(g, v);
+    if (c->n < CACHE_MAX) {
+        int i = (int)(h & (uint64_t)(c->cap - 1));
+        while (c->t[i].key && !(c->t[i].h == h && c->t[i].klen == klen &&
+                                !memcmp(c->t[i].key, m->key, sizeof *m->key * (size_t)klen)))
+            i = (i + 1) & (c->cap - 1);
+        if (!c->t[i].key) {
+            c->t[i].h = h;
+            c->t[i].klen = klen;
+            c->t[i].key = xmalloc(sizeof *m->key * (size_t)klen);
+            memcpy(c->t[i].key, m->key, sizeof *m->key * (size_t)klen);
+            c->t[i].mask = xmalloc(bytes);
+            memcpy(c->t[i].mask, mask, bytes);
+            c->n++;
         }
-        if (!c) {
-            c = g->cache = xcalloc(1, sizeof *c);
-            c->v = v;
-            c->cap = 2 * CACHE_MAX;
-            c->t = xcalloc((size_t)c->cap, sizeof *c->t);
-        }
-        if (c->n < CACHE_MAX) {
-            int i = (int)(h & (uint64_t)(c->cap - 1));
-            while (c->t[i].key && !(c->t[i].h == h && c->t[i].klen == klen &&
-                                    !memcmp(c->t[i].key, m->key, sizeof *m->key * (size_t)klen)))
-                i = (i + 1) & (c->cap - 1);
-            if (!c->t[i].key) {
-                c->t[i].h = h;
-                c->t[i].klen = klen;
-                c->t[i].key = xmalloc(sizeof *m->key * (size_t)klen);
-                memcpy(c->t[i].key, m->key, sizeof *m->key * (size_t)klen);
-                c->t[i].mask = xmalloc(bytes);
-                memcpy(c->t[i].mask, mask, bytes);
-                c->n++;
-            }
-        }
-        pthread_mutex_unlock(&g->mu);
     }
+    pthread_mutex_unlock(&g->mu);
+}
+
+void gram_forget_states(struct gram *g)
+{
+    pthread_mutex_lock(&g->mu);
+    struct gram_cache *c = g->cache;
+    if (c) {
+        for (int i = 0; i < c->cap; i++)
+            if (c->t[i].key) free(c->t[i].key), free(c->t[i].mask);
+        memset(c->t, 0, sizeof *c->t * (size_t)c->cap);
+        c->n = 0;
+    }
+    pthread_mutex_unlock(&g->mu);
 }

@@ -2,7 +2,8 @@
 // response_format (json_schema through the SDK's .parse() helper, json_object, streaming)
 // and vLLM's guided_json / guided_regex / guided_choice / guided_grammar on chat and
 // completions. Every answer must end by the grammar (finish_reason stop) and validate;
-// invalid schemas, regexes and grammars are 400s in the OpenAI error shape.
+// invalid schemas, regexes and grammars are 400s in the OpenAI error shape, and so is one
+// that compiles for longer than --grammar-compile-timeout.
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import { startServer, run, test, postJson } from './lib.mjs';
@@ -134,3 +135,21 @@ await run([
   }),
 ]);
 await srv.stop();
+
+// --grammar-compile-timeout: a grammar that takes longer to compile is a 400 naming the field.
+const quick = await startServer(MODEL, ['--grammar-compile-timeout', '1']);
+await run([
+  test('--grammar-compile-timeout 1: a slow regex is a 400, a small one is served', async () => {
+    const r = await postJson(quick.base, '/v1/chat/completions', {
+      model: MODEL, messages: hello, max_tokens: 5, guided_regex: '(a{1,999}b){1,900}' });
+    assert.equal(r.status, 400, r.text);
+    assert.equal(r.json.error.type, 'invalid_request_error');
+    assert.equal(r.json.error.param, 'guided_regex');
+    assert.match(r.json.error.message, /compiling took longer than 1 ms \(--grammar-compile-timeout\)/);
+    const ok = await postJson(quick.base, '/v1/chat/completions', {
+      model: MODEL, messages: hello, max_tokens: 5, guided_regex: 'ab' });
+    assert.equal(ok.status, 200, ok.text);
+    assert.equal(ok.json.choices[0].message.content, 'ab');
+  }),
+]);
+await quick.stop();

@@ -10,6 +10,7 @@
 
 #include "common/util.h"
 #include "text/grammar.h"
+#include "text/grammar_impl.h"
 #include "test_util.h"
 
 static int accepts(struct gram *g, const char *s)
@@ -474,6 +475,25 @@ static void test_choices(void)
     gram_unref(g);
 }
 
+/* A compile past the bound fails with an error naming it; within it, it succeeds. */
+static void test_compile_timeout(void)
+{
+    struct err e = {0};
+    const char *re = "(a{1,999}b){1,900}"; /* about 900K symbols */
+    gram_set_compile_timeout(1);
+    struct gram *g = gram_from_regex(re, strlen(re), &e);
+    CHECK(!g, "compiled within 1 ms");
+    CHECK(strstr(e.msg, "compiling took longer than 1 ms (--grammar-compile-timeout)"), "%s",
+          e.msg);
+    gram_unref(g);
+    gram_set_compile_timeout(0);
+    e = (struct err){0};
+    g = gram_from_regex("a{1,999}", 8, &e);
+    CHECK(g, "%s", e.msg);
+    gram_unref(g);
+    gram_set_compile_timeout(GRAM_COMPILE_TIMEOUT_MS);
+}
+
 /* Masks against the brute force: every token's bytes tried on the matcher. */
 static void test_masks(const char *testdata)
 {
@@ -487,38 +507,60 @@ static void test_masks(const char *testdata)
     struct gram_vocab *v = gram_vocab_create(t, V, &eos, 1, &e);
     int words = (V + 31) / 32;
     uint32_t *mask = xmalloc(sizeof *mask * (size_t)words);
-    static const char *const sch[][2] = {
-        {PERSON, "{\"name\": \"Bo\\\"b \xc3\xa9\", \"age\": -30}"},
-        {TREE, "{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[]}]}"},
-        {"{\"type\":\"string\",\"format\":\"date-time\"}", "\"2024-02-29T12:30:00Z\""},
+    /* later instances of a schema reuse its grammar: states met for the first time there
+     * are built from the token sets of positions met before (masks by state and by
+     * position: grammar_match.c) */
+    static const char *const sch[][3] = {
+        {PERSON, "{\"name\": \"Bo\\\"b \xc3\xa9\", \"age\": -30}",
+         "{ \"name\" : \"\\u00e9x\" , \"age\" : 7 }"},
+        {TREE, "{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[]}]}",
+         "{\"v\":1,\"kids\":[{\"v\":2,\"kids\":[{\"v\":3,\"kids\":[{\"v\":4,\"kids\":[]}]}]}]}"},
+        {"{\"type\":\"string\",\"format\":\"date-time\"}", "\"2024-02-29T12:30:00Z\"",
+         "\"1999-12-31T23:59:59.5+01:00\""},
+        {"gbnf:root ::= item (\",\" ws item)*\n"
+         "item ::= [a-z]+ | \"\\\"\" [^\"]* \"\\\"\" | \"(\" ws root ws \")\"\n"
+         "ws ::= \" \"*\n",
+         "ab, \"q r\",( c )", "x,((y, \"z\")),w"},
+        {"re:(ab|a)*c[0-9]{2,4}", "abac12", "aababc1234"},
     };
     int states = 0;
     for (size_t k = 0; k < sizeof sch / sizeof sch[0]; k++) {
-        struct gram *g = gram_from_json_schema(sch[k][0], strlen(sch[k][0]), &e);
-        struct gram_matcher *m = gram_matcher_create(g);
-        const char *inst = sch[k][1];
-        size_t n = strlen(inst);
-        for (size_t pos = 0; pos <= n; pos++) {
-            gram_matcher_fill_mask(m, v, mask);
-            int bad = 0;
-            for (int32_t id = 0; id < V && bad < 3; id++) {
-                size_t len;
-                const char *b = gram_vocab_token(v, id, &len);
-                int want = id == eos ? gram_matcher_can_end(m)
-                           : b       ? gram_matcher_try_bytes(m, b, len)
-                                     : 0;
-                int got = mask[id >> 5] >> (id & 31) & 1;
-                if (want != got) bad++;
-                CHECK(want == got,
-                      "schema %zu after %zu bytes: token %d ('%.*s') mask %d, matcher %d", k, pos,
-                      id, (int)len, b ? b : "", got, want);
+        const char *src = sch[k][0];
+        struct gram *g = !strncmp(src, "gbnf:", 5) ? gram_from_gbnf(src + 5, strlen(src + 5), &e)
+                         : !strncmp(src, "re:", 3) ? gram_from_regex(src + 3, strlen(src + 3), &e)
+                                                   : gram_from_json_schema(src, strlen(src), &e);
+        CHECK(g, "grammar %zu: %s", k, e.msg);
+        if (!g) continue;
+        for (int pass = 0; pass < 4; pass++) {
+            /* the last two passes drop the masks cached by state: each state's mask is
+             * then built from the token sets its positions got in the first two */
+            int r = 1 + pass % 2;
+            if (pass == 2) gram_forget_states(g);
+            struct gram_matcher *m = gram_matcher_create(g);
+            const char *inst = sch[k][r];
+            size_t n = strlen(inst);
+            for (size_t pos = 0; pos <= n; pos++) {
+                gram_matcher_fill_mask(m, v, mask);
+                int bad = 0;
+                for (int32_t id = 0; id < V && bad < 3; id++) {
+                    size_t len;
+                    const char *b = gram_vocab_token(v, id, &len);
+                    int want = id == eos ? gram_matcher_can_end(m)
+                               : b       ? gram_matcher_try_bytes(m, b, len)
+                                         : 0;
+                    int got = mask[id >> 5] >> (id & 31) & 1;
+                    if (want != got) bad++;
+                    CHECK(want == got,
+                          "schema %zu after %zu bytes: token %d ('%.*s') mask %d, matcher %d", k,
+                          pos, id, (int)len, b ? b : "", got, want);
+                }
+                states++;
+                if (pos < n)
+                    CHECK(gram_matcher_accept_bytes(m, inst + pos, 1), "instance byte %zu", pos);
             }
-            states++;
-            if (pos < n)
-                CHECK(gram_matcher_accept_bytes(m, inst + pos, 1), "instance byte %zu", pos);
+            CHECK(gram_matcher_can_end(m), "instance %zu/%d complete", k, r);
+            gram_matcher_destroy(m);
         }
-        CHECK(gram_matcher_can_end(m), "instance %zu complete", k);
-        gram_matcher_destroy(m);
         gram_unref(g);
     }
     printf("masks: %d states x %d tokens equal to brute force\n", states, V);
@@ -535,6 +577,7 @@ int main(int argc, char **argv)
     test_regex();
     test_gbnf();
     test_choices();
+    test_compile_timeout();
     test_masks(testdata);
     TEST_DONE();
 }
