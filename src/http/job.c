@@ -313,6 +313,10 @@ static void process(struct http_job *j, struct job_choice *c, struct ev_rec *evs
             if (!c->ch.stopped) {
                 c->finish = r->finish;
                 http_choice_finish(&c->ch, &delta);
+            } else if (r->finish != FINISH_STOP) {
+                /* the engine ended it (length, say) before our stop request reached it */
+                struct engine *en = atomic_load(&s->engine);
+                if (en) engine_recount_stop(en, r->finish);
             }
         }
         free(r->plp);

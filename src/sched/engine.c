@@ -456,6 +456,17 @@ void engine_stop_request(struct engine *en, uint64_t id)
     end_early(en, id, FINISH_STOP);
 }
 
+void engine_recount_stop(struct engine *en, enum finish_reason counted)
+{
+    if (counted == FINISH_STOP || counted == FINISH_NONE) return;
+    pthread_mutex_lock(&en->mu);
+    if (en->stats.requests_finished[counted] > 0) {
+        en->stats.requests_finished[counted]--;
+        en->stats.requests_finished[FINISH_STOP]++;
+    }
+    pthread_mutex_unlock(&en->mu);
+}
+
 static int find_and_mark(struct req_list *l, uint64_t id, enum finish_reason why)
 {
     for (struct request *r = l->head; r; r = r->next)

@@ -217,6 +217,9 @@ void engine_abort(struct engine *en, uint64_t id);
  * abort, in engine_stats.
  */
 void engine_stop_request(struct engine *en, uint64_t id);
+/* A request the engine finished for `counted` (it ran on past a stop string its client found
+ * first) is counted as a stop instead: the statistics follow the finish the client sees. */
+void engine_recount_stop(struct engine *en, enum finish_reason counted);
 
 /** Manual mode: runs one step; returns the requests still live (running + waiting). */
 int engine_step(struct engine *en);
