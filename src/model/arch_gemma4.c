@@ -315,16 +315,7 @@ static void gemma4_moe(struct model *m, const struct model_layer *L, int n)
     const struct backend_ops *o = m->be->ops;
     void *ctx = m->be->ctx;
     const struct moe_block *mb = &L->moe;
-    struct moe_params mp = {
-        .n_experts = c->moe.n_experts,
-        .top_k = c->moe.top_k,
-        .norm_topk = c->moe.norm_topk,
-        .act = c->act,
-        .gate = mb->gate,
-        .up = mb->up,
-        .down = mb->down,
-        .expert_scale = mb->expert_scale,
-    };
+    struct moe_params mp = blk_moe_params(m, mb);
     blk_norm(m, m->h, m->x, L->router_norm, n);
     o->matmul(ctx, m->router, m->h, &mb->router, n);
     blk_norm(m, m->h, m->x, L->pre_moe_norm, n);

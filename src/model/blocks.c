@@ -222,20 +222,25 @@ void blk_linear(struct model *m, const struct linear_block *lb, int layer,
     o->matmul(ctx, m->h, m->lin_out, &lb->out, n);
 }
 
+struct moe_params blk_moe_params(const struct model *m, const struct moe_block *mb)
+{
+    const struct model_config *c = &m->cfg;
+    return (struct moe_params){.n_experts = c->moe.n_experts,
+                               .top_k = c->moe.top_k,
+                               .norm_topk = c->moe.norm_topk,
+                               .act = c->act,
+                               .gate = mb->gate,
+                               .up = mb->up,
+                               .down = mb->down,
+                               .expert_scale = mb->expert_scale};
+}
+
 void blk_moe(struct model *m, const struct moe_block *mb, int rows)
 {
     const struct model_config *c = &m->cfg;
     const struct backend_ops *o = m->be->ops;
     void *ctx = m->be->ctx;
-    struct moe_params mp = {
-        .n_experts = c->moe.n_experts,
-        .top_k = c->moe.top_k,
-        .norm_topk = c->moe.norm_topk,
-        .act = c->act,
-        .gate = mb->gate,
-        .up = mb->up,
-        .down = mb->down,
-    };
+    struct moe_params mp = blk_moe_params(m, mb);
     o->matmul(ctx, m->router, m->h, &mb->router, rows);
     o->moe(ctx, m->moe_out, m->h, m->router, &mp, rows, c->hidden);
     if (c->moe.shared_inner) {

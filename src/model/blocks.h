@@ -50,6 +50,9 @@ void blk_mlp(struct model *m, const struct mlp_block *p, int rows);
 void blk_linear(struct model *m, const struct linear_block *lb, int layer,
                 const struct fwd_batch *b);
 
+/** The `moe` operation's parameters for a block's experts under the model's config. */
+struct moe_params blk_moe_params(const struct model *m, const struct moe_block *mb);
+
 /** Routed experts of m->h plus the gated shared expert. Result in m->h. */
 void blk_moe(struct model *m, const struct moe_block *mb, int rows);
 

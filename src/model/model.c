@@ -73,6 +73,12 @@ int model_load_expert(struct model *m, const char *prefix, int expert, int64_t n
 
 /* Checks t against [rows, cols], or [E, rows, cols] with E > expert when expert >= 0, and
  * returns the byte offset of the expert's [rows, cols] slice. */
+/* The weight format of a float tensor's dtype; -1 when it is not F32, F16 or BF16. */
+static int float_wfmt(enum st_dtype d)
+{
+    return d == ST_F32 ? WFMT_F32 : d == ST_F16 ? WFMT_F16 : d == ST_BF16 ? WFMT_BF16 : -1;
+}
+
 static int check_slice(const struct st_tensor *t, int expert, int64_t rows, int64_t cols,
                        size_t elem_bytes, size_t *offset, struct err *e)
 {
@@ -104,22 +110,13 @@ static int load_linear(struct model *m, const char *prefix, int expert, int64_t 
     const struct st_tensor *sc = st_find(&m->st, name);
     if (!sc) {
         if (check_slice(t, expert, n, k, st_dtype_size(t->dtype), &off, e)) return -1;
-        switch (t->dtype) {
-        case ST_F32:
-            w->fmt = WFMT_F32;
-            break;
-        case ST_F16:
-            w->fmt = WFMT_F16;
-            break;
-        case ST_BF16:
-            w->fmt = WFMT_BF16;
-            break;
-        default:
+        int f = float_wfmt(t->dtype);
+        if (f < 0)
             return err_set(e,
                            "%s: tensor '%s': dtype %s is not a supported weight type (need "
                            "F32, F16, BF16, or U32 with scales)",
                            t->file, t->name, st_dtype_name(t->dtype));
-        }
+        w->fmt = (enum wfmt)f;
         w->bits = (int)st_dtype_size(t->dtype) * 8;
         w->w = (const uint8_t *)t->data + off;
         w->row_bytes = (size_t)k * st_dtype_size(t->dtype);
@@ -268,22 +265,13 @@ int model_load_expert_rows(struct model *m, const char *name, int expert, int64_
         return err_set(e, "%s: tensor '%s': shape %s, expected [>%d, >=%lld, %lld]", t->file,
                        t->name, st_shape_str(t->shape, t->ndim, a, sizeof a), expert,
                        (long long)(row0 + n), (long long)k);
-    switch (t->dtype) {
-    case ST_F32:
-        w->fmt = WFMT_F32;
-        break;
-    case ST_F16:
-        w->fmt = WFMT_F16;
-        break;
-    case ST_BF16:
-        w->fmt = WFMT_BF16;
-        break;
-    default:
+    int f = float_wfmt(t->dtype);
+    if (f < 0)
         return err_set(e,
                        "%s: tensor '%s': dtype %s is not a supported expert stack (need F32, "
                        "F16 or BF16)",
                        t->file, t->name, st_dtype_name(t->dtype));
-    }
+    w->fmt = (enum wfmt)f;
     size_t es = st_dtype_size(t->dtype);
     w->n = n;
     w->k = k;
