@@ -30,6 +30,9 @@ struct http_server {
     struct http_metrics *metrics;
     atomic_int shutting_down;
     atomic_int jobs; /* generation and embeddings requests not finished, over all loops */
+    /* engine requests admitted but not yet submitted (held until the rest of their read is
+     * handled): --max-waiting-requests counts them as waiting */
+    atomic_int unsubmitted;
     atomic_ulong next_id;
     time_t started;
     h2o_globalconf_t conf;

@@ -486,6 +486,7 @@ void http_job_start(struct http_loop *l, h2o_req_t *req, enum http_route route, 
      * a client that resets the stream in the same packet (HTTP/2 rapid reset) costs no
      * prefill, since its request is dropped here before the engine ever sees it.
      */
+    atomic_fetch_add(&l->srv->unsubmitted, j->n_c);
     h2o_linklist_insert(&l->to_submit, &j->submit_link);
     if (!h2o_timeout_is_linked(&l->submit))
         h2o_timeout_link(l->loop, &l->ctx.zero_timeout, &l->submit);
@@ -495,6 +496,7 @@ static void job_submit(struct http_job *j)
 {
     struct engine *en = atomic_load(&j->loop->srv->engine);
     if (!j->req) { /* reset before it was submitted */
+        atomic_fetch_sub(&j->loop->srv->unsubmitted, j->n_c);
         job_complete(j);
         return;
     }
@@ -527,6 +529,7 @@ static void job_submit(struct http_job *j)
             break;
         }
     }
+    atomic_fetch_sub(&j->loop->srv->unsubmitted, j->n_c); /* now the engine counts them */
     if (j->failed_status) abort_choices(j);
     if (j->live == 0) job_complete(j);
     job_flush(j);

@@ -49,9 +49,9 @@ void http_reply_error(h2o_req_t *req, enum http_route route, const struct http_e
  * Admission: a generation request on a connection that already has
  * --max-streams-per-connection in progress, or whose n engine requests would make more than
  * --max-waiting-requests wait (queued in the engine, not running), is answered 429 with
- * Retry-After instead of queueing without bound. Returns 0 when admitted (nothing is
- * reserved: requests checked at once on several loops can overshoot the waiting bound by
- * the number of loops).
+ * Retry-After instead of queueing without bound. Returns 0 when admitted. Requests admitted
+ * but not yet submitted count as waiting (s->unsubmitted); checks at the same moment on
+ * several loops can still overshoot the waiting bound by the number of loops.
  */
 static int admit(struct http_server *s, struct engine *en, h2o_req_t *req, enum http_route route,
                  int n)
@@ -69,7 +69,7 @@ static int admit(struct http_server *s, struct engine *en, h2o_req_t *req, enum 
         if (s->cfg.max_waiting <= 0) return 0;
         struct engine_stats st;
         engine_stats(en, &st);
-        int waiting = engine_live(en) - st.running;
+        int waiting = engine_live(en) - st.running + atomic_load(&s->unsubmitted);
         if (waiting + n <= s->cfg.max_waiting) return 0;
         http_error_set(&he, 429, NULL,
                        "the server is at capacity: %d requests are waiting "

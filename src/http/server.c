@@ -290,6 +290,7 @@ int http_serve(const struct http_config *cfg, struct err *e)
     s->started = time(NULL);
     atomic_init(&s->engine, NULL);
     atomic_init(&s->jobs, 0);
+    atomic_init(&s->unsubmitted, 0);
     atomic_init(&s->shutting_down, 0);
     atomic_init(&s->next_id, 1);
     if (s->cfg.threads < 1) s->cfg.threads = 1;

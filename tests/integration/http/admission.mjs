@@ -1,5 +1,5 @@
-// Admission and back-pressure: with --max-num-seqs 2 and --max-waiting-requests 4, a burst
-// of 24 long requests gets at most 2 running and 4 waiting; the rest are answered at once
+// Admission and back-pressure: with --max-num-seqs 2 and --max-waiting-requests 4, while two
+// long streams hold both slots, a burst of 24 requests gets 4 waiting; the rest are answered at once
 // with 429, Retry-After and the route's error shape, and counted in /metrics. With
 // --max-streams-per-connection 3, an h2c connection's fourth concurrent stream gets a 429
 // while other connections are served.
@@ -11,16 +11,35 @@ const MODEL = 'llama-tiny';
 const srv = await startServer(MODEL, ['--max-num-seqs', '2', '--max-waiting-requests', '4']);
 const long = { model: MODEL, prompt: [1, 2, 3], max_tokens: 400, temperature: 0, ignore_eos: true };
 
+// Fills both running slots with streamed long requests (about a second each on this model)
+// and returns once each has sent its first event; `done` resolves when both have ended.
+async function holdSlots() {
+  const readers = [];
+  for (let i = 0; i < 2; i++) {
+    const res = await fetch(`${srv.base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ ...long, max_tokens: 3500, stream: true }),
+    });
+    assert.equal(res.status, 200);
+    const reader = res.body.getReader();
+    await reader.read();
+    readers.push(reader);
+  }
+  return { done: Promise.all(readers.map(async (r) => { while (!(await r.read()).done); })) };
+}
+
 await run([
   test('a burst over --max-waiting-requests gets 429 + Retry-After', async () => {
+    const held = await holdSlots();
     const jobs = [];
     for (let i = 0; i < 24; i++) jobs.push(postJson(srv.base, '/v1/completions', long));
     const rs = await Promise.all(jobs);
+    await held.done;
     const ok = rs.filter((r) => r.status === 200), busy = rs.filter((r) => r.status === 429);
     assert.equal(ok.length + busy.length, 24, rs.map((r) => r.status).join(','));
-    // at most 4 wait: 4 when the burst arrives before the engine starts any, up to 2 more
-    // as the engine moves them to running meanwhile
-    assert.ok(ok.length >= 4 && ok.length <= 6, `admitted ${ok.length}`);
+    // both slots are held while the burst arrives: exactly 4 wait, the other 20 are refused
+    assert.equal(ok.length, 4, `admitted ${ok.length}`);
     for (const r of busy) {
       assert.equal(r.headers.get('retry-after'), '1');
       assert.equal(r.json.error.type, 'requests');
@@ -32,12 +51,14 @@ await run([
     assert.equal(m['pagoda_http_requests_total{route="/v1/completions",status="429"}'], busy.length);
   }),
   test('Anthropic route: rate_limit_error shape', async () => {
+    const held = await holdSlots();
     const jobs = [];
     for (let i = 0; i < 12; i++)
       jobs.push(postJson(srv.base, '/v1/messages', { model: MODEL, max_tokens: 300,
         messages: [{ role: 'user', content: 'hi' }] }, { 'anthropic-version': '2023-06-01' }));
     const busy = (await Promise.all(jobs)).filter((r) => r.status === 429);
-    assert.ok(busy.length >= 4, `429s: ${busy.length}`);
+    await held.done;
+    assert.equal(busy.length, 8, `429s: ${busy.length}`);
     for (const r of busy) {
       assert.equal(r.json.type, 'error');
       assert.equal(r.json.error.type, 'rate_limit_error');
