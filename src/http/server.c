@@ -23,6 +23,10 @@
 #include "model/config.h"
 #include "text/tmpl.h"
 
+/* The listen queue: the kernel caps it at net.core.somaxconn (4096 by default since Linux
+ * 5.4); a burst of thousands of clients connecting at once waits there, not refused. */
+#define LISTEN_BACKLOG 65535
+
 enum { CTRL_STOP_ACCEPT, CTRL_ABORT_ALL, CTRL_EXIT };
 
 struct ctrl_msg {
@@ -55,14 +59,17 @@ void http_new_id(struct http_server *s, char *buf, size_t n)
     snprintf(buf, n, "%08lx%08lx", (unsigned long)s->started & 0xffffffffUL, k);
 }
 
+/* Accepts what is pending, up to a batch a wake-up (the loops share the listener). */
 static void on_accept(h2o_socket_t *listener, const char *err)
 {
     if (err) return;
     struct http_loop *l = listener->data;
-    h2o_socket_t *sock = h2o_evloop_socket_accept(listener);
-    if (!sock) return;
-    atomic_fetch_add(&l->accepted, 1);
-    h2o_accept(&l->accept, sock);
+    for (int i = 0; i < 64; i++) {
+        h2o_socket_t *sock = h2o_evloop_socket_accept(listener);
+        if (!sock) return;
+        atomic_fetch_add(&l->accepted, 1);
+        h2o_accept(&l->accept, sock);
+    }
 }
 
 static void on_control(h2o_multithread_receiver_t *r, h2o_linklist_t *messages)
@@ -212,7 +219,7 @@ static int open_listener(struct http_server *s, struct err *e)
     int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     int on = 1;
     if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
-    if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
+    if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, LISTEN_BACKLOG) != 0) {
         int er = errno;
         if (fd >= 0) close(fd);
         freeaddrinfo(res);
