@@ -59,17 +59,14 @@ void http_new_id(struct http_server *s, char *buf, size_t n)
     snprintf(buf, n, "%08lx%08lx", (unsigned long)s->started & 0xffffffffUL, k);
 }
 
-/* Accepts what is pending, up to a batch a wake-up (the loops share the listener). */
 static void on_accept(h2o_socket_t *listener, const char *err)
 {
     if (err) return;
     struct http_loop *l = listener->data;
-    for (int i = 0; i < 64; i++) {
-        h2o_socket_t *sock = h2o_evloop_socket_accept(listener);
-        if (!sock) return;
-        atomic_fetch_add(&l->accepted, 1);
-        h2o_accept(&l->accept, sock);
-    }
+    h2o_socket_t *sock = h2o_evloop_socket_accept(listener);
+    if (!sock) return;
+    atomic_fetch_add(&l->accepted, 1);
+    h2o_accept(&l->accept, sock);
 }
 
 static void on_control(h2o_multithread_receiver_t *r, h2o_linklist_t *messages)

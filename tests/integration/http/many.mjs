@@ -10,9 +10,9 @@ import { readFileSync } from 'node:fs';
 import { basename } from 'node:path';
 import { startServer, run, test, metrics } from './lib.mjs';
 
-// MANY_MODEL=DIR serves another model folder (the memory figures of docs/SERVER.md use
-// models/demo).
-const DIR = process.env.MANY_MODEL || 'llama-tiny';
+// The demo model (its 2,000-token request holds the slot long enough on a slow machine);
+// MANY_MODEL=DIR serves another model folder.
+const DIR = process.env.MANY_MODEL || new URL('../../../models/demo', import.meta.url).pathname;
 const MODEL = basename(DIR);
 const N = Number(process.env.MANY_STREAMS || 2000);
 const MAX_TOKENS = 3;
