@@ -31,13 +31,28 @@ static void on_sigint(int sig)
     signal(SIGINT, SIG_DFL); /* a second ^C ends the program at once */
 }
 
-static void raise_fd_limit(void)
+/* Raises the soft open-files limit to the hard one (a connection is a descriptor) and says so;
+ * warns when the limit is below what --concurrency needs. */
+static void raise_fd_limit(const struct opts *o)
 {
     struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rlim_t was = rl.rlim_cur;
         rl.rlim_cur = rl.rlim_max;
-        setrlimit(RLIMIT_NOFILE, &rl);
+        if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+            fprintf(stderr, "pagoda-bench: open files limit raised from %llu to %llu\n",
+                    (unsigned long long)was, (unsigned long long)rl.rlim_max);
+        else
+            rl.rlim_cur = was;
     }
+    unsigned long long need = (unsigned long long)(o->concurrency > 0 ? o->concurrency : 0) + 64;
+    if (!o->http2 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need)
+        fprintf(stderr,
+                "pagoda-bench: open files limit %llu (hard limit %llu) is below the %llu that "
+                "--concurrency %d needs over HTTP/1.1\n",
+                (unsigned long long)rl.rlim_cur, (unsigned long long)rl.rlim_max, need,
+                o->concurrency);
 }
 
 /* The id of the first model of GET /v1/models, or NULL + err. */
@@ -148,7 +163,7 @@ int main(int argc, char **argv)
     struct opts o;
     int rc = opts_parse(argc, argv, &o);
     if (rc) return rc > 0 ? 0 : 2;
-    raise_fd_limit();
+    raise_fd_limit(&o);
     signal(SIGPIPE, SIG_IGN);
     signal(SIGINT, on_sigint);
 

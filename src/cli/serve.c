@@ -1,6 +1,7 @@
 /* serve: the HTTP server (OpenAI and Anthropic APIs) in front of the engine. */
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include "cli/args.h"
@@ -42,6 +43,37 @@ static void usage_serve(FILE *f)
             "                           is aborted and its connection closed (default 60)\n"
             "%s",
             arg_engine_usage);
+}
+
+/* Raises the soft open-files limit to the hard one (every connection is a descriptor) and
+ * says so; warns when even the hard limit is below what the admission settings let in: the
+ * running and waiting requests, one connection each, plus the model's and loops' own. */
+static void raise_fd_limit(const struct http_config *cfg)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rlim_t was = rl.rlim_cur;
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+            fprintf(stderr, "pagoda serve: open files limit raised from %llu to %llu\n",
+                    (unsigned long long)was, (unsigned long long)rl.rlim_max);
+        else
+            rl.rlim_cur = was;
+    }
+    int seqs = cfg->engine.max_num_seqs > 0 ? cfg->engine.max_num_seqs : 256;
+    int waiting = cfg->max_waiting > 0 ? cfg->max_waiting : 0;
+    if (rl.rlim_cur != RLIM_INFINITY) {
+        unsigned long long need = (unsigned long long)seqs + (unsigned long long)waiting + 64;
+        if (rl.rlim_cur < need)
+            fprintf(stderr,
+                    "pagoda serve: open files limit %llu (hard limit %llu) is below the %llu that "
+                    "--max-num-seqs %d and --max-waiting-requests %d (0: no bound) need; more "
+                    "connections "
+                    "wait in the listen queue\n",
+                    (unsigned long long)rl.rlim_cur, (unsigned long long)rl.rlim_max, need, seqs,
+                    waiting);
+    }
 }
 
 int cli_serve(int argc, char **argv)
@@ -152,6 +184,7 @@ int cli_serve(int argc, char **argv)
         fprintf(stderr, "pagoda serve: --api-key must not be empty\n");
         return 2;
     }
+    raise_fd_limit(&cfg);
     struct err e = {0};
     if (http_serve(&cfg, &e) != 0) {
         fprintf(stderr, "pagoda serve: %s\n", e.msg);

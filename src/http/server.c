@@ -23,6 +23,10 @@
 #include "model/config.h"
 #include "text/tmpl.h"
 
+/* The listen queue: the kernel caps it at net.core.somaxconn (4096 by default since Linux
+ * 5.4); a burst of thousands of clients connecting at once waits there, not refused. */
+#define LISTEN_BACKLOG 65535
+
 enum { CTRL_STOP_ACCEPT, CTRL_ABORT_ALL, CTRL_EXIT };
 
 struct ctrl_msg {
@@ -212,7 +216,7 @@ static int open_listener(struct http_server *s, struct err *e)
     int fd = socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     int on = 1;
     if (fd >= 0) setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on);
-    if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, 1024) != 0) {
+    if (fd < 0 || bind(fd, res->ai_addr, res->ai_addrlen) != 0 || listen(fd, LISTEN_BACKLOG) != 0) {
         int er = errno;
         if (fd >= 0) close(fd);
         freeaddrinfo(res);

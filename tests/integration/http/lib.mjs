@@ -11,13 +11,16 @@ if (!PAGODA || !TESTDATA) {
 }
 
 // model: a folder of testdata/models, a path under testdata ("embeddings/NAME"), or an
-// absolute path.
-export async function startServer(model, extra = []) {
+// absolute path. opts.softNofile: start it with that soft open-files limit.
+export async function startServer(model, extra = [], opts = {}) {
   const dir = model.startsWith('/') ? model
     : model.includes('/') ? `${TESTDATA}/${model}` : `${TESTDATA}/models/${model}`;
   const args = ['serve', '--model', dir, '--port', '0',
     '--threads', '2', ...extra];
-  const proc = spawn(PAGODA, args, { stdio: ['ignore', 'inherit', 'pipe'] });
+  const proc = opts.softNofile
+    ? spawn('/bin/sh', ['-c', `ulimit -Sn ${opts.softNofile} && exec "$0" "$@"`, PAGODA, ...args],
+      { stdio: ['ignore', 'inherit', 'pipe'] })
+    : spawn(PAGODA, args, { stdio: ['ignore', 'inherit', 'pipe'] });
   let log = '';
   const port = await new Promise((resolve, reject) => {
     const timer = setTimeout(() => reject(new Error(`no listening line:\n${log}`)), 30000);
@@ -44,6 +47,7 @@ export async function startServer(model, extra = []) {
   const exited = new Promise((resolve) => proc.on('exit', (code, sig) => resolve({ code, sig })));
   return {
     base, port, proc,
+    log: () => log,
     async stop() {
       proc.kill('SIGTERM');
       const { code, sig } = await exited;
