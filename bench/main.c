@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -35,24 +34,13 @@ static void on_sigint(int sig)
  * warns when the limit is below what --concurrency needs. */
 static void raise_fd_limit(const struct opts *o)
 {
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
-    if (rl.rlim_cur < rl.rlim_max) {
-        rlim_t was = rl.rlim_cur;
-        rl.rlim_cur = rl.rlim_max;
-        if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
-            fprintf(stderr, "pagoda-bench: open files limit raised from %llu to %llu\n",
-                    (unsigned long long)was, (unsigned long long)rl.rlim_max);
-        else
-            rl.rlim_cur = was;
-    }
+    unsigned long long hard, soft = util_raise_nofile("pagoda-bench", &hard);
     unsigned long long need = (unsigned long long)(o->concurrency > 0 ? o->concurrency : 0) + 64;
-    if (!o->http2 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need)
+    if (!o->http2 && soft && soft < need)
         fprintf(stderr,
                 "pagoda-bench: open files limit %llu (hard limit %llu) is below the %llu that "
                 "--concurrency %d needs over HTTP/1.1\n",
-                (unsigned long long)rl.rlim_cur, (unsigned long long)rl.rlim_max, need,
-                o->concurrency);
+                soft, hard, need, o->concurrency);
 }
 
 /* The id of the first model of GET /v1/models, or NULL + err. */

@@ -1,11 +1,11 @@
 /* serve: the HTTP server (OpenAI and Anthropic APIs) in front of the engine. */
 #include <stdio.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "common/util.h"
 #include "http/server.h"
 #include "text/grammar.h"
 
@@ -50,30 +50,16 @@ static void usage_serve(FILE *f)
  * running and waiting requests, one connection each, plus the model's and loops' own. */
 static void raise_fd_limit(const struct http_config *cfg)
 {
-    struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return;
-    if (rl.rlim_cur < rl.rlim_max) {
-        rlim_t was = rl.rlim_cur;
-        rl.rlim_cur = rl.rlim_max;
-        if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
-            fprintf(stderr, "pagoda serve: open files limit raised from %llu to %llu\n",
-                    (unsigned long long)was, (unsigned long long)rl.rlim_max);
-        else
-            rl.rlim_cur = was;
-    }
+    unsigned long long hard, soft = util_raise_nofile("pagoda serve", &hard);
     int seqs = cfg->engine.max_num_seqs > 0 ? cfg->engine.max_num_seqs : 256;
     int waiting = cfg->max_waiting > 0 ? cfg->max_waiting : 0;
-    if (rl.rlim_cur != RLIM_INFINITY) {
-        unsigned long long need = (unsigned long long)seqs + (unsigned long long)waiting + 64;
-        if (rl.rlim_cur < need)
-            fprintf(stderr,
-                    "pagoda serve: open files limit %llu (hard limit %llu) is below the %llu that "
-                    "--max-num-seqs %d and --max-waiting-requests %d (0: no bound) need; more "
-                    "connections "
-                    "wait in the listen queue\n",
-                    (unsigned long long)rl.rlim_cur, (unsigned long long)rl.rlim_max, need, seqs,
-                    waiting);
-    }
+    unsigned long long need = (unsigned long long)seqs + (unsigned long long)waiting + 64;
+    if (soft && soft < need)
+        fprintf(stderr,
+                "pagoda serve: open files limit %llu (hard limit %llu) is below the %llu that "
+                "--max-num-seqs %d and --max-waiting-requests %d (0: no bound) need; more "
+                "connections wait in the listen queue\n",
+                soft, hard, need, seqs, waiting);
 }
 
 int cli_serve(int argc, char **argv)

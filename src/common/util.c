@@ -2,7 +2,9 @@
 
 #include <errno.h>
 #include <math.h>
+#include <limits.h>
 #include <stdio.h>
+#include <sys/resource.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
@@ -117,4 +119,22 @@ uint16_t f32_to_f16(float f)
     uint32_t rem = mant & 0x1fff;
     if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) h++;
     return sign | (uint16_t)h;
+}
+
+unsigned long long util_raise_nofile(const char *who, unsigned long long *hard)
+{
+    struct rlimit rl;
+    *hard = 0;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 0;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rlim_t was = rl.rlim_cur;
+        rl.rlim_cur = rl.rlim_max;
+        if (setrlimit(RLIMIT_NOFILE, &rl) == 0)
+            fprintf(stderr, "%s: open files limit raised from %llu to %llu\n", who,
+                    (unsigned long long)was, (unsigned long long)rl.rlim_max);
+        else
+            rl.rlim_cur = was;
+    }
+    *hard = rl.rlim_max == RLIM_INFINITY ? ULLONG_MAX : (unsigned long long)rl.rlim_max;
+    return rl.rlim_cur == RLIM_INFINITY ? ULLONG_MAX : (unsigned long long)rl.rlim_cur;
 }

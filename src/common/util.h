@@ -26,6 +26,10 @@ double util_now(void);
 
 /** Number of online CPU cores. */
 int util_num_cores(void);
+/* Raises the soft open-files limit to the hard one (every connection is a descriptor) and
+ * prints "WHO: open files limit raised from A to B" when it did. Returns the soft limit now
+ * (ULLONG_MAX when unlimited) and the hard one in *hard; 0 when the limits cannot be read. */
+unsigned long long util_raise_nofile(const char *who, unsigned long long *hard);
 
 static inline float bf16_to_f32(uint16_t h)
 {
