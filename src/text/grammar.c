@@ -189,6 +189,29 @@ int32_t gb_empty(struct gb *b)
     return GSYM_RULE(rule);
 }
 
+void gb_list_push(struct gb_list *l, int32_t x)
+{
+    if (l->n == l->cap)
+        l->v = xrealloc(l->v, sizeof *l->v * (size_t)(l->cap = l->cap ? l->cap * 2 : 8));
+    l->v[l->n++] = x;
+}
+
+int32_t gb_list_seq(struct gb *b, struct gb_list *l)
+{
+    int32_t r = b->failed ? -1 : l->n ? gb_seq(b, l->v, l->n) : gb_empty(b);
+    free(l->v);
+    *l = (struct gb_list){0};
+    return r;
+}
+
+int32_t gb_list_alt(struct gb *b, struct gb_list *l)
+{
+    int32_t r = b->failed ? -1 : gb_alt(b, l->v, l->n);
+    free(l->v);
+    *l = (struct gb_list){0};
+    return r;
+}
+
 /* The alternatives of x as a list: a helper alternation is flattened into its user. */
 static void add_alts_of(struct gb *b, int rule, int32_t x)
 {

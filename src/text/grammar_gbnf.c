@@ -136,8 +136,7 @@ static int gp_int(struct gp *p, int *v)
 static int32_t gp_seq(struct gp *p)
 {
     struct gb *b = p->b;
-    int32_t *v = NULL;
-    int n = 0, cap = 0;
+    struct gb_list l = {0};
     for (;;) {
         skip_ws(p);
         if (p->i >= p->n || b->failed) break;
@@ -179,23 +178,18 @@ static int32_t gp_seq(struct gp *p)
                 break;
             x = gb_rep(b, x, lo, hi);
         }
-        if (n == cap) v = xrealloc(v, sizeof *v * (size_t)(cap = cap ? cap * 2 : 8));
-        v[n++] = x;
+        gb_list_push(&l, x);
     }
-    int32_t r = b->failed ? -1 : n ? gb_seq(b, v, n) : gb_empty(b);
-    free(v);
-    return r;
+    return gb_list_seq(b, &l);
 }
 
 static int32_t gp_alt(struct gp *p)
 {
-    int32_t *v = NULL;
-    int n = 0, cap = 0;
+    struct gb_list l = {0};
     for (;;) {
         int32_t x = gp_seq(p);
         if (p->b->failed) break;
-        if (n == cap) v = xrealloc(v, sizeof *v * (size_t)(cap = cap ? cap * 2 : 4));
-        v[n++] = x;
+        gb_list_push(&l, x);
         skip_ws(p);
         if (p->i < p->n && p->s[p->i] == '|') {
             p->i++;
@@ -203,9 +197,7 @@ static int32_t gp_alt(struct gp *p)
         }
         break;
     }
-    int32_t r = p->b->failed ? -1 : gb_alt(p->b, v, n);
-    free(v);
-    return r;
+    return gb_list_alt(p->b, &l);
 }
 
 struct gram *gram_from_gbnf(const char *text, size_t len, struct err *e)

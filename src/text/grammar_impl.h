@@ -65,6 +65,16 @@ int32_t gb_lit(struct gb *b, const char *s, size_t n);
 int32_t gb_seq(struct gb *b, const int32_t *syms, int n);
 int32_t gb_alt(struct gb *b, const int32_t *syms, int n); /* one of syms */
 int32_t gb_empty(struct gb *b);
+/* A growing list of symbols, for parsers that collect a sequence or alternatives. */
+struct gb_list {
+    int32_t *v;
+    int n, cap;
+};
+void gb_list_push(struct gb_list *l, int32_t x);
+/* The list's sequence (gb_empty when it is empty) or alternatives; -1 once b failed. Both
+ * free the list. */
+int32_t gb_list_seq(struct gb *b, struct gb_list *l);
+int32_t gb_list_alt(struct gb *b, struct gb_list *l);
 int32_t gb_opt(struct gb *b, int32_t x);
 int32_t gb_star(struct gb *b, int32_t x);
 /* x repeated lo..hi times (hi < 0: unbounded) */

@@ -134,8 +134,7 @@ static int32_t rx_atom(struct rx *p)
 static int32_t rx_seq(struct rx *p)
 {
     struct gb *b = p->b;
-    int32_t *v = NULL;
-    int n = 0, cap = 0;
+    struct gb_list l = {0};
     while (p->i < p->n && p->s[p->i] != '|' && p->s[p->i] != ')' && !b->failed) {
         char c = p->s[p->i];
         if (c == '^' && p->i == 0) {
@@ -183,32 +182,25 @@ static int32_t rx_seq(struct rx *p)
                 p->i++; /* lazy, possessive */
             x = gb_rep(b, x, lo, hi);
         }
-        if (n == cap) v = xrealloc(v, sizeof *v * (size_t)(cap = cap ? cap * 2 : 8));
-        v[n++] = x;
+        gb_list_push(&l, x);
     }
-    int32_t r = b->failed ? -1 : n ? gb_seq(b, v, n) : gb_empty(b);
-    free(v);
-    return r;
+    return gb_list_seq(b, &l);
 }
 
 static int32_t rx_alt(struct rx *p)
 {
-    int32_t *v = NULL;
-    int n = 0, cap = 0;
+    struct gb_list l = {0};
     for (;;) {
         int32_t x = rx_seq(p);
         if (p->b->failed) break;
-        if (n == cap) v = xrealloc(v, sizeof *v * (size_t)(cap = cap ? cap * 2 : 4));
-        v[n++] = x;
+        gb_list_push(&l, x);
         if (p->i < p->n && p->s[p->i] == '|') {
             p->i++;
             continue;
         }
         break;
     }
-    int32_t r = p->b->failed ? -1 : gb_alt(p->b, v, n);
-    free(v);
-    return r;
+    return gb_list_alt(p->b, &l);
 }
 
 int32_t gram_regex_into(struct gb *b, const char *re, size_t n, int in_json_string)
