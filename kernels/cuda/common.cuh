@@ -340,4 +340,37 @@ static __device__ __forceinline__ void decode_unit(const dweight &W, int64_t r, 
     }
 }
 
+/* Writes the bf16 decode of W rows [n0, n0 + WT_ROWS) x cols [k0, k0 + WT_COLS) into sb,
+ * rows WT_LD values apart (past n or k: zero), as the tensor-core products stage a weight
+ * tile. FAST: whole units (k a multiple of WT_COLS and the fast-path layout); else element
+ * by element. */
+template <int FMT, int BITS, bool FAST, int WT_ROWS, int WT_COLS, int WT_LD>
+static __device__ __forceinline__ void load_wtile(const dweight &W, int64_t n0, int64_t k0,
+                                                  __nv_bfloat16 (*sb)[WT_LD])
+{
+    if constexpr (FAST) {
+        constexpr int V = unit_traits<FMT, BITS>::vals, UPR = WT_COLS / V; /* units per tile row */
+        for (int i = threadIdx.x; i < WT_ROWS * UPR; i += blockDim.x) {
+            const int rr = i / UPR, uu = i % UPR;
+            const int64_t r = n0 + rr;
+            float v[V];
+            if (r < W.n) {
+                decode_unit<FMT, BITS>(W, r, k0 / V + uu, v);
+            } else {
+#pragma unroll
+                for (int j = 0; j < V; j++) v[j] = 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < V; j += 2)
+                *(__nv_bfloat162 *)&sb[rr][uu * V + j] = __floats2bfloat162_rn(v[j], v[j + 1]);
+        }
+    } else {
+        for (int i = threadIdx.x; i < WT_ROWS * WT_COLS; i += blockDim.x) {
+            const int rr = i / WT_COLS, cc = i % WT_COLS;
+            const int64_t r = n0 + rr, c = k0 + cc;
+            sb[rr][cc] = __float2bfloat16_rn(r < W.n && c < W.k ? dq_elem(W, r, c) : 0.0f);
+        }
+    }
+}
+
 #endif

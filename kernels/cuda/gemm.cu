@@ -39,39 +39,6 @@ struct gemm_smem {
     };
 };
 
-/* Writes the bf16 decode of W rows [n0, n0+TN) x cols [k0, k0+TK) into sb (rows past n:
- * zero). FAST: unit decoders (k % TK == 0 and the fast-path layout); else per element. */
-template <int FMT, int BITS, bool FAST>
-static __device__ __forceinline__ void load_b(const dweight &W, int64_t n0, int64_t k0,
-                                              __nv_bfloat16 (*sb)[TK + TPAD])
-{
-    if (FAST) {
-        constexpr int V = unit_traits<FMT, BITS>::vals;
-        constexpr int UPR = TK / V; /* units per tile row */
-        for (int i = threadIdx.x; i < TN * UPR; i += blockDim.x) {
-            int rr = i / UPR, uu = i % UPR;
-            int64_t r = n0 + rr;
-            float v[V];
-            if (r < W.n) {
-                decode_unit<FMT, BITS>(W, r, k0 / V + uu, v);
-            } else {
-#pragma unroll
-                for (int j = 0; j < V; j++) v[j] = 0.0f;
-            }
-#pragma unroll
-            for (int j = 0; j < V; j += 2)
-                *(__nv_bfloat162 *)&sb[rr][uu * V + j] = __floats2bfloat162_rn(v[j], v[j + 1]);
-        }
-    } else {
-        for (int i = threadIdx.x; i < TN * TK; i += blockDim.x) {
-            int rr = i / TK, cc = i % TK;
-            int64_t r = n0 + rr, c = k0 + cc;
-            float v = (r < W.n && c < W.k) ? dq_elem(W, r, c) : 0.0f;
-            sb[rr][cc] = __float2bfloat16_rn(v);
-        }
-    }
-}
-
 template <int FMT, int BITS, bool FAST>
 __global__ void __launch_bounds__(128)
     k_gemm(dweight W, const float *__restrict__ x, float *__restrict__ y, int m)
@@ -107,7 +74,7 @@ __global__ void __launch_bounds__(128)
             *(__nv_bfloat162 *)&sm.in.a[rr][cc] = __floats2bfloat162_rn(v.x, v.y);
             *(__nv_bfloat162 *)&sm.in.a[rr][cc + 2] = __floats2bfloat162_rn(v.z, v.w);
         }
-        load_b<FMT, BITS, FAST>(W, n0, k0, sm.in.b);
+        load_wtile<FMT, BITS, FAST, TN, TK, TK + TPAD>(W, n0, k0, sm.in.b);
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < TK; kk += 16) {

@@ -437,37 +437,6 @@ template <bool PAIR> struct moe_mm_smem {
     int32_t dst[MOE_TM]; /* its output row */
 };
 
-/* The bf16 decode of W rows [n0, n0 + TN) x cols [k0, k0 + TK) into sb (past n or k: zero);
- * FAST: whole units (k a multiple of TK, the fast layouts), else element by element. */
-template <int FMT, int BITS, bool FAST>
-static __device__ __forceinline__ void moe_load_b(const dweight &W, int64_t n0, int64_t k0,
-                                                  __nv_bfloat16 (*sb)[MOE_TK + MOE_TPAD])
-{
-    if constexpr (FAST) {
-        constexpr int V = unit_traits<FMT, BITS>::vals, UPR = MOE_TK / V;
-        for (int i = threadIdx.x; i < MOE_TN * UPR; i += blockDim.x) {
-            const int rr = i / UPR, uu = i % UPR;
-            const int64_t r = n0 + rr;
-            float v[V];
-            if (r < W.n) {
-                decode_unit<FMT, BITS>(W, r, k0 / V + uu, v);
-            } else {
-#pragma unroll
-                for (int j = 0; j < V; j++) v[j] = 0.0f;
-            }
-#pragma unroll
-            for (int j = 0; j < V; j += 2)
-                *(__nv_bfloat162 *)&sb[rr][uu * V + j] = __floats2bfloat162_rn(v[j], v[j + 1]);
-        }
-    } else {
-        for (int i = threadIdx.x; i < MOE_TN * MOE_TK; i += blockDim.x) {
-            const int rr = i / MOE_TK, cc = i % MOE_TK;
-            const int64_t r = n0 + rr, c = k0 + cc;
-            sb[rr][cc] = __float2bfloat16_rn(r < W.n && c < W.k ? dq_elem(W, r, c) : 0.0f);
-        }
-    }
-}
-
 /*
  * Tile blockIdx.y of the step's expert tiles (expert e's tiles are [tile0[e], tile0[e + 1]),
  * its entries list[start[e] + 64 j ...]) by output columns [64 blockIdx.x, + 64). PAIR: x rows
@@ -530,8 +499,10 @@ __global__ void __launch_bounds__(128) k_moe_mm(cu_moe_args a)
             *(__nv_bfloat162 *)&sm.in.a[rr][cc] = __floats2bfloat162_rn(v.x, v.y);
             *(__nv_bfloat162 *)&sm.in.a[rr][cc + 2] = __floats2bfloat162_rn(v.z, v.w);
         }
-        moe_load_b<FMT, BITS, FAST>(W, n0, k0, sm.in.b[0]);
-        if (PAIR) moe_load_b<FMT, BITS, FAST>(U, n0, k0, sm.in.b[NM - 1]);
+        load_wtile<FMT, BITS, FAST, MOE_TN, MOE_TK, MOE_TK + MOE_TPAD>(W, n0, k0, sm.in.b[0]);
+        if (PAIR)
+            load_wtile<FMT, BITS, FAST, MOE_TN, MOE_TK, MOE_TK + MOE_TPAD>(U, n0, k0,
+                                                                           sm.in.b[NM - 1]);
         __syncthreads();
 #pragma unroll
         for (int kk = 0; kk < MOE_TK; kk += 16) {
