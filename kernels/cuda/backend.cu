@@ -66,14 +66,15 @@ enum opk {
     OP_DELTA, /* its arguments in dn */
     OP_MOE,   /* its arguments in me */
     OP_COPY,
+    OP_SCALE,
 };
 
 static const char *const op_names[] = {
-    "embed",       "gemm",           "add_bias",    "rms_norm",     "rope",
-    "kv_store",    "attention",      "act_mul",     "add",          "softcap",
-    "gather_rows", "argmax",         "gemv",        "add+rms_norm", "rope+kv_store",
-    "sample",      "gemm set",       "rope tables", "rope_partial", "split_qgate",
-    "gate_mul",    "rms_norm_gated", "delta_net",   "moe",          "copy"};
+    "embed",        "gemm",         "add_bias",      "rms_norm",       "rope",        "kv_store",
+    "attention",    "act_mul",      "add",           "softcap",        "gather_rows", "argmax",
+    "gemv",         "add+rms_norm", "rope+kv_store", "sample",         "gemm set",    "rope tables",
+    "rope_partial", "split_qgate",  "gate_mul",      "rms_norm_gated", "delta_net",   "moe",
+    "copy",         "scale"};
 
 /* Flags of an OP_GEMM_SET in i[3]: the rope + KV store launch after the fused set reads
  * its columns (no split); the set's results are bf16. */
@@ -381,6 +382,9 @@ static void exec_op(cu_ctx *c, const op *o)
     case OP_COPY:
         cu_copy(s, (void *)o->p[0], o->p[1], (size_t)o->n);
         break;
+    case OP_SCALE:
+        cu_scale(s, (float *)o->p[0], o->n, o->f[0]);
+        break;
     }
 }
 
@@ -407,7 +411,9 @@ static void op_label(const op *o, char *buf, size_t n)
         break;
     case OP_MOE:
         snprintf(buf, n, "moe %s (%d experts, top %d)",
-                 o->me.grouped ? "grouped, tensor cores" : "a product per (row, expert)",
+                 !o->me.grouped           ? "a product per (row, expert)"
+                 : cu_moe_streamed(o->me) ? "grouped, streamed"
+                                          : "grouped, tensor cores",
                  o->me.n_experts, o->me.top_k);
         break;
     case OP_MATMUL:
@@ -1738,6 +1744,14 @@ static void cu_split_qgate_op(void *ctx, float *q, float *gate, const float *qg,
     o->i[2] = d;
 }
 
+static void cu_scale_op(void *ctx, float *x, int64_t n, float sc)
+{
+    op *o = record((cu_ctx *)ctx, OP_SCALE);
+    o->p[0] = x;
+    o->n = n;
+    o->f[0] = sc;
+}
+
 static void cu_gate_mul_op(void *ctx, float *x, const float *g, int rows, int n, int gn)
 {
     op *o = record((cu_ctx *)ctx, OP_GATE_MUL);
@@ -1800,6 +1814,7 @@ struct moe_table {
     int n_experts;
     int uniform_gu, uniform_down; /* as cu_moe_args */
     dweight *d;
+    float *expert_scale; /* device [n_experts] (Gemma 4), else NULL */
 };
 
 static bool same_layout(const dweight &a, const dweight &b)
@@ -1838,6 +1853,12 @@ static const moe_table *moe_table_get(cu_ctx *c, const struct moe_params *p)
     CU(cudaSetDevice(c->dev));
     CU(cudaMalloc((void **)&t->d, bytes));
     CU(cudaMemcpyAsync(t->d, h, bytes, cudaMemcpyHostToDevice, c->st));
+    t->expert_scale = NULL;
+    if (p->expert_scale) {
+        CU(cudaMalloc((void **)&t->expert_scale, sizeof(float) * (size_t)E));
+        CU(cudaMemcpyAsync(t->expert_scale, p->expert_scale, sizeof(float) * (size_t)E,
+                           cudaMemcpyHostToDevice, c->st));
+    }
     CU(cudaStreamSynchronize(c->st)); /* h goes away */
     free(h);
     return t;
@@ -1876,9 +1897,12 @@ static void cu_moe_op(void *ctx, float *out, const float *x, const float *router
     a.n_experts = E;
     a.top_k = K;
     a.norm_topk = p->norm_topk;
+    a.expert_scale = t->expert_scale;
     a.gelu = p->act == ACT_GELU_TANH;
-    /* batch-invariant mode: the per-entry products for every row (as the dense products) */
-    a.grouped = rows > CU_GEMV_MAX_M && !c->invariant;
+    a.grouped = rows > CU_GEMV_MAX_M;
+    /* batch-invariant mode: each entry's result as the per-entry products give it, whatever
+     * the rows (as the dense products) */
+    a.exact = c->invariant;
     cu_moe_carve(&a, c->moe_ws);
 }
 
@@ -1987,7 +2011,10 @@ static void cu_destroy(void *ctx)
     }
     CU(cudaEventDestroy(c->staged));
     if (c->d_sample) CU(cudaFree(c->d_sample));
-    for (int i = 0; i < c->n_moe_tabs; i++) CU(cudaFree(c->moe_tabs[i].d));
+    for (int i = 0; i < c->n_moe_tabs; i++) {
+        CU(cudaFree(c->moe_tabs[i].d));
+        if (c->moe_tabs[i].expert_scale) CU(cudaFree(c->moe_tabs[i].expert_scale));
+    }
     free(c->moe_tabs);
     if (c->moe_ws) CU(cudaFree(c->moe_ws));
     CU(cudaEventDestroy(c->fork));
@@ -2041,7 +2068,7 @@ static const struct backend_ops cuda_ops = {
     .copy = cu_copy_op,
     /* Gemma 4's scalars are not on this backend yet: models that need them are refused when
      * they load */
-    .scale = NULL,
+    .scale = cu_scale_op,
 };
 
 int backend_cuda_device_count(void)

@@ -283,6 +283,8 @@ void cu_split_qgate(cudaStream_t s, float *q, float *gate, const float *qg, int 
                     int d);
 /** x [rows, n] *= sigmoid(g), g [rows, gn], gn = n (element-wise) or 1 (one gate a row). */
 void cu_gate_mul(cudaStream_t s, float *x, const float *g, int rows, int n, int gn);
+/** x[0, n) *= sc (Gemma 4's layer scalars). */
+void cu_scale(cudaStream_t s, float *x, int64_t n, float sc);
 /** out[r] = rms_norm(x[r]) * w * silu(z[r]) over rows of dim (out may be x). */
 void cu_rms_norm_gated(cudaStream_t s, float *out, const float *x, const float *z, const float *w,
                        int rows, int dim, float eps);
@@ -323,10 +325,17 @@ struct cu_moe_args {
     dweight ex_gu, ex_down;
     int uniform_gu, uniform_down;
     int rows, hidden, inner, n_experts, top_k, norm_topk, gelu;
+    const float *expert_scale; /* [n_experts] multiplies a chosen expert's weight after the
+                                  renormalization (Gemma 4), else NULL */
     /* 0: a matrix-vector product per (row, chosen expert) entry, the down products adding
-     * each row's entries in expert order; 1: entries grouped by expert, tiles of 64 on tensor
-     * cores (x rounded to bf16), a last launch adding each row's */
+     * each row's entries in expert order; 1: entries grouped by expert, then a warp per
+     * output row streaming it for 8 of the expert's entries at a time when they are few an
+     * expert, else tiles of 64 on tensor cores (x rounded to bf16); a last launch adds each
+     * row's */
     int grouped;
+    /* batch-invariant mode: every entry's result as the per-entry products compute it (the
+     * grouped rows streamed, never the tiles) */
+    int exact;
     /* scratch of cu_moe_scratch_bytes(CU_MOE_CHUNK rows at most), carved by cu_moe_carve */
     int32_t *sel;   /* [rows * top_k] entry r * top_k + j: row r's j-th expert by id */
     float *wt;      /* [rows * top_k] the entry's weight */
@@ -336,6 +345,9 @@ struct cu_moe_args {
     float *h;       /* [rows * top_k, inner] act(gate x) * up x, by entry (grouped: by position) */
     float *y;       /* [rows * top_k, hidden] grouped: each entry's expert output */
 };
+/** Whether grouped rows (a chunk of them) take the streamed per-expert products rather than
+ * the tiles on tensor cores. */
+bool cu_moe_streamed(const cu_moe_args &a);
 /** Bytes of scratch for rows (at most CU_MOE_CHUNK) of a layer's shape. */
 size_t cu_moe_scratch_bytes(int rows, int top_k, int n_experts, int inner, int hidden);
 /** Points a's scratch fields into ws (cu_moe_scratch_bytes of a's shape). */

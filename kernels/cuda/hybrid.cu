@@ -85,6 +85,21 @@ void cu_gate_mul(cudaStream_t s, float *x, const float *g, int rows, int n, int 
     CU_LAUNCHED();
 }
 
+__global__ void k_scale(float *x, int64_t n, float sc)
+{
+    allow_dependents();
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] *= sc;
+}
+
+void cu_scale(cudaStream_t s, float *x, int64_t n, float sc)
+{
+    if (n <= 0) return;
+    k_scale<<<grid_for(n, 256), 256, 0, s>>>(x, n, sc);
+    CU_LAUNCHED();
+}
+
 /* A warp a row (the rows are short: a value head's v_dim); the sum of squares in double, as
  * the CPU's. In place (out == x): each lane rewrites only the values it read. */
 #define RNG_WARPS 8

@@ -9,8 +9,11 @@
  * every format (common.cuh), gate and up with the activation in one launch, down in a
  * second that also adds a row's entries as it goes; the entries' experts are read from a
  * device table of descriptors, one per expert.
- * Many rows (prefill): the entries grouped by expert on the device (counts, offsets, lists),
- * then a launch per matrix kind over every expert's tiles of 64 entries, on tensor cores as
+ * Many rows: the entries grouped by expert on the device (counts, offsets, lists). With few
+ * entries an expert (decode of many sequences), a warp per output row of each expert's
+ * matrices streams the row once for 8 of its entries at a time (k_moe_xgemv), giving each
+ * entry the few-row path's result bit for bit. Else (prefill) a launch per matrix kind over
+ * every expert's tiles of 64 entries, on tensor cores as
  * gemm.cu's k_gemm (x rounded to bf16, weight tiles decoded into shared memory), each entry's
  * output kept apart ([rows * top_k, hidden]) for a last launch to add. Its grid is
  * sized for the most tiles a step of that many rows can have; tiles past the device's count
@@ -143,6 +146,8 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_moe_route(cu_moe_args a)
         for (int i = 0; i < K; i++) tot += kw[i];
         for (int i = 0; i < K; i++) kw[i] /= tot;
     }
+    if (a.expert_scale)
+        for (int i = 0; i < K; i++) kw[i] *= a.expert_scale[ks[i]];
     for (int i = 1; i < K; i++) { /* by expert id: the order of the row's sum */
         const int e = ks[i];
         const float w = kw[i];
@@ -228,6 +233,7 @@ template <int EPL> __global__ void __launch_bounds__(ROUTE_THREADS) k_moe_route_
         for (int i = 0; i < K; i++) tot += __shfl_sync(0xffffffffu, my_w, i);
         my_w /= tot;
     }
+    if (a.expert_scale && lane < K) my_w *= a.expert_scale[my_e];
     int rank = 0; /* the entry's place among the row's by expert id */
     for (int i = 0; i < K; i++) rank += __shfl_sync(0xffffffffu, my_e, i) < my_e;
     if (lane < K) {
@@ -419,6 +425,78 @@ __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32) k_moe_gemv(cu_moe_args a)
                     if (j < nb) o += s[j] * a.wt[row * K + j0 + j];
             }
             if (lane == 0) a.out[(int64_t)row * a.hidden + r] = o;
+        }
+    }
+}
+
+/*
+ * Entries grouped by expert, few of them an expert (decode of many sequences: 256 rows of top
+ * 8 over 256 experts give about 8 an expert): a warp per output row r of expert blockIdx.y's
+ * matrix, streaming the row once for up to MOE_XG_M of the expert's entries at a time, as the
+ * dense matrix-vector kernel does for its x rows (gemv.cu). Each entry's sums run in
+ * k_moe_gemv's order (lane l takes units l, l + 32, ...; then a warp butterfly), so its
+ * results are the few-row path's bit for bit. PAIR: act(gate) * up into h at the entries'
+ * list positions (as k_moe_mm); else the down products into y by entry, for k_moe_combine.
+ * Whole units only (units_ok).
+ */
+#define MOE_XG_M 8
+/* Entries an expert on average up to which a step takes k_moe_xgemv over the tiles. */
+#define MOE_XG_PER_EXPERT 16
+template <int FMT, int BITS, bool PAIR>
+__global__ void __launch_bounds__(MOE_GEMV_WARPS * 32) k_moe_xgemv(cu_moe_args a)
+{
+    allow_dependents();
+    constexpr int V = unit_traits<FMT, BITS>::vals;
+    constexpr int NA = PAIR ? 2 : 1;
+    const int e = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int p0 = a.start[e], p1 = a.start[e + 1];
+    const int64_t r = (int64_t)blockIdx.x * MOE_GEMV_WARPS + warp;
+    if (p0 == p1 || r >= (PAIR ? a.inner : a.hidden)) return; /* the whole warp */
+    const dweight &W = PAIR ? a.gate[e] : a.down[e];
+    const dweight &U = PAIR ? a.up[e] : a.down[e];
+    const int64_t units = W.k / V;
+    for (int q0 = p0; q0 < p1; q0 += MOE_XG_M) {
+        const int nb = p1 - q0 < MOE_XG_M ? p1 - q0 : MOE_XG_M;
+        const float *xr[MOE_XG_M];
+#pragma unroll
+        for (int i = 0; i < MOE_XG_M; i++) {
+            const int p = q0 + (i < nb ? i : 0);
+            xr[i] =
+                PAIR ? a.x + (int64_t)(a.list[p] / a.top_k) * a.hidden : a.h + (int64_t)p * a.inner;
+        }
+        float acc[NA][MOE_XG_M];
+#pragma unroll
+        for (int q = 0; q < NA; q++)
+#pragma unroll
+            for (int i = 0; i < MOE_XG_M; i++) acc[q][i] = 0.0f;
+#pragma unroll 2
+        for (int64_t k = lane; k < units; k += 32) {
+            float v[NA][V];
+            decode_unit<FMT, BITS>(W, r, k, v[0]);
+            if (PAIR) decode_unit<FMT, BITS>(U, r, k, v[NA - 1]);
+#pragma unroll
+            for (int i = 0; i < MOE_XG_M; i++)
+                if (i < nb) /* a predicate, not a break: acc stays in registers */
+#pragma unroll
+                    for (int q = 0; q < NA; q++) acc[q][i] += dot_units<V>(v[q], xr[i] + k * V);
+        }
+#pragma unroll
+        for (int q = 0; q < NA; q++)
+#pragma unroll
+            for (int i = 0; i < MOE_XG_M; i++)
+#pragma unroll
+                for (int m = 16; m > 0; m >>= 1)
+                    acc[q][i] += __shfl_xor_sync(0xffffffffu, acc[q][i], m);
+        if (lane == 0) {
+#pragma unroll
+            for (int i = 0; i < MOE_XG_M; i++) {
+                if (i >= nb) continue;
+                if (PAIR)
+                    a.h[(int64_t)(q0 + i) * a.inner + r] =
+                        act_of(acc[0][i], a.gelu) * acc[NA - 1][i];
+                else
+                    a.y[(int64_t)a.list[q0 + i] * a.hidden + r] = acc[0][i];
+            }
         }
     }
 }
@@ -654,6 +732,24 @@ template <bool PAIR> static void launch_mm(cudaStream_t s, const cu_moe_args &a)
     CU_LAUNCHED();
 }
 
+template <bool PAIR> static void launch_xgemv(cudaStream_t s, const cu_moe_args &a)
+{
+    const dweight &w = PAIR ? a.ex_gu : a.ex_down;
+    const int64_t n = PAIR ? a.inner : a.hidden;
+    const dim3 grid((unsigned)((n + MOE_GEMV_WARPS - 1) / MOE_GEMV_WARPS), (unsigned)a.n_experts);
+#define XGEMV_CALL(F, B) k_moe_xgemv<F, B, PAIR><<<grid, MOE_GEMV_WARPS * 32, 0, s>>>(a)
+    MOE_DISPATCH(w, XGEMV_CALL);
+#undef XGEMV_CALL
+    CU_LAUNCHED();
+}
+
+bool cu_moe_streamed(const cu_moe_args &a)
+{
+    return a.grouped && units_ok(a, true, a.x) && units_ok(a, false, a.h) &&
+           (a.exact || (int64_t)(a.rows < CU_MOE_CHUNK ? a.rows : CU_MOE_CHUNK) * a.top_k <=
+                           (int64_t)MOE_XG_PER_EXPERT * a.n_experts);
+}
+
 static unsigned combine_blocks(int64_t n)
 {
     const int64_t b = (n + 255) / 256;
@@ -694,15 +790,23 @@ void cu_moe(cudaStream_t s, const cu_moe_args &a0)
         a.router += (int64_t)r0 * a.n_experts;
         a.out += (int64_t)r0 * a.hidden;
         route(s, a);
-        if (!a.grouped) {
+        /* few entries an expert (or the batch-invariant mode): the weights streamed once per
+         * MOE_XG_M entries, each entry's result the few-row path's; else tiles of 64 */
+        const bool xg = cu_moe_streamed(a);
+        if (!a.grouped || (a.exact && !xg)) {
             launch_gemv<true>(s, a);
             launch_gemv<false>(s, a); /* adds the entries into out itself */
             continue;
         }
         k_moe_group<<<1, GROUP_THREADS, sizeof(int32_t) * (size_t)a.n_experts, s>>>(a);
         CU_LAUNCHED();
-        launch_mm<true>(s, a);
-        launch_mm<false>(s, a);
+        if (xg) {
+            launch_xgemv<true>(s, a);
+            launch_xgemv<false>(s, a);
+        } else {
+            launch_mm<true>(s, a);
+            launch_mm<false>(s, a);
+        }
         k_moe_combine<<<combine_blocks((int64_t)a.rows * a.hidden), 256, 0, s>>>(a);
         CU_LAUNCHED();
     }

@@ -127,6 +127,16 @@ static void test_hybrid_elementwise(void)
         gpu.ops->free(gpu.ctx, dx);
     }
 
+    /* scale (Gemma 4's layer scalars): one rounding, so exact */
+    {
+        float *dx = dev(x, n);
+        memcpy(ref, x, sizeof(float) * n);
+        cpu.ops->scale(cpu.ctx, ref, (int64_t)n, 0.3125f);
+        gpu.ops->scale(gpu.ctx, dx, (int64_t)n, 0.3125f);
+        check_buf(dx, ref, n, 0, "scale");
+        gpu.ops->free(gpu.ctx, dx);
+    }
+
     /* rms_norm_gated over rows of 32 and 128 (a value head's width), apart and in place */
     for (int dim = 32; dim <= 128; dim *= 4) {
         const int nr = (int)(n / dim);
@@ -282,17 +292,24 @@ static struct moe_params moe_params_of(const struct hyb_experts *x, int K, int n
 /*
  * Routed experts of a format, over 1, 3, 18 and 40 rows (and 1100 with few experts: two chunks
  * of the grouped path): the routing (row 0's logits tie at the top_k-th place: the lower
- * expert wins), the products and each row's sum in expert order.
+ * expert wins), the products and each row's sum in expert order. scaled: per-expert scales of
+ * the chosen weights (Gemma 4), in [0.5, 1.5].
  */
 static void test_moe_case(int E, int K, int H, int I, enum wfmt fmt, int bits, int group, int norm,
-                          int gelu, int invariant)
+                          int gelu, int scaled, int invariant)
 {
     struct hyb_experts x;
     experts_make(&x, E, H, I, fmt, bits, group);
     char name[32];
     qweight_format_name(&x.m[0].w, name, sizeof name);
-    const struct moe_params pc = moe_params_of(&x, K, norm, gelu, 0),
-                            pg = moe_params_of(&x, K, norm, gelu, 1);
+    struct moe_params pc = moe_params_of(&x, K, norm, gelu, 0),
+                      pg = moe_params_of(&x, K, norm, gelu, 1);
+    float *es = NULL;
+    if (scaled) {
+        es = xmalloc(sizeof(float) * (size_t)E);
+        for (int e = 0; e < E; e++) es[e] = 1.0f + 0.5f * frand();
+        pc.expert_scale = pg.expert_scale = es;
+    }
     const int rows_list[] = {1, 3, 18, 40, 1100};
     for (int ri = 0; ri < 5; ri++) {
         const int rows = rows_list[ri];
@@ -308,10 +325,30 @@ static void test_moe_case(int E, int K, int H, int I, enum wfmt fmt, int bits, i
         cpu.ops->moe(cpu.ctx, ref, xin, router, &pc, rows, H);
         gpu.ops->moe(gpu.ctx, dout, dx, dr, &pg, rows, H);
         char what[128];
-        snprintf(what, sizeof what, "moe %s, %d experts top %d%s%s, %d rows", name, E, K,
-                 norm ? " renormalized" : "", gelu ? ", gelu" : "", rows);
+        snprintf(what, sizeof what, "moe %s, %d experts top %d%s%s%s, %d rows", name, E, K,
+                 norm ? " renormalized" : "", gelu ? ", gelu" : "", scaled ? ", scaled" : "", rows);
         const double few = fmt == WFMT_AFFINE && bits == 4 && group >= 64 ? 5e-4 : 1e-4;
-        check_buf(dout, ref, nx, rows <= 8 || invariant ? few : 1e-2, what);
+        /* rows whose entries go through the per-entry products: 8 rows or fewer, the
+         * batch-invariant mode, or (shapes whose rows decode in whole units) up to 16 entries
+         * an expert, streamed by expert; else tiles on tensor cores, x rounded to bf16 */
+        const int whole = H % 32 == 0 && I % 32 == 0;
+        const int exact = rows <= 8 || invariant || (whole && rows * K <= 16 * E);
+        check_buf(dout, ref, nx, exact ? few : 1e-2, what);
+        if (exact && rows > 8 && whole) {
+            /* each entry's result does not depend on the other rows of the step: the first
+             * rows alone (the few-row path) give the same bits */
+            float *all = back(dout, nx);
+            for (int i = 0; i < 3; i++) {
+                float *d1 = poisoned((size_t)H);
+                gpu.ops->moe(gpu.ctx, d1, dx + (size_t)i * H, dr + (size_t)i * E, &pg, 1, H);
+                float *one = back(d1, (size_t)H);
+                CHECK(!memcmp(one, all + (size_t)i * H, sizeof(float) * (size_t)H),
+                      "%s: row %d alone gives other bits", what, i);
+                free(one);
+                gpu.ops->free(gpu.ctx, d1);
+            }
+            free(all);
+        }
         free(xin);
         free(router);
         free(ref);
@@ -319,6 +356,7 @@ static void test_moe_case(int E, int K, int H, int I, enum wfmt fmt, int bits, i
         gpu.ops->free(gpu.ctx, dr);
         gpu.ops->free(gpu.ctx, dout);
     }
+    free(es);
     experts_free(&x);
 }
 
@@ -649,17 +687,20 @@ static void hybrid_cases(int invariant)
     test_delta_net_case(16, 32, 128, 128, 4); /* Qwen3.5 / 3.6 */
     test_delta_net_case(2, 2, 48, 48, 3);     /* rows past k_dim, a part-filled column block */
     test_delta_net_case(1, 2, 160, 40, 2);    /* k_dim past 128: the state in global memory */
-    test_moe_case(8, 2, 256, 128, WFMT_BF16, 16, 0, 1, 0, invariant);
-    test_moe_case(8, 2, 256, 128, WFMT_AFFINE, 4, 64, 1, 1, invariant);
-    test_moe_case(64, 8, 256, 128, WFMT_BF16, 16, 0, 0, 0, invariant);
-    test_moe_case(64, 8, 256, 128, WFMT_AFFINE, 4, 64, 0, 0, invariant);
-    test_moe_case(8, 2, 192, 96, WFMT_AFFINE, 3, 32, 1, 0, invariant); /* units of 3 bits */
-    test_moe_case(8, 2, 100, 60, WFMT_BF16, 16, 0, 1, 0, invariant);   /* element by element */
-    test_moe_case(40, 33, 128, 64, WFMT_BF16, 16, 0, 1, 0, invariant); /* top_k past 32 */
+    test_moe_case(8, 2, 256, 128, WFMT_BF16, 16, 0, 1, 0, 0, invariant);
+    test_moe_case(8, 2, 256, 128, WFMT_AFFINE, 4, 64, 1, 1, 0, invariant);
+    test_moe_case(64, 8, 256, 128, WFMT_BF16, 16, 0, 0, 0, 0, invariant);
+    test_moe_case(64, 8, 256, 128, WFMT_AFFINE, 4, 64, 0, 0, 0, invariant);
+    test_moe_case(8, 2, 192, 96, WFMT_AFFINE, 3, 32, 1, 0, 0, invariant); /* units of 3 bits */
+    test_moe_case(8, 2, 100, 60, WFMT_BF16, 16, 0, 1, 0, 0, invariant);   /* element by element */
+    test_moe_case(40, 33, 128, 64, WFMT_BF16, 16, 0, 1, 0, 0, invariant); /* top_k past 32 */
+    /* Gemma 4's per-expert scales, on the warp and the block routing kernels */
+    test_moe_case(8, 2, 256, 128, WFMT_BF16, 16, 0, 1, 1, 1, invariant);
+    test_moe_case(40, 33, 128, 64, WFMT_BF16, 16, 0, 1, 0, 1, invariant);
     /* the tiny models' experts (hidden 128, 64 inner): bf16, MLX 4- and 8-bit of group 64 */
-    test_moe_case(8, 2, 128, 64, WFMT_BF16, 16, 0, 1, 0, invariant);
-    test_moe_case(8, 2, 128, 64, WFMT_AFFINE, 4, 64, 1, 0, invariant);
-    test_moe_case(8, 2, 128, 64, WFMT_AFFINE, 8, 64, 0, 0, invariant);
+    test_moe_case(8, 2, 128, 64, WFMT_BF16, 16, 0, 1, 0, 0, invariant);
+    test_moe_case(8, 2, 128, 64, WFMT_AFFINE, 4, 64, 1, 0, 0, invariant);
+    test_moe_case(8, 2, 128, 64, WFMT_AFFINE, 8, 64, 0, 0, 0, invariant);
     test_hybrid_layers(invariant);
 }
 

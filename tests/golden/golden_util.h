@@ -19,10 +19,31 @@ static const char *const golden_supported[] = {
     "Gemma2ForCausalLM",     "Gemma3ForCausalLM",  "Qwen3MoeForCausalLM", "Qwen3_5ForCausalLM",
     "Qwen3_5MoeForCausalLM", "Gemma4ForCausalLM"};
 
-/* Architectures whose operations (Gemma 4's layer scalars and per-expert scales) the CUDA
- * backend does not run yet (NULL ends the list): it refuses them when they load, so they are
- * compared on the CPU only. */
-static const char *const golden_cpu_only[] = {"Gemma4ForCausalLM", NULL};
+/* Architectures whose operations the CUDA backend does not run yet (NULL ends the list): it
+ * refuses them when they load, so they are compared on the CPU only. Every supported one runs
+ * on both today. */
+static const char *const golden_cpu_only[] = {NULL};
+
+/* The margin below which the testdata README lets a greedy path diverge (our token the
+ * golden's second). */
+#define GOLDEN_MARGIN 0.05
+
+/* Gemma 4 on CUDA: its attention scale of 1 over RMS-normalized q and k (head size 512 on the
+ * global layers) turns the bf16 rounding of the KV rows the CUDA pool stores into
+ * log-probability errors far above other families'. Measured on the CPU path with only K and
+ * V rounded to bf16 (everything else float32), against the float32 goldens: largest
+ * deviation 0.114 (gemma4-tiny) and 0.911 (gemma4moe-tiny), where every other model stays
+ * within 0.025; the CUDA backend gave 0.524 and 0.791. So there: log-probabilities within
+ * GOLDEN_TOL_KV16 and a greedy path may diverge below a golden margin of GOLDEN_MARGIN_KV16
+ * (our token the golden's second). The operations themselves are checked against the CPU's
+ * one by one in tests/cuda (layer scalars, per-expert scales, head size 512). */
+#define GOLDEN_TOL_KV16    1.0
+#define GOLDEN_MARGIN_KV16 0.5
+
+static inline int golden_kv16_sensitive(const char *arch, const char *device)
+{
+    return !strncmp(device, "cuda", 4) && !strcmp(arch, "Gemma4ForCausalLM");
+}
 
 /* Whether `device` runs arch (any supported one on the CPU). */
 static inline int golden_device_runs(const char *arch, const char *device)
