@@ -24,6 +24,7 @@
 #include "kernels/cuda/cuda.cuh"
 
 #include <mma.h>
+#include <stdlib.h>
 
 using namespace nvcuda;
 
@@ -431,10 +432,11 @@ __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32) k_moe_gemv(cu_moe_args a)
 
 /*
  * Entries grouped by expert, few of them an expert (decode of many sequences: 256 rows of top
- * 8 over 256 experts give about 8 an expert): a warp per output row r of expert blockIdx.y's
- * matrix, streaming the row once for up to MOE_XG_M of the expert's entries at a time, as the
- * dense matrix-vector kernel does for its x rows (gemv.cu). Each entry's sums run in
- * k_moe_gemv's order (lane l takes units l, l + 32, ...; then a warp butterfly), so its
+ * 8 over 256 experts give about 8 an expert): a warp per MOE_XG_R output rows of expert
+ * blockIdx.y's matrix (units of 8 values or fewer; else one row), streaming the rows once for
+ * up to MOE_XG_M of the expert's entries at a time, each x load serving every row of the
+ * warp, as the dense matrix-vector kernel serves its x rows (gemv.cu). Each entry's sums run
+ * in k_moe_gemv's order (lane l takes units l, l + 32, ...; then a warp butterfly), so its
  * results are the few-row path's bit for bit. PAIR: act(gate) * up into h at the entries'
  * list positions (as k_moe_mm); else the down products into y by entry, for k_moe_combine.
  * Whole units only (units_ok).
@@ -442,16 +444,21 @@ __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32) k_moe_gemv(cu_moe_args a)
 #define MOE_XG_M 8
 /* Entries an expert on average up to which a step takes k_moe_xgemv over the tiles. */
 #define MOE_XG_PER_EXPERT 16
+template <int V> struct xg_rows {
+    static constexpr int n = V <= 8 ? 4 : 1;
+};
 template <int FMT, int BITS, bool PAIR>
 __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32) k_moe_xgemv(cu_moe_args a)
 {
     allow_dependents();
     constexpr int V = unit_traits<FMT, BITS>::vals;
-    constexpr int NA = PAIR ? 2 : 1;
+    constexpr int NA = PAIR ? 2 : 1, R = xg_rows<V>::n;
     const int e = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int p0 = a.start[e], p1 = a.start[e + 1];
-    const int64_t r = (int64_t)blockIdx.x * MOE_GEMV_WARPS + warp;
-    if (p0 == p1 || r >= (PAIR ? a.inner : a.hidden)) return; /* the whole warp */
+    const int64_t n = PAIR ? a.inner : a.hidden;
+    const int64_t r0 = ((int64_t)blockIdx.x * MOE_GEMV_WARPS + warp) * R;
+    if (p0 == p1 || r0 >= n) return; /* the whole warp */
+    const int nr = n - r0 < R ? (int)(n - r0) : R;
     const dweight &W = PAIR ? a.gate[e] : a.down[e];
     const dweight &U = PAIR ? a.up[e] : a.down[e];
     const int64_t units = W.k / V;
@@ -464,38 +471,71 @@ __global__ void __launch_bounds__(MOE_GEMV_WARPS * 32) k_moe_xgemv(cu_moe_args a
             xr[i] =
                 PAIR ? a.x + (int64_t)(a.list[p] / a.top_k) * a.hidden : a.h + (int64_t)p * a.inner;
         }
-        float acc[NA][MOE_XG_M];
+        float acc[R][NA][MOE_XG_M];
 #pragma unroll
-        for (int q = 0; q < NA; q++)
+        for (int rr = 0; rr < R; rr++)
 #pragma unroll
-            for (int i = 0; i < MOE_XG_M; i++) acc[q][i] = 0.0f;
-#pragma unroll 2
+            for (int q = 0; q < NA; q++)
+#pragma unroll
+                for (int i = 0; i < MOE_XG_M; i++) acc[rr][q][i] = 0.0f;
         for (int64_t k = lane; k < units; k += 32) {
-            float v[NA][V];
-            decode_unit<FMT, BITS>(W, r, k, v[0]);
-            if (PAIR) decode_unit<FMT, BITS>(U, r, k, v[NA - 1]);
+            float v[R][NA][V];
 #pragma unroll
-            for (int i = 0; i < MOE_XG_M; i++)
-                if (i < nb) /* a predicate, not a break: acc stays in registers */
-#pragma unroll
-                    for (int q = 0; q < NA; q++) acc[q][i] += dot_units<V>(v[q], xr[i] + k * V);
-        }
-#pragma unroll
-        for (int q = 0; q < NA; q++)
-#pragma unroll
-            for (int i = 0; i < MOE_XG_M; i++)
-#pragma unroll
-                for (int m = 16; m > 0; m >>= 1)
-                    acc[q][i] += __shfl_xor_sync(0xffffffffu, acc[q][i], m);
-        if (lane == 0) {
+            for (int rr = 0; rr < R; rr++) {
+                const int64_t r = r0 + (rr < nr ? rr : 0);
+                decode_unit<FMT, BITS>(W, r, k, v[rr][0]);
+                if (PAIR) decode_unit<FMT, BITS>(U, r, k, v[rr][NA - 1]);
+            }
 #pragma unroll
             for (int i = 0; i < MOE_XG_M; i++) {
-                if (i >= nb) continue;
-                if (PAIR)
-                    a.h[(int64_t)(q0 + i) * a.inner + r] =
-                        act_of(acc[0][i], a.gelu) * acc[NA - 1][i];
-                else
-                    a.y[(int64_t)a.list[q0 + i] * a.hidden + r] = acc[0][i];
+                if (i >= nb) continue; /* a predicate, not a break: acc stays in registers */
+                const float4 *xp = (const float4 *)(xr[i] + k * V);
+                float t[R][NA];
+#pragma unroll
+                for (int rr = 0; rr < R; rr++)
+#pragma unroll
+                    for (int q = 0; q < NA; q++) t[rr][q] = 0.0f;
+#pragma unroll
+                for (int j = 0; j < V / 4; j++) { /* dot_units' order, x loaded once */
+                    const float4 xv = __ldg(xp + j);
+#pragma unroll
+                    for (int rr = 0; rr < R; rr++)
+#pragma unroll
+                        for (int q = 0; q < NA; q++) {
+                            t[rr][q] = fmaf(v[rr][q][4 * j], xv.x, t[rr][q]);
+                            t[rr][q] = fmaf(v[rr][q][4 * j + 1], xv.y, t[rr][q]);
+                            t[rr][q] = fmaf(v[rr][q][4 * j + 2], xv.z, t[rr][q]);
+                            t[rr][q] = fmaf(v[rr][q][4 * j + 3], xv.w, t[rr][q]);
+                        }
+                }
+#pragma unroll
+                for (int rr = 0; rr < R; rr++)
+#pragma unroll
+                    for (int q = 0; q < NA; q++) acc[rr][q][i] += t[rr][q];
+            }
+        }
+#pragma unroll
+        for (int rr = 0; rr < R; rr++)
+#pragma unroll
+            for (int q = 0; q < NA; q++)
+#pragma unroll
+                for (int i = 0; i < MOE_XG_M; i++)
+#pragma unroll
+                    for (int m = 16; m > 0; m >>= 1)
+                        acc[rr][q][i] += __shfl_xor_sync(0xffffffffu, acc[rr][q][i], m);
+        if (lane == 0) {
+#pragma unroll
+            for (int rr = 0; rr < R; rr++) {
+                if (rr >= nr) continue;
+#pragma unroll
+                for (int i = 0; i < MOE_XG_M; i++) {
+                    if (i >= nb) continue;
+                    if (PAIR)
+                        a.h[(int64_t)(q0 + i) * a.inner + r0 + rr] =
+                            act_of(acc[rr][0][i], a.gelu) * acc[rr][NA - 1][i];
+                    else
+                        a.y[(int64_t)a.list[q0 + i] * a.hidden + r0 + rr] = acc[rr][0][i];
+                }
             }
         }
     }
@@ -732,12 +772,19 @@ template <bool PAIR> static void launch_mm(cudaStream_t s, const cu_moe_args &a)
     CU_LAUNCHED();
 }
 
+template <int FMT, int BITS, bool PAIR>
+static void launch_xgemv_fmt(cudaStream_t s, const cu_moe_args &a)
+{
+    constexpr int R = xg_rows<unit_traits<FMT, BITS>::vals>::n;
+    const int64_t n = PAIR ? a.inner : a.hidden, per = (int64_t)MOE_GEMV_WARPS * R;
+    const dim3 grid((unsigned)((n + per - 1) / per), (unsigned)a.n_experts);
+    k_moe_xgemv<FMT, BITS, PAIR><<<grid, MOE_GEMV_WARPS * 32, 0, s>>>(a);
+}
+
 template <bool PAIR> static void launch_xgemv(cudaStream_t s, const cu_moe_args &a)
 {
     const dweight &w = PAIR ? a.ex_gu : a.ex_down;
-    const int64_t n = PAIR ? a.inner : a.hidden;
-    const dim3 grid((unsigned)((n + MOE_GEMV_WARPS - 1) / MOE_GEMV_WARPS), (unsigned)a.n_experts);
-#define XGEMV_CALL(F, B) k_moe_xgemv<F, B, PAIR><<<grid, MOE_GEMV_WARPS * 32, 0, s>>>(a)
+#define XGEMV_CALL(F, B) launch_xgemv_fmt<F, B, PAIR>(s, a)
     MOE_DISPATCH(w, XGEMV_CALL);
 #undef XGEMV_CALL
     CU_LAUNCHED();
@@ -792,7 +839,7 @@ void cu_moe(cudaStream_t s, const cu_moe_args &a0)
         route(s, a);
         /* few entries an expert (or the batch-invariant mode): the weights streamed once per
          * MOE_XG_M entries, each entry's result the few-row path's; else tiles of 64 */
-        const bool xg = cu_moe_streamed(a);
+        const bool xg = cu_moe_streamed(a) && (a.exact || !getenv("PAGODA_MOE_TILES"));
         if (!a.grouped || (a.exact && !xg)) {
             launch_gemv<true>(s, a);
             launch_gemv<false>(s, a); /* adds the entries into out itself */

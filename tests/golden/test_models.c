@@ -208,9 +208,12 @@ static int check_folder(const char *bin, const char *dir, const char *name)
     if (TOL == CUDA_TOL &&
         (!strcmp(arch, "Qwen3_5ForCausalLM") || !strcmp(arch, "Qwen3_5MoeForCausalLM")))
         TOL = CUDA_TOL_HYBRID;
+    const char *inv = getenv("PAGODA_CUDA_BATCH_INVARIANT");
+    char *inv_was = inv ? strdup(inv) : NULL;
     if (golden_kv16_sensitive(arch, device)) {
         TOL = GOLDEN_TOL_KV16;
         MARGIN = GOLDEN_MARGIN_KV16;
+        setenv("PAGODA_CUDA_BATCH_INVARIANT", "1", 1); /* float32 products: see golden_util.h */
     }
     snprintf(path, sizeof path, "%s/golden.json", dir);
     char *gtext = util_read_file(path, NULL, NULL);
@@ -228,6 +231,11 @@ static int check_folder(const char *bin, const char *dir, const char *name)
     if (dev_before > max_dev) max_dev = dev_before;
     TOL = tol;
     MARGIN = GOLDEN_MARGIN;
+    if (inv_was)
+        setenv("PAGODA_CUDA_BATCH_INVARIANT", inv_was, 1);
+    else
+        unsetenv("PAGODA_CUDA_BATCH_INVARIANT");
+    free(inv_was);
     cJSON_Delete(g);
     return 1;
 }
