@@ -116,6 +116,14 @@ void http_embed_abort_all(struct http_loop *l);
 
 /** The route handlers; each answers req. */
 int http_routes_dispatch(struct http_loop *l, h2o_req_t *req);
+/** The route of a request path (the query ignored); HTTP_ROUTE_OTHER when none. */
+enum http_route http_route_of_path(h2o_iovec_t path);
+/**
+ * Registers on host's fallback path the filter that turns the errors h2o answers itself
+ * (before any handler: a body over the limit, broken chunked encoding, a bad Content-Length,
+ * an unknown Transfer-Encoding or Expect) into OpenAI- or Anthropic-shaped JSON (transport.c).
+ */
+void http_transport_register(h2o_hostconf_t *host);
 /** 1 when the client says it speaks the Anthropic API (an anthropic-version header). */
 int http_anthropic_client(h2o_req_t *req);
 /** The routes that need a model (generation, embeddings, tokenize, count_tokens): picks it

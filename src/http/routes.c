@@ -323,20 +323,33 @@ static int cors(struct http_server *s, h2o_req_t *req)
     return 1;
 }
 
+/* The index in routes[] of path[0..plen) (GET /v1/models/{id} is /v1/models's), or -1. */
+static int route_index(const char *path, size_t plen)
+{
+    int found = -1;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        size_t n = strlen(routes[i].path);
+        if (n == plen && !memcmp(routes[i].path, path, plen)) found = (int)i;
+        if (routes[i].route == HTTP_ROUTE_MODELS && plen > n + 1 &&
+            !memcmp(routes[i].path, path, n) && path[n] == '/')
+            found = (int)i;
+    }
+    return found;
+}
+
+enum http_route http_route_of_path(h2o_iovec_t path)
+{
+    const char *q = memchr(path.base, '?', path.len);
+    int i = path.base ? route_index(path.base, q ? (size_t)(q - path.base) : path.len) : -1;
+    return i >= 0 ? routes[i].route : HTTP_ROUTE_OTHER;
+}
+
 int http_routes_dispatch(struct http_loop *l, h2o_req_t *req)
 {
     struct http_server *s = l->srv;
     if (cors(s, req)) return 0;
     size_t plen = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
-    int found = -1;
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
-        size_t n = strlen(routes[i].path);
-        if (n == plen && !memcmp(routes[i].path, req->path.base, plen)) found = (int)i;
-        /* GET /v1/models/{id} */
-        if (routes[i].route == HTTP_ROUTE_MODELS && plen > n + 1 &&
-            !memcmp(routes[i].path, req->path.base, n) && req->path.base[n] == '/')
-            found = (int)i;
-    }
+    int found = route_index(req->path.base, plen);
     struct http_error he = {0};
     enum http_route route = found >= 0 ? routes[found].route : HTTP_ROUTE_OTHER;
     if (found < 0) {
@@ -350,6 +363,15 @@ int http_routes_dispatch(struct http_loop *l, h2o_req_t *req)
     if (!h2o_memis(req->method.base, req->method.len, method, strlen(method)) &&
         !(head && !strcmp(method, "GET"))) {
         http_error_set(&he, 405, NULL, "%s only accepts %s", routes[found].path, method);
+        http_reply_error(req, route, &he);
+        return 0;
+    }
+    /* h2o reads bodies up to twice --max-body-size (so that an HTTP/2 client gets this 413
+     * rather than a REFUSED_STREAM it retries; see transport.c) */
+    if (req->entity.len > s->cfg.max_body) {
+        http_error_set(&he, 413, NULL,
+                       "the request body (%zu bytes) is larger than --max-body-size (%zu bytes)",
+                       req->entity.len, s->cfg.max_body);
         http_reply_error(req, route, &he);
         return 0;
     }

@@ -317,13 +317,18 @@ int http_serve(const struct http_config *cfg, struct err *e)
     s->metrics = http_metrics_create();
 
     h2o_config_init(&s->conf);
-    s->conf.max_request_entity_size = s->cfg.max_body;
+    /* Twice --max-body-size: a body between the two is read and answered 413 in JSON by
+     * the routes; past it h2o answers itself (HTTP/1.1: a 413 that transport.c turns into
+     * JSON; HTTP/2: REFUSED_STREAM, which h2o 2.2 sends with no hook). One bound for both:
+     * HTTP/2 streams buffer up to it in memory. */
+    s->conf.max_request_entity_size = 2 * s->cfg.max_body;
     s->conf.server_name = h2o_iovec_init(H2O_STRLIT("pagoda"));
     h2o_hostconf_t *host =
         h2o_config_register_host(&s->conf, h2o_iovec_init(H2O_STRLIT("default")), 65535);
     h2o_pathconf_t *path = h2o_config_register_path(host, "/", 0);
     h2o_handler_t *handler = h2o_create_handler(path, sizeof *handler);
     handler->on_req = on_req;
+    http_transport_register(host);
 
     s->n_loops = s->cfg.threads;
     s->loops = xcalloc((size_t)s->n_loops, sizeof *s->loops);
