@@ -9,9 +9,8 @@
  * What h2o 2.2 answers without that path, and so without a hook, is in docs/SERVER.md
  * ("Transport errors"): an HTTP/1.1 request head with more than 100 headers (a fixed
  * "400 Bad Request" written to the socket), one over 408 KiB (the connection closed), and
- * over HTTP/2 a body past twice --max-body-size (REFUSED_STREAM), a Content-Length that
- * the DATA frames do not match (PROTOCOL_ERROR) and a header block over 408 KiB (the
- * connection closed).
+ * over HTTP/2 a body past twice --max-body-size (REFUSED_STREAM) and a Content-Length that
+ * the DATA frames do not match (PROTOCOL_ERROR).
  */
 #include <stdio.h>
 #include <stdlib.h>
