@@ -65,6 +65,7 @@ int http_model_spec_parse(const char *arg, struct http_model_spec *sp, struct er
         return 0;
     }
     if (!eq[1]) return err_set(e, "--model %s: no folder after '='", arg);
+    if (eq == arg) return err_set(e, "--model %s: an empty name (NAME[,ALIAS...]=DIR)", arg);
     for (const char *p = arg; p < eq;) {
         const char *c = memchr(p, ',', (size_t)(eq - p));
         if (!c) c = eq;
