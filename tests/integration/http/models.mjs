@@ -9,6 +9,7 @@ import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import http2 from 'node:http2';
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
 import { startServer, run, test, postJson, metrics, TESTDATA } from './lib.mjs';
@@ -146,6 +147,36 @@ await run([
       assert.equal((await complete(s.base, 'llama-tiny')).status, 200);
       assert.deepEqual(await states(s.base), { 'llama-tiny': 'loaded', q: 'unloaded' });
     } finally { await s.stop(); }
+  }),
+  test('a request that goes away while its model waits to load no longer asks for it', async () => {
+    const a = bytesOf(LLAMA), b = bytesOf(QWEN);
+    const s = await startServer('llama-tiny', ['--model', `q=${QWEN}`,
+      '--models-memory-budget', String(Math.max(a, b) + Math.min(a, b) - 1),
+      '--kv-cache-memory', String(KV)]);
+    const session = http2.connect(s.base);
+    try {
+      const res = await fetch(`${s.base}/v1/completions`, { method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ model: 'llama-tiny', prompt: [1, 2, 3], max_tokens: 3500,
+          temperature: 0, ignore_eos: true, stream: true }) });
+      const reader = res.body.getReader();
+      await reader.read(); // llama-tiny held: q cannot be loaded
+      const st = session.request({ ':method': 'POST', ':path': '/v1/completions',
+        'content-type': 'application/json' });
+      st.on('error', () => {});
+      st.end(JSON.stringify({ model: 'q', prompt: [1, 2, 3], max_tokens: 4 }));
+      const key = 'pagoda_model_requests_waiting_for_load{model="q"}';
+      await until('q waiting', async () => (await metrics(s.base))[key] === 1);
+      st.close(http2.constants.NGHTTP2_CANCEL);
+      await until('the wait dropped', async () => (await metrics(s.base))[key] === 0);
+      await reader.cancel();
+      // llama-tiny idle, nobody wants q: it stays unloaded, llama-tiny stays loaded
+      await until('llama-tiny idle', async () =>
+        (await metrics(s.base))['pagoda_model_requests_in_progress{model="llama-tiny"}'] === 0);
+      assert.equal((await complete(s.base, 'llama-tiny')).status, 200);
+      assert.deepEqual(await states(s.base), { 'llama-tiny': 'loaded', q: 'unloaded' });
+      assert.equal((await metrics(s.base))['pagoda_model_loads_total{model="q"}'], 0);
+    } finally { session.close(); await s.stop(); }
   }),
   test('a model over the whole budget is a 500 that names the budget', async () => {
     const s = await startServer('llama-tiny', ['--model', `q=${QWEN}`,
