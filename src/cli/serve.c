@@ -58,13 +58,16 @@ static void usage_serve(FILE *f)
 
 /* Raises the soft open-files limit to the hard one (every connection is a descriptor) and
  * says so; warns when even the hard limit is below what the admission settings let in: the
- * running and waiting requests, one connection each, plus the model's and loops' own. */
+ * running requests of every model and the waiting ones, one connection each, plus the
+ * models' and loops' own. */
 static void raise_fd_limit(const struct http_config *cfg)
 {
     unsigned long long hard, soft = util_raise_nofile("pagoda serve", &hard);
     int seqs = cfg->engine.max_num_seqs > 0 ? cfg->engine.max_num_seqs : 256;
     int waiting = cfg->max_waiting > 0 ? cfg->max_waiting : 0;
-    unsigned long long need = (unsigned long long)seqs + (unsigned long long)waiting + 64;
+    /* every model has its own engine, each running up to seqs requests */
+    unsigned long long need = (unsigned long long)seqs * (unsigned long long)cfg->n_models +
+                              (unsigned long long)waiting + 64;
     if (soft && soft < need)
         fprintf(stderr,
                 "pagoda serve: open files limit %llu (hard limit %llu) is below the %llu that "
