@@ -94,9 +94,16 @@ static void loop(struct runner *R, int num, double rate, int concurrency, int sh
         double now = util_now();
         int stop = (num > 0 && issued >= num) ||
                    (cfg->duration > 0 && now - R->t0 >= cfg->duration) || run_interrupted;
+        int burst = 0;
         while (!stop && (concurrency <= 0 || R->running < concurrency) &&
                (rate <= 0 || now >= next_arrival)) {
             submit(R, base + issued++);
+            /* A request goes out only once its connection is up, which hc_poll sees: in a
+             * burst of thousands of fresh connections, write the requests of those already
+             * up every 64 opened, or the first ones wait for the whole burst to be opened
+             * (seconds for 10,000 on a busy machine) and the server's request timeout (h2o:
+             * 10 s from accept to a complete request) closes them unanswered. */
+            if (++burst % 64 == 0) hc_poll(R->c, 0);
             if (rate > 0) {
                 double gap = cfg->constant_arrival
                                  ? 1.0 / rate

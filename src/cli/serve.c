@@ -1,5 +1,7 @@
 /* serve: the HTTP server (OpenAI and Anthropic APIs) in front of the engine. */
+#include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -15,9 +17,18 @@
 static void usage_serve(FILE *f)
 {
     fprintf(f,
-            "usage: pagoda serve [--model DIR] [options]\n"
+            "usage: pagoda serve [--model DIR | --model NAME=DIR ...] [options]\n"
             "  --model DIR              model folder (default " DEFAULT_MODEL ")\n"
-            "  --served-model-name S    the model name clients send (default: DIR's name)\n"
+            "  --model NAME[,ALIAS...]=DIR  repeated: several models, routed by the request's\n"
+            "                           \"model\", each loaded when a request first names it\n"
+            "  --models-file F          models one a line, as NAME[,ALIAS...]=DIR ('#' comments)\n"
+            "  --served-model-name S... the names of the one model clients send, the first in\n"
+            "                           responses (default: DIR's name)\n"
+            "  --model-idle-timeout S   unload a model nothing used for S seconds; the next\n"
+            "                           request loads it again (default 0: never)\n"
+            "  --models-memory-budget BYTES  bytes the loaded models may take (folder files\n"
+            "                           plus KV pool); idle models are unloaded, least recently\n"
+            "                           used first, to load another (default 0: no bound)\n"
             "  --host H                 listen address (default 127.0.0.1)\n"
             "  --port P                 listen port (default 8080; 0 picks a free one)\n"
             "  --http-threads N         event-loop threads (default 1)\n"
@@ -47,13 +58,16 @@ static void usage_serve(FILE *f)
 
 /* Raises the soft open-files limit to the hard one (every connection is a descriptor) and
  * says so; warns when even the hard limit is below what the admission settings let in: the
- * running and waiting requests, one connection each, plus the model's and loops' own. */
+ * running requests of every model and the waiting ones, one connection each, plus the
+ * models' and loops' own. */
 static void raise_fd_limit(const struct http_config *cfg)
 {
     unsigned long long hard, soft = util_raise_nofile("pagoda serve", &hard);
     int seqs = cfg->engine.max_num_seqs > 0 ? cfg->engine.max_num_seqs : 256;
     int waiting = cfg->max_waiting > 0 ? cfg->max_waiting : 0;
-    unsigned long long need = (unsigned long long)seqs + (unsigned long long)waiting + 64;
+    /* every model has its own engine, each running up to seqs requests */
+    unsigned long long need = (unsigned long long)seqs * (unsigned long long)cfg->n_models +
+                              (unsigned long long)waiting + 64;
     if (soft && soft < need)
         fprintf(stderr,
                 "pagoda serve: open files limit %llu (hard limit %llu) is below the %llu that "
@@ -62,10 +76,53 @@ static void raise_fd_limit(const struct http_config *cfg)
                 soft, hard, need, seqs, waiting);
 }
 
+/* The models to serve from --model (DIR or NAME=DIR, repeated), --models-file and
+ * --served-model-name (names of a single model given as DIR, as vLLM's). */
+static int collect_models(const char **args, int n_args, const char *file, const char **names,
+                          int n_names, struct http_model_spec **specs, int *n)
+{
+    struct err e = {0};
+    for (int k = 0; k < n_args; k++) {
+        struct http_model_spec sp;
+        if (http_model_spec_parse(args[k], &sp, &e) < 0) goto fail;
+        *specs = xrealloc(*specs, sizeof **specs * (size_t)(*n + 1));
+        (*specs)[(*n)++] = sp;
+    }
+    if (file && http_model_specs_read(file, specs, n, &e) < 0) goto fail;
+    if (*n == 0) {
+        struct stat st;
+        if (stat(DEFAULT_MODEL, &st) != 0 || !S_ISDIR(st.st_mode)) {
+            fprintf(stderr, "pagoda serve: --model DIR is required (no %s folder here)\n",
+                    DEFAULT_MODEL);
+            return -1;
+        }
+        *specs = xcalloc(1, sizeof **specs);
+        if (http_model_spec_parse(DEFAULT_MODEL, &(*specs)[(*n)++], &e) < 0) goto fail;
+    }
+    if (n_names) {
+        if (*n > 1 || file ||
+            (n_args == 1 && strchr(args[0], '=') && strcmp((*specs)[0].dir, args[0]) != 0)) {
+            fprintf(stderr, "pagoda serve: --served-model-name names the one model of --model "
+                            "DIR; with several models give the names as --model NAME,ALIAS=DIR\n");
+            return -1;
+        }
+        struct http_model_spec *sp = &(*specs)[0];
+        for (int k = 0; k < sp->n_names; k++) free(sp->names[k]);
+        sp->n_names = 0;
+        for (int k = 0; k < n_names; k++) sp->names[sp->n_names++] = xstrdup(names[k]);
+    }
+    return 0;
+fail:
+    fprintf(stderr, "pagoda serve: %s\n", e.msg);
+    return -1;
+}
+
 int cli_serve(int argc, char **argv)
 {
     struct http_config cfg;
     http_config_default(&cfg);
+    const char *model_args[256], *names[HTTP_MODEL_MAX_NAMES], *models_file = NULL;
+    int n_model_args = 0, n_names = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         int r = arg_engine_option(argc, argv, &i, &cfg.engine);
@@ -81,6 +138,9 @@ int cli_serve(int argc, char **argv)
         }
         static const char *const with_value[] = {"--model",
                                                  "--served-model-name",
+                                                 "--models-file",
+                                                 "--model-idle-timeout",
+                                                 "--models-memory-budget",
                                                  "--host",
                                                  "--port",
                                                  "--http-threads",
@@ -106,11 +166,42 @@ int cli_serve(int argc, char **argv)
         if (!(v = arg_value(argc, argv, &i))) return 2;
         long n;
         double d;
-        if (!strcmp(a, "--model"))
-            cfg.model_dir = v;
-        else if (!strcmp(a, "--served-model-name"))
-            cfg.served_name = v;
-        else if (!strcmp(a, "--host"))
+        if (!strcmp(a, "--model")) {
+            if (n_model_args == (int)(sizeof model_args / sizeof model_args[0])) {
+                fprintf(stderr, "pagoda serve: more than %d --model options\n", n_model_args);
+                return 2;
+            }
+            model_args[n_model_args++] = v;
+        } else if (!strcmp(a, "--served-model-name")) {
+            /* one or more names: this value and the arguments after it up to an option */
+            n_names = 0;
+            for (;;) {
+                if (n_names == HTTP_MODEL_MAX_NAMES) {
+                    fprintf(stderr, "pagoda serve: --served-model-name: more than %d names\n",
+                            HTTP_MODEL_MAX_NAMES);
+                    return 2;
+                }
+                if (!*v) {
+                    fprintf(stderr, "pagoda serve: --served-model-name: an empty name\n");
+                    return 2;
+                }
+                names[n_names++] = v;
+                if (i + 1 >= argc || argv[i + 1][0] == '-') break;
+                v = argv[++i];
+            }
+        } else if (!strcmp(a, "--models-file"))
+            models_file = v;
+        else if (!strcmp(a, "--model-idle-timeout")) {
+            if (arg_float(a, v, &d)) return 2;
+            if (!(d >= 0 && d <= 86400 * 365)) {
+                fprintf(stderr, "pagoda serve: --model-idle-timeout must be >= 0 seconds\n");
+                return 2;
+            }
+            cfg.model_idle_timeout = d;
+        } else if (!strcmp(a, "--models-memory-budget")) {
+            if (arg_int(a, v, 0, LONG_MAX, &n)) return 2;
+            cfg.models_budget = (size_t)n;
+        } else if (!strcmp(a, "--host"))
             cfg.host = v;
         else if (!strcmp(a, "--tls-cert"))
             cfg.tls_cert = v;
@@ -158,23 +249,25 @@ int cli_serve(int argc, char **argv)
             cfg.stream_idle_timeout = d;
         }
     }
-    struct stat st;
-    if (!cfg.model_dir && stat(DEFAULT_MODEL, &st) == 0 && S_ISDIR(st.st_mode))
-        cfg.model_dir = DEFAULT_MODEL;
-    if (!cfg.model_dir) {
-        fprintf(stderr, "pagoda serve: --model DIR is required (no %s folder here)\n",
-                DEFAULT_MODEL);
+    struct http_model_spec *specs = NULL;
+    int n_specs = 0;
+    if (collect_models(model_args, n_model_args, models_file, names, n_names, &specs, &n_specs) <
+        0) {
+        for (int k = 0; k < n_specs; k++) http_model_spec_dispose(&specs[k]);
+        free(specs);
         return 2;
     }
+    cfg.models = specs;
+    cfg.n_models = n_specs;
     if (cfg.api_key && !cfg.api_key[0]) {
         fprintf(stderr, "pagoda serve: --api-key must not be empty\n");
         return 2;
     }
     raise_fd_limit(&cfg);
     struct err e = {0};
-    if (http_serve(&cfg, &e) != 0) {
-        fprintf(stderr, "pagoda serve: %s\n", e.msg);
-        return 1;
-    }
-    return 0;
+    int rc = http_serve(&cfg, &e);
+    if (rc != 0) fprintf(stderr, "pagoda serve: %s\n", e.msg);
+    for (int k = 0; k < n_specs; k++) http_model_spec_dispose(&specs[k]);
+    free(specs);
+    return rc != 0;
 }

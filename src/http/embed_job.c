@@ -28,7 +28,8 @@ struct embed_item {
 
 struct embed_job {
     struct http_loop *loop;
-    h2o_req_t *req; /* NULL once h2o disposed it */
+    struct http_served *served; /* held until the job is freed */
+    h2o_req_t *req;             /* NULL once h2o disposed it */
     struct http_embed q;
     struct embed_item *items; /* [q.n_inputs] */
     uint64_t *ids;            /* [q.n_inputs] engine request ids, 0 when not submitted */
@@ -59,6 +60,7 @@ static void job_release(struct embed_job *j)
 {
     if (--j->refs > 0) return;
     h2o_linklist_unlink(&j->link);
+    http_models_release(j->loop->srv->models, j->served);
     atomic_fetch_sub(&j->loop->srv->jobs, 1);
     http_embed_dispose(&j->q);
     free(j->items);
@@ -68,7 +70,7 @@ static void job_release(struct embed_job *j)
 
 static void abort_inputs(struct embed_job *j)
 {
-    struct engine *en = atomic_load(&j->loop->srv->engine);
+    struct engine *en = j->served->engine;
     for (int i = 0; en && i < j->q.n_inputs; i++)
         if (j->ids[i]) engine_abort(en, j->ids[i]);
 }
@@ -99,7 +101,7 @@ static void job_complete(struct embed_job *j)
             http_reply_error(j->req, HTTP_ROUTE_EMBEDDINGS, &he);
         } else {
             struct http_buf body = {0};
-            http_embed_format(&j->q, &j->loop->srv->model, &body);
+            http_embed_format(&j->q, &j->served->model, &body);
             http_reply(j->req, HTTP_ROUTE_EMBEDDINGS, 200, "application/json", body.p, body.len);
             http_buf_dispose(&body);
         }
@@ -126,12 +128,14 @@ void http_embed_abort_all(struct http_loop *l)
     }
 }
 
-void http_embed_start(struct http_loop *l, h2o_req_t *req, struct http_embed *q)
+void http_embed_start(struct http_loop *l, h2o_req_t *req, struct http_served *m,
+                      struct http_embed *q)
 {
     struct http_server *s = l->srv;
-    struct engine *en = atomic_load(&s->engine);
+    struct engine *en = m->engine;
     struct embed_job *j = xcalloc(1, sizeof *j);
     j->loop = l;
+    j->served = m;
     j->req = req;
     j->q = *q;
     memset(q, 0, sizeof *q);

@@ -18,7 +18,7 @@ static void put_float(struct http_buf *o, float f)
  * or without a tokenizer. */
 static char *token_text(struct http_job *j, int32_t id, size_t *len)
 {
-    if (j->g.tokens_as_ids || !j->loop->srv->tok) {
+    if (j->g.tokens_as_ids || !j->served->model.tok) {
         char buf[32];
         int n = snprintf(buf, sizeof buf, "token_id:%d", id);
         *len = (size_t)n;
@@ -26,7 +26,7 @@ static char *token_text(struct http_job *j, int32_t id, size_t *len)
         memcpy(s, buf, (size_t)n + 1);
         return s;
     }
-    return tok_decode_len(j->loop->srv->tok, &id, 1, 0, len);
+    return tok_decode_len(j->served->model.tok, &id, 1, 0, len);
 }
 
 static void put_token(struct http_buf *o, struct http_job *j, int32_t id, int with_bytes)
@@ -107,7 +107,7 @@ static void completion_logprobs(struct http_buf *o, struct http_job *j, const st
 {
     const char *keys[4] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
     long *offs = xmalloc(sizeof *offs * (size_t)(na + nb ? na + nb : 1));
-    const struct tok *tok = j->loop->srv->tok;
+    const struct tok *tok = j->served->model.tok;
     if (tok && !pos->ts) pos->ts = tok_stream_create(tok, j->g.skip_special);
     for (int i = 0; i < na + nb; i++) {
         offs[i] = pos->chars;
@@ -238,12 +238,12 @@ static void openai_head(struct http_job *j, struct http_buf *o, const char *obje
 {
     http_buf_printf(o, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%ld,\"model\":", j->id, object,
                     j->created);
-    http_buf_json_str(o, j->loop->srv->name, strlen(j->loop->srv->name));
+    http_buf_json_str(o, j->served->model.name, strlen(j->served->model.name));
 }
 
 void http_fmt_final(struct http_job *j, struct http_buf *o)
 {
-    const char *name = j->loop->srv->name;
+    const char *name = j->served->model.name;
     if (j->route == HTTP_ROUTE_MESSAGES) {
         struct job_choice *c = &j->c[0];
         http_buf_printf(
@@ -313,7 +313,7 @@ static void sse_event(struct http_buf *o, const char *event, const struct http_b
 static void anthropic_start(struct http_job *j, struct http_buf *o)
 {
     struct http_buf d = {0};
-    const char *name = j->loop->srv->name;
+    const char *name = j->served->model.name;
     http_buf_printf(&d,
                     "{\"type\":\"message_start\",\"message\":{\"id\":\"%s\",\"type\":\"message\","
                     "\"role\":\"assistant\",\"model\":",

@@ -16,17 +16,16 @@
 
 #include "http/embed.h"
 #include "http/metrics.h"
+#include "http/models.h"
 #include "http/request.h"
 #include "http/server.h"
 
 struct http_server {
     struct http_config cfg;
-    struct http_model model;
-    struct tok *tok;
-    char *tmpl_src;
-    cJSON *tmpl_vars;
-    char *name;
-    _Atomic(struct engine *) engine; /* NULL while the model loads */
+    struct http_models *models;
+    /* 0 while the one model given loads at start (its requests are a 503); 1 once it is
+     * loaded, and from the start when several models load on demand */
+    atomic_int ready;
     struct http_metrics *metrics;
     atomic_int shutting_down;
     atomic_int jobs; /* generation and embeddings requests not finished, over all loops */
@@ -53,6 +52,8 @@ struct http_loop {
     h2o_multithread_receiver_t events;  /* engine thread -> this loop: token events */
     h2o_multithread_receiver_t control; /* main thread -> this loop: shutdown stages */
     h2o_multithread_receiver_t embeds;  /* engine thread -> this loop: embeddings done */
+    h2o_multithread_receiver_t models;  /* model loader -> this loop: a model's state changed */
+    h2o_linklist_t model_waits;         /* requests waiting for their model to load (routes.c) */
     h2o_linklist_t jobs;                /* struct http_job of this loop */
     h2o_linklist_t embed_jobs;          /* embedding jobs of this loop (embed_job.c) */
     h2o_linklist_t to_submit;           /* jobs not yet handed to the engine (job.c) */
@@ -78,8 +79,9 @@ void http_reply(h2o_req_t *req, enum http_route route, int status, const char *c
 /** Sends he as an OpenAI- or Anthropic-shaped error body. */
 void http_reply_error(h2o_req_t *req, enum http_route route, const struct http_error *he);
 
-/** Starts a generation request (takes g); answers itself, errors included. */
-void http_job_start(struct http_loop *l, h2o_req_t *req, enum http_route route, struct http_gen *g);
+/** Starts a generation request (takes g and the hold on m); answers itself, errors included. */
+void http_job_start(struct http_loop *l, h2o_req_t *req, enum http_route route,
+                    struct http_served *m, struct http_gen *g);
 /** Generation requests in progress on conn (counted for HTTP/2, and for all with
  * --max-streams-per-connection). */
 int http_conn_streams(struct http_loop *l, const h2o_conn_t *conn);
@@ -104,8 +106,9 @@ void http_job_abort_all(struct http_loop *l);
  */
 void http_job_probe_clients(struct http_loop *l);
 
-/** Starts an embeddings request (takes q); answers itself, errors included. */
-void http_embed_start(struct http_loop *l, h2o_req_t *req, struct http_embed *q);
+/** Starts an embeddings request (takes q and the hold on m); answers itself, errors included. */
+void http_embed_start(struct http_loop *l, h2o_req_t *req, struct http_served *m,
+                      struct http_embed *q);
 /** Receiver callback of http_loop.embeds. */
 void http_embed_on_done(h2o_multithread_receiver_t *r, h2o_linklist_t *messages);
 /** Aborts the engine requests of every embedding job of the loop (shutdown). */
@@ -113,6 +116,30 @@ void http_embed_abort_all(struct http_loop *l);
 
 /** The route handlers; each answers req. */
 int http_routes_dispatch(struct http_loop *l, h2o_req_t *req);
+/** The route of a request path (the query ignored); HTTP_ROUTE_OTHER when none. */
+enum http_route http_route_of_path(h2o_iovec_t path);
+/**
+ * Registers on host's fallback path the filter that turns the errors h2o answers itself
+ * (before any handler: a body over the limit, broken chunked encoding, a bad Content-Length,
+ * an unknown Transfer-Encoding or Expect) into OpenAI- or Anthropic-shaped JSON (transport.c).
+ */
+void http_transport_register(h2o_hostconf_t *host);
+/** 1 when the client says it speaks the Anthropic API (an anthropic-version header). */
+int http_anthropic_client(h2o_req_t *req);
+/** The routes that need a model (generation, embeddings, tokenize, count_tokens): picks it
+ * by the body's "model", holds it for the request, or makes the request wait for its load. */
+void http_routes_model(struct http_loop *l, h2o_req_t *req, enum http_route route);
+/** GET /v1/models (id NULL) and GET /v1/models/{id} (id still percent-encoded). */
+void http_routes_models(struct http_server *s, h2o_req_t *req, const char *id, size_t id_len);
+/** The per-model series of /metrics. */
+void http_routes_models_metrics(struct http_models *ms, struct http_buf *b);
+/** Parks req until model (whose failed loads were `failures`) loads or fails to. */
+void http_models_wait(struct http_loop *l, h2o_req_t *req, enum http_route route, int model,
+                      unsigned failures);
+/** Receiver callback of http_loop.models: resumes the requests whose model loaded or failed. */
+void http_routes_on_models(h2o_multithread_receiver_t *r, h2o_linklist_t *messages);
+/** Answers every request waiting for a model with a 503 (shutdown). */
+void http_routes_drop_waits(struct http_loop *l);
 
 /** A fresh response id suffix (hex). */
 void http_new_id(struct http_server *s, char *buf, size_t n);

@@ -80,7 +80,7 @@ static void on_proceed(h2o_generator_t *gen, h2o_req_t *req)
 
 static void abort_choices(struct http_job *j)
 {
-    struct engine *en = atomic_load(&j->loop->srv->engine);
+    struct engine *en = j->served->engine;
     for (int i = 0; i < j->n_c; i++)
         if (j->c[i].req_id && en) engine_abort(en, j->c[i].req_id);
 }
@@ -201,6 +201,7 @@ static void job_free(struct http_job *j)
     http_buf_dispose(&j->out);
     http_buf_dispose(&j->sending);
     h2o_linklist_unlink(&j->link);
+    http_models_release(j->loop->srv->models, j->served);
     atomic_fetch_sub(&j->loop->srv->jobs, 1);
     free(j);
 }
@@ -304,7 +305,7 @@ static void process(struct http_job *j, struct job_choice *c, struct ev_rec *evs
             }
             if (http_choice_push(&c->ch, r->token, &delta)) {
                 c->finish = FINISH_STOP;
-                struct engine *en = atomic_load(&s->engine);
+                struct engine *en = j->served->engine;
                 if (r->finish == FINISH_NONE && en) engine_stop_request(en, c->req_id);
             }
         }
@@ -315,7 +316,7 @@ static void process(struct http_job *j, struct job_choice *c, struct ev_rec *evs
                 http_choice_finish(&c->ch, &delta);
             } else if (r->finish != FINISH_STOP) {
                 /* the engine ended it (length, say) before our stop request reached it */
-                struct engine *en = atomic_load(&s->engine);
+                struct engine *en = j->served->engine;
                 if (en) engine_recount_stop(en, r->finish);
             }
         }
@@ -442,11 +443,13 @@ void http_job_abort_all(struct http_loop *l)
         abort_choices(H2O_STRUCT_FROM_MEMBER(struct http_job, link, n));
 }
 
-void http_job_start(struct http_loop *l, h2o_req_t *req, enum http_route route, struct http_gen *g)
+void http_job_start(struct http_loop *l, h2o_req_t *req, enum http_route route,
+                    struct http_served *m, struct http_gen *g)
 {
     struct http_server *s = l->srv;
     struct http_job *j = xcalloc(1, sizeof *j);
     j->loop = l;
+    j->served = m;
     j->req = req;
     j->route = route;
     j->g = *g;
@@ -474,7 +477,7 @@ void http_job_start(struct http_loop *l, h2o_req_t *req, enum http_route route, 
         c->index = i;
         c->prompt = i / j->g.n;
         pthread_mutex_init(&c->mu, NULL);
-        http_choice_init(&c->ch, s->tok, j->g.skip_special, j->g.stop, j->g.n_stop);
+        http_choice_init(&c->ch, m->model.tok, j->g.skip_special, j->g.stop, j->g.n_stop);
     }
     /* The request reference: dropped when h2o disposes req. */
     struct http_job **guard = h2o_mem_alloc_shared(&req->pool, sizeof *guard, on_req_dispose);
@@ -494,7 +497,7 @@ void http_job_start(struct http_loop *l, h2o_req_t *req, enum http_route route, 
 
 static void job_submit(struct http_job *j)
 {
-    struct engine *en = atomic_load(&j->loop->srv->engine);
+    struct engine *en = j->served->engine;
     if (!j->req) { /* reset before it was submitted */
         atomic_fetch_sub(&j->loop->srv->unsubmitted, j->n_c);
         job_complete(j);

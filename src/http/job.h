@@ -68,7 +68,8 @@ struct job_choice {
 
 struct http_job {
     struct http_loop *loop;
-    h2o_req_t *req; /* NULL once h2o disposed it */
+    struct http_served *served; /* held (http_models_acquire) until the job is freed */
+    h2o_req_t *req;             /* NULL once h2o disposed it */
     enum http_route route;
     struct http_gen g;
     struct job_choice *c;

@@ -45,7 +45,9 @@ int http_check_model(const cJSON *body, const struct http_model *m, int required
     int r = http_json_str(body, "model", &name, he);
     if (r < 0) return -1;
     if (r == 0) return required ? http_error_set(he, 400, "model", "'model' is required") : 0;
-    if (strcmp(name, m->name) != 0) {
+    int known = !strcmp(name, m->name);
+    for (int i = 0; m->names && i < m->n_names; i++) known |= !strcmp(name, m->names[i]);
+    if (!known) {
         http_error_set(he, 404, "model", "The model '%.100s' does not exist (this server has '%s')",
                        name, m->name);
         snprintf(he->code, sizeof he->code, "model_not_found");

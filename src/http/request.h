@@ -33,7 +33,9 @@ enum http_api {
 
 /** What the routes know of the served model. */
 struct http_model {
-    const char *name;       /* the served model name ("model" must equal it) */
+    const char *name;         /* the served model name (responses carry it) */
+    const char *const *names; /* [n_names] every name "model" may give (aliases); NULL: name */
+    int n_names;
     const struct tok *tok;  /* tokenizer; NULL with --skip-tokenizer-init (token ids only) */
     const char *tmpl_src;   /* chat template source, NULL when the model has none */
     const cJSON *tmpl_vars; /* bos_token, eos_token, ... for the template */
@@ -97,7 +99,7 @@ int http_chat_prompt(enum http_api api, const cJSON *body, const struct http_mod
  */
 int http_error_no_tokenizer(struct http_error *he, const char *param, const char *what);
 
-/** Checks the "model" field against the served name (404 when it differs). */
+/** Checks the "model" field against the served names (404 when it is none of them). */
 int http_check_model(const cJSON *body, const struct http_model *m, int required,
                      struct http_error *he);
 

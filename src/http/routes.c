@@ -34,9 +34,16 @@ void http_reply(h2o_req_t *req, enum http_route route, int status, const char *c
     h2o_send_inline(req, body, len);
 }
 
+int http_anthropic_client(h2o_req_t *req)
+{
+    return h2o_find_header_by_str(&req->headers, H2O_STRLIT("anthropic-version"), -1) >= 0;
+}
+
 void http_reply_error(h2o_req_t *req, enum http_route route, const struct http_error *he)
 {
-    int anthropic = route == HTTP_ROUTE_MESSAGES || route == HTTP_ROUTE_COUNT_TOKENS;
+    /* /v1/models serves both APIs: an Anthropic client says so with anthropic-version */
+    int anthropic = route == HTTP_ROUTE_MESSAGES || route == HTTP_ROUTE_COUNT_TOKENS ||
+                    (route == HTTP_ROUTE_MODELS && http_anthropic_client(req));
     char *body = anthropic ? http_error_anthropic(he) : http_error_openai(he);
     if (he->status == 401)
         h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_WWW_AUTHENTICATE, NULL,
@@ -122,41 +129,15 @@ static cJSON *body_json(h2o_req_t *req, struct http_error *he)
     return http_json_parse_body(req->entity.base ? req->entity.base : "", req->entity.len, he);
 }
 
-static void route_models(struct http_server *s, h2o_req_t *req)
-{
-    struct http_buf b = {0};
-    if (h2o_find_header_by_str(&req->headers, H2O_STRLIT("anthropic-version"), -1) >= 0) {
-        char ts[32];
-        struct tm tm;
-        gmtime_r(&s->started, &tm);
-        strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%SZ", &tm);
-        http_buf_puts(&b, "{\"data\":[{\"type\":\"model\",\"id\":");
-        http_buf_json_str(&b, s->name, strlen(s->name));
-        http_buf_puts(&b, ",\"display_name\":");
-        http_buf_json_str(&b, s->name, strlen(s->name));
-        http_buf_printf(&b, ",\"created_at\":\"%s\"}],\"has_more\":false,\"first_id\":", ts);
-        http_buf_json_str(&b, s->name, strlen(s->name));
-        http_buf_puts(&b, ",\"last_id\":");
-        http_buf_json_str(&b, s->name, strlen(s->name));
-        http_buf_puts(&b, "}");
-    } else {
-        http_buf_puts(&b, "{\"object\":\"list\",\"data\":[{\"id\":");
-        http_buf_json_str(&b, s->name, strlen(s->name));
-        http_buf_printf(&b,
-                        ",\"object\":\"model\",\"created\":%ld,\"owned_by\":\"pagoda\","
-                        "\"max_model_len\":%d}]}",
-                        (long)s->started, s->model.max_model_len);
-    }
-    reply_buf(req, HTTP_ROUTE_MODELS, &b);
-}
-
 static void route_metrics(struct http_server *s, h2o_req_t *req)
 {
     struct http_buf b = {0};
-    struct engine *en = atomic_load(&s->engine);
     struct engine_stats st;
-    if (en) engine_stats(en, &st);
-    http_metrics_render(s->metrics, en ? &st : NULL, &b);
+    /* the engines' statistics summed over the loaded models (none while the one model
+     * given loads at start) */
+    http_models_stats(s->models, &st);
+    http_metrics_render(s->metrics, atomic_load(&s->ready) ? &st : NULL, &b);
+    http_routes_models_metrics(s->models, &b);
     http_buf_puts(&b, "# HELP pagoda_http_connections_total Connections accepted, by event loop.\n"
                       "# TYPE pagoda_http_connections_total counter\n");
     for (int i = 0; i < s->n_loops; i++)
@@ -168,18 +149,18 @@ static void route_metrics(struct http_server *s, h2o_req_t *req)
 }
 
 /* POST /tokenize: {"prompt": text, "add_special_tokens"} or {"messages": [...]}. */
-static void route_tokenize(struct http_server *s, h2o_req_t *req, const cJSON *body)
+static void route_tokenize(const struct http_model *model, h2o_req_t *req, const cJSON *body)
 {
     struct http_error he = {0};
     int32_t *ids = NULL;
     int n = 0;
-    if (http_check_model(body, &s->model, 0, &he) < 0) goto fail;
-    if (!s->tok) {
+    if (http_check_model(body, model, 0, &he) < 0) goto fail;
+    if (!model->tok) {
         http_error_no_tokenizer(&he, NULL, "/tokenize");
         goto fail;
     }
     if (cJSON_GetObjectItemCaseSensitive(body, "messages")) {
-        if (http_chat_prompt(HTTP_API_CHAT, body, &s->model, &ids, &n, NULL, &he) < 0) goto fail;
+        if (http_chat_prompt(HTTP_API_CHAT, body, model, &ids, &n, NULL, &he) < 0) goto fail;
     } else {
         const char *prompt = NULL;
         int add = 1;
@@ -191,15 +172,14 @@ static void route_tokenize(struct http_server *s, h2o_req_t *req, const cJSON *b
         if (http_json_bool(body, "add_special_tokens", &add, &he) < 0) goto fail;
         size_t nn = 0;
         struct err e = {0};
-        if (tok_encode(s->tok, prompt, strlen(prompt), add, &ids, &nn, &e) != 0) {
+        if (tok_encode(model->tok, prompt, strlen(prompt), add, &ids, &nn, &e) != 0) {
             http_error_set(&he, 400, "prompt", "the prompt cannot be tokenized: %s", e.msg);
             goto fail;
         }
         n = (int)nn;
     }
     struct http_buf b = {0};
-    http_buf_printf(&b, "{\"count\":%d,\"max_model_len\":%d,\"tokens\":[", n,
-                    s->model.max_model_len);
+    http_buf_printf(&b, "{\"count\":%d,\"max_model_len\":%d,\"tokens\":[", n, model->max_model_len);
     for (int i = 0; i < n; i++) http_buf_printf(&b, "%s%d", i ? "," : "", ids[i]);
     http_buf_puts(&b, "]}");
     free(ids);
@@ -211,11 +191,11 @@ fail:
 }
 
 /* POST /detokenize: {"tokens": [ids]} -> {"prompt": text}. */
-static void route_detokenize(struct http_server *s, h2o_req_t *req, const cJSON *body)
+static void route_detokenize(const struct http_model *model, h2o_req_t *req, const cJSON *body)
 {
     struct http_error he = {0};
-    if (http_check_model(body, &s->model, 0, &he) < 0) goto fail;
-    if (!s->tok) {
+    if (http_check_model(body, model, 0, &he) < 0) goto fail;
+    if (!model->tok) {
         http_error_no_tokenizer(&he, NULL, "/detokenize");
         goto fail;
     }
@@ -230,17 +210,17 @@ static void route_detokenize(struct http_server *s, h2o_req_t *req, const cJSON 
     cJSON_ArrayForEach(v, t)
     {
         if (!cJSON_IsNumber(v) || v->valuedouble != (double)(int64_t)v->valuedouble ||
-            v->valuedouble < 0 || v->valuedouble >= s->model.vocab) {
+            v->valuedouble < 0 || v->valuedouble >= model->vocab) {
             free(ids);
             http_error_set(&he, 400, "tokens",
                            "'tokens[%d]' is not a token id of the vocabulary (0..%d)", i,
-                           s->model.vocab - 1);
+                           model->vocab - 1);
             goto fail;
         }
         ids[i++] = (int32_t)v->valuedouble;
     }
     size_t len = 0;
-    char *text = tok_decode_len(s->tok, ids, (size_t)n, 0, &len);
+    char *text = tok_decode_len(model->tok, ids, (size_t)n, 0, &len);
     free(ids);
     struct http_buf b = {0};
     http_buf_puts(&b, "{\"prompt\":");
@@ -253,13 +233,13 @@ fail:
     http_reply_error(req, HTTP_ROUTE_DETOKENIZE, &he);
 }
 
-static void route_count_tokens(struct http_server *s, h2o_req_t *req, const cJSON *body)
+static void route_count_tokens(const struct http_model *model, h2o_req_t *req, const cJSON *body)
 {
     struct http_error he = {0};
     int32_t *ids = NULL;
     int n = 0;
-    if (http_check_model(body, &s->model, 1, &he) < 0 ||
-        http_chat_prompt(HTTP_API_MESSAGES, body, &s->model, &ids, &n, NULL, &he) < 0) {
+    if (http_check_model(body, model, 1, &he) < 0 ||
+        http_chat_prompt(HTTP_API_MESSAGES, body, model, &ids, &n, NULL, &he) < 0) {
         http_reply_error(req, HTTP_ROUTE_COUNT_TOKENS, &he);
         return;
     }
@@ -343,15 +323,33 @@ static int cors(struct http_server *s, h2o_req_t *req)
     return 1;
 }
 
+/* The index in routes[] of path[0..plen) (GET /v1/models/{id} is /v1/models's), or -1. */
+static int route_index(const char *path, size_t plen)
+{
+    int found = -1;
+    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++) {
+        size_t n = strlen(routes[i].path);
+        if (n == plen && !memcmp(routes[i].path, path, plen)) found = (int)i;
+        if (routes[i].route == HTTP_ROUTE_MODELS && plen > n + 1 &&
+            !memcmp(routes[i].path, path, n) && path[n] == '/')
+            found = (int)i;
+    }
+    return found;
+}
+
+enum http_route http_route_of_path(h2o_iovec_t path)
+{
+    const char *q = memchr(path.base, '?', path.len);
+    int i = path.base ? route_index(path.base, q ? (size_t)(q - path.base) : path.len) : -1;
+    return i >= 0 ? routes[i].route : HTTP_ROUTE_OTHER;
+}
+
 int http_routes_dispatch(struct http_loop *l, h2o_req_t *req)
 {
     struct http_server *s = l->srv;
     if (cors(s, req)) return 0;
     size_t plen = req->query_at != SIZE_MAX ? req->query_at : req->path.len;
-    int found = -1;
-    for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
-        if (strlen(routes[i].path) == plen && !memcmp(routes[i].path, req->path.base, plen))
-            found = (int)i;
+    int found = route_index(req->path.base, plen);
     struct http_error he = {0};
     enum http_route route = found >= 0 ? routes[found].route : HTTP_ROUTE_OTHER;
     if (found < 0) {
@@ -368,13 +366,21 @@ int http_routes_dispatch(struct http_loop *l, h2o_req_t *req)
         http_reply_error(req, route, &he);
         return 0;
     }
-    struct engine *en = atomic_load(&s->engine);
-    int shutting = atomic_load(&s->shutting_down);
+    /* h2o reads bodies up to twice --max-body-size (so that an HTTP/2 client gets this 413
+     * rather than a REFUSED_STREAM it retries; see transport.c) */
+    if (req->entity.len > s->cfg.max_body) {
+        http_error_set(&he, 413, NULL,
+                       "the request body (%zu bytes) is larger than --max-body-size (%zu bytes)",
+                       req->entity.len, s->cfg.max_body);
+        http_reply_error(req, route, &he);
+        return 0;
+    }
+    int shutting = atomic_load(&s->shutting_down), ready = atomic_load(&s->ready);
     if (route == HTTP_ROUTE_HEALTH) {
         const char *b = shutting ? "{\"status\":\"shutting_down\"}"
-                        : en     ? "{\"status\":\"ok\"}"
+                        : ready  ? "{\"status\":\"ok\"}"
                                  : "{\"status\":\"loading\"}";
-        http_reply(req, route, en && !shutting ? 200 : 503, "application/json", b, strlen(b));
+        http_reply(req, route, ready && !shutting ? 200 : 503, "application/json", b, strlen(b));
         return 0;
     }
     if (route == HTTP_ROUTE_METRICS) {
@@ -389,47 +395,93 @@ int http_routes_dispatch(struct http_loop *l, h2o_req_t *req)
         http_reply_error(req, route, &he);
         return 0;
     }
-    if (!en || shutting) {
+    if (!ready || shutting) {
         http_error_set(&he, 503, NULL,
                        shutting ? "the server is shutting down" : "the model is still loading");
         http_reply_error(req, route, &he);
         return 0;
     }
     if (route == HTTP_ROUTE_MODELS) {
-        route_models(s, req);
+        size_t base = strlen(routes[found].path);
+        if (plen > base)
+            http_routes_models(s, req, req->path.base + base + 1, plen - base - 1);
+        else
+            http_routes_models(s, req, NULL, 0);
         return 0;
     }
+    http_routes_model(l, req, route);
+    return 0;
+}
+
+/*
+ * The routes that need a model: the body's "model" picks it (the first model when it is
+ * not given); a loaded model is held for the request, an unloaded one is loaded on the
+ * loader thread while the request waits on this loop (the body stays in req->pool and is
+ * parsed again when the model is there).
+ */
+void http_routes_model(struct http_loop *l, h2o_req_t *req, enum http_route route)
+{
+    struct http_server *s = l->srv;
+    struct http_models *ms = s->models;
+    struct http_error he = {0};
     cJSON *body = body_json(req, &he);
     if (!body) {
         http_reply_error(req, route, &he);
-        return 0;
+        return;
     }
+    const char *name = NULL;
+    int r = http_json_str(body, "model", &name, &he), i = 0;
+    if (r == 0 && (route == HTTP_ROUTE_MESSAGES || route == HTTP_ROUTE_COUNT_TOKENS))
+        r = http_error_set(&he, 400, "model", "'model' is required");
+    if (r > 0 && (i = http_models_find(ms, name)) < 0) {
+        r = http_error_set(&he, 404, "model",
+                           "The model '%.100s' does not exist (this server has %s)", name,
+                           http_models_names(ms));
+        snprintf(he.code, sizeof he.code, "model_not_found");
+    }
+    if (r < 0) {
+        cJSON_Delete(body);
+        http_reply_error(req, route, &he);
+        return;
+    }
+    unsigned failures = 0;
+    struct http_served *m = http_models_acquire(ms, i, &failures);
+    if (!m) {
+        cJSON_Delete(body);
+        http_models_wait(l, req, route, i, failures);
+        return;
+    }
+    const struct http_model *model = &m->model;
     if (route == HTTP_ROUTE_TOKENIZE)
-        route_tokenize(s, req, body);
+        route_tokenize(model, req, body);
     else if (route == HTTP_ROUTE_DETOKENIZE)
-        route_detokenize(s, req, body);
+        route_detokenize(model, req, body);
     else if (route == HTTP_ROUTE_COUNT_TOKENS)
-        route_count_tokens(s, req, body);
+        route_count_tokens(model, req, body);
     else if (route == HTTP_ROUTE_EMBEDDINGS) {
         struct http_embed q;
-        if (http_embed_parse(body, &s->model, &q, &he) < 0)
+        if (http_embed_parse(body, model, &q, &he) < 0)
             http_reply_error(req, route, &he);
-        else if (admit(s, en, req, route, q.n_inputs) < 0)
+        else if (admit(s, m->engine, req, route, q.n_inputs) < 0)
             http_embed_dispose(&q);
-        else
-            http_embed_start(l, req, &q);
+        else {
+            http_embed_start(l, req, m, &q);
+            m = NULL; /* the job holds it */
+        }
     } else {
         enum http_api api = route == HTTP_ROUTE_CHAT          ? HTTP_API_CHAT
                             : route == HTTP_ROUTE_COMPLETIONS ? HTTP_API_COMPLETIONS
                                                               : HTTP_API_MESSAGES;
         struct http_gen g;
-        if (http_gen_parse(api, body, &s->model, &g, &he) < 0)
+        if (http_gen_parse(api, body, model, &g, &he) < 0)
             http_reply_error(req, route, &he);
-        else if (admit(s, en, req, route, g.n_prompts * g.n) < 0)
+        else if (admit(s, m->engine, req, route, g.n_prompts * g.n) < 0)
             http_gen_dispose(&g);
-        else
-            http_job_start(l, req, route, &g);
+        else {
+            http_job_start(l, req, route, m, &g);
+            m = NULL;
+        }
     }
+    if (m) http_models_release(ms, m);
     cJSON_Delete(body);
-    return 0;
 }

@@ -6,7 +6,6 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
-#include <libgen.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <openssl/err.h>
@@ -21,7 +20,6 @@
 #include "common/util.h"
 #include "http/internal.h"
 #include "model/config.h"
-#include "text/tmpl.h"
 
 /* The listen queue: the kernel caps it at net.core.somaxconn (4096 by default since Linux
  * 5.4); a burst of thousands of clients connecting at once waits there, not refused. */
@@ -83,6 +81,7 @@ static void on_control(h2o_multithread_receiver_t *r, h2o_linklist_t *messages)
                 l->listener = NULL;
             }
             h2o_context_request_shutdown(&l->ctx);
+            http_routes_drop_waits(l);
             break;
         case CTRL_ABORT_ALL:
             http_job_abort_all(l);
@@ -139,6 +138,8 @@ static int loop_init(struct http_loop *l)
     h2o_multithread_register_receiver(l->ctx.queue, &l->events, http_job_on_events);
     h2o_multithread_register_receiver(l->ctx.queue, &l->embeds, http_embed_on_done);
     h2o_multithread_register_receiver(l->ctx.queue, &l->control, on_control);
+    h2o_multithread_register_receiver(l->ctx.queue, &l->models, http_routes_on_models);
+    h2o_linklist_init_anchor(&l->model_waits);
     h2o_timeout_init(l->loop, &l->probe_timeout, PROBE_MS);
     l->probe.cb = on_probe;
     h2o_timeout_link(l->loop, &l->probe_timeout, &l->probe);
@@ -252,30 +253,14 @@ static int setup_tls(struct http_server *s, struct err *e)
     return 0;
 }
 
-/* Tokenizer, chat template and names: what the routes need before the engine is up. */
-static int load_model_side(struct http_server *s, struct err *e)
+/* The model loader changed a model's state: every loop looks at its waiting requests. */
+static void on_models_change(void *user)
 {
-    const char *dir = s->cfg.model_dir;
-    if (!s->cfg.skip_tokenizer_init) {
-        if (!(s->tok = tok_load(dir, e))) return -1;
-        struct err te = {0};
-        s->tmpl_src = tmpl_load_from_model(dir, NULL, &te); /* NULL: no template, chat is a 400 */
-        s->tmpl_vars = tmpl_special_tokens(dir);
+    struct http_server *s = user;
+    for (int i = 0; i < s->n_loops; i++) {
+        h2o_multithread_message_t *m = xcalloc(1, sizeof *m);
+        h2o_multithread_send_message(&s->loops[i].models, m);
     }
-    if (s->cfg.served_name) {
-        s->name = xstrdup(s->cfg.served_name);
-    } else {
-        char *copy = xstrdup(dir);
-        size_t n = strlen(copy);
-        while (n > 1 && copy[n - 1] == '/') copy[--n] = 0;
-        s->name = xstrdup(basename(copy));
-        free(copy);
-    }
-    s->model.name = s->name;
-    s->model.tok = s->tok;
-    s->model.tmpl_src = s->tmpl_src;
-    s->model.tmpl_vars = s->tmpl_vars;
-    return 0;
 }
 
 static void wait_jobs(struct http_server *s, double seconds)
@@ -284,15 +269,20 @@ static void wait_jobs(struct http_server *s, double seconds)
     while (atomic_load(&s->jobs) > 0 && util_now() < until) usleep(10000);
 }
 
+static void stop_loops(struct http_server *s)
+{
+    for (int i = 0; i < s->n_loops; i++) send_control(&s->loops[i], CTRL_EXIT);
+    for (int i = 0; i < s->n_loops; i++) pthread_join(s->loops[i].thread, NULL);
+}
+
 int http_serve(const struct http_config *cfg, struct err *e)
 {
     static struct http_server server; /* reachable for the whole process */
     struct http_server *s = &server;
     memset(s, 0, sizeof *s);
     s->cfg = *cfg;
-    s->cfg.engine.model_dir = cfg->model_dir;
     s->started = time(NULL);
-    atomic_init(&s->engine, NULL);
+    atomic_init(&s->ready, 0);
     atomic_init(&s->jobs, 0);
     atomic_init(&s->unsubmitted, 0);
     atomic_init(&s->shutting_down, 0);
@@ -309,47 +299,74 @@ int http_serve(const struct http_config *cfg, struct err *e)
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
     signal(SIGPIPE, SIG_IGN);
 
-    if (load_model_side(s, e) < 0) return -1;
-    if (setup_tls(s, e) < 0) return -1;
-    if (open_listener(s, e) < 0) return -1;
+    struct http_models_config mc = {.engine = s->cfg.engine,
+                                    .skip_tokenizer_init = s->cfg.skip_tokenizer_init,
+                                    .idle_timeout = s->cfg.model_idle_timeout,
+                                    .budget = s->cfg.models_budget,
+                                    .on_change = on_models_change,
+                                    .user = s};
+    if (!(s->models = http_models_create(cfg->models, cfg->n_models, &mc, e))) return -1;
+    /* One model: its tokenizer before listening, its engine right after (as it always was);
+     * several: each when a request first names it. */
+    int one = cfg->n_models == 1;
+    if ((one && http_models_load_now(s->models, 0, 0, e) < 0) || setup_tls(s, e) < 0 ||
+        open_listener(s, e) < 0) {
+        http_models_destroy(s->models);
+        return -1;
+    }
     s->metrics = http_metrics_create();
 
     h2o_config_init(&s->conf);
-    s->conf.max_request_entity_size = s->cfg.max_body;
+    /* Twice --max-body-size: a body between the two is read and answered 413 in JSON by
+     * the routes; past it h2o answers itself (HTTP/1.1: a 413 that transport.c turns into
+     * JSON; HTTP/2: REFUSED_STREAM, which h2o 2.2 sends with no hook). One bound for both:
+     * HTTP/2 streams buffer up to it in memory. */
+    s->conf.max_request_entity_size = 2 * s->cfg.max_body;
     s->conf.server_name = h2o_iovec_init(H2O_STRLIT("pagoda"));
     h2o_hostconf_t *host =
         h2o_config_register_host(&s->conf, h2o_iovec_init(H2O_STRLIT("default")), 65535);
     h2o_pathconf_t *path = h2o_config_register_path(host, "/", 0);
     h2o_handler_t *handler = h2o_create_handler(path, sizeof *handler);
     handler->on_req = on_req;
+    http_transport_register(host);
 
     s->n_loops = s->cfg.threads;
     s->loops = xcalloc((size_t)s->n_loops, sizeof *s->loops);
     for (int i = 0; i < s->n_loops; i++)
         if (loop_start(s, &s->loops[i], e) < 0) return -1;
-    fprintf(stderr, "pagoda serve: listening on %s://%s:%d (%d event loop%s); loading %s\n",
-            s->ssl ? "https" : "http", s->cfg.host, s->cfg.port, s->n_loops,
-            s->n_loops > 1 ? "s" : "", cfg->model_dir);
+    struct http_served *first = http_models_at(s->models, 0);
+    if (one)
+        fprintf(stderr, "pagoda serve: listening on %s://%s:%d (%d event loop%s); loading %s\n",
+                s->ssl ? "https" : "http", s->cfg.host, s->cfg.port, s->n_loops,
+                s->n_loops > 1 ? "s" : "", first->spec.dir);
+    else
+        fprintf(stderr,
+                "pagoda serve: listening on %s://%s:%d (%d event loop%s); %d models, loaded "
+                "on demand: %s\n",
+                s->ssl ? "https" : "http", s->cfg.host, s->cfg.port, s->n_loops,
+                s->n_loops > 1 ? "s" : "", cfg->n_models, http_models_names(s->models));
 
-    struct engine *en = engine_create(&s->cfg.engine, e);
-    if (!en) {
-        err_wrap(e, "loading %s", cfg->model_dir);
-        for (int i = 0; i < s->n_loops; i++) send_control(&s->loops[i], CTRL_EXIT);
-        for (int i = 0; i < s->n_loops; i++) pthread_join(s->loops[i].thread, NULL);
+    if (one && http_models_load_now(s->models, 0, 1, e) < 0) {
+        stop_loops(s);
+        http_models_destroy(s->models);
         return -1;
     }
-    int32_t vocab = engine_model_config(en)->vocab;
-    if (s->tok && tok_vocab_size(s->tok) < vocab) vocab = tok_vocab_size(s->tok);
-    s->model.vocab = vocab;
-    s->model.max_model_len = engine_max_model_len(en);
-    s->model.pooling = engine_pooling(en);
-    atomic_store(&s->engine, en);
-    const struct pooling_config *pc = s->model.pooling;
-    if (pc->can_embed)
-        fprintf(stderr, "pagoda serve: embeddings: %s pooling%s, %d dimensions\n",
-                pooling_kind_name(pc->kind), pc->normalize ? ", normalized" : "", pc->dim);
-    fprintf(stderr, "pagoda serve: ready: model '%s', context %d tokens\n", s->name,
-            s->model.max_model_len);
+    if (http_models_start(s->models, e) < 0) {
+        stop_loops(s);
+        http_models_destroy(s->models);
+        return -1;
+    }
+    atomic_store(&s->ready, 1);
+    if (one) {
+        const struct pooling_config *pc = first->model.pooling;
+        if (pc->can_embed)
+            fprintf(stderr, "pagoda serve: embeddings: %s pooling%s, %d dimensions\n",
+                    pooling_kind_name(pc->kind), pc->normalize ? ", normalized" : "", pc->dim);
+        fprintf(stderr, "pagoda serve: ready: model '%s', context %d tokens\n", first->model.name,
+                first->model.max_model_len);
+    } else {
+        fprintf(stderr, "pagoda serve: ready\n");
+    }
 
     int sig = 0;
     sigwait(&sigs, &sig);
@@ -366,10 +383,9 @@ int http_serve(const struct http_config *cfg, struct err *e)
     }
     /* Let the last responses leave the sockets. */
     usleep(50000);
-    for (int i = 0; i < s->n_loops; i++) send_control(&s->loops[i], CTRL_EXIT);
-    for (int i = 0; i < s->n_loops; i++) pthread_join(s->loops[i].thread, NULL);
-    atomic_store(&s->engine, NULL);
-    engine_destroy(en);
+    http_models_stop(s->models); /* no loop hears of a model after this */
+    stop_loops(s);
+    http_models_destroy(s->models);
     fprintf(stderr, "pagoda serve: stopped\n");
     return 0;
 }

@@ -6,8 +6,11 @@
  *
  *     struct http_config cfg;
  *     http_config_default(&cfg);
- *     cfg.model_dir = "models/demo";
+ *     http_model_spec_parse("models/demo", &spec, &e);
+ *     cfg.models = &spec, cfg.n_models = 1;
  *     return http_serve(&cfg, &e) == 0 ? 0 : 1;   // returns after SIGTERM / SIGINT
+ *
+ * One model is loaded at start; several are loaded when a request names one (http/models.h).
  */
 #ifndef PAGODA_HTTP_SERVER_H
 #define PAGODA_HTTP_SERVER_H
@@ -15,11 +18,14 @@
 #include <stddef.h>
 
 #include "common/err.h"
+#include "http/models.h"
 #include "sched/engine.h"
 
 struct http_config {
-    const char *model_dir;
-    const char *served_name;        /* the "model" clients name; default: the folder's base name */
+    const struct http_model_spec *models; /* [n_models] folders and their names */
+    int n_models;
+    double model_idle_timeout;      /* seconds an idle model stays loaded; 0: for good */
+    size_t models_budget;           /* bytes the loaded models may take; 0: no bound */
     const char *host;               /* default 127.0.0.1 */
     int port;                       /* default 8080; 0 picks a free port (printed at start) */
     int threads;                    /* event loops; default 1 */

@@ -31,6 +31,7 @@ while IFS= read -r src; do
 done < <(find src kernels/cpu -name '*.c' -not -path 'src/cli/*' -not -path 'src/main.c' \
   -not -path 'src/http/server.c' -not -path 'src/http/routes.c' -not -path 'src/http/job.c' \
   -not -path 'src/http/embed_job.c' -not -path 'src/http/conns.c' \
+  -not -path 'src/http/models_routes.c' -not -path 'src/http/transport.c' \
   2>/dev/null | sort)
 
 status=0
