@@ -37,7 +37,15 @@ struct gram *gram_json_object(void);
 /** Exactly one of n strings (vLLM guided_choice). */
 struct gram *gram_from_choices(const char *const *s, const size_t *len, int n, struct err *e);
 
-enum gram_kind { GRAM_JSON_SCHEMA, GRAM_REGEX, GRAM_GBNF, GRAM_JSON_OBJECT };
+/**
+ * Tool calls in a parser's wire format, described by spec (JSON text): {"begin": S,
+ * "calls": [{"prefix": S, "schema": {...}, "suffix": S}, ...], "sep": S, "max": N, "end": S}.
+ * The output is begin, then 1..max calls separated by sep, then end; each call is one of
+ * `calls`: its prefix, a JSON value valid under its schema, its suffix.
+ */
+struct gram *gram_from_tool_spec(const char *json, size_t len, struct err *e);
+
+enum gram_kind { GRAM_JSON_SCHEMA, GRAM_REGEX, GRAM_GBNF, GRAM_JSON_OBJECT, GRAM_TOOL_SPEC };
 /**
  * Compiles through a process-wide cache keyed by the source's hash (text unused for
  * GRAM_JSON_OBJECT): the same text gives the same grammar, one more reference to it.

@@ -39,6 +39,8 @@ static struct gram *compile(enum gram_kind kind, const char *text, size_t len, s
         return gram_from_gbnf(text, len, e);
     case GRAM_JSON_OBJECT:
         return gram_json_object();
+    case GRAM_TOOL_SPEC:
+        return gram_from_tool_spec(text, len, e);
     }
     return NULL;
 }

@@ -591,3 +591,53 @@ struct gram *gram_json_object(void)
     gb_alt_add(&b, root, &x, 1);
     return gb_finish(&b, root);
 }
+
+/* One of the spec's calls: prefix JSON(schema) suffix. */
+static int32_t spec_call(struct js *j, const cJSON *call)
+{
+    const cJSON *pre = cJSON_GetObjectItemCaseSensitive(call, "prefix");
+    const cJSON *suf = cJSON_GetObjectItemCaseSensitive(call, "suffix");
+    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(call, "schema");
+    if (!cJSON_IsString(pre) || !cJSON_IsString(suf) || !schema)
+        return gb_fail(j->b, "tool spec: a call needs 'prefix', 'schema' and 'suffix'");
+    /* $ref resolves inside the call's own schema */
+    for (int i = 0; i < j->n_refs; i++) free(j->refs[i].path);
+    j->n_refs = 0;
+    j->doc = schema;
+    int32_t v[3] = {lit(j, pre->valuestring), js_schema(j, schema), lit(j, suf->valuestring)};
+    return j->b->failed ? -1 : gb_seq(j->b, v, 3);
+}
+
+struct gram *gram_from_tool_spec(const char *json, size_t len, struct err *e)
+{
+    cJSON *spec = cJSON_ParseWithLength(json, len);
+    if (!spec) return err_set(e, "tool spec: not valid JSON"), NULL;
+    struct gb b;
+    gb_init(&b, e);
+    struct js j = {&b, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0};
+    const cJSON *calls = cJSON_GetObjectItemCaseSensitive(spec, "calls");
+    const cJSON *begin = cJSON_GetObjectItemCaseSensitive(spec, "begin");
+    const cJSON *sep = cJSON_GetObjectItemCaseSensitive(spec, "sep");
+    const cJSON *end = cJSON_GetObjectItemCaseSensitive(spec, "end");
+    const cJSON *max = cJSON_GetObjectItemCaseSensitive(spec, "max");
+    int32_t x = -1;
+    if (!cJSON_IsArray(calls) || !cJSON_GetArraySize(calls) || !cJSON_IsString(begin) ||
+        !cJSON_IsString(sep) || !cJSON_IsString(end) || !cJSON_IsNumber(max) || max->valueint < 1) {
+        gb_fail(&b, "tool spec: needs calls, begin, sep, end and max >= 1");
+    } else {
+        struct gb_list alts = {0};
+        const cJSON *c;
+        cJSON_ArrayForEach(c, calls) gb_list_push(&alts, spec_call(&j, c));
+        int32_t one = gb_list_alt(&b, &alts);
+        int32_t more[2] = {lit(&j, sep->valuestring), one};
+        int32_t rest = gb_rep(&b, gb_seq(&b, more, 2), 0, max->valueint - 1);
+        int32_t all[4] = {lit(&j, begin->valuestring), one, rest, lit(&j, end->valuestring)};
+        if (!b.failed) x = gb_seq(&b, all, 4);
+    }
+    int root = gb_rule_new(&b, "root", 0);
+    if (!b.failed) gb_alt_add(&b, root, &x, 1);
+    for (int i = 0; i < j.n_refs; i++) free(j.refs[i].path);
+    free(j.refs);
+    cJSON_Delete(spec);
+    return gb_finish(&b, root);
+}
