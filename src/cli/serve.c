@@ -10,6 +10,8 @@
 #include "common/util.h"
 #include "http/server.h"
 #include "text/grammar.h"
+#include "text/reasoning.h"
+#include "text/toolcall.h"
 
 /* The model served when --model is not given (when that folder exists). */
 #define DEFAULT_MODEL "models/demo"
@@ -39,6 +41,12 @@ static void usage_serve(FILE *f)
             "  --grammar-compile-timeout MS\n"
             "                           compiling a request's JSON schema, regex or grammar past\n"
             "                           this is a 400 (default 5000; 0: no bound)\n"
+            "  --chat-template FILE     a Jinja chat template in place of the model's\n"
+            "  --tool-call-parser NAME  hermes, qwen3_xml, llama3_json or mistral: how tool calls\n"
+            "                           look in the output (default: from the chat template)\n"
+            "  --enable-auto-tool-choice  accepted for vLLM compatibility (auto is always on)\n"
+            "  --reasoning-parser NAME  qwen3 or deepseek_r1: thinking text goes to\n"
+            "                           reasoning_content / thinking blocks (default: none)\n"
             "  --skip-tokenizer-init    load no tokenizer: /v1/completions takes token-id prompts\n"
             "                           and answers with token_ids (text \"\"); chat, text\n"
             "                           prompts, stop strings, /tokenize are a 400\n"
@@ -136,6 +144,7 @@ int cli_serve(int argc, char **argv)
             cfg.skip_tokenizer_init = 1;
             continue;
         }
+        if (!strcmp(a, "--enable-auto-tool-choice")) continue;
         static const char *const with_value[] = {"--model",
                                                  "--served-model-name",
                                                  "--models-file",
@@ -155,6 +164,9 @@ int cli_serve(int argc, char **argv)
                                                  "--max-streams-per-connection",
                                                  "--stream-idle-timeout",
                                                  "--grammar-compile-timeout",
+                                                 "--chat-template",
+                                                 "--tool-call-parser",
+                                                 "--reasoning-parser",
                                                  NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++) known |= !strcmp(a, with_value[k]);
@@ -209,6 +221,12 @@ int cli_serve(int argc, char **argv)
             cfg.tls_key = v;
         else if (!strcmp(a, "--api-key"))
             cfg.api_key = v;
+        else if (!strcmp(a, "--chat-template"))
+            cfg.chat_template = v;
+        else if (!strcmp(a, "--tool-call-parser"))
+            cfg.tool_call_parser = v;
+        else if (!strcmp(a, "--reasoning-parser"))
+            cfg.reasoning_parser = v;
         else if (!strcmp(a, "--port")) {
             if (arg_int(a, v, 0, 65535, &n)) return 2;
             cfg.port = (int)n;
@@ -261,6 +279,20 @@ int cli_serve(int argc, char **argv)
     cfg.n_models = n_specs;
     if (cfg.api_key && !cfg.api_key[0]) {
         fprintf(stderr, "pagoda serve: --api-key must not be empty\n");
+        return 2;
+    }
+    if (cfg.tool_call_parser && tcall_format_from_name(cfg.tool_call_parser) < 0) {
+        fprintf(stderr,
+                "pagoda serve: --tool-call-parser '%s' is not known (hermes, qwen3_xml, "
+                "llama3_json, mistral)\n",
+                cfg.tool_call_parser);
+        return 2;
+    }
+    if (cfg.reasoning_parser && reason_format_from_name(cfg.reasoning_parser) < 0) {
+        fprintf(stderr,
+                "pagoda serve: --reasoning-parser '%s' is not known (qwen3, "
+                "deepseek_r1)\n",
+                cfg.reasoning_parser);
         return 2;
     }
     raise_fd_limit(&cfg);

@@ -176,9 +176,10 @@ static void put_prompt_ids(struct http_buf *o, struct http_job *j, const struct 
     put_ids(o, "prompt_token_ids", j->g.prompts[c->prompt], j->g.n_prompt[c->prompt]);
 }
 
-static const char *openai_finish(enum finish_reason f)
+static const char *openai_finish(const struct job_choice *c)
 {
-    return f == FINISH_NONE ? "error" : finish_reason_name(f);
+    if (c->n_calls && c->finish == FINISH_STOP) return "tool_calls";
+    return c->finish == FINISH_NONE ? "error" : finish_reason_name(c->finish);
 }
 
 static void anthropic_stop(struct http_job *j, struct http_buf *o)
@@ -186,6 +187,7 @@ static void anthropic_stop(struct http_job *j, struct http_buf *o)
     struct job_choice *c = &j->c[0];
     const char *r = c->ch.stopped                ? "stop_sequence"
                     : c->finish == FINISH_LENGTH ? "max_tokens"
+                    : c->n_calls                 ? "tool_use"
                                                  : "end_turn";
     http_buf_printf(o, "\"stop_reason\":\"%s\",\"stop_sequence\":", r);
     if (c->ch.stopped) {
@@ -249,9 +251,15 @@ void http_fmt_final(struct http_job *j, struct http_buf *o)
         http_buf_printf(
             o, "{\"id\":\"%s\",\"type\":\"message\",\"role\":\"assistant\",\"model\":", j->id);
         http_buf_json_str(o, name, strlen(name));
-        http_buf_puts(o, ",\"content\":[{\"type\":\"text\",\"text\":");
-        http_buf_json_str(o, c->text.p ? c->text.p : "", c->text.len);
-        http_buf_puts(o, "}],");
+        if (c->out) {
+            http_buf_puts(o, ",\"content\":");
+            http_out_anthropic_content(j, c, o);
+            http_buf_puts(o, ",");
+        } else {
+            http_buf_puts(o, ",\"content\":[{\"type\":\"text\",\"text\":");
+            http_buf_json_str(o, c->text.p ? c->text.p : "", c->text.len);
+            http_buf_puts(o, "}],");
+        }
         anthropic_stop(j, o);
         http_buf_puts(o, ",");
         anthropic_usage(j, o, 1);
@@ -265,9 +273,15 @@ void http_fmt_final(struct http_job *j, struct http_buf *o)
         struct job_choice *c = &j->c[i];
         http_buf_printf(o, "%s{\"index\":%d,", i ? "," : "", i);
         if (chat) {
-            http_buf_puts(o, "\"message\":{\"role\":\"assistant\",\"content\":");
-            http_buf_json_str(o, c->text.p ? c->text.p : "", c->text.len);
-            http_buf_puts(o, "},\"logprobs\":");
+            http_buf_puts(o, "\"message\":");
+            if (c->out) {
+                http_out_openai_message(j, c, o);
+            } else {
+                http_buf_puts(o, "{\"role\":\"assistant\",\"content\":");
+                http_buf_json_str(o, c->text.p ? c->text.p : "", c->text.len);
+                http_buf_puts(o, "}");
+            }
+            http_buf_puts(o, ",\"logprobs\":");
             if (j->g.logprobs)
                 chat_logprobs(o, j, c->lps, c->n_lps);
             else
@@ -289,7 +303,7 @@ void http_fmt_final(struct http_job *j, struct http_buf *o)
                 http_buf_puts(o, "null");
             if (pos.ts) tok_stream_destroy(pos.ts);
         }
-        http_buf_printf(o, ",\"finish_reason\":\"%s\"", openai_finish(c->finish));
+        http_buf_printf(o, ",\"finish_reason\":\"%s\"", openai_finish(c));
         if (j->g.return_ids) {
             if (!chat) put_prompt_ids(o, j, c);
             put_ids(o, "token_ids", c->ids, c->n_ids);
@@ -302,7 +316,7 @@ void http_fmt_final(struct http_job *j, struct http_buf *o)
     http_buf_puts(o, "}");
 }
 
-static void sse_event(struct http_buf *o, const char *event, const struct http_buf *data)
+void http_fmt_sse(struct http_buf *o, const char *event, const struct http_buf *data)
 {
     if (event) http_buf_printf(o, "event: %s\n", event);
     http_buf_puts(o, "data: ");
@@ -310,7 +324,7 @@ static void sse_event(struct http_buf *o, const char *event, const struct http_b
     http_buf_puts(o, "\n\n");
 }
 
-static void anthropic_start(struct http_job *j, struct http_buf *o)
+void http_fmt_anthropic_start(struct http_job *j, struct http_buf *o)
 {
     struct http_buf d = {0};
     const char *name = j->served->model.name;
@@ -323,16 +337,51 @@ static void anthropic_start(struct http_job *j, struct http_buf *o)
     anthropic_usage(j, &d, 0);
     d.len--; /* reopen the usage object: output_tokens so far */
     http_buf_puts(&d, ",\"output_tokens\":0}}}");
-    sse_event(o, "message_start", &d);
+    http_fmt_sse(o, "message_start", &d);
     d.len = 0;
-    http_buf_puts(&d, "{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":"
-                      "\"text\",\"text\":\"\"}}");
-    sse_event(o, "content_block_start", &d);
-    d.len = 0;
+    if (!j->c[0].out) { /* output parsing opens its blocks as they come (output.c) */
+        http_buf_puts(&d, "{\"type\":\"content_block_start\",\"index\":0,\"content_block\":{"
+                          "\"type\":\"text\",\"text\":\"\"}}");
+        http_fmt_sse(o, "content_block_start", &d);
+        d.len = 0;
+    }
     http_buf_puts(&d, "{\"type\":\"ping\"}");
-    sse_event(o, "ping", &d);
+    http_fmt_sse(o, "ping", &d);
     http_buf_dispose(&d);
     j->msg_started = 1;
+}
+
+/* The chat stream's first chunk of a choice: the role. */
+static void openai_first_chunk(struct http_job *j, int index)
+{
+    struct http_buf d = {0};
+    openai_head(j, &d, "chat.completion.chunk");
+    http_buf_printf(&d,
+                    ",\"choices\":[{\"index\":%d,\"delta\":{\"role\":\"assistant\","
+                    "\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]",
+                    index);
+    if (j->g.include_usage) http_buf_puts(&d, ",\"usage\":null");
+    if (j->g.return_ids) put_prompt_ids(&d, j, &j->c[index]);
+    http_buf_puts(&d, "}");
+    http_fmt_sse(&j->out, NULL, &d);
+    http_buf_dispose(&d);
+}
+
+void http_fmt_stream_delta(struct http_job *j, int index, const char *delta_json)
+{
+    struct job_choice *c = &j->c[index];
+    if (!c->sent_first) openai_first_chunk(j, index);
+    c->sent_first = 1;
+    struct http_buf d = {0};
+    openai_head(j, &d, "chat.completion.chunk");
+    http_buf_printf(&d,
+                    ",\"choices\":[{\"index\":%d,\"delta\":%s,\"logprobs\":null,"
+                    "\"finish_reason\":null}]",
+                    index, delta_json);
+    if (j->g.include_usage) http_buf_puts(&d, ",\"usage\":null");
+    http_buf_puts(&d, "}");
+    http_fmt_sse(&j->out, NULL, &d);
+    http_buf_dispose(&d);
 }
 
 void http_fmt_stream_choice(struct http_job *j, int index, const char *delta, size_t len,
@@ -341,32 +390,21 @@ void http_fmt_stream_choice(struct http_job *j, int index, const char *delta, si
     struct job_choice *c = &j->c[index];
     struct http_buf *o = &j->out;
     if (j->route == HTTP_ROUTE_MESSAGES) {
-        if (!j->msg_started) anthropic_start(j, o);
+        if (!j->msg_started) http_fmt_anthropic_start(j, o);
         if (!len) return;
         struct http_buf d = {0};
         http_buf_puts(&d, "{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":"
                           "\"text_delta\",\"text\":");
         http_buf_json_str(&d, delta, len);
         http_buf_puts(&d, "}}");
-        sse_event(o, "content_block_delta", &d);
+        http_fmt_sse(o, "content_block_delta", &d);
         http_buf_dispose(&d);
         return;
     }
     int chat = j->route == HTTP_ROUTE_CHAT;
     const char *object = chat ? "chat.completion.chunk" : "text_completion";
     struct http_buf d = {0};
-    if (chat && !c->sent_first) {
-        openai_head(j, &d, object);
-        http_buf_printf(&d,
-                        ",\"choices\":[{\"index\":%d,\"delta\":{\"role\":\"assistant\","
-                        "\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]",
-                        index);
-        if (j->g.include_usage) http_buf_puts(&d, ",\"usage\":null");
-        if (j->g.return_ids) put_prompt_ids(&d, j, c);
-        http_buf_puts(&d, "}");
-        sse_event(o, NULL, &d);
-        d.len = 0;
-    }
+    if (chat && !c->sent_first) openai_first_chunk(j, index);
     int echo = !chat && j->g.echo && !c->sent_first;
     int prompt_ids = !chat && j->g.return_ids && !c->sent_first;
     c->sent_first = 1;
@@ -403,7 +441,7 @@ void http_fmt_stream_choice(struct http_job *j, int index, const char *delta, si
             http_buf_puts(&d, "null");
     }
     if (finished)
-        http_buf_printf(&d, ",\"finish_reason\":\"%s\"", openai_finish(c->finish));
+        http_buf_printf(&d, ",\"finish_reason\":\"%s\"", openai_finish(c));
     else
         http_buf_puts(&d, ",\"finish_reason\":null");
     if (prompt_ids) put_prompt_ids(&d, j, c);
@@ -411,7 +449,7 @@ void http_fmt_stream_choice(struct http_job *j, int index, const char *delta, si
     http_buf_puts(&d, "}]");
     if (j->g.include_usage) http_buf_puts(&d, ",\"usage\":null");
     http_buf_puts(&d, "}");
-    sse_event(o, NULL, &d);
+    http_fmt_sse(o, NULL, &d);
     http_buf_dispose(&d);
 }
 
@@ -423,21 +461,25 @@ void http_fmt_stream_tail(struct http_job *j, struct http_buf *o)
             char *e = http_error_anthropic(&j->err);
             http_buf_puts(&d, e);
             free(e);
-            sse_event(o, "error", &d);
+            http_fmt_sse(o, "error", &d);
             http_buf_dispose(&d);
             return;
         }
-        if (!j->msg_started) anthropic_start(j, o);
-        http_buf_puts(&d, "{\"type\":\"content_block_stop\",\"index\":0}");
-        sse_event(o, "content_block_stop", &d);
-        d.len = 0;
+        if (!j->msg_started) http_fmt_anthropic_start(j, o);
+        if (j->c[0].out) {
+            http_out_anthropic_close(j, o);
+        } else {
+            http_buf_puts(&d, "{\"type\":\"content_block_stop\",\"index\":0}");
+            http_fmt_sse(o, "content_block_stop", &d);
+            d.len = 0;
+        }
         http_buf_puts(&d, "{\"type\":\"message_delta\",\"delta\":{");
         anthropic_stop(j, &d);
         http_buf_printf(&d, "},\"usage\":{\"output_tokens\":%ld}}", usage_of(j).output);
-        sse_event(o, "message_delta", &d);
+        http_fmt_sse(o, "message_delta", &d);
         d.len = 0;
         http_buf_puts(&d, "{\"type\":\"message_stop\"}");
-        sse_event(o, "message_stop", &d);
+        http_fmt_sse(o, "message_stop", &d);
         http_buf_dispose(&d);
         return;
     }
@@ -445,7 +487,7 @@ void http_fmt_stream_tail(struct http_job *j, struct http_buf *o)
         char *e = http_error_openai(&j->err);
         http_buf_puts(&d, e);
         free(e);
-        sse_event(o, NULL, &d);
+        http_fmt_sse(o, NULL, &d);
         d.len = 0;
     } else if (j->g.include_usage) {
         openai_head(j, &d,
@@ -453,7 +495,7 @@ void http_fmt_stream_tail(struct http_job *j, struct http_buf *o)
         http_buf_puts(&d, ",\"choices\":[],");
         openai_usage(j, &d);
         http_buf_puts(&d, "}");
-        sse_event(o, NULL, &d);
+        http_fmt_sse(o, NULL, &d);
         d.len = 0;
     }
     http_buf_puts(o, "data: [DONE]\n\n");

@@ -195,6 +195,7 @@ static void job_free(struct http_job *j)
         free(c->lps);
         free(c->plps);
         free(c->ids);
+        http_out_destroy(c->out);
     }
     free(j->c);
     http_gen_dispose(&j->g);
@@ -323,7 +324,11 @@ static void process(struct http_job *j, struct job_choice *c, struct ev_rec *evs
         free(r->plp);
         free(r->ptop);
     }
-    if (j->g.stream) {
+    if (c->out) {
+        if (j->req || !j->g.stream)
+            http_out_feed(j, c, delta.p ? delta.p : "", delta.len, lps, n_lps, finished);
+        if (j->g.stream) c->n_ids = 0;
+    } else if (j->g.stream) {
         if (j->req)
             http_fmt_stream_choice(j, c->index, delta.p ? delta.p : "", delta.len, lps, n_lps,
                                    finished);
@@ -478,6 +483,7 @@ void http_job_start(struct http_loop *l, h2o_req_t *req, enum http_route route,
         c->prompt = i / j->g.n;
         pthread_mutex_init(&c->mu, NULL);
         http_choice_init(&c->ch, m->model.tok, j->g.skip_special, j->g.stop, j->g.n_stop);
+        c->out = http_out_create(j);
     }
     /* The request reference: dropped when h2o disposes req. */
     struct http_job **guard = h2o_mem_alloc_shared(&req->pool, sizeof *guard, on_req_dispose);

@@ -38,6 +38,8 @@ struct ev_rec {
     double t;                   /* engine-side arrival, seconds */
 };
 
+struct http_out; /* the reasoning and tool-call parsing of a choice's output (output.c) */
+
 struct job_choice {
     struct http_job *job;
     int index, prompt;
@@ -64,6 +66,8 @@ struct job_choice {
     int n_plps;
     int32_t *ids; /* return_token_ids: generated ids not sent yet (streaming) or all of them */
     int n_ids, cap_ids;
+    struct http_out *out; /* NULL: the text is all content */
+    int n_calls;          /* tool calls found in the output */
 };
 
 struct http_job {
@@ -100,5 +104,28 @@ void http_fmt_stream_choice(struct http_job *j, int index, const char *delta, si
                             const struct http_lp *lps, int n_lps, int finished);
 /** The end of a stream: usage, [DONE] / message_stop, or the error event. */
 void http_fmt_stream_tail(struct http_job *j, struct http_buf *out);
+/** One SSE event (event NULL: a data-only one). */
+void http_fmt_sse(struct http_buf *o, const char *event, const struct http_buf *data);
+/** A chat chunk of choice `index` whose delta is the JSON object delta_json (the role chunk
+ * first when the choice has sent nothing yet). */
+void http_fmt_stream_delta(struct http_job *j, int index, const char *delta_json);
+/** Anthropic: message_start (and, without output parsing, the text block). */
+void http_fmt_anthropic_start(struct http_job *j, struct http_buf *o);
+
+/**
+ * Output parsing (output.c): reasoning split and tool calls of a chat or messages choice.
+ * http_out_create returns NULL when the request needs neither.
+ */
+struct http_out *http_out_create(struct http_job *j);
+void http_out_destroy(struct http_out *o);
+/** Runs the parsers over new text of c (finished: the output ended); non-streaming keeps
+ * the parts, streaming writes their events, content through http_fmt_stream_choice. */
+void http_out_feed(struct http_job *j, struct job_choice *c, const char *s, size_t n,
+                   const struct http_lp *lps, int n_lps, int finished);
+/** Final bodies: the chat message object, the Anthropic content array. */
+void http_out_openai_message(struct http_job *j, struct job_choice *c, struct http_buf *o);
+void http_out_anthropic_content(struct http_job *j, struct job_choice *c, struct http_buf *o);
+/** Anthropic stream tail: closes the open content block (an empty text block if none). */
+void http_out_anthropic_close(struct http_job *j, struct http_buf *o);
 
 #endif

@@ -303,8 +303,16 @@ static int load_side(struct http_models *ms, struct http_served *m, struct err *
     if (ms->cfg.skip_tokenizer_init) return 0;
     if (!(m->tok = tok_load(m->spec.dir, e))) return -1;
     struct err te = {0};
-    m->tmpl_src = tmpl_load_from_model(m->spec.dir, NULL, &te); /* NULL: chat is a 400 */
+    m->tmpl_src = ms->cfg.chat_template ? util_read_file(ms->cfg.chat_template, NULL, e)
+                                        : tmpl_load_from_model(m->spec.dir, NULL, &te);
+    if (!m->tmpl_src && ms->cfg.chat_template) return -1;
+    /* no template: chat is a 400 */
     m->tmpl_vars = tmpl_special_tokens(m->spec.dir);
+    const char *tp = ms->cfg.tool_call_parser, *rp = ms->cfg.reasoning_parser;
+    int tf = tp ? tcall_format_from_name(tp) : (int)tcall_format_detect(m->tmpl_src);
+    int rf = rp ? reason_format_from_name(rp) : REASON_NONE;
+    m->model.tool_format = tf < 0 ? TCALL_NONE : (enum tcall_format)tf;
+    m->model.reason_format = rf < 0 ? REASON_NONE : (enum reason_format)rf;
     return 0;
 }
 

@@ -64,6 +64,10 @@ struct http_models_config {
     int skip_tokenizer_init;
     double idle_timeout; /* seconds a model with nothing in progress stays loaded; 0: for good */
     size_t budget;       /* bytes all loaded models may take; 0: no bound */
+    const char *chat_template;    /* a template file in place of each model's; NULL: theirs */
+    const char *tool_call_parser; /* vLLM's name (checked by the caller); NULL: from the
+                                   * model's chat template */
+    const char *reasoning_parser; /* vLLM's name (checked by the caller); NULL: none */
     void (*on_change)(void *user);
     void *user;
 };

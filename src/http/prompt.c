@@ -1,5 +1,6 @@
 /* Chat prompts: OpenAI messages and Anthropic messages/system, checked, normalized to
- * {role, content: string} and rendered through the model's chat template. */
+ * {role, content: string} (plus tool_calls and tool_call_id, see tools.c) and rendered
+ * through the model's chat template with the request's tools. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,20 +87,17 @@ static cJSON *openai_messages(const cJSON *body, struct http_error *he)
         }
         const char *r = role->valuestring;
         if (strcmp(r, "system") && strcmp(r, "developer") && strcmp(r, "user") &&
-            strcmp(r, "assistant")) {
+            strcmp(r, "assistant") && strcmp(r, "tool")) {
             snprintf(path, sizeof path, "messages[%d].role", i);
             http_error_set(he, 400, path,
-                           "'%s': unknown role '%.40s' (expected system, developer, user or "
-                           "assistant)",
+                           "'%s': unknown role '%.40s' (expected system, developer, user, "
+                           "assistant or tool)",
                            path, r);
             goto fail;
         }
         const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
-        if (cJSON_GetObjectItemCaseSensitive(m, "tool_calls")) {
-            snprintf(path, sizeof path, "messages[%d].tool_calls", i);
-            http_error_set(he, 400, path, "'%s': tool calls are not supported", path);
-            goto fail;
-        }
+        const cJSON *calls = cJSON_GetObjectItemCaseSensitive(m, "tool_calls");
+        if (calls && cJSON_IsNull(calls)) calls = NULL;
         snprintf(path, sizeof path, "messages[%d].content", i);
         char *text;
         if ((!content || cJSON_IsNull(content)) && !strcmp(r, "assistant"))
@@ -112,12 +110,43 @@ static cJSON *openai_messages(const cJSON *body, struct http_error *he)
         /* Templates know system; developer is its newer name. */
         add_message(out, !strcmp(r, "developer") ? "system" : r, text);
         free(text);
+        cJSON *added = cJSON_GetArrayItem(out, cJSON_GetArraySize(out) - 1);
+        if (calls) {
+            snprintf(path, sizeof path, "messages[%d].tool_calls", i);
+            if (strcmp(r, "assistant")) {
+                http_error_set(he, 400, path, "'%s': only assistant messages have tool calls",
+                               path);
+                goto fail;
+            }
+            if (http_openai_tool_calls(calls, path, added, he) < 0) goto fail;
+        }
+        if (!strcmp(r, "tool")) {
+            const cJSON *id = cJSON_GetObjectItemCaseSensitive(m, "tool_call_id");
+            if (!cJSON_IsString(id)) {
+                snprintf(path, sizeof path, "messages[%d].tool_call_id", i);
+                http_error_set(he, 400, path, "'%s' is required for tool messages", path);
+                goto fail;
+            }
+            cJSON_AddStringToObject(added, "tool_call_id", id->valuestring);
+        }
         i++;
     }
     return out;
 fail:
     cJSON_Delete(out);
     return NULL;
+}
+
+/* Whether every block of an Anthropic content array is text. */
+static int text_only(const cJSON *content)
+{
+    const cJSON *b;
+    cJSON_ArrayForEach(b, content)
+    {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(b, "type");
+        if (cJSON_IsString(t) && strcmp(t->valuestring, "text")) return 0;
+    }
+    return 1;
 }
 
 /* Anthropic system + messages -> normalized array; *prefill gets the text of a final
@@ -167,6 +196,12 @@ static cJSON *anthropic_messages(const cJSON *body, char **prefill, struct http_
             http_error_set(he, 400, path, "%s: field required", path);
             goto fail;
         }
+        if (cJSON_IsArray(content) && !text_only(content)) {
+            /* tool_use, tool_result, thinking blocks */
+            if (http_anthropic_blocks(role->valuestring, content, path, out, he) < 0) goto fail;
+            i++;
+            continue;
+        }
         char *text = content_text(HTTP_API_MESSAGES, content, path, he);
         if (!text) goto fail;
         if (i == n - 1 && !strcmp(role->valuestring, "assistant"))
@@ -196,6 +231,9 @@ int http_chat_prompt(enum http_api api, const cJSON *body, const struct http_mod
     const char *field = "messages";
     int rc = -1;
     char *text = NULL;
+    cJSON *tools = NULL, *vars = NULL;
+    if (http_tools_parse(api, body, &tools, he) < 0) goto out;
+    if (!(vars = http_template_vars(api, body, m, he))) goto out;
     if (!m->tmpl_src) {
         http_error_set(he, 400, field,
                        "the model has no chat template; send a plain prompt to /v1/completions");
@@ -203,7 +241,7 @@ int http_chat_prompt(enum http_api api, const cJSON *body, const struct http_mod
     }
     struct err e = {0};
     size_t len = 0;
-    text = tmpl_apply_chat(m->tmpl_src, msgs, NULL, NULL, 1, m->tmpl_vars, &len, &e);
+    text = tmpl_apply_chat(m->tmpl_src, msgs, tools, NULL, 1, vars, &len, &e);
     if (!text) {
         http_error_set(he, 400, field, "the chat template rejected the messages: %s", e.msg);
         goto out;
@@ -229,5 +267,7 @@ out:
     free(text);
     free(prefill);
     cJSON_Delete(msgs);
+    cJSON_Delete(tools);
+    cJSON_Delete(vars);
     return rc;
 }

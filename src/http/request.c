@@ -21,6 +21,7 @@ void http_gen_dispose(struct http_gen *g)
     free(g->stop_ids);
     free(g->bias);
     gram_unref(g->sp.grammar);
+    cJSON_Delete(g->tools);
     memset(g, 0, sizeof *g);
 }
 
@@ -220,11 +221,10 @@ static int parse_logit_bias(const cJSON *body, const struct http_model *m, struc
 /* Fields of the OpenAI APIs this server does not implement: rejected, never ignored. */
 static int reject_unsupported(enum http_api api, const cJSON *body, struct http_error *he)
 {
-    static const char *const chat[] = {
-        "tools", "functions", "function_call", "audio", "prediction", "web_search_options", NULL};
+    static const char *const chat[] = {"functions",  "function_call",      "audio",
+                                       "prediction", "web_search_options", NULL};
     static const char *const completions[] = {"suffix", NULL};
-    static const char *const messages[] = {"tools",       "tool_choice", "thinking",
-                                           "mcp_servers", "container",   NULL};
+    static const char *const messages[] = {"mcp_servers", "container", NULL};
     const char *const *list = api == HTTP_API_CHAT          ? chat
                               : api == HTTP_API_COMPLETIONS ? completions
                                                             : messages;
@@ -235,11 +235,6 @@ static int reject_unsupported(enum http_api api, const cJSON *body, struct http_
             (cJSON_IsString(v) && !v->valuestring[0]))
             continue;
         return http_error_set(he, 400, list[i], "'%s' is not supported by this server", list[i]);
-    }
-    if (api == HTTP_API_CHAT) {
-        const cJSON *tc = cJSON_GetObjectItemCaseSensitive(body, "tool_choice");
-        if (tc && !cJSON_IsNull(tc) && !(cJSON_IsString(tc) && !strcmp(tc->valuestring, "none")))
-            return http_error_set(he, 400, "tool_choice", "'tool_choice' is not supported");
     }
     if (api == HTTP_API_COMPLETIONS) {
         long best_of = 0;
@@ -418,6 +413,14 @@ static int parse_max_tokens(enum http_api api, const cJSON *body, const struct h
     return 0;
 }
 
+/* The prompt ends inside <think> (the template opened it): the output starts thinking. */
+static int prompt_opens_thinking(const char *text)
+{
+    size_t n = strlen(text), t = strlen(REASON_START);
+    while (n && (text[n - 1] == '\n' || text[n - 1] == ' ')) n--;
+    return n >= t && !memcmp(text + n - t, REASON_START, t);
+}
+
 int http_gen_parse(enum http_api api, const cJSON *body, const struct http_model *m,
                    struct http_gen *g, struct http_error *he)
 {
@@ -432,6 +435,7 @@ int http_gen_parse(enum http_api api, const cJSON *body, const struct http_model
     if (parse_logprobs(api, body, m, g, he) < 0) goto fail;
     if (parse_stream(api, body, g, he) < 0) goto fail;
     if (http_parse_structured(api, body, g, he) < 0) goto fail;
+    if (http_parse_tools(api, body, m, g, he) < 0) goto fail;
     if (api == HTTP_API_COMPLETIONS) {
         if (completion_prompts(body, m, g, he) < 0) goto fail;
         if (g->n_prompts * g->n > HTTP_MAX_PROMPTS)
@@ -443,6 +447,8 @@ int http_gen_parse(enum http_api api, const cJSON *body, const struct http_model
         char *text = NULL;
         if (http_chat_prompt(api, body, m, &ids, &n, &text, he) < 0) goto fail;
         add_prompt(g, ids, n, text);
+        g->reason_format = m->reason_format;
+        g->think_open = g->reason_format && prompt_opens_thinking(text);
     }
     if (parse_max_tokens(api, body, m, g, he) < 0) goto fail;
     return 0;

@@ -17,7 +17,9 @@
 #include <cjson/cJSON.h>
 
 #include "http/json.h"
+#include "text/reasoning.h"
 #include "text/tokenizer.h"
+#include "text/toolcall.h"
 #include "sched/engine.h"
 
 enum http_api {
@@ -30,6 +32,8 @@ enum http_api {
 #define HTTP_MAX_STOP_LEN 256 /* bytes per stop string */
 #define HTTP_MAX_N        16  /* choices per prompt */
 #define HTTP_MAX_PROMPTS  64  /* prompts per completions request */
+#define HTTP_MAX_TOOLS    128 /* tools per request */
+#define HTTP_MAX_CALLS    16  /* tool calls a required / named choice may make in one answer */
 
 /** What the routes know of the served model. */
 struct http_model {
@@ -43,6 +47,15 @@ struct http_model {
     int max_model_len;      /* prompt + max_tokens must fit */
     /* the model folder's pooling, for embeddings (NULL while the model loads) */
     const struct pooling_config *pooling;
+    enum tcall_format tool_format;    /* --tool-call-parser, or what the template shows */
+    enum reason_format reason_format; /* --reasoning-parser (REASON_NONE: no split) */
+};
+
+enum http_tool_choice {
+    HTTP_TOOLS_NONE,     /* no tools, or tool_choice none: plain text */
+    HTTP_TOOLS_AUTO,     /* the model may call tools */
+    HTTP_TOOLS_REQUIRED, /* at least one call (Anthropic "any"), enforced by a grammar */
+    HTTP_TOOLS_NAMED,    /* a call of tool_name, enforced by a grammar */
 };
 
 /** One parsed generation request. */
@@ -71,6 +84,13 @@ struct http_gen {
                         * (default: on without a tokenizer, where text is always "") */
     int score_only;    /* max_tokens 0 with echo: no output, the prompt's logprobs */
     int priority;      /* engine queue order: lower first (vLLM's "priority") */
+    /* tool calling and reasoning (chat and messages) */
+    cJSON *tools; /* the request's tools in OpenAI's shape, NULL when none */
+    enum http_tool_choice tool_choice;
+    int parallel_calls;               /* parallel_tool_calls (default 1) */
+    enum tcall_format tool_format;    /* parser of the output, TCALL_NONE: no tool calls */
+    enum reason_format reason_format; /* REASON_NONE: no thinking split */
+    int think_open;                   /* the prompt ends inside an open <think> */
 };
 
 /**
@@ -79,6 +99,39 @@ struct http_gen {
  * (400 naming the field) when a field is malformed or its schema, regex or grammar is invalid.
  */
 int http_parse_structured(enum http_api api, const cJSON *body, struct http_gen *g,
+                          struct http_error *he);
+
+/**
+ * The request's tools in OpenAI's shape ([{"type": "function", "function": {"name",
+ * "description", "parameters"}}]; Anthropic's {name, description, input_schema} converted):
+ * *out a new array, or NULL when there are none. 0, or -1 + he naming the bad field.
+ */
+int http_tools_parse(enum http_api api, const cJSON *body, cJSON **out, struct http_error *he);
+
+/**
+ * tools, tool_choice, parallel_tool_calls (OpenAI) or tool_choice.disable_parallel_tool_use
+ * (Anthropic) into g: the output parser and, for a required or named choice, the grammar
+ * of the parser's wire format. Runs after http_parse_structured (the two conflict).
+ */
+int http_parse_tools(enum http_api api, const cJSON *body, const struct http_model *m,
+                     struct http_gen *g, struct http_error *he);
+
+/**
+ * Converts one message's tool parts for the template: OpenAI assistant `tool_calls`
+ * (function.arguments parsed into an object, as HF templates iterate it) into out_msg, or
+ * an Anthropic message's content blocks (text, tool_use, tool_result, thinking) into
+ * messages appended to out (tool results as role "tool" with tool_call_id). 0 or -1 + he.
+ */
+int http_openai_tool_calls(const cJSON *calls, const char *path, cJSON *out_msg,
+                           struct http_error *he);
+int http_anthropic_blocks(const char *role, const cJSON *content, const char *path, cJSON *out,
+                          struct http_error *he);
+
+/**
+ * The template variables of a chat request: the model's (bos_token, ...), then
+ * chat_template_kwargs, and for Anthropic `thinking` as enable_thinking. A new object.
+ */
+cJSON *http_template_vars(enum http_api api, const cJSON *body, const struct http_model *m,
                           struct http_error *he);
 
 /** Parses and validates body for api into g. 0, or -1 with he (g then holds nothing). */

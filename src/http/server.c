@@ -303,6 +303,9 @@ int http_serve(const struct http_config *cfg, struct err *e)
                                     .skip_tokenizer_init = s->cfg.skip_tokenizer_init,
                                     .idle_timeout = s->cfg.model_idle_timeout,
                                     .budget = s->cfg.models_budget,
+                                    .chat_template = s->cfg.chat_template,
+                                    .tool_call_parser = s->cfg.tool_call_parser,
+                                    .reasoning_parser = s->cfg.reasoning_parser,
                                     .on_change = on_models_change,
                                     .user = s};
     if (!(s->models = http_models_create(cfg->models, cfg->n_models, &mc, e))) return -1;

@@ -36,9 +36,12 @@ struct http_config {
     int skip_tokenizer_init;        /* no tokenizer: token-id prompts in, token ids out */
     const char *allowed_origins;    /* CORS: "*", a comma or JSON list; NULL/"": none */
     int max_waiting;                /* requests waiting in the engine at most; 0: no bound */
-    int max_conn_streams;       /* generation requests in progress per connection; 0: no bound */
-    size_t max_stream_buffer;   /* bytes a stream may hold for a client that does not read */
-    double stream_idle_timeout; /* seconds a stream's write may wait for the client */
+    int max_conn_streams;         /* generation requests in progress per connection; 0: no bound */
+    size_t max_stream_buffer;     /* bytes a stream may hold for a client that does not read */
+    double stream_idle_timeout;   /* seconds a stream's write may wait for the client */
+    const char *chat_template;    /* a template file in place of the model's; NULL: the model's */
+    const char *tool_call_parser; /* vLLM's parser name; NULL: from the chat template */
+    const char *reasoning_parser; /* vLLM's parser name; NULL: no thinking split */
     struct engine_config engine;
 };
 

@@ -592,19 +592,53 @@ struct gram *gram_json_object(void)
     return gb_finish(&b, root);
 }
 
-/* One of the spec's calls: prefix JSON(schema) suffix. */
+/* qwen3_xml parameters: <parameter=K>\nV\n</parameter>\n each, in order, the required ones
+ * present; V free text without '<' for strings, else JSON under the parameter's schema. */
+static int32_t spec_params(struct js *j, const cJSON *params)
+{
+    struct gb_list seq = {0};
+    const cJSON *p;
+    cJSON_ArrayForEach(p, params)
+    {
+        const cJSON *key = cJSON_GetObjectItemCaseSensitive(p, "key");
+        if (!cJSON_IsString(key))
+            return gb_list_seq(j->b, &seq), gb_fail(j->b, "tool spec: a parameter needs a key");
+        char open[320];
+        snprintf(open, sizeof open, "<parameter=%.256s>\n", key->valuestring);
+        int32_t value;
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(p, "text"))) {
+            struct gbset s;
+            memset(&s, 0xff, sizeof s);
+            s.w['<' / 32] &= ~(1u << ('<' % 32));
+            value = gb_star(j->b, gb_set(j->b, &s));
+        } else {
+            value = js_schema(j, cJSON_GetObjectItemCaseSensitive(p, "schema"));
+        }
+        int32_t v[3] = {lit(j, open), value, lit(j, "\n</parameter>\n")};
+        int32_t one = j->b->failed ? -1 : gb_seq(j->b, v, 3);
+        if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(p, "required"))) one = gb_opt(j->b, one);
+        gb_list_push(&seq, one);
+    }
+    return gb_list_seq(j->b, &seq);
+}
+
+/* One of the spec's calls: prefix, a JSON value under "schema" (or qwen3_xml "params"),
+ * suffix. */
 static int32_t spec_call(struct js *j, const cJSON *call)
 {
     const cJSON *pre = cJSON_GetObjectItemCaseSensitive(call, "prefix");
     const cJSON *suf = cJSON_GetObjectItemCaseSensitive(call, "suffix");
     const cJSON *schema = cJSON_GetObjectItemCaseSensitive(call, "schema");
-    if (!cJSON_IsString(pre) || !cJSON_IsString(suf) || !schema)
-        return gb_fail(j->b, "tool spec: a call needs 'prefix', 'schema' and 'suffix'");
+    const cJSON *params = cJSON_GetObjectItemCaseSensitive(call, "params");
+    if (!cJSON_IsString(pre) || !cJSON_IsString(suf) || (!schema && !cJSON_IsArray(params)))
+        return gb_fail(j->b, "tool spec: a call needs 'prefix', 'schema' or 'params', 'suffix'");
     /* $ref resolves inside the call's own schema */
     for (int i = 0; i < j->n_refs; i++) free(j->refs[i].path);
     j->n_refs = 0;
-    j->doc = schema;
-    int32_t v[3] = {lit(j, pre->valuestring), js_schema(j, schema), lit(j, suf->valuestring)};
+    j->doc = schema ? schema : params;
+    int32_t v[3] = {lit(j, pre->valuestring),
+                    schema ? js_schema(j, schema) : spec_params(j, params),
+                    lit(j, suf->valuestring)};
     return j->b->failed ? -1 : gb_seq(j->b, v, 3);
 }
 

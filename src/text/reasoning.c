@@ -25,7 +25,7 @@ void reason_parser_init(struct reason_parser *r, enum reason_format f, int in_th
     r->state = f == REASON_NONE                         ? R_AFTER
                : in_thinking || f == REASON_DEEPSEEK_R1 ? R_IN
                                                         : R_BEFORE;
-    r->fresh = 1;
+    r->fresh = r->state != R_AFTER;
 }
 
 void reason_parser_dispose(struct reason_parser *r)
