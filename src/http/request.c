@@ -22,6 +22,8 @@ void http_gen_dispose(struct http_gen *g)
     free(g->bias);
     gram_unref(g->sp.grammar);
     cJSON_Delete(g->tools);
+    free(g->think_start);
+    free(g->think_end);
     memset(g, 0, sizeof *g);
 }
 
@@ -451,6 +453,7 @@ int http_gen_parse(enum http_api api, const cJSON *body, const struct http_model
         g->think_open = g->reason_format && prompt_opens_thinking(text);
     }
     if (parse_max_tokens(api, body, m, g, he) < 0) goto fail;
+    if (http_parse_thinking(api, body, m, g, he) < 0) goto fail;
     return 0;
 fail:
     http_gen_dispose(g);

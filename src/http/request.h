@@ -91,6 +91,7 @@ struct http_gen {
     enum tcall_format tool_format;    /* parser of the output, TCALL_NONE: no tool calls */
     enum reason_format reason_format; /* REASON_NONE: no thinking split */
     int think_open;                   /* the prompt ends inside an open <think> */
+    int32_t *think_start, *think_end; /* the tags' ids, for the thinking budget */
 };
 
 /**
@@ -115,6 +116,13 @@ int http_tools_parse(enum http_api api, const cJSON *body, cJSON **out, struct h
  */
 int http_parse_tools(enum http_api api, const cJSON *body, const struct http_model *m,
                      struct http_gen *g, struct http_error *he);
+
+/**
+ * The thinking budget (Anthropic thinking.budget_tokens, OpenAI reasoning_effort) into
+ * g->sp; runs after the prompt and max_tokens are known. 0 or -1 + he.
+ */
+int http_parse_thinking(enum http_api api, const cJSON *body, const struct http_model *m,
+                        struct http_gen *g, struct http_error *he);
 
 /**
  * Converts one message's tool parts for the template: OpenAI assistant `tool_calls`

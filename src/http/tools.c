@@ -307,7 +307,15 @@ int http_parse_tools(enum http_api api, const cJSON *body, const struct http_mod
                               "tool calling needs a tool-call parser: start the server with "
                               "--tool-call-parser (the chat template shows no known format)");
     g->tool_format = m->tool_format;
-    if (c == HTTP_TOOLS_AUTO) return 0;
+    if (c == HTTP_TOOLS_AUTO) {
+        /* free text until the format's start tag, then calls under the tools' schemas;
+         * structured output, when asked for, constrains the text instead */
+        const char *trigger = tcall_format_trigger(g->tool_format);
+        if (!trigger || g->sp.grammar) return 0;
+        if (call_grammar(g, NULL, "tools", he) < 0) return -1;
+        g->sp.grammar_trigger = trigger;
+        return 0;
+    }
     if (g->sp.grammar)
         return http_error_set(he, 400, "tool_choice",
                               "a required or named 'tool_choice' cannot be combined with "

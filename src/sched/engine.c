@@ -403,6 +403,7 @@ uint64_t engine_submit(struct engine *en, const struct engine_request *q, struct
     }
     r->sp.stop_ids = r->stop_ids;
     r->sp.logit_bias = r->bias;
+    r->steer = steer_create(&r->sp); /* takes the grammar when it waits for a trigger */
     if (r->sp.grammar) r->gm = gram_matcher_create(r->sp.grammar); /* holds the reference */
     r->sp.grammar = NULL; /* r->gm stands for it from here on */
     if (r->sp.prompt_logprobs >= 0) {
@@ -563,6 +564,7 @@ static void free_request(struct request *r)
     free(r->pool);
     gram_matcher_destroy(r->gm);
     free(r->gmask);
+    steer_destroy(r->steer);
     free(r);
 }
 

@@ -83,6 +83,16 @@ struct sampling_params {
      * grammar (text/grammar.h); end-of-sequence only where the sentence is complete, and
      * the request ends (stop) once nothing may follow. Submit takes its own reference. */
     struct gram *grammar;
+    /* With a trigger (NUL-terminated, copied by submit), `grammar` constrains the output
+     * only from the trigger's first occurrence on, the trigger's bytes the first it reads;
+     * before that the output is free (an `auto` tool choice: text until the call's tag). */
+    const char *grammar_trigger;
+    /* Thinking budget (> 0): the output tokens after think_start (from the first output
+     * token when n_think_start is 0) are counted until think_end appears; at the budget,
+     * think_end is forced, one token a step. Ids copied by submit. */
+    int think_budget;
+    const int32_t *think_start, *think_end;
+    int n_think_start, n_think_end;
 };
 
 /** Greedy-free defaults: temperature 1, no filters, no penalties, max_tokens 16. */

@@ -47,6 +47,7 @@ struct request {
     struct gram_matcher *gm; /* structured output: the grammar's state after the output */
     uint32_t *gmask;         /* its next mask, computed during the forward pass (masks.c) */
     int gmask_ready;
+    struct steer *steer; /* lazy grammar and thinking budget (steer.c), NULL when neither */
 
     /* embedding requests: the pooled rows so far, summed (mean) or copied (last, cls) */
     int embed;
@@ -213,6 +214,18 @@ void list_append(struct req_list *l, struct request *r);
 void list_remove(struct req_list *l, struct request *r);
 /* Inserts by (priority, arrival): lower first. */
 void list_insert_ordered(struct req_list *l, struct request *r);
+
+/* steer.c: output steering that depends on the tokens so far. A request with a steer
+ * samples on the host and never runs in an overlapped step. */
+struct steer;
+/** NULL when sp asks for neither; takes sp's grammar when it waits for a trigger, and
+ * clears sp's pointers (the steer holds copies). */
+struct steer *steer_create(struct sampling_params *sp);
+void steer_destroy(struct steer *s);
+/** The token to take: a forced one in place of the sampled t while the budget forces. */
+int32_t steer_pick(struct request *r, int32_t t);
+/** After t joined the output: counts the budget, looks for the trigger (then r->gm). */
+void steer_accept(struct engine *en, struct request *r, int32_t t);
 
 /* masks.c: grammar masks of the step's sampling requests on a worker thread, started
  * before the forward pass and waited for after it; sample.c uses r->gmask when ready. */

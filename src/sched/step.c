@@ -132,7 +132,7 @@ static int host_row_params(const struct sampling_params *sp)
  * host): then the step after one that runs it need not wait for its token. */
 static int pickable(const struct engine *en, const struct request *r)
 {
-    return !r->plp && !r->embed && !r->gm && !host_row_params(&r->sp) &&
+    return !r->plp && !r->embed && !r->gm && !r->steer && !host_row_params(&r->sp) &&
            (r->sp.temperature <= 0 || model_can_sample(en->m));
 }
 
@@ -432,6 +432,7 @@ static void result(struct engine *en, struct step_seq *p)
     const int lr = p->logit_row + p->n_logits - 1;
     const float *row = en->logits + (size_t)lr * en->vocab;
     int32_t t = en->greedy_step ? en->greedy[lr] : sample_next(en, r, row);
+    if (r->steer) t = steer_pick(r, t);
     if (r->ph_pos >= 0) { /* the placeholder this step's pick stands behind */
         r->tokens[r->ph_pos] = t;
         r->ph_pos = r->ph_row = -1;
@@ -441,6 +442,7 @@ static void result(struct engine *en, struct step_seq *p)
     }
     r->n_output++;
     if (r->gm) gram_matcher_accept_token(r->gm, en->gvocab, t); /* the mask allowed t */
+    if (r->steer) steer_accept(en, r, t);
     struct engine_event ev = {.kind = ENGINE_EV_TOKEN,
                               .req_id = r->id,
                               .token = t,
@@ -479,7 +481,7 @@ static void add_placeholders(struct engine *en, struct step_seq *plan, int n_pla
  * penalties, log-probabilities of the chosen token, or a grammar's mask. */
 static int needs_host_row(const struct step_seq *p)
 {
-    return p->all_rows || p->r->gm || host_row_params(&p->r->sp);
+    return p->all_rows || p->r->gm || p->r->steer || host_row_params(&p->r->sp);
 }
 
 /* Whether every token this step samples is a plain greedy pick: then the backend picks
