@@ -62,7 +62,7 @@ int http_tools_parse(enum http_api api, const cJSON *body, cJSON **out, struct h
         const cJSON *params = cJSON_GetObjectItemCaseSensitive(
             fn, api == HTTP_API_MESSAGES ? "input_schema" : "parameters");
         if (!cJSON_IsObject(t)) {
-            http_error_set(he, 400, path, "'%s' must be an object", path);
+            http_error_set(he, 400, path, "%s: must be an object", path);
             goto fail;
         }
         if (api == HTTP_API_MESSAGES && cJSON_IsString(type) &&
@@ -80,13 +80,12 @@ int http_tools_parse(enum http_api api, const cJSON *body, cJSON **out, struct h
             goto fail;
         }
         if (!cJSON_IsString(name) || !good_name(name->valuestring)) {
-            http_error_set(he, 400, path,
-                           "'%s' needs a name of 1 to 64 letters, digits, '_' or '-'", path);
+            http_error_set(he, 400, path, "%s: needs a name of 1 to 64 letters, digits, '_' or '-'",
+                           path);
             goto fail;
         }
         if (params && !cJSON_IsNull(params) && !cJSON_IsObject(params)) {
-            http_error_set(he, 400, path, "'%s': the parameters must be a JSON Schema object",
-                           path);
+            http_error_set(he, 400, path, "%s: the parameters must be a JSON Schema object", path);
             goto fail;
         }
         const cJSON *x;
@@ -95,7 +94,7 @@ int http_tools_parse(enum http_api api, const cJSON *body, cJSON **out, struct h
             const cJSON *other = cJSON_GetObjectItemCaseSensitive(
                 cJSON_GetObjectItemCaseSensitive(x, "function"), "name");
             if (!strcmp(other->valuestring, name->valuestring)) {
-                http_error_set(he, 400, path, "'%s': tool name '%s' is given twice", path,
+                http_error_set(he, 400, path, "%s: tool name '%s' is given twice", path,
                                name->valuestring);
                 goto fail;
             }
@@ -154,6 +153,10 @@ static cJSON *xml_params(const cJSON *schema)
                               cJSON_IsString(ty) && !strcmp(ty->valuestring, "string") &&
                                   !cJSON_GetObjectItemCaseSensitive(p, "enum"));
         cJSON_AddBoolToObject(e, "required", required);
+        /* maxLength counts characters; as many bytes is a tighter bound that always holds */
+        const cJSON *max = cJSON_GetObjectItemCaseSensitive(p, "maxLength");
+        if (cJSON_IsNumber(max) && max->valuedouble >= 0)
+            cJSON_AddNumberToObject(e, "max_bytes", max->valuedouble);
         cJSON_AddItemToArray(out, e);
     }
     return out;
@@ -204,7 +207,7 @@ static int call_grammar(struct http_gen *g, const char *only, const char *field,
                             : f == TCALL_MISTRAL   ? ", "
                                                    : "\n");
     cJSON_AddStringToObject(spec, "end", f == TCALL_MISTRAL ? "]" : "");
-    cJSON_AddNumberToObject(spec, "max", g->parallel_calls ? HTTP_MAX_CALLS : 1);
+    cJSON_AddNumberToObject(spec, "max", g->parallel_calls && !only ? HTTP_MAX_CALLS : 1);
     char *text = cJSON_PrintUnformatted(spec);
     cJSON_Delete(spec);
     struct err e = {0};

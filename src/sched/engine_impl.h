@@ -218,8 +218,8 @@ void list_insert_ordered(struct req_list *l, struct request *r);
 /* steer.c: output steering that depends on the tokens so far. A request with a steer
  * samples on the host and never runs in an overlapped step. */
 struct steer;
-/** NULL when sp asks for neither; takes sp's grammar when it waits for a trigger, and
- * clears sp's pointers (the steer holds copies). */
+/** NULL when sp asks for neither; holds a reference to sp's grammar when it waits for a
+ * trigger (and clears sp->grammar), and copies of the ids and trigger. */
 struct steer *steer_create(struct sampling_params *sp);
 void steer_destroy(struct steer *s);
 /** The token to take: a forced one in place of the sampled t while the budget forces. */

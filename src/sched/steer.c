@@ -50,7 +50,7 @@ struct steer *steer_create(struct sampling_params *sp)
     struct steer *s = NULL;
     if (lazy || think) s = xcalloc(1, sizeof *s);
     if (lazy) {
-        s->lazy = sp->grammar; /* the request's reference moves here */
+        s->lazy = gram_ref(sp->grammar); /* submit's own reference, as for a matcher */
         sp->grammar = NULL;
         s->trigger = xstrdup(sp->grammar_trigger);
         s->trigger_len = strlen(s->trigger);
@@ -127,7 +127,8 @@ static void lazy_accept(struct engine *en, struct request *r, int32_t t)
     s->win_len += len;
     for (size_t i = 0; i + s->trigger_len <= s->win_len; i++) {
         if (memcmp(s->win + i, s->trigger, s->trigger_len)) continue;
-        r->gm = gram_matcher_create(s->lazy); /* holds the reference */
+        r->gm = gram_matcher_create(s->lazy); /* takes a reference of its own */
+        gram_unref(s->lazy);
         s->lazy = NULL;
         /* a model that wrote the tag and then something the grammar refuses goes on
          * unconstrained rather than being stuck */

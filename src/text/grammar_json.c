@@ -593,7 +593,8 @@ struct gram *gram_json_object(void)
 }
 
 /* qwen3_xml parameters: <parameter=K>\nV\n</parameter>\n each, in order, the required ones
- * present; V free text without '<' for strings, else JSON under the parameter's schema. */
+ * present; V free text without '<' for strings (at most max_bytes bytes when given), else
+ * JSON under the parameter's schema. */
 static int32_t spec_params(struct js *j, const cJSON *params)
 {
     struct gb_list seq = {0};
@@ -610,7 +611,8 @@ static int32_t spec_params(struct js *j, const cJSON *params)
             struct gbset s;
             memset(&s, 0xff, sizeof s);
             s.w['<' / 32] &= ~(1u << ('<' % 32));
-            value = gb_star(j->b, gb_set(j->b, &s));
+            const cJSON *max = cJSON_GetObjectItemCaseSensitive(p, "max_bytes");
+            value = gb_rep(j->b, gb_set(j->b, &s), 0, cJSON_IsNumber(max) ? max->valueint : -1);
         } else {
             value = js_schema(j, cJSON_GetObjectItemCaseSensitive(p, "schema"));
         }
