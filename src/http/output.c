@@ -59,12 +59,14 @@ static void track_calls(struct http_job *j, struct job_choice *c)
     while (n && !tcall_parser_call(o->tp, n - 1)->name) n--;
     if (n <= o->n_calls) return;
     o->calls = xrealloc(o->calls, sizeof *o->calls * (size_t)n);
+    /* unique as the response id is: its hex part, the choice and the call */
+    const char *hex = strpbrk(j->id, "-_");
+    hex = hex ? hex + 1 : j->id;
     for (int i = o->n_calls; i < n; i++) {
-        char hex[24];
-        http_new_id(j->loop->srv, hex, sizeof hex);
         memset(&o->calls[i], 0, sizeof o->calls[i]);
-        snprintf(o->calls[i].id, sizeof o->calls[i].id, "%s%s",
-                 j->route == HTTP_ROUTE_MESSAGES ? "toolu_" : "call_", hex);
+        snprintf(o->calls[i].id, sizeof o->calls[i].id, "%s%.24s%02x%02x",
+                 j->route == HTTP_ROUTE_MESSAGES ? "toolu_" : "call_", hex, c->index & 0xff,
+                 i & 0xff);
     }
     o->n_calls = c->n_calls = n;
 }

@@ -26,6 +26,7 @@ void reason_parser_init(struct reason_parser *r, enum reason_format f, int in_th
                : in_thinking || f == REASON_DEEPSEEK_R1 ? R_IN
                                                         : R_BEFORE;
     r->fresh = r->state != R_AFTER;
+    tcall_str_append(&r->held, "", 0); /* never NULL: held.p + i is always defined */
 }
 
 void reason_parser_dispose(struct reason_parser *r)

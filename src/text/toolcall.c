@@ -123,6 +123,8 @@ struct tcall_parser *tcall_parser_create(enum tcall_format f, const cJSON *tools
     p->f = f;
     p->tools = tools;
     p->st = f == TCALL_LLAMA3_JSON ? ST_LLAMA_START : f == TCALL_NONE ? ST_PLAIN : ST_TEXT;
+    tcall_str_append(&p->held, "", 0); /* never NULL: held.p + i is always defined */
+    tcall_str_append(&p->raw, "", 0);
     return p;
 }
 
@@ -496,19 +498,21 @@ static int step_m_open(struct tcall_parser *p, struct tcall_str *content, int at
 
 static int step_m_name(struct tcall_parser *p, struct tcall_str *content, int at_end)
 {
-    long k = find(p->held.p, p->held.len, "[ARGS]");
-    if (k < 0) {
-        /* a name is short and has no markup: a '[' other than [ARGS] or a newline ends it */
-        const char *h = p->held.p;
-        size_t n = p->held.len, keep = partial(h, n, "[ARGS]");
-        int bad = n - keep > 256 || at_end;
-        for (size_t i = 0; i + keep < n; i++) bad |= h[i] == '[' || h[i] == '\n' || h[i] == '{';
-        if (!bad) return 0;
+    /* a name is short and has no markup: a '[' other than [ARGS], a '{' or a newline before
+     * [ARGS] means this was not a call (checked on the same span whatever the chunking) */
+    const char *h = p->held.p;
+    size_t n = p->held.len;
+    long k = find(h, n, "[ARGS]");
+    size_t span = k >= 0 ? (size_t)k : n - partial(h, n, "[ARGS]");
+    int bad = span > 256;
+    for (size_t i = 0; i < span && i <= 256; i++) bad |= h[i] == '[' || h[i] == '\n' || h[i] == '{';
+    if (!bad && k < 0 && !at_end) return 0;
+    if (bad || k < 0) {
         call_abandon(p, content);
         return 1;
     }
-    set_name(cur(p), p->held.p, (size_t)k);
-    tcall_str_append(&p->raw, p->held.p, (size_t)k + 6);
+    set_name(cur(p), h, (size_t)k);
+    tcall_str_append(&p->raw, h, (size_t)k + 6);
     consume(p, (size_t)k + 6);
     json_begin(p, 1);
     return 1;
