@@ -80,6 +80,11 @@ static void test_lazy(struct engine *en)
     sp.ignore_eos = 0;
     struct out lazy;
     run(en, &sp, &lazy);
+    /* regression (lazy_grammar_reference): the request took the caller's reference instead
+     * of its own, and the grammar was freed under the caller when the request ended */
+    struct gram_matcher *m = gram_matcher_create(sp.grammar);
+    CHECK(gram_matcher_accept_bytes(m, choice, strlen(choice)), "the caller's grammar");
+    gram_matcher_destroy(m);
     gram_unref(sp.grammar);
     /* the same tokens through the trigger, then the grammar's "123" and the end */
     CHECK(lazy.finish == FINISH_STOP, "lazy: finish %s", finish_reason_name(lazy.finish));

@@ -97,6 +97,9 @@ static const struct tcase cases[] = {
      2,
      {{"get_weather", "{\"city\":\"Rome\"}"}, {"b", "{}"}}},
     {TCALL_MISTRAL, "[TOOL_CALLS] is a tag", "[TOOL_CALLS] is a tag", 0, {{0}}},
+    /* regression (mistral_name_span): markup in a name was seen only when it came before
+     * [ARGS] did, so the chunking decided whether this was a call */
+    {TCALL_MISTRAL, "[TOOL_CALLS]a[b{[ARGS]{}", "[TOOL_CALLS]a[b{[ARGS]{}", 0, {{0}}},
 };
 
 /* Runs one case in the given chunking (cuts: sorted split points); checks it like a stream
