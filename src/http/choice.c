@@ -73,6 +73,13 @@ int http_choice_push(struct http_choice *c, int32_t id, struct http_buf *out)
     return release(c, out, 0);
 }
 
+int http_choice_push_text(struct http_choice *c, const char *s, size_t n, struct http_buf *out)
+{
+    if (c->stopped || !c->ts) return 0;
+    http_buf_append(&c->held, s, n);
+    return c->held.len ? release(c, out, 0) : 0;
+}
+
 void http_choice_finish(struct http_choice *c, struct http_buf *out)
 {
     if (c->stopped || !c->ts) return;

@@ -37,6 +37,10 @@ void http_choice_dispose(struct http_choice *c);
  */
 int http_choice_push(struct http_choice *c, int32_t id, struct http_buf *out);
 
+/** Feeds text that stands for a token the detokenizer leaves out (a special token the
+ * output parser needs), with the same stop-string rules as http_choice_push. */
+int http_choice_push_text(struct http_choice *c, const char *s, size_t n, struct http_buf *out);
+
 /** The sequence ended: appends what is still held (and the detokenizer's tail) to out. */
 void http_choice_finish(struct http_choice *c, struct http_buf *out);
 

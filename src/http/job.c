@@ -304,7 +304,8 @@ static void process(struct http_job *j, struct job_choice *c, struct ev_rec *evs
                 }
                 c->ids[c->n_ids++] = r->token;
             }
-            if (http_choice_push(&c->ch, r->token, &delta)) {
+            int special = c->out ? http_out_special(j, c, r->token, &delta) : 0;
+            if (special == 2 || (!special && http_choice_push(&c->ch, r->token, &delta))) {
                 c->finish = FINISH_STOP;
                 struct engine *en = j->served->engine;
                 if (r->finish == FINISH_NONE && en) engine_stop_request(en, c->req_id);

@@ -122,6 +122,13 @@ void http_out_destroy(struct http_out *o);
  * the parts, streaming writes their events, content through http_fmt_stream_choice. */
 void http_out_feed(struct http_job *j, struct job_choice *c, const char *s, size_t n,
                    const struct http_lp *lps, int n_lps, int finished);
+/**
+ * A special token whose text is markup the output parsers read (a tool-call or thinking
+ * tag that the tokenizer holds as a special token, which the text otherwise drops): pushes
+ * its text through c's stop strings into delta and returns 1 (2 when a stop string
+ * matched); 0 for any other token.
+ */
+int http_out_special(struct http_job *j, struct job_choice *c, int32_t id, struct http_buf *delta);
 /** Final bodies: the chat message object, the Anthropic content array. */
 void http_out_openai_message(struct http_job *j, struct job_choice *c, struct http_buf *o);
 void http_out_anthropic_content(struct http_job *j, struct job_choice *c, struct http_buf *o);

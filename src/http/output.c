@@ -222,6 +222,27 @@ void http_out_feed(struct http_job *j, struct job_choice *c, const char *s, size
     tcall_str_dispose(&content);
 }
 
+int http_out_special(struct http_job *j, struct job_choice *c, int32_t id, struct http_buf *delta)
+{
+    const struct tok *t = j->served->model.tok;
+    if (!t || !j->g.skip_special || !tok_is_special(t, id)) return 0;
+    size_t len = 0;
+    char *s = tok_decode_len(t, &id, 1, 0, &len);
+    int tag = 0;
+    for (const char *const *p = tcall_format_tags(j->g.tool_format); *p && !tag; p++)
+        tag = len == strlen(*p) && !memcmp(s, *p, len);
+    if (j->g.reason_format) {
+        const char *a = reason_format_start(j->g.reason_format);
+        const char *b = reason_format_end(j->g.reason_format);
+        /* Gemma 4 writes <|channel> as a token and "thought" after it */
+        size_t al = j->g.reason_format == REASON_GEMMA4 ? strlen("<|channel>") : strlen(a);
+        tag |= (len == al && !memcmp(s, a, len)) || (len == strlen(b) && !memcmp(s, b, len));
+    }
+    int stopped = tag ? http_choice_push_text(&c->ch, s, len, delta) : 0;
+    free(s);
+    return tag ? 1 + stopped : 0;
+}
+
 /* ---- final bodies --------------------------------------------------------------------- */
 
 void http_out_openai_message(struct http_job *j, struct job_choice *c, struct http_buf *o)

@@ -416,11 +416,12 @@ static int parse_max_tokens(enum http_api api, const cJSON *body, const struct h
 }
 
 /* The prompt ends inside <think> (the template opened it): the output starts thinking. */
-static int prompt_opens_thinking(const char *text)
+static int prompt_opens_thinking(const char *text, enum reason_format f)
 {
-    size_t n = strlen(text), t = strlen(REASON_START);
+    const char *tag = reason_format_start(f);
+    size_t n = strlen(text), t = strlen(tag);
     while (n && (text[n - 1] == '\n' || text[n - 1] == ' ')) n--;
-    return n >= t && !memcmp(text + n - t, REASON_START, t);
+    return n >= t && !memcmp(text + n - t, tag, t);
 }
 
 int http_gen_parse(enum http_api api, const cJSON *body, const struct http_model *m,
@@ -450,7 +451,7 @@ int http_gen_parse(enum http_api api, const cJSON *body, const struct http_model
         if (http_chat_prompt(api, body, m, &ids, &n, &text, he) < 0) goto fail;
         add_prompt(g, ids, n, text);
         g->reason_format = m->reason_format;
-        g->think_open = g->reason_format && prompt_opens_thinking(text);
+        g->think_open = g->reason_format && prompt_opens_thinking(text, g->reason_format);
     }
     if (parse_max_tokens(api, body, m, g, he) < 0) goto fail;
     if (http_parse_thinking(api, body, m, g, he) < 0) goto fail;

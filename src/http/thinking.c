@@ -52,9 +52,10 @@ int http_parse_thinking(enum http_api api, const cJSON *body, const struct http_
             if (!strcmp(effort->valuestring, efforts[i].effort)) budget = efforts[i].budget;
     }
     if (!budget || !g->reason_format || !m->tok) return 0;
-    if (tokenize(m, REASON_END, &g->think_end, &g->sp.n_think_end) < 0) return 0;
-    if (!g->think_open && g->reason_format == REASON_QWEN3 &&
-        tokenize(m, REASON_START, &g->think_start, &g->sp.n_think_start) < 0)
+    enum reason_format f = g->reason_format;
+    if (tokenize(m, reason_format_end(f), &g->think_end, &g->sp.n_think_end) < 0) return 0;
+    if (!g->think_open && f != REASON_DEEPSEEK_R1 &&
+        tokenize(m, reason_format_start(f), &g->think_start, &g->sp.n_think_start) < 0)
         return 0;
     g->sp.think_budget = budget;
     g->sp.think_start = g->think_start;

@@ -314,7 +314,7 @@ int http_parse_tools(enum http_api api, const cJSON *body, const struct http_mod
         /* free text until the format's start tag, then calls under the tools' schemas;
          * structured output, when asked for, constrains the text instead */
         const char *trigger = tcall_format_trigger(g->tool_format);
-        if (!trigger || g->sp.grammar) return 0;
+        if (!trigger || g->sp.grammar || g->tool_format == TCALL_GEMMA4) return 0;
         if (call_grammar(g, NULL, "tools", he) < 0) return -1;
         g->sp.grammar_trigger = trigger;
         return 0;
@@ -323,6 +323,10 @@ int http_parse_tools(enum http_api api, const cJSON *body, const struct http_mod
         return http_error_set(he, 400, "tool_choice",
                               "a required or named 'tool_choice' cannot be combined with "
                               "structured output (response_format, guided_*)");
+    if (g->tool_format == TCALL_GEMMA4)
+        return http_error_set(he, 400, "tool_choice",
+                              "a required or named 'tool_choice' is not enforced for the gemma4 "
+                              "tool-call format; use 'auto'");
     return call_grammar(g, c == HTTP_TOOLS_NAMED ? name : NULL, "tools", he);
 }
 

@@ -6,16 +6,28 @@
 
 enum { R_BEFORE, R_IN, R_AFTER };
 
+static const char *const names[] = {"", "qwen3", "deepseek_r1", "gemma4"};
+
 int reason_format_from_name(const char *name)
 {
-    if (!strcmp(name, "qwen3")) return REASON_QWEN3;
-    if (!strcmp(name, "deepseek_r1")) return REASON_DEEPSEEK_R1;
+    for (int i = 1; i < (int)(sizeof names / sizeof *names); i++)
+        if (!strcmp(name, names[i])) return i;
     return -1;
 }
 
 const char *reason_format_name(enum reason_format f)
 {
-    return f == REASON_QWEN3 ? "qwen3" : f == REASON_DEEPSEEK_R1 ? "deepseek_r1" : "";
+    return names[f];
+}
+
+const char *reason_format_start(enum reason_format f)
+{
+    return f == REASON_GEMMA4 ? "<|channel>thought" : "<think>";
+}
+
+const char *reason_format_end(enum reason_format f)
+{
+    return f == REASON_GEMMA4 ? "<channel|>" : "</think>";
 }
 
 void reason_parser_init(struct reason_parser *r, enum reason_format f, int in_thinking)
@@ -69,7 +81,7 @@ static void run(struct reason_parser *r, struct tcall_str *thinking, struct tcal
     struct tcall_str *h = &r->held;
     size_t len;
     if (r->state == R_BEFORE || (r->state == R_IN && r->fresh)) {
-        int m = lead_tag(h, REASON_START, &len);
+        int m = lead_tag(h, reason_format_start(r->f), &len);
         if (m == 0 && !at_end) return;
         if (m == 1) {
             consume(h, len);
@@ -80,8 +92,8 @@ static void run(struct reason_parser *r, struct tcall_str *thinking, struct tcal
         r->fresh = 0;
     }
     if (r->state == R_IN) {
-        static const char end[] = REASON_END;
-        size_t t = sizeof end - 1, k = 0;
+        const char *end = reason_format_end(r->f);
+        size_t t = strlen(end), k = 0;
         int found = 0;
         for (; k + t <= h->len; k++)
             if (!memcmp(h->p + k, end, t)) {

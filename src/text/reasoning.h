@@ -11,21 +11,23 @@
  *     reason_parser_dispose(&r);
  *
  * Formats: qwen3 (the output may start with <think>; without it the output is all answer),
- * deepseek_r1 (the output is thinking until </think>, a leading <think> dropped).
+ * deepseek_r1 (the output is thinking until </think>, a leading <think> dropped), gemma4
+ * (as qwen3 with Gemma 4's <|channel>thought ... <channel|>).
  */
 #ifndef PAGODA_TEXT_REASONING_H
 #define PAGODA_TEXT_REASONING_H
 
 #include "text/toolcall.h"
 
-enum reason_format { REASON_NONE, REASON_QWEN3, REASON_DEEPSEEK_R1 };
+enum reason_format { REASON_NONE, REASON_QWEN3, REASON_DEEPSEEK_R1, REASON_GEMMA4 };
 
 /** A format by its vLLM name; -1 when unknown. */
 int reason_format_from_name(const char *name);
 const char *reason_format_name(enum reason_format f);
 
-#define REASON_START "<think>"
-#define REASON_END   "</think>"
+/** The tags that open and close thinking in a format's output. */
+const char *reason_format_start(enum reason_format f);
+const char *reason_format_end(enum reason_format f);
 
 struct reason_parser {
     enum reason_format f;

@@ -34,7 +34,7 @@ void tcall_str_dispose(struct tcall_str *s)
     memset(s, 0, sizeof *s);
 }
 
-static const char *const names[] = {"", "hermes", "qwen3_xml", "llama3_json", "mistral"};
+static const char *const names[] = {"", "hermes", "qwen3_xml", "llama3_json", "mistral", "gemma4"};
 
 int tcall_format_from_name(const char *name)
 {
@@ -56,6 +56,7 @@ enum tcall_format tcall_format_detect(const char *src)
     if (strstr(src, "<tool_call>") && strstr(src, "<function=")) return TCALL_QWEN3_XML;
     if (strstr(src, "<tool_call>")) return TCALL_HERMES;
     if (strstr(src, "[TOOL_CALLS]")) return TCALL_MISTRAL;
+    if (strstr(src, "<|tool_call>")) return TCALL_GEMMA4;
     if (strstr(src, "<|python_tag|>") || strstr(src, "ipython")) return TCALL_LLAMA3_JSON;
     return TCALL_NONE;
 }
@@ -68,8 +69,34 @@ const char *tcall_format_trigger(enum tcall_format f)
         return "<tool_call>";
     case TCALL_MISTRAL:
         return "[TOOL_CALLS]";
+    case TCALL_GEMMA4:
+        return "<|tool_call>";
     default:
         return NULL;
+    }
+}
+
+#define GEMMA_QUOTE "<|\"|>" /* Gemma 4's string delimiter */
+
+const char *const *tcall_format_tags(enum tcall_format f)
+{
+    static const char *const hermes[] = {"<tool_call>", "</tool_call>", NULL};
+    static const char *const llama[] = {"<|python_tag|>", NULL};
+    static const char *const mistral[] = {"[TOOL_CALLS]", "[ARGS]", NULL};
+    static const char *const gemma[] = {"<|tool_call>", "<tool_call|>", GEMMA_QUOTE, NULL};
+    static const char *const none[] = {NULL};
+    switch (f) {
+    case TCALL_HERMES:
+    case TCALL_QWEN3_XML:
+        return hermes;
+    case TCALL_LLAMA3_JSON:
+        return llama;
+    case TCALL_MISTRAL:
+        return mistral;
+    case TCALL_GEMMA4:
+        return gemma;
+    default:
+        return none;
     }
 }
 
@@ -87,6 +114,9 @@ enum state {
     ST_X_BODY,      /* qwen3_xml: <parameter=KEY> or </function> */
     ST_X_VALUE,     /* qwen3_xml: a parameter's value up to </parameter> */
     ST_X_END,       /* qwen3_xml after </function>: </tool_call> */
+    ST_G_NAME,      /* gemma4 after <|tool_call>: call:NAME up to '{' */
+    ST_G_ARGS,      /* gemma4: the arguments, converted to JSON */
+    ST_G_END,       /* gemma4 after the arguments: <tool_call|> */
 };
 
 enum { E_KEY, E_COLON, E_VALUE, E_SCALAR, E_COMMA };
@@ -115,6 +145,9 @@ struct tcall_parser {
     struct jread j;
     /* qwen3_xml */
     int n_params, value_string, value_begun;
+    /* gemma4: open containers ('{' or '['), whether a key is due, inside a string */
+    char g_stack[64];
+    int g_depth, g_key, g_str;
 };
 
 struct tcall_parser *tcall_parser_create(enum tcall_format f, const cJSON *tools)
@@ -437,6 +470,9 @@ static int step_text(struct tcall_parser *p, struct tcall_str *content, int at_e
     } else if (p->f == TCALL_QWEN3_XML) {
         call_open(p);
         p->st = ST_X_FUNC;
+    } else if (p->f == TCALL_GEMMA4) {
+        call_open(p);
+        p->st = ST_G_NAME;
     } else {
         call_open(p); /* mistral: the array or the name decides how it is read */
         p->st = ST_M_OPEN;
@@ -717,6 +753,120 @@ static int step_x_end(struct tcall_parser *p, int at_end)
     return 1;
 }
 
+/* ---- gemma4 --------------------------------------------------------------------------- */
+
+static int step_g_name(struct tcall_parser *p, struct tcall_str *content, int at_end)
+{
+    static const char call[] = "call:";
+    const char *h = p->held.p;
+    size_t n = p->held.len;
+    if (!starts(h, n, call) || (n < sizeof call - 1 && at_end)) {
+        call_abandon(p, content);
+        return 1;
+    }
+    const char *brace = memchr(h, '{', n);
+    size_t span = brace ? (size_t)(brace - h) : n;
+    int bad = span > 256 + sizeof call;
+    for (size_t i = sizeof call - 1; i < span && !bad; i++) bad = h[i] == '<' || h[i] == '\n';
+    if (!bad && !brace && !at_end) return 0;
+    if (bad || !brace) {
+        call_abandon(p, content);
+        return 1;
+    }
+    set_name(cur(p), h + sizeof call - 1, span - (sizeof call - 1));
+    tcall_str_append(&p->raw, h, span);
+    consume(p, span);
+    p->g_depth = 0;
+    p->g_str = 0;
+    p->st = ST_G_ARGS;
+    return 1;
+}
+
+/* The arguments in Gemma 4's syntax, converted to compact JSON as they come: a bare key is
+ * quoted when its ':' arrives, a string's text is escaped up to its closing mark (a possible
+ * start of the mark held back), everything else is copied. */
+static int step_g_args(struct tcall_parser *p, int at_end)
+{
+    struct tcall *c = cur(p);
+    static const char q[] = GEMMA_QUOTE;
+    const size_t ql = sizeof q - 1;
+    for (;;) {
+        const char *h = p->held.p;
+        size_t n = p->held.len;
+        if (!n) return 0;
+        if (p->g_str) {
+            long k = find(h, n, q);
+            size_t take = k >= 0 ? (size_t)k : n - (at_end ? 0 : partial(h, n, q));
+            args_escaped(c, h, take);
+            consume(p, take);
+            if (k < 0) return 0;
+            tcall_str_append(&c->args, "\"", 1);
+            consume(p, ql);
+            p->g_str = 0;
+            continue;
+        }
+        if (is_ws(h[0])) {
+            consume(p, 1);
+            continue;
+        }
+        if (starts(h, n, q) && n < ql && !at_end) return 0;
+        if (starts(h, n, q) && n >= ql) { /* a string (a value, or an escaped key) */
+            tcall_str_append(&c->args, "\"", 1);
+            consume(p, ql);
+            p->g_str = 1;
+            p->g_key = 0;
+            continue;
+        }
+        char ch = h[0];
+        int in_obj = p->g_depth > 0 && p->g_stack[p->g_depth - 1] == '{';
+        if (p->g_key && in_obj && ch != '}') { /* a bare key, up to ':' */
+            /* a key is at most 256 bytes: the same cut in any chunking */
+            const char *colon = memchr(h, ':', n < 256 ? n : 256);
+            if (!colon && !at_end && n < 256) return 0;
+            size_t kn = colon ? (size_t)(colon - h) : n < 256 ? n : 256;
+            tcall_str_append(&c->args, "\"", 1);
+            args_escaped(c, h, kn);
+            tcall_str_append(&c->args, "\":", 2);
+            consume(p, colon ? kn + 1 : kn);
+            p->g_key = 0;
+            continue;
+        }
+        tcall_str_append(&c->args, &ch, 1);
+        consume(p, 1);
+        if (ch == '{' || ch == '[') {
+            if (p->g_depth == (int)sizeof p->g_stack) { /* too deep: the call ends here */
+                call_close(p);
+                p->st = ST_G_END;
+                return 1;
+            }
+            p->g_stack[p->g_depth++] = ch;
+            p->g_key = ch == '{';
+        } else if ((ch == '}' || ch == ']') && p->g_depth > 0) {
+            if (--p->g_depth == 0) {
+                call_close(p);
+                p->st = ST_G_END;
+                return 1;
+            }
+        } else if (ch == ',') {
+            p->g_key = in_obj;
+        }
+    }
+}
+
+static int step_g_end(struct tcall_parser *p, int at_end)
+{
+    static const char end[] = "<tool_call|>";
+    size_t i = 0;
+    while (i < p->held.len && is_ws(p->held.p[i])) i++;
+    consume(p, i);
+    if (!p->held.len) return 0;
+    if (starts(p->held.p, p->held.len, end) && p->held.len < sizeof end - 1 && !at_end) return 0;
+    if (starts(p->held.p, p->held.len, end) && p->held.len >= sizeof end - 1)
+        consume(p, sizeof end - 1);
+    p->st = ST_TEXT;
+    return 1;
+}
+
 /* ---- driving -------------------------------------------------------------------------- */
 
 static void run(struct tcall_parser *p, struct tcall_str *content, int at_end)
@@ -757,6 +907,15 @@ static void run(struct tcall_parser *p, struct tcall_str *content, int at_end)
             break;
         case ST_X_END:
             progressed = step_x_end(p, at_end);
+            break;
+        case ST_G_NAME:
+            progressed = step_g_name(p, content, at_end);
+            break;
+        case ST_G_ARGS:
+            progressed = step_g_args(p, at_end);
+            break;
+        case ST_G_END:
+            progressed = step_g_end(p, at_end);
             break;
         }
         if (!progressed) return;

@@ -22,6 +22,9 @@
  *               after <|python_tag|>); calls separated by ';'
  *   mistral     [TOOL_CALLS][{"name": N, "arguments": {...}}, ...] or, from v11 templates,
  *               [TOOL_CALLS]N[ARGS]{...}
+ *   gemma4      <|tool_call>call:N{key:value,...}<tool_call|>, repeated; Gemma 4's argument
+ *               syntax (bare keys, strings between <|"|> marks, numbers, true, false, null,
+ *               {} and [] as in JSON) converted to JSON
  * JSON arguments are kept in compact form (whitespace outside strings dropped). A call whose
  * markup turns out malformed before its name is known is released as content; one cut short
  * after that (the output ran out) keeps the arguments it had.
@@ -39,6 +42,7 @@ enum tcall_format {
     TCALL_QWEN3_XML,
     TCALL_LLAMA3_JSON,
     TCALL_MISTRAL,
+    TCALL_GEMMA4,
 };
 
 /** A format by its vLLM name; -1 when unknown (or one pagoda does not read). */
@@ -49,6 +53,10 @@ enum tcall_format tcall_format_detect(const char *template_src);
 /** The text that opens a call in the output (what an `auto` grammar waits for), or NULL
  * when a call is recognised only at the start of the output (llama3_json). */
 const char *tcall_format_trigger(enum tcall_format f);
+
+/** The markup strings of a format (NULL-terminated): the text of tokens that a tokenizer
+ * may hold as special tokens and that the parser must still see. */
+const char *const *tcall_format_tags(enum tcall_format f);
 
 /** A growable string (text module's own; zero-initialized is empty). */
 struct tcall_str {

@@ -97,6 +97,15 @@ static const struct tcase cases[] = {
      2,
      {{"get_weather", "{\"city\":\"Rome\"}"}, {"b", "{}"}}},
     {TCALL_MISTRAL, "[TOOL_CALLS] is a tag", "[TOOL_CALLS] is a tag", 0, {{0}}},
+    {TCALL_GEMMA4,
+     "Checking.<|tool_call>call:get_weather{city:<|\"|>New \"York\"<|\"|>,days:3,opts:{a:[1,"
+     "true,null],<|\"|>b c<|\"|>:<|\"|>x<|\"|>}}<tool_call|><|tool_call>call:noargs{}<tool_call|>",
+     "Checking.",
+     2,
+     {{"get_weather", "{\"city\":\"New \\\"York\\\"\",\"days\":3,\"opts\":{\"a\":[1,true,"
+                      "null],\"b c\":\"x\"}}"},
+      {"noargs", "{}"}}},
+    {TCALL_GEMMA4, "<|tool_call>nope", "<|tool_call>nope", 0, {{0}}},
     /* regression (mistral_name_span): markup in a name was seen only when it came before
      * [ARGS] did, so the chunking decided whether this was a call */
     {TCALL_MISTRAL, "[TOOL_CALLS]a[b{[ARGS]{}", "[TOOL_CALLS]a[b{[ARGS]{}", 0, {{0}}},
@@ -189,6 +198,26 @@ static void test_tool_parsers(void)
     cJSON_Delete(tools);
 }
 
+/* regression (gemma4_key_cut): a key without ':' was cut where the held text happened to
+ * pass 256 bytes, so the chunking decided the arguments; now always at 256 bytes */
+static void test_gemma_long_key(void)
+{
+    static char out[512], args[512];
+    char k300[301], k256[257], k44[45];
+    memset(k300, 'k', 300), k300[300] = 0;
+    memset(k256, 'k', 256), k256[256] = 0;
+    memset(k44, 'k', 44), k44[44] = 0;
+    snprintf(out, sizeof out, "<|tool_call>call:f{%s:1}<tool_call|>", k300);
+    snprintf(args, sizeof args, "{\"%s\":%s:1}", k256, k44);
+    struct tcase tc = {TCALL_GEMMA4, out, "", 1, {{"f", args}}};
+    size_t n = strlen(out);
+    int bad = run_chunked(&tc, NULL, NULL, 0);
+    for (size_t a = 1; a < n && !bad; a++) {
+        size_t cuts[1] = {a};
+        bad = run_chunked(&tc, NULL, cuts, 1);
+    }
+}
+
 static void test_detect(void)
 {
     CHECK(tcall_format_detect("{{ '<tool_call>' }}") == TCALL_HERMES, "hermes");
@@ -196,6 +225,7 @@ static void test_detect(void)
     CHECK(tcall_format_detect("[TOOL_CALLS]") == TCALL_MISTRAL, "mistral");
     CHECK(tcall_format_detect("<|python_tag|>") == TCALL_LLAMA3_JSON, "llama3_json");
     CHECK(tcall_format_detect("{{ messages }}") == TCALL_NONE, "none");
+    CHECK(tcall_format_detect("'<|tool_call>call:'") == TCALL_GEMMA4, "gemma4");
     CHECK(tcall_format_from_name("hermes") == TCALL_HERMES, "name");
     CHECK(tcall_format_from_name("pythonic") == -1, "unknown name");
 }
@@ -214,6 +244,8 @@ static const struct rcase rcases[] = {
     {REASON_QWEN3, 0, "<think>never closed", "never closed", ""},
     {REASON_DEEPSEEK_R1, 0, "reason</think>ans", "reason", "ans"},
     {REASON_DEEPSEEK_R1, 0, "<think>r</think>\n a", "r", "a"},
+    {REASON_GEMMA4, 0, "<|channel>thought\nplan<channel|>Done", "\nplan", "Done"},
+    {REASON_GEMMA4, 0, "<|channel|>final", "", "<|channel|>final"},
 };
 
 static int run_reason(const struct rcase *rc, const size_t *cuts, int n_cuts)
@@ -257,6 +289,7 @@ int main(void)
 {
     test_detect();
     test_tool_parsers();
+    test_gemma_long_key();
     test_reasoning();
     TEST_DONE();
 }
