@@ -5,7 +5,7 @@
  * scanner that knows only nesting, strings and the keys of the call object, so a push
  * costs O(bytes pushed) plus, for the tag searches, O(held * tag length).
  */
-#include "text/toolcall.h"
+#include "text/toolcall_impl.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -21,11 +21,6 @@ void tcall_str_append(struct tcall_str *s, const char *p, size_t n)
     if (n) memcpy(s->p + s->len, p, n);
     s->len += n;
     s->p[s->len] = 0;
-}
-
-static void str_puts(struct tcall_str *s, const char *p)
-{
-    tcall_str_append(s, p, strlen(p));
 }
 
 void tcall_str_dispose(struct tcall_str *s)
@@ -76,8 +71,6 @@ const char *tcall_format_trigger(enum tcall_format f)
     }
 }
 
-#define GEMMA_QUOTE "<|\"|>" /* Gemma 4's string delimiter */
-
 const char *const *tcall_format_tags(enum tcall_format f)
 {
     static const char *const hermes[] = {"<tool_call>", "</tool_call>", NULL};
@@ -102,53 +95,9 @@ const char *const *tcall_format_tags(enum tcall_format f)
 
 /* ---- the parser ----------------------------------------------------------------------- */
 
-enum state {
-    ST_TEXT,        /* content, looking for the format's start tag */
-    ST_PLAIN,       /* content to the end (llama3_json: the output did not start with a call) */
-    ST_LLAMA_START, /* llama3_json: the start of the output decides */
-    ST_OBJ,         /* a JSON call object (or, bare, mistral's [ARGS] object) */
-    ST_AFTER_OBJ,   /* after a JSON call: its end tag, a separator or the next call */
-    ST_M_OPEN,      /* mistral after [TOOL_CALLS]: an array of calls or a name */
-    ST_M_NAME,      /* mistral v11: the name up to [ARGS] */
-    ST_X_FUNC,      /* qwen3_xml after <tool_call>: <function=NAME> */
-    ST_X_BODY,      /* qwen3_xml: <parameter=KEY> or </function> */
-    ST_X_VALUE,     /* qwen3_xml: a parameter's value up to </parameter> */
-    ST_X_END,       /* qwen3_xml after </function>: </tool_call> */
-    ST_G_NAME,      /* gemma4 after <|tool_call>: call:NAME up to '{' */
-    ST_G_ARGS,      /* gemma4: the arguments, converted to JSON */
-    ST_G_END,       /* gemma4 after the arguments: <tool_call|> */
-};
-
 enum { E_KEY, E_COLON, E_VALUE, E_SCALAR, E_COMMA };
 enum { F_OTHER, F_NAME, F_ARGS };
 enum { JR_MORE, JR_DONE, JR_BAD };
-
-/* The JSON scanner's state for one call. */
-struct jread {
-    int bare; /* the value is the arguments themselves */
-    int depth, in_str, esc;
-    int expect, field; /* at depth 1 of a call object */
-    int in_args;       /* bytes go to the call's arguments */
-    struct tcall_str key, name;
-};
-
-struct tcall_parser {
-    enum tcall_format f;
-    const cJSON *tools;
-    enum state st;
-    struct tcall_str held; /* text not consumed yet */
-    struct tcall_str raw;  /* the open call's markup so far (content if it proves malformed) */
-    struct tcall *calls;
-    int n_calls, cap_calls;
-    int in_array;   /* mistral: inside [TOOL_CALLS][ ... ] */
-    int after_call; /* whitespace between calls is dropped */
-    struct jread j;
-    /* qwen3_xml */
-    int n_params, value_string, value_begun;
-    /* gemma4: open containers ('{' or '['), whether a key is due, inside a string */
-    char g_stack[64];
-    int g_depth, g_key, g_str;
-};
 
 struct tcall_parser *tcall_parser_create(enum tcall_format f, const cJSON *tools)
 {
@@ -186,12 +135,7 @@ const struct tcall *tcall_parser_call(const struct tcall_parser *p, int i)
     return &p->calls[i];
 }
 
-static struct tcall *cur(struct tcall_parser *p)
-{
-    return &p->calls[p->n_calls - 1];
-}
-
-static struct tcall *call_open(struct tcall_parser *p)
+struct tcall *tc_call_open(struct tcall_parser *p)
 {
     if (p->n_calls == p->cap_calls) {
         p->cap_calls = p->cap_calls ? p->cap_calls * 2 : 4;
@@ -202,7 +146,7 @@ static struct tcall *call_open(struct tcall_parser *p)
     return c;
 }
 
-static void set_name(struct tcall *c, const char *s, size_t n)
+void tc_set_name(struct tcall *c, const char *s, size_t n)
 {
     while (n && (*s == ' ' || *s == '\n' || *s == '\t')) s++, n--;
     while (n && (s[n - 1] == ' ' || s[n - 1] == '\n' || s[n - 1] == '\t')) n--;
@@ -211,46 +155,10 @@ static void set_name(struct tcall *c, const char *s, size_t n)
     c->name[n] = 0;
 }
 
-static void consume(struct tcall_parser *p, size_t n)
-{
-    memmove(p->held.p, p->held.p + n, p->held.len - n);
-    p->held.len -= n;
-}
-
-static int is_ws(char c)
-{
-    return c == ' ' || c == '\n' || c == '\t' || c == '\r';
-}
-
-/* Where tag first occurs in s[0..n), or -1. */
-static long find(const char *s, size_t n, const char *tag)
-{
-    size_t t = strlen(tag);
-    for (size_t i = 0; i + t <= n; i++)
-        if (s[i] == tag[0] && !memcmp(s + i, tag, t)) return (long)i;
-    return -1;
-}
-
-/* The longest suffix of s[0..n) that is a proper prefix of tag: text to hold back. */
-static size_t partial(const char *s, size_t n, const char *tag)
-{
-    size_t t = strlen(tag);
-    for (size_t l = t - 1 < n ? t - 1 : n; l > 0; l--)
-        if (!memcmp(s + n - l, tag, l)) return l;
-    return 0;
-}
-
-/* s[0..n) (n may be short of the tag) matches the start of tag. */
-static int starts(const char *s, size_t n, const char *tag)
-{
-    size_t t = strlen(tag);
-    return !memcmp(s, tag, n < t ? n : t);
-}
-
 /* The open call's markup proved malformed before its name: it was content after all. */
-static void call_abandon(struct tcall_parser *p, struct tcall_str *content)
+void tc_call_abandon(struct tcall_parser *p, struct tcall_str *content)
 {
-    struct tcall *c = cur(p);
+    struct tcall *c = tc_cur(p);
     tcall_str_append(content, p->raw.p, p->raw.len);
     free(c->name);
     tcall_str_dispose(&c->args);
@@ -260,45 +168,45 @@ static void call_abandon(struct tcall_parser *p, struct tcall_str *content)
     p->st = p->f == TCALL_LLAMA3_JSON ? ST_PLAIN : ST_TEXT;
 }
 
-static void call_close(struct tcall_parser *p)
+void tc_call_close(struct tcall_parser *p)
 {
-    if (!cur(p)->args.len) str_puts(&cur(p)->args, "{}"); /* no arguments given */
-    cur(p)->done = 1;
+    if (!tc_cur(p)->args.len) tc_puts(&tc_cur(p)->args, "{}"); /* no arguments given */
+    tc_cur(p)->done = 1;
     p->raw.len = 0;
     p->after_call = 1;
 }
 
 static void json_begin(struct tcall_parser *p, int bare)
 {
-    struct jread *j = &p->j;
+    struct tc_jread *j = &p->j;
     j->bare = bare;
     j->depth = j->in_str = j->esc = j->in_args = 0;
     j->expect = E_KEY;
     j->field = F_OTHER;
     j->key.len = j->name.len = 0;
-    if (!bare) call_open(p);
+    if (!bare) tc_call_open(p);
     p->st = ST_OBJ;
 }
 
 /* The end of a string at depth 1 of a call object: a key, or the value of a field. */
-static void json_str_end(struct jread *j, struct tcall *c)
+static void json_str_end(struct tc_jread *j, struct tcall *c)
 {
     if (j->expect == E_KEY) {
         j->expect = E_COLON;
         return;
     }
-    if (j->field == F_NAME && !c->name) set_name(c, j->name.p ? j->name.p : "", j->name.len);
+    if (j->field == F_NAME && !c->name) tc_set_name(c, j->name.p ? j->name.p : "", j->name.len);
     j->in_args = 0;
     j->expect = E_COMMA;
 }
 
-static int key_is(const struct jread *j, const char *k)
+static int key_is(const struct tc_jread *j, const char *k)
 {
     return j->key.len == strlen(k) && !memcmp(j->key.p, k, j->key.len);
 }
 
 /* One byte of a JSON call object (or bare arguments). */
-static int json_byte(struct jread *j, struct tcall *c, char ch)
+static int json_byte(struct tc_jread *j, struct tcall *c, char ch)
 {
     if (j->in_str) {
         if (j->in_args) tcall_str_append(&c->args, &ch, 1);
@@ -316,7 +224,7 @@ static int json_byte(struct jread *j, struct tcall *c, char ch)
         }
         return JR_MORE;
     }
-    if (is_ws(ch)) {
+    if (tc_is_ws(ch)) {
         if (j->depth == 1 && !j->bare && j->expect == E_SCALAR) j->in_args = 0, j->expect = E_COMMA;
         return JR_MORE;
     }
@@ -387,19 +295,19 @@ static int json_byte(struct jread *j, struct tcall *c, char ch)
 /* ST_OBJ: feeds held bytes to the scanner until the value closes or more text is needed. */
 static int step_obj(struct tcall_parser *p, struct tcall_str *content)
 {
-    struct tcall *c = cur(p);
+    struct tcall *c = tc_cur(p);
     size_t i = 0;
     int r = JR_MORE;
     while (i < p->held.len && r == JR_MORE) r = json_byte(&p->j, c, p->held.p[i++]);
     if (r == JR_BAD) i--; /* the offending byte is read again as what follows */
     tcall_str_append(&p->raw, p->held.p, i);
-    consume(p, i);
+    tc_consume(p, i);
     if (r == JR_MORE) return 0;
     if (!c->name) {
-        call_abandon(p, content);
+        tc_call_abandon(p, content);
         return 1;
     }
-    call_close(p);
+    tc_call_close(p);
     p->st = ST_AFTER_OBJ;
     return 1;
 }
@@ -409,21 +317,21 @@ static int step_obj(struct tcall_parser *p, struct tcall_str *content)
 static int step_after_obj(struct tcall_parser *p, int at_end)
 {
     size_t i = 0;
-    while (i < p->held.len && is_ws(p->held.p[i])) i++;
-    consume(p, i);
+    while (i < p->held.len && tc_is_ws(p->held.p[i])) i++;
+    tc_consume(p, i);
     if (!p->held.len) return 0;
     const char *h = p->held.p;
     size_t n = p->held.len;
     if (p->f == TCALL_HERMES) {
         const char *end = "</tool_call>";
-        if (starts(h, n, end) && n < strlen(end) && !at_end) return 0;
-        if (starts(h, n, end) && n >= strlen(end)) consume(p, strlen(end));
+        if (tc_starts(h, n, end) && n < strlen(end) && !at_end) return 0;
+        if (tc_starts(h, n, end) && n >= strlen(end)) tc_consume(p, strlen(end));
         p->st = ST_TEXT;
         return 1;
     }
     if (p->f == TCALL_LLAMA3_JSON) {
         char c0 = h[0];
-        if (c0 == ';') consume(p, 1);
+        if (c0 == ';') tc_consume(p, 1);
         if (c0 == ';' || c0 == '{') {
             p->st = ST_LLAMA_START;
             return 1;
@@ -433,11 +341,11 @@ static int step_after_obj(struct tcall_parser *p, int at_end)
     }
     /* mistral */
     if (p->in_array && h[0] == ',') {
-        consume(p, 1);
+        tc_consume(p, 1);
         json_begin(p, 0);
         return 1;
     }
-    if (p->in_array && h[0] == ']') consume(p, 1);
+    if (p->in_array && h[0] == ']') tc_consume(p, 1);
     p->in_array = 0;
     p->st = ST_TEXT;
     return 1;
@@ -449,32 +357,32 @@ static int step_text(struct tcall_parser *p, struct tcall_str *content, int at_e
     const char *tag = tcall_format_trigger(p->f);
     if (p->after_call) {
         size_t i = 0;
-        while (i < p->held.len && is_ws(p->held.p[i])) i++;
-        consume(p, i);
+        while (i < p->held.len && tc_is_ws(p->held.p[i])) i++;
+        tc_consume(p, i);
         if (!p->held.len) return 0;
         p->after_call = 0;
     }
-    long k = find(p->held.p, p->held.len, tag);
+    long k = tc_find(p->held.p, p->held.len, tag);
     if (k < 0) {
-        size_t keep = at_end ? 0 : partial(p->held.p, p->held.len, tag);
+        size_t keep = at_end ? 0 : tc_partial(p->held.p, p->held.len, tag);
         tcall_str_append(content, p->held.p, p->held.len - keep);
-        consume(p, p->held.len - keep);
+        tc_consume(p, p->held.len - keep);
         return 0;
     }
     tcall_str_append(content, p->held.p, (size_t)k);
-    consume(p, (size_t)k + strlen(tag));
+    tc_consume(p, (size_t)k + strlen(tag));
     p->raw.len = 0;
-    str_puts(&p->raw, tag);
+    tc_puts(&p->raw, tag);
     if (p->f == TCALL_HERMES) {
         json_begin(p, 0);
     } else if (p->f == TCALL_QWEN3_XML) {
-        call_open(p);
+        tc_call_open(p);
         p->st = ST_X_FUNC;
     } else if (p->f == TCALL_GEMMA4) {
-        call_open(p);
+        tc_call_open(p);
         p->st = ST_G_NAME;
     } else {
-        call_open(p); /* mistral: the array or the name decides how it is read */
+        tc_call_open(p); /* mistral: the array or the name decides how it is read */
         p->st = ST_M_OPEN;
     }
     return 1;
@@ -485,7 +393,7 @@ static int step_llama_start(struct tcall_parser *p, int at_end)
 {
     static const char tag[] = "<|python_tag|>";
     size_t i = 0;
-    while (i < p->held.len && is_ws(p->held.p[i])) i++;
+    while (i < p->held.len && tc_is_ws(p->held.p[i])) i++;
     const char *h = p->held.p + i;
     size_t n = p->held.len - i;
     if (!n) {
@@ -493,18 +401,18 @@ static int step_llama_start(struct tcall_parser *p, int at_end)
         return at_end;
     }
     if (h[0] == '{') {
-        consume(p, i);
+        tc_consume(p, i);
         json_begin(p, 0);
         p->raw.len = 0;
         return 1;
     }
-    if (starts(h, n, tag) && n >= sizeof tag - 1) {
-        consume(p, i + sizeof tag - 1);
+    if (tc_starts(h, n, tag) && n >= sizeof tag - 1) {
+        tc_consume(p, i + sizeof tag - 1);
         p->raw.len = 0;
-        str_puts(&p->raw, tag);
+        tc_puts(&p->raw, tag);
         return 1; /* the call's '{' follows */
     }
-    if (starts(h, n, tag) && !at_end) return 0;
+    if (tc_starts(h, n, tag) && !at_end) return 0;
     p->st = ST_PLAIN;
     return 1;
 }
@@ -513,16 +421,16 @@ static int step_llama_start(struct tcall_parser *p, int at_end)
 static int step_m_open(struct tcall_parser *p, struct tcall_str *content, int at_end)
 {
     size_t i = 0;
-    while (i < p->held.len && is_ws(p->held.p[i])) i++;
+    while (i < p->held.len && tc_is_ws(p->held.p[i])) i++;
     tcall_str_append(&p->raw, p->held.p, i);
-    consume(p, i);
+    tc_consume(p, i);
     if (!p->held.len) {
-        if (at_end) call_abandon(p, content);
+        if (at_end) tc_call_abandon(p, content);
         return at_end;
     }
     if (p->held.p[0] == '[') {
         tcall_str_append(&p->raw, "[", 1);
-        consume(p, 1);
+        tc_consume(p, 1);
         p->n_calls--; /* json_begin opens each object's call */
         p->in_array = 1;
         json_begin(p, 0);
@@ -538,332 +446,19 @@ static int step_m_name(struct tcall_parser *p, struct tcall_str *content, int at
      * [ARGS] means this was not a call (checked on the same span whatever the chunking) */
     const char *h = p->held.p;
     size_t n = p->held.len;
-    long k = find(h, n, "[ARGS]");
-    size_t span = k >= 0 ? (size_t)k : n - partial(h, n, "[ARGS]");
+    long k = tc_find(h, n, "[ARGS]");
+    size_t span = k >= 0 ? (size_t)k : n - tc_partial(h, n, "[ARGS]");
     int bad = span > 256;
     for (size_t i = 0; i < span && i <= 256; i++) bad |= h[i] == '[' || h[i] == '\n' || h[i] == '{';
     if (!bad && k < 0 && !at_end) return 0;
     if (bad || k < 0) {
-        call_abandon(p, content);
+        tc_call_abandon(p, content);
         return 1;
     }
-    set_name(cur(p), h, (size_t)k);
+    tc_set_name(tc_cur(p), h, (size_t)k);
     tcall_str_append(&p->raw, h, (size_t)k + 6);
-    consume(p, (size_t)k + 6);
+    tc_consume(p, (size_t)k + 6);
     json_begin(p, 1);
-    return 1;
-}
-
-/* ---- qwen3_xml ------------------------------------------------------------------------ */
-
-/* The JSON Schema type of parameter key of the call's tool: 1 when it is a string (or
- * unknown: vLLM's parser also keeps those as they are). */
-static int param_is_string(const struct tcall_parser *p, const char *fn, const char *key)
-{
-    const cJSON *t;
-    cJSON_ArrayForEach(t, p->tools)
-    {
-        const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
-        const cJSON *n = cJSON_GetObjectItemCaseSensitive(f, "name");
-        if (!cJSON_IsString(n) || strcmp(n->valuestring, fn)) continue;
-        const cJSON *props = cJSON_GetObjectItemCaseSensitive(
-            cJSON_GetObjectItemCaseSensitive(f, "parameters"), "properties");
-        const cJSON *ty =
-            cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(props, key), "type");
-        if (cJSON_IsString(ty)) return !strcmp(ty->valuestring, "string");
-        if (!cJSON_IsArray(ty)) return 1;
-        const cJSON *x;
-        cJSON_ArrayForEach(x,
-                           ty) if (cJSON_IsString(x) && !strcmp(x->valuestring, "string")) return 1;
-        return 0;
-    }
-    return 1;
-}
-
-/* Appends s[0..n) to the arguments as the inside of a JSON string. */
-static void args_escaped(struct tcall *c, const char *s, size_t n)
-{
-    for (size_t i = 0; i < n; i++) {
-        unsigned char ch = (unsigned char)s[i];
-        char buf[8];
-        if (ch == '"' || ch == '\\') {
-            buf[0] = '\\', buf[1] = (char)ch;
-            tcall_str_append(&c->args, buf, 2);
-        } else if (ch == '\n') {
-            tcall_str_append(&c->args, "\\n", 2);
-        } else if (ch == '\t') {
-            tcall_str_append(&c->args, "\\t", 2);
-        } else if (ch == '\r') {
-            tcall_str_append(&c->args, "\\r", 2);
-        } else if (ch < 0x20) {
-            static const char hex[] = "0123456789abcdef";
-            memcpy(buf, "\\u00", 4);
-            buf[4] = hex[ch >> 4], buf[5] = hex[ch & 15];
-            tcall_str_append(&c->args, buf, 6);
-        } else {
-            tcall_str_append(&c->args, s + i, 1);
-        }
-    }
-}
-
-/* Reads "<tag=VALUE>" at the start of held: 1 + *len (bytes) and the value's span, 0 when
- * more text is needed, -1 when held does not start so. */
-static int xml_open(const struct tcall_parser *p, const char *tag, size_t *len, size_t *v0,
-                    size_t *vn)
-{
-    const char *h = p->held.p;
-    size_t n = p->held.len, t = strlen(tag);
-    if (!starts(h, n, tag)) return -1;
-    if (n <= t) return 0;
-    for (size_t i = t; i < n; i++) {
-        if (h[i] == '>') {
-            *v0 = t, *vn = i - t, *len = i + 1;
-            return 1;
-        }
-        if (h[i] == '<' || h[i] == '\n' || i - t > 256) return -1;
-    }
-    return 0;
-}
-
-static void skip_ws(struct tcall_parser *p)
-{
-    size_t i = 0;
-    while (i < p->held.len && is_ws(p->held.p[i])) i++;
-    tcall_str_append(&p->raw, p->held.p, i);
-    consume(p, i);
-}
-
-static int step_x_func(struct tcall_parser *p, struct tcall_str *content, int at_end)
-{
-    skip_ws(p);
-    size_t len, v0, vn;
-    int r = xml_open(p, "<function=", &len, &v0, &vn);
-    if (r == 0 && !at_end) return 0;
-    if (r <= 0) {
-        call_abandon(p, content);
-        return 1;
-    }
-    set_name(cur(p), p->held.p + v0, vn);
-    consume(p, len);
-    p->n_params = 0;
-    p->st = ST_X_BODY;
-    return 1;
-}
-
-static int step_x_body(struct tcall_parser *p, int at_end)
-{
-    skip_ws(p);
-    struct tcall *c = cur(p);
-    if (!p->held.len) return 0;
-    size_t len, v0, vn;
-    int r = xml_open(p, "<parameter=", &len, &v0, &vn);
-    if (r == 1) {
-        tcall_str_append(&c->args, p->n_params ? "," : "{", 1);
-        p->n_params++;
-        char *key = xmalloc(vn + 1);
-        memcpy(key, p->held.p + v0, vn);
-        key[vn] = 0;
-        tcall_str_append(&c->args, "\"", 1);
-        args_escaped(c, key, vn);
-        tcall_str_append(&c->args, "\":", 2);
-        p->value_string = param_is_string(p, c->name, key);
-        if (p->value_string) tcall_str_append(&c->args, "\"", 1);
-        free(key);
-        consume(p, len);
-        p->value_begun = 0;
-        p->st = ST_X_VALUE;
-        return 1;
-    }
-    const char *end = "</function>";
-    if (starts(p->held.p, p->held.len, end) && p->held.len < strlen(end) && !at_end) return 0;
-    if (r == 0 && !at_end) return 0;
-    /* </function>, or anything else: the call's arguments are complete */
-    if (starts(p->held.p, p->held.len, end) && p->held.len >= strlen(end)) consume(p, strlen(end));
-    str_puts(&c->args, p->n_params ? "}" : "{}");
-    call_close(p);
-    p->st = ST_X_END;
-    return 1;
-}
-
-/* A non-string parameter's text as JSON: parsed and printed compact, or as a string when
- * it is not JSON. */
-static void args_typed(struct tcall *c, const char *s, size_t n)
-{
-    while (n && is_ws(*s)) s++, n--;
-    while (n && is_ws(s[n - 1])) n--;
-    cJSON *v = cJSON_ParseWithLength(s, n);
-    if (v) {
-        char *t = cJSON_PrintUnformatted(v);
-        str_puts(&c->args, t);
-        free(t);
-        cJSON_Delete(v);
-        return;
-    }
-    tcall_str_append(&c->args, "\"", 1);
-    args_escaped(c, s, n);
-    tcall_str_append(&c->args, "\"", 1);
-}
-
-static int step_x_value(struct tcall_parser *p, int at_end)
-{
-    static const char end[] = "</parameter>";
-    struct tcall *c = cur(p);
-    if (!p->value_begun) { /* the newline after <parameter=K> is markup */
-        if (!p->held.len) return 0;
-        if (p->held.p[0] == '\n') consume(p, 1);
-        p->value_begun = 1;
-    }
-    const char *h = p->held.p;
-    size_t n = p->held.len;
-    long k = find(h, n, end);
-    if (k < 0 && !at_end) {
-        if (!p->value_string) return 0;
-        /* hold what may be "\n</parameter>" (the newline before the tag is markup) */
-        size_t keep = partial(h, n, "\n</parameter>");
-        size_t keep2 = partial(h, n, end);
-        if (keep2 > keep) keep = keep2;
-        args_escaped(c, h, n - keep);
-        consume(p, n - keep);
-        return 0;
-    }
-    size_t vn = k < 0 ? n : (size_t)k;
-    if (vn && h[vn - 1] == '\n') vn--;
-    if (p->value_string) {
-        args_escaped(c, h, vn);
-        tcall_str_append(&c->args, "\"", 1);
-    } else {
-        args_typed(c, h, vn);
-    }
-    consume(p, k < 0 ? n : (size_t)k + sizeof end - 1);
-    p->st = ST_X_BODY;
-    return 1;
-}
-
-static int step_x_end(struct tcall_parser *p, int at_end)
-{
-    static const char end[] = "</tool_call>";
-    size_t i = 0;
-    while (i < p->held.len && is_ws(p->held.p[i])) i++;
-    consume(p, i);
-    if (!p->held.len) return 0;
-    if (starts(p->held.p, p->held.len, end) && p->held.len < sizeof end - 1 && !at_end) return 0;
-    if (starts(p->held.p, p->held.len, end) && p->held.len >= sizeof end - 1)
-        consume(p, sizeof end - 1);
-    p->st = ST_TEXT;
-    return 1;
-}
-
-/* ---- gemma4 --------------------------------------------------------------------------- */
-
-static int step_g_name(struct tcall_parser *p, struct tcall_str *content, int at_end)
-{
-    static const char call[] = "call:";
-    const char *h = p->held.p;
-    size_t n = p->held.len;
-    if (!starts(h, n, call) || (n < sizeof call - 1 && at_end)) {
-        call_abandon(p, content);
-        return 1;
-    }
-    const char *brace = memchr(h, '{', n);
-    size_t span = brace ? (size_t)(brace - h) : n;
-    int bad = span > 256 + sizeof call;
-    for (size_t i = sizeof call - 1; i < span && !bad; i++) bad = h[i] == '<' || h[i] == '\n';
-    if (!bad && !brace && !at_end) return 0;
-    if (bad || !brace) {
-        call_abandon(p, content);
-        return 1;
-    }
-    set_name(cur(p), h + sizeof call - 1, span - (sizeof call - 1));
-    tcall_str_append(&p->raw, h, span);
-    consume(p, span);
-    p->g_depth = 0;
-    p->g_str = 0;
-    p->st = ST_G_ARGS;
-    return 1;
-}
-
-/* The arguments in Gemma 4's syntax, converted to compact JSON as they come: a bare key is
- * quoted when its ':' arrives, a string's text is escaped up to its closing mark (a possible
- * start of the mark held back), everything else is copied. */
-static int step_g_args(struct tcall_parser *p, int at_end)
-{
-    struct tcall *c = cur(p);
-    static const char q[] = GEMMA_QUOTE;
-    const size_t ql = sizeof q - 1;
-    for (;;) {
-        const char *h = p->held.p;
-        size_t n = p->held.len;
-        if (!n) return 0;
-        if (p->g_str) {
-            long k = find(h, n, q);
-            size_t take = k >= 0 ? (size_t)k : n - (at_end ? 0 : partial(h, n, q));
-            args_escaped(c, h, take);
-            consume(p, take);
-            if (k < 0) return 0;
-            tcall_str_append(&c->args, "\"", 1);
-            consume(p, ql);
-            p->g_str = 0;
-            continue;
-        }
-        if (is_ws(h[0])) {
-            consume(p, 1);
-            continue;
-        }
-        if (starts(h, n, q) && n < ql && !at_end) return 0;
-        if (starts(h, n, q) && n >= ql) { /* a string (a value, or an escaped key) */
-            tcall_str_append(&c->args, "\"", 1);
-            consume(p, ql);
-            p->g_str = 1;
-            p->g_key = 0;
-            continue;
-        }
-        char ch = h[0];
-        int in_obj = p->g_depth > 0 && p->g_stack[p->g_depth - 1] == '{';
-        if (p->g_key && in_obj && ch != '}') { /* a bare key, up to ':' */
-            /* a key is at most 256 bytes: the same cut in any chunking */
-            const char *colon = memchr(h, ':', n < 256 ? n : 256);
-            if (!colon && !at_end && n < 256) return 0;
-            size_t kn = colon ? (size_t)(colon - h) : n < 256 ? n : 256;
-            tcall_str_append(&c->args, "\"", 1);
-            args_escaped(c, h, kn);
-            tcall_str_append(&c->args, "\":", 2);
-            consume(p, colon ? kn + 1 : kn);
-            p->g_key = 0;
-            continue;
-        }
-        tcall_str_append(&c->args, &ch, 1);
-        consume(p, 1);
-        if (ch == '{' || ch == '[') {
-            if (p->g_depth == (int)sizeof p->g_stack) { /* too deep: the call ends here */
-                call_close(p);
-                p->st = ST_G_END;
-                return 1;
-            }
-            p->g_stack[p->g_depth++] = ch;
-            p->g_key = ch == '{';
-        } else if ((ch == '}' || ch == ']') && p->g_depth > 0) {
-            if (--p->g_depth == 0) {
-                call_close(p);
-                p->st = ST_G_END;
-                return 1;
-            }
-        } else if (ch == ',') {
-            p->g_key = in_obj;
-        }
-    }
-}
-
-static int step_g_end(struct tcall_parser *p, int at_end)
-{
-    static const char end[] = "<tool_call|>";
-    size_t i = 0;
-    while (i < p->held.len && is_ws(p->held.p[i])) i++;
-    consume(p, i);
-    if (!p->held.len) return 0;
-    if (starts(p->held.p, p->held.len, end) && p->held.len < sizeof end - 1 && !at_end) return 0;
-    if (starts(p->held.p, p->held.len, end) && p->held.len >= sizeof end - 1)
-        consume(p, sizeof end - 1);
-    p->st = ST_TEXT;
     return 1;
 }
 
@@ -897,25 +492,25 @@ static void run(struct tcall_parser *p, struct tcall_str *content, int at_end)
             progressed = step_m_name(p, content, at_end);
             break;
         case ST_X_FUNC:
-            progressed = step_x_func(p, content, at_end);
+            progressed = tc_step_x_func(p, content, at_end);
             break;
         case ST_X_BODY:
-            progressed = step_x_body(p, at_end);
+            progressed = tc_step_x_body(p, at_end);
             break;
         case ST_X_VALUE:
-            progressed = step_x_value(p, at_end);
+            progressed = tc_step_x_value(p, at_end);
             break;
         case ST_X_END:
-            progressed = step_x_end(p, at_end);
+            progressed = tc_step_x_end(p, at_end);
             break;
         case ST_G_NAME:
-            progressed = step_g_name(p, content, at_end);
+            progressed = tc_step_g_name(p, content, at_end);
             break;
         case ST_G_ARGS:
-            progressed = step_g_args(p, at_end);
+            progressed = tc_step_g_args(p, at_end);
             break;
         case ST_G_END:
-            progressed = step_g_end(p, at_end);
+            progressed = tc_step_g_end(p, at_end);
             break;
         }
         if (!progressed) return;
@@ -932,13 +527,13 @@ void tcall_parser_finish(struct tcall_parser *p, struct tcall_str *content)
 {
     run(p, content, 1);
     /* a call cut short: without a name it was never a call; with one it keeps what it has */
-    if (p->n_calls && !cur(p)->done) {
-        if (!cur(p)->name) {
+    if (p->n_calls && !tc_cur(p)->done) {
+        if (!tc_cur(p)->name) {
             tcall_str_append(&p->raw, p->held.p, p->held.len);
             p->held.len = 0;
-            call_abandon(p, content);
+            tc_call_abandon(p, content);
         } else {
-            cur(p)->done = 1;
+            tc_cur(p)->done = 1;
         }
     }
     tcall_str_append(content, p->held.p, p->held.len);
