@@ -438,7 +438,6 @@ int http_gen_parse(enum http_api api, const cJSON *body, const struct http_model
     if (parse_logprobs(api, body, m, g, he) < 0) goto fail;
     if (parse_stream(api, body, g, he) < 0) goto fail;
     if (http_parse_structured(api, body, g, he) < 0) goto fail;
-    if (http_parse_tools(api, body, m, g, he) < 0) goto fail;
     if (api == HTTP_API_COMPLETIONS) {
         if (completion_prompts(body, m, g, he) < 0) goto fail;
         if (g->n_prompts * g->n > HTTP_MAX_PROMPTS)
@@ -452,6 +451,7 @@ int http_gen_parse(enum http_api api, const cJSON *body, const struct http_model
         add_prompt(g, ids, n, text);
         g->reason_format = m->reason_format;
         g->think_open = g->reason_format && prompt_opens_thinking(text, g->reason_format);
+        if (http_parse_tools(api, body, m, g, he) < 0) goto fail;
     }
     if (parse_max_tokens(api, body, m, g, he) < 0) goto fail;
     if (http_parse_thinking(api, body, m, g, he) < 0) goto fail;

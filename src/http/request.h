@@ -112,7 +112,8 @@ int http_tools_parse(enum http_api api, const cJSON *body, cJSON **out, struct h
 /**
  * tools, tool_choice, parallel_tool_calls (OpenAI) or tool_choice.disable_parallel_tool_use
  * (Anthropic) into g: the output parser and, for a required or named choice, the grammar
- * of the parser's wire format. Runs after http_parse_structured (the two conflict).
+ * of the parser's wire format. Runs after http_parse_structured (the two conflict) and
+ * after the prompt (a prompt that opened thinking puts the calls after its end tag).
  */
 int http_parse_tools(enum http_api api, const cJSON *body, const struct http_model *m,
                      struct http_gen *g, struct http_error *he);

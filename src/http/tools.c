@@ -201,7 +201,16 @@ static int call_grammar(struct http_gen *g, const char *only, const char *field,
         if (!only || !strcmp(only, name)) cJSON_AddItemToArray(calls, call_spec(f, fn));
     }
     cJSON_AddItemToObject(spec, "calls", calls);
-    cJSON_AddStringToObject(spec, "begin", f == TCALL_MISTRAL ? "[TOOL_CALLS][" : "");
+    /* a prompt that opened thinking: the model thinks first, and the calls follow the end
+     * tag (the grammar switches on there) */
+    const char *think_end =
+        g->think_open && !g->sp.grammar_trigger ? reason_format_end(g->reason_format) : NULL;
+    struct http_buf begin = {0};
+    if (think_end) http_buf_printf(&begin, "%s\n\n", think_end);
+    http_buf_puts(&begin, f == TCALL_MISTRAL ? "[TOOL_CALLS][" : "");
+    cJSON_AddStringToObject(spec, "begin", begin.p);
+    http_buf_dispose(&begin);
+    if (think_end) g->sp.grammar_trigger = think_end;
     cJSON_AddStringToObject(spec, "sep",
                             f == TCALL_LLAMA3_JSON ? "; "
                             : f == TCALL_MISTRAL   ? ", "
@@ -315,9 +324,8 @@ int http_parse_tools(enum http_api api, const cJSON *body, const struct http_mod
          * structured output, when asked for, constrains the text instead */
         const char *trigger = tcall_format_trigger(g->tool_format);
         if (!trigger || g->sp.grammar || g->tool_format == TCALL_GEMMA4) return 0;
-        if (call_grammar(g, NULL, "tools", he) < 0) return -1;
         g->sp.grammar_trigger = trigger;
-        return 0;
+        return call_grammar(g, NULL, "tools", he);
     }
     if (g->sp.grammar)
         return http_error_set(he, 400, "tool_choice",

@@ -279,7 +279,7 @@ for (const [parser, extra] of [
 
 // ---- reasoning: the template opens <think>, the parser splits, the budget closes it -----
 srv = await startServer(MODEL, ['--chat-template', `${TEMPLATES}/deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja`,
-  '--reasoning-parser', 'deepseek_r1']);
+  '--reasoning-parser', 'deepseek_r1', '--tool-call-parser', 'hermes']);
 openai = new OpenAI({ baseURL: `${srv.base}/v1`, apiKey: 'unused', maxRetries: 0 });
 await run([
   test('openai: reasoning_content, streamed as delta.reasoning_content', async () => {
@@ -303,6 +303,19 @@ await run([
     assert.deepEqual(fin.content.map((b) => b.type), ['thinking', 'text']);
     assert.equal(fin.content[0].thinking, r.content[0].thinking);
     assert.equal(fin.content[1].text, r.content[1].text);
+  }),
+  test('anthropic: think, the budget ends it, then the required call (its grammar waits for </think>)', async () => {
+    const client = anthropic();
+    const req = { model: MODEL, max_tokens: 200, temperature: 0, messages: ask,
+      tools: [{ name: 'get_weather', input_schema: weather }],
+      tool_choice: { type: 'any', disable_parallel_tool_use: true },
+      thinking: { type: 'enabled', budget_tokens: 6 } };
+    const r = await client.messages.create(req);
+    assert.deepEqual(r.content.map((b) => b.type), ['thinking', 'tool_use'], JSON.stringify(r.content));
+    assert.equal(r.stop_reason, 'tool_use');
+    checkArgs('get_weather', JSON.stringify(r.content[1].input));
+    const fin = await client.messages.stream(req).finalMessage();
+    assert.deepEqual(fin.content, r.content.map((b) => (b.type === 'tool_use' ? { ...b, id: fin.content[1].id } : b)));
   }),
 ]);
 await srv.stop();

@@ -177,6 +177,25 @@ static void test_thinking(void)
                &g, &he);
     CHECK(rc < 0 && !strcmp(he.param, "thinking.budget_tokens"), "budget >= max_tokens: %s",
           he.msg);
+    /* a required call after thinking: the grammar waits for </think> and starts with it */
+    rc = parse(HTTP_API_CHAT,
+               "{\"model\":\"tiny\",\"max_tokens\":50,\"messages\":[{\"role\":\"user\","
+               "\"content\":\"hi\"}],\"tool_choice\":\"required\",\"tools\":[{\"type\":"
+               "\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+               "\"properties\":{},\"additionalProperties\":false}}}]}",
+               &g, &he);
+    CHECK(rc == 0, "%s", he.msg);
+    if (!rc) {
+        CHECK(g.sp.grammar_trigger && !strcmp(g.sp.grammar_trigger, "</think>"), "trigger %s",
+              g.sp.grammar_trigger ? g.sp.grammar_trigger : "(none)");
+        struct gram_matcher *m = gram_matcher_create(g.sp.grammar);
+        const char *out = "</think>\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n"
+                          "</tool_call>";
+        CHECK(gram_matcher_accept_bytes(m, out, strlen(out)) && gram_matcher_can_end(m),
+              "the call after </think> refused");
+        gram_matcher_destroy(m);
+        http_gen_dispose(&g);
+    }
     model.reason_format = REASON_NONE;
 }
 
