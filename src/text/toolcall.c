@@ -143,6 +143,7 @@ struct tcall *tc_call_open(struct tcall_parser *p)
     }
     struct tcall *c = &p->calls[p->n_calls++];
     memset(c, 0, sizeof *c);
+    tcall_str_append(&c->args, "", 0); /* args.p is never NULL */
     return c;
 }
 
@@ -431,6 +432,7 @@ static int step_m_open(struct tcall_parser *p, struct tcall_str *content, int at
     if (p->held.p[0] == '[') {
         tcall_str_append(&p->raw, "[", 1);
         tc_consume(p, 1);
+        tcall_str_dispose(&tc_cur(p)->args);
         p->n_calls--; /* json_begin opens each object's call */
         p->in_array = 1;
         json_begin(p, 0);

@@ -69,7 +69,7 @@ void tcall_str_dispose(struct tcall_str *s);
 /** One call found in the output. */
 struct tcall {
     char *name;            /* NUL-terminated; NULL until the whole name has been read */
-    struct tcall_str args; /* the arguments (JSON) so far */
+    struct tcall_str args; /* the arguments (JSON) so far; args.p never NULL */
     int done;              /* the call's markup is complete: args are final */
 };
 
