@@ -467,7 +467,7 @@ void http_fmt_stream_tail(struct http_job *j, struct http_buf *o)
         }
         if (!j->msg_started) http_fmt_anthropic_start(j, o);
         if (j->c[0].out) {
-            http_out_anthropic_close(j, o);
+            http_out_anthropic_close(j); /* o is j->out */
         } else {
             http_buf_puts(&d, "{\"type\":\"content_block_stop\",\"index\":0}");
             http_fmt_sse(o, "content_block_stop", &d);

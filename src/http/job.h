@@ -132,7 +132,8 @@ int http_out_special(struct http_job *j, struct job_choice *c, int32_t id, struc
 /** Final bodies: the chat message object, the Anthropic content array. */
 void http_out_openai_message(struct http_job *j, struct job_choice *c, struct http_buf *o);
 void http_out_anthropic_content(struct http_job *j, struct job_choice *c, struct http_buf *o);
-/** Anthropic stream tail: closes the open content block (an empty text block if none). */
-void http_out_anthropic_close(struct http_job *j, struct http_buf *o);
+/** Anthropic stream tail: closes the open content block (an empty text block if none),
+ * into j->out. */
+void http_out_anthropic_close(struct http_job *j);
 
 #endif

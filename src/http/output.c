@@ -112,9 +112,8 @@ static void block_delta(struct http_job *j, struct http_out *o, const char *type
     http_buf_dispose(&d);
 }
 
-void http_out_anthropic_close(struct http_job *j, struct http_buf *o_unused)
+void http_out_anthropic_close(struct http_job *j)
 {
-    (void)o_unused;
     struct http_out *o = j->c[0].out;
     if (!o->n_blocks) block_open(j, o, BLK_TEXT, "{\"type\":\"text\",\"text\":\"\"}");
     block_close(j, o);
@@ -169,7 +168,8 @@ static void openai_stream(struct http_job *j, struct job_choice *c, const char *
         http_fmt_stream_delta(j, c->index, d.p);
         o->thinking.len = 0;
     }
-    if (len || n_lps) http_fmt_stream_choice(j, c->index, content, len, lps, n_lps, 0);
+    /* token ids (return_token_ids) go out with the batch's content chunk, empty or not */
+    if (len || n_lps || c->n_ids) http_fmt_stream_choice(j, c->index, content, len, lps, n_lps, 0);
     for (int i = 0; i < o->n_calls; i++) {
         const struct tcall *t = tcall_parser_call(o->tp, i);
         struct out_call *oc = &o->calls[i];
