@@ -53,7 +53,7 @@ struct tcall_parser {
     int g_depth, g_key, g_str;
 };
 
-/* ---- small helpers over the held text ---- */
+/* ---- small functions over the held text ---- */
 
 static inline struct tcall *tc_cur(struct tcall_parser *p)
 {
