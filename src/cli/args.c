@@ -209,12 +209,13 @@ int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg)
             cfg->spec.model_dir = v;
             return 1;
         }
-        return (a[14] == 'm' ? spec_method_arg(a, v, &cfg->spec) : spec_config_arg(a, v, &cfg->spec))
+        return (a[14] == 'm' ? spec_method_arg(a, v, &cfg->spec)
+                             : spec_config_arg(a, v, &cfg->spec))
                    ? -1
                    : 1;
     }
-    static const char *const spec_ints[] = {"--num-speculative-tokens", "--ngram-min", "--ngram-max",
-                                            "--speculative-disable-by-batch-size"};
+    static const char *const spec_ints[] = {"--num-speculative-tokens", "--ngram-min",
+                                            "--ngram-max", "--speculative-disable-by-batch-size"};
     for (size_t k = 0; k < 4; k++) {
         if (strcmp(a, spec_ints[k])) continue;
         const char *v = arg_value(argc, argv, i);

@@ -164,8 +164,8 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
         /* Drafts ride as extra rows where the budget, the logit rows and the pool have room
          * for them (they never preempt anything). */
         int k = ahead || n_new != 1 ? 0 : min_i(r->n_draft, min_i(budget - 1, *lp_left));
-        if (k > 0 && !kv_can_allocate(&en->pool,
-                                      blocks_needed(en, r->n_computed, r->n_blocks, 1 + k), NULL, 0))
+        if (k > 0 && !kv_can_allocate(
+                         &en->pool, blocks_needed(en, r->n_computed, r->n_blocks, 1 + k), NULL, 0))
             k = 0;
         if (k < r->n_draft) spec_drop(en, r);
         n_new += k;
