@@ -392,6 +392,7 @@ uint64_t engine_submit(struct engine *en, const struct engine_request *q, struct
     r->ph_pos = r->ph_row = -1;
     r->state_slot = -1;
     r->spec_rate = 1.0f;
+    r->state_backup = -1;
     if (en->spec && en->spec->draft) r->dblocks = xmalloc(sizeof(int32_t) * (size_t)en->max_blocks);
     r->cap = q->n_prompt + (q->embed ? 0 : q->sp.max_tokens);
     r->tokens = xmalloc(sizeof(int32_t) * (size_t)r->cap);

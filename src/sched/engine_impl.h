@@ -49,6 +49,7 @@ struct request {
     struct rng rng_saved;
     int32_t *dblocks; /* [max_blocks] */
     int n_dblocks, d_computed;
+    int32_t state_backup; /* hybrid models: a copy of the state before a verification, or -1 */
 
     struct sampling_params sp; /* stop_ids / logit_bias point into owned copies */
     int32_t *stop_ids;
@@ -202,6 +203,8 @@ void req_finish(struct engine *en, struct request *r, enum finish_reason why, in
  * checks; `row` is t's logit row on the host when log-probabilities are asked. Returns the
  * finish reason: when not FINISH_NONE, r is retired and freed. */
 enum finish_reason step_emit(struct engine *en, struct request *r, int32_t t, const float *row);
+/* Hybrid models: n_new capped so that a chunk ends where a state snapshot is due. */
+int step_cap_snapshot(const struct engine *en, const struct request *r, int computed, int n_new);
 /* Registers r's full blocks of known tokens that its computed rows cover. */
 void step_commit_blocks(struct engine *en, struct request *r);
 

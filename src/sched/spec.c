@@ -30,13 +30,6 @@ int spec_create(struct engine *en, struct err *e)
         return err_set(e, "--num-speculative-tokens: must be in [1, %d] (got %d)", SPEC_MAX_TOKENS,
                        c->num_tokens),
                -1;
-    if (en->hybrid)
-        return err_set(e,
-                       "speculative decoding: %s has linear-attention layers, whose "
-                       "recurrent state cannot be rolled back past rejected drafts yet; "
-                       "serve it without --speculative-method",
-                       en->m->cfg.arch_name),
-               -1;
     struct spec *s = xcalloc(1, sizeof *s);
     s->cfg = *c;
     if (s->cfg.num_tokens == 0) s->cfg.num_tokens = 4;
@@ -119,6 +112,45 @@ void spec_propose(struct engine *en)
     if (n) spec_draft_propose(en, s->draft, reqs, ks, n);
 }
 
+int spec_plan(struct engine *en, struct request *r, int budget, int rows)
+{
+    int k = r->n_draft < budget ? r->n_draft : budget;
+    if (k > rows) k = rows;
+    if (k > 0 && en->hybrid) { /* no row past a due snapshot; a slot for the backup */
+        int c = step_cap_snapshot(en, r, r->n_computed, 1 + k) - 1;
+        if (c < k) k = c;
+        if (!kv_can_allocate(&en->states, 1, NULL, 0)) k = 0;
+    }
+    int bs = en->block_size;
+    int want = (r->n_computed + 1 + k + bs - 1) / bs;
+    if (k > 0 && want > r->n_blocks && !kv_can_allocate(&en->pool, want - r->n_blocks, NULL, 0))
+        k = 0;
+    if (k < r->n_draft) spec_drop(en, r);
+    return k > 0 ? k : 0;
+}
+
+void spec_commit(struct engine *en, struct request *r)
+{
+    if (!en->hybrid) return;
+    kv_allocate(&en->states, 1, &r->state_backup);
+    model_state_copy(en->m, r->state_backup, r->state_slot);
+}
+
+/* Hybrid models: the recurrent state after a verification is that after all its rows. When
+ * every draft was kept it is the request's; else the state before the step comes back and
+ * the kept rows are computed again by the next step (the token form of the delta rule, as
+ * plain decoding computes them: the same bits). The backup slot goes back either way. */
+static void settle_state(struct engine *en, struct request *r, int all_kept, int before)
+{
+    if (r->state_backup < 0) return;
+    if (!all_kept) {
+        model_state_copy(en->m, r->state_slot, r->state_backup);
+        r->n_computed = before;
+    }
+    kv_release(&en->states, &r->state_backup, 1);
+    r->state_backup = -1;
+}
+
 void spec_draw_rows(struct engine *en, const struct step_seq *p, struct sample_row *rows)
 {
     (void)en;
@@ -145,6 +177,10 @@ void spec_drop(struct engine *en, struct request *r)
 void spec_release(struct engine *en, struct request *r)
 {
     r->n_draft = 0;
+    if (r->state_backup >= 0) {
+        kv_release(&en->states, &r->state_backup, 1);
+        r->state_backup = -1;
+    }
     if (en->spec && en->spec->draft) spec_draft_release(en->spec->draft, r);
 }
 
@@ -190,6 +226,7 @@ void spec_verify(struct engine *en, struct step_seq *p)
     /* The accepted drafts' K/V are the request's; the rejected rows' lie past it (written
      * again when their positions come) and the blocks only they took go back. */
     r->n_computed += a;
+    settle_state(en, r, a == k, base - 1);
     int keep = (base + n_out + bs - 1) / bs;
     if (keep < r->n_blocks) {
         kv_release(&en->pool, r->blocks + keep, r->n_blocks - keep);

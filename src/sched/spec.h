@@ -18,7 +18,9 @@
  *
  * Drafters: ngram (prompt lookup over the prompt and output, ngram.c) and draft (a
  * smaller model with the same vocabulary on the same backend, its own paged KV, draft.c).
- * Hybrid models (recurrent state) are refused: the state cannot go back past rejected rows.
+ * Hybrid models: the recurrent state is copied to a backup slot before a verification and
+ * comes back when a draft is rejected; the kept rows are then computed again by the next
+ * step (a draft model with linear-attention layers is refused).
  */
 #ifndef PAGODA_SCHED_SPEC_H
 #define PAGODA_SCHED_SPEC_H
@@ -44,6 +46,14 @@ int spec_eligible(const struct engine *en, const struct request *r);
  * disable_by_batch_size (K * (D - n) / D rounded up, 0 from D on) and as r's acceptance
  * falls (the k-th draft is worth a row while rate^k >= 1/4), never past max_tokens. */
 int spec_k(const struct engine *en, const struct request *r, int n_running);
+
+/** While planning: how many of r's n_draft drafts join its row this step, given the budget
+ * and logit rows left: as many as the budget, the rows, the pool (never preempting) and, for
+ * hybrid models, a free state slot for the backup allow, and none past a due state
+ * snapshot. Drafts left out are dropped (spec_drop). */
+int spec_plan(struct engine *en, struct request *r, int budget, int rows);
+/** r runs with drafts this step: hybrid models copy its state to a backup slot first. */
+void spec_commit(struct engine *en, struct request *r);
 
 /** Before planning a step: sets every running request's n_draft (0 where none). */
 void spec_propose(struct engine *en);

@@ -67,7 +67,7 @@ static void snapshot(struct engine *en, struct request *r)
 }
 
 /* Hybrid models: a chunk ends where a snapshot is due, so that the state is there to copy. */
-static int cap_snapshot(const struct engine *en, const struct request *r, int computed, int n_new)
+int step_cap_snapshot(const struct engine *en, const struct request *r, int computed, int n_new)
 {
     if (!en->hybrid || en->cfg.disable_prefix_caching) return n_new;
     int bs = en->block_size, end = computed + n_new, iv = en->cfg.hybrid_state_interval;
@@ -155,7 +155,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
      * priority, latest arrival) goes back to waiting and will be recomputed. */
     for (struct request *r = en->running.head; r && budget > 0 && n_plan < seq_cap;) {
         int n_new = cap_prompt_rows(r, min_i(r->n_tokens - r->n_computed, budget), *lp_left);
-        n_new = cap_snapshot(en, r, r->n_computed, n_new);
+        n_new = step_cap_snapshot(en, r, r->n_computed, n_new);
         n_new = cap_chunk(en, r, r->n_computed, n_new);
         if (n_new <= 0) {
             r = r->next;
@@ -163,11 +163,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
         }
         /* Drafts ride as extra rows where the budget, the logit rows and the pool have room
          * for them (they never preempt anything). */
-        int k = ahead || n_new != 1 ? 0 : min_i(r->n_draft, min_i(budget - 1, *lp_left));
-        if (k > 0 && !kv_can_allocate(
-                         &en->pool, blocks_needed(en, r->n_computed, r->n_blocks, 1 + k), NULL, 0))
-            k = 0;
-        if (k < r->n_draft) spec_drop(en, r);
+        int k = ahead || n_new != 1 ? 0 : spec_plan(en, r, budget - 1, *lp_left);
         n_new += k;
         int need = blocks_needed(en, r->n_computed, r->n_blocks, n_new), self = 0;
         if (ahead && !kv_can_allocate(&en->pool, need, NULL, 0)) {
@@ -187,6 +183,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
         if (self) break;
         kv_allocate(&en->pool, need, r->blocks + r->n_blocks);
         r->n_blocks += need;
+        if (k > 0) spec_commit(en, r);
         plan[n_plan++] = (struct step_seq){r, n_new, -1, 0, 0, 0, 0, 0, k};
         budget -= n_new;
         if (wants_prompt_rows(r)) *lp_left -= n_new;
@@ -217,7 +214,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
         int computed = n_hit * en->block_size;
         int n_new = min_i(r->n_tokens - computed, budget);
         if (wants_prompt_rows(r)) n_new = min_i(n_new, *lp_left);
-        n_new = cap_snapshot(en, r, computed, n_new);
+        n_new = step_cap_snapshot(en, r, computed, n_new);
         n_new = cap_chunk(en, r, computed, n_new);
         if (n_new <= 0) break;
         int need = blocks_needed(en, computed, n_hit, n_new);
@@ -386,7 +383,8 @@ static void advance(struct engine *en, struct step_seq *p, struct step_counts *s
         record_prompt_logprobs(en, r, old, p->n_logits,
                                en->logits + (size_t)p->logit_row * en->vocab);
     step_commit_blocks(en, r);
-    snapshot(en, r);
+    /* a verification's state is that after all its rows until spec_verify settles it */
+    if (!p->n_spec) snapshot(en, r);
 
     /* Every layer windowed: blocks wholly behind the next query's window are released
      * (they stay cached under their hash). A step still in flight may read them, but any
