@@ -68,17 +68,44 @@ int spec_eligible(const struct engine *en, const struct request *r)
            r->n_output >= 1 && r->n_tokens - r->n_computed == 1 && (!r->plp || r->plp_sent);
 }
 
+void spec_observe(struct engine *en, int rows, double dt)
+{
+    struct spec *s = en->spec;
+    if (!s || rows <= 0 || !(dt > 0)) return;
+    const double f = 0.98, x = rows; /* forgets over about 50 steps */
+    s->s0 = f * s->s0 + 1;
+    s->sx = f * s->sx + x;
+    s->sy = f * s->sy + dt;
+    s->sxx = f * s->sxx + x * x;
+    s->sxy = f * s->sxy + x * dt;
+}
+
+double spec_threshold(const struct engine *en, int n_running)
+{
+    const struct spec *s = en->spec;
+    double var = s->s0 * s->sxx - s->sx * s->sx;
+    if (s->s0 < 4 || var <= 1e-9 * s->s0 * s->sxx) return 0.25;
+    double b = (s->s0 * s->sxy - s->sx * s->sy) / var, a = (s->sy - b * s->sx) / s->s0;
+    if (b <= 0) return 0.05; /* rows cost nothing measurable */
+    if (a < 0) a = 0;
+    double n = n_running > 0 ? n_running : 1, t = b * n / (a + b * n);
+    return t < 0.05 ? 0.05 : t;
+}
+
 int spec_k(const struct engine *en, const struct request *r, int n_running)
 {
     const struct spec *s = en->spec;
     int K = s->cfg.num_tokens, D = s->disable_n;
     if (n_running >= D) return 0;
     int kb = (K * (D - n_running) + D - 1) / D;
-    /* the k-th draft is used with probability rate^k: worth its row while that is >= 1/4 */
-    double rate = r->spec_rate;
+    /* the k-th draft is kept with probability rate^k: worth its row while that is at least
+     * the threshold */
+    double rate = r->spec_rate, thr = spec_threshold(en, n_running);
     int ka = K;
-    if (rate < 1) ka = rate <= 0.05 ? 1 : (int)floor(log(0.25) / log(rate));
-    if (ka < 1) ka = 1;
+    if (rate < thr)
+        ka = 0;
+    else if (rate < 1)
+        ka = (int)floor(log(thr) / log(rate) + 1e-9);
     int k = kb < ka ? kb : ka;
     int left = r->sp.max_tokens - r->n_output - 1; /* every kept draft is one more output */
     return k < left ? k : left > 0 ? left : 0;
@@ -95,7 +122,12 @@ void spec_propose(struct engine *en)
         r->n_draft = 0;
         if (!spec_eligible(en, r)) continue;
         int k = spec_k(en, r, n_running);
-        if (k <= 0) continue;
+        if (k <= 0) {
+            /* no drafts for a low acceptance: it creeps back up, so that drafts are tried
+             * again after a while (about 35 steps from 0 to 1/2) */
+            r->spec_rate += 0.02f * (1 - r->spec_rate);
+            continue;
+        }
         if (s->cfg.method == SPEC_NGRAM) {
             r->n_draft = spec_ngram_propose(r->tokens, r->n_tokens, s->cfg.ngram_min,
                                             s->cfg.ngram_max, k, r->tokens + r->n_tokens);

@@ -31,6 +31,9 @@ struct spec {
     struct spec_config cfg;
     int disable_n;            /* cfg.disable_by_batch_size resolved */
     struct spec_draft *draft; /* SPEC_DRAFT: the draft model (draft.c) */
+    /* The step's cost in rows: t = a + b * rows, fitted by least squares with exponential
+     * forgetting over the steps that only decode or verify (spec_observe). */
+    double s0, sx, sy, sxx, sxy;
 };
 
 /** Checks cfg and sets up the drafter for engine en (model and pool sized already);
@@ -44,8 +47,19 @@ int spec_eligible(const struct engine *en, const struct request *r);
 
 /** Drafts r may carry this step: at most K, fewer as running requests approach
  * disable_by_batch_size (K * (D - n) / D rounded up, 0 from D on) and as r's acceptance
- * falls (the k-th draft is worth a row while rate^k >= 1/4), never past max_tokens. */
+ * rate falls: the k-th draft is kept with probability rate^k, and is worth its row while
+ * that is at least spec_threshold; never past max_tokens. */
 int spec_k(const struct engine *en, const struct request *r, int n_running);
+
+/** What a draft row must be worth, in expected kept tokens, at n running requests: with
+ * the fitted step cost t = a + b * rows, a row costs b, in which plain steps would give
+ * b * n / (a + b * n) tokens; 1/4 until the fit has rows of different counts. Grows to 1
+ * as the batch fills where rows cost compute (CPU), stays small where a step is bound by
+ * reading the weights (a GPU at small batch). */
+double spec_threshold(const struct engine *en, int n_running);
+
+/** A step of `rows` query rows that only decoded or verified took dt seconds. */
+void spec_observe(struct engine *en, int rows, double dt);
 
 /** While planning: how many of r's n_draft drafts join its row this step, given the budget
  * and logit rows left: as many as the budget, the rows, the pool (never preempting) and, for

@@ -612,7 +612,7 @@ int step_run(struct engine *en)
     struct step_counts sc = {0};
     int seq_cap = min_i(en->cfg.max_num_seqs, en->cfg.max_num_batched_tokens);
     int lp_left = en->max_logits - seq_cap;
-    int n_plan = 0, ran = 0, overlapped = 0;
+    int n_plan = 0, ran = 0, overlapped = 0, spec_rows = 0;
     if (en->fly_n > 0 && may_overlap(en)) {
         /* The next step first, its inputs the picks in flight; then those picks. */
         n_plan = plan_step(en, &sc, &lp_left, 1);
@@ -641,6 +641,11 @@ int step_run(struct engine *en)
         en->want_sync = 0;
         spec_propose(en);
         n_plan = plan_step(en, &sc, &lp_left, 0);
+        for (int s = 0; en->spec && s < n_plan; s++) { /* only decoding or verifying */
+            const struct step_seq *p = &en->plans[en->cur][s];
+            spec_rows += p->n_new;
+            if (p->n_new - p->n_spec != 1) spec_rows = -(1 << 30);
+        }
         if (n_plan > 0) {
             struct fwd_batch b;
             int nl = build_batch(en, n_plan, &b);
@@ -671,6 +676,7 @@ int step_run(struct engine *en)
         if (!live) collect(en, &sc);
     }
     double dt = util_now() - t0;
+    if (spec_rows > 0) spec_observe(en, spec_rows, dt);
 
     pthread_mutex_lock(&en->mu);
     struct engine_stats *st = &en->stats;

@@ -55,8 +55,17 @@ static void test_k(void)
     CHECK(spec_k(&en, &r, 64) == 0, "batch 64: %d", spec_k(&en, &r, 64));
     r.spec_rate = 0.5f; /* 0.5^2 = 1/4: two drafts */
     CHECK(spec_k(&en, &r, 1) == 2, "rate 0.5: %d", spec_k(&en, &r, 1));
-    r.spec_rate = 0.01f;
-    CHECK(spec_k(&en, &r, 1) == 1, "rate 0.01: %d", spec_k(&en, &r, 1));
+    r.spec_rate = 0.2f; /* below the threshold: none */
+    CHECK(spec_k(&en, &r, 1) == 0, "rate 0.2: %d", spec_k(&en, &r, 1));
+    /* steps of 1 to 5 rows costing 1 + rows ms: a = b, so a row must be worth 1/2 a token
+     * at batch 1 (0.72^2 = 0.52: two drafts), 8/9 at batch 8 (none) */
+    for (int i = 0; i < 50; i++) spec_observe(&en, 1 + i % 5, (2 + i % 5) * 1e-3);
+    CHECK(fabs(spec_threshold(&en, 1) - 0.5) < 1e-6, "threshold %.6f", spec_threshold(&en, 1));
+    CHECK(fabs(spec_threshold(&en, 8) - 8.0 / 9) < 1e-6, "threshold at 8: %.6f",
+          spec_threshold(&en, 8));
+    r.spec_rate = 0.72f;
+    CHECK(spec_k(&en, &r, 1) == 2, "fitted, batch 1: %d", spec_k(&en, &r, 1));
+    CHECK(spec_k(&en, &r, 8) == 0, "fitted, batch 8: %d", spec_k(&en, &r, 8));
     r.spec_rate = 1.0f;
     r.n_output = 98; /* one more output may follow the kept token */
     CHECK(spec_k(&en, &r, 1) == 1, "near max_tokens: %d", spec_k(&en, &r, 1));
@@ -103,6 +112,7 @@ static void fake_init(struct fake *f, float temperature)
     r->state = RS_RUNNING;
     r->ph_pos = r->ph_row = -1;
     r->state_slot = -1;
+    r->state_backup = -1;
     r->spec_rate = 1;
     sampling_params_default(&r->sp);
     r->sp.temperature = temperature;
