@@ -230,6 +230,9 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
         engine_destroy(en);
         return NULL;
     }
+    /* A verification's tokens are not one pick per row: no step goes out before the last
+     * one's tokens are read (and each step's time is its own, for the draft length). */
+    if (en->spec) en->overlap = 0;
 
     int T = cfg->max_num_batched_tokens;
     en->b_tokens = xmalloc(sizeof(int32_t) * (size_t)T);
