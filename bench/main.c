@@ -254,6 +254,7 @@ int main(int argc, char **argv)
         struct summary *s = &sums[k];
         s->load = o.n_sweep ? o.sweep[k] : o.rate_given ? o.rate : o.concurrency;
         s->prefix_cache_hit_rate = metrics_hit_rate(&before, &after);
+        metrics_spec(&before, &after, &s->spec_acceptance_rate, &s->spec_acceptance_length);
         summary_compute(out.r, out.n, out.duration, &o.slo, s);
         if (!o.n_sweep) summary_print(stdout, s);
         for (int i = 0, shown = 0; i < out.n && shown < 3; i++)

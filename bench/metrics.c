@@ -38,12 +38,34 @@ void metrics_parse(const char *text, struct prefix_counters *pc)
                            ends_with(line, name_len, "prefix_cache_hits")) {
                     pc->hits += x;
                     have_h = 1;
+                } else if (ends_with(line, name_len, "spec_decode_num_drafts") ||
+                           ends_with(line, name_len, "spec_decode_num_drafts_total")) {
+                    pc->spec_drafts += x;
+                    pc->spec_found = 1;
+                } else if (ends_with(line, name_len, "spec_decode_num_draft_tokens") ||
+                           ends_with(line, name_len, "spec_decode_num_draft_tokens_total")) {
+                    pc->spec_draft_tokens += x;
+                } else if (ends_with(line, name_len, "spec_decode_num_accepted_tokens") ||
+                           ends_with(line, name_len, "spec_decode_num_accepted_tokens_total")) {
+                    pc->spec_accepted += x;
                 }
             }
         }
         line = nl ? nl + 1 : NULL;
     }
     pc->found = have_q && have_h;
+}
+
+void metrics_spec(const struct prefix_counters *before, const struct prefix_counters *after,
+                  double *rate, double *len)
+{
+    double v = after->spec_drafts - before->spec_drafts;
+    double d = after->spec_draft_tokens - before->spec_draft_tokens;
+    double a = after->spec_accepted - before->spec_accepted;
+    *rate = *len = NAN;
+    if (!after->spec_found || v <= 0 || d <= 0) return;
+    *rate = a / d;
+    *len = 1 + a / v;
 }
 
 double metrics_hit_rate(const struct prefix_counters *before, const struct prefix_counters *after)

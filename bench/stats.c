@@ -142,10 +142,13 @@ static void dist_of(const struct req_result *r, int n, enum metric m, struct dis
 void summary_compute(const struct req_result *r, int n, double duration, const struct slo *slo,
                      struct summary *s)
 {
-    double load = s->load, hit = s->prefix_cache_hit_rate;
+    double load = s->load, hit = s->prefix_cache_hit_rate, sr = s->spec_acceptance_rate,
+           sl = s->spec_acceptance_length;
     memset(s, 0, sizeof *s);
     s->load = load;
     s->prefix_cache_hit_rate = hit;
+    s->spec_acceptance_rate = sr;
+    s->spec_acceptance_length = sl;
     s->duration = duration;
     for (int i = 0; i < n; i++) {
         if (!r[i].ok) {
@@ -278,6 +281,10 @@ void summary_print(FILE *f, const struct summary *s)
     line(f, "Total token throughput (tok/s):", s->total_token_throughput, 2);
     if (s->slo_set) line(f, "Goodput (req/s):", s->goodput, 2);
     line(f, "Prefix cache hit rate (server, %):", s->prefix_cache_hit_rate * 100, 2);
+    if (s->spec_acceptance_rate == s->spec_acceptance_rate) {
+        line(f, "Draft acceptance rate (server, %):", s->spec_acceptance_rate * 100, 2);
+        line(f, "Tokens per verification (server):", s->spec_acceptance_length, 2);
+    }
     if (s->cached_reported)
         fprintf(f, "%-42s %10lld\n", "Cached prompt tokens (usage):", s->cached_tokens);
     dist_print(f, "TTFT", "Time to First Token", &s->ttft);
@@ -326,6 +333,8 @@ cJSON *summary_json(const struct summary *s)
         cJSON_AddNullToObject(o, "goodput");
     }
     num(o, "prefix_cache_hit_rate", s->prefix_cache_hit_rate);
+    num(o, "spec_acceptance_rate", s->spec_acceptance_rate);
+    num(o, "spec_acceptance_length", s->spec_acceptance_length);
     if (s->cached_reported)
         cJSON_AddNumberToObject(o, "cached_prompt_tokens", (double)s->cached_tokens);
     else

@@ -63,9 +63,12 @@ struct summary {
     int slo_set, good;
     double goodput;               /* requests/s meeting every objective */
     double prefix_cache_hit_rate; /* from the server's /metrics; NaN when not available */
-    long long cached_tokens;      /* sum of usage cached_tokens */
-    int cached_reported;          /* requests whose usage reported cached_tokens */
-    double bin_s;                 /* timeline bin width */
+    /* speculative decoding, from the server's /metrics (NaN when none ran): accepted /
+     * drafted tokens, and tokens a verification gives */
+    double spec_acceptance_rate, spec_acceptance_length;
+    long long cached_tokens; /* sum of usage cached_tokens */
+    int cached_reported;     /* requests whose usage reported cached_tokens */
+    double bin_s;            /* timeline bin width */
     int n_bins;
     double out_tps[STATS_MAX_BINS]; /* output tokens/s per bin */
     double load;                    /* the concurrency or request rate of this run (for sweeps) */

@@ -6,6 +6,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include <cjson/cJSON.h>
+
 #include "common/util.h"
 
 const char *arg_value(int argc, char **argv, int *i)
@@ -83,7 +85,16 @@ const char arg_engine_usage[] =
     "  --mlock                     lock the weights in memory (never paged out)\n"
     "  --hybrid-state-interval N   hybrid models: also keep a recurrent-state snapshot every N\n"
     "                              blocks of a sequence, for prefix hits (default 0: at the end\n"
-    "                              of each prompt's last full block and of a finished one's)\n";
+    "                              of each prompt's last full block and of a finished one's)\n"
+    "  --speculative-method M      ngram (prompt lookup) or draft (--speculative-model)\n"
+    "  --num-speculative-tokens K  drafts per request and step at most (default 4)\n"
+    "  --ngram-min N, --ngram-max N  prompt lookup n-gram sizes (default 1 and 4)\n"
+    "  --speculative-model DIR     the draft model (same tokenizer), for method draft\n"
+    "  --speculative-disable-by-batch-size N  drafts shrink to none as running requests\n"
+    "                              reach N (default 64)\n"
+    "  --speculative-config JSON   the above as vLLM's JSON: method, num_speculative_tokens,\n"
+    "                              prompt_lookup_min, prompt_lookup_max, model,\n"
+    "                              disable_by_batch_size\n";
 
 int arg_bytes(const char *opt, const char *v, size_t *out)
 {
@@ -117,6 +128,54 @@ bad:
     return -1;
 }
 
+static int spec_method_arg(const char *opt, const char *v, struct spec_config *sc)
+{
+    if (!strcmp(v, "ngram") || !strcmp(v, "prompt_lookup"))
+        sc->method = SPEC_NGRAM;
+    else if (!strcmp(v, "draft") || !strcmp(v, "draft_model"))
+        sc->method = SPEC_DRAFT;
+    else {
+        fprintf(stderr, "pagoda: %s: '%s' is not a method (ngram, draft)\n", opt, v);
+        return -1;
+    }
+    if (!sc->num_tokens) sc->num_tokens = 4;
+    return 0;
+}
+
+/* vLLM's --speculative-config: {"method": "ngram", "num_speculative_tokens": 4,
+ * "prompt_lookup_min": 2, "prompt_lookup_max": 5, "model": DIR, "disable_by_batch_size": N}.
+ * Strings stay in the parsed document, which lives as long as the process. */
+static int spec_config_arg(const char *opt, const char *v, struct spec_config *sc)
+{
+    cJSON *j = cJSON_Parse(v);
+    if (!cJSON_IsObject(j)) {
+        fprintf(stderr, "pagoda: %s: not a JSON object\n", opt);
+        cJSON_Delete(j);
+        return -1;
+    }
+    const cJSON *m = cJSON_GetObjectItem(j, "method"), *model = cJSON_GetObjectItem(j, "model");
+    if (cJSON_IsString(model)) sc->model_dir = model->valuestring;
+    if (cJSON_IsString(m)) {
+        if (spec_method_arg(opt, m->valuestring, sc)) return -1;
+    } else if (sc->model_dir) {
+        sc->method = SPEC_DRAFT; /* as vLLM: a model and no method is a draft model */
+        if (!sc->num_tokens) sc->num_tokens = 4;
+    }
+    static const char *const keys[] = {"num_speculative_tokens", "prompt_lookup_min",
+                                       "prompt_lookup_max", "disable_by_batch_size"};
+    int *dst[] = {&sc->num_tokens, &sc->ngram_min, &sc->ngram_max, &sc->disable_by_batch_size};
+    for (int k = 0; k < 4; k++) {
+        const cJSON *x = cJSON_GetObjectItem(j, keys[k]);
+        if (!x) continue;
+        if (!cJSON_IsNumber(x) || x->valuedouble < 1 || x->valuedouble > 1 << 20) {
+            fprintf(stderr, "pagoda: %s: %s must be a positive integer\n", opt, keys[k]);
+            return -1;
+        }
+        *dst[k] = x->valueint;
+    }
+    return 0;
+}
+
 int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg)
 {
     const char *a = argv[*i];
@@ -140,6 +199,31 @@ int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg)
         long x;
         if (!v || arg_int(a, v, 0, 1 << 20, &x)) return -1;
         cfg->hybrid_state_interval = (int)x;
+        return 1;
+    }
+    if (!strcmp(a, "--speculative-method") || !strcmp(a, "--speculative-config") ||
+        !strcmp(a, "--speculative-model")) {
+        const char *v = arg_value(argc, argv, i);
+        if (!v) return -1;
+        if (!strcmp(a, "--speculative-model")) {
+            cfg->spec.model_dir = v;
+            return 1;
+        }
+        return (a[14] == 'm' ? spec_method_arg(a, v, &cfg->spec)
+                             : spec_config_arg(a, v, &cfg->spec))
+                   ? -1
+                   : 1;
+    }
+    static const char *const spec_ints[] = {"--num-speculative-tokens", "--ngram-min",
+                                            "--ngram-max", "--speculative-disable-by-batch-size"};
+    for (size_t k = 0; k < 4; k++) {
+        if (strcmp(a, spec_ints[k])) continue;
+        const char *v = arg_value(argc, argv, i);
+        long x;
+        if (!v || arg_int(a, v, 1, k == 0 ? SPEC_MAX_TOKENS : 1 << 20, &x)) return -1;
+        int *dst[] = {&cfg->spec.num_tokens, &cfg->spec.ngram_min, &cfg->spec.ngram_max,
+                      &cfg->spec.disable_by_batch_size};
+        *dst[k] = (int)x;
         return 1;
     }
     if (!strcmp(a, "--device")) {

@@ -70,7 +70,7 @@ static size_t step_weight_bytes(const struct model *m, int B)
 static int bench_decode(int argc, char **argv)
 {
     const char *dir = NULL, *device = NULL;
-    long B = 1, P = 128, G = 32, threads = 0, K = 1;
+    long B = 1, P = 128, G = 32, threads = 0, K = 1, S = 0;
     int json = 0, no_bw = 0, overlap = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -101,6 +101,8 @@ static int bench_decode(int argc, char **argv)
             if (arg_int(a, v, 1, 1024, &threads)) return 2;
         } else if (!strcmp(a, "--prefill-seqs")) {
             if (arg_int(a, v, 1, 4096, &K)) return 2;
+        } else if (!strcmp(a, "--spec-rows")) {
+            if (arg_int(a, v, 0, 16, &S)) return 2;
         } else {
             fprintf(stderr, "pagoda bench decode: unknown option '%s'\n", a);
             return 2;
@@ -109,7 +111,9 @@ static int bench_decode(int argc, char **argv)
     if (!dir) {
         fprintf(stderr, "usage: pagoda bench decode --model DIR [--batch B] [--prompt-len P] "
                         "[--gen-len G] [--prefill-seqs K] [--threads N] [--device D] [--json] "
-                        "[--no-bandwidth] [--disable-overlap-schedule]\n");
+                        "[--no-bandwidth] [--disable-overlap-schedule] [--spec-rows K]\n"
+                        "  --spec-rows K  also time verification steps: 1 + K rows a sequence,\n"
+                        "                 logits on every row, K rolled back after each step\n");
         return 2;
     }
     if (K > B) K = B;
@@ -117,8 +121,10 @@ static int bench_decode(int argc, char **argv)
     /* Prefill K sequences per step (K * P tokens; one by default, so the step shape matches
      * a prompt), as a server batches prompts under its step budget. */
     struct runner r;
-    int max_tokens = (int)(P * K > B ? P * K : B);
-    if (runner_open(&r, dir, device, nth, (int)B, (int)(P + G + 1), max_tokens, (int)B)) return 1;
+    int max_tokens = (int)(P * K > B * (1 + S) ? P * K : B * (1 + S));
+    if (runner_open(&r, dir, device, nth, (int)B, (int)(P + (S ? 2 : 1) * G + S + 1), max_tokens,
+                    (int)(B * (1 + S))))
+        return 1;
     const struct model_config *c = &r.m->cfg;
     int on_cpu = !strcmp(r.be.ops->name, "cpu");
     if (overlap < 0) overlap = r.be.ops->async_picks; /* as the engine's default */
@@ -221,6 +227,33 @@ static int bench_decode(int argc, char **argv)
     free(pick_rows);
     qsort(step_t, (size_t)G, sizeof(double), cmp_double);
     double med = step_t[G / 2];
+    /* Speculative verification: every sequence appends its token and S drafts, logits on
+     * each row, greedy picks of them all; then its S draft rows are rolled back (the
+     * sequence grows by one a step, as with every draft rejected). */
+    double med_spec = 0;
+    if (S > 0) {
+        int32_t *vt = xmalloc(sizeof(int32_t) * (size_t)(B * (1 + S)));
+        int32_t *vpick = xmalloc(sizeof(int32_t) * (size_t)(B * (1 + S)));
+        for (long s = 0; s < B; s++) {
+            for (long j = 0; j <= S; j++)
+                vt[s * (1 + S) + j] = (int32_t)(bench_mix(x++) % (uint64_t)c->vocab);
+            toks[s] = vt + s * (1 + S);
+            counts[s] = (int)(1 + S);
+            all[s] = 1;
+        }
+        for (long s = 0; s < B; s++) r.len[s] -= 1; /* re-run the last decode position */
+        for (long g = 0; g < G; g++) {
+            double ts = util_now();
+            int nl = runner_step(&r, (int)B, NULL, toks, counts, all);
+            model_argmax(r.m, nl, vpick);
+            step_t[g] = util_now() - ts;
+            for (long s = 0; s < B; s++) r.len[s] -= (int32_t)S;
+        }
+        qsort(step_t, (size_t)G, sizeof(double), cmp_double);
+        med_spec = step_t[G / 2];
+        free(vt);
+        free(vpick);
+    }
     size_t step_bytes = step_weight_bytes(r.m, (int)B);
     double prefill_tps = (double)(B * P) / t_prefill;
     double decode_tps = (double)B / med;
@@ -235,10 +268,12 @@ static int bench_decode(int argc, char **argv)
                "\"decode_tokens_per_s\": %.2f, \"decode_step_ms_median\": %.3f, "
                "\"decode_tokens_per_s_mean\": %.2f, \"weight_bytes_per_step\": %zu, "
                "\"effective_read_gb_s\": %.2f, \"measured_read_gb_s\": %.2f, "
-               "\"prefill_gflop_s\": %.1f, \"overlap_schedule\": %s}\n",
+               "\"prefill_gflop_s\": %.1f, \"overlap_schedule\": %s, \"spec_rows\": %ld, "
+               "\"verify_step_ms_median\": %.3f, \"verify_over_decode\": %.3f}\n",
                dir, bi.device, nth, cpu_isa_name(cpu_isa_get()), B, K, P, G, prefill_tps,
                decode_tps, med * 1e3, (double)(B * G) / t_decode, step_bytes, eff_bw / 1e9,
-               bw / 1e9, prefill_tps * gflop_tok / 1e9, overlap ? "true" : "false");
+               bw / 1e9, prefill_tps * gflop_tok / 1e9, overlap ? "true" : "false", S,
+               med_spec * 1e3, S > 0 ? med_spec / med : 0.0);
     } else {
         printf("model      %s (%s, %.2f GB of weights streamed per decode step)\n", dir,
                c->arch_name, (double)step_bytes / 1e9);
@@ -251,6 +286,10 @@ static int bench_decode(int argc, char **argv)
                prefill_tps * gflop_tok / 1e9, K, K == 1 ? "" : "s");
         printf("decode     %.2f tokens/s (median step %.2f ms; mean %.2f tokens/s%s)\n", decode_tps,
                med * 1e3, (double)(B * G) / t_decode, overlap ? "" : "; steps not overlapped");
+        if (S > 0)
+            printf("verify     median step %.2f ms with 1 + %ld rows a sequence: %.3fx a decode "
+                   "step (steps not overlapped)\n",
+                   med_spec * 1e3, S, med_spec / med);
         if (bw > 0)
             printf("bandwidth  %.2f GB/s effective of %.2f GB/s measured read bandwidth (%.1f%%)\n",
                    eff_bw / 1e9, bw / 1e9, 100.0 * eff_bw / bw);

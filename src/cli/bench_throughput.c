@@ -14,6 +14,7 @@
 #include "common/util.h"
 #include "model/sampler.h"
 #include "sched/engine.h"
+#include "text/tokenizer.h"
 
 struct tp_state {
     pthread_mutex_t mu;
@@ -66,6 +67,8 @@ static void usage(FILE *f)
         "                    the first request runs its prompt before the others arrive\n"
         "  --temperature T   sampling temperature of every request (default 0: greedy)\n"
         "  --top-p P         nucleus of every request, in (0, 1] (default 1: off)\n"
+        "  --prompt-file F   every prompt is this text, tokenized (its first --input-len\n"
+        "                    tokens when given): e.g. a passage to reproduce, for n-gram drafts\n"
         "  --json            one JSON object instead of the table\n");
     fputs(arg_engine_usage, f);
 }
@@ -75,7 +78,8 @@ int cli_bench_throughput(int argc, char **argv)
     const char *dir = NULL;
     long n = 64, in_len = 128, out_len = 128, prefix = 0, seed = 1;
     double temperature = 0, top_p = 1;
-    int json = 0;
+    int json = 0, in_len_set = 0;
+    const char *prompt_file = NULL;
     struct engine_config cfg = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -94,6 +98,8 @@ int cli_bench_throughput(int argc, char **argv)
                 fprintf(stderr, "pagoda bench throughput: %s %s is out of range\n", a, v);
                 return 2;
             }
+        } else if (!strcmp(a, "--prompt-file")) {
+            if (!(prompt_file = arg_value(argc, argv, &i))) return 2;
         } else if (!strcmp(a, "--model") || !strcmp(a, "--num-prompts") ||
                    !strcmp(a, "--input-len") || !strcmp(a, "--output-len") ||
                    !strcmp(a, "--prefix-len") || !strcmp(a, "--seed")) {
@@ -102,7 +108,8 @@ int cli_bench_throughput(int argc, char **argv)
                 dir = v;
             else if (!strcmp(a, "--num-prompts") && arg_int(a, v, 1, 1 << 20, &n))
                 return 2;
-            else if (!strcmp(a, "--input-len") && arg_int(a, v, 1, 1 << 24, &in_len))
+            else if (!strcmp(a, "--input-len") && (in_len_set = 1) &&
+                     arg_int(a, v, 1, 1 << 24, &in_len))
                 return 2;
             else if (!strcmp(a, "--output-len") && arg_int(a, v, 1, 1 << 24, &out_len))
                 return 2;
@@ -124,10 +131,32 @@ int cli_bench_throughput(int argc, char **argv)
         fprintf(stderr, "pagoda bench throughput: --prefix-len must not exceed --input-len\n");
         return 2;
     }
+    int32_t *file_ids = NULL;
+    size_t n_file = 0;
+    struct err e = {0};
+    if (prompt_file) {
+        char *text = util_read_file(prompt_file, NULL, NULL);
+        struct tok *tk = text ? tok_load(dir, &e) : NULL;
+        int32_t *ids = NULL;
+        size_t n_ids = 0;
+        if (!text || !tk || tok_encode(tk, text, strlen(text), 1, &ids, &n_ids, &e) || n_ids < 1) {
+            fprintf(stderr, "pagoda bench throughput: --prompt-file %s: %s\n", prompt_file,
+                    text ? e.msg : "cannot read it");
+            free(text);
+            tok_destroy(tk);
+            free(ids);
+            return 1;
+        }
+        free(text);
+        tok_destroy(tk);
+        file_ids = ids;
+        n_file = n_ids;
+        if (!in_len_set || (size_t)in_len > n_file) in_len = (long)n_file;
+        if (prefix > in_len) prefix = in_len;
+    }
     cfg.model_dir = dir;
     /* Weights read from disk mid-run would measure the disk: lock them, as bench decode does. */
     cfg.mlock = 1;
-    struct err e = {0};
     struct engine *en = engine_create(&cfg, &e);
     if (!en) {
         fprintf(stderr, "pagoda bench throughput: %s\n", e.msg);
@@ -143,6 +172,9 @@ int cli_bench_throughput(int argc, char **argv)
                 (int32_t)(rng_next(&rng) % (uint64_t)vocab); /* shared prefix below */
     for (long r = 1; r < n; r++)
         memcpy(prompts + r * in_len, prompts, sizeof(int32_t) * (size_t)prefix);
+    for (long r = 0; file_ids && r < n; r++)
+        memcpy(prompts + r * in_len, file_ids, sizeof(int32_t) * (size_t)in_len);
+    free(file_ids);
 
     struct tp_state st = {.n = (int)n, .remaining = 0};
     pthread_mutex_init(&st.mu, NULL);
@@ -190,6 +222,11 @@ int cli_bench_throughput(int argc, char **argv)
         double out_tok = (double)st.tokens, in_tok = (double)n * (double)in_len;
         double dec_t = t1 - st.t_all_first;
         double dec_rate = dec_t > 0 ? (double)(st.tokens - st.tokens_at_all_first) / dec_t : 0;
+        int sm = cfg.spec.method;
+        /* tokens one verification gives: the accepted drafts and the target's own */
+        double mean_len = es.spec_drafts[sm] ? 1.0 + (double)es.spec_accepted_tokens[sm] /
+                                                         (double)es.spec_drafts[sm]
+                                             : 0.0;
         double hit = es.prefix_query_tokens
                          ? (double)es.prefix_hit_tokens / (double)es.prefix_query_tokens
                          : 0;
@@ -199,11 +236,15 @@ int cli_bench_throughput(int argc, char **argv)
                    "\"output_tokens\": %llu, \"elapsed_s\": %.3f, \"requests_per_s\": %.3f, "
                    "\"output_tokens_per_s\": %.2f, \"total_tokens_per_s\": %.2f, "
                    "\"decode_tokens_per_s\": %.2f, \"prefix_hit_rate\": %.4f, "
-                   "\"preemptions\": %llu, \"steps\": %llu, \"steps_overlapped\": %llu}\n",
+                   "\"preemptions\": %llu, \"steps\": %llu, \"steps_overlapped\": %llu, "
+                   "\"spec_method\": \"%s\", \"spec_draft_tokens\": %llu, "
+                   "\"spec_accepted_tokens\": %llu, \"spec_mean_acceptance_length\": %.3f}\n",
                    n, in_len, out_len, prefix, temperature, top_p, (unsigned long long)st.tokens,
                    el, (double)n / el, out_tok / el, (in_tok + out_tok) / el, dec_rate, hit,
                    (unsigned long long)es.preemptions, (unsigned long long)es.steps,
-                   (unsigned long long)es.steps_overlapped);
+                   (unsigned long long)es.steps_overlapped, spec_method_name(cfg.spec.method),
+                   (unsigned long long)es.spec_draft_tokens[sm],
+                   (unsigned long long)es.spec_accepted_tokens[sm], mean_len);
         } else {
             printf("requests          %ld x (%ld in + %ld out, %ld shared), %s\n", n, in_len,
                    out_len, prefix, temperature > 0 ? "sampled" : "greedy");
@@ -217,6 +258,22 @@ int cli_bench_throughput(int argc, char **argv)
                    (unsigned long long)es.prefix_hit_tokens,
                    (unsigned long long)es.prefix_query_tokens);
             printf("preemptions       %llu\n", (unsigned long long)es.preemptions);
+            if (sm) {
+                printf("speculative       %s: %llu of %llu drafts accepted (%.1f%%), %.2f tokens a "
+                       "verification\n",
+                       spec_method_name(cfg.spec.method),
+                       (unsigned long long)es.spec_accepted_tokens[sm],
+                       (unsigned long long)es.spec_draft_tokens[sm],
+                       es.spec_draft_tokens[sm] ? 100.0 * (double)es.spec_accepted_tokens[sm] /
+                                                      (double)es.spec_draft_tokens[sm]
+                                                : 0.0,
+                       mean_len);
+                printf("accepted drafts  ");
+                for (int a = 0; a <= SPEC_MAX_TOKENS; a++)
+                    if (es.spec_accept_hist[sm][a])
+                        printf(" %d:%llu", a, (unsigned long long)es.spec_accept_hist[sm][a]);
+                printf("  (verifications by drafts accepted)\n");
+            }
         }
     }
     pthread_mutex_destroy(&st.mu);

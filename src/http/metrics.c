@@ -147,6 +147,64 @@ static void hist_render(struct http_buf *o, struct hist *h, const char *name, co
     hist_lines(o, name, h->bounds, h->n, counts, sum);
 }
 
+/* Speculative decoding by method, for the methods that verified anything: pagoda's names
+ * and vLLM's (vllm:spec_decode_*) side by side. */
+static void spec_render(const struct engine_stats *st, struct http_buf *o)
+{
+    int any = 0;
+    for (int m = 1; m < SPEC_METHODS; m++) any |= st->spec_drafts[m] > 0;
+    if (!any) return;
+    static const char *const names[][2] = {
+        {"pagoda_spec_decode_drafts_total", "vllm:spec_decode_num_drafts"},
+        {"pagoda_spec_decode_draft_tokens_total", "vllm:spec_decode_num_draft_tokens"},
+        {"pagoda_spec_decode_accepted_tokens_total", "vllm:spec_decode_num_accepted_tokens"}};
+    static const char *const help[] = {"Verifications: a request's drafts checked in one step.",
+                                       "Draft tokens verified.", "Draft tokens accepted."};
+    for (int k = 0; k < 3; k++)
+        for (int v = 0; v < 2; v++) {
+            head(o, names[k][v], "counter", help[k]);
+            for (int m = 1; m < SPEC_METHODS; m++) {
+                if (!st->spec_drafts[m]) continue;
+                const uint64_t *c = k == 0   ? st->spec_drafts
+                                    : k == 1 ? st->spec_draft_tokens
+                                             : st->spec_accepted_tokens;
+                http_buf_printf(o, "%s{method=\"%s\"} %llu\n", names[k][v],
+                                spec_method_name((enum spec_method)m), (unsigned long long)c[m]);
+            }
+        }
+    head(o, "vllm:spec_decode_num_accepted_tokens_per_pos", "counter",
+         "Draft tokens accepted by position in the draft.");
+    for (int m = 1; m < SPEC_METHODS; m++)
+        for (int i = 0; st->spec_drafts[m] && i < SPEC_MAX_TOKENS; i++)
+            if (st->spec_accepted_pos[m][i] || i == 0)
+                http_buf_printf(o,
+                                "vllm:spec_decode_num_accepted_tokens_per_pos{method=\"%s\","
+                                "position=\"%d\"} %llu\n",
+                                spec_method_name((enum spec_method)m), i,
+                                (unsigned long long)st->spec_accepted_pos[m][i]);
+    head(o, "pagoda_spec_decode_acceptance_length", "histogram",
+         "Draft tokens accepted per verification.");
+    for (int m = 1; m < SPEC_METHODS; m++) {
+        if (!st->spec_drafts[m]) continue;
+        const char *mn = spec_method_name((enum spec_method)m);
+        uint64_t cum = 0;
+        for (int a = 0; a <= SPEC_MAX_TOKENS; a++) {
+            cum += st->spec_accept_hist[m][a];
+            http_buf_printf(o,
+                            "pagoda_spec_decode_acceptance_length_bucket{method=\"%s\",le=\"%d\"} "
+                            "%llu\n",
+                            mn, a, (unsigned long long)cum);
+        }
+        http_buf_printf(o,
+                        "pagoda_spec_decode_acceptance_length_bucket{method=\"%s\",le=\"+Inf\"} "
+                        "%llu\npagoda_spec_decode_acceptance_length_sum{method=\"%s\"} %llu\n"
+                        "pagoda_spec_decode_acceptance_length_count{method=\"%s\"} %llu\n",
+                        mn, (unsigned long long)cum, mn,
+                        (unsigned long long)st->spec_accepted_tokens[m], mn,
+                        (unsigned long long)cum);
+    }
+}
+
 static void engine_render(const struct engine_stats *st, struct http_buf *o)
 {
     head(o, "pagoda_requests_running", "gauge", "Requests in the running batch.");
@@ -200,6 +258,7 @@ static void engine_render(const struct engine_stats *st, struct http_buf *o)
     head(o, "pagoda_engine_step_seconds", "histogram", "Duration of one engine step.");
     hist_lines(o, "pagoda_engine_step_seconds", engine_step_bucket_bounds, ENGINE_STEP_BUCKETS,
                st->step_hist, st->step_time_sum);
+    spec_render(st, o);
 }
 
 void http_metrics_render(struct http_metrics *m, const struct engine_stats *st, struct http_buf *o)

@@ -278,6 +278,15 @@ static void stats_add(struct engine_stats *a, const struct engine_stats *b)
     a->steps_overlapped += b->steps_overlapped;
     for (int i = 0; i <= ENGINE_STEP_BUCKETS; i++) a->step_hist[i] += b->step_hist[i];
     a->step_time_sum += b->step_time_sum;
+    for (int m = 0; m < SPEC_METHODS; m++) {
+        a->spec_drafts[m] += b->spec_drafts[m];
+        a->spec_draft_tokens[m] += b->spec_draft_tokens[m];
+        a->spec_accepted_tokens[m] += b->spec_accepted_tokens[m];
+        for (int i = 0; i <= SPEC_MAX_TOKENS; i++)
+            a->spec_accept_hist[m][i] += b->spec_accept_hist[m][i];
+        for (int i = 0; i < SPEC_MAX_TOKENS; i++)
+            a->spec_accepted_pos[m][i] += b->spec_accepted_pos[m][i];
+    }
 }
 
 int http_models_stats(struct http_models *ms, struct engine_stats *out)

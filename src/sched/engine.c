@@ -6,6 +6,7 @@
 
 #include "common/util.h"
 #include "sched/engine_impl.h"
+#include "sched/spec.h"
 
 const double engine_step_bucket_bounds[ENGINE_STEP_BUCKETS] = {
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0};
@@ -185,6 +186,12 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
                                                                   : cfg->max_num_batched_tokens;
     int lp_rows = cfg->max_num_batched_tokens < 256 ? cfg->max_num_batched_tokens : 256;
     en->max_logits = seq_cap + lp_rows;
+    if (cfg->spec.method != SPEC_NONE) { /* verification rows: K more per speculating request */
+        int k = cfg->spec.num_tokens > 0 ? cfg->spec.num_tokens : 1, extra = seq_cap * k;
+        if (extra > 256) extra = 256;
+        if (extra > cfg->max_num_batched_tokens) extra = cfg->max_num_batched_tokens;
+        en->max_logits += extra;
+    }
     if (model_state_alloc(en->m, cfg->max_num_batched_tokens, en->max_logits, (int)n_blocks,
                           en->block_size, (int)n_states, e)) {
         engine_destroy(en);
@@ -219,6 +226,13 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
                        en->be.ops->name, en->be.ops->kv_value_bytes, en->block_size);
     kv_pool_init(&en->pool, (int)n_blocks, en->block_size, fp, (size_t)fpn);
     kv_pool_init(&en->states, (int)n_states, 1, fp, (size_t)fpn);
+    if (spec_create(en, e)) {
+        engine_destroy(en);
+        return NULL;
+    }
+    /* A verification's tokens are not one pick per row: no step goes out before the last
+     * one's tokens are read (and each step's time is its own, for the draft length). */
+    if (en->spec) en->overlap = 0;
 
     int T = cfg->max_num_batched_tokens;
     en->b_tokens = xmalloc(sizeof(int32_t) * (size_t)T);
@@ -380,6 +394,9 @@ uint64_t engine_submit(struct engine *en, const struct engine_request *q, struct
     r->n_prompt = r->n_tokens = q->n_prompt;
     r->ph_pos = r->ph_row = -1;
     r->state_slot = -1;
+    r->spec_rate = 1.0f;
+    r->state_backup = -1;
+    if (en->spec && en->spec->draft) r->dblocks = xmalloc(sizeof(int32_t) * (size_t)en->max_blocks);
     r->cap = q->n_prompt + (q->embed ? 0 : q->sp.max_tokens);
     r->tokens = xmalloc(sizeof(int32_t) * (size_t)r->cap);
     memcpy(r->tokens, q->prompt, sizeof(int32_t) * (size_t)q->n_prompt);
@@ -556,6 +573,7 @@ static void free_request(struct request *r)
 {
     free(r->tokens);
     free(r->blocks);
+    free(r->dblocks);
     free(r->hashes);
     free(r->stop_ids);
     free(r->bias);
@@ -586,6 +604,7 @@ void req_finish(struct engine *en, struct request *r, enum finish_reason why, in
     else if (r->state == RS_WAITING)
         list_remove(&en->waiting, r);
     req_release_state(en, r);
+    spec_release(en, r);
     kv_release(&en->pool, r->blocks, r->n_blocks);
     r->n_blocks = 0;
     r->state = RS_DONE;
@@ -654,6 +673,7 @@ void engine_destroy(struct engine *en)
     free(en->hidden);
     free(en->emb_out);
     pooling_config_dispose(&en->pooling);
+    spec_destroy(en);
     kv_pool_dispose(&en->pool);
     kv_pool_dispose(&en->states);
     if (en->m) model_destroy(en->m);

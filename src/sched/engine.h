@@ -146,6 +146,26 @@ struct engine_request {
     void *user;
 };
 
+/* Speculative decoding (after vLLM's --speculative-config). */
+enum spec_method {
+    SPEC_NONE = 0,
+    SPEC_NGRAM, /* prompt lookup: the tokens that followed the latest earlier match of the
+                   context's last n-gram (ngram_max down to ngram_min tokens) */
+    SPEC_DRAFT, /* a smaller model with the same vocabulary, greedy, its own paged KV */
+};
+#define SPEC_METHODS    3
+#define SPEC_MAX_TOKENS 16 /* drafts per request and step at most */
+
+const char *spec_method_name(enum spec_method m); /* "none", "ngram", "draft" */
+
+struct spec_config {
+    enum spec_method method;
+    int num_tokens;            /* K: drafts per request and step at most (0: 4) */
+    int ngram_min, ngram_max;  /* prompt lookup n-gram sizes; 0: 1 and 4 */
+    const char *model_dir;     /* SPEC_DRAFT: the draft model's folder */
+    int disable_by_batch_size; /* K shrinks to 0 as running requests reach this; 0: 64 */
+};
+
 struct engine_config {
     const char *model_dir;
     const char *device;            /* "cpu" (default); "cuda", "cuda:N" where built */
@@ -172,6 +192,10 @@ struct engine_config {
      * and a finished sequence's last full block, a snapshot of the recurrent state every N
      * blocks of a sequence (0: only those) */
     int hybrid_state_interval;
+    /* Speculative decoding (method SPEC_NONE: off). Drafts ride as extra query rows of
+     * their request in the same steps as everything else; the target's own pick of each
+     * row decides, so greedy and seeded outputs are those of plain decoding. */
+    struct spec_config spec;
 };
 
 /* Step-time histogram bounds in seconds (a last bucket catches the rest). */
@@ -194,6 +218,14 @@ struct engine_stats {
     uint64_t steps_overlapped; /* steps launched before the previous step's tokens were read */
     uint64_t step_hist[ENGINE_STEP_BUCKETS + 1]; /* counts per bucket (cumulate for Prometheus) */
     double step_time_sum;                        /* seconds */
+    /* speculative decoding, by method (enum spec_method): verifications (a request's
+     * drafts checked in one step), draft tokens, accepted tokens, verifications by the
+     * number of drafts accepted (0..SPEC_MAX_TOKENS), and accepted drafts by position */
+    uint64_t spec_drafts[SPEC_METHODS];
+    uint64_t spec_draft_tokens[SPEC_METHODS];
+    uint64_t spec_accepted_tokens[SPEC_METHODS];
+    uint64_t spec_accept_hist[SPEC_METHODS][SPEC_MAX_TOKENS + 1];
+    uint64_t spec_accepted_pos[SPEC_METHODS][SPEC_MAX_TOKENS];
 };
 
 /** Loads the model and sizes the KV pool; starts the engine thread unless manual. */

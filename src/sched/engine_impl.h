@@ -39,6 +39,18 @@ struct request {
     int n_committed;        /* blocks registered in the index */
     int32_t state_slot;     /* recurrent-state slot while running (hybrid models), else -1 */
 
+    /* speculative decoding (sched/spec.c): drafts for the next step in tokens[n_tokens ..
+     * n_tokens + n_draft) (scratch past the known tokens), the measured acceptance (moving
+     * average of accepted / drafted), the generator before a step's rows drew their
+     * numbers (rows sampled by the backend), and the draft model's block table and the
+     * tokens whose K/V it holds */
+    int n_draft;
+    float spec_rate;
+    struct rng rng_saved;
+    int32_t *dblocks; /* [max_blocks] */
+    int n_dblocks, d_computed;
+    int32_t state_backup; /* hybrid models: a copy of the state before a verification, or -1 */
+
     struct sampling_params sp; /* stop_ids / logit_bias point into owned copies */
     int32_t *stop_ids;
     struct logit_bias *bias;
@@ -79,6 +91,7 @@ struct step_seq {
     int samples;   /* the step completes the request's tokens: its last row picks the next */
     int hid_row;   /* embedding requests: first hidden row of this sequence in the step */
     int n_hid;     /* and their number */
+    int n_spec;    /* drafts verified: its n_new = 1 + n_spec rows, each with logits */
 };
 
 struct engine {
@@ -104,6 +117,7 @@ struct engine {
     int delta_chunk;
     int32_t *b_chunked; /* [seq_cap] chunk_mark of each step sequence */
     struct pooling_config pooling;
+    struct spec *spec; /* speculative decoding (sched/spec.c), NULL when off */
 
     /* guarded by mu */
     pthread_mutex_t mu;
@@ -185,6 +199,15 @@ void req_count_finish(struct engine *en, enum finish_reason why);
  * FINISH event goes out (counted first); without, the caller has already sent its end with
  * the last token and counted it. */
 void req_finish(struct engine *en, struct request *r, enum finish_reason why, int emit);
+
+/* Appends t to r's output (or fills its placeholder), sends its event and applies the stop
+ * checks; `row` is t's logit row on the host when log-probabilities are asked. Returns the
+ * finish reason: when not FINISH_NONE, r is retired and freed. */
+enum finish_reason step_emit(struct engine *en, struct request *r, int32_t t, const float *row);
+/* Hybrid models: n_new capped so that a chunk ends where a state snapshot is due. */
+int step_cap_snapshot(const struct engine *en, const struct request *r, int computed, int n_new);
+/* Registers r's full blocks of known tokens that its computed rows cover. */
+void step_commit_blocks(struct engine *en, struct request *r);
 
 /* embed.c: embedding requests */
 /* Whether r's pooling needs rows prefix caching would skip (mean, cls): no cache lookup. */

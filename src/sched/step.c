@@ -9,6 +9,7 @@
 
 #include "common/util.h"
 #include "sched/engine_impl.h"
+#include "sched/spec.h"
 
 static int min_i(int a, int b)
 {
@@ -66,7 +67,7 @@ static void snapshot(struct engine *en, struct request *r)
 }
 
 /* Hybrid models: a chunk ends where a snapshot is due, so that the state is there to copy. */
-static int cap_snapshot(const struct engine *en, const struct request *r, int computed, int n_new)
+int step_cap_snapshot(const struct engine *en, const struct request *r, int computed, int n_new)
 {
     if (!en->hybrid || en->cfg.disable_prefix_caching) return n_new;
     int bs = en->block_size, end = computed + n_new, iv = en->cfg.hybrid_state_interval;
@@ -93,6 +94,7 @@ static void preempt(struct engine *en, struct request *v, uint64_t *n_preempt)
 {
     list_remove(&en->running, v);
     req_release_state(en, v);
+    spec_release(en, v);
     kv_release(&en->pool, v->blocks, v->n_blocks);
     v->n_blocks = 0;
     v->n_computed = 0;
@@ -133,7 +135,7 @@ static int host_row_params(const struct sampling_params *sp)
 static int pickable(const struct engine *en, const struct request *r)
 {
     return !r->plp && !r->embed && !r->gm && !r->steer && !host_row_params(&r->sp) &&
-           (r->sp.temperature <= 0 || model_can_sample(en->m));
+           (r->sp.temperature <= 0 || model_can_sample(en->m)) && !en->spec;
 }
 
 /*
@@ -153,12 +155,16 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
      * priority, latest arrival) goes back to waiting and will be recomputed. */
     for (struct request *r = en->running.head; r && budget > 0 && n_plan < seq_cap;) {
         int n_new = cap_prompt_rows(r, min_i(r->n_tokens - r->n_computed, budget), *lp_left);
-        n_new = cap_snapshot(en, r, r->n_computed, n_new);
+        n_new = step_cap_snapshot(en, r, r->n_computed, n_new);
         n_new = cap_chunk(en, r, r->n_computed, n_new);
         if (n_new <= 0) {
             r = r->next;
             continue;
         }
+        /* Drafts ride as extra rows where the budget, the logit rows and the pool have room
+         * for them (they never preempt anything). */
+        int k = ahead || n_new != 1 ? 0 : spec_plan(en, r, budget - 1, *lp_left);
+        n_new += k;
         int need = blocks_needed(en, r->n_computed, r->n_blocks, n_new), self = 0;
         if (ahead && !kv_can_allocate(&en->pool, need, NULL, 0)) {
             en->want_sync = 1;
@@ -177,9 +183,11 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
         if (self) break;
         kv_allocate(&en->pool, need, r->blocks + r->n_blocks);
         r->n_blocks += need;
-        plan[n_plan++] = (struct step_seq){r, n_new, -1, 0, 0, 0, 0, 0};
+        if (k > 0) spec_commit(en, r);
+        plan[n_plan++] = (struct step_seq){r, n_new, -1, 0, 0, 0, 0, 0, k};
         budget -= n_new;
         if (wants_prompt_rows(r)) *lp_left -= n_new;
+        *lp_left -= k;
         r = r->next;
     }
     en->plan_n[en->cur] = n_plan;
@@ -206,7 +214,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
         int computed = n_hit * en->block_size;
         int n_new = min_i(r->n_tokens - computed, budget);
         if (wants_prompt_rows(r)) n_new = min_i(n_new, *lp_left);
-        n_new = cap_snapshot(en, r, computed, n_new);
+        n_new = step_cap_snapshot(en, r, computed, n_new);
         n_new = cap_chunk(en, r, computed, n_new);
         if (n_new <= 0) break;
         int need = blocks_needed(en, computed, n_hit, n_new);
@@ -235,7 +243,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
         list_remove(&en->waiting, r);
         r->state = RS_RUNNING;
         list_insert_ordered(&en->running, r);
-        plan[n_plan++] = (struct step_seq){r, n_new, -1, 0, 0, 0, 0, 0};
+        plan[n_plan++] = (struct step_seq){r, n_new, -1, 0, 0, 0, 0, 0, 0};
         en->plan_n[en->cur] = n_plan;
         budget -= n_new;
         if (wants_prompt_rows(r)) *lp_left -= n_new;
@@ -270,7 +278,11 @@ static int build_batch(struct engine *en, int n_plan, struct fwd_batch *b)
         int32_t *row = en->b_bt + (size_t)s * en->max_blocks;
         for (int i = 0; i < r->n_blocks; i++) row[i] = r->blocks[i] < 0 ? 0 : r->blocks[i];
         int done = r->n_computed + p->n_new == r->n_tokens;
-        if (wants_prompt_rows(r)) {
+        if (p->n_spec > 0) { /* verification: every row's logits */
+            p->logit_row = nl;
+            p->n_logits = p->n_new;
+            for (int j = 0; j < p->n_new; j++) en->b_logit_rows[nl++] = en->b_qstart[s] + j;
+        } else if (wants_prompt_rows(r)) {
             p->logit_row = nl;
             p->n_logits = p->n_new;
             p->all_rows = 1;
@@ -280,7 +292,7 @@ static int build_batch(struct engine *en, int n_plan, struct fwd_batch *b)
             p->n_logits = 1;
             en->b_logit_rows[nl++] = nt - 1;
         }
-        p->samples = done && p->n_logits > 0;
+        p->samples = (done || p->n_spec > 0) && p->n_logits > 0;
         if (r->embed) {
             p->hid_row = nh;
             p->n_hid = embed_plan_rows(en, p, en->b_qstart[s], en->b_hidden_rows + nh);
@@ -343,7 +355,7 @@ static enum finish_reason stop_check(const struct engine *en, const struct reque
 
 /* Registers the request's full blocks of known tokens that its computed rows cover, for
  * prefix sharing. */
-static void commit_blocks(struct engine *en, struct request *r)
+void step_commit_blocks(struct engine *en, struct request *r)
 {
     if (en->cfg.disable_prefix_caching) return;
     update_hashes(en, r);
@@ -364,14 +376,15 @@ static void advance(struct engine *en, struct step_seq *p, struct step_counts *s
     if (!r) return;
     if (r->embed) embed_take(en, p);
     int bs = en->block_size, old = r->n_computed;
-    r->n_computed += p->n_new;
+    r->n_computed += p->n_new - p->n_spec; /* the accepted drafts are added by spec_verify */
     if (old < r->n_prompt) sc->prompt_tokens += (uint64_t)(min_i(r->n_computed, r->n_prompt) - old);
 
     if (p->all_rows)
         record_prompt_logprobs(en, r, old, p->n_logits,
                                en->logits + (size_t)p->logit_row * en->vocab);
-    commit_blocks(en, r);
-    snapshot(en, r);
+    step_commit_blocks(en, r);
+    /* a verification's state is that after all its rows until spec_verify settles it */
+    if (!p->n_spec) snapshot(en, r);
 
     /* Every layer windowed: blocks wholly behind the next query's window are released
      * (they stay cached under their hash). A step still in flight may read them, but any
@@ -429,14 +442,23 @@ static void result(struct engine *en, struct step_seq *p)
         emit(r, &ev);
         r->plp_sent = 1;
     }
+    if (p->n_spec > 0) {
+        spec_verify(en, p);
+        return;
+    }
     const int lr = p->logit_row + p->n_logits - 1;
     const float *row = en->logits + (size_t)lr * en->vocab;
     int32_t t = en->greedy_step ? en->greedy[lr] : sample_next(en, r, row);
     if (r->steer) t = steer_pick(r, t);
+    step_emit(en, r, t, row);
+}
+
+enum finish_reason step_emit(struct engine *en, struct request *r, int32_t t, const float *row)
+{
     if (r->ph_pos >= 0) { /* the placeholder this step's pick stands behind */
         r->tokens[r->ph_pos] = t;
         r->ph_pos = r->ph_row = -1;
-        commit_blocks(en, r);
+        step_commit_blocks(en, r);
     } else {
         r->tokens[r->n_tokens++] = t;
     }
@@ -459,6 +481,7 @@ static void result(struct engine *en, struct step_seq *p)
     if (ev.finish != FINISH_NONE) req_count_finish(en, ev.finish);
     emit(r, &ev);
     if (ev.finish != FINISH_NONE) req_finish(en, r, ev.finish, 0);
+    return ev.finish;
 }
 
 /* For each sequence whose token the launched step picks: a placeholder at the end of its
@@ -469,7 +492,7 @@ static void add_placeholders(struct engine *en, struct step_seq *plan, int n_pla
     for (int s = 0; s < n_plan; s++) {
         struct step_seq *p = &plan[s];
         struct request *r = p->r;
-        if (!r || !p->samples) continue;
+        if (!r || !p->samples || p->n_spec > 0) continue;
         if (r->n_output + 1 >= r->sp.max_tokens || r->n_tokens + 1 >= en->max_model_len) continue;
         r->ph_pos = r->n_tokens;
         r->ph_row = p->logit_row + p->n_logits - 1;
@@ -512,6 +535,10 @@ static int device_sample(struct engine *en, int n_plan, int nl)
         const struct step_seq *p = &plan[s];
         struct request *r = p->r;
         if (!p->samples) continue;
+        if (p->n_spec > 0) {
+            spec_draw_rows(en, p, en->srow);
+            continue;
+        }
         const struct sampling_params *sp = &r->sp;
         struct sample_row *row = &en->srow[p->logit_row + p->n_logits - 1];
         row->temperature = sp->temperature;
@@ -587,7 +614,7 @@ int step_run(struct engine *en)
     struct step_counts sc = {0};
     int seq_cap = min_i(en->cfg.max_num_seqs, en->cfg.max_num_batched_tokens);
     int lp_left = en->max_logits - seq_cap;
-    int n_plan = 0, ran = 0, overlapped = 0;
+    int n_plan = 0, ran = 0, overlapped = 0, spec_rows = 0;
     if (en->fly_n > 0 && may_overlap(en)) {
         /* The next step first, its inputs the picks in flight; then those picks. */
         n_plan = plan_step(en, &sc, &lp_left, 1);
@@ -614,7 +641,13 @@ int step_run(struct engine *en)
             collect(en, &sc);
         }
         en->want_sync = 0;
+        spec_propose(en);
         n_plan = plan_step(en, &sc, &lp_left, 0);
+        for (int s = 0; en->spec && s < n_plan; s++) { /* only decoding or verifying */
+            const struct step_seq *p = &en->plans[en->cur][s];
+            spec_rows += p->n_new;
+            if (p->n_new - p->n_spec != 1) spec_rows = -(1 << 30);
+        }
         if (n_plan > 0) {
             struct fwd_batch b;
             int nl = build_batch(en, n_plan, &b);
@@ -645,6 +678,7 @@ int step_run(struct engine *en)
         if (!live) collect(en, &sc);
     }
     double dt = util_now() - t0;
+    if (spec_rows > 0) spec_observe(en, spec_rows, dt);
 
     pthread_mutex_lock(&en->mu);
     struct engine_stats *st = &en->stats;
