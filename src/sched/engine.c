@@ -219,6 +219,11 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
                        en->be.ops->name, en->be.ops->kv_value_bytes, en->block_size);
     kv_pool_init(&en->pool, (int)n_blocks, en->block_size, fp, (size_t)fpn);
     kv_pool_init(&en->states, (int)n_states, 1, fp, (size_t)fpn);
+    if (tier_open(en, fp, e)) {
+        engine_destroy(en);
+        return NULL;
+    }
+    tier_publish(en, &en->stats); /* /metrics names the tier from the start */
 
     int T = cfg->max_num_batched_tokens;
     en->b_tokens = xmalloc(sizeof(int32_t) * (size_t)T);
@@ -380,6 +385,7 @@ uint64_t engine_submit(struct engine *en, const struct engine_request *q, struct
     r->n_prompt = r->n_tokens = q->n_prompt;
     r->ph_pos = r->ph_row = -1;
     r->state_slot = -1;
+    r->load_id = -1;
     r->cap = q->n_prompt + (q->embed ? 0 : q->sp.max_tokens);
     r->tokens = xmalloc(sizeof(int32_t) * (size_t)r->cap);
     memcpy(r->tokens, q->prompt, sizeof(int32_t) * (size_t)q->n_prompt);
@@ -507,10 +513,16 @@ static int one_iteration(struct engine *en)
     pthread_mutex_unlock(&en->mu);
     finish_aborted(en, &en->waiting);
     finish_aborted(en, &en->running);
+    tier_poll(en, 0);
     if ((en->waiting.n || en->running.n) && step_run(en) == 0 && !en->running.n && en->waiting.n) {
-        /* Nothing runs and the first waiting request cannot start even in an idle pool:
-         * it can never run, so it ends instead of stalling the queue. */
-        req_finish(en, en->waiting.head, FINISH_ERROR, 1);
+        if (en->n_loading) {
+            /* nothing to step but blocks on their way from disk: wait for some */
+            tier_poll(en, 0.05);
+        } else {
+            /* Nothing runs and the first waiting request cannot start even in an idle
+             * pool: it can never run, so it ends instead of stalling the queue. */
+            req_finish(en, en->waiting.head, FINISH_ERROR, 1);
+        }
     }
     step_publish_gauges(en);
     return en->waiting.n + en->running.n;
@@ -584,6 +596,7 @@ void req_finish(struct engine *en, struct request *r, enum finish_reason why, in
     else if (r->state == RS_WAITING)
         list_remove(&en->waiting, r);
     req_release_state(en, r);
+    tier_cancel(en, r);
     kv_release(&en->pool, r->blocks, r->n_blocks);
     r->n_blocks = 0;
     r->state = RS_DONE;
@@ -652,6 +665,7 @@ void engine_destroy(struct engine *en)
     free(en->hidden);
     free(en->emb_out);
     pooling_config_dispose(&en->pooling);
+    tier_close(en);
     kv_pool_dispose(&en->pool);
     kv_pool_dispose(&en->states);
     if (en->m) model_destroy(en->m);

@@ -33,6 +33,7 @@
 #include "model/config.h"
 #include "model/pooling.h"
 #include "model/sampler.h"
+#include "paged_kv/kv_tier.h"
 #include "text/grammar.h"
 
 enum finish_reason {
@@ -162,6 +163,10 @@ struct engine_config {
      * and a finished sequence's last full block, a snapshot of the recurrent state every N
      * blocks of a sequence (0: only those) */
     int hybrid_state_interval;
+    /* The disk tier (docs/engine.md, "KV tiers"): full blocks are written under this
+     * directory and a prefix that misses the pool is loaded from there; NULL: none */
+    const char *kv_disk_dir;
+    size_t kv_disk_size; /* its byte budget; 0: 16 GiB */
 };
 
 /* Step-time histogram bounds in seconds (a last bucket catches the rest). */
@@ -184,6 +189,12 @@ struct engine_stats {
     uint64_t steps_overlapped; /* steps launched before the previous step's tokens were read */
     uint64_t step_hist[ENGINE_STEP_BUCKETS + 1]; /* counts per bucket (cumulate for Prometheus) */
     double step_time_sum;                        /* seconds */
+    /* the disk tier (tier_on 0: none, the rest 0) */
+    int tier_on;
+    struct kv_tier_stats tier;
+    uint64_t tier_query_tokens; /* prompt tokens past the pool's hits looked up on disk */
+    uint64_t tier_hit_tokens;   /* of those, loaded from disk */
+    uint64_t tier_bypasses;     /* loads skipped: recomputing was estimated faster */
 };
 
 /** Loads the model and sizes the KV pool; starts the engine thread unless manual. */
