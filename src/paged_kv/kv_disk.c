@@ -581,36 +581,45 @@ int kv_disk_put(struct kv_disk *d, struct kv_hash h, const void *raw)
     rh->check = rec_check(rh, stored);
     size_t n = KV_DISK_REC_HEAD + c;
 
+    /* Space is taken under the lock, the bytes written outside it (a slow or stuck disk
+     * must not hold up lookups on the engine thread); the extent stays pinned meanwhile.
+     * Only this thread appends, so the log needs no lock either. */
     pthread_mutex_lock(&d->mu);
-    int rc = -1;
     struct extent *x = ext_for(d, n);
-    if (!x) goto out;
-    if (write_all(x->fd, d->wbuf, n, (off_t)x->size)) {
-        d->st.faults_write++;
-        x->closed = 1; /* its tail is unknown now */
-        d->cur = -1;
-        goto out;
+    if (!x) {
+        pthread_mutex_unlock(&d->mu);
+        return -1;
     }
-    struct entry tmp = {h.lo, h.hi, x->id, (uint32_t)x->size, (uint32_t)n, 0, 0};
+    uint32_t id = x->id;
+    int fd = x->fd;
+    struct entry tmp = {h.lo, h.hi, id, (uint32_t)x->size, (uint32_t)n, 0, 0};
     x->size += n;
     d->st.bytes += n;
     x->last_use = ++d->clock;
-    if (log_append(d, LOG_ADD, x->id, &tmp)) {
-        d->st.faults_write++; /* the record is there but no index names it: not held */
-        goto out;
-    }
-    struct entry *en = tab_insert(d, h.lo, h.hi);
-    *en = tmp;
-    en->used = 1;
-    x->live++;
-    d->st.blocks++;
-    d->st.stored++;
-    d->st.stored_bytes += d->raw_len;
-    rc = 0;
-out:
+    x->pins++;
     pthread_mutex_unlock(&d->mu);
-    if (!rc && d->log_recs >= SNAP_EVERY) kv_disk_snapshot(d);
-    return rc;
+
+    int bad = write_all(fd, d->wbuf, n, (off_t)tmp.off) || log_append(d, LOG_ADD, id, &tmp);
+
+    pthread_mutex_lock(&d->mu);
+    x = ext_get(d, id);
+    x->pins--;
+    if (bad) {
+        d->st.faults_write++;
+        x->closed = 1; /* its tail is unknown now */
+        if (d->cur == (int)(x - d->ext)) d->cur = -1;
+    } else {
+        struct entry *en = tab_insert(d, h.lo, h.hi);
+        *en = tmp;
+        en->used = 1;
+        x->live++;
+        d->st.blocks++;
+        d->st.stored++;
+        d->st.stored_bytes += d->raw_len;
+    }
+    pthread_mutex_unlock(&d->mu);
+    if (!bad && d->log_recs >= SNAP_EVERY) kv_disk_snapshot(d);
+    return bad ? -1 : 0;
 }
 
 int kv_disk_snapshot(struct kv_disk *d)
