@@ -174,8 +174,7 @@ static void tier_render(const struct engine_stats *st, struct http_buf *o)
     http_buf_printf(o, "pagoda_kv_tier_load_bytes_total{tier=\"disk\"} %llu\n",
                     (unsigned long long)t->load_bytes);
     head(o, "pagoda_kv_tier_load_seconds_total", "counter", "Time loads from a tier took.");
-    http_buf_printf(o, "pagoda_kv_tier_load_seconds_total{tier=\"disk\"} %.6f\n",
-                    t->load_seconds);
+    http_buf_printf(o, "pagoda_kv_tier_load_seconds_total{tier=\"disk\"} %.6f\n", t->load_seconds);
     head(o, "pagoda_kv_tier_store_bytes_total", "counter", "KV bytes stored in a tier.");
     http_buf_printf(o, "pagoda_kv_tier_store_bytes_total{tier=\"disk\"} %llu\n",
                     (unsigned long long)t->disk.stored_bytes);
@@ -186,7 +185,8 @@ static void tier_render(const struct engine_stats *st, struct http_buf *o)
          "Blocks not stored: the store queue was full, or the budget had nothing to evict.");
     http_buf_printf(o, "pagoda_kv_tier_store_dropped_total{tier=\"disk\"} %llu\n",
                     (unsigned long long)(t->store_dropped + t->disk.full));
-    head(o, "pagoda_kv_tier_evicted_blocks_total", "counter", "Blocks dropped for the byte budget.");
+    head(o, "pagoda_kv_tier_evicted_blocks_total", "counter",
+         "Blocks dropped for the byte budget.");
     http_buf_printf(o, "pagoda_kv_tier_evicted_blocks_total{tier=\"disk\"} %llu\n",
                     (unsigned long long)t->disk.evicted_blocks);
     head(o, "pagoda_kv_tier_faults_total", "counter",

@@ -37,11 +37,11 @@ struct kv_disk_io kv_disk_io = {real_open, pread,  pwrite, fsync,         ftrunc
 
 /* ---- records ---- */
 
-#define REC_MAGIC 0x42564b50u /* "PKVB" */
-#define REC_RAW 1u            /* stored uncompressed (zstd did not shrink it) */
-#define LOG_ADD 1u
-#define LOG_DROP 2u /* every entry in extent `ext` is gone */
-#define LOG_REC 40
+#define REC_MAGIC  0x42564b50u /* "PKVB" */
+#define REC_RAW    1u          /* stored uncompressed (zstd did not shrink it) */
+#define LOG_ADD    1u
+#define LOG_DROP   2u /* every entry in extent `ext` is gone */
+#define LOG_REC    40
 #define SNAP_MAGIC 0x31504e53564b4750ull /* "PGKVSNP1" */
 #define SNAP_EVERY 1024                  /* log records between snapshots */
 
@@ -196,11 +196,17 @@ static void entry_drop(struct kv_disk *d, struct entry *e)
 
 static int log_append(struct kv_disk *d, uint32_t kind, uint32_t ext, const struct entry *e)
 {
-    struct log_rec r = {kind, ext, e ? e->lo : 0, e ? e->hi : 0, e ? e->off : 0, e ? e->len : 0,
-                        (uint32_t)d->raw_len, 0};
+    struct log_rec r = {kind,
+                        ext,
+                        e ? e->lo : 0,
+                        e ? e->hi : 0,
+                        e ? e->off : 0,
+                        e ? e->len : 0,
+                        (uint32_t)d->raw_len,
+                        0};
     r.check = log_check(&r);
-    if (d->log_fd < 0 || kv_disk_io.pwrite(d->log_fd, &r, sizeof r, (off_t)d->log_off) !=
-                             (ssize_t)sizeof r)
+    if (d->log_fd < 0 ||
+        kv_disk_io.pwrite(d->log_fd, &r, sizeof r, (off_t)d->log_off) != (ssize_t)sizeof r)
         return -1;
     d->log_off += sizeof r;
     d->log_recs++;
@@ -264,7 +270,8 @@ static int evict_one(struct kv_disk *d)
 {
     int best = -1;
     for (int i = 0; i < d->n_ext; i++)
-        if (!d->ext[i].pins && i != d->cur && (best < 0 || d->ext[i].last_use < d->ext[best].last_use))
+        if (!d->ext[i].pins && i != d->cur &&
+            (best < 0 || d->ext[i].last_use < d->ext[best].last_use))
             best = i;
     if (best < 0) return -1;
     uint32_t id = d->ext[best].id;
@@ -494,8 +501,10 @@ struct kv_disk *kv_disk_open(const char *dir, size_t budget, const char *fp, siz
         ssize_t r = kv_disk_io.pread(d->lock_fd, pid, sizeof pid - 1, 0);
         pid[r > 0 ? r : 1] = 0;
         pid[strcspn(pid, "\n")] = 0;
-        err_set(e, "--kv-disk-dir %s: in use by another pagoda server (pid %s); give each its own "
-                   "directory", dir, pid);
+        err_set(e,
+                "--kv-disk-dir %s: in use by another pagoda server (pid %s); give each its own "
+                "directory",
+                dir, pid);
         goto fail;
     }
     char pid[32];
@@ -570,7 +579,8 @@ int kv_disk_put(struct kv_disk *d, struct kv_hash h, const void *raw)
     /* compress outside the lock: only the writer uses cctx and wbuf */
     struct rec_head *rh = d->wbuf;
     char *stored = (char *)d->wbuf + KV_DISK_REC_HEAD;
-    size_t c = ZSTD_compressCCtx(d->cctx, stored, d->max_rec - KV_DISK_REC_HEAD, raw, d->raw_len, 1);
+    size_t c =
+        ZSTD_compressCCtx(d->cctx, stored, d->max_rec - KV_DISK_REC_HEAD, raw, d->raw_len, 1);
     uint32_t flags = 0;
     if (ZSTD_isError(c) || c >= d->raw_len) {
         memcpy(stored, raw, d->raw_len);

@@ -62,13 +62,13 @@ extern struct kv_disk_io kv_disk_io;
 extern const struct kv_disk_io kv_disk_io_default;
 
 struct kv_disk_stats {
-    uint64_t blocks, bytes;           /* live records; extent file bytes */
-    uint64_t stored, stored_bytes;    /* blocks written (raw bytes) */
-    uint64_t faults_write;            /* ENOSPC, EIO, a missing directory on write */
-    uint64_t faults_read;             /* EIO or a short read */
-    uint64_t faults_corrupt;          /* a record whose checksum, hash or length is wrong */
-    uint64_t evicted_blocks;          /* dropped for the byte budget */
-    uint64_t full;                    /* records refused: nothing left to evict */
+    uint64_t blocks, bytes;        /* live records; extent file bytes */
+    uint64_t stored, stored_bytes; /* blocks written (raw bytes) */
+    uint64_t faults_write;         /* ENOSPC, EIO, a missing directory on write */
+    uint64_t faults_read;          /* EIO or a short read */
+    uint64_t faults_corrupt;       /* a record whose checksum, hash or length is wrong */
+    uint64_t evicted_blocks;       /* dropped for the byte budget */
+    uint64_t full;                 /* records refused: nothing left to evict */
 };
 
 /** Where a block's record lies, pinned (its extent is not dropped) until kv_disk_unpin. */

@@ -12,10 +12,10 @@ enum load_state { LOAD_FREE, LOAD_RUNNING, LOAD_CANCELLED };
 
 struct load {
     enum load_state state;
-    int n, next;     /* blocks; the next to submit */
-    int inflight;    /* reads of it in flight */
-    int first_bad;   /* the first block that failed, n when none */
-    double t0;       /* when it started */
+    int n, next;            /* blocks; the next to submit */
+    int inflight;           /* reads of it in flight */
+    int first_bad;          /* the first block that failed, n when none */
+    double t0;              /* when it started */
     struct kv_hash *hashes; /* [max_load_blocks] */
     int32_t *blocks;        /* [max_load_blocks] */
 };
@@ -180,7 +180,8 @@ void kv_tier_poll(struct kv_tier *t, double wait_s, kv_tier_write_fn fn, void *u
         }
         if (got) continue; /* buffers came free: submit more */
         if (wait_s <= 0 || !t->inflight) return;
-        struct __kernel_timespec ts = {(long long)wait_s, (long long)((wait_s - (long long)wait_s) * 1e9)};
+        struct __kernel_timespec ts = {(long long)wait_s,
+                                       (long long)((wait_s - (long long)wait_s) * 1e9)};
         int rc = io_uring_wait_cqe_timeout(&t->ring, &cqe, &ts);
         if (rc == 0) {
             complete(t, cqe, fn, user);

@@ -42,11 +42,11 @@ struct kv_tier_config {
 struct kv_tier_stats {
     struct kv_disk_stats disk;
     size_t disk_budget;
-    uint64_t store_dropped;         /* the queue was full */
-    double store_seconds;           /* the writer's busy time */
+    uint64_t store_dropped;           /* the queue was full */
+    double store_seconds;             /* the writer's busy time */
     uint64_t load_blocks, load_bytes; /* blocks loaded and checked (raw bytes) */
-    double load_seconds;            /* from the start of each load to its end */
-    uint64_t load_failed;           /* loads cut short by a fault or a missing record */
+    double load_seconds;              /* from the start of each load to its end */
+    uint64_t load_failed;             /* loads cut short by a fault or a missing record */
 };
 
 /** Called for each block a load brings in: copy raw [block_bytes] into pool block `block`. */

@@ -69,7 +69,8 @@ static int fingerprint(const struct engine *en, const char *base, char *out, int
         w ^= file_digest(p, TIER_FP_SAMPLE) ^ XXH3_64bits(de->d_name, l);
     }
     closedir(d);
-    if (n < cap) n += snprintf(out + n, (size_t)(cap - n), "|weights=%016llx", (unsigned long long)w);
+    if (n < cap)
+        n += snprintf(out + n, (size_t)(cap - n), "|weights=%016llx", (unsigned long long)w);
     return n < cap ? n : cap - 1;
 }
 
@@ -99,8 +100,8 @@ int tier_open(struct engine *en, const char *pool_fp, struct err *e)
     if ((size_t)q * bb > TIER_QUEUE_BYTES) q = (int)(TIER_QUEUE_BYTES / bb);
     if (q < 4) q = 4;
     struct kv_tier_config tc = {.dir = cfg->kv_disk_dir,
-                                .disk_bytes = cfg->kv_disk_size ? cfg->kv_disk_size
-                                                                : (size_t)16 << 30,
+                                .disk_bytes =
+                                    cfg->kv_disk_size ? cfg->kv_disk_size : (size_t)16 << 30,
                                 .fp = fp,
                                 .fp_len = (size_t)fpn,
                                 .block_bytes = bb,

@@ -408,7 +408,8 @@ static int load_all(struct kv_tier *t, int from, int n)
     memset(landed, 0, (size_t)16 * RAW);
     int id = kv_tier_load_start(t, h, blocks, n), n_ok = -1;
     CHECK(id >= 0, "load start");
-    for (int i = 0; i < 1000 && !kv_tier_load_done(t, id, &n_ok); i++) kv_tier_poll(t, 0.01, land, NULL);
+    for (int i = 0; i < 1000 && !kv_tier_load_done(t, id, &n_ok); i++)
+        kv_tier_poll(t, 0.01, land, NULL);
     return n_ok;
 }
 
