@@ -576,6 +576,15 @@ static struct extent *ext_for(struct kv_disk *d, size_t n)
 int kv_disk_put(struct kv_disk *d, struct kv_hash h, const void *raw)
 {
     if (kv_disk_has(d, h)) return 1;
+    /* The directory removed under us: the open files would still take records, but
+     * nothing would find them after a restart. One fstat a block tells. */
+    struct stat ls;
+    if (d->log_fd < 0 || fstat(d->log_fd, &ls) || ls.st_nlink == 0) {
+        pthread_mutex_lock(&d->mu);
+        d->st.faults_write++;
+        pthread_mutex_unlock(&d->mu);
+        return -1;
+    }
     /* compress outside the lock: only the writer uses cctx and wbuf */
     struct rec_head *rh = d->wbuf;
     char *stored = (char *)d->wbuf + KV_DISK_REC_HEAD;

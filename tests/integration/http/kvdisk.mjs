@@ -52,7 +52,22 @@ await run([
     assert.equal(m['pagoda_kv_tier_hit_tokens_total{tier="disk"}'], cached);
     assert.equal(m['pagoda_kv_tier_faults_total{tier="disk",kind="corrupt"}'], 0);
 
-    // a second server on the held directory is refused with a clear message
+    // the directory removed while serving: new blocks fail to store (counted), requests
+    // are served all the same
+    fs.rmSync(dir, { recursive: true, force: true });
+    const other = await postJson(b.base, '/v1/completions',
+      { model: MODEL, prompt: PROMPT.slice(0, 300).reverse(), max_tokens: 4, temperature: 0 });
+    assert.equal(other.status, 200, other.text);
+    for (let i = 0; i < 100; i++) {
+      const mm = await metrics(b.base);
+      if (mm['pagoda_kv_tier_faults_total{tier="disk",kind="write"}'] > 0) break;
+      assert.ok(i < 99, 'no write fault counted');
+      await new Promise((res) => setTimeout(res, 50));
+    }
+    await b.stop();
+  }),
+  test('a second server on a held directory is refused', async () => {
+    const b = await startServer(MODEL, DISK);
     const r = spawnSync(PAGODA, ['serve', '--model', `${TESTDATA}/models/${MODEL}`, '--port', '0',
       '--threads', '1', ...DISK], { encoding: 'utf8', timeout: 30000 });
     assert.notEqual(r.status, 0);
