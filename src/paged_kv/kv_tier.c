@@ -241,6 +241,12 @@ double kv_tier_load_rate(const struct kv_tier *t)
     return t->load_seconds > 0 && t->load_bytes ? (double)t->load_bytes / t->load_seconds : 0;
 }
 
+int kv_tier_worth_loading(double bytes, int tokens, double load_rate, double prefill_tps)
+{
+    if (load_rate <= 0 || prefill_tps <= 0) return 1;
+    return bytes / load_rate < tokens / prefill_tps;
+}
+
 void *kv_tier_store_begin(struct kv_tier *t)
 {
     pthread_mutex_lock(&t->mu);

@@ -88,6 +88,11 @@ int kv_tier_loading(const struct kv_tier *t);
 /** Measured load bandwidth in raw bytes per second, 0 before the first load ends. */
 double kv_tier_load_rate(const struct kv_tier *t);
 
+/** Whether loading `bytes` at load_rate (bytes/s) beats computing `tokens` at prefill_tps
+ * (tokens/s): never slower than recompute. Either rate 0 (not measured yet): 1, the tier is
+ * tried. */
+int kv_tier_worth_loading(double bytes, int tokens, double load_rate, double prefill_tps);
+
 void kv_tier_stats(struct kv_tier *t, struct kv_tier_stats *out);
 
 #endif

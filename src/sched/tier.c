@@ -138,14 +138,10 @@ int tier_try_load(struct engine *en, struct request *r, int n_hit)
     if (n == 0) return 0;
     /* Never slower than recompute: with both rates measured, a load estimated to take at
      * least as long as computing its tokens is bypassed. */
-    double rate = kv_tier_load_rate(en->tier);
-    if (rate > 0 && en->prefill_tps > 0) {
-        double t_load = (double)n * (double)model_kv_block_bytes(en->m) / rate;
-        double t_comp = (double)n * bs / en->prefill_tps;
-        if (t_load >= t_comp) {
-            en->tier_bypasses++;
-            return 0;
-        }
+    if (!kv_tier_worth_loading((double)n * (double)model_kv_block_bytes(en->m), n * bs,
+                               kv_tier_load_rate(en->tier), en->prefill_tps)) {
+        en->tier_bypasses++;
+        return 0;
     }
     if (!kv_can_allocate(&en->pool, n, en->hit_blocks, n_hit)) return 0;
     kv_touch(&en->pool, en->hit_blocks, n_hit);

@@ -492,8 +492,21 @@ static void test_tier(void)
     free(landed);
 }
 
+static void test_worth_loading(void)
+{
+    /* 64 MB at 1 GB/s: 64 ms; 1,000 tokens at 70 tokens/s: 14 s (the CPU) */
+    CHECK(kv_tier_worth_loading(64e6, 1000, 1e9, 70), "load beats a slow prefill");
+    /* the same at 40,000 tokens/s (a GPU): 25 ms: recompute */
+    CHECK(!kv_tier_worth_loading(64e6, 1000, 1e9, 40000), "recompute beats a slow disk");
+    /* 2^20 bytes at 2^30 B/s and 2^10 tokens at 2^20 tokens/s: both 2^-10 s exactly */
+    CHECK(!kv_tier_worth_loading(1 << 20, 1 << 10, 1 << 30, 1 << 20), "a tie recomputes");
+    CHECK(kv_tier_worth_loading(64e6, 1000, 0, 40000), "no measured bandwidth yet: load");
+    CHECK(kv_tier_worth_loading(64e6, 1000, 1e9, 0), "no measured prefill yet: load");
+}
+
 int main(void)
 {
+    test_worth_loading();
     snprintf(dir, sizeof dir, "/tmp/pagoda-test-kvdisk-%ld", (long)getpid());
     test_round_trip_and_restart();
     test_kill9();
