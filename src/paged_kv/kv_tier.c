@@ -280,15 +280,20 @@ int kv_tier_probe(struct kv_tier *t, const struct kv_hash *hashes, int n)
     return i;
 }
 
-void kv_tier_stats(struct kv_tier *t, struct kv_tier_stats *out)
+void kv_tier_store_stats(struct kv_tier *t, struct kv_tier_stats *out)
 {
-    memset(out, 0, sizeof *out);
     kv_disk_stats(t->disk, &out->disk);
     out->disk_budget = t->budget;
     pthread_mutex_lock(&t->mu);
     out->store_dropped = t->dropped;
     out->store_seconds = t->store_seconds;
     pthread_mutex_unlock(&t->mu);
+}
+
+void kv_tier_stats(struct kv_tier *t, struct kv_tier_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    kv_tier_store_stats(t, out);
     out->load_blocks = t->load_blocks;
     out->load_bytes = t->load_bytes;
     out->load_seconds = t->load_seconds;

@@ -94,5 +94,7 @@ double kv_tier_load_rate(const struct kv_tier *t);
 int kv_tier_worth_loading(double bytes, int tokens, double load_rate, double prefill_tps);
 
 void kv_tier_stats(struct kv_tier *t, struct kv_tier_stats *out);
+/** Refreshes the store's side of out (disk, store_*) only: callable from any thread. */
+void kv_tier_store_stats(struct kv_tier *t, struct kv_tier_stats *out);
 
 #endif

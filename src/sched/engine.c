@@ -561,6 +561,8 @@ void engine_stats(struct engine *en, struct engine_stats *out)
     pthread_mutex_lock(&en->mu);
     *out = en->stats;
     pthread_mutex_unlock(&en->mu);
+    /* the writer works between the gauges' updates (a long step): its figures as of now */
+    if (out->tier_on) kv_tier_store_stats(en->tier, &out->tier);
 }
 
 static void free_request(struct request *r)
