@@ -57,8 +57,12 @@ int dataset_kind_parse(const char *s, enum dataset_kind *k, struct err *e)
         *k = DS_PREFIX;
     else if (!strcmp(s, "jsonl"))
         *k = DS_JSONL;
+    else if (!strcmp(s, "multi-turn"))
+        *k = DS_MULTITURN;
     else
-        return err_set(e, "--dataset %s: expected random, sharegpt, prefix-repetition or jsonl", s);
+        return err_set(
+            e, "--dataset %s: expected random, sharegpt, prefix-repetition, jsonl or multi-turn",
+            s);
     return 0;
 }
 
@@ -352,6 +356,7 @@ static int build_jsonl(const struct dataset_cfg *cfg, struct dataset *ds, struct
 
 int dataset_build(const struct dataset_cfg *cfg, struct dataset *ds, struct err *e)
 {
+    if (cfg->kind == DS_MULTITURN) return err_set(e, "multi-turn prompts are built turn by turn");
     memset(ds, 0, sizeof *ds);
     struct rng r = {cfg->seed * 0x2545F4914F6CDD1Dull + 1};
     if (cfg->num < 1) return err_set(e, "the dataset needs at least one prompt");

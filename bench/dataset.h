@@ -4,6 +4,7 @@
  *   sharegpt           the first human turn of ShareGPT-format conversations
  *   prefix-repetition  num_prefixes shared prefixes, each followed by distinct suffixes
  *   jsonl              one prompt per line
+ *   multi-turn         conversations, one turn at a time (bench/multiturn.h)
  *
  * Token-exact prompts need the model's tokenizer (--tokenizer DIR). Without one, random and
  * prefix-repetition prompts for the completions endpoint are lists of token ids (exact
@@ -32,7 +33,9 @@ struct dataset {
     int n;
 };
 
-enum dataset_kind { DS_RANDOM, DS_SHAREGPT, DS_PREFIX, DS_JSONL };
+/* DS_MULTITURN: conversations whose turns each send the whole conversation so far
+ * (bench/multiturn.h builds them turn by turn; dataset_build refuses it). */
+enum dataset_kind { DS_RANDOM, DS_SHAREGPT, DS_PREFIX, DS_JSONL, DS_MULTITURN };
 
 struct dataset_cfg {
     enum dataset_kind kind;

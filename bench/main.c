@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "bench/dataset.h"
+#include "bench/multiturn.h"
 #include "bench/hc.h"
 #include "bench/metrics.h"
 #include "bench/opts.h"
@@ -79,7 +80,8 @@ static const char *proto_name(const struct opts *o)
 
 static cJSON *config_json(const struct opts *o, const char *model)
 {
-    static const char *const ds[] = {"random", "sharegpt", "prefix-repetition", "jsonl"};
+    static const char *const ds[] = {"random", "sharegpt", "prefix-repetition", "jsonl",
+                                     "multi-turn"};
     cJSON *c = cJSON_CreateObject();
     cJSON_AddStringToObject(c, "base_url", o->base_url);
     cJSON_AddStringToObject(c, "endpoint", o->chat ? "chat" : "completions");
@@ -100,6 +102,12 @@ static cJSON *config_json(const struct opts *o, const char *model)
     cJSON_AddNumberToObject(c, "input_len", o->input_len);
     cJSON_AddNumberToObject(c, "output_len", o->output_len);
     cJSON_AddNumberToObject(c, "range_ratio", o->range_ratio);
+    if (o->dataset == DS_MULTITURN) {
+        cJSON_AddNumberToObject(c, "num_conversations", o->num_conversations);
+        cJSON_AddNumberToObject(c, "turns", o->turns);
+        cJSON_AddNumberToObject(c, "turn_input_len", o->turn_input_len);
+        cJSON_AddNumberToObject(c, "turn_output_len", o->turn_output_len);
+    }
     if (o->dataset == DS_PREFIX) {
         cJSON_AddNumberToObject(c, "prefix_len", o->prefix_len);
         cJSON_AddNumberToObject(c, "suffix_len", o->suffix_len);
@@ -177,6 +185,18 @@ int main(int argc, char **argv)
     if (!c) goto fail;
     model = o.model ? xstrdup(o.model) : first_model(c, &e);
     if (!model) goto fail;
+    if (o.dataset == DS_MULTITURN) {
+        cJSON *doc = cJSON_CreateObject();
+        cJSON_AddItemToObject(doc, "config", config_json(&o, model));
+        fprintf(stderr, "pagoda-bench: %s completions, model %s, %d conversations of %d turns\n",
+                o.base_url, model, o.num_conversations, o.turns);
+        int rc_ = multiturn_run(c, &o, model, extra, doc, &e);
+        status = rc_ < 0 ? 1 : rc_;
+        if (rc_ >= 0 && o.json_path && write_json(o.json_path, doc)) status = 1;
+        cJSON_Delete(doc);
+        if (rc_ < 0) goto fail;
+        goto done;
+    }
 
     /* Each run of a sweep gets its own prompts (a prefix cache must not carry one run's
      * prompts into the next); the warm-up prompts come after all of them. */

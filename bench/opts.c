@@ -40,6 +40,11 @@ void opts_usage(FILE *f)
         "  --prefix-len N           prefix-repetition: shared prefix tokens (default 256)\n"
         "  --suffix-len N           prefix-repetition: distinct suffix tokens (default 64)\n"
         "  --num-prefixes N         prefix-repetition: distinct prefixes (default 4)\n"
+        "  --num-conversations N    multi-turn: conversations, run side by side (default 8)\n"
+        "  --turns T                multi-turn: turns of each (default 4); each turn sends the\n"
+        "                           whole conversation so far (completions, token ids)\n"
+        "  --turn-input-len I       multi-turn: new prompt tokens a turn (default 128)\n"
+        "  --turn-output-len O      multi-turn: max_tokens a turn (default 64)\n"
         "  --tokenizer DIR          the model's tokenizer.json: token-exact text prompts\n"
         "  --vocab-size N           without --tokenizer, completions prompts are token ids\n"
         "                           drawn below N (default 1000)\n"
@@ -109,6 +114,10 @@ int opts_parse(int argc, char **argv, struct opts *o)
     o->prefix_len = 256;
     o->suffix_len = 64;
     o->num_prefixes = 4;
+    o->num_conversations = 8;
+    o->turns = 4;
+    o->turn_input_len = 128;
+    o->turn_output_len = 64;
     o->vocab_size = 1000;
     o->progress = -1;
     o->metrics = 1;
@@ -211,6 +220,14 @@ int opts_parse(int argc, char **argv, struct opts *o)
             rc = get_int(a, v, 1, 10000000, &o->suffix_len);
         else if (!strcmp(a, "--num-prefixes"))
             rc = get_int(a, v, 1, 1000000, &o->num_prefixes);
+        else if (!strcmp(a, "--num-conversations"))
+            rc = get_int(a, v, 1, 100000, &o->num_conversations);
+        else if (!strcmp(a, "--turns"))
+            rc = get_int(a, v, 1, 10000, &o->turns);
+        else if (!strcmp(a, "--turn-input-len"))
+            rc = get_int(a, v, 1, 10000000, &o->turn_input_len);
+        else if (!strcmp(a, "--turn-output-len"))
+            rc = get_int(a, v, 1, 10000000, &o->turn_output_len);
         else if (!strcmp(a, "--tokenizer"))
             o->tokenizer = v;
         else if (!strcmp(a, "--vocab-size"))

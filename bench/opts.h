@@ -33,6 +33,7 @@ struct opts {
     int input_len, output_len, output_len_given;
     double range_ratio;
     int prefix_len, suffix_len, num_prefixes;
+    int num_conversations, turns, turn_input_len, turn_output_len; /* multi-turn */
     const char *tokenizer;
     int vocab_size;
     double temperature;

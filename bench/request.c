@@ -123,6 +123,16 @@ int breq_on_event(void *ctx, const char *event, const char *data, size_t len)
                 nonempty_string(cJSON_GetObjectItemCaseSensitive(delta, "reasoning_content")) ||
                 nonempty_string(cJSON_GetObjectItemCaseSensitive(delta, "reasoning"));
         if (content) add_chunk(b, now);
+        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(c0, "token_ids"), *id;
+        cJSON_ArrayForEach(id, ids)
+        {
+            if (!cJSON_IsNumber(id)) continue;
+            if (r->n_out_ids == r->cap_out_ids) {
+                r->cap_out_ids = r->cap_out_ids ? 2 * r->cap_out_ids : 64;
+                r->out_ids = xrealloc(r->out_ids, sizeof *r->out_ids * (size_t)r->cap_out_ids);
+            }
+            r->out_ids[r->n_out_ids++] = (int32_t)id->valueint;
+        }
         const cJSON *fr = cJSON_GetObjectItemCaseSensitive(c0, "finish_reason");
         if (cJSON_IsString(fr))
             snprintf(r->finish_reason, sizeof r->finish_reason, "%s", fr->valuestring);

@@ -21,6 +21,7 @@ void req_result_dispose(struct req_result *r)
 {
     free(r->error);
     free(r->chunk_t);
+    free(r->out_ids);
     memset(r, 0, sizeof *r);
 }
 

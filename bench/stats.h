@@ -12,6 +12,7 @@
 #define PAGODA_BENCH_STATS_H
 
 #include <cjson/cJSON.h>
+#include <stdint.h>
 #include <stdio.h>
 
 struct req_result {
@@ -31,6 +32,8 @@ struct req_result {
     double e2e;      /* s */
     double *chunk_t; /* arrival of each content chunk, s since the run started */
     int n_chunk_t, cap_chunk_t;
+    int32_t *out_ids; /* output token ids the stream carried (return_token_ids), heap */
+    int n_out_ids, cap_out_ids;
 };
 
 /** Output tokens of a request: usage when sent, else content chunks. */

@@ -75,6 +75,9 @@ const char arg_engine_usage[] =
     "  --threads N                 CPU compute threads (default: one per core)\n"
     "  --num-blocks N              KV blocks in the pool (default: from --kv-cache-memory)\n"
     "  --kv-cache-memory BYTES     KV pool size, e.g. 2GiB (default 1GiB on the CPU)\n"
+    "  --kv-disk-dir DIR           keep KV blocks on disk under DIR too (CPU backend): they\n"
+    "                              outlive the pool and restarts; one server per DIR\n"
+    "  --kv-disk-size BYTES        byte budget of --kv-disk-dir (default 16GiB)\n"
     "  --gpu-memory-utilization F  GPU share for weights, activations and KV (default 0.9)\n"
     "  --block-size N              tokens per KV block (default 16)\n"
     "  --max-num-batched-tokens N  token budget of one step (default 2048)\n"
@@ -242,6 +245,16 @@ int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg)
         }
         cfg->gpu_memory_utilization = x;
         return 1;
+    }
+    if (!strcmp(a, "--kv-disk-dir")) {
+        const char *v = arg_value(argc, argv, i);
+        if (!v) return -1;
+        cfg->kv_disk_dir = v;
+        return 1;
+    }
+    if (!strcmp(a, "--kv-disk-size")) {
+        const char *v = arg_value(argc, argv, i);
+        return !v || arg_bytes(a, v, &cfg->kv_disk_size) ? -1 : 1;
     }
     if (!strcmp(a, "--kv-cache-memory")) {
         const char *v = arg_value(argc, argv, i);

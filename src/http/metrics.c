@@ -205,6 +205,63 @@ static void spec_render(const struct engine_stats *st, struct http_buf *o)
     }
 }
 
+/* The disk tier's figures (--kv-disk-dir). */
+static void tier_render(const struct engine_stats *st, struct http_buf *o)
+{
+    const struct kv_tier_stats *t = &st->tier;
+    head(o, "pagoda_kv_tier_blocks", "gauge", "KV blocks held by a tier below the pool.");
+    http_buf_printf(o, "pagoda_kv_tier_blocks{tier=\"disk\"} %llu\n",
+                    (unsigned long long)t->disk.blocks);
+    head(o, "pagoda_kv_tier_bytes", "gauge", "Bytes a tier below the pool uses, and its budget.");
+    http_buf_printf(o,
+                    "pagoda_kv_tier_bytes{tier=\"disk\",kind=\"used\"} %llu\n"
+                    "pagoda_kv_tier_bytes{tier=\"disk\",kind=\"budget\"} %zu\n",
+                    (unsigned long long)t->disk.bytes, t->disk_budget);
+    head(o, "pagoda_kv_tier_query_tokens_total", "counter",
+         "Prompt tokens past the pool's prefix hits looked up in a tier.");
+    http_buf_printf(o, "pagoda_kv_tier_query_tokens_total{tier=\"disk\"} %llu\n",
+                    (unsigned long long)st->tier_query_tokens);
+    head(o, "pagoda_kv_tier_hit_tokens_total", "counter", "Prompt tokens loaded from a tier.");
+    http_buf_printf(o, "pagoda_kv_tier_hit_tokens_total{tier=\"disk\"} %llu\n",
+                    (unsigned long long)st->tier_hit_tokens);
+    head(o, "pagoda_kv_tier_bypasses_total", "counter",
+         "Tier hits recomputed instead: loading was estimated slower.");
+    http_buf_printf(o, "pagoda_kv_tier_bypasses_total{tier=\"disk\"} %llu\n",
+                    (unsigned long long)st->tier_bypasses);
+    head(o, "pagoda_kv_tier_load_bytes_total", "counter", "KV bytes loaded from a tier.");
+    http_buf_printf(o, "pagoda_kv_tier_load_bytes_total{tier=\"disk\"} %llu\n",
+                    (unsigned long long)t->load_bytes);
+    head(o, "pagoda_kv_tier_load_seconds_total", "counter", "Time loads from a tier took.");
+    http_buf_printf(o, "pagoda_kv_tier_load_seconds_total{tier=\"disk\"} %.6f\n", t->load_seconds);
+    head(o, "pagoda_kv_tier_store_bytes_total", "counter", "KV bytes stored in a tier.");
+    http_buf_printf(o, "pagoda_kv_tier_store_bytes_total{tier=\"disk\"} %llu\n",
+                    (unsigned long long)t->disk.stored_bytes);
+    head(o, "pagoda_kv_tier_store_seconds_total", "counter", "Time the tier's writer was busy.");
+    http_buf_printf(o, "pagoda_kv_tier_store_seconds_total{tier=\"disk\"} %.6f\n",
+                    t->store_seconds);
+    head(o, "pagoda_kv_tier_store_dropped_total", "counter",
+         "Blocks not stored: the store queue was full, or the budget had nothing to evict.");
+    http_buf_printf(o, "pagoda_kv_tier_store_dropped_total{tier=\"disk\"} %llu\n",
+                    (unsigned long long)(t->store_dropped + t->disk.full));
+    head(o, "pagoda_kv_tier_evicted_blocks_total", "counter",
+         "Blocks dropped for the byte budget.");
+    http_buf_printf(o, "pagoda_kv_tier_evicted_blocks_total{tier=\"disk\"} %llu\n",
+                    (unsigned long long)t->disk.evicted_blocks);
+    head(o, "pagoda_kv_tier_faults_total", "counter",
+         "I/O faults of a tier by kind; each is a miss and a recompute.");
+    http_buf_printf(o,
+                    "pagoda_kv_tier_faults_total{tier=\"disk\",kind=\"write\"} %llu\n"
+                    "pagoda_kv_tier_faults_total{tier=\"disk\",kind=\"read\"} %llu\n"
+                    "pagoda_kv_tier_faults_total{tier=\"disk\",kind=\"corrupt\"} %llu\n",
+                    (unsigned long long)t->disk.faults_write,
+                    (unsigned long long)t->disk.faults_read,
+                    (unsigned long long)t->disk.faults_corrupt);
+    head(o, "pagoda_kv_tier_load_failures_total", "counter",
+         "Loads cut short by a fault or a record gone since the lookup.");
+    http_buf_printf(o, "pagoda_kv_tier_load_failures_total{tier=\"disk\"} %llu\n",
+                    (unsigned long long)t->load_failed);
+}
+
 static void engine_render(const struct engine_stats *st, struct http_buf *o)
 {
     head(o, "pagoda_requests_running", "gauge", "Requests in the running batch.");
@@ -259,6 +316,7 @@ static void engine_render(const struct engine_stats *st, struct http_buf *o)
     hist_lines(o, "pagoda_engine_step_seconds", engine_step_bucket_bounds, ENGINE_STEP_BUCKETS,
                st->step_hist, st->step_time_sum);
     spec_render(st, o);
+    if (st->tier_on) tier_render(st, o);
 }
 
 void http_metrics_render(struct http_metrics *m, const struct engine_stats *st, struct http_buf *o)

@@ -8,6 +8,7 @@
  * load. Unloading (engine_destroy, a join) also runs there.
  */
 #include <dirent.h>
+#include <errno.h>
 #include <libgen.h>
 #include <math.h>
 #include <stdio.h>
@@ -287,6 +288,30 @@ static void stats_add(struct engine_stats *a, const struct engine_stats *b)
         for (int i = 0; i < SPEC_MAX_TOKENS; i++)
             a->spec_accepted_pos[m][i] += b->spec_accepted_pos[m][i];
     }
+    if (b->tier_on) { /* the disk tiers of every model, summed */
+        struct kv_tier_stats *x = &a->tier;
+        const struct kv_tier_stats *y = &b->tier;
+        a->tier_on = 1;
+        x->disk.blocks += y->disk.blocks;
+        x->disk.bytes += y->disk.bytes;
+        x->disk.stored += y->disk.stored;
+        x->disk.stored_bytes += y->disk.stored_bytes;
+        x->disk.faults_write += y->disk.faults_write;
+        x->disk.faults_read += y->disk.faults_read;
+        x->disk.faults_corrupt += y->disk.faults_corrupt;
+        x->disk.evicted_blocks += y->disk.evicted_blocks;
+        x->disk.full += y->disk.full;
+        x->disk_budget += y->disk_budget;
+        x->store_dropped += y->store_dropped;
+        x->store_seconds += y->store_seconds;
+        x->load_blocks += y->load_blocks;
+        x->load_bytes += y->load_bytes;
+        x->load_seconds += y->load_seconds;
+        x->load_failed += y->load_failed;
+        a->tier_query_tokens += b->tier_query_tokens;
+        a->tier_hit_tokens += b->tier_hit_tokens;
+        a->tier_bypasses += b->tier_bypasses;
+    }
 }
 
 int http_models_stats(struct http_models *ms, struct engine_stats *out)
@@ -339,6 +364,15 @@ static int load_engine(struct http_models *ms, struct http_served *m, struct err
 {
     struct engine_config ec = ms->cfg.engine;
     ec.model_dir = m->spec.dir;
+    /* Several models on one --kv-disk-dir: each its own folder in it, named after it (a
+     * store holds one model's blocks and is locked by its engine). */
+    char disk[4096];
+    if (ec.kv_disk_dir && ms->n > 1) {
+        if (mkdir(ec.kv_disk_dir, 0755) && errno != EEXIST)
+            return err_set(e, "--kv-disk-dir %s: %s", ec.kv_disk_dir, strerror(errno));
+        snprintf(disk, sizeof disk, "%s/%s", ec.kv_disk_dir, m->model.name);
+        ec.kv_disk_dir = disk;
+    }
     struct engine *en = engine_create(&ec, e);
     if (!en) return err_wrap(e, "loading %s", m->spec.dir);
     int32_t vocab = engine_model_config(en)->vocab;

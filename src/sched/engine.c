@@ -233,6 +233,11 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
     /* A verification's tokens are not one pick per row: no step goes out before the last
      * one's tokens are read (and each step's time is its own, for the draft length). */
     if (en->spec) en->overlap = 0;
+    if (tier_open(en, fp, e)) {
+        engine_destroy(en);
+        return NULL;
+    }
+    tier_publish(en, &en->stats); /* /metrics names the tier from the start */
 
     int T = cfg->max_num_batched_tokens;
     en->b_tokens = xmalloc(sizeof(int32_t) * (size_t)T);
@@ -397,6 +402,7 @@ uint64_t engine_submit(struct engine *en, const struct engine_request *q, struct
     r->spec_rate = 1.0f;
     r->state_backup = -1;
     if (en->spec && en->spec->draft) r->dblocks = xmalloc(sizeof(int32_t) * (size_t)en->max_blocks);
+    r->load_id = -1;
     r->cap = q->n_prompt + (q->embed ? 0 : q->sp.max_tokens);
     r->tokens = xmalloc(sizeof(int32_t) * (size_t)r->cap);
     memcpy(r->tokens, q->prompt, sizeof(int32_t) * (size_t)q->n_prompt);
@@ -525,10 +531,16 @@ static int one_iteration(struct engine *en)
     pthread_mutex_unlock(&en->mu);
     finish_aborted(en, &en->waiting);
     finish_aborted(en, &en->running);
+    tier_poll(en, 0);
     if ((en->waiting.n || en->running.n) && step_run(en) == 0 && !en->running.n && en->waiting.n) {
-        /* Nothing runs and the first waiting request cannot start even in an idle pool:
-         * it can never run, so it ends instead of stalling the queue. */
-        req_finish(en, en->waiting.head, FINISH_ERROR, 1);
+        if (en->n_loading) {
+            /* nothing to step but blocks on their way from disk: wait for some */
+            tier_poll(en, 0.05);
+        } else {
+            /* Nothing runs and the first waiting request cannot start even in an idle
+             * pool: it can never run, so it ends instead of stalling the queue. */
+            req_finish(en, en->waiting.head, FINISH_ERROR, 1);
+        }
     }
     step_publish_gauges(en);
     return en->waiting.n + en->running.n;
@@ -567,6 +579,8 @@ void engine_stats(struct engine *en, struct engine_stats *out)
     pthread_mutex_lock(&en->mu);
     *out = en->stats;
     pthread_mutex_unlock(&en->mu);
+    /* the writer works between the gauges' updates (a long step): its figures as of now */
+    if (out->tier_on) kv_tier_store_stats(en->tier, &out->tier);
 }
 
 static void free_request(struct request *r)
@@ -605,6 +619,7 @@ void req_finish(struct engine *en, struct request *r, enum finish_reason why, in
         list_remove(&en->waiting, r);
     req_release_state(en, r);
     spec_release(en, r);
+    tier_cancel(en, r);
     kv_release(&en->pool, r->blocks, r->n_blocks);
     r->n_blocks = 0;
     r->state = RS_DONE;
@@ -674,6 +689,7 @@ void engine_destroy(struct engine *en)
     free(en->emb_out);
     pooling_config_dispose(&en->pooling);
     spec_destroy(en);
+    tier_close(en);
     kv_pool_dispose(&en->pool);
     kv_pool_dispose(&en->states);
     if (en->m) model_destroy(en->m);

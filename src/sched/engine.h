@@ -33,6 +33,7 @@
 #include "model/config.h"
 #include "model/pooling.h"
 #include "model/sampler.h"
+#include "paged_kv/kv_tier.h"
 #include "text/grammar.h"
 
 enum finish_reason {
@@ -196,6 +197,10 @@ struct engine_config {
      * their request in the same steps as everything else; the target's own pick of each
      * row decides, so greedy and seeded outputs are those of plain decoding. */
     struct spec_config spec;
+    /* The disk tier (docs/engine.md, "KV tiers"): full blocks are written under this
+     * directory and a prefix that misses the pool is loaded from there; NULL: none */
+    const char *kv_disk_dir;
+    size_t kv_disk_size; /* its byte budget; 0: 16 GiB */
 };
 
 /* Step-time histogram bounds in seconds (a last bucket catches the rest). */
@@ -226,6 +231,12 @@ struct engine_stats {
     uint64_t spec_accepted_tokens[SPEC_METHODS];
     uint64_t spec_accept_hist[SPEC_METHODS][SPEC_MAX_TOKENS + 1];
     uint64_t spec_accepted_pos[SPEC_METHODS][SPEC_MAX_TOKENS];
+    /* the disk tier (tier_on 0: none, the rest 0) */
+    int tier_on;
+    struct kv_tier_stats tier;
+    uint64_t tier_query_tokens; /* prompt tokens past the pool's hits looked up on disk */
+    uint64_t tier_hit_tokens;   /* of those, loaded from disk */
+    uint64_t tier_bypasses;     /* loads skipped: recomputing was estimated faster */
 };
 
 /** Loads the model and sizes the KV pool; starts the engine thread unless manual. */

@@ -38,6 +38,9 @@ struct request {
     int n_hashes;           /* hashes known (computed from tokens) */
     int n_committed;        /* blocks registered in the index */
     int32_t state_slot;     /* recurrent-state slot while running (hybrid models), else -1 */
+    /* the disk tier: the load in progress (-1: none), holding blocks[0..n_blocks) of which
+     * those from load_from on are being read; tier_tried: looked up once already */
+    int load_id, load_from, tier_tried;
 
     /* speculative decoding (sched/spec.c): drafts for the next step in tokens[n_tokens ..
      * n_tokens + n_draft) (scratch past the known tokens), the measured acceptance (moving
@@ -102,6 +105,13 @@ struct engine {
     int sliding_only; /* every layer is windowed: blocks behind the window are released */
     int window;
     struct kv_pool pool;
+    /* The disk tier (sched/tier.c); NULL: none. n_loading: waiting requests whose blocks
+     * are being read; prefill_tps: tokens per second of large steps (an average), for the
+     * load-or-recompute estimate; the counters are published with the statistics. */
+    struct kv_tier *tier;
+    int n_loading;
+    double prefill_tps;
+    uint64_t tier_query_tokens, tier_hit_tokens, tier_bypasses;
     /* Recurrent-state slots of hybrid models, kept by the same rules as blocks: reference
      * counts, plan then commit, snapshots named by the block-hash chain (the hash of the
      * block at whose end the state was taken) and kept in LRU order while free. */
@@ -208,6 +218,23 @@ enum finish_reason step_emit(struct engine *en, struct request *r, int32_t t, co
 int step_cap_snapshot(const struct engine *en, const struct request *r, int computed, int n_new);
 /* Registers r's full blocks of known tokens that its computed rows cover. */
 void step_commit_blocks(struct engine *en, struct request *r);
+/* tier.c: the disk tier */
+/* Opens the tier when cfg.kv_disk_dir names one (pool_fp: the pool's fingerprint);
+ * 0 also when the tier stays off (hybrid models, no prefix caching: a note on stderr). */
+int tier_open(struct engine *en, const char *pool_fp, struct err *e);
+void tier_close(struct engine *en);
+/* Queues pool block `block`, just registered under h, for the disk (unless held there). */
+void tier_store(struct engine *en, int32_t block, struct kv_hash h);
+/* Once per request: when r's prefix continues on disk past its n_hit pool hits (in
+ * en->hit_blocks) and loading beats recomputing, takes the blocks and starts the load:
+ * 1, r waits for it (tier_poll); 0: plan r as usual. */
+int tier_try_load(struct engine *en, struct request *r, int n_hit);
+/* Takes landed reads; a finished load's blocks join the pool's index and are released. */
+void tier_poll(struct engine *en, double wait_s);
+/* r ends while loading: its load is abandoned (its blocks are released by the caller). */
+void tier_cancel(struct engine *en, struct request *r);
+/* Copies the tier's figures into st (mu held). */
+void tier_publish(struct engine *en, struct engine_stats *st);
 
 /* embed.c: embedding requests */
 /* Whether r's pooling needs rows prefix caching would skip (mean, cls): no cache lookup. */

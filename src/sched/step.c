@@ -120,6 +120,7 @@ static int cap_prompt_rows(const struct request *r, int n_new, int lp_left)
 
 struct step_counts {
     uint64_t preempt, prompt_tokens, gen_tokens, q_tokens, hit_tokens;
+    int planned; /* tokens planned (the prefill-rate estimate of the disk tier) */
 };
 
 /* Whether these parameters need the request's logit rows on the host: logit bias,
@@ -186,6 +187,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
         if (k > 0) spec_commit(en, r);
         plan[n_plan++] = (struct step_seq){r, n_new, -1, 0, 0, 0, 0, 0, k};
         budget -= n_new;
+        sc->planned += n_new;
         if (wants_prompt_rows(r)) *lp_left -= n_new;
         *lp_left -= k;
         r = r->next;
@@ -193,10 +195,12 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
     en->plan_n[en->cur] = n_plan;
     if (preempted) return n_plan;
 
-    /* Then waiting ones, while the budget, the sequence cap and the pool allow. */
-    while (en->waiting.head && budget > 0 && en->running.n < en->cfg.max_num_seqs &&
-           n_plan < seq_cap) {
-        struct request *r = en->waiting.head;
+    /* Then waiting ones, while the budget, the sequence cap and the pool allow; those
+     * whose blocks are on their way from disk wait aside. */
+    for (struct request *r = en->waiting.head, *nx;
+         r && budget > 0 && en->running.n < en->cfg.max_num_seqs && n_plan < seq_cap; r = nx) {
+        nx = r->next;
+        if (r->load_id >= 0) continue;
         if (ahead && !pickable(en, r)) {
             en->want_sync = 1;
             break;
@@ -206,6 +210,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
         if (!en->cfg.disable_prefix_caching && !r->plp && !embed_whole_prompt(en, r)) {
             n_hit = kv_lookup_prefix(&en->pool, r->hashes, r->n_hashes, en->hit_blocks);
             if (n_hit * en->block_size >= r->n_tokens) n_hit--; /* compute at least one token */
+            if (tier_try_load(en, r, n_hit)) continue;
         }
         /* A hybrid model resumes only where a state snapshot ends a hit block. */
         int32_t snap = -1;
@@ -246,6 +251,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
         plan[n_plan++] = (struct step_seq){r, n_new, -1, 0, 0, 0, 0, 0, 0};
         en->plan_n[en->cur] = n_plan;
         budget -= n_new;
+        sc->planned += n_new;
         if (wants_prompt_rows(r)) *lp_left -= n_new;
     }
     return n_plan;
@@ -360,8 +366,11 @@ void step_commit_blocks(struct engine *en, struct request *r)
     if (en->cfg.disable_prefix_caching) return;
     update_hashes(en, r);
     int full = min_i(r->n_computed / en->block_size, r->n_hashes);
-    for (int i = r->n_committed; i < full; i++)
-        if (r->blocks[i] >= 0) kv_commit_hash(&en->pool, r->blocks[i], r->hashes[i]);
+    for (int i = r->n_committed; i < full; i++) {
+        if (r->blocks[i] < 0) continue;
+        kv_commit_hash(&en->pool, r->blocks[i], r->hashes[i]);
+        if (en->tier) tier_store(en, r->blocks[i], r->hashes[i]);
+    }
     if (full > r->n_committed) r->n_committed = full;
 }
 
@@ -679,6 +688,11 @@ int step_run(struct engine *en)
     }
     double dt = util_now() - t0;
     if (spec_rows > 0) spec_observe(en, spec_rows, dt);
+    /* steps of many tokens run near the prefill rate: its running average */
+    if (en->tier && sc.planned >= 64 && dt > 0) {
+        double tps = sc.planned / dt;
+        en->prefill_tps = en->prefill_tps > 0 ? 0.8 * en->prefill_tps + 0.2 * tps : tps;
+    }
 
     pthread_mutex_lock(&en->mu);
     struct engine_stats *st = &en->stats;
@@ -711,5 +725,6 @@ void step_publish_gauges(struct engine *en)
     st->state_slots_free = en->states.n_free;
     st->state_slots_cached = en->states.n_cached;
     st->state_slots_used = en->states.n_blocks - en->states.n_free;
+    tier_publish(en, st);
     pthread_mutex_unlock(&en->mu);
 }

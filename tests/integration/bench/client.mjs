@@ -212,6 +212,25 @@ await run([
     }
   }),
 
+  test('multi-turn: each turn sends the conversation so far, later turns hit the cache', async () => {
+    const r = bench('multi-turn', ['--model', 'llama-tiny', '--dataset', 'multi-turn',
+      '--num-conversations', '3', '--turns', '3', '--turn-input-len', '40',
+      '--turn-output-len', '8', '--ignore-eos', '--vocab-size', '2000', '--seed', '11']);
+    assert.equal(r.status, 0, `exit ${r.status}: ${r.err}`);
+    const t = r.report.turns;
+    assert.equal(t.length, 3);
+    // turn k's prompt: k * 40 new tokens plus (k - 1) * 8 answers, for each conversation
+    assert.deepEqual(t.map((x) => x.prompt_tokens), [3 * 40, 3 * 88, 3 * 136]);
+    assert.ok(t.every((x) => x.completed === 3));
+    // a later turn finds its conversation's earlier turns: at least their full blocks
+    for (let k = 1; k < 3; k++) {
+      assert.ok(t[k].cached_tokens >= 3 * Math.floor((40 * k + 8 * (k - 1)) / 16) * 16,
+        `turn ${k + 1}: ${t[k].cached_tokens} cached`);
+    }
+    assert.match(r.out, /^turn +requests +prompt tok/m);
+    assert.equal(r.report.summary.completed, 9);
+  }),
+
   test('the KV pool is all free afterwards', async () => {
     await waitKvFree(srv.base);
   }),

@@ -210,6 +210,25 @@ static void test_stream_chunks(void)
     req_result_dispose(&res);
 }
 
+/* return_token_ids: the completion chunks' token_ids are collected in order (the
+ * multi-turn benchmark appends them to the conversation). */
+static void test_stream_token_ids(void)
+{
+    struct req_result res;
+    struct breq b;
+    breq_init(&b, &res, util_now(), done_noop, NULL);
+    b.t_send = util_now();
+    const char *s = "data: {\"choices\":[{\"index\":0,\"text\":\"ab\",\"token_ids\":[5,6]}]}\n\n"
+                    "data: {\"choices\":[{\"index\":0,\"text\":\"c\",\"token_ids\":[7],"
+                    "\"finish_reason\":\"length\"}]}\n\n"
+                    "data: [DONE]\n\n";
+    CHECK(sse_feed(&b.sse, s, strlen(s)) == 0, "feed");
+    CHECK(res.n_out_ids == 3 && res.out_ids[0] == 5 && res.out_ids[1] == 6 && res.out_ids[2] == 7,
+          "%d ids", res.n_out_ids);
+    breq_dispose(&b);
+    req_result_dispose(&res);
+}
+
 static void test_request_body(void)
 {
     struct prompt p = {.ids = (int32_t[]){5, 6, 7}, .n_ids = 3, .input_len = 3, .output_len = 9};
@@ -241,6 +260,7 @@ int main(void)
     test_stop_and_pending();
     test_line_limit();
     test_stream_chunks();
+    test_stream_token_ids();
     test_request_body();
     TEST_DONE();
 }

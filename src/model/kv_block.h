@@ -1,0 +1,27 @@
+/*
+ * kv_block: one KV block's bytes out of and into the backend's pool, for the tiers behind
+ * it (paged_kv/kv_tier.h). A block's image is, for each layer that owns KV storage in
+ * order, its K rows then its V rows: [block_size][n_kv_heads][head_dim] values of the
+ * backend's KV type each, model_kv_bytes_per_token() * block_size bytes in all. The
+ * image is the backend's own format: it is only read back by the same backend and model
+ * (the disk tier's fingerprint names both).
+ */
+#ifndef PAGODA_MODEL_KV_BLOCK_H
+#define PAGODA_MODEL_KV_BLOCK_H
+
+#include <stddef.h>
+
+#include "model/model.h"
+
+/** Bytes of one block's image. */
+size_t model_kv_block_bytes(const struct model *m);
+
+/** Copies pool block `block` to host memory dst [model_kv_block_bytes] (waits for the work
+ * queued before it). */
+void model_kv_block_read(struct model *m, int block, void *dst);
+
+/** Copies src [model_kv_block_bytes] (host memory) into pool block `block`, in order with
+ * the steps after it. */
+void model_kv_block_write(struct model *m, int block, const void *src);
+
+#endif

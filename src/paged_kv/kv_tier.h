@@ -1,0 +1,100 @@
+/*
+ * kv_tier: the disk tier behind the KV pool, off the step's path. Stores go through a
+ * bounded queue to a writer thread (kv_disk_put: compress, append, log); a full queue
+ * drops the block and counts it, so the step never waits for the disk. Loads read a
+ * prefix's records with io_uring into a fixed set of buffers and hand each checked,
+ * decompressed block to a callback that copies it into the pool; the engine polls them
+ * between steps, so that other requests keep stepping while one waits for its blocks.
+ *
+ *     struct kv_tier *t = kv_tier_create(&cfg, &e);
+ *     void *buf = kv_tier_store_begin(t);           // NULL: queue full (dropped, counted)
+ *     ... copy a block's bytes into buf ...;  kv_tier_store_end(t, hash);
+ *     int id = kv_tier_load_start(t, hashes, blocks, n);
+ *     kv_tier_poll(t, 0, write_block, user);       // each step; writes blocks as they land
+ *     if (kv_tier_load_done(t, id, &n_ok)) { ... blocks[0..n_ok) hold their KV ... }
+ *
+ * Threads: every call but the writer's work runs on one thread (the engine's).
+ */
+#ifndef PAGODA_PAGED_KV_KV_TIER_H
+#define PAGODA_PAGED_KV_KV_TIER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "paged_kv/kv_disk.h"
+#include "paged_kv/kv_pool.h"
+
+/* Loads in progress at most; reads in flight at most. */
+#define KV_TIER_LOADS 4
+#define KV_TIER_READS 16
+
+struct kv_tier_config {
+    const char *dir;
+    size_t disk_bytes;
+    const char *fp; /* the store's fingerprint (kv_disk_open) */
+    size_t fp_len;
+    size_t block_bytes;  /* raw bytes of one block */
+    int queue_blocks;    /* blocks the store queue holds */
+    int max_load_blocks; /* blocks one load names at most */
+};
+
+struct kv_tier_stats {
+    struct kv_disk_stats disk;
+    size_t disk_budget;
+    uint64_t store_dropped;           /* the queue was full */
+    double store_seconds;             /* the writer's busy time */
+    uint64_t load_blocks, load_bytes; /* blocks loaded and checked (raw bytes) */
+    double load_seconds;              /* from the start of each load to its end */
+    uint64_t load_failed;             /* loads cut short by a fault or a missing record */
+};
+
+/** Called for each block a load brings in: copy raw [block_bytes] into pool block `block`. */
+typedef void (*kv_tier_write_fn)(void *user, int32_t block, const void *raw);
+
+struct kv_tier;
+
+/** Opens the store and starts the writer. NULL + err (kv_disk_open's messages). */
+struct kv_tier *kv_tier_create(const struct kv_tier_config *cfg, struct err *e);
+/** Writes what the queue holds, stops the writer, waits for reads in flight, closes. */
+void kv_tier_destroy(struct kv_tier *t);
+
+/** A queue slot of block_bytes to fill, or NULL when the queue is full (counted). */
+void *kv_tier_store_begin(struct kv_tier *t);
+/** Hands the slot from kv_tier_store_begin to the writer under hash h. */
+void kv_tier_store_end(struct kv_tier *t, struct kv_hash h);
+
+/** Whether block h is on disk (queued ones are not). */
+int kv_tier_has(struct kv_tier *t, struct kv_hash h);
+/** How many of hashes[0..n) are on disk consecutively from the first. */
+int kv_tier_probe(struct kv_tier *t, const struct kv_hash *hashes, int n);
+
+/** Starts loading hashes[i] into pool blocks[i], i < n (<= max_load_blocks); the arrays
+ * are copied. A load id, or -1 when KV_TIER_LOADS are in progress. */
+int kv_tier_load_start(struct kv_tier *t, const struct kv_hash *hashes, const int32_t *blocks,
+                       int n);
+/** Submits reads and takes their completions, writing each good block through fn; with
+ * wait_s > 0 and reads in flight, waits up to that long for one. */
+void kv_tier_poll(struct kv_tier *t, double wait_s, kv_tier_write_fn fn, void *user);
+/** 1 when load id has ended: *n_ok of its blocks, from the first, hold their KV (the
+ * others failed or follow one that did). The id is free again. 0 while in progress. */
+int kv_tier_load_done(struct kv_tier *t, int id, int *n_ok);
+/** Abandons a load: nothing more is written into its blocks (the caller may reuse them
+ * at once); its reads in flight are discarded when they land. */
+void kv_tier_load_cancel(struct kv_tier *t, int id);
+/** Whether any load is in progress. */
+int kv_tier_loading(const struct kv_tier *t);
+
+/** Measured load bandwidth in raw bytes per second, 0 before the first load ends. */
+double kv_tier_load_rate(const struct kv_tier *t);
+
+/** Whether loading `bytes` at load_rate (bytes/s) beats computing `tokens` at prefill_tps
+ * (tokens/s): never slower than recompute. Either rate 0 (not measured yet): 1, the tier is
+ * tried. */
+int kv_tier_worth_loading(double bytes, int tokens, double load_rate, double prefill_tps);
+
+void kv_tier_stats(struct kv_tier *t, struct kv_tier_stats *out);
+/** Refreshes the store's side of out (disk, store_*) only: callable from any thread. */
+void kv_tier_store_stats(struct kv_tier *t, struct kv_tier_stats *out);
+
+#endif
