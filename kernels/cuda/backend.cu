@@ -811,6 +811,9 @@ static int cu_weight_prepare(void *ctx, struct qweight *w, struct err *e)
     case WFMT_NVFP4:
         d.fmt = DF_NVFP4;
         break;
+    case WFMT_TERNARY:
+        return err_set(e, "ternary (BitNet) weights do not run on the cuda backend yet (use "
+                          "--device cpu)");
     }
     d.bits = w->bits;
     d.group = w->group;
