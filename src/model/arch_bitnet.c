@@ -73,14 +73,16 @@ static int is_float(enum st_dtype d)
     return d == ST_F32 || d == ST_F16 || d == ST_BF16;
 }
 
-/* The one value of `<prefix>.weight_scale`. */
-static int weight_scale(struct model *m, const char *prefix, float *out, struct err *e)
+/* The one value of `<prefix>.weight_scale` (w: the weight it scales). */
+static int weight_scale(struct model *m, const struct st_tensor *w, const char *prefix, float *out,
+                        struct err *e)
 {
     char name[300];
     snprintf(name, sizeof name, "%s.weight_scale", prefix);
     const struct st_tensor *t = st_find(&m->st, name);
     if (!t)
-        return err_set(e, "tensor '%s' is missing: packed BitNet weights need their scale", name);
+        return err_set(e, "%s: tensor '%s' is missing: packed BitNet weights need their scale",
+                       w->file, name);
     int64_t count = 1;
     for (int i = 0; i < t->ndim; i++) count *= t->shape[i];
     if (count != 1 || !is_float(t->dtype)) {
@@ -146,7 +148,7 @@ static int bitnet_linear(struct model *m, const char *prefix, int64_t n, int64_t
                            st_shape_str(t->shape, t->ndim, a, sizeof a), (long long)(n / 4),
                            (long long)k);
         float ws = 0;
-        if (weight_scale(m, prefix, &ws, e)) return -1;
+        if (weight_scale(m, t, prefix, &ws, e)) return -1;
         if (mode == BITNET_OFFLINE_DIV)
             w->t_div = ws;
         else
