@@ -2038,6 +2038,8 @@ static const struct backend_ops cuda_ops = {
     .name = "cuda",
     .async_picks = 1,
     .kv_value_bytes = 2,
+    /* no ternary products yet: BitNet models are refused when they load */
+    .bitnet = 0,
     .info = cu_info,
     .alloc = cu_alloc,
     .free = cu_free,
