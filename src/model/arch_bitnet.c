@@ -98,17 +98,24 @@ static int weight_scale(struct model *m, const struct st_tensor *w, const char *
     return 0;
 }
 
-/* The ternary values of packed output row o (of n) into v[k]; -1 on a code 3. */
-static int unpack_row(const uint8_t *p, int64_t n, int64_t k, int64_t o, int8_t *v)
+/* Output row o (of n) of the packed tensor p [n/4, k] straight into a ternary row (the
+ * codes are value + 1 in both layouts; columns past k get code 1, a zero); -1 on a code 3. */
+static int repack_row(const uint8_t *p, int64_t n, int64_t k, int64_t o, uint8_t *row)
 {
     const uint8_t *src = p + (size_t)(o % (n / 4)) * (size_t)k;
-    int sh = 2 * (int)(o / (n / 4));
-    for (int64_t j = 0; j < k; j++) {
-        int code = src[j] >> sh & 3;
-        if (code == 3) return -1;
-        v[j] = (int8_t)(code - 1);
-    }
-    return 0;
+    int sh = 2 * (int)(o / (n / 4)), bad = 0;
+    for (int64_t b = 0; b < (k + 127) / 128; b++)
+        for (int j = 0; j < 32; j++) {
+            int byte = 0;
+            for (int i = 0; i < 4; i++) {
+                int64_t c = b * 128 + i * 32 + j;
+                int code = c < k ? src[c] >> sh & 3 : 1;
+                bad |= code == 3;
+                byte |= code << 2 * i;
+            }
+            row[b * 32 + j] = (uint8_t)byte;
+        }
+    return bad ? -1 : 0;
 }
 
 /* Linear layer `prefix` [n, k] as ternary weights in backend memory. */
@@ -120,7 +127,9 @@ static int bitnet_linear(struct model *m, const char *prefix, int64_t n, int64_t
     char name[300], a[128];
     snprintf(name, sizeof name, "%s.weight", prefix);
     const struct st_tensor *t = st_find(&m->st, name);
-    if (!t) return err_set(e, "tensor '%s' is missing", name);
+    if (!t)
+        return err_set(e, "%s: tensor '%s' is missing",
+                       m->st.nfiles == 1 ? m->st.files[0].base : "checkpoint", name);
     memset(w, 0, sizeof *w);
     w->fmt = WFMT_TERNARY;
     w->bits = 2;
@@ -156,9 +165,9 @@ static int bitnet_linear(struct model *m, const char *prefix, int64_t n, int64_t
     }
     uint8_t *data = model_alloc_weight(m, (size_t)n * w->row_bytes, e);
     if (!data) return -1;
-    int8_t *v = xmalloc((size_t)k);
     int rc = 0;
     if (mode == BITNET_ONLINE) {
+        int8_t *v = xmalloc((size_t)k);
         /* s = 1 / max(mean|W|, 1e-5) in float32, as the reference's WeightQuant */
         double sum = 0;
         for (int64_t i = 0; i < n * k; i++) sum += fabs((double)read_float(t, i));
@@ -171,19 +180,16 @@ static int bitnet_linear(struct model *m, const char *prefix, int64_t n, int64_t
             }
             qweight_ternary_pack(v, k, data + (size_t)o * w->row_bytes);
         }
+        free(v);
         w->t_div = s;
     } else {
-        for (int64_t o = 0; o < n && !rc; o++) {
-            if (unpack_row(t->data, n, k, o, v))
+        for (int64_t o = 0; o < n && !rc; o++)
+            if (repack_row(t->data, n, k, o, data + (size_t)o * w->row_bytes))
                 rc = err_set(e,
                              "%s: tensor '%s': output row %lld holds code 3, which is no "
                              "ternary value",
                              t->file, t->name, (long long)o);
-            else
-                qweight_ternary_pack(v, k, data + (size_t)o * w->row_bytes);
-        }
     }
-    free(v);
     w->w = data;
     if (rc || m->be->ops->weight_prepare(m->be->ctx, w, e)) return -1;
     model_track_linear(m, w);
