@@ -36,6 +36,21 @@ const char *cpu_isa_name(enum cpu_isa isa);
  */
 void cpu_matmul(struct threadpool *tp, float *y, const float *x, const struct qweight *w, int m);
 
+/**
+ * BitLinear's input quantization of one row x[k], exactly as the reference computes it:
+ * s = 127 / max(max|x|, 1e-5) in float32, q = round(x * s) (half to even) clamped to
+ * [-128, 127]. Writes q[0, kp) (zero past k), *sum = the sum of q; returns s.
+ */
+float cpu_ternary_quantize(const float *x, int64_t k, int64_t kp, int8_t *q, int32_t *sum);
+
+/**
+ * y[m, n] = x[m, k] . W^T for ternary W (WFMT_TERNARY; cpu_matmul calls it): each x row is
+ * quantized by cpu_ternary_quantize, its integer dot with each weight row is exact, and
+ * y = (float)dot / (s * t_div) * t_mul. Every instruction set gives bitwise the same y.
+ */
+void cpu_ternary_matmul(struct threadpool *tp, float *y, const float *x, const struct qweight *w,
+                        int m);
+
 /** Row `id` of an embedding table in any format into out[k] (times scale). */
 void cpu_embed_row(const struct qweight *w, int64_t id, float scale, float *out);
 
@@ -51,6 +66,9 @@ void cpu_rope(float *x, int rows, int heads, int d, const float *cos_t, const fl
 /** out = act(gate) * up over n values; act is SiLU or tanh-approximated GELU. */
 void cpu_silu_mul(float *out, const float *gate, const float *up, int64_t n);
 void cpu_gelu_tanh_mul(float *out, const float *gate, const float *up, int64_t n);
+
+/** out = relu(gate)^2 * up over n values (BitNet's relu2). */
+void cpu_relu2_mul(float *out, const float *gate, const float *up, int64_t n);
 
 /** x = cap * tanh(x / cap) over n values. */
 void cpu_softcap(float *x, int64_t n, float cap);

@@ -173,6 +173,7 @@ const struct cpu_impl cpu_impl_portable = {
     .delta_step = delta_step_portable,
     .conv_token = conv_token_portable,
     .gemm = gemm_portable,
+    .ternary = ternary_matmul_portable,
 };
 
 /* ---- the threaded driver ---- */
@@ -208,6 +209,10 @@ static void mm_task(void *p, int ith, int nth)
 
 void cpu_matmul(struct threadpool *tp, float *y, const float *x, const struct qweight *w, int m)
 {
+    if (w->fmt == WFMT_TERNARY) {
+        cpu_ternary_matmul(tp, y, x, w, m);
+        return;
+    }
     struct mm_job j = {y, x, w, m, NULL, 0};
     size_t bytes = cpu_impl->prep_bytes(w);
     if (bytes) {

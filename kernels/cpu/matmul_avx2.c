@@ -477,4 +477,5 @@ const struct cpu_impl cpu_impl_avx2 = {
     .delta_step = delta_step_avx2,
     .conv_token = conv_token_avx2,
     .gemm = gemm_avx2,
+    .ternary = ternary_matmul_avx2,
 };

@@ -38,6 +38,14 @@ void cpu_gelu_tanh_mul(float *out, const float *gate, const float *up, int64_t n
     }
 }
 
+void cpu_relu2_mul(float *out, const float *gate, const float *up, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float r = gate[i] > 0 ? gate[i] : 0.0f;
+        out[i] = r * r * up[i];
+    }
+}
+
 void cpu_softcap(float *x, int64_t n, float cap)
 {
     float inv = 1.0f / cap;

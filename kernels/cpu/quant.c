@@ -78,5 +78,9 @@ void quant_dequant_row(const struct qweight *w, int64_t row, int64_t k0, int64_t
             dst[j] = quant_fp8_lut[r[c]] * s;
         }
         return;
+    case WFMT_TERNARY: /* the weight's value; products quantize x too (cpu_ternary_matmul) */
+        for (int64_t j = 0; j < len; j++)
+            dst[j] = (float)qweight_ternary_get(r, k0 + j) / w->t_div * w->t_mul;
+        return;
     }
 }

@@ -811,6 +811,9 @@ static int cu_weight_prepare(void *ctx, struct qweight *w, struct err *e)
     case WFMT_NVFP4:
         d.fmt = DF_NVFP4;
         break;
+    case WFMT_TERNARY:
+        return err_set(e, "ternary (BitNet) weights do not run on the cuda backend yet (use "
+                          "--device cpu)");
     }
     d.bits = w->bits;
     d.group = w->group;
@@ -2035,6 +2038,8 @@ static const struct backend_ops cuda_ops = {
     .name = "cuda",
     .async_picks = 1,
     .kv_value_bytes = 2,
+    /* no ternary products yet: BitNet models are refused when they load */
+    .bitnet = 0,
     .info = cu_info,
     .alloc = cu_alloc,
     .free = cu_free,

@@ -1,10 +1,12 @@
 /*
  * bench make-model: a random-weight checkpoint of any shape, for measuring models nobody
- * has to download. Llama, Qwen3, Qwen3-MoE, the hybrid Qwen3.5 / 3.6 (dense and MoE) and
- * Gemma 4 (dense and MoE, bf16 only), in the Hugging Face layout (bf16: per-expert
- * `mlp.experts.N.*`, conv1d [C, 1, K]) or the MLX one (mlx4, mlx8, mxfp4, mxfp8: experts stacked as
- * `mlp.switch_mlp.*` [E, n, k], conv1d [C, K, 1], routers at 8 bits). Values are deterministic for
- * a seed and scaled so that every product keeps unit variance for unit inputs.
+ * has to download. Llama, Qwen3, Qwen3-MoE, the hybrid Qwen3.5 / 3.6 (dense and MoE),
+ * Gemma 4 (dense and MoE, bf16 only) and BitNet b1.58 (ternary linear layers packed as
+ * microsoft/bitnet-b1.58-2B-4T stores them, a bf16 embedding: --format bf16), in the Hugging
+ * Face layout (bf16: per-expert `mlp.experts.N.*`, conv1d [C, 1, K]) or the MLX one (mlx4,
+ * mlx8, mxfp4, mxfp8: experts stacked as `mlp.switch_mlp.*` [E, n, k], conv1d [C, K, 1],
+ * routers at 8 bits). Values are deterministic for a seed and scaled so that every product
+ * keeps unit variance for unit inputs.
  *
  * Next to the weights go a tokenizer and a chat template, so `pagoda serve` runs the model:
  * a byte-level BPE of the model's vocabulary size (text/tokenizer_gen.h), or with
@@ -40,7 +42,8 @@ enum fill_kind {
     FILL_BF16_CONST,       /* a */
     FILL_RANDOM_BITS,
     FILL_U8_CONST,
-    FILL_FP8_RANDOM /* random e4m3 codes, never the NaN codes 0x7f / 0xff */
+    FILL_FP8_RANDOM, /* random e4m3 codes, never the NaN codes 0x7f / 0xff */
+    FILL_TERNARY     /* bytes of four random 2-bit codes in {0, 1, 2} (BitNet's packing) */
 };
 
 struct fill {
@@ -81,6 +84,12 @@ static void fill_range(const struct fill *f, uint8_t *buf, size_t off, size_t n)
         for (size_t i = 0; i < n; i++) {
             uint8_t b = (uint8_t)(bench_mix(f->seed + off + i) >> 24);
             buf[i] = (b & 0x7f) == 0x7f ? (uint8_t)(b ^ 1) : b;
+        }
+        break;
+    case FILL_TERNARY:
+        for (size_t i = 0; i < n; i++) {
+            uint64_t r = bench_mix(f->seed + off + i) >> 8;
+            buf[i] = (uint8_t)(r % 3 | (r / 3 % 3) << 2 | (r / 9 % 3) << 4 | (r / 27 % 3) << 6);
         }
         break;
     }
@@ -131,7 +140,7 @@ struct mm_spec {
 /* The 8-bit affine format mlx-lm keeps MoE routers and shared-expert gates in. */
 static const struct mm_spec router_spec = {"mlx8", 8, 64};
 
-enum mk_arch { MK_LLAMA, MK_QWEN3, MK_QWEN3_MOE, MK_QWEN3_5, MK_QWEN3_5_MOE, MK_GEMMA4 };
+enum mk_arch { MK_LLAMA, MK_QWEN3, MK_QWEN3_MOE, MK_QWEN3_5, MK_QWEN3_5_MOE, MK_GEMMA4, MK_BITNET };
 
 static const struct {
     const char *flag, *hf, *model_type;
@@ -142,6 +151,7 @@ static const struct {
     [MK_QWEN3_5] = {"qwen3_5", "Qwen3_5ForCausalLM", "qwen3_5_text"},
     [MK_QWEN3_5_MOE] = {"qwen3_5_moe", "Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"},
     [MK_GEMMA4] = {"gemma4", "Gemma4ForCausalLM", "gemma4_text"},
+    [MK_BITNET] = {"bitnet", "BitNetForCausalLM", "bitnet"},
 };
 
 /* What the flags set; names follow the config.json fields they become. */
@@ -404,10 +414,51 @@ static void mk_gemma4_layers(struct mk *m, const struct mk_shape *s)
     }
 }
 
+/* BitNet's BitLinear `prefix` [n, k] packed as microsoft/bitnet-b1.58-2B-4T stores it: uint8
+ * [n/4, k] of four ternary codes, and weight_scale = sqrt(2k/3), which the product divides
+ * by: about unit output variance for unit inputs, two thirds of the values being nonzero. */
+static void mk_bitlinear(struct mk *m, const char *prefix, int64_t n, int64_t k, uint64_t seed)
+{
+    char name[320];
+    int64_t shape[2] = {n / 4, k}, one = 1;
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    mk_tensor(m, name, ST_U8, 2, shape, (struct fill){.kind = FILL_TERNARY, .seed = seed});
+    snprintf(name, sizeof name, "%s.weight_scale", prefix);
+    mk_tensor(m, name, ST_BF16, 1, &one, constant(sqrtf(2.0f * (float)k / 3.0f)));
+}
+
+/* BitNet b1.58: a tied bf16 embedding, the Llama layer with attn_sub_norm [Hq*D] and
+ * ffn_sub_norm [ffn], every decoder linear a packed BitLinear. */
+static void mk_bitnet_layers(struct mk *m, const struct mk_shape *s)
+{
+    char p[300];
+    int64_t H = s->hidden, F = s->ffn, qd = s->heads * s->head_dim, kvd = s->kv_heads * s->head_dim;
+    uint64_t base = (uint64_t)s->seed << 40;
+    mk_linear(m, "model.embed_tokens", 0, s->vocab, H, &m->f, base);
+    mk_vec(m, "model.norm.weight", H, constant(1.0f));
+    static const char *const names[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                         "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                         "mlp.down_proj"};
+    int64_t ns[7] = {qd, kvd, kvd, H, F, F, H}, ks[7] = {H, H, H, qd, H, H, F};
+    for (long l = 0; l < s->layers; l++) {
+        for (int i = 0; i < 7; i++)
+            mk_bitlinear(m, NAME("model.layers.%ld.%s", l, names[i]), ns[i], ks[i],
+                         tseed(s, l, 80 + (uint64_t)i));
+        mk_vec(m, NAME("model.layers.%ld.self_attn.attn_sub_norm.weight", l), qd, constant(1.0f));
+        mk_vec(m, NAME("model.layers.%ld.mlp.ffn_sub_norm.weight", l), F, constant(1.0f));
+        mk_vec(m, NAME("model.layers.%ld.input_layernorm.weight", l), H, constant(1.0f));
+        mk_vec(m, NAME("model.layers.%ld.post_attention_layernorm.weight", l), H, constant(1.0f));
+    }
+}
+
 static void mk_layers(struct mk *m, const struct mk_shape *s)
 {
     if (s->arch == MK_GEMMA4) {
         mk_gemma4_layers(m, s);
+        return;
+    }
+    if (s->arch == MK_BITNET) {
+        mk_bitnet_layers(m, s);
         return;
     }
     char p[300];
@@ -530,9 +581,41 @@ static cJSON *mk_config_gemma4(const struct mk_shape *s)
 
 /* config.json with the fields and defaults transformers saves for the architecture (as in
  * the reference checkpoints of tests/golden), then mlx-lm's quantization entries. */
+/* BitNet's config.json as microsoft/bitnet-b1.58-2B-4T has it. */
+static cJSON *mk_config_bitnet(const struct mk_shape *s)
+{
+    cJSON *c = cJSON_CreateObject();
+    cJSON *ar = cJSON_AddArrayToObject(c, "architectures");
+    cJSON_AddItemToArray(ar, cJSON_CreateString(arch_names[s->arch].hf));
+    cJSON_AddStringToObject(c, "model_type", arch_names[s->arch].model_type);
+    cJSON_AddNumberToObject(c, "hidden_size", (double)s->hidden);
+    cJSON_AddNumberToObject(c, "num_hidden_layers", (double)s->layers);
+    cJSON_AddNumberToObject(c, "num_attention_heads", (double)s->heads);
+    cJSON_AddNumberToObject(c, "num_key_value_heads", (double)s->kv_heads);
+    cJSON_AddNumberToObject(c, "head_dim", (double)s->head_dim);
+    cJSON_AddNumberToObject(c, "intermediate_size", (double)s->ffn);
+    cJSON_AddNumberToObject(c, "vocab_size", (double)s->vocab);
+    cJSON_AddNumberToObject(c, "max_position_embeddings", (double)s->ctx);
+    cJSON_AddNumberToObject(c, "rms_norm_eps", 1e-5);
+    cJSON_AddNumberToObject(c, "rope_theta", 500000.0);
+    cJSON_AddStringToObject(c, "hidden_act", "relu2");
+    cJSON_AddTrueToObject(c, "tie_word_embeddings");
+    cJSON_AddFalseToObject(c, "attention_bias");
+    cJSON_AddNumberToObject(c, "bos_token_id", s->bos);
+    cJSON_AddNumberToObject(c, "eos_token_id", s->eos);
+    cJSON_AddStringToObject(c, "torch_dtype", "bfloat16");
+    sort_keys(c);
+    cJSON *q = cJSON_AddObjectToObject(c, "quantization_config");
+    cJSON_AddStringToObject(q, "quant_method", "bitnet");
+    cJSON_AddStringToObject(q, "linear_class", "bitlinear");
+    cJSON_AddStringToObject(q, "quantization_mode", "offline");
+    return c;
+}
+
 static cJSON *mk_config(const struct mk_shape *s, const struct mk *m)
 {
     if (s->arch == MK_GEMMA4) return mk_config_gemma4(s);
+    if (s->arch == MK_BITNET) return mk_config_bitnet(s);
     cJSON *c = cJSON_CreateObject();
     int moe = s->experts > 0, qwen = s->arch != MK_LLAMA, hf5 = s->arch >= MK_QWEN3_MOE;
     cJSON *ar = cJSON_AddArrayToObject(c, "architectures");
@@ -619,7 +702,8 @@ static cJSON *mk_config(const struct mk_shape *s, const struct mk *m)
 }
 
 static const char usage[] =
-    "usage: pagoda bench make-model --arch llama|qwen3|qwen3_moe|qwen3_5|qwen3_5_moe|gemma4\n"
+    "usage: pagoda bench make-model --arch "
+    "llama|qwen3|qwen3_moe|qwen3_5|qwen3_5_moe|gemma4|bitnet\n"
     "         --hidden H --layers L --heads A --kv-heads K [--head-dim D] --ffn F --vocab V\n"
     "         --format bf16|mlx4|mlx8|mxfp4|mxfp8 [--context N] [--seed S]\n"
     "         [--tokenizer DIR]   (default: a byte-level BPE of --vocab ids)\n"
@@ -641,6 +725,14 @@ static const char *check_shape(const struct mk_shape *s, const struct mm_spec *f
         return "--full-attention-interval and the linear-attention options need --arch qwen3_5 "
                "or qwen3_5_moe (gemma4 takes --full-attention-interval)";
     if (gemma4_flags && !gemma4) return "the Gemma 4 options need --arch gemma4";
+    if (s->arch == MK_BITNET) {
+        if (f->group)
+            return "BitNet checkpoints are made packed with a bf16 embedding (--format bf16)";
+        if ((s->heads * s->head_dim) % 4 || (s->kv_heads * s->head_dim) % 4 || s->hidden % 4 ||
+            s->ffn % 4)
+            return "BitNet packs four output rows a byte: hidden, heads * head-dim, kv-heads * "
+                   "head-dim and ffn must be multiples of 4";
+    }
     if (gemma4) {
         if (f->group) return "Gemma 4 checkpoints are made in bf16 only";
         if (s->global_head_dim % 2 || s->global_head_dim > 512 || s->head_dim > 512)
@@ -896,7 +988,7 @@ static int parse_flags(int argc, char **argv, struct mk_shape *s, struct mm_spec
     while (ai < sizeof arch_names / sizeof arch_names[0] && strcmp(arch, arch_names[ai].flag)) ai++;
     if (ai == sizeof arch_names / sizeof arch_names[0]) {
         fprintf(stderr, "pagoda bench make-model: --arch must be llama, qwen3, qwen3_moe, "
-                        "qwen3_5, qwen3_5_moe or gemma4\n");
+                        "qwen3_5, qwen3_5_moe, gemma4 or bitnet\n");
         return 2;
     }
     s->arch = (enum mk_arch)ai;

@@ -1,7 +1,7 @@
 /*
- * bench matmul: times one CPU matrix product y = x . W^T (random bf16 or MLX 4-bit group-64
- * weights, the shapes of a model's layers) for a given number of x rows, best of repeated
- * runs: the kernel alone, without the rest of a forward pass.
+ * bench matmul: times one CPU matrix product y = x . W^T (random bf16, MLX 4-bit group-64 or
+ * ternary (BitNet) weights, the shapes of a model's layers) for a given number of x rows, best of
+ * repeated runs: the kernel alone, without the rest of a forward pass.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,11 +28,12 @@ static float next_f(void)
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: pagoda bench matmul [--format bf16|mlx4] [--rows M] [--n N] [--k K]\n"
-               "         [--threads T] [--reps R]\n"
-               "  --rows M     x rows (default 16)\n"
-               "  --n N, --k K weight rows and columns (default 8192 x 2048; K a multiple of 64)\n"
-               "  --threads T  (default 2)   --reps R  timed runs, best reported (default 20)\n");
+    fprintf(f,
+            "usage: pagoda bench matmul [--format bf16|mlx4|ternary] [--rows M] [--n N] [--k K]\n"
+            "         [--threads T] [--reps R]\n"
+            "  --rows M     x rows (default 16)\n"
+            "  --n N, --k K weight rows and columns (default 8192 x 2048; K a multiple of 64)\n"
+            "  --threads T  (default 2)   --reps R  timed runs, best reported (default 20)\n");
 }
 
 int cli_bench_matmul(int argc, char **argv)
@@ -70,9 +71,9 @@ int cli_bench_matmul(int argc, char **argv)
             bad = arg_int(a, v, 1, 100000, &reps);
         if (bad) return 2;
     }
-    int q4 = !strcmp(fmt, "mlx4");
-    if (!q4 && strcmp(fmt, "bf16")) {
-        fprintf(stderr, "pagoda bench matmul: --format must be bf16 or mlx4\n");
+    int q4 = !strcmp(fmt, "mlx4"), tern = !strcmp(fmt, "ternary");
+    if (!q4 && !tern && strcmp(fmt, "bf16")) {
+        fprintf(stderr, "pagoda bench matmul: --format must be bf16, mlx4 or ternary\n");
         return 2;
     }
     if (k % 64) {
@@ -102,6 +103,16 @@ int cli_bench_matmul(int argc, char **argv)
         }
         w.scales = sc;
         w.biases = bi;
+    } else if (tern) { /* random codes 0..2 (value + 1), four a byte */
+        w.fmt = WFMT_TERNARY;
+        w.bits = 2;
+        w.row_bytes = qweight_ternary_row_bytes(k);
+        w.t_div = w.t_mul = 1.0f;
+        data = xmalloc((size_t)n * w.row_bytes);
+        for (size_t i = 0; i < (size_t)n * w.row_bytes; i++) {
+            uint32_t r = next_u32();
+            data[i] = (uint8_t)(r % 3 | (r / 3 % 3) << 2 | (r / 9 % 3) << 4 | (r / 27 % 3) << 6);
+        }
     } else {
         w.fmt = WFMT_BF16;
         w.bits = 16;
@@ -123,8 +134,10 @@ int cli_bench_matmul(int argc, char **argv)
         if (t < best) best = t;
     }
     double flop = 2.0 * (double)m * (double)n * (double)k;
-    printf("matmul %s %ld x %ld, %ld rows, %ld threads (%s): best %.3f ms, %.1f GFLOP/s\n", fmt, n,
-           k, m, th, cpu_isa_name(cpu_isa_get()), best * 1e3, flop / best * 1e-9);
+    printf("matmul %s %ld x %ld, %ld rows, %ld threads (%s): best %.3f ms, %.1f GFLOP/s, "
+           "weights %.2f GB/s\n",
+           fmt, n, k, m, th, cpu_isa_name(cpu_isa_get()), best * 1e3, flop / best * 1e-9,
+           (double)qweight_bytes(&w) / best * 1e-9);
     tp_destroy(tp);
     free(x);
     free(y);

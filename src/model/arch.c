@@ -8,7 +8,7 @@
 static const struct arch *const archs[] = {
     &arch_llama,      &arch_mistral,     &arch_qwen2,          &arch_qwen3,     &arch_gemma2,
     &arch_gemma3,     &arch_gemma4,      &arch_gemma4_vl,      &arch_qwen3_moe, &arch_qwen3_5,
-    &arch_qwen3_5_vl, &arch_qwen3_5_moe, &arch_qwen3_5_moe_vl,
+    &arch_qwen3_5_vl, &arch_qwen3_5_moe, &arch_qwen3_5_moe_vl, &arch_bitnet,
 };
 
 const struct arch *arch_find(const char *name)

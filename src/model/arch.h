@@ -41,6 +41,7 @@ void arch_list(char *buf, size_t n);
 extern const struct arch arch_llama, arch_mistral, arch_qwen2, arch_qwen3;
 extern const struct arch arch_gemma2, arch_gemma3, arch_gemma4, arch_gemma4_vl;
 extern const struct arch arch_qwen3_moe;
+extern const struct arch arch_bitnet;
 extern const struct arch arch_qwen3_5, arch_qwen3_5_vl, arch_qwen3_5_moe, arch_qwen3_5_moe_vl;
 
 /** Reads the routed-experts fields (num_experts or num_local_experts, num_experts_per_tok,

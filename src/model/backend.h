@@ -125,6 +125,9 @@ struct backend_ops {
      * on while the host plans the next step); 0: they are computed when called */
     int async_picks;
     int kv_value_bytes; /* bytes per stored K or V value (4: float32, 2: bf16) */
+    /* 1: matmul takes WFMT_TERNARY weights (BitNet's BitLinear, int8 activations) and act_mul
+     * ACT_RELU2; 0: models that need them are refused when they load */
+    int bitnet;
     void (*info)(void *ctx, struct backend_info *out);
     void *(*alloc)(void *ctx, size_t bytes);
     void (*free)(void *ctx, void *p);

@@ -197,6 +197,8 @@ static void cpu_act_mul(void *ctx, float *out, const float *gate, const float *u
     (void)ctx;
     if (act == ACT_SILU)
         cpu_silu_mul(out, gate, up, n);
+    else if (act == ACT_RELU2)
+        cpu_relu2_mul(out, gate, up, n);
     else
         cpu_gelu_tanh_mul(out, gate, up, n);
 }
@@ -335,6 +337,7 @@ static void cpu_destroy(void *ctx)
 static const struct backend_ops cpu_ops = {
     .name = "cpu",
     .kv_value_bytes = sizeof(float),
+    .bitnet = 1,
     .info = cpu_info,
     .alloc = cpu_alloc,
     .free = cpu_free,

@@ -115,6 +115,7 @@ void blk_attn(struct model *m, const struct attn_block *a, int layer, const stru
     };
     o->attention(ctx, m->att, m->q, &m->kv[layer], &m->kvg[layer], b, &ap);
     if (c->attn_gate) o->gate_mul(ctx, m->att, m->qgate, n, qdim, qdim);
+    if (a->o_norm) o->rms_norm(ctx, m->att, m->att, a->o_norm, n, qdim, c->rms_eps);
     o->matmul(ctx, m->h, m->att, &a->wo, n);
     if (a->bo) o->add_bias(ctx, m->h, a->bo, n, c->hidden);
 }
@@ -131,6 +132,7 @@ void blk_mlp(struct model *m, const struct mlp_block *p, int rows)
         o->add_bias(ctx, m->up, p->b_up, rows, F);
     }
     o->act_mul(ctx, m->gate, m->gate, m->up, (int64_t)rows * F, m->cfg.act);
+    if (p->down_norm) o->rms_norm(ctx, m->gate, m->gate, p->down_norm, rows, F, m->cfg.rms_eps);
     o->matmul(ctx, m->h, m->gate, &p->down, rows);
     if (p->b_down) o->add_bias(ctx, m->h, p->b_down, rows, m->cfg.hidden);
 }

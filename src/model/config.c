@@ -168,6 +168,9 @@ static int parse_quant(struct model_config *c, const cJSON *root, struct err *e)
 {
     const cJSON *q = config_get(root, "quantization");
     if (!q) q = config_get(root, "quantization_config");
+    /* BitNet's quantization is its family's (c->bitnet), not a weight format of this table */
+    const cJSON *qm = cJSON_IsObject(q) ? config_get(q, "quant_method") : NULL;
+    if (cJSON_IsString(qm) && !strcmp(qm->valuestring, "bitnet")) q = NULL;
     c->quant.mode = QMODE_NONE;
     if (!q) return 0;
     struct quant_spec none = {QMODE_NONE, 4, 64};
@@ -329,6 +332,8 @@ int config_load(struct model_config *c, const char *dir, struct err *e)
     else if (!strcmp(an2, "gelu_pytorch_tanh") || !strcmp(an2, "gelu_new") ||
              !strcmp(an2, "gelu_fast"))
         c->act = ACT_GELU_TANH;
+    else if (!strcmp(an2, "relu2"))
+        c->act = ACT_RELU2;
     else {
         err_set(e, "config.json: activation '%s' is not supported", an2);
         goto out;

@@ -42,10 +42,16 @@ struct rope_params {
 /* Attention over all earlier tokens, over a window of them, or linear attention with a
  * recurrent state (Gated DeltaNet). */
 enum layer_kind { LAYER_FULL, LAYER_SLIDING, LAYER_LINEAR };
-enum act_kind { ACT_SILU, ACT_GELU_TANH };
+enum act_kind { ACT_SILU, ACT_GELU_TANH, ACT_RELU2 /* relu(x)^2 (BitNet) */ };
 
 /* How a linear layer's weight is stored (see model/weights.h). */
 enum quant_mode { QMODE_NONE, QMODE_AFFINE, QMODE_MXFP4, QMODE_MXFP8, QMODE_NVFP4 };
+
+/* BitNet b1.58's linear layers (quantization_config.quant_method "bitnet"): ternary weights
+ * against int8 activations. OFFLINE_DIV: packed values with a weight_scale the product divides
+ * by (linear_class "bitlinear"); OFFLINE_MUL: one it multiplies by ("autobitlinear", offline);
+ * ONLINE: float master weights made ternary when they load ("autobitlinear", online). */
+enum bitnet_mode { BITNET_NONE, BITNET_OFFLINE_DIV, BITNET_OFFLINE_MUL, BITNET_ONLINE };
 
 struct quant_spec {
     enum quant_mode mode;
@@ -124,6 +130,7 @@ struct model_config {
     bool *layer_moe; /* [n_layers] the layer's MLP is routed experts */
     struct linear_config lin;
     struct quant_spec quant; /* default for linear layers; mode NONE = unquantized */
+    enum bitnet_mode bitnet; /* BitNet's linear layers (set by its family), else NONE */
     struct quant_override *quant_overrides;
     int n_quant_overrides;
     int32_t eos_ids[CONFIG_MAX_EOS];

@@ -40,6 +40,27 @@ static void track_linear(struct model *m, struct qweight *w)
     t->linears[t->n_linears++] = w;
 }
 
+void model_track_linear(struct model *m, struct qweight *w)
+{
+    track_linear(m, w);
+}
+
+void *model_alloc_weight(struct model *m, size_t bytes, struct err *e)
+{
+    struct model_tensors *t = &m->tensors;
+    void *p = m->be->ops->alloc(m->be->ctx, bytes);
+    if (!p) {
+        err_set(e, "out of memory for %zu bytes of weights", bytes);
+        return NULL;
+    }
+    if (t->n_blobs == t->cap_blobs) {
+        t->cap_blobs = t->cap_blobs ? 2 * t->cap_blobs : 64;
+        t->blobs = xrealloc(t->blobs, sizeof *t->blobs * (size_t)t->cap_blobs);
+    }
+    t->blobs[t->n_blobs++] = p;
+    return p;
+}
+
 static void track_vec(struct model *m, float *v, int64_t len)
 {
     struct model_tensors *t = &m->tensors;
@@ -441,6 +462,8 @@ static int check_ops(const struct model *m, const char *dir, struct err *e)
         missing = "layer scalars";
     else if (c->k_eq_v && !o->copy)
         missing = "K reused as V";
+    else if ((c->bitnet != BITNET_NONE || c->act == ACT_RELU2) && !o->bitnet)
+        missing = "ternary BitLinear products (int8 activations) and ReLU^2";
     if (!missing) return 0;
     return err_set(e,
                    "%s: %s (%s) needs %s, which the %s backend does not run yet (use --device "
@@ -660,6 +683,8 @@ void model_destroy(struct model *m)
     void *ctx = m->be->ctx;
     struct model_tensors *t = &m->tensors;
     for (int i = 0; i < t->n_vecs; i++) o->free(ctx, t->vecs[i]);
+    for (int i = 0; i < t->n_blobs; i++) o->free(ctx, t->blobs[i]);
+    free(t->blobs);
     free(t->vecs);
     free(t->vec_len);
     free(t->linears);

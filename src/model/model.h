@@ -25,12 +25,14 @@ struct attn_block {
     struct qweight wq, wk, wv, wo; /* [Hq*D, hidden], [Hkv*D, hidden] x2, [hidden, Hq*D] */
     float *q_norm, *k_norm;        /* [D] per-head norms, else NULL */
     float *bq, *bk, *bv, *bo;      /* projection biases, else NULL */
+    float *o_norm; /* [Hq*D] RMSNorm of the attention output before o (BitNet), else NULL */
 };
 
 /* mlp.*: down(act(gate(x)) * up(x)); its width is gate.n. */
 struct mlp_block {
     struct qweight gate, up, down; /* [ffn, hidden] x2, [hidden, ffn] */
     float *b_gate, *b_up, *b_down; /* biases, else NULL */
+    float *down_norm;              /* [ffn] RMSNorm before down (BitNet), else NULL */
 };
 
 /* linear_attn.*: a Gated DeltaNet layer (Hk key heads of dk, Hv value heads of dv). */
@@ -79,6 +81,8 @@ struct model_tensors {
     float **vecs;             /* vectors in backend memory */
     int64_t *vec_len;         /* their lengths */
     int n_linears, n_vecs, cap_linears, cap_vecs;
+    void **blobs; /* backend memory of weights a loader built (model_alloc_weight) */
+    int n_blobs, cap_blobs;
 };
 
 struct model {
@@ -135,6 +139,13 @@ struct model {
  * inputs in its stored format (for the families' loaders). 0, or -1 + err naming the tensor. */
 int model_load_linear(struct model *m, const char *prefix, int64_t n, int64_t k, struct qweight *w,
                       struct err *e);
+
+/** Counts w among the model's matrices (for one a family built itself). */
+void model_track_linear(struct model *m, struct qweight *w);
+
+/** `bytes` of backend memory for weights a family builds at load time (a repacking), freed
+ * with the model; NULL + err when out of memory. */
+void *model_alloc_weight(struct model *m, size_t bytes, struct err *e);
 
 /** Loads the vector `name` of dim values into backend memory as float, plus `add` ((1 + w)
  * norms). A missing tensor is an error when `required`, else *out = NULL. */

@@ -1,6 +1,7 @@
 #include "model/weights.h"
 
 #include <stdio.h>
+#include <string.h>
 
 size_t qweight_bytes(const struct qweight *w)
 {
@@ -11,6 +12,22 @@ size_t qweight_bytes(const struct qweight *w)
         b += groups * s * (w->biases ? 2 : 1);
     }
     return b;
+}
+
+size_t qweight_ternary_row_bytes(int64_t k)
+{
+    return (size_t)((k + 127) / 128) * 32;
+}
+
+void qweight_ternary_pack(const int8_t *vals, int64_t k, uint8_t *row)
+{
+    memset(row, 0x55, qweight_ternary_row_bytes(k)); /* code 1 (a zero) in all four slots */
+    for (int64_t j = 0; j < k; j++) {
+        int64_t c = j % 128;
+        uint8_t *p = row + (j / 128) * 32 + c % 32;
+        int sh = 2 * (int)(c / 32);
+        *p = (uint8_t)((*p & ~(3 << sh)) | (vals[j] + 1) << sh);
+    }
 }
 
 double qweight_bits_per_weight(const struct qweight *w)
@@ -41,6 +58,9 @@ const char *qweight_format_name(const struct qweight *w, char *buf, size_t n)
         break;
     case WFMT_NVFP4:
         snprintf(buf, n, "nvfp4");
+        break;
+    case WFMT_TERNARY:
+        snprintf(buf, n, "ternary");
         break;
     }
     return buf;

@@ -17,12 +17,12 @@
 static const char *const golden_supported[] = {
     "LlamaForCausalLM",      "MistralForCausalLM", "Qwen2ForCausalLM",    "Qwen3ForCausalLM",
     "Gemma2ForCausalLM",     "Gemma3ForCausalLM",  "Qwen3MoeForCausalLM", "Qwen3_5ForCausalLM",
-    "Qwen3_5MoeForCausalLM", "Gemma4ForCausalLM"};
+    "Qwen3_5MoeForCausalLM", "Gemma4ForCausalLM",  "BitNetForCausalLM"};
 
-/* Architectures whose operations the CUDA backend does not run yet (NULL ends the list): it
- * refuses them when they load, so they are compared on the CPU only. Every supported one runs
- * on both today. */
-static const char *const golden_cpu_only[] = {NULL};
+/* Architectures whose operations (BitNet's ternary products) the CUDA backend does not run
+ * yet (NULL ends the list): it refuses them when they load, so they are compared on the CPU
+ * only. */
+static const char *const golden_cpu_only[] = {"BitNetForCausalLM", NULL};
 
 /* The margin below which the testdata README lets a greedy path diverge (our token the
  * golden's second). */

@@ -10,7 +10,8 @@
  *   - sampling controls with exact outcomes (top_k 1, logit bias, stop ids, max_tokens),
  *     prompt log-probabilities against the golden, aborts;
  *   - after every scenario the pool is all free again;
- *   - Gemma 4's KV-shared layers own no KV storage: the pool is sized by the other layers.
+ *   - Gemma 4's KV-shared layers own no KV storage: the pool is sized by the other layers;
+ *   - the BitNet variants of tests/golden/variants (CPU) through the same invariance checks.
  * With --device cuda the same checks run on the CUDA backend (without a GPU: "no GPU: not
  * run", exit 77, which ctest counts as skipped). Prompt log-probabilities are then compared at
  * the CUDA golden tolerance (bf16 activations and KV), with the backend in its batch-invariant
@@ -648,6 +649,47 @@ static int load_cases(const char *dir, cJSON **root, struct golden_case *cs)
     return n;
 }
 
+/* The BitNet variants (tests/golden/variants/bitnet-*: their own weights, llama-tiny's
+ * tokenizer), assembled in a temporary folder as the golden model test does, through the same
+ * batch-invariance and prefix checks: the ternary products are exact and each row's int8
+ * quantization is its own, so a batch changes no token. */
+static int test_variants(const char *mdir)
+{
+    static const char *const vs[] = {"bitnet-packed", "bitnet-bf16"};
+    char tmp[] = "/tmp/pagoda-engine-variants-XXXXXX";
+    int tested = 0;
+    if (!mkdtemp(tmp)) {
+        CHECK(0, "cannot make a temporary folder");
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof vs / sizeof vs[0]; i++) {
+        char dir[4400], cmd[13500];
+        snprintf(dir, sizeof dir, "%s/%s", tmp, vs[i]);
+        snprintf(cmd, sizeof cmd,
+                 "mkdir -p '%s' && for f in '%s/llama-tiny'/* tests/golden/variants/%s/*; do "
+                 "ln -sf \"$(realpath \"$f\")\" '%s'/; done",
+                 dir, mdir, vs[i], dir);
+        if (system(cmd) != 0) {
+            CHECK(0, "%s: cannot assemble the variant folder", vs[i]);
+            continue;
+        }
+        cJSON *root;
+        struct golden_case cs[MAX_CASES];
+        int nc = load_cases(dir, &root, cs);
+        CHECK(nc > 0, "%s: no golden cases", vs[i]);
+        int before = test_failures;
+        if (nc > 0) test_model(dir, vs[i], cs, nc);
+        printf("%-24s %s\n", vs[i], test_failures == before ? "ok" : "FAILED");
+        for (int k = 0; k < nc; k++) free(cs[k].prompt);
+        cJSON_Delete(root);
+        tested++;
+    }
+    char rm[256];
+    snprintf(rm, sizeof rm, "rm -rf '%s'", tmp);
+    if (system(rm) != 0) fprintf(stderr, "could not remove %s\n", tmp);
+    return tested;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 3 && !(argc == 5 && !strcmp(argv[3], "--device"))) {
@@ -705,5 +747,7 @@ int main(int argc, char **argv)
         free(names[i]);
     }
     CHECK(tested >= 12, "only %d model folders tested", tested);
+    if (golden_device_runs("BitNetForCausalLM", device))
+        CHECK(test_variants(mdir) == 2, "the BitNet variants were not both tested");
     TEST_DONE();
 }

@@ -7,7 +7,7 @@
  *   - while the paths agree, every golden top-5 log-probability within 1e-3 (float32 path);
  *   - prompt log-probabilities within 1e-3.
  * The bundled models/demo (relative to the working directory) is compared the same way, and
- * so is every variant under tests/golden/variants (rope scalings, nvfp4), assembled in a
+ * so is every variant under tests/golden/variants (rope scalings, nvfp4, BitNet), assembled in a
  * temporary folder from its config.json, golden.json and weights with the tokenizer (and,
  * without its own weights, the weights) of the reference model its golden names as `base`.
  * With --device cuda the same comparison runs through the CUDA backend at bf16 tolerance
@@ -40,6 +40,13 @@
  * 300-token prompt; with every product in float32 (PAGODA_CUDA_BATCH_INVARIANT=1) it is
  * 0.003 there. */
 #define CUDA_TOL_HYBRID 8e-2
+/* BitNet on the CPU: its products are exact (int8 activations times ternary weights), but
+ * the int8 rounding of each activation turns a last-bit difference upstream (a norm's or the
+ * attention's summation order) into a whole quantization step whenever a value sits at a
+ * rounding boundary, and steps then carry through the KV. Prompt log-probabilities agree to
+ * 1e-6 in the median; the largest deviation seen was 0.032 (bitnet-bf16, whose reference
+ * also sums dequantized floats), 0.015 with packed weights. */
+#define BITNET_TOL 5e-2
 
 static double TOL = CPU_TOL;
 static double MARGIN = GOLDEN_MARGIN; /* see golden_util.h */
@@ -215,6 +222,7 @@ static int check_folder(const char *bin, const char *dir, const char *name)
         MARGIN = GOLDEN_MARGIN_KV16;
         setenv("PAGODA_CUDA_BATCH_INVARIANT", "1", 1); /* float32 products: see golden_util.h */
     }
+    if (TOL == CPU_TOL && !strcmp(arch, "BitNetForCausalLM")) TOL = BITNET_TOL;
     snprintf(path, sizeof path, "%s/golden.json", dir);
     char *gtext = util_read_file(path, NULL, NULL);
     cJSON *g = gtext ? cJSON_Parse(gtext) : NULL;
@@ -324,7 +332,10 @@ int main(int argc, char **argv)
     char rm[256];
     snprintf(rm, sizeof rm, "rm -rf '%s'", tmp);
     if (system(rm) != 0) fprintf(stderr, "could not remove %s\n", tmp);
-    CHECK(variants == 4, "%d variants compared, want 4", variants);
+    /* 6: rope-linear, rope-dynamic, rope-yarn, nvfp4, bitnet-packed, bitnet-bf16; the CUDA
+     * backend refuses the two BitNet ones at load time (checked above) */
+    int want_variants = strncmp(device, "cuda", 4) ? 6 : 4;
+    CHECK(variants == want_variants, "%d variants compared, want %d", variants, want_variants);
 
     printf("largest log-probability deviation: %.6f\n", max_dev);
     /* The reference data holds 12 dense folders (6 architectures, 6 quantized copies). */

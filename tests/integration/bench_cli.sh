@@ -2,9 +2,9 @@
 # CLI test of `pagoda bench decode` and `pagoda bench throughput` on the bundled demo model:
 # the run's shape as reported in --json (batch, prompts per prefill step, lengths; requests,
 # sampling, output tokens), the clamp of --prefill-seqs to the batch, and exit status 2 for
-# usage errors. Then `pagoda bench make-model` for the MoE and hybrid families: the tensors
-# of both layouts (names, dtypes, shapes), info's parameter counts against the shape's, and
-# 8 generated tokens from each written model.
+# usage errors. Then `pagoda bench make-model` for the MoE, hybrid and BitNet families: the
+# tensors of both layouts (names, dtypes, shapes), info's parameter counts against the
+# shape's, and 8 generated tokens from each written model.
 # Usage: bench_cli.sh PAGODA_BINARY
 set -uo pipefail
 BIN="$1"
@@ -148,6 +148,22 @@ expect "no room" 1 "$(status "$BIN" bench make-model --hidden 1048576 --heads 81
 expect "no room leaves no directory" 0 "$(ls -d "$TMP/huge" 2>/dev/null | wc -l)"
 expect "shared expert on qwen3_moe" 2 \
   "$(status "$BIN" bench make-model --arch qwen3_moe --shared-expert-ffn 64 "$TMP/x")"
+
+# BitNet: every decoder linear packed ternary as microsoft/bitnet-b1.58-2B-4T stores it (uint8,
+# four output rows a byte, a weight_scale each), the two sub-norms, the embedding tied as head.
+mk bitnet bf16 || { echo "FAIL make-model bitnet"; fails=$((fails + 1)); }
+has bitnet-bf16 model.layers.3.self_attn.k_proj.weight U8 16,128
+has bitnet-bf16 model.layers.3.mlp.down_proj.weight U8 32,256
+has bitnet-bf16 model.layers.0.mlp.gate_proj.weight_scale BF16 1
+has bitnet-bf16 model.layers.0.self_attn.attn_sub_norm.weight BF16 128
+has bitnet-bf16 model.layers.0.mlp.ffn_sub_norm.weight BF16 256
+expect "bitnet: tied, no lm_head" 0 "$(header bitnet-bf16 | grep -ac 'lm_head' || true)"
+expect "bitnet parameters" $((512 * 128 + 128 + 4 * (256 + 128 + 256 + 384 * 128 + mlp))) \
+  "$(params bitnet-bf16 parameters)"
+ids="$("$BIN" generate --model "$TMP/bitnet-bf16" --prompt-ids "1 2 3" -n 8 --temperature 0 \
+  --ignore-eos --threads 1 --json | grep -o '"ids": \[[0-9, ]*\]' | tr -d '",:[]a-z')"
+expect "bitnet generates 8 tokens" 8 "$(echo "$ids" | wc -w)"
+expect "bitnet in mlx4" 2 "$(status "$BIN" bench make-model --arch bitnet --format mlx4 "$TMP/x")"
 
 if [ "$fails" -ne 0 ]; then
   echo "bench_cli: $fails failed"
