@@ -9,6 +9,7 @@
 #include "cli/cli.h"
 #include "common/util.h"
 #include "http/server.h"
+#include "paged_kv/kv_events.h"
 #include "text/grammar.h"
 #include "text/reasoning.h"
 #include "text/toolcall.h"
@@ -60,6 +61,9 @@ static void usage_serve(FILE *f)
             "                           read; past it the request is aborted (default 1048576)\n"
             "  --stream-idle-timeout S  a stream whose write waits S seconds for its client\n"
             "                           is aborted and its connection closed (default 60)\n"
+            "  --kv-events-config JSON  publish KV-cache events over ZeroMQ as vLLM does, e.g.\n"
+            "                           '{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\n"
+            "                           \"endpoint\":\"tcp://*:5557\",\"topic\":\"kv-events\"}'\n"
             "%s",
             arg_engine_usage);
 }
@@ -131,6 +135,7 @@ int cli_serve(int argc, char **argv)
     http_config_default(&cfg);
     const char *model_args[256], *names[HTTP_MODEL_MAX_NAMES], *models_file = NULL;
     int n_model_args = 0, n_names = 0;
+    const char *kv_events_json = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         int r = arg_engine_option(argc, argv, &i, &cfg.engine);
@@ -167,6 +172,7 @@ int cli_serve(int argc, char **argv)
                                                  "--chat-template",
                                                  "--tool-call-parser",
                                                  "--reasoning-parser",
+                                                 "--kv-events-config",
                                                  NULL};
         int known = 0;
         for (int k = 0; with_value[k]; k++) known |= !strcmp(a, with_value[k]);
@@ -215,6 +221,8 @@ int cli_serve(int argc, char **argv)
             cfg.models_budget = (size_t)n;
         } else if (!strcmp(a, "--host"))
             cfg.host = v;
+        else if (!strcmp(a, "--kv-events-config"))
+            kv_events_json = v;
         else if (!strcmp(a, "--tls-cert"))
             cfg.tls_cert = v;
         else if (!strcmp(a, "--tls-key"))
@@ -295,11 +303,37 @@ int cli_serve(int argc, char **argv)
                 cfg.reasoning_parser);
         return 2;
     }
-    raise_fd_limit(&cfg);
     struct err e = {0};
-    int rc = http_serve(&cfg, &e);
-    if (rc != 0) fprintf(stderr, "pagoda serve: %s\n", e.msg);
+    struct kv_events *kv_events = NULL;
+    int rc = 0;
+    if (kv_events_json) {
+        struct kv_events_config kc;
+        if (kv_events_config_parse(kv_events_json, &kc, &e) != 0) {
+            fprintf(stderr, "pagoda serve: %s\n", e.msg);
+            rc = 2;
+        } else if (kc.enable && kc.zmq && cfg.n_models > 1) {
+            /* one engine reports into one publisher; several would need one stream each */
+            fprintf(stderr, "pagoda serve: --kv-events-config serves one model only (%d given)\n",
+                    cfg.n_models);
+            rc = 2;
+        } else if (!(kv_events = kv_events_create(&kc, &e)) && kc.enable && kc.zmq) {
+            fprintf(stderr, "pagoda serve: %s\n", e.msg);
+            rc = 1;
+        } else if (kv_events) {
+            fprintf(stderr, "pagoda serve: KV-cache events on %s (topic \"%s\")\n", kc.endpoint,
+                    kc.topic);
+        }
+        cfg.engine.kv_events = kv_events;
+    }
+    if (rc == 0) {
+        raise_fd_limit(&cfg);
+        if (http_serve(&cfg, &e) != 0) {
+            fprintf(stderr, "pagoda serve: %s\n", e.msg);
+            rc = 1;
+        }
+    }
+    kv_events_destroy(kv_events);
     for (int k = 0; k < n_specs; k++) http_model_spec_dispose(&specs[k]);
     free(specs);
-    return rc != 0;
+    return rc;
 }

@@ -313,6 +313,7 @@ static void process(struct http_job *j, struct job_choice *c, struct ev_rec *evs
         }
         if (r->finish != FINISH_NONE) {
             finished = 1;
+            if (!c->done) http_metrics_e2e(s->metrics, r->t - j->t_start);
             if (!c->ch.stopped) {
                 c->finish = r->finish;
                 http_choice_finish(&c->ch, &delta);

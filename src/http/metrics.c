@@ -1,7 +1,9 @@
 #include "http/metrics.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,11 +20,21 @@ static const double ttft_bounds[TTFT_BUCKETS] = {0.001, 0.005, 0.01, 0.02, 0.04,
 static const double itl_bounds[ITL_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.015, 0.02,
                                                0.025, 0.05,   0.075, 0.1,  0.2,   0.5};
 
+/* vLLM's buckets (vllm/v1/metrics/loggers.py), so that its dashboards' quantiles match. */
+#define V_TTFT_BUCKETS 22
+static const double v_ttft_bounds[V_TTFT_BUCKETS] = {
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
+    1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
+#define V_ITL_BUCKETS 19
+static const double v_itl_bounds[V_ITL_BUCKETS] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+                                                   0.3,  0.4,   0.5,  0.75,  1.0, 2.5,  5.0,
+                                                   7.5,  10.0,  20.0, 40.0,  80.0};
+
 struct hist {
     pthread_mutex_t mu;
     const double *bounds;
     int n;
-    uint64_t counts[16]; /* per bucket, the last catches the rest */
+    uint64_t counts[24]; /* per bucket, the last catches the rest */
     double sum;
     uint64_t total;
 };
@@ -34,6 +46,8 @@ struct http_metrics {
     atomic_ulong goaways;
     atomic_ulong rejected[2]; /* max_waiting_requests, max_streams_per_connection */
     struct hist ttft, itl;
+    struct hist v_ttft, v_itl, v_e2e; /* the same times in vLLM's buckets */
+    char labels[512];                 /* model_name="...",engine="0" */
 };
 
 static const char *const route_names[HTTP_ROUTE_N] = {
@@ -46,9 +60,37 @@ const char *http_route_name(enum http_route r)
     return r >= 0 && r < HTTP_ROUTE_N ? route_names[r] : "other";
 }
 
-struct http_metrics *http_metrics_create(void)
+static void hist_init(struct hist *h, const double *bounds, int n)
+{
+    pthread_mutex_init(&h->mu, NULL);
+    h->bounds = bounds;
+    h->n = n;
+}
+
+/* The label pair model_name="name",engine="0", the value escaped as the text format says
+ * (backslash, double quote, newline); a name too long for the buffer is cut. */
+static void make_labels(char *out, size_t cap, const char *name)
+{
+    size_t k = (size_t)snprintf(out, cap, "model_name=\"");
+    for (const char *p = name ? name : ""; *p && k + 24 < cap; p++) {
+        if (*p == '\\' || *p == '"') out[k++] = '\\';
+        if (*p == '\n') {
+            out[k++] = '\\';
+            out[k++] = 'n';
+        } else {
+            out[k++] = *p;
+        }
+    }
+    snprintf(out + k, cap - k, "\",engine=\"0\"");
+}
+
+struct http_metrics *http_metrics_create(const char *model_name)
 {
     struct http_metrics *m = xcalloc(1, sizeof *m);
+    make_labels(m->labels, sizeof m->labels, model_name);
+    hist_init(&m->v_ttft, v_ttft_bounds, V_TTFT_BUCKETS);
+    hist_init(&m->v_itl, v_itl_bounds, V_ITL_BUCKETS);
+    hist_init(&m->v_e2e, engine_queue_bucket_bounds, ENGINE_QUEUE_BUCKETS);
     for (int r = 0; r < HTTP_ROUTE_N; r++)
         for (int s = 0; s < N_STATUS; s++) atomic_init(&m->requests[r][s], 0);
     atomic_init(&m->streams, 0);
@@ -65,6 +107,9 @@ void http_metrics_destroy(struct http_metrics *m)
     if (!m) return;
     pthread_mutex_destroy(&m->ttft.mu);
     pthread_mutex_destroy(&m->itl.mu);
+    pthread_mutex_destroy(&m->v_ttft.mu);
+    pthread_mutex_destroy(&m->v_itl.mu);
+    pthread_mutex_destroy(&m->v_e2e.mu);
     free(m);
 }
 
@@ -110,11 +155,18 @@ static void hist_observe(struct hist *h, double v)
 void http_metrics_ttft(struct http_metrics *m, double seconds)
 {
     hist_observe(&m->ttft, seconds);
+    hist_observe(&m->v_ttft, seconds);
 }
 
 void http_metrics_itl(struct http_metrics *m, double seconds)
 {
     hist_observe(&m->itl, seconds);
+    hist_observe(&m->v_itl, seconds);
+}
+
+void http_metrics_e2e(struct http_metrics *m, double seconds)
+{
+    hist_observe(&m->v_e2e, seconds);
 }
 
 static void head(struct http_buf *o, const char *name, const char *type, const char *help)
@@ -138,7 +190,7 @@ static void hist_lines(struct http_buf *o, const char *name, const double *bound
 
 static void hist_render(struct http_buf *o, struct hist *h, const char *name, const char *help)
 {
-    uint64_t counts[16];
+    uint64_t counts[24];
     pthread_mutex_lock(&h->mu);
     memcpy(counts, h->counts, sizeof counts);
     double sum = h->sum;
@@ -319,6 +371,100 @@ static void engine_render(const struct engine_stats *st, struct http_buf *o)
     if (st->tier_on) tier_render(st, o);
 }
 
+/* A bucket bound as Prometheus' Python client writes it: "1.0", "2560.0", "0.005". */
+static void fmt_le(char *out, size_t cap, double v)
+{
+    if (v == floor(v) && fabs(v) < 1e15)
+        snprintf(out, cap, "%.1f", v);
+    else
+        snprintf(out, cap, "%g", v);
+}
+
+/* A vllm:* histogram with the model labels. */
+static void v_hist_lines(struct http_buf *o, const char *labels, const char *name, const char *help,
+                         const double *bounds, int n, const uint64_t *counts, double sum)
+{
+    head(o, name, "histogram", help);
+    uint64_t cum = 0;
+    char le[32];
+    for (int b = 0; b < n; b++) {
+        cum += counts[b];
+        fmt_le(le, sizeof le, bounds[b]);
+        http_buf_printf(o, "%s_bucket{%s,le=\"%s\"} %llu\n", name, labels, le,
+                        (unsigned long long)cum);
+    }
+    cum += counts[n];
+    http_buf_printf(o, "%s_bucket{%s,le=\"+Inf\"} %llu\n%s_sum{%s} %.9g\n%s_count{%s} %llu\n", name,
+                    labels, (unsigned long long)cum, name, labels, sum, name, labels,
+                    (unsigned long long)cum);
+}
+
+static void v_hist_render(struct http_buf *o, const char *labels, struct hist *h, const char *name,
+                          const char *help)
+{
+    uint64_t counts[24];
+    pthread_mutex_lock(&h->mu);
+    memcpy(counts, h->counts, sizeof counts);
+    double sum = h->sum;
+    pthread_mutex_unlock(&h->mu);
+    v_hist_lines(o, labels, name, help, h->bounds, h->n, counts, sum);
+}
+
+static void v_value(struct http_buf *o, const char *labels, const char *name, const char *type,
+                    const char *help, double v)
+{
+    head(o, name, type, help);
+    http_buf_printf(o, "%s{%s} %.17g\n", name, labels, v);
+}
+
+/* The names vLLM exports (v1 engine), for routers (llm-d, the Gateway API Inference
+ * Extension, production-stack), KEDA / HPA adapters and vLLM's Grafana dashboards. */
+static void vllm_render(struct http_metrics *m, const struct engine_stats *st, struct http_buf *o)
+{
+    const char *l = m->labels;
+    if (st) {
+        v_value(o, l, "vllm:num_requests_running", "gauge",
+                "Number of requests in model execution batches.", st->running);
+        v_value(o, l, "vllm:num_requests_waiting", "gauge",
+                "Number of requests waiting to be processed.", st->waiting);
+        v_value(o, l, "vllm:kv_cache_usage_perc", "gauge",
+                "KV-cache usage. 1 means 100 percent usage.",
+                st->kv_blocks_total ? (double)st->kv_blocks_used / st->kv_blocks_total : 0.0);
+        v_value(o, l, "vllm:prefix_cache_queries_total", "counter",
+                "Prefix cache queries, in terms of number of queried tokens.",
+                (double)st->prefix_query_tokens);
+        v_value(o, l, "vllm:prefix_cache_hits_total", "counter",
+                "Prefix cache hits, in terms of number of cached tokens.",
+                (double)st->prefix_hit_tokens);
+        v_value(o, l, "vllm:num_preemptions_total", "counter",
+                "Cumulative number of preemption from the engine.", (double)st->preemptions);
+        /* vLLM counts a request's whole prompt, the part served from the cache included */
+        v_value(o, l, "vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",
+                (double)(st->prompt_tokens + st->prefix_hit_tokens));
+        v_value(o, l, "vllm:generation_tokens_total", "counter",
+                "Number of generation tokens processed.", (double)st->generation_tokens);
+        head(o, "vllm:request_success_total", "counter",
+             "Count of successfully processed requests.");
+        static const char *const reasons[] = {"none", "stop", "length", "abort", "error"};
+        for (int r = FINISH_STOP; r <= FINISH_ERROR; r++)
+            http_buf_printf(o, "vllm:request_success_total{%s,finished_reason=\"%s\"} %llu\n", l,
+                            reasons[r], (unsigned long long)st->requests_finished[r]);
+        v_hist_lines(o, l, "vllm:request_queue_time_seconds",
+                     "Histogram of time spent in WAITING phase for request.",
+                     engine_queue_bucket_bounds, ENGINE_QUEUE_BUCKETS, st->queue_hist,
+                     st->queue_time_sum);
+    }
+    v_hist_render(o, l, &m->v_ttft, "vllm:time_to_first_token_seconds",
+                  "Histogram of time to first token in seconds.");
+    v_hist_render(o, l, &m->v_itl, "vllm:inter_token_latency_seconds",
+                  "Histogram of inter-token latency in seconds.");
+    /* vLLM's older name for the same intervals */
+    v_hist_render(o, l, &m->v_itl, "vllm:time_per_output_token_seconds",
+                  "Histogram of time per output token in seconds.");
+    v_hist_render(o, l, &m->v_e2e, "vllm:e2e_request_latency_seconds",
+                  "Histogram of e2e request latency in seconds.");
+}
+
 void http_metrics_render(struct http_metrics *m, const struct engine_stats *st, struct http_buf *o)
 {
     head(o, "pagoda_http_requests_total", "counter",
@@ -358,4 +504,5 @@ void http_metrics_render(struct http_metrics *m, const struct engine_stats *st, 
     hist_render(o, &m->itl, "pagoda_inter_token_latency_seconds",
                 "Seconds between consecutive tokens of a sequence.");
     if (st) engine_render(st, o);
+    vllm_render(m, st, o);
 }

@@ -1,7 +1,9 @@
 /*
  * http metrics: the server's counters and histograms, updated from every loop thread
  * (atomics and one mutex per histogram), rendered with the engine's statistics in the
- * Prometheus text format (version 0.0.4) for GET /metrics.
+ * Prometheus text format (version 0.0.4) for GET /metrics: pagoda's own names (pagoda_*),
+ * and beside them the vLLM names that routers, autoscalers and dashboards read (vllm:*,
+ * with vLLM's labels model_name and engine, and vLLM's histogram buckets).
  */
 #ifndef PAGODA_HTTP_METRICS_H
 #define PAGODA_HTTP_METRICS_H
@@ -29,7 +31,8 @@ const char *http_route_name(enum http_route r);
 
 struct http_metrics;
 
-struct http_metrics *http_metrics_create(void);
+/** model_name: the served model name, the vllm:* metrics' model_name label. */
+struct http_metrics *http_metrics_create(const char *model_name);
 void http_metrics_destroy(struct http_metrics *m);
 
 /** One answered request (status: the HTTP status sent). */
@@ -52,6 +55,8 @@ void http_metrics_rejected(struct http_metrics *m, int per_conn);
 void http_metrics_ttft(struct http_metrics *m, double seconds);
 /** Seconds between two tokens of one sequence. */
 void http_metrics_itl(struct http_metrics *m, double seconds);
+/** Seconds from a request's arrival to its last event (one per finished sequence). */
+void http_metrics_e2e(struct http_metrics *m, double seconds);
 
 /** Appends the exposition of the HTTP metrics and of st (when non-NULL) to out. */
 void http_metrics_render(struct http_metrics *m, const struct engine_stats *st,

@@ -279,6 +279,8 @@ static void stats_add(struct engine_stats *a, const struct engine_stats *b)
     a->steps_overlapped += b->steps_overlapped;
     for (int i = 0; i <= ENGINE_STEP_BUCKETS; i++) a->step_hist[i] += b->step_hist[i];
     a->step_time_sum += b->step_time_sum;
+    for (int i = 0; i <= ENGINE_QUEUE_BUCKETS; i++) a->queue_hist[i] += b->queue_hist[i];
+    a->queue_time_sum += b->queue_time_sum;
     for (int m = 0; m < SPEC_METHODS; m++) {
         a->spec_drafts[m] += b->spec_drafts[m];
         a->spec_draft_tokens[m] += b->spec_draft_tokens[m];

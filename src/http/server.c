@@ -317,7 +317,10 @@ int http_serve(const struct http_config *cfg, struct err *e)
         http_models_destroy(s->models);
         return -1;
     }
-    s->metrics = http_metrics_create();
+    /* the vllm:* metrics' model_name: the (first) model's first served name; with several
+     * models the engine statistics are their sums */
+    s->metrics = http_metrics_create(
+        cfg->n_models > 0 && cfg->models[0].n_names ? cfg->models[0].names[0] : "");
 
     h2o_config_init(&s->conf);
     /* Twice --max-body-size: a body between the two is read and answered 413 in JSON by

@@ -6,6 +6,7 @@
 #include <xxhash.h>
 
 #include "common/util.h"
+#include "paged_kv/kv_events.h"
 
 /* ---- the free list ---- */
 
@@ -185,6 +186,7 @@ int kv_allocate(struct kv_pool *p, int n, int32_t *out)
         if (b->hashed) {
             index_remove(p, id);
             b->hashed = 0;
+            if (p->events) kv_events_removed(p->events, b->hash);
         }
         b->ref = 1;
         out[i] = id;
@@ -208,13 +210,14 @@ void kv_release(struct kv_pool *p, const int32_t *blocks, int n)
     }
 }
 
-void kv_commit_hash(struct kv_pool *p, int32_t block, struct kv_hash h)
+int kv_commit_hash(struct kv_pool *p, int32_t block, struct kv_hash h)
 {
     struct kv_block *b = &p->b[block];
-    if (b->hashed) return;
-    if (kv_lookup(p, h) >= 0) return;
+    if (b->hashed) return 0;
+    if (kv_lookup(p, h) >= 0) return 0;
     b->hash = h;
     b->hashed = 1;
     if (b->in_free) p->n_cached++;
     index_insert(p, block);
+    return 1;
 }

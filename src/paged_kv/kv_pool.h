@@ -21,6 +21,8 @@ struct kv_hash {
     uint64_t lo, hi;
 };
 
+struct kv_events;
+
 struct kv_block {
     struct kv_hash hash;
     int32_t ref;
@@ -37,6 +39,8 @@ struct kv_pool {
     int32_t *index;       /* open addressing: block id or -1 */
     uint32_t index_mask;
     struct kv_hash root; /* parent of every first block */
+    /* when set, each eviction from the index is reported (kv_events.h); NULL by default */
+    struct kv_events *events;
 };
 
 /** Sets up n_blocks free blocks; the fingerprint (model, KV format) seeds the hash chain. */
@@ -60,15 +64,17 @@ int kv_can_allocate(const struct kv_pool *p, int n_new, const int32_t *hits, int
 /** Takes a reference on each block (a free one leaves the free list, keeping its hash). */
 void kv_touch(struct kv_pool *p, const int32_t *blocks, int n);
 
-/** Takes n fresh blocks off the LRU head (evicting their hashes); -1 when fewer are free. */
+/** Takes n fresh blocks off the LRU head (evicting their hashes, each reported to events
+ * when set); -1 when fewer are free. */
 int kv_allocate(struct kv_pool *p, int n, int32_t *out);
 
 /** Drops a reference on blocks[0..n) (a request's table, head first; entries < 0 are
  * skipped). Freed blocks join the free list, tail blocks ahead of head blocks. */
 void kv_release(struct kv_pool *p, const int32_t *blocks, int n);
 
-/** Registers a full block's hash; a no-op if another block already holds that hash. */
-void kv_commit_hash(struct kv_pool *p, int32_t block, struct kv_hash h);
+/** Registers a full block's hash and returns 1; a no-op returning 0 if the block already has
+ * a hash or another block holds this one. */
+int kv_commit_hash(struct kv_pool *p, int32_t block, struct kv_hash h);
 
 static inline int kv_num_free(const struct kv_pool *p)
 {

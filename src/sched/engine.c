@@ -5,11 +5,15 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "paged_kv/kv_events.h"
 #include "sched/engine_impl.h"
 #include "sched/spec.h"
 
 const double engine_step_bucket_bounds[ENGINE_STEP_BUCKETS] = {
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0};
+const double engine_queue_bucket_bounds[ENGINE_QUEUE_BUCKETS] = {
+    0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+    30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
 const char *finish_reason_name(enum finish_reason r)
 {
@@ -226,6 +230,11 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
                        en->be.ops->name, en->be.ops->kv_value_bytes, en->block_size);
     kv_pool_init(&en->pool, (int)n_blocks, en->block_size, fp, (size_t)fpn);
     kv_pool_init(&en->states, (int)n_states, 1, fp, (size_t)fpn);
+    if (cfg->kv_events) {
+        en->pool.events = cfg->kv_events;
+        kv_events_attach(cfg->kv_events, en->block_size,
+                         strcmp(en->be.ops->name, "cuda") ? "CPU" : "GPU");
+    }
     if (spec_create(en, e)) {
         engine_destroy(en);
         return NULL;
@@ -440,6 +449,7 @@ uint64_t engine_submit(struct engine *en, const struct engine_request *q, struct
     r->cb = q->on_event;
     r->user = q->user;
     r->state = RS_WAITING;
+    r->t_submit = util_now();
 
     pthread_mutex_lock(&en->mu);
     r->id = en->next_id++;
@@ -543,6 +553,7 @@ static int one_iteration(struct engine *en)
         }
     }
     step_publish_gauges(en);
+    if (en->cfg.kv_events) kv_events_flush(en->cfg.kv_events);
     return en->waiting.n + en->running.n;
 }
 
@@ -656,6 +667,11 @@ void engine_destroy(struct engine *en)
         pthread_mutex_unlock(&en->mu);
         while (en->running.head) req_finish(en, en->running.head, FINISH_ABORT, 1);
         while (en->waiting.head) req_finish(en, en->waiting.head, FINISH_ABORT, 1);
+        /* subscribers forget this server's blocks */
+        if (en->cfg.kv_events) {
+            kv_events_cleared(en->cfg.kv_events);
+            kv_events_flush(en->cfg.kv_events);
+        }
         pthread_mutex_destroy(&en->mu);
         pthread_cond_destroy(&en->cv);
     }

@@ -201,11 +201,18 @@ struct engine_config {
      * directory and a prefix that misses the pool is loaded from there; NULL: none */
     const char *kv_disk_dir;
     size_t kv_disk_size; /* its byte budget; 0: 16 GiB */
+    /* KV-cache events (paged_kv/kv_events.h): when set, blocks stored in and evicted from
+     * the prefix cache are reported to it, one batch per step; owned by the caller, it
+     * outlives the engine. NULL: none. */
+    struct kv_events *kv_events;
 };
 
 /* Step-time histogram bounds in seconds (a last bucket catches the rest). */
 #define ENGINE_STEP_BUCKETS 12
 extern const double engine_step_bucket_bounds[ENGINE_STEP_BUCKETS];
+/* Queue-time histogram bounds in seconds: vLLM's request-latency buckets. */
+#define ENGINE_QUEUE_BUCKETS 21
+extern const double engine_queue_bucket_bounds[ENGINE_QUEUE_BUCKETS];
 
 struct engine_stats {
     int running, waiting;
@@ -237,6 +244,9 @@ struct engine_stats {
     uint64_t tier_query_tokens; /* prompt tokens past the pool's hits looked up on disk */
     uint64_t tier_hit_tokens;   /* of those, loaded from disk */
     uint64_t tier_bypasses;     /* loads skipped: recomputing was estimated faster */
+    /* seconds from submission to a request's first schedule (vLLM's queued time) */
+    uint64_t queue_hist[ENGINE_QUEUE_BUCKETS + 1];
+    double queue_time_sum;
 };
 
 /** Loads the model and sizes the KV pool; starts the engine thread unless manual. */

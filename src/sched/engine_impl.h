@@ -18,6 +18,7 @@ enum req_state { RS_WAITING, RS_RUNNING, RS_DONE };
 struct request {
     uint64_t id;
     uint64_t arrival; /* submission order */
+    double t_submit;  /* util_now() at submission */
     int priority;
     enum req_state state;
     struct request *prev, *next; /* in the waiting or running list */

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "paged_kv/kv_events.h"
 #include "sched/engine_impl.h"
 #include "sched/spec.h"
 
@@ -121,6 +122,9 @@ static int cap_prompt_rows(const struct request *r, int n_new, int lp_left)
 struct step_counts {
     uint64_t preempt, prompt_tokens, gen_tokens, q_tokens, hit_tokens;
     int planned; /* tokens planned (the prefill-rate estimate of the disk tier) */
+    /* queue times of the requests first scheduled this step */
+    uint64_t queue_hist[ENGINE_QUEUE_BUCKETS + 1];
+    double queue_sum;
 };
 
 /* Whether these parameters need the request's logit rows on the host: logit bias,
@@ -242,6 +246,11 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
         if (!r->scheduled_once) {
             r->n_cached = computed;
             r->scheduled_once = 1;
+            double q = util_now() - r->t_submit;
+            int bk = 0;
+            while (bk < ENGINE_QUEUE_BUCKETS && q > engine_queue_bucket_bounds[bk]) bk++;
+            sc->queue_hist[bk]++;
+            sc->queue_sum += q;
         }
         sc->q_tokens += (uint64_t)r->n_tokens;
         sc->hit_tokens += (uint64_t)computed;
@@ -359,18 +368,33 @@ static enum finish_reason stop_check(const struct engine *en, const struct reque
     return FINISH_NONE;
 }
 
+/* Reports r's blocks [a, b), just stored, as one BlockStored event. */
+static void store_event(struct engine *en, const struct request *r, int a, int b)
+{
+    kv_events_stored(en->cfg.kv_events, r->hashes + a, b - a, a ? &r->hashes[a - 1] : NULL,
+                     r->tokens + (size_t)a * (size_t)en->block_size);
+}
+
 /* Registers the request's full blocks of known tokens that its computed rows cover, for
- * prefix sharing. */
+ * prefix sharing (and reports them to the KV-events publisher when there is one). */
 void step_commit_blocks(struct engine *en, struct request *r)
 {
     if (en->cfg.disable_prefix_caching) return;
     update_hashes(en, r);
     int full = min_i(r->n_computed / en->block_size, r->n_hashes);
+    struct kv_events *ev = en->cfg.kv_events;
+    int run = -1; /* first block of the run of blocks stored just now, reported as one event */
     for (int i = r->n_committed; i < full; i++) {
-        if (r->blocks[i] < 0) continue;
-        kv_commit_hash(&en->pool, r->blocks[i], r->hashes[i]);
-        if (en->tier) tier_store(en, r->blocks[i], r->hashes[i]);
+        int stored = r->blocks[i] >= 0 && kv_commit_hash(&en->pool, r->blocks[i], r->hashes[i]);
+        if (r->blocks[i] >= 0 && en->tier) tier_store(en, r->blocks[i], r->hashes[i]);
+        if (!ev) continue;
+        if (stored && run < 0) run = i;
+        if (!stored && run >= 0) {
+            store_event(en, r, run, i);
+            run = -1;
+        }
     }
+    if (run >= 0) store_event(en, r, run, full);
     if (full > r->n_committed) r->n_committed = full;
 }
 
@@ -701,6 +725,8 @@ int step_run(struct engine *en)
     st->preemptions += sc.preempt;
     st->prompt_tokens += sc.prompt_tokens;
     st->generation_tokens += sc.gen_tokens;
+    for (int bk = 0; bk <= ENGINE_QUEUE_BUCKETS; bk++) st->queue_hist[bk] += sc.queue_hist[bk];
+    st->queue_time_sum += sc.queue_sum;
     if (n_plan > 0) {
         st->steps++;
         st->steps_overlapped += (uint64_t)overlapped;

@@ -15,6 +15,7 @@
 
 #include "common/util.h"
 #include "model/kv_block.h"
+#include "paged_kv/kv_events.h"
 #include "sched/engine_impl.h"
 
 /* The store queue holds two full steps of blocks, within this many bytes. */
@@ -175,8 +176,13 @@ void tier_poll(struct engine *en, double wait_s)
         if (r->load_id < 0 || !kv_tier_load_done(en->tier, r->load_id, &n_ok)) continue;
         /* The loaded blocks join the pool's index; released, they stay cached (LRU tail),
          * so that the request's next plan finds its whole prefix there. */
-        for (int i = 0; i < n_ok; i++)
-            kv_commit_hash(&en->pool, r->blocks[r->load_from + i], r->hashes[r->load_from + i]);
+        for (int i = 0; i < n_ok; i++) {
+            int j = r->load_from + i;
+            /* a block back in the pool is a block stored, for KV-event subscribers too */
+            if (kv_commit_hash(&en->pool, r->blocks[j], r->hashes[j]) && en->cfg.kv_events)
+                kv_events_stored(en->cfg.kv_events, &r->hashes[j], 1, j ? &r->hashes[j - 1] : NULL,
+                                 r->tokens + (size_t)j * (size_t)en->block_size);
+        }
         kv_release(&en->pool, r->blocks, r->n_blocks);
         r->n_blocks = 0;
         r->load_id = -1;
