@@ -66,9 +66,14 @@ h2load -n 400 -c 8 -m 16 -d "$TMP/body.json" -H 'content-type: application/json'
   "$BASE/v1/completions" >"$TMP/h2load" 2>&1 || true
 grep -q 'status codes: 400 2xx, 0 3xx, 0 4xx, 0 5xx' "$TMP/h2load" || fail "h2load: $(cat "$TMP/h2load")"
 
-# /metrics passes promtool and counts what was served.
+# /metrics passes promtool and counts what was served. promtool's one complaint allowed is
+# its naming lint about the colon of vLLM's names (vllm:...), which vLLM's own output draws.
 curl -sS "$BASE/metrics" >"$TMP/metrics"
-promtool check metrics <"$TMP/metrics" || fail "promtool: $(cat "$TMP/metrics")"
+if ! lint=$(promtool check metrics <"$TMP/metrics" 2>&1); then
+  other=$(grep -v "^vllm:[a-z0-9_]* metric names should not contain ':'$" <<<"$lint" | grep -v '^$' || true)
+  [ -z "$other" ] || fail "promtool: $lint"
+  grep -q "^vllm:num_requests_waiting metric names" <<<"$lint" || fail "promtool: $lint"
+fi
 grep -q '^pagoda_http_requests_total{route="/v1/completions",status="200"} 40[3-9]$' "$TMP/metrics" ||
   fail "request counter: $(grep http_requests "$TMP/metrics")"
 grep -q '^pagoda_time_to_first_token_seconds_count [1-9]' "$TMP/metrics" || fail "ttft histogram"
