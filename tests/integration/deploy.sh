@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # What can be checked of deploy/ without a container runtime or a cluster:
 #  - the Dockerfiles: every COPY source exists, COPY --from names a stage, the final stage
-#    runs as a non-root user, the default model path is where the model is copied, and the
-#    CPU image's Debian packages exist in the package lists (when apt-cache has lists);
+#    runs as a non-root user, the default model path is where the model is copied, the CPU
+#    build stage's files alone pass CMake's configure step, and the CPU image's Debian
+#    packages exist in the package lists (when apt-cache has lists);
 #  - the image's default command and the Deployment's arguments start a real server here
 #    (paths mapped to the checkout) that answers /health and exports the HPA's metric;
 #  - the systemd unit (and with the CUDA drop-in) passes `systemd-analyze verify`, and its
@@ -49,6 +50,24 @@ for df in deploy/Dockerfile deploy/Dockerfile.cuda; do
   grep -qF "\"${model_dest:-none}\"" <<<"$cmd" || bad "$df: CMD's model is not ${model_dest:-the copied model}"
   ok "$df: COPY sources, stages, user ${user}, default model ${model_dest:-?}"
 done
+
+# The build stage's files alone configure: COPY what it copies into an empty folder and
+# run its cmake line's configure step (the image's build would stop there first).
+ctx="$TMP/context"
+mkdir -p "$ctx"
+while read -r line; do
+  set -- $line
+  shift
+  case "$1" in --from=*) continue ;; esac
+  n=$#
+  dest=${!n}
+  for s in "${@:1:$((n - 1))}"; do cp -r "$s" "$ctx/${dest#./}"; done
+done < <(sed -n '1,/^FROM debian:${DEBIAN}-slim$/p' deploy/Dockerfile | sed -n '/AS build/,$p' | grep -E '^COPY ')
+if out=$(cmake -S "$ctx" -B "$ctx/build" -DCMAKE_BUILD_TYPE=Release -DPAGODA_CUDA=OFF 2>&1); then
+  ok "deploy/Dockerfile: the build stage's files configure ($(ls "$ctx" | tr '\n' ' '))"
+else
+  bad "deploy/Dockerfile: cmake configure of the build stage's files: $(grep -A4 "CMake Error" <<<"$out" | head -n 20)"
+fi
 
 if command -v apt-cache >/dev/null && [ -n "$(ls /var/lib/apt/lists/ 2>/dev/null | grep -i packages)" ]; then
   pkgs=$(sed -n '/apt-get install/,/rm -rf/p' deploy/Dockerfile | tr ' \\' '\n\n' |
