@@ -452,7 +452,7 @@ uint64_t engine_submit(struct engine *en, const struct engine_request *q, struct
     r->t_submit = util_now();
 
     pthread_mutex_lock(&en->mu);
-    r->id = en->next_id++;
+    uint64_t id = r->id = en->next_id++;
     if (q->sp.has_seed)
         rng_seed(&r->rng, q->sp.seed);
     else
@@ -461,7 +461,7 @@ uint64_t engine_submit(struct engine *en, const struct engine_request *q, struct
     en->live++;
     pthread_cond_signal(&en->cv);
     pthread_mutex_unlock(&en->mu);
-    return r->id;
+    return id; /* not r->id: once queued, r may already be finished and freed */
 }
 
 static void end_early(struct engine *en, uint64_t id, enum finish_reason why)
