@@ -9,7 +9,7 @@ import { spawn } from 'node:child_process';
 import { createServer } from 'node:net';
 import path from 'node:path';
 import assert from 'node:assert/strict';
-import { PAGODA, startServer, run, test, postJson, metrics } from '../http/lib.mjs';
+import { PAGODA, TESTDATA, startServer, run, test, postJson, metrics } from '../http/lib.mjs';
 
 const KV_SUB = process.argv[4];
 const DEMO = path.resolve('models/demo');
@@ -203,8 +203,12 @@ await run([
       ['[1]', 'not a JSON object'],
       ['{"enable_kv_cache_events":true,"endpoint":"tcp://nohost"}', 'cannot connect to'],
     ];
-    for (const [cfg, msg] of cases) {
-      const p = spawn(PAGODA, ['serve', '--model', DEMO, '--port', '0', '--kv-events-config', cfg],
+    // one event stream per server: several models are refused
+    cases.push(['{"enable_kv_cache_events":true}', 'serves one model only (2 given)',
+      ['--model', `${TESTDATA}/models/llama-tiny`]]);
+    for (const [cfg, msg, more = []] of cases) {
+      const p = spawn(PAGODA, ['serve', '--model', DEMO, ...more, '--port', '0',
+        '--kv-events-config', cfg],
         { stdio: ['ignore', 'ignore', 'pipe'] });
       let err = '';
       p.stderr.on('data', (d) => { err += d; });
