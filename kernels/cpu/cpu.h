@@ -73,6 +73,17 @@ void cpu_relu2_mul(float *out, const float *gate, const float *up, int64_t n);
 /** x = cap * tanh(x / cap) over n values. */
 void cpu_softcap(float *x, int64_t n, float cap);
 
+/** Writes the step's K and V rows [n_tokens, n_kv_heads * head_dim] into a layer whose
+ * formats are not auto (kv_geom.k_dtype / v_dtype), token by token in batch order. */
+void cpu_kv_store_q(const struct kv_layer *kv, const struct kv_geom *g, const float *k,
+                    const float *v, const struct fwd_batch *b);
+
+/** backend_ops.attention over such a layer, reading the codes in place (kernels/cpu/attn_q.c);
+ * tok_seq [n_tokens] the sequence of each token. */
+void cpu_attention_q(struct threadpool *tp, float *out, const float *q, const struct kv_layer *kv,
+                     const struct kv_geom *g, const struct fwd_batch *b,
+                     const struct attn_params *p, const int32_t *tok_seq);
+
 /** Dot product of n floats (SIMD when available). */
 float cpu_dot(const float *a, const float *b, int n);
 

@@ -78,6 +78,7 @@ const char arg_engine_usage[] =
     "  --kv-disk-dir DIR           keep KV blocks on disk under DIR too (CPU backend): they\n"
     "                              outlive the pool and restarts; one server per DIR\n"
     "  --kv-disk-size BYTES        byte budget of --kv-disk-dir (default 16GiB)\n"
+    ARG_KV_USAGE
     "  --gpu-memory-utilization F  GPU share for weights, activations and KV (default 0.9)\n"
     "  --block-size N              tokens per KV block (default 16)\n"
     "  --max-num-batched-tokens N  token budget of one step (default 2048)\n"
@@ -256,6 +257,8 @@ int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg)
         const char *v = arg_value(argc, argv, i);
         return !v || arg_bytes(a, v, &cfg->kv_disk_size) ? -1 : 1;
     }
+    int kv = arg_kv_option(argc, argv, i, &cfg->kv);
+    if (kv) return kv;
     if (!strcmp(a, "--kv-cache-memory")) {
         const char *v = arg_value(argc, argv, i);
         return !v || arg_bytes(a, v, &cfg->kv_cache_memory) ? -1 : 1;
@@ -280,6 +283,12 @@ int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg)
 int runner_open(struct runner *r, const char *dir, const char *device, int threads, int n_seqs,
                 int max_ctx, int max_tokens, int max_logits)
 {
+    return runner_open_kv(r, dir, device, threads, n_seqs, max_ctx, max_tokens, max_logits, NULL);
+}
+
+int runner_open_kv(struct runner *r, const char *dir, const char *device, int threads, int n_seqs,
+                   int max_ctx, int max_tokens, int max_logits, const struct kv_spec *kv)
+{
     memset(r, 0, sizeof *r);
     struct err e = {0};
     if (backend_create(&r->be, device, threads, &e)) {
@@ -290,6 +299,11 @@ int runner_open(struct runner *r, const char *dir, const char *device, int threa
     if (!r->m) {
         fprintf(stderr, "pagoda: %s\n", e.msg);
         backend_destroy(&r->be);
+        return -1;
+    }
+    if (kv && model_set_kv_format(r->m, kv, &e)) {
+        fprintf(stderr, "pagoda: %s\n", e.msg);
+        runner_close(r);
         return -1;
     }
     r->block_size = 16;

@@ -35,6 +35,17 @@ int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg);
 /** Usage lines for the engine options. */
 extern const char arg_engine_usage[];
 
+/** The KV cache format options (src/cli/args_kv.c): --kv-cache-dtype, --kv-cache-dtype-k,
+ * --kv-cache-dtype-v, --kv-cache-skip-layers; returns as arg_engine_option. */
+int arg_kv_option(int argc, char **argv, int *i, struct kv_spec *s);
+#define ARG_KV_USAGE                                                                               \
+    "  --kv-cache-dtype D          KV cache format of K and V: auto (the backend's own: float32\n"  \
+    "                              on the CPU, bf16 on CUDA), bf16, fp8, int8, int4, tq4, tq3,\n"   \
+    "                              tq2 (docs/quantization.md)\n"                                    \
+    "  --kv-cache-dtype-k D        K's format alone (e.g. int8 keys beside tq3 values)\n"          \
+    "  --kv-cache-dtype-v D        V's format alone\n"                                             \
+    "  --kv-cache-skip-layers L    layers kept in auto, e.g. 0,1,-2,-1 (negative: from the end)\n"
+
 /*
  * A model on a backend with step buffers and a KV pool, and a helper to build one batch
  * of sequences that each append tokens at their next positions (blocks laid out
@@ -58,6 +69,9 @@ struct runner {
 /** `device` as backend_create takes it (NULL: cuda when a GPU is present, else cpu). */
 int runner_open(struct runner *r, const char *dir, const char *device, int threads, int n_seqs,
                 int max_ctx, int max_tokens, int max_logits);
+/** runner_open with the KV cache in the formats kv names (NULL: auto). */
+int runner_open_kv(struct runner *r, const char *dir, const char *device, int threads, int n_seqs,
+                   int max_ctx, int max_tokens, int max_logits, const struct kv_spec *kv);
 void runner_close(struct runner *r);
 
 /**

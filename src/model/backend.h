@@ -68,6 +68,11 @@ struct kv_layer {
 
 struct kv_geom {
     int n_blocks, block_size, n_kv_heads, head_dim;
+    /* enum kv_dtype of K and of V (paged_kv/kv_quant.h). Both 0 (auto): the layout above.
+     * Otherwise K and V are each [n_blocks][n_kv_heads] head blocks of their format
+     * (kv_head_block_bytes), read in place by the attention kernels. */
+    int k_dtype, v_dtype;
+    float k_scale, v_scale; /* fp8: a checkpoint's fixed scales; 0: fixed per block */
 };
 
 /* Recurrent state of one linear-attention layer for n_slots sequences, float32:
@@ -128,6 +133,8 @@ struct backend_ops {
     /* 1: matmul takes WFMT_TERNARY weights (BitNet's BitLinear, int8 activations) and act_mul
      * ACT_RELU2; 0: models that need them are refused when they load */
     int bitnet;
+    /* bit d set: KV format d (enum kv_dtype) is stored and read besides auto */
+    uint32_t kv_dtypes;
     void (*info)(void *ctx, struct backend_info *out);
     void *(*alloc)(void *ctx, size_t bytes);
     void (*free)(void *ctx, void *p);

@@ -10,6 +10,7 @@
 #include "common/util.h"
 #include "kernels/cpu/cpu.h"
 #include "model/backend.h"
+#include "paged_kv/kv_quant.h"
 
 struct cpu_ctx {
     struct threadpool *tp;
@@ -120,6 +121,10 @@ static void cpu_kv_store(void *ctx, const struct kv_layer *kv, const struct kv_g
                          const float *k, const float *v, const struct fwd_batch *b)
 {
     (void)ctx;
+    if (g->k_dtype != KV_DTYPE_AUTO) {
+        cpu_kv_store_q(kv, g, k, v, b);
+        return;
+    }
     size_t row = (size_t)g->n_kv_heads * g->head_dim;
     for (int t = 0; t < b->n_tokens; t++) {
         memcpy(kv->k + (size_t)b->slot[t] * row, k + (size_t)t * row, row * sizeof(float));
@@ -187,6 +192,10 @@ static void cpu_attention(void *ctx, float *out, const float *q, const struct kv
                           const struct attn_params *p)
 {
     struct cpu_ctx *c = ctx;
+    if (g->k_dtype != KV_DTYPE_AUTO) {
+        cpu_attention_q(c->tp, out, q, kv, g, b, p, c->tok_seq);
+        return;
+    }
     struct attn_job j = {out, q, kv, g, b, p, c->tok_seq};
     tp_run(c->tp, attn_task, &j);
 }
@@ -338,6 +347,7 @@ static const struct backend_ops cpu_ops = {
     .name = "cpu",
     .kv_value_bytes = sizeof(float),
     .bitnet = 1,
+    .kv_dtypes = (1u << KV_DTYPE_COUNT) - 2, /* every format */
     .info = cpu_info,
     .alloc = cpu_alloc,
     .free = cpu_free,

@@ -535,6 +535,79 @@ size_t model_kv_bytes_per_token(const struct model *m)
     return n;
 }
 
+/* The formats layer l's K and V are stored in under s: both auto when s is auto on both
+ * sides or skips the layer, else both set, auto resolving to the backend's own value type. */
+static void layer_dtypes(const struct model *m, const struct kv_spec *s, int l, int *kd, int *vd)
+{
+    *kd = *vd = KV_DTYPE_AUTO;
+    if ((s->k == KV_DTYPE_AUTO && s->v == KV_DTYPE_AUTO) || kv_spec_skips(s, l, m->cfg.n_layers))
+        return;
+    int native = m->be->ops->kv_value_bytes == 2 ? KV_DTYPE_BF16 : KV_DTYPE_F32;
+    *kd = s->k ? s->k : native;
+    *vd = s->v ? s->v : native;
+}
+
+size_t model_kv_bytes_per_block(const struct model *m, const struct kv_spec *spec, int block_size)
+{
+    const struct model_config *c = &m->cfg;
+    if (!spec) spec = &m->kv_spec;
+    size_t vb = m->be->ops->kv_value_bytes > 0 ? (size_t)m->be->ops->kv_value_bytes : sizeof(float);
+    size_t n = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!owns_kv(c, l)) continue;
+        int kd, vd, h = c->layer_kv_heads[l], d = c->layer_head_dim[l];
+        layer_dtypes(m, spec, l, &kd, &vd);
+        if (kd == KV_DTYPE_AUTO)
+            n += (size_t)2 * block_size * h * d * vb;
+        else
+            n += (size_t)h * (kv_head_block_bytes(kd, KV_ROLE_K, block_size, d) +
+                              kv_head_block_bytes(vd, KV_ROLE_V, block_size, d));
+    }
+    return n;
+}
+
+int model_set_kv_format(struct model *m, const struct kv_spec *s, struct err *e)
+{
+    const struct model_config *c = &m->cfg;
+    uint32_t have = m->be->ops->kv_dtypes;
+    int want[2] = {s->k, s->v};
+    for (int i = 0; i < 2; i++)
+        if (want[i] != KV_DTYPE_AUTO && !(have >> want[i] & 1u))
+            return err_set(e, "the %s backend has no KV cache format %s (it has auto%s)",
+                           m->be->ops->name, kv_dtype_name(want[i]), have ? " and others" : " only");
+    for (int i = 0; i < s->n_skip; i++)
+        if (s->skip[i] >= c->n_layers || s->skip[i] < -c->n_layers)
+            return err_set(e, "--kv-cache-skip-layers: layer %d of a model of %d layers",
+                           (int)s->skip[i], c->n_layers);
+    for (int l = 0; l < c->n_layers; l++) {
+        if (!owns_kv(c, l)) continue;
+        int kd, vd;
+        layer_dtypes(m, s, l, &kd, &vd);
+        if (kv_dtype_check(kd, c->layer_head_dim[l], 1, e) ||
+            kv_dtype_check(vd, c->layer_head_dim[l], 1, e))
+            return err_wrap(e, "layer %d", l);
+    }
+    m->kv_spec = *s;
+    return 0;
+}
+
+/* A checkpoint's fp8 KV scale (llm-compressor / vLLM: self_attn.k_scale, a scalar), or 0. */
+static float kv_ckpt_scale(const struct model *m, int l, const char *which)
+{
+    char n[160];
+    snprintf(n, sizeof n, "%slayers.%d.self_attn.%s", m->prefix, l, which);
+    const struct st_tensor *t = st_find(&m->st, n);
+    if (!t || t->nbytes < 2) return 0;
+    float v = 0;
+    if (t->dtype == ST_F32 && t->nbytes >= 4)
+        memcpy(&v, t->data, 4);
+    else if (t->dtype == ST_BF16)
+        v = bf16_to_f32(*(const uint16_t *)t->data);
+    else if (t->dtype == ST_F16)
+        v = f16_to_f32(*(const uint16_t *)t->data);
+    return v > 0 && isfinite(v) ? v : 0;
+}
+
 /* Floats of one slot of one linear-attention layer: the conv tail, then the matrix. */
 static void state_floats(const struct model_config *c, size_t *conv, size_t *rec)
 {
@@ -649,14 +722,19 @@ int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blo
     }
     for (int l = 0; l < c->n_layers; l++) {
         if (c->layer_kinds[l] == LAYER_LINEAR) continue;
-        int src = c->kv_source[l];
-        m->kvg[l] =
-            (struct kv_geom){n_blocks, block_size, c->layer_kv_heads[src], c->layer_head_dim[src]};
+        int src = c->kv_source[l], kd, vd, h = c->layer_kv_heads[src], d = c->layer_head_dim[src];
+        layer_dtypes(m, &m->kv_spec, src, &kd, &vd);
+        m->kvg[l] = (struct kv_geom){n_blocks, block_size, h, d, kd, vd, 0, 0};
+        if (kd == KV_DTYPE_FP8) m->kvg[l].k_scale = kv_ckpt_scale(m, src, "k_scale");
+        if (vd == KV_DTYPE_FP8) m->kvg[l].v_scale = kv_ckpt_scale(m, src, "v_scale");
         if (!owns_kv(c, l)) continue; /* it reads its source's storage */
-        size_t kv_bytes = (size_t)n_blocks * block_size * (size_t)c->layer_kv_heads[l] *
-                          (size_t)c->layer_head_dim[l] * vb;
-        m->kv[l].k = o->alloc(ctx, kv_bytes);
-        m->kv[l].v = o->alloc(ctx, kv_bytes);
+        size_t k_bytes = (size_t)n_blocks * block_size * (size_t)h * (size_t)d * vb, v_bytes = k_bytes;
+        if (kd != KV_DTYPE_AUTO) {
+            k_bytes = (size_t)n_blocks * h * kv_head_block_bytes(kd, KV_ROLE_K, block_size, d);
+            v_bytes = (size_t)n_blocks * h * kv_head_block_bytes(vd, KV_ROLE_V, block_size, d);
+        }
+        m->kv[l].k = o->alloc(ctx, k_bytes);
+        m->kv[l].v = o->alloc(ctx, v_bytes);
         if (!m->kv[l].k || !m->kv[l].v)
             return err_set(e, "out of memory for the KV cache (%d blocks of %d tokens)", n_blocks,
                            block_size);

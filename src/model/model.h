@@ -19,6 +19,7 @@
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
+#include "paged_kv/kv_quant.h"
 
 /* self_attn.*: projections, optional per-head norms and biases. */
 struct attn_block {
@@ -128,6 +129,7 @@ struct model {
     struct kv_layer *kv;       /* [n_layers] (attention layers) */
     struct state_layer *state; /* [n_layers] (linear-attention layers) */
     int n_states;              /* recurrent-state slots */
+    struct kv_spec kv_spec;    /* KV formats (model_set_kv_format); zero: auto */
 
     /* [max_hidden, hidden] final-normed rows of fwd_batch.hidden_rows (embeddings); NULL
      * and 0 until model_hidden_alloc */
@@ -190,6 +192,14 @@ void model_hidden(struct model *m, int n, float *out);
 
 /** KV bytes one token takes across the attention layers (K and V in the backend's KV type). */
 size_t model_kv_bytes_per_token(const struct model *m);
+
+/** Sets the KV formats model_state_alloc lays the cache out in: 0, or -1 with a message
+ * when the backend lacks a format or a layer's head size does not suit it. */
+int model_set_kv_format(struct model *m, const struct kv_spec *s, struct err *e);
+
+/** KV bytes of one block of block_size tokens across the attention layers under spec
+ * (NULL: the model's own, model_set_kv_format). */
+size_t model_kv_bytes_per_block(const struct model *m, const struct kv_spec *spec, int block_size);
 
 /** Bytes of one sequence's recurrent state across the linear-attention layers (0: none). */
 size_t model_state_bytes(const struct model *m);

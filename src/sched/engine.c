@@ -132,7 +132,11 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
     int ctx = mc->max_pos > 0 ? mc->max_pos : 4096;
     if (cfg->max_model_len > 0) ctx = cfg->max_model_len;
 
-    size_t per_block = model_kv_bytes_per_token(en->m) * (size_t)en->block_size;
+    if (model_set_kv_format(en->m, &cfg->kv, e)) {
+        engine_destroy(en);
+        return NULL;
+    }
+    size_t per_block = model_kv_bytes_per_block(en->m, NULL, en->block_size);
     size_t per_state = model_state_bytes(en->m);
     en->hybrid = per_state > 0;
     /* The delta rule's chunk: 16 tokens where the block size allows (the chunk must divide
@@ -223,11 +227,15 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
         if (!mc->layer_kinds || mc->layer_kinds[l] != LAYER_SLIDING) en->sliding_only = 0;
 
     /* The fingerprint: architecture, shapes, weight bytes and the KV format. */
-    char fp[512];
-    int fpn = snprintf(fp, sizeof fp, "%s|%d|%d|%d|%d|%d|%d|%zu|%lld|kv=%s:%d|bs=%d", mc->arch_name,
-                       mc->hidden, mc->n_layers, mc->n_heads, mc->n_kv_heads, mc->head_dim,
-                       mc->vocab, model_weight_bytes(en->m), (long long)model_param_count(en->m),
-                       en->be.ops->name, en->be.ops->kv_value_bytes, en->block_size);
+    char fp[768];
+    int fpn = snprintf(fp, sizeof fp, "%s|%d|%d|%d|%d|%d|%d|%zu|%lld|kv=%s:%d:%s:%s|bs=%d|skip",
+                       mc->arch_name, mc->hidden, mc->n_layers, mc->n_heads, mc->n_kv_heads,
+                       mc->head_dim, mc->vocab, model_weight_bytes(en->m),
+                       (long long)model_param_count(en->m), en->be.ops->name,
+                       en->be.ops->kv_value_bytes, kv_dtype_name(cfg->kv.k), kv_dtype_name(cfg->kv.v),
+                       en->block_size);
+    for (int l = 0; l < mc->n_layers && fpn < (int)sizeof fp - 8; l++)
+        if (kv_spec_skips(&cfg->kv, l, mc->n_layers)) fpn += snprintf(fp + fpn, sizeof fp - (size_t)fpn, ",%d", l);
     kv_pool_init(&en->pool, (int)n_blocks, en->block_size, fp, (size_t)fpn);
     kv_pool_init(&en->states, (int)n_states, 1, fp, (size_t)fpn);
     if (cfg->kv_events) {

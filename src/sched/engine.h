@@ -34,6 +34,7 @@
 #include "model/pooling.h"
 #include "model/sampler.h"
 #include "paged_kv/kv_tier.h"
+#include "paged_kv/kv_quant.h"
 #include "text/grammar.h"
 
 enum finish_reason {
@@ -173,6 +174,7 @@ struct engine_config {
     int threads;                   /* CPU compute threads; <= 0: one per core */
     int block_size;                /* tokens per KV block; 0: 16 */
     int num_blocks;                /* KV blocks; 0: from kv_cache_memory */
+    struct kv_spec kv;             /* KV cache formats (zero: auto) */
     size_t kv_cache_memory;        /* bytes for the KV pool; 0: a default */
     double gpu_memory_utilization; /* GPU share for weights + activations + KV (0: 0.9);
                                       sizes the KV pool on a GPU when kv_cache_memory is 0 */

@@ -1,0 +1,240 @@
+/* Paged attention over quantized KV head blocks (paged_kv/kv_quant.h): the codes are
+ * decoded inside the dot products and the value sums, never into a copy of a block. */
+#include <math.h>
+#include <string.h>
+
+#include "common/scratch.h"
+#include "common/util.h"
+#include "kernels/cpu/cpu.h"
+#include "paged_kv/kv_quant.h"
+
+void cpu_kv_store_q(const struct kv_layer *kv, const struct kv_geom *g, const float *k,
+                    const float *v, const struct fwd_batch *b)
+{
+    int B = g->block_size, d = g->head_dim, H = g->n_kv_heads;
+    size_t hbk = kv_head_block_bytes(g->k_dtype, KV_ROLE_K, B, d);
+    size_t hbv = kv_head_block_bytes(g->v_dtype, KV_ROLE_V, B, d);
+    uint8_t *kb = (uint8_t *)kv->k, *vb = (uint8_t *)kv->v;
+    /* In batch order: a block's tokens arrive in position order, which the growing block
+     * scales rely on. */
+    for (int t = 0; t < b->n_tokens; t++) {
+        size_t blk = (size_t)(b->slot[t] / B);
+        int off = b->slot[t] % B;
+        for (int h = 0; h < H; h++) {
+            const float *kr = k + ((size_t)t * H + h) * d, *vr = v + ((size_t)t * H + h) * d;
+            kv_store_row(g->k_dtype, KV_ROLE_K, kb + (blk * H + h) * hbk, off, B, d, kr,
+                         g->k_scale);
+            kv_store_row(g->v_dtype, KV_ROLE_V, vb + (blk * H + h) * hbv, off, B, d, vr,
+                         g->v_scale);
+        }
+    }
+}
+
+/* q . row, row one token's codes; qp is the query prepared for the block (scaled by the
+ * block's per-channel or per-head scale; rotated for tq). */
+static float dot_codes(int dt, const uint8_t *row, const float *qp, int d)
+{
+    float s = 0;
+    switch (dt) {
+    case KV_DTYPE_F32: return cpu_dot(qp, (const float *)row, d);
+    case KV_DTYPE_BF16:
+        for (int c = 0; c < d; c++) s += qp[c] * bf16_to_f32(((const uint16_t *)row)[c]);
+        return s;
+    case KV_DTYPE_FP8:
+        for (int c = 0; c < d; c++) s += qp[c] * kv_e4m3_value[row[c]];
+        return s;
+    case KV_DTYPE_INT8:
+        for (int c = 0; c < d; c++) s += qp[c] * (float)((const int8_t *)row)[c];
+        return s;
+    case KV_DTYPE_INT4:
+        for (int c = 0; c < d; c += 2) {
+            uint8_t x = row[c >> 1];
+            s += qp[c] * (float)((x & 15) - 8) + qp[c + 1] * (float)((x >> 4) - 8);
+        }
+        return s;
+    case KV_DTYPE_TQ4: {
+        const float *cb = kv_tq_codebook(4);
+        for (int c = 0; c < d; c += 2) {
+            uint8_t x = row[c >> 1];
+            s += qp[c] * cb[x & 15] + qp[c + 1] * cb[x >> 4];
+        }
+        return s;
+    }
+    case KV_DTYPE_TQ3: {
+        const float *cb = kv_tq_codebook(3);
+        for (int c = 0; c < d; c += 8, row += 3) {
+            uint32_t w = (uint32_t)row[0] | (uint32_t)row[1] << 8 | (uint32_t)row[2] << 16;
+            for (int i = 0; i < 8; i++) s += qp[c + i] * cb[(w >> (3 * i)) & 7];
+        }
+        return s;
+    }
+    default: {
+        const float *cb = kv_tq_codebook(2);
+        for (int c = 0; c < d; c += 4) {
+            uint8_t x = row[c >> 2];
+            s += qp[c] * cb[x & 3] + qp[c + 1] * cb[(x >> 2) & 3] + qp[c + 2] * cb[(x >> 4) & 3] +
+                 qp[c + 3] * cb[x >> 6];
+        }
+        return s;
+    }
+    }
+}
+
+/* acc += w * row (row one token's codes, w already carrying the token's or block's scale). */
+static void axpy_codes(int dt, float *acc, float w, const uint8_t *row, int d)
+{
+    switch (dt) {
+    case KV_DTYPE_F32: cpu_axpy(acc, w, (const float *)row, d); return;
+    case KV_DTYPE_BF16:
+        for (int c = 0; c < d; c++) acc[c] += w * bf16_to_f32(((const uint16_t *)row)[c]);
+        return;
+    case KV_DTYPE_FP8:
+        for (int c = 0; c < d; c++) acc[c] += w * kv_e4m3_value[row[c]];
+        return;
+    case KV_DTYPE_INT8:
+        for (int c = 0; c < d; c++) acc[c] += w * (float)((const int8_t *)row)[c];
+        return;
+    case KV_DTYPE_INT4:
+        for (int c = 0; c < d; c += 2) {
+            uint8_t x = row[c >> 1];
+            acc[c] += w * (float)((x & 15) - 8);
+            acc[c + 1] += w * (float)((x >> 4) - 8);
+        }
+        return;
+    case KV_DTYPE_TQ4: {
+        const float *cb = kv_tq_codebook(4);
+        for (int c = 0; c < d; c += 2) {
+            uint8_t x = row[c >> 1];
+            acc[c] += w * cb[x & 15];
+            acc[c + 1] += w * cb[x >> 4];
+        }
+        return;
+    }
+    case KV_DTYPE_TQ3: {
+        const float *cb = kv_tq_codebook(3);
+        for (int c = 0; c < d; c += 8, row += 3) {
+            uint32_t x = (uint32_t)row[0] | (uint32_t)row[1] << 8 | (uint32_t)row[2] << 16;
+            for (int i = 0; i < 8; i++) acc[c + i] += w * cb[(x >> (3 * i)) & 7];
+        }
+        return;
+    }
+    default: {
+        const float *cb = kv_tq_codebook(2);
+        for (int c = 0; c < d; c += 4) {
+            uint8_t x = row[c >> 2];
+            acc[c] += w * cb[x & 3];
+            acc[c + 1] += w * cb[(x >> 2) & 3];
+            acc[c + 2] += w * cb[(x >> 4) & 3];
+            acc[c + 3] += w * cb[x >> 6];
+        }
+        return;
+    }
+    }
+}
+
+/* The factor of token t's row (bf16 per-token scale or gain; 1 where the scale is per
+ * block or per channel). */
+static float row_scale(int dt, int role, const uint8_t *hb, int t)
+{
+    if (kv_dtype_rotated(dt) || (role == KV_ROLE_V && (dt == KV_DTYPE_INT8 || dt == KV_DTYPE_INT4)))
+        return bf16_to_f32(((const uint16_t *)hb)[t]);
+    return 1.0f;
+}
+
+/* The factor of a whole head block (fp8's scale; 1 otherwise). */
+static float block_scale(int dt, const uint8_t *hb)
+{
+    float s = 1.0f;
+    if (dt == KV_DTYPE_FP8) memcpy(&s, hb, sizeof s);
+    return s;
+}
+
+struct attnq_job {
+    float *out;
+    const float *q;
+    const struct kv_layer *kv;
+    const struct kv_geom *g;
+    const struct fwd_batch *b;
+    const struct attn_params *p;
+    const int32_t *tok_seq;
+};
+
+/* One (token, head) pair per work item, as the float32 kernel: scores block by block with
+ * the query prepared once per block, softmax, the value sum in the values' basis. Cost
+ * O(context * head_dim) per item plus O(head_dim) per block. */
+static void attnq_task(void *arg, int ith, int nth)
+{
+    struct attnq_job *j = arg;
+    const struct attn_params *p = j->p;
+    const struct kv_geom *g = j->g;
+    const struct fwd_batch *b = j->b;
+    int d = p->head_dim, B = g->block_size, H = g->n_kv_heads, group = p->n_heads / H;
+    int kd = g->k_dtype, vd = g->v_dtype;
+    size_t hbk = kv_head_block_bytes(kd, KV_ROLE_K, B, d);
+    size_t hbv = kv_head_block_bytes(vd, KV_ROLE_V, B, d);
+    size_t hk = kv_header_bytes(kd, KV_ROLE_K, B, d), hv = kv_header_bytes(vd, KV_ROLE_V, B, d);
+    size_t rk = kv_row_bytes(kd, d), rv = kv_row_bytes(vd, d);
+    const uint8_t *kbase = (const uint8_t *)j->kv->k, *vbase = (const uint8_t *)j->kv->v;
+    long total = (long)b->n_tokens * p->n_heads, lo, hi;
+    tp_range(total, ith, nth, 1, &lo, &hi);
+    for (long item = lo; item < hi; item++) {
+        int t = (int)(item / p->n_heads), h = (int)(item % p->n_heads), kvh = h / group;
+        int s = j->tok_seq[t], qpos = b->pos[t], first = 0;
+        if (p->window > 0 && qpos - p->window + 1 > 0) first = qpos - p->window + 1;
+        int nkeys = qpos + 1 - first;
+        /* scores [nkeys], then the query (rotated for tq keys), its per-block form, and the
+         * value sum */
+        float *sc = scratch_get(SCRATCH_ATTN, (size_t)nkeys + 3 * (size_t)d);
+        float *qr = sc + nkeys, *qp = qr + d, *acc = qp + d;
+        memcpy(qr, j->q + ((size_t)t * p->n_heads + h) * d, sizeof(float) * (size_t)d);
+        if (kv_dtype_rotated(kd)) kv_tq_rotate(qr, d);
+        const int32_t *bt = b->block_table + (size_t)s * b->max_blocks;
+        float mx = -INFINITY;
+        for (int bi = first / B; bi <= qpos / B; bi++) {
+            const uint8_t *hb = kbase + ((size_t)bt[bi] * H + kvh) * hbk;
+            const float *qv = qr;
+            if (kd == KV_DTYPE_FP8 || kd == KV_DTYPE_INT8 || kd == KV_DTYPE_INT4) {
+                const uint16_t *cs = (const uint16_t *)hb;
+                float bs = block_scale(kd, hb);
+                for (int c = 0; c < d; c++)
+                    qp[c] = qr[c] * (kd == KV_DTYPE_FP8 ? bs : bf16_to_f32(cs[c]));
+                qv = qp;
+            }
+            int t0 = bi * B < first ? first - bi * B : 0;
+            int t1 = bi * B + B - 1 > qpos ? qpos - bi * B : B - 1;
+            for (int tt = t0; tt <= t1; tt++) {
+                float v = dot_codes(kd, hb + hk + (size_t)tt * rk, qv, d) *
+                          row_scale(kd, KV_ROLE_K, hb, tt) * p->scale;
+                if (p->softcap > 0) v = p->softcap * tanhf(v / p->softcap);
+                sc[bi * B + tt - first] = v;
+                if (v > mx) mx = v;
+            }
+        }
+        float sum = 0;
+        for (int i = 0; i < nkeys; i++) {
+            sc[i] = expf(sc[i] - mx);
+            sum += sc[i];
+        }
+        float inv = 1.0f / sum;
+        memset(acc, 0, sizeof(float) * (size_t)d);
+        for (int bi = first / B; bi <= qpos / B; bi++) {
+            const uint8_t *hb = vbase + ((size_t)bt[bi] * H + kvh) * hbv;
+            float bs = block_scale(vd, hb) * inv;
+            int t0 = bi * B < first ? first - bi * B : 0;
+            int t1 = bi * B + B - 1 > qpos ? qpos - bi * B : B - 1;
+            for (int tt = t0; tt <= t1; tt++)
+                axpy_codes(vd, acc, sc[bi * B + tt - first] * bs * row_scale(vd, KV_ROLE_V, hb, tt),
+                           hb + hv + (size_t)tt * rv, d);
+        }
+        if (kv_dtype_rotated(vd)) kv_tq_unrotate(acc, d);
+        memcpy(j->out + ((size_t)t * p->n_heads + h) * d, acc, sizeof(float) * (size_t)d);
+    }
+}
+
+void cpu_attention_q(struct threadpool *tp, float *out, const float *q, const struct kv_layer *kv,
+                     const struct kv_geom *g, const struct fwd_batch *b,
+                     const struct attn_params *p, const int32_t *tok_seq)
+{
+    struct attnq_job j = {out, q, kv, g, b, p, tok_seq};
+    tp_run(tp, attnq_task, &j);
+}
