@@ -13,6 +13,7 @@ static const struct {
     {"info", cli_info, "describe a model folder"},
     {"generate", cli_generate, "generate tokens from a prompt"},
     {"score", cli_score, "log-probabilities of a prompt's tokens"},
+    {"perplexity", cli_perplexity, "perplexity of a text file (KV cache formats compared)"},
     {"embed", cli_embed, "embedding vectors of texts or token ids"},
     {"tokenize", cli_tokenize, "text to token ids"},
     {"detokenize", cli_detokenize, "token ids to text"},

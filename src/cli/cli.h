@@ -8,6 +8,8 @@
 int cli_info(int argc, char **argv);
 int cli_generate(int argc, char **argv);
 int cli_score(int argc, char **argv);
+/** `pagoda perplexity`: --model DIR --file F [--ctx N] [--kl-base D] [--json] (perplexity.c). */
+int cli_perplexity(int argc, char **argv);
 /** `pagoda embed`: embedding vectors of texts or token-id prompts. */
 int cli_embed(int argc, char **argv);
 int cli_bench(int argc, char **argv);
