@@ -30,8 +30,8 @@ void cpu_kv_store_q(const struct kv_layer *kv, const struct kv_geom *g, const fl
     }
 }
 
-/* q . row, row one token's codes; qp is the query prepared for the block (scaled by the
- * block's per-channel or per-head scale; rotated for tq). */
+/* q . row, row one token's codes; qp is the query prepared for the block (times the
+ * channel scales for int keys; rotated for tq). */
 static float dot_codes(int dt, const uint8_t *row, const float *qp, int d)
 {
     float s = 0;
@@ -80,7 +80,7 @@ static float dot_codes(int dt, const uint8_t *row, const float *qp, int d)
     }
 }
 
-/* acc += w * row (row one token's codes, w already carrying the token's or block's scale). */
+/* acc += w * row (row one token's codes, w already carrying the token's scale). */
 static void axpy_codes(int dt, float *acc, float w, const uint8_t *row, int d)
 {
     switch (dt) {
@@ -132,21 +132,14 @@ static void axpy_codes(int dt, float *acc, float w, const uint8_t *row, int d)
     }
 }
 
-/* The factor of token t's row (bf16 per-token scale or gain; 1 where the scale is per
- * block or per channel). */
+/* The factor of token t's row: its bf16 scale or gain; 1 for plain values and for int
+ * keys (whose per-channel scales go into the query). */
 static float row_scale(int dt, int role, const uint8_t *hb, int t)
 {
-    if (kv_dtype_rotated(dt) || (role == KV_ROLE_V && (dt == KV_DTYPE_INT8 || dt == KV_DTYPE_INT4)))
-        return bf16_to_f32(((const uint16_t *)hb)[t]);
-    return 1.0f;
-}
-
-/* The factor of a whole head block (fp8's scale; 1 otherwise). */
-static float block_scale(int dt, const uint8_t *hb)
-{
-    float s = 1.0f;
-    if (dt == KV_DTYPE_FP8) memcpy(&s, hb, sizeof s);
-    return s;
+    if (dt == KV_DTYPE_F32 || dt == KV_DTYPE_BF16 ||
+        (role == KV_ROLE_K && (dt == KV_DTYPE_INT8 || dt == KV_DTYPE_INT4)))
+        return 1.0f;
+    return bf16_to_f32(((const uint16_t *)hb)[t]);
 }
 
 struct attnq_job {
@@ -193,11 +186,9 @@ static void attnq_task(void *arg, int ith, int nth)
         for (int bi = first / B; bi <= qpos / B; bi++) {
             const uint8_t *hb = kbase + ((size_t)bt[bi] * H + kvh) * hbk;
             const float *qv = qr;
-            if (kd == KV_DTYPE_FP8 || kd == KV_DTYPE_INT8 || kd == KV_DTYPE_INT4) {
+            if (kd == KV_DTYPE_INT8 || kd == KV_DTYPE_INT4) { /* the channel scales */
                 const uint16_t *cs = (const uint16_t *)hb;
-                float bs = block_scale(kd, hb);
-                for (int c = 0; c < d; c++)
-                    qp[c] = qr[c] * (kd == KV_DTYPE_FP8 ? bs : bf16_to_f32(cs[c]));
+                for (int c = 0; c < d; c++) qp[c] = qr[c] * bf16_to_f32(cs[c]);
                 qv = qp;
             }
             int t0 = bi * B < first ? first - bi * B : 0;
@@ -219,11 +210,10 @@ static void attnq_task(void *arg, int ith, int nth)
         memset(acc, 0, sizeof(float) * (size_t)d);
         for (int bi = first / B; bi <= qpos / B; bi++) {
             const uint8_t *hb = vbase + ((size_t)bt[bi] * H + kvh) * hbv;
-            float bs = block_scale(vd, hb) * inv;
             int t0 = bi * B < first ? first - bi * B : 0;
             int t1 = bi * B + B - 1 > qpos ? qpos - bi * B : B - 1;
             for (int tt = t0; tt <= t1; tt++)
-                axpy_codes(vd, acc, sc[bi * B + tt - first] * bs * row_scale(vd, KV_ROLE_V, hb, tt),
+                axpy_codes(vd, acc, sc[bi * B + tt - first] * inv * row_scale(vd, KV_ROLE_V, hb, tt),
                            hb + hv + (size_t)tt * rv, d);
         }
         if (kv_dtype_rotated(vd)) kv_tq_unrotate(acc, d);

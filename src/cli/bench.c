@@ -72,8 +72,12 @@ static int bench_decode(int argc, char **argv)
     const char *dir = NULL, *device = NULL;
     long B = 1, P = 128, G = 32, threads = 0, K = 1, S = 0;
     int json = 0, no_bw = 0, overlap = -1;
+    struct kv_spec kv = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
+        int kr = arg_kv_option(argc, argv, &i, &kv);
+        if (kr < 0) return 2;
+        if (kr > 0) continue;
         if (!strcmp(a, "--json")) {
             json = 1;
             continue;
@@ -112,6 +116,7 @@ static int bench_decode(int argc, char **argv)
         fprintf(stderr, "usage: pagoda bench decode --model DIR [--batch B] [--prompt-len P] "
                         "[--gen-len G] [--prefill-seqs K] [--threads N] [--device D] [--json] "
                         "[--no-bandwidth] [--disable-overlap-schedule] [--spec-rows K]\n"
+                        "        [--kv-cache-dtype D ...]\n"
                         "  --spec-rows K  also time verification steps: 1 + K rows a sequence,\n"
                         "                 logits on every row, K rolled back after each step\n");
         return 2;
@@ -122,8 +127,8 @@ static int bench_decode(int argc, char **argv)
      * a prompt), as a server batches prompts under its step budget. */
     struct runner r;
     int max_tokens = (int)(P * K > B * (1 + S) ? P * K : B * (1 + S));
-    if (runner_open(&r, dir, device, nth, (int)B, (int)(P + (S ? 2 : 1) * G + S + 1), max_tokens,
-                    (int)(B * (1 + S))))
+    if (runner_open_kv(&r, dir, device, nth, (int)B, (int)(P + (S ? 2 : 1) * G + S + 1),
+                       max_tokens, (int)(B * (1 + S)), &kv))
         return 1;
     const struct model_config *c = &r.m->cfg;
     int on_cpu = !strcmp(r.be.ops->name, "cpu");

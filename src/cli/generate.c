@@ -413,11 +413,15 @@ int cli_score(int argc, char **argv)
 {
     const char *dir = NULL, *prompt_ids = NULL, *device = NULL;
     long threads = 0;
+    struct kv_spec kv = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
+        int kr = arg_kv_option(argc, argv, &i, &kv);
+        if (kr < 0) return 2;
+        if (kr > 0) continue;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: pagoda score --model DIR --prompt-ids \"1 2 3\" [--json] [--threads N]\n"
-                   "         [--device cpu|cuda|cuda:N]\n"
+                   "         [--device cpu|cuda|cuda:N] [--kv-cache-dtype D ...]\n"
                    "  prints {\"prompt_logprobs\": [null, ...]}: log p(id[i] | id[:i])\n");
             return 0;
         } else if (!strcmp(a, "--json")) {
@@ -452,7 +456,7 @@ int cli_score(int argc, char **argv)
     }
     int chunk = n < 256 ? (int)n : 256;
     struct runner r;
-    if (runner_open(&r, dir, device, (int)threads, 1, (int)n, chunk, chunk)) {
+    if (runner_open_kv(&r, dir, device, (int)threads, 1, (int)n, chunk, chunk, &kv)) {
         free(ids);
         return 1;
     }

@@ -45,6 +45,25 @@ static int64_t active_params(const struct model *m)
     return n;
 }
 
+/* Bytes per token and tokens per GiB of each KV cache format (--kv-cache-dtype), blocks of
+ * 16 tokens with their scales, every attention layer in the format. */
+static void kv_formats(const struct model *m, int json)
+{
+    printf(json ? "\"kv_formats\": [" : "KV formats      tokens per GiB (bytes per token):");
+    for (int d = KV_DTYPE_BF16; d < KV_DTYPE_COUNT; d++) {
+        struct kv_spec s = {.k = (uint8_t)d, .v = (uint8_t)d};
+        double per_tok = (double)model_kv_bytes_per_block(m, &s, 16) / 16.0;
+        double per_gib = per_tok > 0 ? 1073741824.0 / per_tok : 0;
+        if (json)
+            printf("%s{\"dtype\": \"%s\", \"bytes_per_token\": %.2f, \"tokens_per_gib\": %.0f}",
+                   d > KV_DTYPE_BF16 ? ", " : "", kv_dtype_name(d), per_tok, per_gib);
+        else
+            printf("%s %s %.0f (%.1f)", d > KV_DTYPE_BF16 ? "," : "", kv_dtype_name(d), per_gib,
+                   per_tok);
+    }
+    printf(json ? "]" : "\n");
+}
+
 int cli_info(int argc, char **argv)
 {
     const char *dir = NULL, *device = NULL;
@@ -157,7 +176,9 @@ int cli_info(int argc, char **argv)
             printf("%s{\"format\": \"%s\", \"parameters\": %lld, \"bits_per_weight\": %.3f}",
                    i ? ", " : "", t[i].name, (long long)t[i].params,
                    8.0 * (double)t[i].bytes / (double)t[i].params);
-        printf("], \"memory\": {\"weights\": %zu, \"kv_per_token\": %zu, "
+        printf("], ");
+        kv_formats(m, 1);
+        printf(", \"memory\": {\"weights\": %zu, \"kv_per_token\": %zu, "
                "\"state_per_sequence\": %zu, \"kv_full_context\": %zu, \"activations\": %zu, "
                "\"total\": %zu}, "
                "\"device\": {\"name\": \"%s\", \"memory\": %zu, \"free\": %zu, "
@@ -227,6 +248,7 @@ int cli_info(int argc, char **argv)
                    (double)state / 1048576.0, state);
         printf(" + activations %.2f MiB = %.2f MiB\n", (double)act / 1048576.0,
                (double)(wbytes + kv_ctx + state + act) / 1048576.0);
+        kv_formats(m, 0);
         printf("device          %s, %.2f GiB (%.2f GiB free)\n", bi.device,
                (double)bi.mem_total / 1073741824.0, (double)bi.mem_free / 1073741824.0);
         if (gpu)

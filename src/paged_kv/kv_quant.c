@@ -87,7 +87,7 @@ int kv_dtype_check(int dtype, int head_dim, int block_size, struct err *e)
 size_t kv_header_bytes(int dtype, int role, int block_size, int head_dim)
 {
     switch (dtype) {
-    case KV_DTYPE_FP8: return sizeof(float);
+    case KV_DTYPE_FP8: return 2 * (size_t)block_size;
     case KV_DTYPE_INT8:
     case KV_DTYPE_INT4: return 2 * (size_t)(role == KV_ROLE_K ? head_dim : block_size);
     case KV_DTYPE_TQ4:
@@ -322,31 +322,16 @@ static void store_int(int dtype, int role, uint8_t *hb, int off, int B, int d, c
     }
 }
 
+/* One bf16 scale per token (and head): fixed as the token is written, never revised, so a
+ * token's codes do not depend on what the block holds later. */
 static void store_fp8(uint8_t *hb, int off, int B, int d, const float *x, float fixed)
 {
-    uint8_t *data = hb + sizeof(float);
-    float amax = 0, s;
+    uint16_t *sc = (uint16_t *)hb;
+    float amax = 0;
     for (int c = 0; c < d; c++) amax = fmaxf(amax, fabsf(x[c]));
-    if (fixed > 0) {
-        s = fixed;
-    } else {
-        memcpy(&s, hb, sizeof s);
-        if (off == 0 || s == 0) {
-            s = amax / 448.0f; /* earlier codes of a zero scale are all 0 */
-        } else if (amax > s * 448.0f) {
-            float f = 1;
-            while (s * 448.0f < amax) {
-                s *= 2;
-                f *= 0.5f;
-            }
-            for (size_t i = 0; i < (size_t)off * (size_t)d; i++)
-                data[i] = kv_f32_to_e4m3(kv_e4m3_value[data[i]] * f);
-        }
-    }
-    (void)B;
-    memcpy(hb, &s, sizeof s);
-    float inv = s > 0 ? 1.0f / s : 0;
-    uint8_t *row = data + (size_t)off * d;
+    sc[off] = fixed > 0 ? f32_to_bf16(fixed) : bf16_up(amax / 448.0f);
+    float s = bf16_to_f32(sc[off]), inv = s > 0 ? 1.0f / s : 0;
+    uint8_t *row = hb + 2 * (size_t)B + (size_t)off * d;
     for (int c = 0; c < d; c++) row[c] = kv_f32_to_e4m3(x[c] * inv);
 }
 
@@ -403,12 +388,9 @@ void kv_load_row(int dtype, int role, const uint8_t *hb, int off, int block_size
     case KV_DTYPE_BF16:
         for (int c = 0; c < d; c++) out[c] = bf16_to_f32(((const uint16_t *)row)[c]);
         break;
-    case KV_DTYPE_FP8: {
-        float s;
-        memcpy(&s, hb, sizeof s);
-        for (int c = 0; c < d; c++) out[c] = kv_e4m3_value[row[c]] * s;
+    case KV_DTYPE_FP8:
+        for (int c = 0; c < d; c++) out[c] = kv_e4m3_value[row[c]] * bf16_to_f32(sc[off]);
         break;
-    }
     case KV_DTYPE_INT8:
     case KV_DTYPE_INT4:
         for (int c = 0; c < d; c++)

@@ -8,7 +8,7 @@
  *   auto  the backend's own layout ([n_blocks][block_size][n_kv_heads][head_dim] float32 on
  *         the CPU, bf16 on CUDA), untouched by this module
  *   f32, bf16   plain values (f32 is what `auto` resolves to on the CPU beside a quantized side)
- *   fp8   e4m3, one float32 scale per head block (see kv_store_row for how it is fixed)
+ *   fp8   e4m3 codes with one bf16 scale per token (amax / 448), or a checkpoint's fixed one
  *   int8, int4  symmetric codes (+-127, +-7) with bf16 scales, as KIVI: keys per channel
  *         within a block, values per token
  *   tq4, tq3, tq2  each head vector x rotated by a fixed seeded random Hadamard transform,
@@ -17,10 +17,11 @@
  *         Attention runs in the rotated basis (the query rotated with kv_tq_rotate, the
  *         value sum rotated back once per head with kv_tq_unrotate).
  *
- * Writing is a token at a time (a block fills over many steps), so the block scales of fp8
- * and of int keys are fixed by the block's first token and grow by powers of two when a
- * later token does not fit, the codes already written being rescaled in place (exact for
- * fp8 apart from subnormals; one extra rounding for int codes). See kv_store_row.
+ * Writing is a token at a time (a block fills over many steps). Every format but int keys
+ * scales each token alone, so a token's codes never change once written. Int keys (one
+ * scale per channel over the block, as KIVI) take their scales from the block's first token
+ * and grow them by powers of two when a later token does not fit, the codes already written
+ * being rescaled in place (one more rounding each time). See kv_store_row.
  */
 #ifndef PAGODA_PAGED_KV_KV_QUANT_H
 #define PAGODA_PAGED_KV_KV_QUANT_H
@@ -84,14 +85,14 @@ static inline int kv_dtype_rotated(int dtype)
 }
 
 /**
- * Writes x [head_dim] as token `off` of a head block. off 0 starts the block afresh (its
- * scales from this token alone); a later token may grow the block scales (fp8: the head
- * block's scale; int keys: each channel's), rescaling the codes of tokens [0, off) in
- * place. fixed_scale > 0 (fp8 only: a checkpoint's k_scale / v_scale) replaces the
- * block scale, values past +-448 * fixed_scale saturating.
+ * Writes x [head_dim] as token `off` of a head block. For int keys, off 0 starts the
+ * block afresh (the channel scales from this token alone) and a later token may grow them,
+ * rescaling the codes of tokens [0, off) in place. fixed_scale > 0 (fp8 only: a
+ * checkpoint's k_scale / v_scale) replaces the per-token scale (rounded to bf16), values
+ * past +-448 times it saturating.
  *
  * Error bounds per value, s the stored scale after the write:
- *   bf16 |e| <= |x| 2^-8; fp8 |e| <= |x| / 16 + s 2^-9 (s <= 2 amax / 448 of the block's head);
+ *   bf16 |e| <= |x| 2^-8; fp8 |e| <= |x| / 16 + s_t 2^-10 (s_t <= 1.008 amax_t / 448);
  *   int keys |e| <= s_c (s_c < 2.02 amax_c / qmax, amax_c over the block's channel c);
  *   int values |e| <= s_t / 2 (s_t <= 1.008 amax_t / qmax); tq: in mean square, the codebook's
  *   distortion (tq4 0.0095, tq3 0.0345, tq2 0.1175 of ||x||^2).
@@ -109,8 +110,8 @@ static inline size_t kv_row_bytes(int dtype, int head_dim)
 {
     return (size_t)head_dim * (size_t)kv_dtype_bits(dtype) / 8;
 }
-/** Bytes before the codes: fp8 one float; int keys head_dim bf16; int values and tq
- * block_size bf16; none for f32 and bf16. */
+/** Bytes before the codes: int keys head_dim bf16 scales; fp8, int values and tq block_size
+ * bf16 (one scale or gain per token); none for f32 and bf16. */
 size_t kv_header_bytes(int dtype, int role, int block_size, int head_dim);
 
 /** e4m3 (the finite OCP FP8 format, max 448) value of a code; the NaN codes read as 0. */

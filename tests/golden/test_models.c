@@ -13,7 +13,8 @@
  * With --device cuda the same comparison runs through the CUDA backend at bf16 tolerance
  * (CUDA_TOL below): prefill products round activations to bf16 and KV rows are stored as
  * bf16. Without a GPU that run reports "no GPU: not run" and exits 77 (skipped).
- * usage: golden_test_models PAGODA_BINARY TESTDATA_DIR [--device DEV]
+ * With --kv-cache-dtype fp8 every run stores its KV cache as e4m3 (KV_FP8_TOL below).
+ * usage: golden_test_models PAGODA_BINARY TESTDATA_DIR [--device DEV] [--kv-cache-dtype D]
  */
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -48,9 +49,20 @@
  * also sums dequantized floats), 0.015 with packed weights. */
 #define BITNET_TOL 5e-2
 
+/* With the KV cache in fp8 (e4m3: 3 mantissa bits, a scale per token and head), on top of
+ * the device's own tolerance. These tiny random-weight models magnify KV rounding: on the
+ * CPU the largest deviation seen was 0.32 (models/demo) over the other folders, 1.01 on
+ * gemma4-tiny and 2.04 on gemma4moe-tiny, whose log-probabilities even bf16 KV moves by
+ * 0.12; hence Gemma 4's own bound. */
+#define KV_FP8_TOL    0.35
+#define KV_FP8_TOL_G4 2.5
+
 static double TOL = CPU_TOL;
 static double MARGIN = GOLDEN_MARGIN; /* see golden_util.h */
+static double KV_TOL = 0;            /* added by the KV cache format (0: auto) */
+static int on_cuda;
 static const char *device = "cpu";
+static const char *kv_dtype = "auto";
 static double max_dev; /* largest log-probability deviation seen */
 
 static char *run(const char *cmd)
@@ -95,9 +107,9 @@ static int check_case(const char *bin, const char *dir, const char *name, int ci
     size_t cmdlen = strlen(ids) + 4096;
     char *cmd = xmalloc(cmdlen);
     snprintf(cmd, cmdlen,
-             "'%s' generate --device %s --model '%s' --prompt-ids '%s' -n %d --temperature 0 "
-             "--ignore-eos --top-logprobs 5 --json",
-             bin, device, dir, ids, cJSON_GetArraySize(greedy));
+             "'%s' generate --device %s --kv-cache-dtype %s --model '%s' --prompt-ids '%s' -n %d "
+             "--temperature 0 --ignore-eos --top-logprobs 5 --json",
+             bin, device, kv_dtype, dir, ids, cJSON_GetArraySize(greedy));
     char *out = run(cmd);
     cJSON *res = out ? cJSON_Parse(out) : NULL;
     if (!res) {
@@ -147,7 +159,10 @@ static int check_case(const char *bin, const char *dir, const char *name, int ci
         if (have != want) {
             double margin = cJSON_GetObjectItem(st, "margin")->valuedouble;
             int second = cJSON_GetArrayItem(cJSON_GetArrayItem(gtop, 1), 0)->valueint;
-            if (!(margin < MARGIN && (have == want || have == second))) {
+            /* A quantized KV cache moves every log-probability by up to its tolerance, more
+             * than the gaps of these models' flat distributions: the greedy paths may part
+             * anywhere; the steps before and the prompt log-probabilities are compared. */
+            if (KV_TOL == 0 && !(margin < MARGIN && (have == want || have == second))) {
                 fprintf(stderr, "%s case %d step %d: token %d, golden %d (margin %.4f)\n", name, ci,
                         i, have, want, margin);
                 fails++;
@@ -158,8 +173,9 @@ static int check_case(const char *bin, const char *dir, const char *name, int ci
     cJSON_Delete(res);
     free(out);
 
-    snprintf(cmd, cmdlen, "'%s' score --device %s --model '%s' --prompt-ids '%s' --json", bin,
-             device, dir, ids);
+    snprintf(cmd, cmdlen,
+             "'%s' score --device %s --kv-cache-dtype %s --model '%s' --prompt-ids '%s' --json",
+             bin, device, kv_dtype, dir, ids);
     out = run(cmd);
     res = out ? cJSON_Parse(out) : NULL;
     const cJSON *lp = cJSON_GetObjectItem(res, "prompt_logprobs");
@@ -212,13 +228,16 @@ static int check_folder(const char *bin, const char *dir, const char *name)
         return 0;
     }
     const double tol = TOL;
-    if (TOL == CUDA_TOL &&
-        (!strcmp(arch, "Qwen3_5ForCausalLM") || !strcmp(arch, "Qwen3_5MoeForCausalLM")))
-        TOL = CUDA_TOL_HYBRID;
+    /* what the KV cache format adds (Gemma 4 its own bound) to the device's tolerance */
+    const double kv_add =
+        KV_TOL > 0 && !strcmp(arch, "Gemma4ForCausalLM") ? KV_FP8_TOL_G4 : KV_TOL;
+    TOL = tol - KV_TOL + kv_add;
+    if (on_cuda && (!strcmp(arch, "Qwen3_5ForCausalLM") || !strcmp(arch, "Qwen3_5MoeForCausalLM")))
+        TOL = CUDA_TOL_HYBRID + kv_add;
     const char *inv = getenv("PAGODA_CUDA_BATCH_INVARIANT");
     char *inv_was = inv ? strdup(inv) : NULL;
     if (golden_kv16_sensitive(arch, device)) {
-        TOL = GOLDEN_TOL_KV16;
+        TOL = GOLDEN_TOL_KV16 + kv_add;
         MARGIN = GOLDEN_MARGIN_KV16;
         setenv("PAGODA_CUDA_BATCH_INVARIANT", "1", 1); /* float32 products: see golden_util.h */
     }
@@ -283,21 +302,36 @@ static int check_variant(const char *bin, const char *mdir, const char *vdir, co
 
 int main(int argc, char **argv)
 {
-    if (argc != 3 && !(argc == 5 && !strcmp(argv[3], "--device"))) {
-        fprintf(stderr, "usage: %s PAGODA_BINARY TESTDATA_DIR [--device DEV]\n", argv[0]);
+    int bad = argc < 3 || argc % 2 == 0;
+    for (int i = 3; i + 1 < argc && !bad; i += 2) {
+        if (!strcmp(argv[i], "--device"))
+            device = argv[i + 1];
+        else if (!strcmp(argv[i], "--kv-cache-dtype"))
+            kv_dtype = argv[i + 1];
+        else
+            bad = 1;
+    }
+    if (bad) {
+        fprintf(stderr, "usage: %s PAGODA_BINARY TESTDATA_DIR [--device DEV] [--kv-cache-dtype D]\n",
+                argv[0]);
         return 2;
     }
-    if (argc == 5) {
-        device = argv[4];
-        if (!strncmp(device, "cuda", 4)) {
-            if (!backend_cuda_available()) {
-                printf("no GPU: not run (the CUDA golden comparison needs a CUDA GPU)\n");
-                return 77;
-            }
-            TOL = CUDA_TOL;
+    if (!strncmp(device, "cuda", 4)) {
+        if (!backend_cuda_available()) {
+            printf("no GPU: not run (the CUDA golden comparison needs a CUDA GPU)\n");
+            return 77;
         }
+        TOL = CUDA_TOL;
+        on_cuda = 1;
     }
-    printf("device %s, log-probability tolerance %g\n", device, TOL);
+    if (!strcmp(kv_dtype, "fp8")) {
+        KV_TOL = KV_FP8_TOL;
+        TOL += KV_TOL;
+    } else if (strcmp(kv_dtype, "auto")) {
+        fprintf(stderr, "--kv-cache-dtype: only auto and fp8 have golden tolerances\n");
+        return 2;
+    }
+    printf("device %s, KV cache %s, log-probability tolerance %g\n", device, kv_dtype, TOL);
     char mdir[4096];
     snprintf(mdir, sizeof mdir, "%s/models", argv[2]);
     char *names[256];
