@@ -36,7 +36,8 @@ static float dot_codes(int dt, const uint8_t *row, const float *qp, int d)
 {
     float s = 0;
     switch (dt) {
-    case KV_DTYPE_F32: return cpu_dot(qp, (const float *)row, d);
+    case KV_DTYPE_F32:
+        return cpu_dot(qp, (const float *)row, d);
     case KV_DTYPE_BF16:
         for (int c = 0; c < d; c++) s += qp[c] * bf16_to_f32(((const uint16_t *)row)[c]);
         return s;
@@ -84,7 +85,9 @@ static float dot_codes(int dt, const uint8_t *row, const float *qp, int d)
 static void axpy_codes(int dt, float *acc, float w, const uint8_t *row, int d)
 {
     switch (dt) {
-    case KV_DTYPE_F32: cpu_axpy(acc, w, (const float *)row, d); return;
+    case KV_DTYPE_F32:
+        cpu_axpy(acc, w, (const float *)row, d);
+        return;
     case KV_DTYPE_BF16:
         for (int c = 0; c < d; c++) acc[c] += w * bf16_to_f32(((const uint16_t *)row)[c]);
         return;
@@ -213,7 +216,8 @@ static void attnq_task(void *arg, int ith, int nth)
             int t0 = bi * B < first ? first - bi * B : 0;
             int t1 = bi * B + B - 1 > qpos ? qpos - bi * B : B - 1;
             for (int tt = t0; tt <= t1; tt++)
-                axpy_codes(vd, acc, sc[bi * B + tt - first] * inv * row_scale(vd, KV_ROLE_V, hb, tt),
+                axpy_codes(vd, acc,
+                           sc[bi * B + tt - first] * inv * row_scale(vd, KV_ROLE_V, hb, tt),
                            hb + hv + (size_t)tt * rv, d);
         }
         if (kv_dtype_rotated(vd)) kv_tq_unrotate(acc, d);

@@ -21,6 +21,7 @@
 extern "C" {
 #include "common/util.h"
 #include "model/backend.h"
+#include "paged_kv/kv_quant.h"
 int backend_cuda_create(struct backend *be, int device, struct err *e);
 int backend_cuda_device_count(void);
 }
@@ -67,6 +68,8 @@ enum opk {
     OP_MOE,   /* its arguments in me */
     OP_COPY,
     OP_SCALE,
+    OP_KV_STORE_Q, /* a layer in a KV cache format (attn_q.cu): its arguments in kq */
+    OP_ATTN_Q,     /* its arguments in aq */
 };
 
 static const char *const op_names[] = {
@@ -74,7 +77,7 @@ static const char *const op_names[] = {
     "attention",    "act_mul",      "add",           "softcap",        "gather_rows", "argmax",
     "gemv",         "add+rms_norm", "rope+kv_store", "sample",         "gemm set",    "rope tables",
     "rope_partial", "split_qgate",  "gate_mul",      "rms_norm_gated", "delta_net",   "moe",
-    "copy",         "scale"};
+    "copy",         "scale",        "kv_store_q",    "attention_q"};
 
 /* Flags of an OP_GEMM_SET in i[3]: the rope + KV store launch after the fused set reads
  * its columns (no split); the set's results are bf16. */
@@ -94,6 +97,8 @@ struct op {
     union {
         cu_delta_args dn; /* OP_DELTA */
         cu_moe_args me;   /* OP_MOE */
+        cu_kvq_args kq;   /* OP_KV_STORE_Q */
+        cu_attnq_args aq; /* OP_ATTN_Q */
     };
 };
 
@@ -281,6 +286,12 @@ static void exec_op(cu_ctx *c, const op *o)
         break;
     case OP_ATTN:
         cu_attention(s, o->att);
+        break;
+    case OP_KV_STORE_Q:
+        cu_kv_store_q(s, o->kq);
+        break;
+    case OP_ATTN_Q:
+        cu_attention_q(s, o->aq);
         break;
     case OP_ACT:
         if (o->i[1]) /* gate and up in bf16 */
@@ -1353,6 +1364,28 @@ static void cu_kv_store_op(void *ctx, const struct kv_layer *kv, const struct kv
                            const float *k, const float *v, const struct fwd_batch *b)
 {
     cu_ctx *c = (cu_ctx *)ctx;
+    if (g->k_dtype != KV_DTYPE_AUTO) { /* a KV cache format (attn_q.cu) */
+        op *o = record(c, OP_KV_STORE_Q);
+        o->p[0] = kv->k;
+        o->p[1] = kv->v;
+        o->p[2] = k;
+        o->p[3] = v;
+        cu_kvq_args &a = o->kq;
+        a.kc = kv->k;
+        a.vc = kv->v;
+        a.k = k;
+        a.v = v;
+        a.slot = c->d_slot;
+        a.n_tokens = b->n_tokens;
+        a.n_kv_heads = g->n_kv_heads;
+        a.head_dim = g->head_dim;
+        a.block_size = g->block_size;
+        a.k_dtype = g->k_dtype;
+        a.v_dtype = g->v_dtype;
+        a.k_scale = g->k_scale;
+        a.v_scale = g->v_scale;
+        return;
+    }
     /* rope(q), rope(k) just recorded with the same tables: all three in one launch */
     if (c->fuse && c->n_ops >= 2) {
         op *rq = &c->tape[c->n_ops - 2], *rk = &c->tape[c->n_ops - 1];
@@ -1419,6 +1452,33 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
 {
     cu_ctx *c = (cu_ctx *)ctx;
     assert(cu_attn_ok(p->head_dim, p->n_heads, p->n_kv_heads)); /* attn_check at load */
+    if (g->k_dtype != KV_DTYPE_AUTO) {                          /* a KV cache format (attn_q.cu) */
+        op *o = record(c, OP_ATTN_Q);
+        o->p[0] = out;
+        o->p[1] = q;
+        o->p[2] = kv->k;
+        o->p[3] = kv->v;
+        cu_attnq_args &a = o->aq;
+        a.q = q;
+        a.out = out;
+        a.k = kv->k;
+        a.v = kv->v;
+        a.pos = c->d_pos;
+        a.tok_seq = c->d_tok_seq;
+        a.block_table = c->d_bt;
+        a.n_tokens = b->n_tokens;
+        a.n_heads = p->n_heads;
+        a.n_kv_heads = p->n_kv_heads;
+        a.head_dim = p->head_dim;
+        a.block_size = g->block_size;
+        a.max_blocks = b->max_blocks;
+        a.k_dtype = g->k_dtype;
+        a.v_dtype = g->v_dtype;
+        a.window = p->window;
+        a.scale = p->scale;
+        a.softcap = p->softcap;
+        return;
+    }
     cu_attn_args a;
     memset(&a, 0, sizeof a);
     a.q = q;
@@ -2040,6 +2100,7 @@ static const struct backend_ops cuda_ops = {
     .kv_value_bytes = 2,
     /* no ternary products yet: BitNet models are refused when they load */
     .bitnet = 0,
+    .kv_dtypes = (1u << KV_DTYPE_COUNT) - 4, /* all but f32 (auto here is bf16) */
     .info = cu_info,
     .alloc = cu_alloc,
     .free = cu_free,

@@ -143,6 +143,29 @@ bool cu_gemm_lt_b16_ok(cu_gemm_ctx *g, const dweight &w, int m);
 void cu_gemm_lt_b16(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, const __nv_bfloat16 *xb,
                     int m, __nv_bfloat16 *y, void *workspace);
 
+/* ---- KV cache formats (attn_q.cu; paged_kv/kv_quant.h) ---- */
+
+struct cu_kvq_args {
+    void *kc, *vc;      /* the layer's K and V head blocks */
+    const float *k, *v; /* [n_tokens, n_kv_heads, head_dim] this step's rows */
+    const int32_t *slot;
+    int n_tokens, n_kv_heads, head_dim, block_size, k_dtype, v_dtype;
+    float k_scale, v_scale; /* fp8: a checkpoint's fixed scales, else 0 */
+};
+/** Writes the step's K and V rows into head blocks, each block's tokens in order. */
+void cu_kv_store_q(cudaStream_t s, const cu_kvq_args &a);
+
+struct cu_attnq_args {
+    const float *q; /* [n_tokens, n_heads, head_dim] */
+    float *out;     /* [n_tokens, n_heads, head_dim] */
+    const void *k, *v;
+    const int32_t *pos, *tok_seq, *block_table;
+    int n_tokens, n_heads, n_kv_heads, head_dim, block_size, max_blocks, k_dtype, v_dtype, window;
+    float scale, softcap;
+};
+/** Attention of every token of the step over head blocks, the codes read in place. */
+void cu_attention_q(cudaStream_t s, const cu_attnq_args &a);
+
 /* ---- attention (attention.cu) ---- */
 
 struct cu_attn_args {

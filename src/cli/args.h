@@ -39,9 +39,9 @@ extern const char arg_engine_usage[];
  * --kv-cache-dtype-v, --kv-cache-skip-layers; returns as arg_engine_option. */
 int arg_kv_option(int argc, char **argv, int *i, struct kv_spec *s);
 #define ARG_KV_USAGE                                                                               \
-    "  --kv-cache-dtype D          KV cache format of K and V: auto (the backend's own: float32\n"  \
-    "                              on the CPU, bf16 on CUDA), bf16, fp8, int8, int4, tq4, tq3,\n"   \
-    "                              tq2 (docs/quantization.md)\n"                                    \
+    "  --kv-cache-dtype D          KV cache format of K and V: auto (the backend's own: float32\n" \
+    "                              on the CPU, bf16 on CUDA), bf16, fp8, int8, int4, tq4, tq3,\n"  \
+    "                              tq2 (docs/quantization.md)\n"                                   \
     "  --kv-cache-dtype-k D        K's format alone (e.g. int8 keys beside tq3 values)\n"          \
     "  --kv-cache-dtype-v D        V's format alone\n"                                             \
     "  --kv-cache-skip-layers L    layers kept in auto, e.g. 0,1,-2,-1 (negative: from the end)\n"

@@ -4,7 +4,6 @@
 
 #include "cli/args.h"
 
-
 int arg_kv_option(int argc, char **argv, int *i, struct kv_spec *s)
 {
     const char *a = argv[*i];

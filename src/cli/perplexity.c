@@ -106,7 +106,8 @@ int cli_perplexity(int argc, char **argv)
     }
     int32_t *ids = NULL, *bos = NULL;
     size_t n = 0, nb = 0;
-    int rc = tok_encode(tok, text, len, 0, &ids, &n, &e) || tok_encode(tok, "", 0, 1, &bos, &nb, &e);
+    int rc =
+        tok_encode(tok, text, len, 0, &ids, &n, &e) || tok_encode(tok, "", 0, 1, &bos, &nb, &e);
     tok_destroy(tok);
     free(text);
     if (rc) {

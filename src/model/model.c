@@ -574,7 +574,8 @@ int model_set_kv_format(struct model *m, const struct kv_spec *s, struct err *e)
     for (int i = 0; i < 2; i++)
         if (want[i] != KV_DTYPE_AUTO && !(have >> want[i] & 1u))
             return err_set(e, "the %s backend has no KV cache format %s (it has auto%s)",
-                           m->be->ops->name, kv_dtype_name(want[i]), have ? " and others" : " only");
+                           m->be->ops->name, kv_dtype_name(want[i]),
+                           have ? " and others" : " only");
     for (int i = 0; i < s->n_skip; i++)
         if (s->skip[i] >= c->n_layers || s->skip[i] < -c->n_layers)
             return err_set(e, "--kv-cache-skip-layers: layer %d of a model of %d layers",
@@ -728,7 +729,8 @@ int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blo
         if (kd == KV_DTYPE_FP8) m->kvg[l].k_scale = kv_ckpt_scale(m, src, "k_scale");
         if (vd == KV_DTYPE_FP8) m->kvg[l].v_scale = kv_ckpt_scale(m, src, "v_scale");
         if (!owns_kv(c, l)) continue; /* it reads its source's storage */
-        size_t k_bytes = (size_t)n_blocks * block_size * (size_t)h * (size_t)d * vb, v_bytes = k_bytes;
+        size_t k_bytes = (size_t)n_blocks * block_size * (size_t)h * (size_t)d * vb,
+               v_bytes = k_bytes;
         if (kd != KV_DTYPE_AUTO) {
             k_bytes = (size_t)n_blocks * h * kv_head_block_bytes(kd, KV_ROLE_K, block_size, d);
             v_bytes = (size_t)n_blocks * h * kv_head_block_bytes(vd, KV_ROLE_V, block_size, d);

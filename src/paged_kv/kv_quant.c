@@ -8,7 +8,7 @@
 
 #include "common/util.h"
 
-static const char *const names[KV_DTYPE_COUNT] = {"auto", "f32",  "bf16", "fp8", "int8",
+static const char *const names[KV_DTYPE_COUNT] = {"auto", "f32", "bf16", "fp8", "int8",
                                                   "int4", "tq4", "tq3",  "tq2"};
 
 const char *kv_dtype_name(int dtype)
@@ -60,40 +60,53 @@ int kv_spec_skips(const struct kv_spec *s, int l, int n_layers)
 int kv_dtype_bits(int dtype)
 {
     switch (dtype) {
-    case KV_DTYPE_F32: return 32;
-    case KV_DTYPE_BF16: return 16;
+    case KV_DTYPE_F32:
+        return 32;
+    case KV_DTYPE_BF16:
+        return 16;
     case KV_DTYPE_FP8:
-    case KV_DTYPE_INT8: return 8;
+    case KV_DTYPE_INT8:
+        return 8;
     case KV_DTYPE_INT4:
-    case KV_DTYPE_TQ4: return 4;
-    case KV_DTYPE_TQ3: return 3;
-    case KV_DTYPE_TQ2: return 2;
-    default: return 0;
+    case KV_DTYPE_TQ4:
+        return 4;
+    case KV_DTYPE_TQ3:
+        return 3;
+    case KV_DTYPE_TQ2:
+        return 2;
+    default:
+        return 0;
     }
 }
 
 int kv_dtype_check(int dtype, int head_dim, int block_size, struct err *e)
 {
-    if (dtype < 0 || dtype >= KV_DTYPE_COUNT) return err_set(e, "unknown KV cache format %d", dtype);
+    if (dtype < 0 || dtype >= KV_DTYPE_COUNT)
+        return err_set(e, "unknown KV cache format %d", dtype);
     if (block_size < 1) return err_set(e, "KV block size %d", block_size);
     if (dtype == KV_DTYPE_INT4 && head_dim % 2)
         return err_set(e, "KV cache format int4 needs an even head size, not %d", head_dim);
     if (kv_dtype_rotated(dtype) && (head_dim % 8 || head_dim > KV_TQ_MAX_DIM))
-        return err_set(e, "KV cache format %s needs a head size that is a multiple of 8 up to %d, not %d",
-                       names[dtype], KV_TQ_MAX_DIM, head_dim);
+        return err_set(
+            e, "KV cache format %s needs a head size that is a multiple of 8 up to %d, not %d",
+            names[dtype], KV_TQ_MAX_DIM, head_dim);
     return 0;
 }
 
 size_t kv_header_bytes(int dtype, int role, int block_size, int head_dim)
 {
     switch (dtype) {
-    case KV_DTYPE_FP8: return 2 * (size_t)block_size;
+    case KV_DTYPE_FP8:
+        return 2 * (size_t)block_size;
     case KV_DTYPE_INT8:
-    case KV_DTYPE_INT4: return 2 * (size_t)(role == KV_ROLE_K ? head_dim : block_size);
+    case KV_DTYPE_INT4:
+        return 2 * (size_t)(role == KV_ROLE_K ? head_dim : block_size);
     case KV_DTYPE_TQ4:
     case KV_DTYPE_TQ3:
-    case KV_DTYPE_TQ2: return 2 * (size_t)block_size;
-    default: return 0;
+    case KV_DTYPE_TQ2:
+        return 2 * (size_t)block_size;
+    default:
+        return 0;
     }
 }
 
@@ -106,38 +119,49 @@ size_t kv_head_block_bytes(int dtype, int role, int block_size, int head_dim)
 
 /* e4m3: sign, 4 exponent bits (bias 7), 3 mantissa bits; 0x7f / 0xff are NaN. */
 const float kv_e4m3_value[256] = {
-    0.0f, 0.001953125f, 0.00390625f, 0.005859375f, 0.0078125f, 0.009765625f, 0.01171875f, 0.013671875f,
-    0.015625f, 0.017578125f, 0.01953125f, 0.021484375f, 0.0234375f, 0.025390625f, 0.02734375f, 0.029296875f,
-    0.03125f, 0.03515625f, 0.0390625f, 0.04296875f, 0.046875f, 0.05078125f, 0.0546875f, 0.05859375f,
-    0.0625f, 0.0703125f, 0.078125f, 0.0859375f, 0.09375f, 0.1015625f, 0.109375f, 0.1171875f,
-    0.125f, 0.140625f, 0.15625f, 0.171875f, 0.1875f, 0.203125f, 0.21875f, 0.234375f,
-    0.25f, 0.28125f, 0.3125f, 0.34375f, 0.375f, 0.40625f, 0.4375f, 0.46875f,
-    0.5f, 0.5625f, 0.625f, 0.6875f, 0.75f, 0.8125f, 0.875f, 0.9375f,
-    1.0f, 1.125f, 1.25f, 1.375f, 1.5f, 1.625f, 1.75f, 1.875f,
-    2.0f, 2.25f, 2.5f, 2.75f, 3.0f, 3.25f, 3.5f, 3.75f,
-    4.0f, 4.5f, 5.0f, 5.5f, 6.0f, 6.5f, 7.0f, 7.5f,
-    8.0f, 9.0f, 10.0f, 11.0f, 12.0f, 13.0f, 14.0f, 15.0f,
-    16.0f, 18.0f, 20.0f, 22.0f, 24.0f, 26.0f, 28.0f, 30.0f,
-    32.0f, 36.0f, 40.0f, 44.0f, 48.0f, 52.0f, 56.0f, 60.0f,
-    64.0f, 72.0f, 80.0f, 88.0f, 96.0f, 104.0f, 112.0f, 120.0f,
-    128.0f, 144.0f, 160.0f, 176.0f, 192.0f, 208.0f, 224.0f, 240.0f,
-    256.0f, 288.0f, 320.0f, 352.0f, 384.0f, 416.0f, 448.0f, 0.0f,
-    -0.0f, -0.001953125f, -0.00390625f, -0.005859375f, -0.0078125f, -0.009765625f, -0.01171875f, -0.013671875f,
-    -0.015625f, -0.017578125f, -0.01953125f, -0.021484375f, -0.0234375f, -0.025390625f, -0.02734375f, -0.029296875f,
-    -0.03125f, -0.03515625f, -0.0390625f, -0.04296875f, -0.046875f, -0.05078125f, -0.0546875f, -0.05859375f,
-    -0.0625f, -0.0703125f, -0.078125f, -0.0859375f, -0.09375f, -0.1015625f, -0.109375f, -0.1171875f,
-    -0.125f, -0.140625f, -0.15625f, -0.171875f, -0.1875f, -0.203125f, -0.21875f, -0.234375f,
-    -0.25f, -0.28125f, -0.3125f, -0.34375f, -0.375f, -0.40625f, -0.4375f, -0.46875f,
-    -0.5f, -0.5625f, -0.625f, -0.6875f, -0.75f, -0.8125f, -0.875f, -0.9375f,
-    -1.0f, -1.125f, -1.25f, -1.375f, -1.5f, -1.625f, -1.75f, -1.875f,
-    -2.0f, -2.25f, -2.5f, -2.75f, -3.0f, -3.25f, -3.5f, -3.75f,
-    -4.0f, -4.5f, -5.0f, -5.5f, -6.0f, -6.5f, -7.0f, -7.5f,
-    -8.0f, -9.0f, -10.0f, -11.0f, -12.0f, -13.0f, -14.0f, -15.0f,
-    -16.0f, -18.0f, -20.0f, -22.0f, -24.0f, -26.0f, -28.0f, -30.0f,
-    -32.0f, -36.0f, -40.0f, -44.0f, -48.0f, -52.0f, -56.0f, -60.0f,
-    -64.0f, -72.0f, -80.0f, -88.0f, -96.0f, -104.0f, -112.0f, -120.0f,
-    -128.0f, -144.0f, -160.0f, -176.0f, -192.0f, -208.0f, -224.0f, -240.0f,
-    -256.0f, -288.0f, -320.0f, -352.0f, -384.0f, -416.0f, -448.0f, 0.0f,
+    0.0f,         0.001953125f,  0.00390625f,  0.005859375f,  0.0078125f,   0.009765625f,
+    0.01171875f,  0.013671875f,  0.015625f,    0.017578125f,  0.01953125f,  0.021484375f,
+    0.0234375f,   0.025390625f,  0.02734375f,  0.029296875f,  0.03125f,     0.03515625f,
+    0.0390625f,   0.04296875f,   0.046875f,    0.05078125f,   0.0546875f,   0.05859375f,
+    0.0625f,      0.0703125f,    0.078125f,    0.0859375f,    0.09375f,     0.1015625f,
+    0.109375f,    0.1171875f,    0.125f,       0.140625f,     0.15625f,     0.171875f,
+    0.1875f,      0.203125f,     0.21875f,     0.234375f,     0.25f,        0.28125f,
+    0.3125f,      0.34375f,      0.375f,       0.40625f,      0.4375f,      0.46875f,
+    0.5f,         0.5625f,       0.625f,       0.6875f,       0.75f,        0.8125f,
+    0.875f,       0.9375f,       1.0f,         1.125f,        1.25f,        1.375f,
+    1.5f,         1.625f,        1.75f,        1.875f,        2.0f,         2.25f,
+    2.5f,         2.75f,         3.0f,         3.25f,         3.5f,         3.75f,
+    4.0f,         4.5f,          5.0f,         5.5f,          6.0f,         6.5f,
+    7.0f,         7.5f,          8.0f,         9.0f,          10.0f,        11.0f,
+    12.0f,        13.0f,         14.0f,        15.0f,         16.0f,        18.0f,
+    20.0f,        22.0f,         24.0f,        26.0f,         28.0f,        30.0f,
+    32.0f,        36.0f,         40.0f,        44.0f,         48.0f,        52.0f,
+    56.0f,        60.0f,         64.0f,        72.0f,         80.0f,        88.0f,
+    96.0f,        104.0f,        112.0f,       120.0f,        128.0f,       144.0f,
+    160.0f,       176.0f,        192.0f,       208.0f,        224.0f,       240.0f,
+    256.0f,       288.0f,        320.0f,       352.0f,        384.0f,       416.0f,
+    448.0f,       0.0f,          -0.0f,        -0.001953125f, -0.00390625f, -0.005859375f,
+    -0.0078125f,  -0.009765625f, -0.01171875f, -0.013671875f, -0.015625f,   -0.017578125f,
+    -0.01953125f, -0.021484375f, -0.0234375f,  -0.025390625f, -0.02734375f, -0.029296875f,
+    -0.03125f,    -0.03515625f,  -0.0390625f,  -0.04296875f,  -0.046875f,   -0.05078125f,
+    -0.0546875f,  -0.05859375f,  -0.0625f,     -0.0703125f,   -0.078125f,   -0.0859375f,
+    -0.09375f,    -0.1015625f,   -0.109375f,   -0.1171875f,   -0.125f,      -0.140625f,
+    -0.15625f,    -0.171875f,    -0.1875f,     -0.203125f,    -0.21875f,    -0.234375f,
+    -0.25f,       -0.28125f,     -0.3125f,     -0.34375f,     -0.375f,      -0.40625f,
+    -0.4375f,     -0.46875f,     -0.5f,        -0.5625f,      -0.625f,      -0.6875f,
+    -0.75f,       -0.8125f,      -0.875f,      -0.9375f,      -1.0f,        -1.125f,
+    -1.25f,       -1.375f,       -1.5f,        -1.625f,       -1.75f,       -1.875f,
+    -2.0f,        -2.25f,        -2.5f,        -2.75f,        -3.0f,        -3.25f,
+    -3.5f,        -3.75f,        -4.0f,        -4.5f,         -5.0f,        -5.5f,
+    -6.0f,        -6.5f,         -7.0f,        -7.5f,         -8.0f,        -9.0f,
+    -10.0f,       -11.0f,        -12.0f,       -13.0f,        -14.0f,       -15.0f,
+    -16.0f,       -18.0f,        -20.0f,       -22.0f,        -24.0f,       -26.0f,
+    -28.0f,       -30.0f,        -32.0f,       -36.0f,        -40.0f,       -44.0f,
+    -48.0f,       -52.0f,        -56.0f,       -60.0f,        -64.0f,       -72.0f,
+    -80.0f,       -88.0f,        -96.0f,       -104.0f,       -112.0f,      -120.0f,
+    -128.0f,      -144.0f,       -160.0f,      -176.0f,       -192.0f,      -208.0f,
+    -224.0f,      -240.0f,       -256.0f,      -288.0f,       -320.0f,      -352.0f,
+    -384.0f,      -416.0f,       -448.0f,      0.0f,
 };
 
 uint8_t kv_f32_to_e4m3(float x)
@@ -365,14 +389,22 @@ void kv_store_row(int dtype, int role, uint8_t *hb, int off, int block_size, int
 {
     int d = head_dim;
     switch (dtype) {
-    case KV_DTYPE_F32: memcpy((float *)hb + (size_t)off * d, x, sizeof(float) * (size_t)d); break;
+    case KV_DTYPE_F32:
+        memcpy((float *)hb + (size_t)off * d, x, sizeof(float) * (size_t)d);
+        break;
     case KV_DTYPE_BF16:
         for (int c = 0; c < d; c++) ((uint16_t *)hb)[(size_t)off * d + c] = f32_to_bf16(x[c]);
         break;
-    case KV_DTYPE_FP8: store_fp8(hb, off, block_size, d, x, fixed_scale); break;
+    case KV_DTYPE_FP8:
+        store_fp8(hb, off, block_size, d, x, fixed_scale);
+        break;
     case KV_DTYPE_INT8:
-    case KV_DTYPE_INT4: store_int(dtype, role, hb, off, block_size, d, x); break;
-    default: store_tq(dtype, hb, off, block_size, d, x); break;
+    case KV_DTYPE_INT4:
+        store_int(dtype, role, hb, off, block_size, d, x);
+        break;
+    default:
+        store_tq(dtype, hb, off, block_size, d, x);
+        break;
     }
 }
 
@@ -384,7 +416,9 @@ void kv_load_row(int dtype, int role, const uint8_t *hb, int off, int block_size
     const uint8_t *row = data + (size_t)off * kv_row_bytes(dtype, d);
     const uint16_t *sc = (const uint16_t *)hb;
     switch (dtype) {
-    case KV_DTYPE_F32: memcpy(out, row, sizeof(float) * (size_t)d); break;
+    case KV_DTYPE_F32:
+        memcpy(out, row, sizeof(float) * (size_t)d);
+        break;
     case KV_DTYPE_BF16:
         for (int c = 0; c < d; c++) out[c] = bf16_to_f32(((const uint16_t *)row)[c]);
         break;
@@ -394,8 +428,7 @@ void kv_load_row(int dtype, int role, const uint8_t *hb, int off, int block_size
     case KV_DTYPE_INT8:
     case KV_DTYPE_INT4:
         for (int c = 0; c < d; c++)
-            out[c] = (float)code_get(dtype, row, c) *
-                     bf16_to_f32(sc[role == KV_ROLE_K ? c : off]);
+            out[c] = (float)code_get(dtype, row, c) * bf16_to_f32(sc[role == KV_ROLE_K ? c : off]);
         break;
     default: {
         int bits = kv_dtype_bits(dtype);

@@ -228,14 +228,15 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
 
     /* The fingerprint: architecture, shapes, weight bytes and the KV format. */
     char fp[768];
-    int fpn = snprintf(fp, sizeof fp, "%s|%d|%d|%d|%d|%d|%d|%zu|%lld|kv=%s:%d:%s:%s|bs=%d|skip",
-                       mc->arch_name, mc->hidden, mc->n_layers, mc->n_heads, mc->n_kv_heads,
-                       mc->head_dim, mc->vocab, model_weight_bytes(en->m),
-                       (long long)model_param_count(en->m), en->be.ops->name,
-                       en->be.ops->kv_value_bytes, kv_dtype_name(cfg->kv.k), kv_dtype_name(cfg->kv.v),
-                       en->block_size);
+    int fpn =
+        snprintf(fp, sizeof fp, "%s|%d|%d|%d|%d|%d|%d|%zu|%lld|kv=%s:%d:%s:%s|bs=%d|skip",
+                 mc->arch_name, mc->hidden, mc->n_layers, mc->n_heads, mc->n_kv_heads, mc->head_dim,
+                 mc->vocab, model_weight_bytes(en->m), (long long)model_param_count(en->m),
+                 en->be.ops->name, en->be.ops->kv_value_bytes, kv_dtype_name(cfg->kv.k),
+                 kv_dtype_name(cfg->kv.v), en->block_size);
     for (int l = 0; l < mc->n_layers && fpn < (int)sizeof fp - 8; l++)
-        if (kv_spec_skips(&cfg->kv, l, mc->n_layers)) fpn += snprintf(fp + fpn, sizeof fp - (size_t)fpn, ",%d", l);
+        if (kv_spec_skips(&cfg->kv, l, mc->n_layers))
+            fpn += snprintf(fp + fpn, sizeof fp - (size_t)fpn, ",%d", l);
     kv_pool_init(&en->pool, (int)n_blocks, en->block_size, fp, (size_t)fpn);
     kv_pool_init(&en->states, (int)n_states, 1, fp, (size_t)fpn);
     if (cfg->kv_events) {

@@ -27,9 +27,10 @@
  * pair, ranges merged through global memory), stream (the one-row 16-bit products at the
  * 8B widths), hybrid (the operations of the hybrid and MoE families, then their layers over
  * prefill and decode steps: ops_hybrid.h, which states its bounds) and hybrid-invariant (the
- * same with PAGODA_CUDA_BATCH_INVARIANT=1). Every output buffer is poisoned with NaN before the
- * CUDA run, so unwritten elements fail. Without a GPU the test prints "no GPU: not run" and exits
- * 77 (skipped).
+ * same with PAGODA_CUDA_BATCH_INVARIANT=1) and kv-formats (the KV cache formats: the head-block
+ * writer and attention over them, ops_kvq.h, which states its bounds). Every output buffer is
+ * poisoned with NaN before the CUDA run, so unwritten elements fail. Without a GPU the test prints
+ * "no GPU: not run" and exits 77 (skipped).
  */
 #include <math.h>
 #include <stdio.h>
@@ -1744,6 +1745,7 @@ static void default_section(void)
 }
 
 #include "ops_hybrid.h"
+#include "ops_kvq.h"
 
 /* Sections, each selectable by name after the test data folder (none: all). Each
  * switchable path runs in a backend of its own, with only its variable set. */
@@ -1764,6 +1766,7 @@ static const struct {
     {"stream", NULL, NULL, stream_section},
     {"hybrid", NULL, NULL, hybrid_section},
     {"hybrid-invariant", "PAGODA_CUDA_BATCH_INVARIANT", "1", hybrid_invariant_section},
+    {"kv-formats", NULL, NULL, kv_formats_section},
 };
 #define N_SECTIONS (int)(sizeof sections / sizeof sections[0])
 

@@ -139,7 +139,7 @@ static int same_ids(const struct result *a, const struct result *b)
 
 /* sync: each step's tokens read before the next step is planned (else steps overlap where
  * every token is picked where the logits are) */
-static int state_interval;  /* hybrid_state_interval of the engines opened next */
+static int state_interval;    /* hybrid_state_interval of the engines opened next */
 static struct kv_spec kv_fmt; /* KV cache formats of the engines opened next */
 
 static struct engine *open_engine(const char *dir, int budget, int blocks, int caching, int sync)
@@ -744,9 +744,8 @@ int main(int argc, char **argv)
             test_controls(dir, cs, nc);
         if (!strcmp(names[i], "llama-tiny") && nc > 1) test_counts(dir, cs, nc);
         if (!strcmp(names[i], "gemma4moe-tiny")) test_kv_shared(dir, names[i]);
-        if (!strcmp(device, "cpu") && nc > 0 &&
-            (!strcmp(names[i], "llama-tiny") || !strcmp(names[i], "gemma3-tiny") ||
-             !strcmp(names[i], "qwen3_5-tiny"))) {
+        if (nc > 0 && (!strcmp(names[i], "llama-tiny") || !strcmp(names[i], "gemma3-tiny") ||
+                       !strcmp(names[i], "qwen3_5-tiny"))) {
             static const struct kv_spec fmts[] = {{.k = KV_DTYPE_FP8, .v = KV_DTYPE_FP8},
                                                   {.k = KV_DTYPE_TQ4, .v = KV_DTYPE_TQ3}};
             for (int f = 0; f < 2; f++) {

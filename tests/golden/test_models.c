@@ -312,7 +312,8 @@ int main(int argc, char **argv)
             bad = 1;
     }
     if (bad) {
-        fprintf(stderr, "usage: %s PAGODA_BINARY TESTDATA_DIR [--device DEV] [--kv-cache-dtype D]\n",
+        fprintf(stderr,
+                "usage: %s PAGODA_BINARY TESTDATA_DIR [--device DEV] [--kv-cache-dtype D]\n",
                 argv[0]);
         return 2;
     }

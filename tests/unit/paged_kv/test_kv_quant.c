@@ -147,8 +147,8 @@ static void roundtrip(int dt, int role, int B, int d, float growth)
     if (kv_dtype_rotated(dt)) { /* mean square: the codebook's distortion, 30% slack for the
                                    sample size and the bf16 gain */
         double want = dt == KV_DTYPE_TQ4 ? 0.009501 : dt == KV_DTYPE_TQ3 ? 0.03455 : 0.1175;
-        CHECK(se / sx < 1.3 * want, "%s d %d: relative mse %g, distortion %g", kv_dtype_name(dt),
-              d, se / sx, want);
+        CHECK(se / sx < 1.3 * want, "%s d %d: relative mse %g, distortion %g", kv_dtype_name(dt), d,
+              se / sx, want);
     }
     free(x);
     free(hb);
@@ -182,7 +182,8 @@ static void test_growth(void)
         CHECK(fabsf(out[c] - b[c]) <= fabsf(b[c]) / 127 * 2.02f, "c %d: %g vs %g", c,
               (double)out[c], (double)b[c]);
     kv_load_row(KV_DTYPE_INT8, KV_ROLE_K, hb, 0, B, d, out);
-    CHECK(out[7] == 0 || fabsf(out[7] - 8) <= 8 * 1000 * 2.02f / 127, "rescaled %g", (double)out[7]);
+    CHECK(out[7] == 0 || fabsf(out[7] - 8) <= 8 * 1000 * 2.02f / 127, "rescaled %g",
+          (double)out[7]);
     /* fp8: a checkpoint scale saturates */
     uint8_t f8[64] = {0};
     float big[8] = {1000, 1, 0, 0, 0, 0, 0, 0};
