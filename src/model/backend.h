@@ -72,7 +72,7 @@ struct kv_geom {
      * Otherwise K and V are each [n_blocks][n_kv_heads] head blocks of their format
      * (kv_head_block_bytes), read in place by the attention kernels. */
     int k_dtype, v_dtype;
-    float k_scale, v_scale; /* fp8: a checkpoint's fixed scales; 0: fixed per block */
+    float k_scale, v_scale; /* fp8: a checkpoint's fixed scales; 0: a scale per token */
 };
 
 /* Recurrent state of one linear-attention layer for n_slots sequences, float32:

@@ -234,7 +234,7 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
                  mc->vocab, model_weight_bytes(en->m), (long long)model_param_count(en->m),
                  en->be.ops->name, en->be.ops->kv_value_bytes, kv_dtype_name(cfg->kv.k),
                  kv_dtype_name(cfg->kv.v), en->block_size);
-    for (int l = 0; l < mc->n_layers && fpn < (int)sizeof fp - 8; l++)
+    for (int l = 0; l < mc->n_layers && fpn < (int)sizeof fp - 16; l++)
         if (kv_spec_skips(&cfg->kv, l, mc->n_layers))
             fpn += snprintf(fp + fpn, sizeof fp - (size_t)fpn, ",%d", l);
     kv_pool_init(&en->pool, (int)n_blocks, en->block_size, fp, (size_t)fpn);
