@@ -127,8 +127,8 @@ static int bench_decode(int argc, char **argv)
      * a prompt), as a server batches prompts under its step budget. */
     struct runner r;
     int max_tokens = (int)(P * K > B * (1 + S) ? P * K : B * (1 + S));
-    if (runner_open_kv(&r, dir, device, nth, (int)B, (int)(P + (S ? 2 : 1) * G + S + 1),
-                       max_tokens, (int)(B * (1 + S)), &kv))
+    if (runner_open_kv(&r, dir, device, nth, (int)B, (int)(P + (S ? 2 : 1) * G + S + 1), max_tokens,
+                       (int)(B * (1 + S)), &kv))
         return 1;
     const struct model_config *c = &r.m->cfg;
     int on_cpu = !strcmp(r.be.ops->name, "cpu");
