@@ -1,6 +1,7 @@
 #include "model/kv_block.h"
 
 #include "model/backend.h"
+#include "paged_kv/kv_quant.h"
 
 /* Layers with their own KV storage (not linear-attention, not reading another's). */
 static int owns_kv(const struct model_config *c, int l)
@@ -9,10 +10,14 @@ static int owns_kv(const struct model_config *c, int l)
            (!c->kv_source || c->kv_source[l] == l);
 }
 
-/* Bytes of one layer's K (or V) rows of one block. */
-static size_t layer_bytes(const struct model *m, int l)
+/* Bytes of one layer's K (role 0) or V (role 1) rows of one block: in a KV cache format its
+ * n_kv_heads head blocks, contiguous (paged_kv/kv_quant.h). */
+static size_t layer_bytes(const struct model *m, int l, int role)
 {
     const struct kv_geom *g = &m->kvg[l];
+    if (g->k_dtype != KV_DTYPE_AUTO)
+        return (size_t)g->n_kv_heads * kv_head_block_bytes(role ? g->v_dtype : g->k_dtype, role,
+                                                           g->block_size, g->head_dim);
     size_t vb = m->be->ops->kv_value_bytes > 0 ? (size_t)m->be->ops->kv_value_bytes : sizeof(float);
     return (size_t)g->block_size * (size_t)g->n_kv_heads * (size_t)g->head_dim * vb;
 }
@@ -21,7 +26,7 @@ size_t model_kv_block_bytes(const struct model *m)
 {
     size_t n = 0;
     for (int l = 0; l < m->cfg.n_layers; l++)
-        if (owns_kv(&m->cfg, l)) n += 2 * layer_bytes(m, l);
+        if (owns_kv(&m->cfg, l)) n += layer_bytes(m, l, 0) + layer_bytes(m, l, 1);
     return n;
 }
 
@@ -30,10 +35,10 @@ void model_kv_block_read(struct model *m, int block, void *dst)
     char *p = dst;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         if (!owns_kv(&m->cfg, l)) continue;
-        size_t n = layer_bytes(m, l);
-        m->be->ops->download(m->be->ctx, p, (char *)m->kv[l].k + n * (size_t)block, n);
-        m->be->ops->download(m->be->ctx, p + n, (char *)m->kv[l].v + n * (size_t)block, n);
-        p += 2 * n;
+        size_t nk = layer_bytes(m, l, 0), nv = layer_bytes(m, l, 1);
+        m->be->ops->download(m->be->ctx, p, (char *)m->kv[l].k + nk * (size_t)block, nk);
+        m->be->ops->download(m->be->ctx, p + nk, (char *)m->kv[l].v + nv * (size_t)block, nv);
+        p += nk + nv;
     }
 }
 
@@ -42,9 +47,9 @@ void model_kv_block_write(struct model *m, int block, const void *src)
     const char *p = src;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         if (!owns_kv(&m->cfg, l)) continue;
-        size_t n = layer_bytes(m, l);
-        m->be->ops->upload(m->be->ctx, (char *)m->kv[l].k + n * (size_t)block, p, n);
-        m->be->ops->upload(m->be->ctx, (char *)m->kv[l].v + n * (size_t)block, p + n, n);
-        p += 2 * n;
+        size_t nk = layer_bytes(m, l, 0), nv = layer_bytes(m, l, 1);
+        m->be->ops->upload(m->be->ctx, (char *)m->kv[l].k + nk * (size_t)block, p, nk);
+        m->be->ops->upload(m->be->ctx, (char *)m->kv[l].v + nv * (size_t)block, p + nk, nv);
+        p += nk + nv;
     }
 }
