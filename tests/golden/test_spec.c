@@ -103,6 +103,9 @@ static void check_pool_free(struct engine *en, const char *name, const char *wha
           st.state_slots_total);
 }
 
+/* The divergence margin of the golden rule (golden_util.h: looser for Gemma 4 on CUDA). */
+static double margin_tol = GOLDEN_MARGIN;
+
 static void check_golden_rule(const char *name, int ci, const struct golden_case *c,
                               const struct result *r)
 {
@@ -115,8 +118,8 @@ static void check_golden_rule(const char *name, int ci, const struct golden_case
         double margin = cJSON_GetObjectItem(st, "margin")->valuedouble;
         const cJSON *top = cJSON_GetObjectItem(st, "top");
         int second = cJSON_GetArrayItem(cJSON_GetArrayItem(top, 1), 0)->valueint;
-        CHECK(margin < 0.05 && r->ids[i] == second, "%s case %d step %d: token %d, golden %d", name,
-              ci, i, r->ids[i], want);
+        CHECK(margin < margin_tol && r->ids[i] == second, "%s case %d step %d: token %d, golden %d",
+              name, ci, i, r->ids[i], want);
         break;
     }
 }
@@ -400,6 +403,7 @@ int main(int argc, char **argv)
         int nc = load_cases(dir, &root, cs);
         CHECK(nc > 0, "%s: no golden cases", names[i]);
         int before = test_failures;
+        margin_tol = golden_kv16_sensitive(arch, device) ? GOLDEN_MARGIN_KV16 : GOLDEN_MARGIN;
         if (nc > 0) test_model(mdir, names[i], cs, nc);
         printf("%-24s %s\n", names[i], test_failures == before ? "ok" : "FAILED");
         tested++;
