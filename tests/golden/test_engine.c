@@ -35,9 +35,9 @@
 #include "sched/engine.h"
 #include "golden/golden_util.h"
 #include "test_util.h"
+#include "golden/engine_util.h"
 
-#define MAX_CASES 16
-#define MAX_OUT   64
+#define MAX_OUT 64
 
 static const char *device = "cpu";
 static double plp_tol = 1e-3;
@@ -65,12 +65,6 @@ static void on_event(void *user, const struct engine_event *ev)
     }
 }
 
-struct golden_case {
-    int32_t *prompt;
-    int n_prompt;
-    const cJSON *greedy, *steps, *plp;
-};
-
 static uint64_t submit(struct engine *en, const struct golden_case *c, struct sampling_params sp,
                        struct result *res)
 {
@@ -81,55 +75,6 @@ static uint64_t submit(struct engine *en, const struct golden_case *c, struct sa
     uint64_t id = engine_submit(en, &q, &e);
     CHECK(id > 0, "submit: %s", e.msg);
     return id;
-}
-
-static void drain(struct engine *en)
-{
-    for (int guard = 0; engine_step(en) > 0 && guard < 100000; guard++) {
-    }
-}
-
-static struct sampling_params greedy_params(int n)
-{
-    struct sampling_params sp;
-    sampling_params_default(&sp);
-    sp.temperature = 0;
-    sp.max_tokens = n;
-    sp.ignore_eos = 1;
-    return sp;
-}
-
-static void check_pool_free(struct engine *en, const char *name, const char *what)
-{
-    struct engine_stats st;
-    engine_stats(en, &st);
-    CHECK(st.kv_blocks_free == st.kv_blocks_total && st.kv_blocks_used == 0 && st.running == 0 &&
-              st.waiting == 0,
-          "%s %s: pool not all free (%d of %d free, %d running, %d waiting)", name, what,
-          st.kv_blocks_free, st.kv_blocks_total, st.running, st.waiting);
-    /* recurrent-state slots: none held once nothing runs (snapshots stay, free and named) */
-    CHECK(st.state_slots_free == st.state_slots_total && st.state_slots_used == 0,
-          "%s %s: state slots not all free (%d of %d free, %d used)", name, what,
-          st.state_slots_free, st.state_slots_total, st.state_slots_used);
-}
-
-/* The testdata README rule on the ids (log-probabilities are the golden CLI test's job). */
-static void check_golden_rule(const char *name, int ci, const struct golden_case *c,
-                              const struct result *r)
-{
-    int n = cJSON_GetArraySize(c->greedy);
-    CHECK(r->n == n, "%s case %d: %d tokens, want %d", name, ci, r->n, n);
-    for (int i = 0; i < n && i < r->n; i++) {
-        int want = cJSON_GetArrayItem(c->greedy, i)->valueint;
-        if (r->ids[i] == want) continue;
-        const cJSON *st = cJSON_GetArrayItem(c->steps, i);
-        double margin = cJSON_GetObjectItem(st, "margin")->valuedouble;
-        const cJSON *top = cJSON_GetObjectItem(st, "top");
-        int second = cJSON_GetArrayItem(cJSON_GetArrayItem(top, 1), 0)->valueint;
-        CHECK(margin < margin_tol && r->ids[i] == second, "%s case %d step %d: token %d, golden %d",
-              name, ci, i, r->ids[i], want);
-        break;
-    }
 }
 
 static int same_ids(const struct result *a, const struct result *b)
@@ -294,7 +239,8 @@ static void test_model(const char *dir, const char *name, struct golden_case *cs
         drain(en);
         CHECK(alone[i].finish == FINISH_LENGTH, "%s case %d: finish %s", name, i,
               finish_reason_name(alone[i].finish));
-        if (kv_fmt.k == KV_DTYPE_AUTO) check_golden_rule(name, i, &cs[i], &alone[i]);
+        if (kv_fmt.k == KV_DTYPE_AUTO)
+            check_golden_rule(name, i, &cs[i], alone[i].ids, alone[i].n, margin_tol);
     }
     check_pool_free(en, name, "alone");
     engine_destroy(en);
@@ -631,28 +577,6 @@ static void test_counts(const char *dir, struct golden_case *cs, int nc)
           (unsigned long long)k.tokens);
     check_pool_free(en, "counts", "after");
     engine_destroy(en);
-}
-
-static int load_cases(const char *dir, cJSON **root, struct golden_case *cs)
-{
-    char path[4400];
-    snprintf(path, sizeof path, "%s/golden.json", dir);
-    char *s = util_read_file(path, NULL, NULL);
-    *root = s ? cJSON_Parse(s) : NULL;
-    free(s);
-    const cJSON *cases = cJSON_GetObjectItem(*root, "cases");
-    int n = 0;
-    for (const cJSON *c = cases ? cases->child : NULL; c && n < MAX_CASES; c = c->next, n++) {
-        const cJSON *p = cJSON_GetObjectItem(c, "prompt_ids");
-        cs[n].n_prompt = cJSON_GetArraySize(p);
-        cs[n].prompt = xmalloc(sizeof(int32_t) * (size_t)cs[n].n_prompt);
-        int k = 0;
-        for (const cJSON *x = p->child; x; x = x->next) cs[n].prompt[k++] = x->valueint;
-        cs[n].greedy = cJSON_GetObjectItem(c, "greedy_ids");
-        cs[n].steps = cJSON_GetObjectItem(c, "steps");
-        cs[n].plp = cJSON_GetObjectItem(c, "prompt_logprobs");
-    }
-    return n;
 }
 
 /* The BitNet variants (tests/golden/variants/bitnet-*: their own weights, llama-tiny's

@@ -24,9 +24,9 @@
 #include "sched/engine.h"
 #include "golden/golden_util.h"
 #include "test_util.h"
+#include "golden/engine_util.h"
 
-#define MAX_CASES 16
-#define MAX_OUT   64
+#define MAX_OUT 64
 
 static const char *device = "cpu";
 
@@ -47,12 +47,6 @@ static void on_event(void *user, const struct engine_event *ev)
     if (ev->finish != FINISH_NONE) r->finish = ev->finish;
 }
 
-struct golden_case {
-    int32_t *prompt;
-    int n_prompt;
-    const cJSON *greedy, *steps;
-};
-
 static void submit(struct engine *en, const struct golden_case *c, struct sampling_params sp,
                    struct result *res)
 {
@@ -61,22 +55,6 @@ static void submit(struct engine *en, const struct golden_case *c, struct sampli
         .prompt = c->prompt, .n_prompt = c->n_prompt, .sp = sp, .on_event = on_event, .user = res};
     struct err e = {0};
     CHECK(engine_submit(en, &q, &e) > 0, "submit: %s", e.msg);
-}
-
-static void drain(struct engine *en)
-{
-    for (int guard = 0; engine_step(en) > 0 && guard < 100000; guard++) {
-    }
-}
-
-static struct sampling_params greedy_params(int n)
-{
-    struct sampling_params sp;
-    sampling_params_default(&sp);
-    sp.temperature = 0;
-    sp.max_tokens = n;
-    sp.ignore_eos = 1;
-    return sp;
 }
 
 static struct engine *open_engine(const char *dir, int budget, int blocks, enum spec_method m,
@@ -91,38 +69,8 @@ static struct engine *open_engine(const char *dir, int budget, int blocks, enum 
     return engine_create(&cfg, e);
 }
 
-static void check_pool_free(struct engine *en, const char *name, const char *what)
-{
-    struct engine_stats st;
-    engine_stats(en, &st);
-    CHECK(st.kv_blocks_free == st.kv_blocks_total && st.running == 0 && st.waiting == 0,
-          "%s %s: pool not all free (%d of %d free)", name, what, st.kv_blocks_free,
-          st.kv_blocks_total);
-    CHECK(st.state_slots_free == st.state_slots_total && st.state_slots_used == 0,
-          "%s %s: state slots not all free (%d of %d)", name, what, st.state_slots_free,
-          st.state_slots_total);
-}
-
 /* The divergence margin of the golden rule (golden_util.h: looser for Gemma 4 on CUDA). */
 static double margin_tol = GOLDEN_MARGIN;
-
-static void check_golden_rule(const char *name, int ci, const struct golden_case *c,
-                              const struct result *r)
-{
-    int n = cJSON_GetArraySize(c->greedy);
-    CHECK(r->n == n, "%s case %d: %d tokens, want %d", name, ci, r->n, n);
-    for (int i = 0; i < n && i < r->n; i++) {
-        int want = cJSON_GetArrayItem(c->greedy, i)->valueint;
-        if (r->ids[i] == want) continue;
-        const cJSON *st = cJSON_GetArrayItem(c->steps, i);
-        double margin = cJSON_GetObjectItem(st, "margin")->valuedouble;
-        const cJSON *top = cJSON_GetObjectItem(st, "top");
-        int second = cJSON_GetArrayItem(cJSON_GetArrayItem(top, 1), 0)->valueint;
-        CHECK(margin < margin_tol && r->ids[i] == second, "%s case %d step %d: token %d, golden %d",
-              name, ci, i, r->ids[i], want);
-        break;
-    }
-}
 
 static int same_ids(const struct result *a, const struct result *b)
 {
@@ -302,27 +250,6 @@ static void run_biased(const char *dir, const char *name, struct golden_case *cs
           (unsigned long long)kept, (unsigned long long)drafted);
 }
 
-static int load_cases(const char *dir, cJSON **root, struct golden_case *cs)
-{
-    char path[4400];
-    snprintf(path, sizeof path, "%s/golden.json", dir);
-    char *s = util_read_file(path, NULL, NULL);
-    *root = s ? cJSON_Parse(s) : NULL;
-    free(s);
-    const cJSON *cases = cJSON_GetObjectItem(*root, "cases");
-    int n = 0;
-    for (const cJSON *c = cases ? cases->child : NULL; c && n < MAX_CASES; c = c->next, n++) {
-        const cJSON *p = cJSON_GetObjectItem(c, "prompt_ids");
-        cs[n].n_prompt = cJSON_GetArraySize(p);
-        cs[n].prompt = xmalloc(sizeof(int32_t) * (size_t)cs[n].n_prompt);
-        int k = 0;
-        for (const cJSON *x = p->child; x; x = x->next) cs[n].prompt[k++] = x->valueint;
-        cs[n].greedy = cJSON_GetObjectItem(c, "greedy_ids");
-        cs[n].steps = cJSON_GetObjectItem(c, "steps");
-    }
-    return n;
-}
-
 static void test_model(const char *mdir, const char *name, struct golden_case *cs, int nc)
 {
     char dir[4200];
@@ -339,7 +266,7 @@ static void test_model(const char *mdir, const char *name, struct golden_case *c
     for (int i = 0; i < nc; i++) {
         submit(en, &cs[i], greedy_params(n_gen), &plain[i]);
         drain(en);
-        check_golden_rule(name, i, &cs[i], &plain[i]);
+        check_golden_rule(name, i, &cs[i], plain[i].ids, plain[i].n, margin_tol);
     }
     engine_destroy(en);
     run_alone(dir, name, cs, nc, SPEC_NGRAM, NULL, plain, 0);
