@@ -15,7 +15,7 @@ command -v "$CC" >/dev/null || { echo "fuzz: $CC not found" >&2; exit 1; }
 
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 CFLAGS="-std=c11 -D_GNU_SOURCE -g -O1 -Isrc -I. $SAN $(pkg-config --cflags libcjson libpcre2-8 libxxhash)"
-LIBS="$(pkg-config --libs libcjson libpcre2-8 libxxhash) -lm -lpthread"
+LIBS="$(pkg-config --libs libcjson libpcre2-8 libxxhash libzstd liburing) -lm -lpthread"
 mkdir -p "$OUT/obj"
 
 # the core library, compiled once with coverage instrumentation for the fuzzers
