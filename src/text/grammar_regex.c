@@ -151,16 +151,30 @@ static int32_t rx_seq(struct rx *p)
         }
         int32_t x = rx_atom(p);
         if (b->failed) break;
+        /* Stacked ?, * and + fold into one repetition of x: (x?)? is x?, (x+)+ is x+, any
+         * other pair is x*. Applied one over another they would nest x ever deeper. */
+        int plo = -1, phi = 0; /* the pending folded repetition; plo < 0: none */
         while (p->i < p->n && !b->failed) {
             char q = p->s[p->i];
             int lo, hi;
-            if (q == '?')
-                lo = 0, hi = 1, p->i++;
-            else if (q == '*')
-                lo = 0, hi = -1, p->i++;
-            else if (q == '+')
-                lo = 1, hi = -1, p->i++;
-            else if (q == '{') {
+            if (q == '?' || q == '*' || q == '+') {
+                lo = q == '+', hi = q == '?' ? 1 : -1;
+                p->i++;
+                if (p->i < p->n && (p->s[p->i] == '?' || p->s[p->i] == '+'))
+                    p->i++; /* lazy, possessive */
+                if (plo < 0) {
+                    plo = lo, phi = hi;
+                } else {
+                    plo = plo && lo;
+                    phi = phi < 0 || hi < 0 ? -1 : 1;
+                }
+                continue;
+            }
+            if (plo >= 0) {
+                x = gb_rep(b, x, plo, phi);
+                plo = -1;
+            }
+            if (q == '{') {
                 size_t save = p->i++;
                 if (!rx_int(p, &lo)) { /* a literal '{' */
                     p->i = save;
@@ -182,6 +196,7 @@ static int32_t rx_seq(struct rx *p)
                 p->i++; /* lazy, possessive */
             x = gb_rep(b, x, lo, hi);
         }
+        if (plo >= 0 && !b->failed) x = gb_rep(b, x, plo, phi);
         gb_list_push(&l, x);
     }
     return gb_list_seq(b, &l);
