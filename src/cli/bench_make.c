@@ -582,7 +582,8 @@ static cJSON *mk_config_gemma4(const struct mk_shape *s)
 /* config.json with the fields and defaults transformers saves for the architecture (as in
  * the reference checkpoints of tests/golden), then mlx-lm's quantization entries. */
 /* BitNet's config.json as microsoft/bitnet-b1.58-2B-4T has it. */
-static cJSON *mk_config_bitnet(const struct mk_shape *s)
+/* The fields every Llama-like config shares: architecture, model type and the shape. */
+static cJSON *mk_config_shape(const struct mk_shape *s)
 {
     cJSON *c = cJSON_CreateObject();
     cJSON *ar = cJSON_AddArrayToObject(c, "architectures");
@@ -596,6 +597,12 @@ static cJSON *mk_config_bitnet(const struct mk_shape *s)
     cJSON_AddNumberToObject(c, "intermediate_size", (double)s->ffn);
     cJSON_AddNumberToObject(c, "vocab_size", (double)s->vocab);
     cJSON_AddNumberToObject(c, "max_position_embeddings", (double)s->ctx);
+    return c;
+}
+
+static cJSON *mk_config_bitnet(const struct mk_shape *s)
+{
+    cJSON *c = mk_config_shape(s);
     cJSON_AddNumberToObject(c, "rms_norm_eps", 1e-5);
     cJSON_AddNumberToObject(c, "rope_theta", 500000.0);
     cJSON_AddStringToObject(c, "hidden_act", "relu2");
@@ -616,19 +623,8 @@ static cJSON *mk_config(const struct mk_shape *s, const struct mk *m)
 {
     if (s->arch == MK_GEMMA4) return mk_config_gemma4(s);
     if (s->arch == MK_BITNET) return mk_config_bitnet(s);
-    cJSON *c = cJSON_CreateObject();
+    cJSON *c = mk_config_shape(s);
     int moe = s->experts > 0, qwen = s->arch != MK_LLAMA, hf5 = s->arch >= MK_QWEN3_MOE;
-    cJSON *ar = cJSON_AddArrayToObject(c, "architectures");
-    cJSON_AddItemToArray(ar, cJSON_CreateString(arch_names[s->arch].hf));
-    cJSON_AddStringToObject(c, "model_type", arch_names[s->arch].model_type);
-    cJSON_AddNumberToObject(c, "hidden_size", (double)s->hidden);
-    cJSON_AddNumberToObject(c, "num_hidden_layers", (double)s->layers);
-    cJSON_AddNumberToObject(c, "num_attention_heads", (double)s->heads);
-    cJSON_AddNumberToObject(c, "num_key_value_heads", (double)s->kv_heads);
-    cJSON_AddNumberToObject(c, "head_dim", (double)s->head_dim);
-    cJSON_AddNumberToObject(c, "intermediate_size", (double)s->ffn);
-    cJSON_AddNumberToObject(c, "vocab_size", (double)s->vocab);
-    cJSON_AddNumberToObject(c, "max_position_embeddings", (double)s->ctx);
     cJSON_AddNumberToObject(c, "rms_norm_eps", hf5 ? 1e-6 : 1e-5);
     cJSON_AddStringToObject(c, "hidden_act", "silu");
     cJSON_AddFalseToObject(c, "tie_word_embeddings");
