@@ -592,21 +592,35 @@ int model_set_kv_format(struct model *m, const struct kv_spec *s, struct err *e)
     return 0;
 }
 
-/* A checkpoint's fp8 KV scale (llm-compressor / vLLM: self_attn.k_scale, a scalar), or 0. */
-static float kv_ckpt_scale(const struct model *m, int l, const char *which)
+/* A checkpoint's fp8 KV scale (llm-compressor / vLLM: self_attn.k_scale and v_scale, one
+ * value each; older checkpoints: one self_attn.kv_scale for both), or 0 when the checkpoint
+ * has none or holds no usable one (not positive, not finite). A scale of several values
+ * (per head) is refused: reading only its first would quantize the other heads wrongly. */
+static int kv_ckpt_scale(const struct model *m, int l, const char *which, float *out, struct err *e)
 {
     char n[160];
+    *out = 0;
     snprintf(n, sizeof n, "%slayers.%d.self_attn.%s", m->prefix, l, which);
     const struct st_tensor *t = st_find(&m->st, n);
-    if (!t || t->nbytes < 2) return 0;
+    if (!t) {
+        snprintf(n, sizeof n, "%slayers.%d.self_attn.kv_scale", m->prefix, l);
+        t = st_find(&m->st, n);
+    }
+    if (!t) return 0;
+    if (st_numel(t) != 1)
+        return err_set(e, "%s: a KV scale of %lld values (only one scale a layer is supported)", n,
+                       (long long)st_numel(t));
     float v = 0;
-    if (t->dtype == ST_F32 && t->nbytes >= 4)
+    if (t->dtype == ST_F32)
         memcpy(&v, t->data, 4);
     else if (t->dtype == ST_BF16)
         v = bf16_to_f32(*(const uint16_t *)t->data);
     else if (t->dtype == ST_F16)
         v = f16_to_f32(*(const uint16_t *)t->data);
-    return v > 0 && isfinite(v) ? v : 0;
+    else
+        return err_set(e, "%s: a KV scale must be F32, BF16 or F16", n);
+    *out = v > 0 && isfinite(v) ? v : 0;
+    return 0;
 }
 
 /* Floats of one slot of one linear-attention layer: the conv tail, then the matrix. */
@@ -726,8 +740,9 @@ int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blo
         int src = c->kv_source[l], kd, vd, h = c->layer_kv_heads[src], d = c->layer_head_dim[src];
         layer_dtypes(m, &m->kv_spec, src, &kd, &vd);
         m->kvg[l] = (struct kv_geom){n_blocks, block_size, h, d, kd, vd, 0, 0};
-        if (kd == KV_DTYPE_FP8) m->kvg[l].k_scale = kv_ckpt_scale(m, src, "k_scale");
-        if (vd == KV_DTYPE_FP8) m->kvg[l].v_scale = kv_ckpt_scale(m, src, "v_scale");
+        if ((kd == KV_DTYPE_FP8 && kv_ckpt_scale(m, src, "k_scale", &m->kvg[l].k_scale, e)) ||
+            (vd == KV_DTYPE_FP8 && kv_ckpt_scale(m, src, "v_scale", &m->kvg[l].v_scale, e)))
+            return -1;
         if (!owns_kv(c, l)) continue; /* it reads its source's storage */
         size_t k_bytes = (size_t)n_blocks * block_size * (size_t)h * (size_t)d * vb,
                v_bytes = k_bytes;

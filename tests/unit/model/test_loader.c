@@ -4,6 +4,7 @@
  * single-file one does. Fixtures are built from testdata/models/llama-tiny in a temp dir.
  */
 #include <cjson/cJSON.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 #include "common/util.h"
 #include "model/model.h"
 #include "model/st_writer.h"
+#include "paged_kv/kv_quant.h"
 #include "test_util.h"
 
 static char src[4096], tmp[4096];
@@ -383,6 +385,158 @@ static void test_text_tower(const char *testdata)
     }
 }
 
+/* One scalar tensor's bytes for the KV-scale fixtures. */
+struct scale_t {
+    char name[96];
+    enum st_dtype dt;
+    int ndim;
+    int64_t shape[1];
+    uint8_t bytes[8];
+};
+
+/* llama-tiny with a KV scale tensor per layer (`which`: "k_scale", "v_scale" or "kv_scale")
+ * of dtype dt and value v; ndim 0 is a scalar, else shape [n] with every value v. */
+static const char *scaled_fixture(const char *name, const char *const *which, int n_which,
+                                  enum st_dtype dt, float v, int n)
+{
+    const char *d = fixture(name, 0);
+    struct safetensors st;
+    struct err e = {{0}};
+    CHECK(st_open(&st, src, &e) == 0, "open source: %s", e.msg);
+    struct st_writer *w = st_writer_create();
+    for (int i = 0; i < st.ntensors; i++) {
+        const struct st_tensor *t = &st.tensors[i];
+        st_writer_add(w, t->name, t->dtype, t->ndim, t->shape, copy_cb, (void *)t->data);
+    }
+    static struct scale_t sc[3 * 3];
+    int k = 0;
+    for (int l = 0; l < 3; l++)
+        for (int j = 0; j < n_which; j++, k++) {
+            struct scale_t *s = &sc[k];
+            snprintf(s->name, sizeof s->name, "model.layers.%d.self_attn.%s", l, which[j]);
+            s->dt = dt;
+            s->ndim = n > 1 ? 1 : 0;
+            s->shape[0] = n;
+            for (int i = 0; i < n && i < 2; i++) {
+                if (dt == ST_F32)
+                    memcpy(s->bytes + 4 * i, &v, 4);
+                else {
+                    uint16_t h = f32_to_bf16(v);
+                    memcpy(s->bytes + 2 * i, &h, 2);
+                }
+            }
+            st_writer_add(w, s->name, dt, s->ndim, s->shape, copy_cb, s->bytes);
+        }
+    char p[8300];
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    CHECK(st_writer_write(w, p, "pt", &e) == 0, "write %s: %s", p, e.msg);
+    st_writer_destroy(w);
+    st_close(&st);
+    return d;
+}
+
+/* Logits of run()'s prompt with the KV in format kd (0: auto); *ks / *vs get layer 0's
+ * checkpoint scales as loaded. NULL when loading or sizing fails (msg gets the error). */
+static float *run_kv(const char *dir, int kd, float *ks, float *vs, char *msg, size_t msg_n)
+{
+    struct err e = {{0}};
+    struct model *m = model_load(dir, &be, &e);
+    CHECK(m != NULL, "load %s: %s", dir, e.msg);
+    if (!m) return NULL;
+    struct kv_spec spec = {(uint8_t)kd, (uint8_t)kd, 0, {0}};
+    float *lg = NULL;
+    if (model_set_kv_format(m, &spec, &e) == 0 && model_state_alloc(m, 8, 1, 1, 16, 1, &e) == 0) {
+        *ks = m->kvg[0].k_scale;
+        *vs = m->kvg[0].v_scale;
+        int32_t tok[4] = {5, 17, 300, 1999}, pos[4] = {0, 1, 2, 3}, slot[4] = {0, 1, 2, 3};
+        int32_t qs[2] = {0, 4}, len[1] = {4}, bt[1] = {0}, rows[1] = {3}, state[1] = {0};
+        struct fwd_batch b = {4, tok,  pos,  slot,  1, qs,   len,  bt, 1,
+                              1, rows, NULL, state, 0, NULL, NULL, 0};
+        lg = xmalloc(sizeof(float) * (size_t)m->cfg.vocab);
+        model_forward(m, &b, lg);
+    } else if (msg)
+        snprintf(msg, msg_n, "%s", e.msg);
+    model_destroy(m);
+    return lg;
+}
+
+static float max_diff(const float *a, const float *b, int n)
+{
+    float d = 0;
+    for (int i = 0; i < n; i++) d = fmaxf(d, fabsf(a[i] - b[i]));
+    return d;
+}
+
+/* A checkpoint's fp8 KV scales (llm-compressor / vLLM: self_attn.k_scale and v_scale, or
+ * the older single kv_scale) are loaded exactly and replace the per-token scales; formats
+ * other than fp8 and unusable values ignore them; a per-head scale is refused. */
+static void test_kv_scales(void)
+{
+    static const char *const kv[2] = {"k_scale", "v_scale"}, *const one[1] = {"kv_scale"};
+    int vocab = 0;
+    float *ref = run(src, &vocab);
+    float ks = -1, vs = -1, ks2, vs2;
+    float *plain = run_kv(src, KV_DTYPE_FP8, &ks, &vs, NULL, 0);
+    CHECK(ks == 0 && vs == 0, "no checkpoint scale: %g %g", (double)ks, (double)vs);
+
+    /* 0.0625 is exact in bf16; 0.3 is not (its bf16 value is 0.30078125) */
+    float *f32 = run_kv(scaled_fixture("kvscale-f32", kv, 2, ST_F32, 0.0625f, 1), KV_DTYPE_FP8, &ks,
+                        &vs, NULL, 0);
+    CHECK(ks == 0.0625f && vs == 0.0625f, "F32 scales: %g %g", (double)ks, (double)vs);
+    float *bf = run_kv(scaled_fixture("kvscale-bf16", one, 1, ST_BF16, 0.3f, 1), KV_DTYPE_FP8, &ks2,
+                       &vs2, NULL, 0);
+    CHECK(ks2 == 0.30078125f && vs2 == 0.30078125f, "BF16 kv_scale: %g %g", (double)ks2,
+          (double)vs2);
+    if (ref && plain && f32 && bf) {
+        /* The fixed scales are used: other codes, so other logits than the per-token
+         * scales give; both stay near the float32 KV (tolerance: fp8 keeps 3 mantissa
+         * bits, |e| <= |x| / 16; on this model the logits move by 0.12 to 0.16 under it). */
+        CHECK(memcmp(plain, f32, sizeof(float) * (size_t)vocab) != 0,
+              "k_scale/v_scale changed nothing");
+        CHECK(memcmp(f32, bf, sizeof(float) * (size_t)vocab) != 0, "kv_scale changed nothing");
+        float d1 = max_diff(ref, plain, vocab), d2 = max_diff(ref, f32, vocab),
+              d3 = max_diff(ref, bf, vocab);
+        printf("  fp8 KV against float32: per-token %.4g, k/v_scale %.4g, kv_scale %.4g\n",
+               (double)d1, (double)d2, (double)d3);
+        CHECK(d1 < 0.25f && d2 < 0.25f && d3 < 0.25f, "fp8 logits off by %g %g %g", (double)d1,
+              (double)d2, (double)d3);
+    }
+    /* A scale so large that every code rounds to zero: K and V vanish, so attention reads
+     * zeros and the logits are those of a model whose attention outputs nothing; it is
+     * enough here that they are far from the float32 ones (the scale is really applied). */
+    float *huge = run_kv(scaled_fixture("kvscale-huge", kv, 2, ST_F32, 1e30f, 1), KV_DTYPE_FP8, &ks,
+                         &vs, NULL, 0);
+    CHECK(ks == 1e30f && huge && ref && max_diff(ref, huge, vocab) > 0.05f,
+          "a huge scale left the logits near float32");
+
+    /* Unusable values fall back to per-token scales: bitwise the plain fp8 logits. */
+    float *neg = run_kv(scaled_fixture("kvscale-neg", kv, 2, ST_F32, -1.0f, 1), KV_DTYPE_FP8, &ks,
+                        &vs, NULL, 0);
+    CHECK(ks == 0 && vs == 0 && neg && plain && !memcmp(neg, plain, sizeof(float) * (size_t)vocab),
+          "a negative scale was not ignored");
+    float *nan = run_kv(scaled_fixture("kvscale-nan", kv, 2, ST_F32, NAN, 1), KV_DTYPE_FP8, &ks,
+                        &vs, NULL, 0);
+    CHECK(ks == 0 && nan && plain && !memcmp(nan, plain, sizeof(float) * (size_t)vocab),
+          "a NaN scale was not ignored");
+
+    /* int8 KV ignores fp8 scales: bitwise the int8 logits without them. */
+    float *i8 = run_kv(src, KV_DTYPE_INT8, &ks, &vs, NULL, 0);
+    float *i8s = run_kv(scaled_fixture("kvscale-int8", kv, 2, ST_F32, 0.0625f, 1), KV_DTYPE_INT8,
+                        &ks, &vs, NULL, 0);
+    CHECK(ks == 0 && i8 && i8s && !memcmp(i8, i8s, sizeof(float) * (size_t)vocab),
+          "int8 KV read the fp8 scales");
+
+    /* Per-head scales: a clear error naming the tensor. */
+    char msg[1024] = "";
+    float *ph = run_kv(scaled_fixture("kvscale-head", kv, 2, ST_F32, 0.0625f, 2), KV_DTYPE_FP8, &ks,
+                       &vs, msg, sizeof msg);
+    CHECK(ph == NULL && strstr(msg, "model.layers.0.self_attn.k_scale") && strstr(msg, "2 values"),
+          "per-head scales: '%s'", msg);
+    printf("  per-head scale -> %s\n", msg);
+    float *all[] = {ref, plain, f32, bf, huge, neg, nan, i8, i8s, ph};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) free(all[i]);
+}
+
 int main(int argc, char **argv)
 {
     const char *testdata = argc > 1 ? argv[1] : "../shared/testdata";
@@ -402,6 +556,7 @@ int main(int argc, char **argv)
     test_sharded();
     test_config_layouts(testdata);
     test_text_tower(testdata);
+    test_kv_scales();
     backend_destroy(&be);
     char cmd[8300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
