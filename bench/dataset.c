@@ -59,10 +59,13 @@ int dataset_kind_parse(const char *s, enum dataset_kind *k, struct err *e)
         *k = DS_JSONL;
     else if (!strcmp(s, "multi-turn"))
         *k = DS_MULTITURN;
+    else if (!strcmp(s, "trace"))
+        *k = DS_TRACE;
     else
-        return err_set(
-            e, "--dataset %s: expected random, sharegpt, prefix-repetition, jsonl or multi-turn",
-            s);
+        return err_set(e,
+                       "--dataset %s: expected random, sharegpt, prefix-repetition, jsonl, "
+                       "multi-turn or trace",
+                       s);
     return 0;
 }
 
@@ -150,7 +153,7 @@ static char *token_text(const struct tok *t, struct rng *r, int n, int *got)
     return text;
 }
 
-static int count_tokens(const struct tok *t, const char *text)
+int dataset_count_tokens(const struct tok *t, const char *text)
 {
     int32_t *ids = NULL;
     size_t n = 0;
@@ -161,7 +164,7 @@ static int count_tokens(const struct tok *t, const char *text)
 }
 
 /* One prompt of n tokens: ids, tokenizer text, or words. */
-static void make_prompt(const struct dataset_cfg *cfg, struct rng *r, int n, struct prompt *p)
+void dataset_prompt_make(const struct dataset_cfg *cfg, struct rng *r, int n, struct prompt *p)
 {
     if (cfg->tok) {
         p->text = token_text(cfg->tok, r, n, &p->input_len);
@@ -189,7 +192,7 @@ static int build_random(const struct dataset_cfg *cfg, struct rng *r, struct dat
     ds->p = xcalloc((size_t)cfg->num, sizeof *ds->p);
     for (int i = 0; i < cfg->num; i++) {
         int in = len_in_range(r, cfg->input_len, cfg->range_ratio);
-        make_prompt(cfg, r, in, &ds->p[i]);
+        dataset_prompt_make(cfg, r, in, &ds->p[i]);
         ds->p[i].output_len = len_in_range(r, cfg->output_len, cfg->range_ratio);
         ds->n++;
     }
@@ -212,12 +215,13 @@ static int build_prefix(const struct dataset_cfg *cfg, struct rng *r, struct dat
 {
     if (cfg->num_prefixes < 1) return err_set(e, "--num-prefixes must be at least 1");
     struct prompt *pre = xcalloc((size_t)cfg->num_prefixes, sizeof *pre);
-    for (int i = 0; i < cfg->num_prefixes; i++) make_prompt(cfg, r, cfg->prefix_len, &pre[i]);
+    for (int i = 0; i < cfg->num_prefixes; i++)
+        dataset_prompt_make(cfg, r, cfg->prefix_len, &pre[i]);
     ds->p = xcalloc((size_t)cfg->num, sizeof *ds->p);
     for (int i = 0; i < cfg->num; i++) {
         struct prompt suf = {0}, *p = &ds->p[i];
         const struct prompt *pf = &pre[i % cfg->num_prefixes];
-        make_prompt(cfg, r, cfg->suffix_len, &suf);
+        dataset_prompt_make(cfg, r, cfg->suffix_len, &suf);
         if (pf->ids) {
             p->n_ids = pf->n_ids + suf.n_ids;
             p->ids = xmalloc(sizeof *p->ids * (size_t)(p->n_ids ? p->n_ids : 1));
@@ -226,7 +230,7 @@ static int build_prefix(const struct dataset_cfg *cfg, struct rng *r, struct dat
             p->input_len = p->n_ids;
         } else {
             p->text = concat(pf->text, suf.text, !cfg->tok);
-            p->input_len = cfg->tok ? count_tokens(cfg->tok, p->text) : -1;
+            p->input_len = cfg->tok ? dataset_count_tokens(cfg->tok, p->text) : -1;
         }
         p->output_len = cfg->output_len;
         free(suf.text);
@@ -286,8 +290,8 @@ static int build_sharegpt(const struct dataset_cfg *cfg, struct rng *r, struct d
         if (!q || !a || !q[0]) continue;
         int in = -1, out;
         if (cfg->tok) {
-            in = count_tokens(cfg->tok, q);
-            out = cfg->output_len > 0 ? cfg->output_len : count_tokens(cfg->tok, a);
+            in = dataset_count_tokens(cfg->tok, q);
+            out = cfg->output_len > 0 ? cfg->output_len : dataset_count_tokens(cfg->tok, a);
             /* the filter of vLLM's benchmark: skip tiny and over-long pairs */
             if (in < 4 || out < 4 || in > 1024 || in + out > 2048) continue;
         } else {
@@ -344,7 +348,7 @@ static int build_jsonl(const struct dataset_cfg *cfg, struct dataset *ds, struct
             if (out <= 0) out = 128;
             struct prompt *p = &ds->p[ds->n++];
             p->text = prompt;
-            p->input_len = cfg->tok ? count_tokens(cfg->tok, prompt) : -1;
+            p->input_len = cfg->tok ? dataset_count_tokens(cfg->tok, prompt) : -1;
             p->output_len = out;
         }
         line = nl ? nl + 1 : NULL;
@@ -357,6 +361,7 @@ static int build_jsonl(const struct dataset_cfg *cfg, struct dataset *ds, struct
 int dataset_build(const struct dataset_cfg *cfg, struct dataset *ds, struct err *e)
 {
     if (cfg->kind == DS_MULTITURN) return err_set(e, "multi-turn prompts are built turn by turn");
+    if (cfg->kind == DS_TRACE) return err_set(e, "trace prompts are built by trace_build");
     memset(ds, 0, sizeof *ds);
     struct rng r = {cfg->seed * 0x2545F4914F6CDD1Dull + 1};
     if (cfg->num < 1) return err_set(e, "the dataset needs at least one prompt");

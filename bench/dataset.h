@@ -26,6 +26,7 @@ struct prompt {
     int n_ids;
     int input_len;  /* prompt tokens as the client knows them; -1 when unknown */
     int output_len; /* max_tokens to ask for */
+    double arrival; /* trace replay: s after the first request (scaled); 0 otherwise */
 };
 
 struct dataset {
@@ -34,8 +35,9 @@ struct dataset {
 };
 
 /* DS_MULTITURN: conversations whose turns each send the whole conversation so far
- * (bench/multiturn.h builds them turn by turn; dataset_build refuses it). */
-enum dataset_kind { DS_RANDOM, DS_SHAREGPT, DS_PREFIX, DS_JSONL, DS_MULTITURN };
+ * (bench/multiturn.h builds them turn by turn; dataset_build refuses it). DS_TRACE: the
+ * requests of a trace file at their arrival times (bench/trace.h builds them). */
+enum dataset_kind { DS_RANDOM, DS_SHAREGPT, DS_PREFIX, DS_JSONL, DS_MULTITURN, DS_TRACE };
 
 struct dataset_cfg {
     enum dataset_kind kind;
@@ -50,12 +52,20 @@ struct dataset_cfg {
     const struct tok *tok; /* optional */
 };
 
-/** Parses "random", "sharegpt", "prefix-repetition" or "jsonl". 0, or -1 + err. */
+/** Parses "random", "sharegpt", "prefix-repetition", "jsonl", "multi-turn" or "trace".
+ * 0, or -1 + err. */
 int dataset_kind_parse(const char *s, enum dataset_kind *k, struct err *e);
 
 /** Builds the prompts. 0, or -1 + err (missing file, bad format, no usable prompt). */
 int dataset_build(const struct dataset_cfg *cfg, struct dataset *ds, struct err *e);
 void dataset_free(struct dataset *ds);
+
+struct rng;
+/** One prompt of n tokens drawn from r: token ids, --tokenizer text or words (see above);
+ * output_len and arrival are left 0. */
+void dataset_prompt_make(const struct dataset_cfg *cfg, struct rng *r, int n, struct prompt *p);
+/** Tokens of text under t; -1 when it cannot be encoded. */
+int dataset_count_tokens(const struct tok *t, const char *text);
 
 /** A small deterministic generator (splitmix64) shared by the load generator. */
 struct rng {

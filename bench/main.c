@@ -20,7 +20,9 @@
 #include "bench/opts.h"
 #include "bench/plot.h"
 #include "bench/run.h"
+#include "bench/server.h"
 #include "bench/stats.h"
+#include "bench/trace.h"
 #include "common/util.h"
 #include "text/tokenizer.h"
 
@@ -80,8 +82,8 @@ static const char *proto_name(const struct opts *o)
 
 static cJSON *config_json(const struct opts *o, const char *model)
 {
-    static const char *const ds[] = {"random", "sharegpt", "prefix-repetition", "jsonl",
-                                     "multi-turn"};
+    static const char *const ds[] = {"random", "sharegpt",   "prefix-repetition",
+                                     "jsonl",  "multi-turn", "trace"};
     cJSON *c = cJSON_CreateObject();
     cJSON_AddStringToObject(c, "base_url", o->base_url);
     cJSON_AddStringToObject(c, "endpoint", o->chat ? "chat" : "completions");
@@ -107,6 +109,17 @@ static cJSON *config_json(const struct opts *o, const char *model)
         cJSON_AddNumberToObject(c, "turns", o->turns);
         cJSON_AddNumberToObject(c, "turn_input_len", o->turn_input_len);
         cJSON_AddNumberToObject(c, "turn_output_len", o->turn_output_len);
+    }
+    if (o->dataset == DS_TRACE) {
+        cJSON_AddStringToObject(c, "trace_file", o->trace_file);
+        cJSON_AddNumberToObject(c, "trace_speedup", o->trace_speedup);
+        cJSON_AddNumberToObject(c, "trace_block_size", o->trace_block_size);
+    }
+    if (o->server_cmd) {
+        cJSON_AddStringToObject(c, "server_cmd", o->server_cmd);
+        if (o->n_server_args)
+            cJSON_AddItemToObject(c, "sweep_server_args",
+                                  cJSON_CreateStringArray(o->server_args, o->n_server_args));
     }
     if (o->dataset == DS_PREFIX) {
         cJSON_AddNumberToObject(c, "prefix_len", o->prefix_len);
@@ -154,11 +167,79 @@ static void sweep_table(FILE *f, const struct summary *s, int n, const char *loa
     fprintf(f, "(latencies in ms%s)\n", slo ? "; goodput: requests/s meeting --slo" : "");
 }
 
+/* The label of a server sweep point. */
+static const char *args_label(const char *args)
+{
+    return args && args[0] ? args : "(no extra args)";
+}
+
+/* One row per server sweep point, labelled by its args; a failed point says why. */
+static void server_table(FILE *f, const struct summary *s, char *const *errs, int n,
+                         const struct opts *o)
+{
+    fprintf(f, "%3s %8s %10s %9s %9s %9s %9s %9s %7s  %s\n", "#", "req/s", "out tok/s", "TTFT p50",
+            "TTFT p99", "ITL p50", "ITL p99", "TPOT p99", "failed", "server args");
+    for (int i = 0; i < n; i++) {
+        if (errs[i]) {
+            fprintf(f, "%3d %s: %s\n", i + 1, args_label(o->server_args[i]), errs[i]);
+            continue;
+        }
+        fprintf(f, "%3d %8.2f %10.1f %9.1f %9.1f %9.2f %9.2f %9.2f %7d  %s\n", i + 1,
+                s[i].request_throughput, s[i].output_throughput, s[i].ttft.median, s[i].ttft.p99,
+                s[i].itl.median, s[i].itl.p99, s[i].tpot.p99, s[i].failed,
+                args_label(o->server_args[i]));
+    }
+    fprintf(f, "(latencies in ms; server: %s ARGS)\n", o->server_cmd);
+}
+
+/* The server of one run: started with args, a client for it, ready, the model known. On a
+ * failure *srv may be set (stop it) and err says why. */
+static int server_up(const struct opts *o, const char *args, const struct hc_url *url,
+                     struct server **srv, struct hc **c, char **model, struct err *e)
+{
+    if (!(*srv = server_start(o->server_cmd, args, o->server_log, e))) return -1;
+    struct hc_tls_opts tls = {.insecure = o->insecure, .cafile = o->cafile};
+    *c = hc_create(url, o->http2 ? HC_HTTP2 : HC_HTTP1, o->h2_connections, o->api_key, &tls, e);
+    if (!*c) return -1;
+    if (server_wait_ready(*srv, *c, o->server_timeout, &run_interrupted, e)) return -1;
+    if (!*model && !(*model = first_model(*c, e))) return -1;
+    return 0;
+}
+
+/* A server sweep point that did not run: the message, and an entry of the JSON runs. */
+static char *point_failed(cJSON *runs, const char *args, const struct err *e)
+{
+    fprintf(stderr, "pagoda-bench: %s\n", e->msg);
+    cJSON *rj = cJSON_CreateObject();
+    cJSON_AddStringToObject(rj, "server_args", args);
+    cJSON_AddStringToObject(rj, "error", e->msg);
+    cJSON_AddItemToArray(runs, rj);
+    return xstrdup(e->msg);
+}
+
+static void server_down(const struct opts *o, struct server **srv, struct hc **c)
+{
+    hc_destroy(*c);
+    *c = NULL;
+    if (!*srv) return;
+    int st = server_stop(*srv, o->server_grace);
+    *srv = NULL;
+    if (st != 0 && st != 128 + SIGTERM)
+        fprintf(stderr, "pagoda-bench: note: the server ended with %s %d\n",
+                st < 0     ? "SIGKILL, status"
+                : st > 128 ? "signal"
+                           : "exit status",
+                st > 128 ? st - 128 : st);
+}
+
 int main(int argc, char **argv)
 {
     struct opts o;
     int rc = opts_parse(argc, argv, &o);
-    if (rc) return rc > 0 ? 0 : 2;
+    if (rc) {
+        opts_dispose(&o);
+        return rc > 0 ? 0 : 2;
+    }
     raise_fd_limit(&o);
     signal(SIGPIPE, SIG_IGN);
     signal(SIGINT, on_sigint);
@@ -169,7 +250,9 @@ int main(int argc, char **argv)
     cJSON *extra = NULL;
     char *model = NULL;
     struct hc *c = NULL;
+    struct server *srv = NULL;
     struct dataset ds = {0};
+    struct trace tr = {0};
     int status = 1;
     if (hc_url_parse(o.base_url, &url, &e)) goto fail;
     if (o.extra_body) {
@@ -180,11 +263,13 @@ int main(int argc, char **argv)
         }
     }
     if (o.tokenizer && !(tok = tok_load(o.tokenizer, &e))) goto fail;
-    struct hc_tls_opts tls = {.insecure = o.insecure, .cafile = o.cafile};
-    c = hc_create(&url, o.http2 ? HC_HTTP2 : HC_HTTP1, o.h2_connections, o.api_key, &tls, &e);
-    if (!c) goto fail;
-    model = o.model ? xstrdup(o.model) : first_model(c, &e);
-    if (!model) goto fail;
+    if (o.model) model = xstrdup(o.model);
+    if (!o.server_cmd) {
+        struct hc_tls_opts tls = {.insecure = o.insecure, .cafile = o.cafile};
+        c = hc_create(&url, o.http2 ? HC_HTTP2 : HC_HTTP1, o.h2_connections, o.api_key, &tls, &e);
+        if (!c) goto fail;
+        if (!model && !(model = first_model(c, &e))) goto fail;
+    }
     if (o.dataset == DS_MULTITURN) {
         cJSON *doc = cJSON_CreateObject();
         cJSON_AddItemToObject(doc, "config", config_json(&o, model));
@@ -198,13 +283,17 @@ int main(int argc, char **argv)
         goto done;
     }
 
-    /* Each run of a sweep gets its own prompts (a prefix cache must not carry one run's
-     * prompts into the next); the warm-up prompts come after all of them. */
-    int n_runs = o.n_sweep ? o.n_sweep : 1;
+    /* Each run of a load sweep gets its own prompts (a prefix cache must not carry one run's
+     * prompts into the next); the points of a server sweep, each on a fresh server, all send
+     * the same ones. The warm-up prompts come after all of them. */
+    int n_runs = o.n_sweep ? o.n_sweep : o.n_server_args ? o.n_server_args : 1;
+    int sets = o.n_sweep ? o.n_sweep : 1;
     int base = o.num_prompts > 0 ? o.num_prompts : 1000;
+    int num_prompts = o.num_prompts;
+    double duration = o.duration;
     struct dataset_cfg dc = {.kind = o.dataset,
                              .path = o.dataset_path,
-                             .num = base * n_runs + o.warmup,
+                             .num = base * sets + o.warmup,
                              .input_len = o.input_len,
                              .output_len = o.output_len,
                              .range_ratio = o.range_ratio,
@@ -215,28 +304,60 @@ int main(int argc, char **argv)
                              .vocab_size = o.vocab_size,
                              .seed = o.seed,
                              .tok = tok};
-    if ((o.dataset == DS_SHAREGPT || o.dataset == DS_JSONL) && !o.output_len_given)
+    if ((o.dataset == DS_SHAREGPT || o.dataset == DS_JSONL || o.dataset == DS_TRACE) &&
+        !o.output_len_given)
         dc.output_len = 0;
-    if (dataset_build(&dc, &ds, &e)) goto fail;
+    if (o.dataset == DS_TRACE) {
+        /* the trace is cut before the run, so that every run sends exactly these requests */
+        if (trace_load(o.trace_file, &tr, &e)) goto fail;
+        base = trace_count(&tr, o.trace_speedup, o.duration, o.num_given ? o.num_prompts : 0);
+        if (base < 1) {
+            err_set(&e, "%s: no request arrives within --duration %g s", o.trace_file, o.duration);
+            goto fail;
+        }
+        if (trace_build(&tr, base, o.warmup, o.trace_speedup, o.trace_block_size, &dc, &ds, &e))
+            goto fail;
+        num_prompts = base;
+        duration = 0;
+        fprintf(stderr,
+                "pagoda-bench: %s: %s trace, %d requests over %.1f s (of %d), speed-up %g\n",
+                o.trace_file, trace_format_name(tr.format), base, ds.p[base - 1].arrival, tr.n,
+                o.trace_speedup);
+    } else if (dataset_build(&dc, &ds, &e)) {
+        goto fail;
+    }
 
     const char *load_name = o.rate_given ? "request rate" : "concurrency";
+    int sweep = o.n_sweep || o.n_server_args;
     struct summary *sums = xcalloc((size_t)n_runs, sizeof *sums);
+    char **errs = xcalloc((size_t)n_runs, sizeof *errs); /* server sweep: why a point failed */
     cJSON *doc = cJSON_CreateObject();
-    cJSON_AddItemToObject(doc, "config", config_json(&o, model));
-    cJSON *runs_json = o.n_sweep ? cJSON_AddArrayToObject(doc, "runs") : NULL;
+    cJSON *runs_json = sweep ? cJSON_AddArrayToObject(doc, "runs") : NULL;
     int show = o.progress < 0 ? isatty(2) : o.progress;
     char amount[64];
-    if (o.num_prompts > 0)
-        snprintf(amount, sizeof amount, "%d prompts", o.num_prompts);
+    if (num_prompts > 0)
+        snprintf(amount, sizeof amount, "%d prompts", num_prompts);
     else
-        snprintf(amount, sizeof amount, "for %g s", o.duration);
+        snprintf(amount, sizeof amount, "for %g s", duration);
     fprintf(stderr, "pagoda-bench: %s %s, model %s, %s, %s\n", o.base_url,
-            o.chat ? "chat" : "completions", model,
+            o.chat ? "chat" : "completions", model ? model : "(from the server)",
             o.http2   ? (url.tls ? "HTTP/2 (h2, TLS)" : "HTTP/2 (h2c)")
             : url.tls ? "HTTP/1.1 over TLS"
                       : "HTTP/1.1",
             amount);
+    int fatal = 0;
     for (int k = 0; k < n_runs && !run_interrupted; k++) {
+        const char *sargs = o.n_server_args ? o.server_args[k] : NULL;
+        if (o.n_server_args) fprintf(stderr, "-- server args %d: %s\n", k + 1, args_label(sargs));
+        if (o.server_cmd && server_up(&o, sargs, &url, &srv, &c, &model, &e)) {
+            server_down(&o, &srv, &c);
+            if (!o.n_server_args) {
+                fatal = 1;
+                break;
+            }
+            errs[k] = point_failed(runs_json, sargs, &e);
+            continue;
+        }
         struct run_cfg rc_ = {.path = o.chat ? "/v1/chat/completions" : "/v1/completions",
                               .req = {.chat = o.chat,
                                       .model = model,
@@ -247,11 +368,12 @@ int main(int argc, char **argv)
                               .rate = o.rate,
                               .constant_arrival = o.constant_arrival,
                               .burstiness = o.burstiness,
-                              .num_prompts = o.num_prompts,
-                              .duration = o.duration,
+                              .num_prompts = num_prompts,
+                              .duration = duration,
                               .warmup = o.warmup,
-                              .warmup_base = base * n_runs,
-                              .first_index = k * base,
+                              .warmup_base = base * sets,
+                              .first_index = o.n_sweep ? k * base : 0,
+                              .replay = o.dataset == DS_TRACE,
                               .timeout = o.timeout,
                               .progress = show,
                               .seed = o.seed};
@@ -266,24 +388,30 @@ int main(int argc, char **argv)
         read_metrics(c, o.metrics, &before);
         struct run_out out;
         if (run_bench(c, &rc_, &ds, &out, &e)) {
-            free(sums);
-            cJSON_Delete(doc);
-            goto fail;
+            server_down(&o, &srv, &c);
+            if (!o.n_server_args) {
+                fatal = 1;
+                break;
+            }
+            errs[k] = point_failed(runs_json, sargs, &e);
+            continue;
         }
         read_metrics(c, o.metrics, &after);
+        if (o.server_cmd) server_down(&o, &srv, &c);
         struct summary *s = &sums[k];
         s->load = o.n_sweep ? o.sweep[k] : o.rate_given ? o.rate : o.concurrency;
         s->prefix_cache_hit_rate = metrics_hit_rate(&before, &after);
         metrics_spec(&before, &after, &s->spec_acceptance_rate, &s->spec_acceptance_length);
         summary_compute(out.r, out.n, out.duration, &o.slo, s);
-        if (!o.n_sweep) summary_print(stdout, s);
+        if (!sweep) summary_print(stdout, s);
         for (int i = 0, shown = 0; i < out.n && shown < 3; i++)
             if (!out.r[i].ok) {
                 fprintf(stderr, "pagoda-bench: request %d failed: %s\n", i, out.r[i].error);
                 shown++;
             }
         cJSON *sj = summary_json(s);
-        if (o.n_sweep) {
+        if (sweep) {
+            if (o.n_server_args) cJSON_AddStringToObject(sj, "server_args", sargs);
             cJSON_AddItemToArray(runs_json, sj);
         } else {
             for (cJSON *it = sj->child; it; it = sj->child) {
@@ -302,7 +430,7 @@ int main(int argc, char **argv)
         }
         run_out_free(&out);
     }
-    if (o.n_sweep) {
+    if (!fatal && o.n_sweep) {
         sweep_table(stdout, sums, n_runs, load_name);
         char title[512];
         snprintf(title, sizeof title, "%s (%s, %s): throughput vs latency", model,
@@ -310,12 +438,37 @@ int main(int argc, char **argv)
         if (o.plot_path && plot_sweep_svg(o.plot_path, sums, n_runs, load_name, title, &e))
             fprintf(stderr, "pagoda-bench: %s\n", e.msg);
     }
-    status = 0;
-    if (o.json_path && write_json(o.json_path, doc)) status = 1;
-    for (int k = 0; k < n_runs; k++)
+    if (!fatal && o.n_server_args) {
+        int done_runs = cJSON_GetArraySize(runs_json);
+        server_table(stdout, sums, errs, done_runs, &o);
+        char title[512];
+        snprintf(title, sizeof title, "%s (%s, %s): throughput vs P99 latency by server args",
+                 model ? model : "", o.chat ? "chat" : "completions", proto_name(&o));
+        if (o.plot_path && plot_server_svg(o.plot_path, sums, o.server_args,
+                                           (const char *const *)errs, done_runs, title, &e))
+            fprintf(stderr, "pagoda-bench: %s\n", e.msg);
+    }
+    status = fatal;
+    if (!fatal) {
+        cJSON *cfg = config_json(&o, model ? model : "");
+        if (o.dataset == DS_TRACE) {
+            cJSON_AddStringToObject(cfg, "trace_format", trace_format_name(tr.format));
+            cJSON_AddNumberToObject(cfg, "trace_requests", base);
+        }
+        cJSON_AddItemToObject(doc, "config", cfg);
+        cJSON_DetachItemViaPointer(doc, cfg); /* keeps its name: back in as the first member */
+        cJSON_InsertItemInArray(doc, 0, cfg);
+        if (o.json_path && write_json(o.json_path, doc)) status = 1;
+    }
+    for (int k = 0; k < n_runs; k++) {
         if (sums[k].failed) status = status ? status : 3;
+        if (errs[k]) status = status ? status : 4;
+        free(errs[k]);
+    }
     cJSON_Delete(doc);
     free(sums);
+    free(errs);
+    if (fatal) goto fail;
     if (run_interrupted) {
         fprintf(stderr, "pagoda-bench: interrupted\n");
         status = 130;
@@ -324,10 +477,12 @@ int main(int argc, char **argv)
 fail:
     fprintf(stderr, "pagoda-bench: %s\n", e.msg);
 done:
+    server_down(&o, &srv, &c);
     dataset_free(&ds);
-    hc_destroy(c);
+    trace_free(&tr);
     tok_destroy(tok);
     cJSON_Delete(extra);
     free(model);
+    opts_dispose(&o);
     return status;
 }

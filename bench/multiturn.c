@@ -56,7 +56,10 @@ int multiturn_run(struct hc *c, const struct opts *o, const char *model, const c
             for (int k = 0; k < o->turn_input_len; k++)
                 fresh[k] = (int32_t)(rng_next(&rng) % (uint64_t)o->vocab_size);
             append(&cv[i], fresh, o->turn_input_len);
-            ds.p[i] = (struct prompt){NULL, cv[i].ids, cv[i].n, cv[i].n, o->turn_output_len};
+            ds.p[i] = (struct prompt){.ids = cv[i].ids,
+                                      .n_ids = cv[i].n,
+                                      .input_len = cv[i].n,
+                                      .output_len = o->turn_output_len};
         }
         struct run_cfg rc = {.path = "/v1/completions",
                              .req = {.chat = 0,

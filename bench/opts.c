@@ -31,9 +31,23 @@ void opts_usage(FILE *f)
         "  --timeout S              per request (default 600)\n"
         "  --sweep L1,L2,...        run once per load: concurrencies, or request rates when\n"
         "                           --request-rate is given; prints a table (and --plot)\n"
+        "\nserver sweep:\n"
+        "  --server-cmd CMD         start the server with this shell command for each run, wait\n"
+        "                           for /health (or /v1/models), stop it after (SIGTERM)\n"
+        "  --sweep-server-args \"A1;A2;...\"  one run per item: CMD A1, CMD A2, ... (an empty\n"
+        "                           item: CMD alone); a table, --json runs and --plot by args\n"
+        "  --server-timeout S       seconds a server may take to answer (default 600)\n"
+        "  --server-grace S         seconds from SIGTERM to SIGKILL (default 30)\n"
+        "  --server-log FILE        append the server's output here (default: stderr)\n"
         "\nprompts:\n"
-        "  --dataset D              random (default), sharegpt, prefix-repetition, jsonl\n"
+        "  --dataset D              random (default), sharegpt, prefix-repetition, jsonl,\n"
+        "                           multi-turn, trace\n"
         "  --dataset-path FILE      ShareGPT JSON or JSON-lines file\n"
+        "  --trace-file FILE        trace: Azure LLM inference CSV or Mooncake JSON lines; each\n"
+        "                           request at its arrival time, max_tokens its output length\n"
+        "                           (implies --ignore-eos); --num-prompts / --duration cut it\n"
+        "  --trace-speedup X        trace: arrivals X times faster (default 1)\n"
+        "  --trace-block-size N     trace: tokens of a Mooncake hash id block (default 512)\n"
         "  --input-len N            random: prompt tokens (default 128)\n"
         "  --output-len N           max_tokens (default 128; overrides file datasets)\n"
         "  --range-ratio R          random: lengths uniform in len*(1-R)..len*(1+R) (default 0)\n"
@@ -99,6 +113,34 @@ static int get_double(const char *opt, const char *v, double lo, double *out)
     return 0;
 }
 
+/* "A1;A2;...": items trimmed; an empty item is the command alone. */
+static int parse_server_args(const char *opt, const char *v, struct opts *o)
+{
+    free(o->server_args_buf);
+    char *buf = o->server_args_buf = strdup(v);
+    if (!buf) return bad(opt, NULL, "out of memory");
+    o->n_server_args = 0;
+    for (char *p = buf;;) {
+        char *semi = strchr(p, ';');
+        if (semi) *semi = 0;
+        while (*p == ' ' || *p == '\t') p++;
+        size_t len = strlen(p);
+        while (len && (p[len - 1] == ' ' || p[len - 1] == '\t')) p[--len] = 0;
+        if (o->n_server_args == OPTS_MAX_SWEEP)
+            return bad(opt, v, "at most 32 items separated by ';'");
+        o->server_args[o->n_server_args++] = p;
+        if (!semi) break;
+        p = semi + 1;
+    }
+    return 0;
+}
+
+void opts_dispose(struct opts *o)
+{
+    free(o->server_args_buf);
+    o->server_args_buf = NULL;
+}
+
 int opts_parse(int argc, char **argv, struct opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -121,6 +163,11 @@ int opts_parse(int argc, char **argv, struct opts *o)
     o->vocab_size = 1000;
     o->progress = -1;
     o->metrics = 1;
+    o->trace_speedup = 1;
+    o->trace_block_size = 512;
+    o->server_timeout = 600;
+    o->server_grace = 30;
+    int dataset_given = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -200,6 +247,7 @@ int opts_parse(int argc, char **argv, struct opts *o)
             rc = get_double(a, v, 0, &o->timeout);
             if (!rc && !(o->timeout > 0)) rc = bad(a, v, "must be positive");
         } else if (!strcmp(a, "--dataset")) {
+            dataset_given = 1;
             if (dataset_kind_parse(v, &o->dataset, &e)) {
                 fprintf(stderr, "pagoda-bench: %s\n", e.msg);
                 rc = -1;
@@ -267,10 +315,51 @@ int opts_parse(int argc, char **argv, struct opts *o)
                 p = *end ? end + 1 : end;
             }
             if (!rc && !o->n_sweep) rc = bad(a, v, "no load given");
-        } else
+        } else if (!strcmp(a, "--trace-file"))
+            o->trace_file = v;
+        else if (!strcmp(a, "--trace-speedup")) {
+            rc = get_double(a, v, 0, &o->trace_speedup);
+            if (!rc && !(o->trace_speedup > 0 && isfinite(o->trace_speedup)))
+                rc = bad(a, v, "must be a positive number");
+        } else if (!strcmp(a, "--trace-block-size"))
+            rc = get_int(a, v, 1, 10000000, &o->trace_block_size);
+        else if (!strcmp(a, "--server-cmd")) {
+            o->server_cmd = v;
+            if (!v[0]) rc = bad(a, NULL, "empty command");
+        } else if (!strcmp(a, "--server-log"))
+            o->server_log = v;
+        else if (!strcmp(a, "--server-timeout")) {
+            rc = get_double(a, v, 0, &o->server_timeout);
+            if (!rc && !(o->server_timeout > 0)) rc = bad(a, v, "must be positive");
+        } else if (!strcmp(a, "--server-grace"))
+            rc = get_double(a, v, 0, &o->server_grace);
+        else if (!strcmp(a, "--sweep-server-args"))
+            rc = parse_server_args(a, v, o);
+        else
             rc = bad(a, NULL, "unknown option (see --help)");
         if (rc) return -1;
     }
+    if (o->trace_file && !dataset_given) o->dataset = DS_TRACE;
+    if (o->dataset == DS_TRACE) {
+        if (!o->trace_file) return bad("--dataset trace", NULL, "needs --trace-file FILE");
+        if (o->rate_given)
+            return bad("--request-rate", NULL,
+                       "a trace sets its own arrivals (use --trace-speedup to scale them)");
+        if (o->n_sweep)
+            return bad("--sweep", NULL,
+                       "a trace sets its own load (use --trace-speedup, or --sweep-server-args)");
+        o->ignore_eos = 1; /* the trace's output lengths, whatever the model would say */
+    } else if (o->trace_file) {
+        return bad("--trace-file", o->trace_file, "needs --dataset trace");
+    }
+    if (o->n_server_args && !o->server_cmd)
+        return bad("--sweep-server-args", NULL, "needs --server-cmd");
+    if (o->n_server_args && o->n_sweep)
+        return bad("--sweep-server-args", NULL,
+                   "cannot be combined with --sweep (sweep the loads for one set of server "
+                   "args at a time)");
+    if (o->server_cmd && o->dataset == DS_MULTITURN)
+        return bad("--server-cmd", NULL, "is not supported with --dataset multi-turn");
     if (o->duration > 0 && !o->num_given) o->num_prompts = 0;
     if (o->num_prompts == 0 && o->duration <= 0)
         return bad("--num-prompts", "0", "needs --duration");

@@ -46,10 +46,22 @@ struct opts {
     int n_sweep;
     int progress; /* -1 auto (a terminal), 0, 1 */
     int metrics;
+    /* trace replay (--dataset trace) */
+    const char *trace_file;
+    double trace_speedup;
+    int trace_block_size;
+    /* a server started for each run (--server-cmd), with each of server_args appended */
+    const char *server_cmd, *server_log;
+    double server_timeout, server_grace;
+    char *server_args_buf; /* heap: the --sweep-server-args text, split in place */
+    const char *server_args[OPTS_MAX_SWEEP];
+    int n_server_args; /* 0: no server sweep */
 };
 
 void opts_usage(FILE *f);
 /** Parses argv; 0, 1 when --help was asked (usage printed), or -1 with a message printed. */
 int opts_parse(int argc, char **argv, struct opts *o);
+/** Frees what opts_parse allocated. */
+void opts_dispose(struct opts *o);
 
 #endif

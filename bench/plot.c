@@ -237,3 +237,74 @@ int plot_sweep_svg(const char *path, const struct summary *runs, int n, const ch
     free(p99);
     return close_svg(f, path, e);
 }
+
+/* Whether run i is dominated on (throughput up, latency lat down) by another valid run. */
+static int dominated(const struct summary *runs, const char *const *errs, int n, int i,
+                     const double *lat)
+{
+    for (int j = 0; j < n; j++) {
+        if (j == i || errs[j] || isnan(lat[j])) continue;
+        int ge = runs[j].output_throughput >= runs[i].output_throughput && lat[j] <= lat[i];
+        int gt = runs[j].output_throughput > runs[i].output_throughput || lat[j] < lat[i];
+        if (ge && gt) return 1;
+    }
+    return 0;
+}
+
+int plot_server_svg(const char *path, const struct summary *runs, const char *const *args,
+                    const char *const *errs, int n, const char *title, struct err *e)
+{
+    int h = 400 + 16 * n;
+    FILE *f = open_svg(path, 1000, h, e);
+    if (!f) return -1;
+    fprintf(f, "<text x='500' y='24' text-anchor='middle' font-size='15' font-weight='bold'>");
+    text_esc(f, title);
+    fputs("</text>\n<text x='500' y='42' text-anchor='middle'>one point per server args "
+          "(numbered as below); filled: no other point has as much throughput at a lower "
+          "P99</text>\n",
+          f);
+    static const char *const colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e",
+                                         "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
+    double ymax = 0;
+    for (int i = 0; i < n; i++)
+        if (!errs[i] && runs[i].output_throughput > ymax) ymax = runs[i].output_throughput;
+    double *lat = xmalloc(sizeof *lat * (size_t)(n ? n : 1));
+    for (int k = 0; k < 2; k++) {
+        double hi = 0;
+        for (int i = 0; i < n; i++) {
+            lat[i] = errs[i] ? NAN : k == 0 ? runs[i].itl.p99 : runs[i].ttft.p99;
+            if (!isnan(lat[i]) && lat[i] > hi) hi = lat[i];
+        }
+        struct panel p = {.x = 80 + k * 480, .y = 80, .w = 390, .h = 260};
+        p.x0 = 0;
+        p.x1 = nice_max(hi);
+        p.y0 = 0;
+        p.y1 = nice_max(ymax);
+        axes(f, &p, k == 0 ? "Throughput vs P99 inter-token latency" : "Throughput vs P99 TTFT",
+             k == 0 ? "P99 ITL (ms)" : "P99 TTFT (ms)", "output throughput (tokens/s)");
+        for (int i = 0; i < n; i++) {
+            if (isnan(lat[i])) continue;
+            const char *c = colors[i % 10];
+            double X = px(&p, lat[i]), Y = py(&p, runs[i].output_throughput);
+            fprintf(f,
+                    "<circle cx='%.1f' cy='%.1f' r='5' stroke='%s' stroke-width='2' fill='%s'/>\n",
+                    X, Y, c, dominated(runs, errs, n, i, lat) ? "white" : c);
+            fprintf(f, "<text x='%.1f' y='%.1f' fill='%s'>%d</text>\n", X + 7, Y - 6, c, i + 1);
+        }
+    }
+    free(lat);
+    for (int i = 0; i < n; i++) {
+        fprintf(f, "<text x='80' y='%d' fill='%s'>%d: ", 390 + 16 * i, colors[i % 10], i + 1);
+        text_esc(f, args[i] && args[i][0] ? args[i] : "(no extra args)");
+        if (errs[i]) {
+            fputs(" (failed: ", f);
+            text_esc(f, errs[i]);
+            fputc(')', f);
+        } else {
+            fprintf(f, " (%.1f tok/s, P99 ITL %.1f ms, P99 TTFT %.1f ms)",
+                    runs[i].output_throughput, runs[i].itl.p99, runs[i].ttft.p99);
+        }
+        fputs("</text>\n", f);
+    }
+    return close_svg(f, path, e);
+}

@@ -82,13 +82,21 @@ static void progress(const struct runner *R, int total, int final)
     fflush(stderr);
 }
 
+/* The arrival of prompt idx in replay, s since the run started. */
+static double arrival(const struct runner *R, int idx)
+{
+    return R->ds->p[idx % R->ds->n].arrival;
+}
+
 /* One loop over the given load; results in R->res. */
 static void loop(struct runner *R, int num, double rate, int concurrency, int show, int base)
 {
     const struct run_cfg *cfg = R->cfg;
     struct rng rng = {cfg->seed ^ 0x5851F42D4C957F2Dull};
+    int replay = cfg->replay;
+    if (replay) rate = 0;
     R->t0 = R->t_last = util_now();
-    double next_arrival = R->t0, next_progress = R->t0;
+    double next_arrival = R->t0 + (replay ? arrival(R, base) : 0), next_progress = R->t0;
     int issued = 0, cancelled_all = 0;
     for (;;) {
         double now = util_now();
@@ -96,7 +104,7 @@ static void loop(struct runner *R, int num, double rate, int concurrency, int sh
                    (cfg->duration > 0 && now - R->t0 >= cfg->duration) || run_interrupted;
         int burst = 0;
         while (!stop && (concurrency <= 0 || R->running < concurrency) &&
-               (rate <= 0 || now >= next_arrival)) {
+               ((rate <= 0 && !replay) || now >= next_arrival)) {
             submit(R, base + issued++);
             /* A request goes out only once its connection is up, which hc_poll sees: in a
              * burst of thousands of fresh connections, write the requests of those already
@@ -104,7 +112,9 @@ static void loop(struct runner *R, int num, double rate, int concurrency, int sh
              * (seconds for 10,000 on a busy machine) and the server's request timeout (h2o:
              * 10 s from accept to a complete request) closes them unanswered. */
             if (++burst % 64 == 0) hc_poll(R->c, 0);
-            if (rate > 0) {
+            if (replay) {
+                next_arrival = R->t0 + arrival(R, base + issued);
+            } else if (rate > 0) {
                 double gap = cfg->constant_arrival
                                  ? 1.0 / rate
                                  : rng_gamma(&rng, cfg->burstiness, 1.0 / (rate * cfg->burstiness));
@@ -129,7 +139,7 @@ static void loop(struct runner *R, int num, double rate, int concurrency, int sh
             next_progress = now + 0.25;
         }
         double wait = show ? next_progress - now : 0.5;
-        if (!stop && rate > 0 && (concurrency <= 0 || R->running < concurrency) &&
+        if (!stop && (rate > 0 || replay) && (concurrency <= 0 || R->running < concurrency) &&
             next_arrival - now < wait)
             wait = next_arrival - now;
         if (cfg->duration > 0 && !stop && R->t0 + cfg->duration - now < wait)
@@ -162,6 +172,7 @@ int run_bench(struct hc *c, const struct run_cfg *cfg, const struct dataset *ds,
             cfg->concurrency > 0 && cfg->concurrency < cfg->warmup ? cfg->concurrency : cfg->warmup;
         struct run_cfg w = *cfg;
         w.duration = 0;
+        w.replay = 0;
         R.cfg = &w;
         loop(&R, cfg->warmup, 0, conc, 0, cfg->warmup_base);
         int failed = R.failed;

@@ -3,6 +3,7 @@
  * `num_prompts` were sent (or `duration` passed). Open loop: send at `rate` requests/s with
  * gamma-distributed gaps (shape = burstiness; 1 = Poisson) or a constant gap, optionally
  * capped at `concurrency` in flight (late arrivals wait for a slot, as vLLM's benchmark).
+ * Replay: each prompt at its own arrival time (a trace's), with the same optional cap.
  * Warm-up requests run first, closed loop, and are not measured.
  */
 #ifndef PAGODA_BENCH_RUN_H
@@ -25,6 +26,7 @@ struct run_cfg {
     int warmup;           /* unmeasured requests first */
     int warmup_base;      /* the dataset index of the first warm-up prompt */
     int first_index;      /* the dataset index of the first measured prompt */
+    int replay;           /* send each prompt at its arrival (trace replay): rate is ignored */
     double timeout;       /* per request, s */
     int progress;         /* a live progress line on stderr */
     uint64_t seed;
