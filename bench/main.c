@@ -453,7 +453,7 @@ int main(int argc, char **argv)
         cJSON *cfg = config_json(&o, model ? model : "");
         if (o.dataset == DS_TRACE) {
             cJSON_AddStringToObject(cfg, "trace_format", trace_format_name(tr.format));
-            cJSON_AddNumberToObject(cfg, "trace_requests", base);
+            cJSON_ReplaceItemInObjectCaseSensitive(cfg, "num_prompts", cJSON_CreateNumber(base));
         }
         cJSON_AddItemToObject(doc, "config", cfg);
         cJSON_DetachItemViaPointer(doc, cfg); /* keeps its name: back in as the first member */
