@@ -236,6 +236,9 @@ struct cu_ctx {
     void **walloc;
     int n_w, cap_w;
     size_t weight_bytes;
+
+    /* the host-memory KV tier's copy stream (copy.cu), made by the first host_alloc */
+    cu_copier *copier;
 };
 
 /* ---- tape execution ---- */
@@ -793,6 +796,60 @@ static void cu_download(void *ctx, void *dst, const void *src, size_t bytes)
     flush(c);
     CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->st));
     CU(cudaStreamSynchronize(c->st));
+}
+
+/* The copy engine of the host-memory KV tier (backend_ops.host_alloc and on). Each copy
+ * batch runs the operations recorded so far first: it must follow the step that wrote its
+ * blocks. */
+static void *cu_host_alloc(void *ctx, size_t bytes)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    CU(cudaSetDevice(c->dev));
+    void *p = NULL;
+    if (cudaMallocHost(&p, bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    if (!c->copier) c->copier = cu_copier_create();
+    return p;
+}
+
+static void cu_host_free(void *ctx, void *p)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    if (c->copier) CU(cudaStreamSynchronize(c->st));
+    cu_copier_destroy(c->copier);
+    c->copier = NULL;
+    if (p) CU(cudaFreeHost(p));
+}
+
+static void cu_copy_begin(void *ctx)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    flush(c);
+    cu_copier_follow(c->copier, c->st);
+}
+
+static void cu_copy_async(void *ctx, void *dst, const void *src, size_t bytes, int to_host)
+{
+    cu_copier_copy(((cu_ctx *)ctx)->copier, dst, src, bytes, to_host);
+}
+
+static uint64_t cu_copy_mark(void *ctx)
+{
+    return cu_copier_mark(((cu_ctx *)ctx)->copier);
+}
+
+static int cu_copy_done(void *ctx, uint64_t t)
+{
+    return cu_copier_done(((cu_ctx *)ctx)->copier, t);
+}
+
+static void cu_copy_fence(void *ctx)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    flush(c);
+    cu_copier_fence(c->copier, c->st);
 }
 
 static int cu_weight_prepare(void *ctx, struct qweight *w, struct err *e)
@@ -2086,6 +2143,7 @@ static void cu_destroy(void *ctx)
         CU(cudaEventDestroy(c->join[j]));
         CU(cudaFree(c->side_ws[j]));
     }
+    cu_copier_destroy(c->copier);
     cu_gemm_ctx_destroy(&c->g);
     cublasLtDestroy(c->g.lt);
     CU(cudaFree(c->g.workspace));
@@ -2135,6 +2193,13 @@ static const struct backend_ops cuda_ops = {
     /* Gemma 4's scalars are not on this backend yet: models that need them are refused when
      * they load */
     .scale = cu_scale_op,
+    .host_alloc = cu_host_alloc,
+    .host_free = cu_host_free,
+    .copy_begin = cu_copy_begin,
+    .copy_async = cu_copy_async,
+    .copy_mark = cu_copy_mark,
+    .copy_done = cu_copy_done,
+    .copy_fence = cu_copy_fence,
 };
 
 int backend_cuda_device_count(void)

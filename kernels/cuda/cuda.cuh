@@ -391,4 +391,22 @@ void cu_sample(cudaStream_t s, int32_t *out, const float *x, int rows, int n, co
 void cu_ktrace_start(const char *path);
 void cu_ktrace_stop(void);
 
+/* ---- the copy engine of the host-memory KV tier (copy.cu) ---- */
+
+/* A stream beside the step's stream for copies between KV blocks and pinned host memory,
+ * with a ring of events as tickets (backend_ops.copy_async and the rest). */
+struct cu_copier;
+cu_copier *cu_copier_create(void);
+void cu_copier_destroy(cu_copier *k);
+/** The copies queued from now on run after the work queued on step so far. */
+void cu_copier_follow(cu_copier *k, cudaStream_t step);
+/** Queues dst = src on the copy stream. */
+void cu_copier_copy(cu_copier *k, void *dst, const void *src, size_t bytes, int to_host);
+/** A ticket completed once every copy queued so far has (waits only when CU_COPY_TICKETS
+ * tickets are outstanding). */
+uint64_t cu_copier_mark(cu_copier *k);
+int cu_copier_done(cu_copier *k, uint64_t t);
+/** The work queued on step from now on waits for every copy queued so far. */
+void cu_copier_fence(cu_copier *k, cudaStream_t step);
+
 #endif

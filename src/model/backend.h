@@ -231,6 +231,25 @@ struct backend_ops {
     void (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
     /* x [n] *= s (Gemma 4's layer scalars). */
     void (*scale)(void *ctx, float *x, int64_t n, float s);
+
+    /* A copy engine beside the step (the host-memory KV tier, paged_kv/kv_host.h). Optional
+     * (NULL: the backend has none; the CPU's KV pool is host memory already). Copies run in
+     * the order queued, each after the step work queued before its copy_begin, and never
+     * make the host wait. */
+    /* Pinned host memory (NULL when it cannot be had), and its release. */
+    void *(*host_alloc)(void *ctx, size_t bytes);
+    void (*host_free)(void *ctx, void *p);
+    /* The copies queued from now on run after the step work queued so far. */
+    void (*copy_begin)(void *ctx);
+    /* Queues dst = src, one of them pinned host memory (from host_alloc), the other
+     * backend memory; to_host: device to host. */
+    void (*copy_async)(void *ctx, void *dst, const void *src, size_t bytes, int to_host);
+    /* A ticket (> 0, increasing) completed once every copy queued so far has; whether
+     * ticket t has (never waits). */
+    uint64_t (*copy_mark)(void *ctx);
+    int (*copy_done)(void *ctx, uint64_t t);
+    /* The step work queued from now on waits on the device for every copy queued so far. */
+    void (*copy_fence)(void *ctx);
 };
 
 struct backend {

@@ -53,3 +53,36 @@ void model_kv_block_write(struct model *m, int block, const void *src)
         p += nk + nv;
     }
 }
+
+int model_kv_copy_engine(const struct model *m)
+{
+    const struct backend_ops *o = m->be->ops;
+    return o->host_alloc && o->copy_begin && o->copy_async && o->copy_mark && o->copy_done &&
+           o->copy_fence;
+}
+
+/* Both directions: a block's image is 2 copies per layer that owns KV. */
+static void block_copy(struct model *m, int block, char *host, int to_host)
+{
+    const struct backend_ops *o = m->be->ops;
+    o->copy_begin(m->be->ctx);
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        if (!owns_kv(&m->cfg, l)) continue;
+        size_t nk = layer_bytes(m, l, 0), nv = layer_bytes(m, l, 1);
+        char *k = (char *)m->kv[l].k + nk * (size_t)block,
+             *v = (char *)m->kv[l].v + nv * (size_t)block;
+        o->copy_async(m->be->ctx, to_host ? host : k, to_host ? k : host, nk, to_host);
+        o->copy_async(m->be->ctx, to_host ? host + nk : v, to_host ? v : host + nk, nv, to_host);
+        host += nk + nv;
+    }
+}
+
+void model_kv_block_copy_out(struct model *m, int block, void *dst)
+{
+    block_copy(m, block, dst, 1);
+}
+
+void model_kv_block_copy_in(struct model *m, int block, const void *src)
+{
+    block_copy(m, block, (char *)src, 0);
+}

@@ -125,7 +125,7 @@ static void complete(struct kv_tier *t, struct io_uring_cqe *cqe, kv_tier_write_
     if (l->state == LOAD_RUNNING && r->idx < l->first_bad) {
         struct kv_hash h = l->hashes[r->idx];
         if (kv_disk_decode(t->disk, h, &r->ref, r->buf, res, t->raw) == 0) {
-            if (fn) fn(user, l->blocks[r->idx], t->raw);
+            if (fn) fn(user, l->blocks[r->idx], h, t->raw);
         } else {
             l->first_bad = r->idx;
         }

@@ -49,8 +49,9 @@ struct kv_tier_stats {
     uint64_t load_failed;             /* loads cut short by a fault or a missing record */
 };
 
-/** Called for each block a load brings in: copy raw [block_bytes] into pool block `block`. */
-typedef void (*kv_tier_write_fn)(void *user, int32_t block, const void *raw);
+/** Called for each block a load brings in: copy raw [block_bytes], block h, into pool block
+ * `block`. */
+typedef void (*kv_tier_write_fn)(void *user, int32_t block, struct kv_hash h, const void *raw);
 
 struct kv_tier;
 

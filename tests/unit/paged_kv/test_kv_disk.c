@@ -372,9 +372,10 @@ static ssize_t faulty_read_done(int fd, void *buf, size_t n, off_t off, ssize_t 
 }
 
 static unsigned char *landed; /* [16][RAW] blocks written by loads */
-static void land(void *user, int32_t block, const void *raw)
+static void land(void *user, int32_t block, struct kv_hash h, const void *raw)
 {
     (void)user;
+    (void)h;
     memcpy(landed + (size_t)block * RAW, raw, RAW);
 }
 
