@@ -75,10 +75,11 @@ const char arg_engine_usage[] =
     "  --threads N                 CPU compute threads (default: one per core)\n"
     "  --num-blocks N              KV blocks in the pool (default: from --kv-cache-memory)\n"
     "  --kv-cache-memory BYTES     KV pool size, e.g. 2GiB (default 1GiB on the CPU)\n"
-    "  --kv-disk-dir DIR           keep KV blocks on disk under DIR too (CPU backend): they\n"
-    "                              outlive the pool and restarts; one server per DIR\n"
-    "  --kv-disk-size BYTES        byte budget of --kv-disk-dir (default 16GiB)\n"
-    ARG_KV_USAGE
+    "  --kv-host-memory BYTES      CUDA: pinned host memory that keeps KV blocks evicted from\n"
+    "                              the GPU pool, e.g. 64GiB (the CPU's pool is host memory)\n"
+    "  --kv-disk-dir DIR           keep KV blocks on disk under DIR too: they outlive the\n"
+    "                              pool and restarts; one server per DIR\n"
+    "  --kv-disk-size BYTES        byte budget of --kv-disk-dir (default 16GiB)\n" ARG_KV_USAGE
     "  --gpu-memory-utilization F  GPU share for weights, activations and KV (default 0.9)\n"
     "  --block-size N              tokens per KV block (default 16)\n"
     "  --max-num-batched-tokens N  token budget of one step (default 2048)\n"
@@ -252,6 +253,10 @@ int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg)
         if (!v) return -1;
         cfg->kv_disk_dir = v;
         return 1;
+    }
+    if (!strcmp(a, "--kv-host-memory")) {
+        const char *v = arg_value(argc, argv, i);
+        return !v || arg_bytes(a, v, &cfg->kv_host_memory) ? -1 : 1;
     }
     if (!strcmp(a, "--kv-disk-size")) {
         const char *v = arg_value(argc, argv, i);

@@ -257,48 +257,68 @@ static void spec_render(const struct engine_stats *st, struct http_buf *o)
     }
 }
 
-/* The disk tier's figures (--kv-disk-dir). */
+/* One line per tier that is on: host then disk (values as unsigned, or seconds). */
+static void tier_line(struct http_buf *o, const struct engine_stats *st, const char *name,
+                      const char *extra, unsigned long long host, unsigned long long disk)
+{
+    if (st->host_on) http_buf_printf(o, "%s{tier=\"host\"%s} %llu\n", name, extra, host);
+    if (st->tier_on) http_buf_printf(o, "%s{tier=\"disk\"%s} %llu\n", name, extra, disk);
+}
+
+static void tier_seconds(struct http_buf *o, const struct engine_stats *st, const char *name,
+                         double host, double disk)
+{
+    if (st->host_on) http_buf_printf(o, "%s{tier=\"host\"} %.6f\n", name, host);
+    if (st->tier_on) http_buf_printf(o, "%s{tier=\"disk\"} %.6f\n", name, disk);
+}
+
+/* The figures of the tiers below the pool (--kv-host-memory, --kv-disk-dir). */
 static void tier_render(const struct engine_stats *st, struct http_buf *o)
 {
     const struct kv_tier_stats *t = &st->tier;
+    const struct kv_host_stats *h = &st->host;
     head(o, "pagoda_kv_tier_blocks", "gauge", "KV blocks held by a tier below the pool.");
-    http_buf_printf(o, "pagoda_kv_tier_blocks{tier=\"disk\"} %llu\n",
-                    (unsigned long long)t->disk.blocks);
+    tier_line(o, st, "pagoda_kv_tier_blocks", "", h->blocks, t->disk.blocks);
     head(o, "pagoda_kv_tier_bytes", "gauge", "Bytes a tier below the pool uses, and its budget.");
-    http_buf_printf(o,
-                    "pagoda_kv_tier_bytes{tier=\"disk\",kind=\"used\"} %llu\n"
-                    "pagoda_kv_tier_bytes{tier=\"disk\",kind=\"budget\"} %zu\n",
-                    (unsigned long long)t->disk.bytes, t->disk_budget);
+    tier_line(o, st, "pagoda_kv_tier_bytes", ",kind=\"used\"", st->host_used_bytes, t->disk.bytes);
+    tier_line(o, st, "pagoda_kv_tier_bytes", ",kind=\"budget\"", st->host_budget_bytes,
+              t->disk_budget);
     head(o, "pagoda_kv_tier_query_tokens_total", "counter",
          "Prompt tokens past the pool's prefix hits looked up in a tier.");
-    http_buf_printf(o, "pagoda_kv_tier_query_tokens_total{tier=\"disk\"} %llu\n",
-                    (unsigned long long)st->tier_query_tokens);
+    tier_line(o, st, "pagoda_kv_tier_query_tokens_total", "", st->host_query_tokens,
+              st->tier_query_tokens);
     head(o, "pagoda_kv_tier_hit_tokens_total", "counter", "Prompt tokens loaded from a tier.");
-    http_buf_printf(o, "pagoda_kv_tier_hit_tokens_total{tier=\"disk\"} %llu\n",
-                    (unsigned long long)st->tier_hit_tokens);
-    head(o, "pagoda_kv_tier_bypasses_total", "counter",
-         "Tier hits recomputed instead: loading was estimated slower.");
-    http_buf_printf(o, "pagoda_kv_tier_bypasses_total{tier=\"disk\"} %llu\n",
-                    (unsigned long long)st->tier_bypasses);
+    tier_line(o, st, "pagoda_kv_tier_hit_tokens_total", "", st->host_hit_tokens,
+              st->tier_hit_tokens);
+    if (st->tier_on) {
+        head(o, "pagoda_kv_tier_bypasses_total", "counter",
+             "Tier hits recomputed instead: loading was estimated slower.");
+        http_buf_printf(o, "pagoda_kv_tier_bypasses_total{tier=\"disk\"} %llu\n",
+                        (unsigned long long)st->tier_bypasses);
+    }
     head(o, "pagoda_kv_tier_load_bytes_total", "counter", "KV bytes loaded from a tier.");
-    http_buf_printf(o, "pagoda_kv_tier_load_bytes_total{tier=\"disk\"} %llu\n",
-                    (unsigned long long)t->load_bytes);
+    tier_line(o, st, "pagoda_kv_tier_load_bytes_total", "", st->host_load_bytes, t->load_bytes);
     head(o, "pagoda_kv_tier_load_seconds_total", "counter", "Time loads from a tier took.");
-    http_buf_printf(o, "pagoda_kv_tier_load_seconds_total{tier=\"disk\"} %.6f\n", t->load_seconds);
+    tier_seconds(o, st, "pagoda_kv_tier_load_seconds_total", st->host_load_seconds,
+                 t->load_seconds);
     head(o, "pagoda_kv_tier_store_bytes_total", "counter", "KV bytes stored in a tier.");
-    http_buf_printf(o, "pagoda_kv_tier_store_bytes_total{tier=\"disk\"} %llu\n",
-                    (unsigned long long)t->disk.stored_bytes);
-    head(o, "pagoda_kv_tier_store_seconds_total", "counter", "Time the tier's writer was busy.");
-    http_buf_printf(o, "pagoda_kv_tier_store_seconds_total{tier=\"disk\"} %.6f\n",
-                    t->store_seconds);
+    tier_line(o, st, "pagoda_kv_tier_store_bytes_total", "", st->host_store_bytes,
+              t->disk.stored_bytes);
+    if (st->tier_on) {
+        head(o, "pagoda_kv_tier_store_seconds_total", "counter",
+             "Time the tier's writer was busy.");
+        http_buf_printf(o, "pagoda_kv_tier_store_seconds_total{tier=\"disk\"} %.6f\n",
+                        t->store_seconds);
+    }
     head(o, "pagoda_kv_tier_store_dropped_total", "counter",
          "Blocks not stored: the store queue was full, or the budget had nothing to evict.");
-    http_buf_printf(o, "pagoda_kv_tier_store_dropped_total{tier=\"disk\"} %llu\n",
-                    (unsigned long long)(t->store_dropped + t->disk.full));
+    tier_line(o, st, "pagoda_kv_tier_store_dropped_total", "", h->store_dropped,
+              t->store_dropped + t->disk.full);
     head(o, "pagoda_kv_tier_evicted_blocks_total", "counter",
          "Blocks dropped for the byte budget.");
-    http_buf_printf(o, "pagoda_kv_tier_evicted_blocks_total{tier=\"disk\"} %llu\n",
-                    (unsigned long long)t->disk.evicted_blocks);
+    tier_line(o, st, "pagoda_kv_tier_evicted_blocks_total", "", h->evicted_blocks,
+              t->disk.evicted_blocks);
+    if (!st->tier_on) return;
     head(o, "pagoda_kv_tier_faults_total", "counter",
          "I/O faults of a tier by kind; each is a miss and a recompute.");
     http_buf_printf(o,
@@ -368,7 +388,7 @@ static void engine_render(const struct engine_stats *st, struct http_buf *o)
     hist_lines(o, "pagoda_engine_step_seconds", engine_step_bucket_bounds, ENGINE_STEP_BUCKETS,
                st->step_hist, st->step_time_sum);
     spec_render(st, o);
-    if (st->tier_on) tier_render(st, o);
+    if (st->tier_on || st->host_on) tier_render(st, o);
 }
 
 /* A bucket bound as Prometheus' Python client writes it: "1.0", "2560.0", "0.005". */

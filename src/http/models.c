@@ -314,6 +314,25 @@ static void stats_add(struct engine_stats *a, const struct engine_stats *b)
         a->tier_hit_tokens += b->tier_hit_tokens;
         a->tier_bypasses += b->tier_bypasses;
     }
+    if (b->host_on) { /* the host tiers of every model, summed */
+        struct kv_host_stats *x = &a->host;
+        const struct kv_host_stats *y = &b->host;
+        a->host_on = 1;
+        x->blocks += y->blocks;
+        x->slots += y->slots;
+        x->stored_blocks += y->stored_blocks;
+        x->store_dropped += y->store_dropped;
+        x->evicted_blocks += y->evicted_blocks;
+        x->load_blocks += y->load_blocks;
+        x->fences += y->fences;
+        a->host_used_bytes += b->host_used_bytes;
+        a->host_budget_bytes += b->host_budget_bytes;
+        a->host_load_bytes += b->host_load_bytes;
+        a->host_store_bytes += b->host_store_bytes;
+        a->host_query_tokens += b->host_query_tokens;
+        a->host_hit_tokens += b->host_hit_tokens;
+        a->host_load_seconds += b->host_load_seconds;
+    }
 }
 
 int http_models_stats(struct http_models *ms, struct engine_stats *out)

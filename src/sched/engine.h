@@ -33,6 +33,7 @@
 #include "model/config.h"
 #include "model/pooling.h"
 #include "model/sampler.h"
+#include "paged_kv/kv_host.h"
 #include "paged_kv/kv_tier.h"
 #include "paged_kv/kv_quant.h"
 #include "text/grammar.h"
@@ -203,6 +204,10 @@ struct engine_config {
      * directory and a prefix that misses the pool is loaded from there; NULL: none */
     const char *kv_disk_dir;
     size_t kv_disk_size; /* its byte budget; 0: 16 GiB */
+    /* The host-memory tier (backends with a copy engine: CUDA): bytes of pinned host memory
+     * that hold blocks copied down from the device pool; 0: none (with a disk tier on such
+     * a backend, a staging area of its own size) */
+    size_t kv_host_memory;
     /* KV-cache events (paged_kv/kv_events.h): when set, blocks stored in and evicted from
      * the prefix cache are reported to it, one batch per step; owned by the caller, it
      * outlives the engine. NULL: none. */
@@ -246,6 +251,14 @@ struct engine_stats {
     uint64_t tier_query_tokens; /* prompt tokens past the pool's hits looked up on disk */
     uint64_t tier_hit_tokens;   /* of those, loaded from disk */
     uint64_t tier_bypasses;     /* loads skipped: recomputing was estimated faster */
+    /* the host-memory tier (host_on 0: none, the rest 0) */
+    int host_on;
+    struct kv_host_stats host;
+    /* bytes held and the budget, loaded and stored */
+    uint64_t host_used_bytes, host_budget_bytes, host_load_bytes, host_store_bytes;
+    uint64_t host_query_tokens; /* prompt tokens past the pool's hits looked up there */
+    uint64_t host_hit_tokens;   /* of those, copied up from there */
+    double host_load_seconds;   /* from the start of each load to its end */
     /* seconds from submission to a request's first schedule (vLLM's queued time) */
     uint64_t queue_hist[ENGINE_QUEUE_BUCKETS + 1];
     double queue_time_sum;

@@ -39,9 +39,15 @@ struct request {
     int n_hashes;           /* hashes known (computed from tokens) */
     int n_committed;        /* blocks registered in the index */
     int32_t state_slot;     /* recurrent-state slot while running (hybrid models), else -1 */
-    /* the disk tier: the load in progress (-1: none), holding blocks[0..n_blocks) of which
-     * those from load_from on are being read; tier_tried: looked up once already */
+    /* tier loads (sched/tier.c): while `loading`, r waits aside holding blocks[0..n_blocks):
+     * [host_from, host_from + host_n) copied up from the host tier, [load_from, n_blocks)
+     * read from disk by load load_id (-1: none or ended), of which those before load_end
+     * hold their KV once it has ended; host_ticket: the copy engine's ticket the blocks wait
+     * for (0: none); tier_tried: looked up once already */
     int load_id, load_from, tier_tried;
+    int loading, host_from, host_n, load_end;
+    uint64_t host_ticket;
+    double load_t0;
 
     /* speculative decoding (sched/spec.c): drafts for the next step in tokens[n_tokens ..
      * n_tokens + n_draft) (scratch past the known tokens), the measured acceptance (moving
@@ -110,6 +116,11 @@ struct engine {
      * are being read; prefill_tps: tokens per second of large steps (an average), for the
      * load-or-recompute estimate; the counters are published with the statistics. */
     struct kv_tier *tier;
+    /* The host-memory tier over the pinned arena host_mem; NULL: none. */
+    struct kv_host *host;
+    void *host_mem;
+    uint64_t host_query_tokens, host_hit_tokens;
+    double host_load_seconds;
     int n_loading;
     double prefill_tps;
     uint64_t tier_query_tokens, tier_hit_tokens, tier_bypasses;
@@ -219,15 +230,20 @@ enum finish_reason step_emit(struct engine *en, struct request *r, int32_t t, co
 int step_cap_snapshot(const struct engine *en, const struct request *r, int computed, int n_new);
 /* Registers r's full blocks of known tokens that its computed rows cover. */
 void step_commit_blocks(struct engine *en, struct request *r);
-/* tier.c: the disk tier */
-/* Opens the tier when cfg.kv_disk_dir names one (pool_fp: the pool's fingerprint);
- * 0 also when the tier stays off (hybrid models, no prefix caching: a note on stderr). */
+/* tier.c: the host-memory and disk tiers */
+/* Opens the tiers cfg.kv_host_memory and cfg.kv_disk_dir name (pool_fp: the pool's
+ * fingerprint); 0 also when they stay off (hybrid models, no prefix caching: a note on
+ * stderr). */
 int tier_open(struct engine *en, const char *pool_fp, struct err *e);
 void tier_close(struct engine *en);
-/* Queues pool block `block`, just registered under h, for the disk (unless held there). */
+/* Queues pool block `block`, just registered under h, for the tiers (unless held there). */
 void tier_store(struct engine *en, int32_t block, struct kv_hash h);
-/* Once per request: when r's prefix continues on disk past its n_hit pool hits (in
- * en->hit_blocks) and loading beats recomputing, takes the blocks and starts the load:
+/* Pool blocks[0..n) were just allocated: the next steps write them (sched/tier.c fences
+ * them behind pending copies down). */
+void tier_reuse(struct engine *en, const int32_t *blocks, int n);
+/* Once per request: when r's prefix continues in host memory or on disk past its n_hit
+ * pool hits (in en->hit_blocks) and loading beats recomputing, takes the blocks and starts
+ * the loads:
  * 1, r waits for it (tier_poll); 0: plan r as usual. */
 int tier_try_load(struct engine *en, struct request *r, int n_hit);
 /* Takes landed reads; a finished load's blocks join the pool's index and are released. */

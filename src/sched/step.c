@@ -187,6 +187,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
         }
         if (self) break;
         kv_allocate(&en->pool, need, r->blocks + r->n_blocks);
+        tier_reuse(en, r->blocks + r->n_blocks, need);
         r->n_blocks += need;
         if (k > 0) spec_commit(en, r);
         plan[n_plan++] = (struct step_seq){r, n_new, -1, 0, 0, 0, 0, 0, k};
@@ -204,7 +205,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
     for (struct request *r = en->waiting.head, *nx;
          r && budget > 0 && en->running.n < en->cfg.max_num_seqs && n_plan < seq_cap; r = nx) {
         nx = r->next;
-        if (r->load_id >= 0) continue;
+        if (r->loading) continue;
         if (ahead && !pickable(en, r)) {
             en->want_sync = 1;
             break;
@@ -240,6 +241,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
         kv_touch(&en->pool, en->hit_blocks, n_hit);
         memcpy(r->blocks, en->hit_blocks, sizeof(int32_t) * (size_t)n_hit);
         kv_allocate(&en->pool, need, r->blocks + n_hit);
+        tier_reuse(en, r->blocks + n_hit, need);
         r->n_blocks = n_hit + need;
         r->n_computed = computed;
         r->n_committed = n_hit;

@@ -1,8 +1,13 @@
 /*
- * The engine's side of the disk tier (paged_kv/kv_tier.h): full blocks go down as their
- * hashes are committed; a waiting request whose prefix continues on disk past the pool's
- * hits loads those blocks while the others step, unless recomputing them is estimated to
- * be faster.
+ * The engine's side of the tiers below the pool: host memory (paged_kv/kv_host.h, backends
+ * with a copy engine) and disk (paged_kv/kv_tier.h). Full blocks go down as their hashes
+ * are committed (write-through: an eviction from the pool then costs nothing); a waiting
+ * request whose prefix continues in a tier past the pool's hits loads those blocks while
+ * the others step, unless recomputing them is estimated to be faster (disk).
+ *
+ * With a copy engine (CUDA) every block moves through the host tier's pinned slots: down,
+ * device -> slot -> disk writer; up, disk -> slot -> device. Without one (the CPU, whose
+ * pool is host memory) the disk tier reads and writes pool blocks directly.
  */
 #include <dirent.h>
 #include <fcntl.h>
@@ -14,12 +19,15 @@
 #include <xxhash.h>
 
 #include "common/util.h"
+#include "model/backend.h"
 #include "model/kv_block.h"
 #include "paged_kv/kv_events.h"
 #include "sched/engine_impl.h"
 
 /* The store queue holds two full steps of blocks, within this many bytes. */
 #define TIER_QUEUE_BYTES ((size_t)128 << 20)
+/* Pinned staging of a disk tier on a backend with a copy engine and no --kv-host-memory. */
+#define TIER_STAGING_BYTES ((size_t)256 << 20)
 /* Bytes hashed at each end of a weights file for the fingerprint. */
 #define TIER_FP_SAMPLE ((size_t)1 << 20)
 
@@ -75,24 +83,88 @@ static int fingerprint(const struct engine *en, const char *base, char *out, int
     return n < cap ? n : cap - 1;
 }
 
+/* The copy engine of the host tier: the backend's, over the engine's model. */
+static void copy_out(void *user, int32_t block, void *dst)
+{
+    struct engine *en = user;
+    model_kv_block_copy_out(en->m, block, dst);
+}
+
+static void copy_in(void *user, int32_t block, const void *src)
+{
+    struct engine *en = user;
+    model_kv_block_copy_in(en->m, block, src);
+}
+
+static uint64_t copy_mark(void *user)
+{
+    struct engine *en = user;
+    return en->be.ops->copy_mark(en->be.ctx);
+}
+
+static int copy_done(void *user, uint64_t t)
+{
+    struct engine *en = user;
+    return en->be.ops->copy_done(en->be.ctx, t);
+}
+
+static void copy_fence(void *user)
+{
+    struct engine *en = user;
+    en->be.ops->copy_fence(en->be.ctx);
+}
+
+static int host_open(struct engine *en, size_t bytes, struct err *e)
+{
+    size_t bb = model_kv_block_bytes(en->m);
+    size_t slots = bytes / bb;
+    if (slots < 1)
+        return err_set(e, "--kv-host-memory %zu: less than one KV block (%zu bytes)", bytes, bb);
+    if (slots > INT32_MAX / 2) slots = INT32_MAX / 2;
+    en->host_mem = en->be.ops->host_alloc(en->be.ctx, slots * bb);
+    if (!en->host_mem)
+        return err_set(e, "--kv-host-memory: cannot pin %zu bytes of host memory", slots * bb);
+    struct kv_host_config hc = {.mem = en->host_mem,
+                                .slots = (int)slots,
+                                .block_bytes = bb,
+                                .device_blocks = en->pool.n_blocks,
+                                .copy = {en, copy_out, copy_in, copy_mark, copy_done, copy_fence}};
+    en->host = kv_host_create(&hc);
+    return 0;
+}
+
 int tier_open(struct engine *en, const char *pool_fp, struct err *e)
 {
     const struct engine_config *cfg = &en->cfg;
-    if (!cfg->kv_disk_dir) return 0;
+    if (!cfg->kv_disk_dir && !cfg->kv_host_memory) return 0;
+    const char *flag = cfg->kv_host_memory ? "--kv-host-memory" : "--kv-disk-dir";
+    int engine = model_kv_copy_engine(en->m);
+    if (cfg->kv_host_memory && !engine)
+        return err_set(e,
+                       "--kv-host-memory: the %s backend keeps the KV pool in host memory "
+                       "already; give the pool that memory instead (--kv-cache-memory), or "
+                       "add a disk tier (--kv-disk-dir)",
+                       en->be.ops->name);
+    if (cfg->kv_disk_dir && !engine && strcmp(en->be.ops->name, "cpu") != 0)
+        return err_set(e, "--kv-disk-dir: the %s backend has no copy engine for the disk tier",
+                       en->be.ops->name);
     if (cfg->disable_prefix_caching) {
-        fprintf(stderr, "pagoda: --kv-disk-dir is unused: prefix caching is off\n");
+        fprintf(stderr, "pagoda: %s is unused: prefix caching is off\n", flag);
         return 0;
     }
     if (en->hybrid) {
         /* A prefix hit of a hybrid model resumes from the recurrent-state snapshot at the
-         * hit's last block; snapshots are not written down, so a disk hit could never be
+         * hit's last block; snapshots stay in the device pool, so a tier hit could never be
          * used. */
-        fprintf(stderr, "pagoda: --kv-disk-dir is off for hybrid models: their recurrent-state "
-                        "snapshots are not stored on disk\n");
+        fprintf(stderr,
+                "pagoda: %s is off for hybrid models: their recurrent-state snapshots "
+                "are not stored in the tiers\n",
+                flag);
         return 0;
     }
-    if (strcmp(en->be.ops->name, "cpu") != 0)
-        return err_set(e, "--kv-disk-dir: the disk tier runs on the CPU backend only so far");
+    if (engine && host_open(en, cfg->kv_host_memory ? cfg->kv_host_memory : TIER_STAGING_BYTES, e))
+        return -1;
+    if (!cfg->kv_disk_dir) return 0;
     char fp[2048];
     int fpn = fingerprint(en, pool_fp, fp, sizeof fp);
     size_t bb = model_kv_block_bytes(en->m);
@@ -112,95 +184,199 @@ int tier_open(struct engine *en, const char *pool_fp, struct err *e)
     return en->tier ? 0 : -1;
 }
 
+/* A block ready in host memory that the disk tier wants: into the writer's queue. */
+static void to_disk(void *user, struct kv_hash h, const void *bytes)
+{
+    struct engine *en = user;
+    if (kv_tier_has(en->tier, h)) return;
+    void *buf = kv_tier_store_begin(en->tier);
+    if (!buf) return; /* the queue is full: dropped (counted) */
+    memcpy(buf, bytes, model_kv_block_bytes(en->m));
+    kv_tier_store_end(en->tier, h);
+}
+
 void tier_close(struct engine *en)
 {
+    if (en->host) {
+        /* the copies down in flight complete and reach the disk writer before it stops */
+        uint64_t t = kv_host_mark(en->host);
+        while (!kv_host_done(en->host, t)) usleep(100);
+        kv_host_poll(en->host, en->tier ? to_disk : NULL, en);
+    }
     kv_tier_destroy(en->tier);
     en->tier = NULL;
+    if (en->host) {
+        kv_host_destroy(en->host);
+        en->be.ops->host_free(en->be.ctx, en->host_mem);
+        en->host = NULL;
+        en->host_mem = NULL;
+    }
 }
 
 void tier_store(struct engine *en, int32_t block, struct kv_hash h)
 {
-    if (kv_lookup(&en->pool, h) != block || kv_tier_has(en->tier, h)) return;
+    if (kv_lookup(&en->pool, h) != block) return;
+    if (en->host) {
+        kv_host_store(en->host, h, block, en->tier && !kv_tier_has(en->tier, h));
+        return;
+    }
+    if (kv_tier_has(en->tier, h)) return;
     void *buf = kv_tier_store_begin(en->tier);
     if (!buf) return; /* the queue is full: dropped (counted) */
     model_kv_block_read(en->m, block, buf);
     kv_tier_store_end(en->tier, h);
 }
 
+void tier_reuse(struct engine *en, const int32_t *blocks, int n)
+{
+    if (en->host) kv_host_reuse(en->host, blocks, n);
+}
+
 int tier_try_load(struct engine *en, struct request *r, int n_hit)
 {
-    if (!en->tier || r->tier_tried) return 0;
+    if ((!en->tier && !en->host) || r->tier_tried) return 0;
     r->tier_tried = 1;
     int bs = en->block_size, avail = r->n_hashes;
     if (avail * bs >= r->n_tokens) avail--; /* compute at least one token */
     if (avail <= n_hit) return 0;
-    int n = kv_tier_probe(en->tier, r->hashes + n_hit, avail - n_hit);
-    en->tier_query_tokens += (uint64_t)(r->n_tokens - n_hit * bs);
-    if (n == 0) return 0;
-    /* Never slower than recompute: with both rates measured, a load estimated to take at
-     * least as long as computing its tokens is bypassed. */
-    if (!kv_tier_worth_loading((double)n * (double)model_kv_block_bytes(en->m), n * bs,
-                               kv_tier_load_rate(en->tier), en->prefill_tps)) {
-        en->tier_bypasses++;
-        return 0;
+    int nh = 0, nd = 0;
+    if (en->host) {
+        nh = kv_host_probe(en->host, r->hashes + n_hit, avail - n_hit);
+        en->host_query_tokens += (uint64_t)(r->n_tokens - n_hit * bs);
     }
-    if (!kv_can_allocate(&en->pool, n, en->hit_blocks, n_hit)) return 0;
+    if (en->tier) {
+        nd = kv_tier_probe(en->tier, r->hashes + n_hit + nh, avail - n_hit - nh);
+        en->tier_query_tokens += (uint64_t)(r->n_tokens - (n_hit + nh) * bs);
+    }
+    /* Never slower than recompute: with both rates measured, a disk load estimated to take
+     * at least as long as computing its tokens is bypassed. A copy up from host memory
+     * (tens of GB/s) always beats recomputing. */
+    if (nd && !kv_tier_worth_loading((double)nd * (double)model_kv_block_bytes(en->m), nd * bs,
+                                     kv_tier_load_rate(en->tier), en->prefill_tps)) {
+        en->tier_bypasses++;
+        nd = 0;
+    }
+    if (nh + nd == 0 || !kv_can_allocate(&en->pool, nh + nd, en->hit_blocks, n_hit)) return 0;
     kv_touch(&en->pool, en->hit_blocks, n_hit);
     memcpy(r->blocks, en->hit_blocks, sizeof(int32_t) * (size_t)n_hit);
-    kv_allocate(&en->pool, n, r->blocks + n_hit);
-    r->n_blocks = n_hit + n;
-    r->load_id = kv_tier_load_start(en->tier, r->hashes + n_hit, r->blocks + n_hit, n);
-    if (r->load_id < 0) { /* every load slot busy: compute instead */
+    kv_allocate(&en->pool, nh + nd, r->blocks + n_hit);
+    tier_reuse(en, r->blocks + n_hit, nh + nd);
+    r->n_blocks = n_hit + nh + nd;
+    r->load_from = n_hit + nh;
+    r->load_id = -1;
+    if (nd) {
+        r->load_id =
+            kv_tier_load_start(en->tier, r->hashes + r->load_from, r->blocks + r->load_from, nd);
+        if (r->load_id < 0) { /* every load slot busy: compute those instead */
+            kv_release(&en->pool, r->blocks + r->load_from, nd);
+            r->n_blocks -= nd;
+        }
+    }
+    if (r->n_blocks == n_hit) {
         kv_release(&en->pool, r->blocks, r->n_blocks);
         r->n_blocks = 0;
         return 0;
     }
-    r->load_from = n_hit;
+    r->load_end = r->n_blocks;
+    r->host_from = n_hit;
+    r->host_n = nh;
+    r->host_ticket = nh ? kv_host_load(en->host, r->hashes + n_hit, r->blocks + n_hit, nh) : 0;
+    r->load_t0 = util_now();
+    r->loading = 1;
     en->n_loading++;
     return 1;
 }
 
-static void write_block(void *user, int32_t block, const void *raw)
+/* A block read from disk: into its pool block, through a host slot when there is a copy
+ * engine (or directly, ordered with the steps, when no slot is free). */
+static void write_block(void *user, int32_t block, struct kv_hash h, const void *raw)
 {
     struct engine *en = user;
+    if (en->host && kv_host_put(en->host, h, raw, block) == 0) return;
     model_kv_block_write(en->m, block, raw);
+}
+
+/* r's loaded blocks [a, a + n) join the pool's index. */
+static void commit_loaded(struct engine *en, struct request *r, int a, int n)
+{
+    for (int j = a; j < a + n; j++) {
+        /* a block back in the pool is a block stored, for KV-event subscribers too */
+        if (kv_commit_hash(&en->pool, r->blocks[j], r->hashes[j]) && en->cfg.kv_events)
+            kv_events_stored(en->cfg.kv_events, &r->hashes[j], 1, j ? &r->hashes[j - 1] : NULL,
+                             r->tokens + (size_t)j * (size_t)en->block_size);
+    }
 }
 
 void tier_poll(struct engine *en, double wait_s)
 {
-    if (!en->tier) return;
-    kv_tier_poll(en->tier, en->n_loading ? wait_s : 0, write_block, en);
+    if (en->host) kv_host_poll(en->host, en->tier ? to_disk : NULL, en);
+    if (en->tier) kv_tier_poll(en->tier, en->n_loading ? wait_s : 0, write_block, en);
+    if (en->host && en->n_loading && wait_s > 0)
+        usleep(100); /* nothing to step but copies up: they take microseconds each */
     if (!en->n_loading) return;
     for (struct request *r = en->waiting.head; r; r = r->next) {
-        int n_ok;
-        if (r->load_id < 0 || !kv_tier_load_done(en->tier, r->load_id, &n_ok)) continue;
-        /* The loaded blocks join the pool's index; released, they stay cached (LRU tail),
-         * so that the request's next plan finds its whole prefix there. */
-        for (int i = 0; i < n_ok; i++) {
-            int j = r->load_from + i;
-            /* a block back in the pool is a block stored, for KV-event subscribers too */
-            if (kv_commit_hash(&en->pool, r->blocks[j], r->hashes[j]) && en->cfg.kv_events)
-                kv_events_stored(en->cfg.kv_events, &r->hashes[j], 1, j ? &r->hashes[j - 1] : NULL,
-                                 r->tokens + (size_t)j * (size_t)en->block_size);
+        if (!r->loading) continue;
+        if (r->load_id >= 0) {
+            int n_ok;
+            if (!kv_tier_load_done(en->tier, r->load_id, &n_ok)) continue;
+            r->load_id = -1;
+            r->load_end = r->load_from + n_ok;
+            en->tier_hit_tokens += (uint64_t)n_ok * (uint64_t)en->block_size;
+            /* blocks put through host slots are in place once this ticket is */
+            if (en->host) r->host_ticket = kv_host_mark(en->host);
+        }
+        if (r->host_ticket && !kv_host_done(en->host, r->host_ticket)) continue;
+        /* the blocks past the first failure are computed (no copy writes them any more) */
+        kv_release(&en->pool, r->blocks + r->load_end, r->n_blocks - r->load_end);
+        r->n_blocks = r->load_end;
+        /* Loaded blocks join the pool's index; released, they stay cached (LRU tail), so
+         * that the request's next plan finds its whole prefix there. */
+        commit_loaded(en, r, r->host_from, r->n_blocks - r->host_from);
+        if (r->host_n) {
+            kv_host_unpin(en->host, r->hashes + r->host_from, r->host_n);
+            en->host_hit_tokens += (uint64_t)r->host_n * (uint64_t)en->block_size;
+            en->host_load_seconds += util_now() - r->load_t0;
         }
         kv_release(&en->pool, r->blocks, r->n_blocks);
         r->n_blocks = 0;
-        r->load_id = -1;
+        r->loading = 0;
+        r->host_n = 0;
+        r->host_ticket = 0;
         en->n_loading--;
-        en->tier_hit_tokens += (uint64_t)n_ok * (uint64_t)en->block_size;
     }
 }
 
 void tier_cancel(struct engine *en, struct request *r)
 {
-    if (r->load_id < 0) return;
-    kv_tier_load_cancel(en->tier, r->load_id);
+    if (!r->loading) return;
+    if (r->load_id >= 0) kv_tier_load_cancel(en->tier, r->load_id);
+    if (en->host) {
+        if (r->host_n) kv_host_unpin(en->host, r->hashes + r->host_from, r->host_n);
+        /* copies up into the blocks the caller releases may still be queued: the steps
+         * that write those blocks next run after them */
+        en->be.ops->copy_fence(en->be.ctx);
+    }
     r->load_id = -1;
+    r->loading = 0;
+    r->host_n = 0;
+    r->host_ticket = 0;
     en->n_loading--;
 }
 
 void tier_publish(struct engine *en, struct engine_stats *st)
 {
+    if (en->host) {
+        st->host_on = 1;
+        kv_host_stats(en->host, &st->host);
+        uint64_t bb = model_kv_block_bytes(en->m);
+        st->host_used_bytes = st->host.blocks * bb;
+        st->host_budget_bytes = st->host.slots * bb;
+        st->host_load_bytes = st->host.load_blocks * bb;
+        st->host_store_bytes = st->host.stored_blocks * bb;
+        st->host_query_tokens = en->host_query_tokens;
+        st->host_hit_tokens = en->host_hit_tokens;
+        st->host_load_seconds = en->host_load_seconds;
+    }
     if (!en->tier) return;
     st->tier_on = 1;
     kv_tier_stats(en->tier, &st->tier);
