@@ -2,7 +2,8 @@
  * The disk tier through the engine (llama-tiny, manual steps): a prompt computed by one
  * engine is loaded by the next on the same directory, while another request steps (the
  * loading one waits aside); its cached tokens and its greedy output match; a request
- * aborted while loading gives its blocks back; hybrid models keep the tier off.
+ * aborted while loading gives its blocks back; hybrid models keep the tier off; the CPU
+ * backend refuses a host-memory tier (its pool is host memory).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,6 +35,7 @@ static char model[512], disk[128];
 static struct engine *open_engine(const char *dir_model)
 {
     struct engine_config cfg = {.model_dir = dir_model,
+                                .device = "cpu",
                                 .manual = 1,
                                 .threads = 1,
                                 .max_num_batched_tokens = 256,
@@ -146,6 +148,19 @@ int main(int argc, char **argv)
         CHECK(!st.tier_on, "no tier for a hybrid model");
         engine_destroy(en);
     }
+    /* --kv-host-memory on the CPU backend: refused, saying why */
+    struct engine_config hc = {.model_dir = model,
+                               .device = "cpu",
+                               .manual = 1,
+                               .threads = 1,
+                               .kv_host_memory = (size_t)64 << 20};
+    struct err e = {0};
+    en = engine_create(&hc, &e);
+    CHECK(!en &&
+              strstr(e.msg, "--kv-host-memory: the cpu backend keeps the KV pool in host memory"),
+          "refused: %s", e.msg);
+    engine_destroy(en);
+
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf %s", disk);
     CHECK(system(cmd) == 0, "rm");

@@ -1,0 +1,219 @@
+/*
+ * The KV tiers on the CUDA backend (llama-tiny, manual steps, batch-invariant products so
+ * that a prefix loaded from a tier and one computed give the same greedy tokens):
+ *   host: a pool of 48 blocks, --kv-host-memory 64 MiB; a 600-token prompt, then three
+ *     others that push its blocks out of the pool; sent again, its 37 full blocks come
+ *     back from the host tier while another request steps (the first step prefills only
+ *     the other's 100 tokens), with the cold run's greedy tokens;
+ *   host, aborted while loading: its blocks go back and the prompt still runs right;
+ *   disk: --kv-disk-dir without host memory (blocks staged through pinned slots), the
+ *     engine destroyed and made again on the same directory (a restart): the prompt's
+ *     blocks come back from disk with the cold run's greedy tokens.
+ * Without a GPU: "no GPU: not run", exit 77 (skipped).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model/backend.h"
+#include "sched/engine.h"
+#include "test_util.h"
+
+#define N_PROMPT 600
+#define N_OUT    8
+#define N_FULL   (N_PROMPT / 16 * 16) /* tokens of the prompt's full blocks */
+
+struct out {
+    int32_t ids[N_OUT];
+    int n, n_cached;
+    enum finish_reason finish;
+};
+
+static void on_event(void *user, const struct engine_event *ev)
+{
+    struct out *o = user;
+    if (ev->kind == ENGINE_EV_TOKEN && o->n < N_OUT) o->ids[o->n++] = ev->token;
+    o->n_cached = ev->n_cached;
+    if (ev->finish != FINISH_NONE) o->finish = ev->finish;
+}
+
+static char model[512], disk[128];
+
+static struct engine *open_engine(size_t host_bytes, const char *dir)
+{
+    struct engine_config cfg = {.model_dir = model,
+                                .device = "cuda",
+                                .manual = 1,
+                                .num_blocks = 48,
+                                .max_model_len = 700,
+                                .max_num_batched_tokens = 256,
+                                .kv_host_memory = host_bytes,
+                                .kv_disk_dir = dir,
+                                .kv_disk_size = (size_t)64 << 20};
+    struct err e = {0};
+    struct engine *en = engine_create(&cfg, &e);
+    CHECK(en, "engine_create: %s", e.msg);
+    return en;
+}
+
+static uint64_t submit(struct engine *en, const int32_t *p, int n, struct out *o)
+{
+    struct engine_request q = {.prompt = p, .n_prompt = n, .on_event = on_event, .user = o};
+    sampling_params_default(&q.sp);
+    q.sp.temperature = 0;
+    q.sp.max_tokens = N_OUT;
+    q.sp.ignore_eos = 1;
+    struct err e = {0};
+    uint64_t id = engine_submit(en, &q, &e);
+    CHECK(id, "submit: %s", e.msg);
+    return id;
+}
+
+static void run_all(struct engine *en)
+{
+    for (int i = 0; i < 100000 && engine_step(en); i++) {
+    }
+}
+
+static void prompt(int32_t *p, int n, int seed)
+{
+    for (int i = 0; i < n; i++) p[i] = 3 + (i * 7919 + 13 + seed * 104729) % 1000;
+}
+
+/* Runs three other 600-token prompts through, one after another: each takes 38 of the 48
+ * blocks, the least recently used first, so the first prompt's blocks leave the pool. */
+static void push_out(struct engine *en)
+{
+    int32_t f[N_PROMPT];
+    for (int k = 1; k <= 3; k++) {
+        struct out o = {0};
+        prompt(f, N_PROMPT, k);
+        submit(en, f, N_PROMPT, &o);
+        run_all(en);
+        CHECK(o.n == N_OUT, "fill %d", k);
+    }
+}
+
+static void test_host(const int32_t *p, const struct out *cold)
+{
+    struct engine *en = open_engine((size_t)64 << 20, NULL);
+    if (!en) return;
+    struct out first = {0};
+    submit(en, p, N_PROMPT, &first);
+    run_all(en);
+    CHECK(first.n == N_OUT && !memcmp(first.ids, cold->ids, sizeof cold->ids),
+          "a host tier changes nothing of a cold run");
+    push_out(en);
+    struct engine_stats st;
+    engine_stats(en, &st);
+    CHECK(st.host_on && st.host.stored_blocks >= 4 * (N_PROMPT / 16), "stored %llu blocks down",
+          (unsigned long long)st.host.stored_blocks);
+
+    int32_t q[100];
+    for (int i = 0; i < 100; i++) q[i] = 5 + (i * 31) % 1000;
+    struct out warm = {0}, other = {0};
+    submit(en, p, N_PROMPT, &warm);
+    submit(en, q, 100, &other);
+    uint64_t before = st.prompt_tokens;
+    engine_step(en);
+    engine_stats(en, &st);
+    CHECK(st.prompt_tokens - before == 100, "the first step prefilled %llu tokens (the other's)",
+          (unsigned long long)(st.prompt_tokens - before));
+    run_all(en);
+    engine_stats(en, &st);
+    CHECK(warm.n_cached == N_FULL, "warm: %d cached", warm.n_cached);
+    CHECK(st.host_hit_tokens == N_FULL, "host hit tokens %llu",
+          (unsigned long long)st.host_hit_tokens);
+    CHECK(warm.n == N_OUT && !memcmp(warm.ids, cold->ids, sizeof cold->ids),
+          "the same greedy tokens from KV copied up from host memory");
+    CHECK(other.n == N_OUT, "the other request ran");
+    CHECK(st.kv_blocks_used == 0, "no block held: %d", st.kv_blocks_used);
+
+    /* aborted while its blocks are copied up: they go back; the prompt then runs right */
+    push_out(en);
+    struct out gone = {0}, again = {0};
+    uint64_t id = submit(en, p, N_PROMPT, &gone);
+    engine_step(en); /* starts the load */
+    engine_abort(en, id);
+    run_all(en);
+    CHECK(gone.finish == FINISH_ABORT, "aborted: %d", gone.finish);
+    engine_stats(en, &st);
+    CHECK(st.kv_blocks_used == 0, "no block held after the abort: %d", st.kv_blocks_used);
+    submit(en, p, N_PROMPT, &again);
+    run_all(en);
+    CHECK(again.n == N_OUT && !memcmp(again.ids, cold->ids, sizeof cold->ids), "after the abort");
+    engine_destroy(en);
+}
+
+/* The writer stores behind the steps: wait until the disk holds n blocks. */
+static void wait_stored(struct engine *en, uint64_t n)
+{
+    struct engine_stats st;
+    for (int i = 0; i < 5000; i++) {
+        engine_step(en); /* publishes the gauges, moves copies down on */
+        engine_stats(en, &st);
+        if (st.tier.disk.blocks >= n) return;
+        usleep(1000);
+    }
+    CHECK(0, "stored %llu of %llu blocks", (unsigned long long)st.tier.disk.blocks,
+          (unsigned long long)n);
+}
+
+static void test_disk(const int32_t *p, const struct out *cold)
+{
+    struct engine *en = open_engine(0, disk);
+    if (!en) return;
+    struct out first = {0};
+    submit(en, p, N_PROMPT, &first);
+    run_all(en);
+    CHECK(first.n == N_OUT && !memcmp(first.ids, cold->ids, sizeof cold->ids), "cold with disk");
+    wait_stored(en, N_PROMPT / 16);
+    engine_destroy(en);
+
+    en = open_engine(0, disk); /* a restart on the same directory */
+    if (!en) return;
+    struct out warm = {0};
+    submit(en, p, N_PROMPT, &warm);
+    run_all(en);
+    struct engine_stats st;
+    engine_stats(en, &st);
+    CHECK(warm.n_cached == N_FULL, "after the restart: %d cached", warm.n_cached);
+    CHECK(st.tier_hit_tokens == N_FULL, "disk hit tokens %llu",
+          (unsigned long long)st.tier_hit_tokens);
+    CHECK(warm.n == N_OUT && !memcmp(warm.ids, cold->ids, sizeof cold->ids),
+          "the same greedy tokens from KV read from disk");
+    engine_destroy(en);
+}
+
+int main(int argc, char **argv)
+{
+    const char *testdata = argc > 1 ? argv[1] : "../shared/testdata";
+    if (!backend_cuda_available()) {
+        printf("no GPU: not run\n");
+        return 77;
+    }
+    /* a row's products do not depend on the rest of the step */
+    setenv("PAGODA_CUDA_BATCH_INVARIANT", "1", 1);
+    snprintf(model, sizeof model, "%s/models/llama-tiny", testdata);
+    snprintf(disk, sizeof disk, "/tmp/pagoda-test-cuda-tier-%ld", (long)getpid());
+    int32_t p[N_PROMPT];
+    prompt(p, N_PROMPT, 0);
+
+    struct engine *en = open_engine(0, NULL);
+    if (!en) TEST_DONE();
+    struct out cold = {0};
+    submit(en, p, N_PROMPT, &cold);
+    run_all(en);
+    CHECK(cold.n == N_OUT && cold.n_cached == 0, "cold: %d tokens, %d cached", cold.n,
+          cold.n_cached);
+    engine_destroy(en);
+
+    test_host(p, &cold);
+    test_disk(p, &cold);
+
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", disk);
+    CHECK(system(cmd) == 0, "rm");
+    TEST_DONE();
+}
