@@ -388,7 +388,7 @@ void step_commit_blocks(struct engine *en, struct request *r)
     int run = -1; /* first block of the run of blocks stored just now, reported as one event */
     for (int i = r->n_committed; i < full; i++) {
         int stored = r->blocks[i] >= 0 && kv_commit_hash(&en->pool, r->blocks[i], r->hashes[i]);
-        if (r->blocks[i] >= 0 && en->tier) tier_store(en, r->blocks[i], r->hashes[i]);
+        if (r->blocks[i] >= 0 && (en->tier || en->host)) tier_store(en, r->blocks[i], r->hashes[i]);
         if (!ev) continue;
         if (stored && run < 0) run = i;
         if (!stored && run >= 0) {
