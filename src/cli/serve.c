@@ -44,10 +44,11 @@ static void usage_serve(FILE *f)
             "                           this is a 400 (default 5000; 0: no bound)\n"
             "  --chat-template FILE     a Jinja chat template in place of the model's\n"
             "  --tool-call-parser NAME  how tool calls look in the output: hermes, qwen3_xml,\n"
-            "                           llama3_json, mistral, gemma4 (default: from the template)\n"
+            "                           llama3_json, mistral, gemma4, harmony (default: from the\n"
+            "                           template)\n"
             "  --enable-auto-tool-choice  accepted for vLLM compatibility (auto is always on)\n"
-            "  --reasoning-parser NAME  qwen3, deepseek_r1 or gemma4: thinking text goes to\n"
-            "                           reasoning_content / thinking blocks (default: none)\n"
+            "  --reasoning-parser NAME  qwen3, deepseek_r1, gemma4 or harmony: thinking text goes\n"
+            "                           to reasoning_content / thinking blocks (default: none)\n"
             "  --skip-tokenizer-init    load no tokenizer: /v1/completions takes token-id prompts\n"
             "                           and answers with token_ids (text \"\"); chat, text\n"
             "                           prompts, stop strings, /tokenize are a 400\n"
@@ -292,14 +293,14 @@ int cli_serve(int argc, char **argv)
     if (cfg.tool_call_parser && tcall_format_from_name(cfg.tool_call_parser) < 0) {
         fprintf(stderr,
                 "pagoda serve: --tool-call-parser '%s' is not known (hermes, qwen3_xml, "
-                "llama3_json, mistral, gemma4)\n",
+                "llama3_json, mistral, gemma4, harmony)\n",
                 cfg.tool_call_parser);
         return 2;
     }
     if (cfg.reasoning_parser && reason_format_from_name(cfg.reasoning_parser) < 0) {
         fprintf(stderr,
                 "pagoda serve: --reasoning-parser '%s' is not known (qwen3, "
-                "deepseek_r1, gemma4)\n",
+                "deepseek_r1, gemma4, harmony)\n",
                 cfg.reasoning_parser);
         return 2;
     }

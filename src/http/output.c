@@ -231,6 +231,9 @@ int http_out_special(struct http_job *j, struct job_choice *c, int32_t id, struc
     int tag = 0;
     for (const char *const *p = tcall_format_tags(j->g.tool_format); *p && !tag; p++)
         tag = len == strlen(*p) && !memcmp(s, *p, len);
+    if (j->g.reason_format == REASON_HARMONY)
+        for (const char *const *p = harmony_tags; *p && !tag; p++)
+            tag = len == strlen(*p) && !memcmp(s, *p, len);
     if (j->g.reason_format) {
         const char *a = reason_format_start(j->g.reason_format);
         const char *b = reason_format_end(j->g.reason_format);

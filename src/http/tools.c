@@ -175,6 +175,12 @@ static cJSON *call_spec(enum tcall_format f, const cJSON *fn)
         cJSON_AddStringToObject(c, "prefix", pre.p);
         cJSON_AddItemToObject(c, "params", xml_params(params));
         cJSON_AddStringToObject(c, "suffix", "</function>\n</tool_call>");
+    } else if (f == TCALL_HARMONY) {
+        http_buf_printf(&pre, "<|channel|>commentary to=functions.%s <|constrain|>json<|message|>",
+                        name);
+        cJSON_AddStringToObject(c, "prefix", pre.p);
+        cJSON_AddItemToObject(c, "schema", cJSON_Duplicate(params, 1));
+        cJSON_AddStringToObject(c, "suffix", "<|call|>");
     } else {
         http_buf_printf(&pre, "%s{\"name\": %s, \"%s\": ", f == TCALL_HERMES ? "<tool_call>\n" : "",
                         q, f == TCALL_LLAMA3_JSON ? "parameters" : "arguments");
@@ -206,7 +212,9 @@ static int call_grammar(struct http_gen *g, const char *only, const char *field,
     const char *think_end =
         g->think_open && !g->sp.grammar_trigger ? reason_format_end(g->reason_format) : NULL;
     struct http_buf begin = {0};
-    if (think_end) http_buf_printf(&begin, "%s\n\n", think_end);
+    if (think_end)
+        http_buf_printf(&begin, "%s%s", think_end,
+                        f == TCALL_HARMONY ? "<|start|>assistant" : "\n\n");
     http_buf_puts(&begin, f == TCALL_MISTRAL ? "[TOOL_CALLS][" : "");
     cJSON_AddStringToObject(spec, "begin", begin.p);
     http_buf_dispose(&begin);
@@ -216,7 +224,9 @@ static int call_grammar(struct http_gen *g, const char *only, const char *field,
                             : f == TCALL_MISTRAL   ? ", "
                                                    : "\n");
     cJSON_AddStringToObject(spec, "end", f == TCALL_MISTRAL ? "]" : "");
-    cJSON_AddNumberToObject(spec, "max", g->parallel_calls && !only ? HTTP_MAX_CALLS : 1);
+    /* harmony: <|call|> ends the output (a stop token), so one call a turn */
+    cJSON_AddNumberToObject(spec, "max",
+                            g->parallel_calls && !only && f != TCALL_HARMONY ? HTTP_MAX_CALLS : 1);
     char *text = cJSON_PrintUnformatted(spec);
     cJSON_Delete(spec);
     struct err e = {0};

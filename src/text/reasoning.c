@@ -6,7 +6,7 @@
 
 enum { R_BEFORE, R_IN, R_AFTER };
 
-static const char *const names[] = {"", "qwen3", "deepseek_r1", "gemma4"};
+static const char *const names[] = {"", "qwen3", "deepseek_r1", "gemma4", "harmony"};
 
 int reason_format_from_name(const char *name)
 {
@@ -22,12 +22,14 @@ const char *reason_format_name(enum reason_format f)
 
 const char *reason_format_start(enum reason_format f)
 {
-    return f == REASON_GEMMA4 ? "<|channel>thought" : "<think>";
+    return f == REASON_GEMMA4    ? "<|channel>thought"
+           : f == REASON_HARMONY ? "<|channel|>analysis<|message|>"
+                                 : "<think>";
 }
 
 const char *reason_format_end(enum reason_format f)
 {
-    return f == REASON_GEMMA4 ? "<channel|>" : "</think>";
+    return f == REASON_GEMMA4 ? "<channel|>" : f == REASON_HARMONY ? "<|end|>" : "</think>";
 }
 
 void reason_parser_init(struct reason_parser *r, enum reason_format f, int in_thinking)
@@ -39,17 +41,52 @@ void reason_parser_init(struct reason_parser *r, enum reason_format f, int in_th
                                                         : R_BEFORE;
     r->fresh = r->state != R_AFTER;
     tcall_str_append(&r->held, "", 0); /* never NULL: held.p + i is always defined */
+    harmony_init(&r->h, f == REASON_HARMONY && in_thinking);
 }
 
 void reason_parser_dispose(struct reason_parser *r)
 {
     tcall_str_dispose(&r->held);
+    harmony_dispose(&r->h);
 }
 
 int reason_parser_thinking(const struct reason_parser *r)
 {
-    return r->state != R_AFTER;
+    return r->f == REASON_HARMONY ? harmony_thinking(&r->h) : r->state != R_AFTER;
 }
+
+/* ---- harmony: thinking and answer from the messages, calls passed on in one form ---- */
+
+struct h_out {
+    struct tcall_str *thinking, *answer;
+};
+
+static void h_answer(void *ctx, const char *s, size_t n)
+{
+    tcall_str_append(((struct h_out *)ctx)->answer, s, n);
+}
+
+static void h_think(void *ctx, const char *s, size_t n)
+{
+    tcall_str_append(((struct h_out *)ctx)->thinking, s, n);
+}
+
+static void h_call_open(void *ctx, const char *name, size_t n)
+{
+    struct tcall_str *a = ((struct h_out *)ctx)->answer;
+    static const char pre[] = "<|start|>assistant<|channel|>commentary to=functions.";
+    static const char post[] = " <|constrain|>json<|message|>";
+    tcall_str_append(a, pre, sizeof pre - 1);
+    tcall_str_append(a, name, n);
+    tcall_str_append(a, post, sizeof post - 1);
+}
+
+static void h_call_end(void *ctx)
+{
+    tcall_str_append(((struct h_out *)ctx)->answer, "<|call|>", 8);
+}
+
+static const struct harmony_sink h_sink = {h_answer, h_think, h_call_open, h_answer, h_call_end};
 
 static int is_ws(char c)
 {
@@ -80,6 +117,11 @@ static void run(struct reason_parser *r, struct tcall_str *thinking, struct tcal
 {
     struct tcall_str *h = &r->held;
     size_t len;
+    if (r->f == REASON_HARMONY) {
+        struct h_out o = {thinking, answer};
+        harmony_run(&r->h, h, at_end, &h_sink, &o);
+        return;
+    }
     if (r->state == R_BEFORE || (r->state == R_IN && r->fresh)) {
         int m = lead_tag(h, reason_format_start(r->f), &len);
         if (m == 0 && !at_end) return;

@@ -12,14 +12,18 @@
  *
  * Formats: qwen3 (the output may start with <think>; without it the output is all answer),
  * deepseek_r1 (the output is thinking until </think>, a leading <think> dropped), gemma4
- * (as qwen3 with Gemma 4's <|channel>thought ... <channel|>).
+ * (as qwen3 with Gemma 4's <|channel>thought ... <channel|>), harmony (gpt-oss: the bodies of
+ * analysis messages are thinking, final and preamble bodies the answer, their markup
+ * dropped; a tool call is passed on to the answer as <|start|>assistant<|channel|>commentary
+ * to=functions.N <|constrain|>json<|message|>ARGS<|call|> for the harmony tool-call parser).
  */
 #ifndef PAGODA_TEXT_REASONING_H
 #define PAGODA_TEXT_REASONING_H
 
+#include "text/harmony.h"
 #include "text/toolcall.h"
 
-enum reason_format { REASON_NONE, REASON_QWEN3, REASON_DEEPSEEK_R1, REASON_GEMMA4 };
+enum reason_format { REASON_NONE, REASON_QWEN3, REASON_DEEPSEEK_R1, REASON_GEMMA4, REASON_HARMONY };
 
 /** A format by its vLLM name; -1 when unknown. */
 int reason_format_from_name(const char *name);
@@ -34,6 +38,7 @@ struct reason_parser {
     int state;             /* before thinking, in it, after it */
     int fresh;             /* in thinking, nothing read yet: a <think> may still come */
     struct tcall_str held; /* text not decided yet */
+    struct harmony h;      /* harmony: the messages */
 };
 
 /** in_thinking: the prompt ends inside an open <think> (the template opened it). */

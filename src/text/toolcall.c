@@ -7,6 +7,7 @@
  */
 #include "text/toolcall_impl.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,7 +30,8 @@ void tcall_str_dispose(struct tcall_str *s)
     memset(s, 0, sizeof *s);
 }
 
-static const char *const names[] = {"", "hermes", "qwen3_xml", "llama3_json", "mistral", "gemma4"};
+static const char *const names[] = {"",        "hermes", "qwen3_xml", "llama3_json",
+                                    "mistral", "gemma4", "harmony"};
 
 int tcall_format_from_name(const char *name)
 {
@@ -52,6 +54,7 @@ enum tcall_format tcall_format_detect(const char *src)
     if (strstr(src, "<tool_call>")) return TCALL_HERMES;
     if (strstr(src, "[TOOL_CALLS]")) return TCALL_MISTRAL;
     if (strstr(src, "<|tool_call>")) return TCALL_GEMMA4;
+    if (strstr(src, "<|channel|>") && strstr(src, "<|message|>")) return TCALL_HARMONY;
     if (strstr(src, "<|python_tag|>") || strstr(src, "ipython")) return TCALL_LLAMA3_JSON;
     return TCALL_NONE;
 }
@@ -88,6 +91,8 @@ const char *const *tcall_format_tags(enum tcall_format f)
         return mistral;
     case TCALL_GEMMA4:
         return gemma;
+    case TCALL_HARMONY:
+        return harmony_tags;
     default:
         return none;
     }
@@ -107,6 +112,7 @@ struct tcall_parser *tcall_parser_create(enum tcall_format f, const cJSON *tools
     p->st = f == TCALL_LLAMA3_JSON ? ST_LLAMA_START : f == TCALL_NONE ? ST_PLAIN : ST_TEXT;
     tcall_str_append(&p->held, "", 0); /* never NULL: held.p + i is always defined */
     tcall_str_append(&p->raw, "", 0);
+    harmony_init(&p->h, 0);
     return p;
 }
 
@@ -122,6 +128,7 @@ void tcall_parser_destroy(struct tcall_parser *p)
     tcall_str_dispose(&p->raw);
     tcall_str_dispose(&p->j.key);
     tcall_str_dispose(&p->j.name);
+    harmony_dispose(&p->h);
     free(p);
 }
 
@@ -464,10 +471,51 @@ static int step_m_name(struct tcall_parser *p, struct tcall_str *content, int at
     return 1;
 }
 
+/* ---- harmony: the messages are read by harmony.c, the calls' JSON by the scanner ---- */
+
+struct h_ctx {
+    struct tcall_parser *p;
+    struct tcall_str *content;
+};
+
+static void h_text(void *ctx, const char *s, size_t n)
+{
+    tcall_str_append(((struct h_ctx *)ctx)->content, s, n);
+}
+
+static void h_call_open(void *ctx, const char *name, size_t n)
+{
+    struct tcall_parser *p = ((struct h_ctx *)ctx)->p;
+    tc_set_name(tc_call_open(p), name, n);
+    memset(&p->j, 0, offsetof(struct tc_jread, key));
+    p->j.bare = 1;
+    p->j_over = 0;
+}
+
+/* The body of a call: its JSON up to the value's end; the rest of the body is dropped. */
+static void h_call_args(void *ctx, const char *s, size_t n)
+{
+    struct tcall_parser *p = ((struct h_ctx *)ctx)->p;
+    for (size_t i = 0; i < n && !p->j_over; i++)
+        p->j_over = json_byte(&p->j, tc_cur(p), s[i]) != JR_MORE;
+}
+
+static void h_call_end(void *ctx)
+{
+    tc_call_close(((struct h_ctx *)ctx)->p);
+}
+
+static const struct harmony_sink h_sink = {h_text, h_text, h_call_open, h_call_args, h_call_end};
+
 /* ---- driving -------------------------------------------------------------------------- */
 
 static void run(struct tcall_parser *p, struct tcall_str *content, int at_end)
 {
+    if (p->f == TCALL_HARMONY) {
+        struct h_ctx c = {p, content};
+        harmony_run(&p->h, &p->held, at_end, &h_sink, &c);
+        return;
+    }
     for (;;) {
         int progressed = 0;
         switch (p->st) {

@@ -25,6 +25,9 @@
  *   gemma4      <|tool_call>call:N{key:value,...}<tool_call|>, repeated; Gemma 4's argument
  *               syntax (bare keys, strings between <|"|> marks, numbers, true, false, null,
  *               {} and [] as in JSON) converted to JSON
+ *   harmony     gpt-oss's messages (harmony.h): <|channel|>commentary to=functions.N
+ *               <|constrain|>json<|message|>{...}<|call|>; other messages' bodies are
+ *               content (analysis too, when no reasoning parser took it), their markup dropped
  * JSON arguments are kept in compact form (whitespace outside strings dropped). A call whose
  * markup turns out malformed before its name is known is released as content; one cut short
  * after that (the output ran out) keeps the arguments it had.
@@ -43,6 +46,7 @@ enum tcall_format {
     TCALL_LLAMA3_JSON,
     TCALL_MISTRAL,
     TCALL_GEMMA4,
+    TCALL_HARMONY,
 };
 
 /** A format by its vLLM name; -1 when unknown (or one pagoda does not read). */

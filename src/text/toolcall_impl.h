@@ -5,6 +5,7 @@
 
 #include <string.h>
 
+#include "text/harmony.h"
 #include "text/toolcall.h"
 
 #define GEMMA_QUOTE "<|\"|>" /* Gemma 4's string delimiter */
@@ -51,6 +52,9 @@ struct tcall_parser {
     /* gemma4: open containers ('{' or '['), whether a key is due, inside a string */
     char g_stack[64];
     int g_depth, g_key, g_str;
+    /* harmony: the messages, and whether the open call's JSON is complete (or broken) */
+    struct harmony h;
+    int j_over;
 };
 
 /* ---- small functions over the held text ---- */
@@ -60,10 +64,15 @@ static inline struct tcall *tc_cur(struct tcall_parser *p)
     return &p->calls[p->n_calls - 1];
 }
 
+static inline void tc_str_consume(struct tcall_str *s, size_t n)
+{
+    memmove(s->p, s->p + n, s->len - n);
+    s->len -= n;
+}
+
 static inline void tc_consume(struct tcall_parser *p, size_t n)
 {
-    memmove(p->held.p, p->held.p + n, p->held.len - n);
-    p->held.len -= n;
+    tc_str_consume(&p->held, n);
 }
 
 static inline int tc_is_ws(char c)

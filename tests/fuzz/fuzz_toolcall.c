@@ -58,9 +58,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
         "\"properties\":{\"n\":{\"type\":\"integer\"},\"s\":{\"type\":\"string\"}}}}}]";
     cJSON *tools = cJSON_Parse(tools_json);
-    enum tcall_format tf = (enum tcall_format)(1 + data[0] % 5);
-    enum reason_format rf = (enum reason_format)(data[0] / 5 % 4);
-    int opened = data[0] / 20 % 2;
+    enum tcall_format tf = (enum tcall_format)(1 + data[0] % 6);
+    enum reason_format rf = (enum reason_format)(data[0] / 6 % 5);
+    int opened = data[0] / 30 % 2;
     uint32_t seed = data[1] * 2654435761u + 1;
     const char *s = (const char *)data + 2;
     size_t n = size - 2;

@@ -199,6 +199,53 @@ static void test_thinking(void)
     model.reason_format = REASON_NONE;
 }
 
+/* A required or named choice under another format: the grammar takes exactly the format's
+ * call of the tool, with arguments under its schema. */
+static void check_format_grammar(enum tcall_format f, const char *choice, const char *good,
+                                 const char *bad)
+{
+    model.tool_format = f;
+    char json[1024];
+    snprintf(json, sizeof json,
+             "{\"model\":\"tiny\",\"max_tokens\":8,\"messages\":[{\"role\":\"user\","
+             "\"content\":\"hi\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":"
+             "\"get\",\"parameters\":{\"type\":\"object\",\"properties\":{\"n\":{\"type\":"
+             "\"integer\"},\"s\":{\"type\":\"string\"}},\"required\":[\"n\"],"
+             "\"additionalProperties\":false}}}],\"tool_choice\":%s}",
+             choice);
+    struct http_gen g;
+    struct http_error he;
+    int rc = parse(HTTP_API_CHAT, json, &g, &he);
+    CHECK(rc == 0, "%s %s: %s", tcall_format_name(f), choice, he.msg);
+    model.tool_format = TCALL_HERMES;
+    if (rc) return;
+    CHECK(g.sp.grammar && !g.sp.grammar_trigger, "%s: no grammar", tcall_format_name(f));
+    struct gram_matcher *m = gram_matcher_create(g.sp.grammar);
+    CHECK(gram_matcher_accept_bytes(m, good, strlen(good)) && gram_matcher_can_end(m),
+          "%s: call refused: %s", tcall_format_name(f), good);
+    gram_matcher_destroy(m);
+    m = gram_matcher_create(g.sp.grammar);
+    CHECK(!gram_matcher_accept_bytes(m, bad, strlen(bad)), "%s: accepted %s", tcall_format_name(f),
+          bad);
+    gram_matcher_destroy(m);
+    http_gen_dispose(&g);
+}
+
+static void test_format_grammars(void)
+{
+    /* harmony: one call (<|call|> stops the output), even with parallel calls allowed */
+    check_format_grammar(TCALL_HARMONY, "\"required\"",
+                         "<|channel|>commentary to=functions.get <|constrain|>json<|message|>"
+                         "{\"n\": 12, \"s\": \"a\"}<|call|>",
+                         "<|channel|>commentary to=functions.get <|constrain|>json<|message|>"
+                         "{\"n\": 12}<|call|><|start|>");
+    check_format_grammar(TCALL_HARMONY, "{\"type\":\"function\",\"function\":{\"name\":\"get\"}}",
+                         "<|channel|>commentary to=functions.get <|constrain|>json<|message|>"
+                         "{\"n\": -1}<|call|>",
+                         "<|channel|>commentary to=functions.get <|constrain|>json<|message|>"
+                         "{\"n\": \"x\"");
+}
+
 int main(int argc, char **argv)
 {
     const char *data = argc > 1 ? argv[1] : "../shared/testdata";
@@ -219,6 +266,7 @@ int main(int argc, char **argv)
     test_messages();
     test_choice();
     test_thinking();
+    test_format_grammars();
     tok_destroy(t);
     TEST_DONE();
 }

@@ -106,6 +106,41 @@ static const struct tcase cases[] = {
                       "null],\"b c\":\"x\"}}"},
       {"noargs", "{}"}}},
     {TCALL_GEMMA4, "<|tool_call>nope", "<|tool_call>nope", 0, {{0}}},
+    /* harmony: thinking (no reasoning parser) and preambles are content, markup is not */
+    {TCALL_HARMONY,
+     "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>"
+     "commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\", "
+     "\"days\": [1, 2]}<|call|>",
+     "Need the weather.",
+     1,
+     {{"get_weather", "{\"city\":\"Paris\",\"days\":[1,2]}"}}},
+    {TCALL_HARMONY, "<|channel|>final<|message|>It is 4 < 5.<|return|>", "It is 4 < 5.", 0, {{0}}},
+    /* the recipient in the role part, a preamble, a call without arguments */
+    {TCALL_HARMONY,
+     "<|channel|>commentary<|message|>Plan: look.<|end|><|start|>assistant to=functions.a"
+     "<|channel|>commentary json<|message|>{\"s\": \"x<|y\"}<|call|><|start|>assistant"
+     "<|channel|>commentary to=functions.b<|message|><|call|>",
+     "Plan: look.",
+     2,
+     {{"a", "{\"s\":\"x<|y\"}"}, {"b", "{}"}}},
+    /* cut short (the stop token is not in the text): the call keeps what it had */
+    {TCALL_HARMONY,
+     "<|channel|>commentary to=functions.f <|constrain|>json<|message|>{\"q\": \"ab",
+     "",
+     1,
+     {{"f", "{\"q\":\"ab"}}},
+    /* a built-in tool's input is not a call; a body that is not JSON gives {} */
+    {TCALL_HARMONY,
+     "<|channel|>analysis to=python<|message|>print(1)<|call|>",
+     "print(1)",
+     0,
+     {{0}}},
+    {TCALL_HARMONY,
+     "<|channel|>commentary to=functions.f<|message|>not json<|call|>",
+     "",
+     1,
+     {{"f", "{}"}}},
+    {TCALL_HARMONY, "plain text, no messages", "plain text, no messages", 0, {{0}}},
     /* regression (mistral_name_span): markup in a name was seen only when it came before
      * [ARGS] did, so the chunking decided whether this was a call */
     {TCALL_MISTRAL, "[TOOL_CALLS]a[b{[ARGS]{}", "[TOOL_CALLS]a[b{[ARGS]{}", 0, {{0}}},
@@ -226,6 +261,10 @@ static void test_detect(void)
     CHECK(tcall_format_detect("<|python_tag|>") == TCALL_LLAMA3_JSON, "llama3_json");
     CHECK(tcall_format_detect("{{ messages }}") == TCALL_NONE, "none");
     CHECK(tcall_format_detect("'<|tool_call>call:'") == TCALL_GEMMA4, "gemma4");
+    CHECK(tcall_format_detect("<|start|>assistant<|channel|>final<|message|>") == TCALL_HARMONY,
+          "harmony");
+    CHECK(tcall_format_detect("<|channel>thought") == TCALL_NONE, "gemma's channel is not harmony");
+    CHECK(tcall_format_from_name("harmony") == TCALL_HARMONY, "harmony name");
     CHECK(tcall_format_from_name("hermes") == TCALL_HERMES, "name");
     CHECK(tcall_format_from_name("pythonic") == -1, "unknown name");
 }
@@ -235,6 +274,9 @@ struct rcase {
     int opened;
     const char *out, *thinking, *answer;
 };
+
+#define X50  "xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"
+#define X300 X50 X50 X50 X50 X50 X50
 
 static const struct rcase rcases[] = {
     {REASON_QWEN3, 0, "<think>\nhmm, 2+2\n</think>\n\nIt is 4.", "\nhmm, 2+2\n", "It is 4."},
@@ -246,6 +288,22 @@ static const struct rcase rcases[] = {
     {REASON_DEEPSEEK_R1, 0, "<think>r</think>\n a", "r", "a"},
     {REASON_GEMMA4, 0, "<|channel>thought\nplan<channel|>Done", "\nplan", "Done"},
     {REASON_GEMMA4, 0, "<|channel|>final", "", "<|channel|>final"},
+    {REASON_HARMONY, 0,
+     "<|channel|>analysis<|message|>2+2 is 4.<|end|><|start|>assistant<|channel|>final"
+     "<|message|>4<|return|>",
+     "2+2 is 4.", "4"},
+    {REASON_HARMONY, 0, "<|channel|>analysis<|message|>cut sh", "cut sh", ""},
+    {REASON_HARMONY, 1, "still thinking<|end|><|start|>assistant<|channel|>final<|message|>ok",
+     "still thinking", "ok"},
+    /* a call goes on to the tool-call parser in one form, whatever the header's order */
+    {REASON_HARMONY, 0,
+     "<|channel|>analysis<|message|>t<|end|><|start|>assistant to=functions.f<|channel|>"
+     "commentary json<|message|>{}<|call|>",
+     "t",
+     "<|start|>assistant<|channel|>commentary to=functions.f "
+     "<|constrain|>json<|message|>{}<|call|>"},
+    /* a header past its bound (256 bytes) is text */
+    {REASON_HARMONY, 0, "<|channel|>" X300 "yz<|end|>", "", X300 "yz"},
 };
 
 static int run_reason(const struct rcase *rc, const size_t *cuts, int n_cuts)
@@ -285,11 +343,68 @@ static void test_reasoning(void)
     }
 }
 
+/* harmony through both parsers, as the server chains them: thinking, content and the call
+ * come out the same in every split into three pieces, and the arguments only grow */
+static int run_harmony_chain(const char *out, const size_t *cuts, int n_cuts)
+{
+    int before = test_failures;
+    struct reason_parser r;
+    reason_parser_init(&r, REASON_HARMONY, 0);
+    struct tcall_parser *p = tcall_parser_create(TCALL_HARMONY, NULL);
+    struct tcall_str th = {0}, content = {0};
+    size_t n = strlen(out), at = 0, sent = 0;
+    for (int k = 0; k <= n_cuts; k++) {
+        size_t to = k < n_cuts ? cuts[k] : n;
+        struct tcall_str an = {0};
+        reason_parser_push(&r, out + at, to - at, &th, &an);
+        if (k == n_cuts) reason_parser_finish(&r, &th, &an);
+        tcall_parser_push(p, an.p ? an.p : "", an.len, &content);
+        if (k == n_cuts) tcall_parser_finish(p, &content);
+        tcall_str_dispose(&an);
+        at = to;
+        if (tcall_parser_n_calls(p)) {
+            const struct tcall *c = tcall_parser_call(p, 0);
+            CHECK(c->args.len >= sent, "arguments shrank");
+            sent = c->args.len;
+        }
+    }
+    CHECK(!strcmp(th.p ? th.p : "", "Check <|weather|>."), "thinking '%s'", th.p ? th.p : "");
+    CHECK(!strcmp(content.p ? content.p : "", "Looking."), "content '%s'",
+          content.p ? content.p : "");
+    CHECK(tcall_parser_n_calls(p) == 1, "%d calls", tcall_parser_n_calls(p));
+    if (tcall_parser_n_calls(p) == 1) {
+        const struct tcall *c = tcall_parser_call(p, 0);
+        CHECK(c->done && !strcmp(c->name, "get_weather"), "name %s", c->name);
+        CHECK(!strcmp(c->args.p, "{\"city\":\"Oslo\"}"), "args %s", c->args.p);
+    }
+    tcall_str_dispose(&th);
+    tcall_str_dispose(&content);
+    tcall_parser_destroy(p);
+    reason_parser_dispose(&r);
+    return test_failures - before;
+}
+
+static void test_harmony_chain(void)
+{
+    static const char out[] =
+        "<|channel|>analysis<|message|>Check <|weather|>.<|end|><|start|>assistant<|channel|>"
+        "commentary<|message|>Looking.<|end|><|start|>assistant<|channel|>commentary "
+        "to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Oslo\"}<|call|>";
+    size_t n = strlen(out);
+    int bad = run_harmony_chain(out, NULL, 0);
+    for (size_t a = 1; a < n && !bad; a++)
+        for (size_t b = a; b < n && !bad; b++) {
+            size_t cuts[2] = {a, b};
+            bad = run_harmony_chain(out, cuts, 2);
+        }
+}
+
 int main(void)
 {
     test_detect();
     test_tool_parsers();
     test_gemma_long_key();
     test_reasoning();
+    test_harmony_chain();
     TEST_DONE();
 }
