@@ -20,7 +20,21 @@ struct rx {
     size_t n, i;
     int json; /* inside a JSON string: characters JSON escapes appear escaped */
     int depth;
+    long nest; /* the repetition product of what was just parsed (see rx_rep_count) */
 };
+
+/* Nested bounded repetitions, (x{a,b}){c,d}, are ambiguous: the matcher keeps a stack for
+ * each way of splitting the input between them, up to the product of their counts (a
+ * pattern of 17 bytes, a{0,2} stacked ten times, ran past 20 s on 200 bytes). Each
+ * repetition counts its bound plus one (? as 2, {m,} as m + 1); a product past
+ * RX_NEST_MAX over two or more levels is refused. Measured (x86, one core, 200 bytes):
+ * a{1,30}{1,30} (961) 75 ms, (a?){0,400} (802) about 70 ms. */
+#define RX_NEST_MAX 1000
+
+static long rx_rep_count(int lo, int hi)
+{
+    return (hi >= 0 ? hi : lo) + 1L;
+}
 
 static int32_t rx_alt(struct rx *p);
 
@@ -88,8 +102,9 @@ static int32_t rx_atom(struct rx *p)
         if (b->failed) return -1;
         if (p->i >= p->n || p->s[p->i] != ')') return gb_fail(b, "regex: missing ')'");
         p->i++;
-        return x;
+        return x; /* p->nest: the group's */
     }
+    p->nest = 1;
     if (c == '[') {
         struct cp_ranges cr = {0};
         int k = gram_parse_class(b, p->s + p->i + 1, p->n - p->i - 1, 1, &cr);
@@ -131,10 +146,27 @@ static int32_t rx_atom(struct rx *p)
     return rx_char(p, cp);
 }
 
+/* One more repetition over an operand of product *cur (refused past RX_NEST_MAX). */
+static int rx_nest(struct rx *p, long *cur, int lo, int hi, size_t at)
+{
+    long k = rx_rep_count(lo, hi);
+    if (*cur > 1 && *cur * k > RX_NEST_MAX) {
+        gb_fail(p->b,
+                "regex: nested repetitions at %zu allow more than %d ways to split the input "
+                "(the product of their counts); write the repetition once (a{2,6} for "
+                "(a{1,2}){2,3})",
+                at, RX_NEST_MAX);
+        return 0;
+    }
+    *cur = *cur * k > RX_NEST_MAX ? RX_NEST_MAX + 1 : *cur * k;
+    return 1;
+}
+
 static int32_t rx_seq(struct rx *p)
 {
     struct gb *b = p->b;
     struct gb_list l = {0};
+    long nest = 1;
     while (p->i < p->n && p->s[p->i] != '|' && p->s[p->i] != ')' && !b->failed) {
         char c = p->s[p->i];
         if (c == '^' && p->i == 0) {
@@ -151,12 +183,15 @@ static int32_t rx_seq(struct rx *p)
         }
         int32_t x = rx_atom(p);
         if (b->failed) break;
+        long cur = p->nest;
+        size_t at = p->i;
         /* Stacked ?, * and + fold into one repetition of x: (x?)? is x?, (x+)+ is x+, any
          * other pair is x*. Applied one over another they would nest x ever deeper. */
         int plo = -1, phi = 0; /* the pending folded repetition; plo < 0: none */
         while (p->i < p->n && !b->failed) {
             char q = p->s[p->i];
             int lo, hi;
+            size_t save = p->i;
             if (q == '?' || q == '*' || q == '+') {
                 lo = q == '+', hi = q == '?' ? 1 : -1;
                 p->i++;
@@ -171,11 +206,12 @@ static int32_t rx_seq(struct rx *p)
                 continue;
             }
             if (plo >= 0) {
+                if (!rx_nest(p, &cur, plo, phi, at)) break;
                 x = gb_rep(b, x, plo, phi);
                 plo = -1;
             }
             if (q == '{') {
-                size_t save = p->i++;
+                save = p->i++;
                 if (!rx_int(p, &lo)) { /* a literal '{' */
                     p->i = save;
                     break;
@@ -194,20 +230,25 @@ static int32_t rx_seq(struct rx *p)
                 break;
             if (p->i < p->n && (p->s[p->i] == '?' || p->s[p->i] == '+'))
                 p->i++; /* lazy, possessive */
+            if (!rx_nest(p, &cur, lo, hi, save)) break;
             x = gb_rep(b, x, lo, hi);
         }
-        if (plo >= 0 && !b->failed) x = gb_rep(b, x, plo, phi);
+        if (plo >= 0 && !b->failed && rx_nest(p, &cur, plo, phi, at)) x = gb_rep(b, x, plo, phi);
+        if (cur > nest) nest = cur;
         gb_list_push(&l, x);
     }
+    p->nest = nest;
     return gb_list_seq(b, &l);
 }
 
 static int32_t rx_alt(struct rx *p)
 {
     struct gb_list l = {0};
+    long nest = 1;
     for (;;) {
         int32_t x = rx_seq(p);
         if (p->b->failed) break;
+        if (p->nest > nest) nest = p->nest;
         gb_list_push(&l, x);
         if (p->i < p->n && p->s[p->i] == '|') {
             p->i++;
@@ -215,12 +256,13 @@ static int32_t rx_alt(struct rx *p)
         }
         break;
     }
+    p->nest = nest;
     return gb_list_alt(p->b, &l);
 }
 
 int32_t gram_regex_into(struct gb *b, const char *re, size_t n, int in_json_string)
 {
-    struct rx p = {b, re, n, 0, in_json_string, 0};
+    struct rx p = {b, re, n, 0, in_json_string, 0, 1};
     int32_t x = rx_alt(&p);
     if (!b->failed && p.i < n) return gb_fail(b, "regex: unbalanced ')' at %zu", p.i);
     return b->failed ? -1 : x;

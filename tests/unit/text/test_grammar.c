@@ -408,7 +408,38 @@ static void test_regex(void)
     /* a grammar that would hold 10^8 symbols is refused, not built */
     struct err big = {0};
     struct gram *gb = gram_from_regex("(a{9999}){9999}", 15, &big);
-    CHECK(!gb && strstr(big.msg, "grammar too large"), "nested repetition: %s", big.msg);
+    CHECK(!gb && strstr(big.msg, "nested repetitions at 9 allow more than 1000 ways"),
+          "nested repetition: %s", big.msg);
+    char seq[2048] = "";
+    for (int i = 0; i < 110; i++) strcat(seq, "a{9999}");
+    big = (struct err){0};
+    gb = gram_from_regex(seq, strlen(seq), &big);
+    CHECK(!gb && strstr(big.msg, "grammar too large"), "long sequence: %s", big.msg);
+    /* regression (stacked_bounded_repetitions): a{0,2} stacked seven times (17 bytes)
+     * compiled, and matching 200 bytes under it ran past 20 s; nested bounded repetitions
+     * are refused past a product of 1000, stacked or through groups */
+    static const char *const nested[] = {"a{0,2}{0,2}{0,2}{0,2}{0,2}{0,2}{0,2}", "a{1,100}{1,100}",
+                                         "(a?){0,600}", "((a|b){0,10}){0,10}{0,10}",
+                                         "(x(a{1,40}){1,40})"};
+    for (size_t i = 0; i < sizeof nested / sizeof nested[0]; i++) {
+        struct err e = {0};
+        struct gram *g = gram_from_regex(nested[i], strlen(nested[i]), &e);
+        CHECK(!g && strstr(e.msg, "nested repetitions at") && strstr(e.msg, "more than 1000"),
+              "'%s': %s", nested[i], e.msg);
+        gram_unref(g);
+    }
+    static const char *const fine[] = {"a{1,30}{1,30}",
+                                       "(a?){0,400}",
+                                       "a{0,5000}",
+                                       "(\\d{1,3}\\.){3}\\d{1,3}",
+                                       "a{2}b{3}c{4}d{5}e{6}f{7}",
+                                       "((a{0,9}b){0,9}c){0,9}"};
+    for (size_t i = 0; i < sizeof fine / sizeof fine[0]; i++) {
+        struct err e = {0};
+        struct gram *g = gram_from_regex(fine[i], strlen(fine[i]), &e);
+        CHECK(g, "'%s': %s", fine[i], e.msg);
+        gram_unref(g);
+    }
     static const char *const bad[] = {"(a", "a)", "*a", "a\\1", "a{3,1}", "[a-", "[z-a]", "a^b"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         struct err e = {0};
@@ -479,7 +510,8 @@ static void test_choices(void)
 static void test_compile_timeout(void)
 {
     struct err e = {0};
-    const char *re = "(a{1,999}b){1,900}"; /* about 900K symbols */
+    char re[1024] = ""; /* about 900K symbols */
+    for (int i = 0; i < 45; i++) strcat(re, "a{1,9999}");
     gram_set_compile_timeout(1);
     struct gram *g = gram_from_regex(re, strlen(re), &e);
     CHECK(!g, "compiled within 1 ms");
