@@ -3,7 +3,7 @@
  * (properties in schema order, required ones present, others optional; no property
  * outside "properties", as strict mode asks; an object without "properties" is a map whose
  * values follow "additionalProperties", any JSON when that is absent or true), array
- * (items, minItems, maxItems), string (minLength, maxLength, pattern as a whole-string
+ * (items, prefixItems, minItems, maxItems), string (minLength, maxLength, pattern as a whole-string
  * regex, formats date, time, date-time, uuid, email, ipv4), integer (minimum, maximum and
  * their exclusive forms, exactly), number (a non-negative minimum drops the sign; other
  * bounds are not enforced), boolean, null; enum, const, anyOf / oneOf, a single allOf,
@@ -414,6 +414,40 @@ static int32_t ref(struct js *j, const char *path)
     return GSYM_RULE(rule);
 }
 
+/* A tuple: prefixItems[i] for the i-th item, then `items` for the rest (false: none; absent:
+ * any), lo..hi items in all (hi < 0: unbounded). Built from the last prefix item back, each
+ * one optional once lo items are written: "[" p0 ("," p1 ("," p2 rest)?)? "]". */
+static int32_t tuple(struct js *j, const cJSON *prefix, const cJSON *items, int lo, int hi)
+{
+    struct gb *b = j->b;
+    int k = cJSON_GetArraySize(prefix);
+    int m = hi >= 0 && hi < k ? hi : k; /* prefix items that may be written */
+    int no_rest = cJSON_IsFalse(items) || m < k;
+    if (no_rest && lo > m)
+        return gb_fail(b, "schema: 'minItems' %d is above the %d items 'prefixItems' allows", lo,
+                       m);
+    if (m == 0) return list_of(j, 0, 0, 0);
+    int32_t *p = xmalloc(sizeof *p * (size_t)m);
+    for (int i = 0; i < m && !b->failed; i++) p[i] = js_schema(j, cJSON_GetArrayItem(prefix, i));
+    int32_t after = gb_empty(b); /* what may follow item m - 1 (and its whitespace) */
+    if (!no_rest && !b->failed) {
+        int32_t item = cJSON_IsObject(items) ? js_schema(j, items) : any_value(j);
+        int32_t more[4] = {gb_byte(','), ws(j), item, ws(j)};
+        after = gb_rep(b, gb_seq(b, more, 4), lo > k ? lo - k : 0, hi < 0 ? -1 : hi - k);
+    }
+    for (int i = m - 1; i > 0 && !b->failed; i--) { /* after item i - 1: "," item i ... */
+        int32_t next[5] = {gb_byte(','), ws(j), p[i], ws(j), after};
+        after = gb_seq(b, next, 5);
+        if (i >= lo) after = gb_opt(b, after);
+    }
+    int32_t body[3] = {p[0], ws(j), after};
+    int32_t in = b->failed ? -1 : gb_seq(b, body, 3);
+    free(p);
+    if (b->failed) return -1;
+    int32_t all[4] = {gb_byte('['), ws(j), lo > 0 ? in : gb_opt(b, in), gb_byte(']')};
+    return gb_seq(b, all, 4);
+}
+
 static int32_t of_type(struct js *j, const cJSON *s, const char *type)
 {
     if (!strcmp(type, "object")) return object(j, s);
@@ -436,8 +470,9 @@ static int32_t of_type(struct js *j, const cJSON *s, const char *type)
         const cJSON *items = cJSON_GetObjectItemCaseSensitive(s, "items");
         const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minItems");
         const cJSON *mx = cJSON_GetObjectItemCaseSensitive(s, "maxItems");
-        if (cJSON_GetObjectItemCaseSensitive(s, "prefixItems"))
-            return gb_fail(j->b, "schema: 'prefixItems' is not supported");
+        const cJSON *prefix = cJSON_GetObjectItemCaseSensitive(s, "prefixItems");
+        if (prefix && (!cJSON_IsArray(prefix) || cJSON_GetArraySize(prefix) > 1000))
+            return gb_fail(j->b, "schema: 'prefixItems' must be an array of at most 1000 schemas");
         int lo = 0, hi = -1;
         if (mn && (!cJSON_IsNumber(mn) || mn->valuedouble < 0 || mn->valuedouble > 1000))
             return gb_fail(j->b, "schema: 'minItems' must be an integer in 0..1000");
@@ -446,6 +481,7 @@ static int32_t of_type(struct js *j, const cJSON *s, const char *type)
         if (mn) lo = (int)mn->valuedouble;
         if (mx) hi = (int)mx->valuedouble;
         if (hi >= 0 && hi < lo) return gb_fail(j->b, "schema: 'maxItems' is below 'minItems'");
+        if (cJSON_GetArraySize(prefix) > 0) return tuple(j, prefix, items, lo, hi);
         if (cJSON_IsFalse(items)) hi = 0;
         return list_of(j, items && cJSON_IsObject(items) ? js_schema(j, items) : any_value(j), lo,
                        hi);
@@ -551,7 +587,8 @@ static int32_t js_schema(struct js *j, const cJSON *s)
         }
     } else if (cJSON_GetObjectItemCaseSensitive(s, "properties")) {
         out = object(j, s);
-    } else if (cJSON_GetObjectItemCaseSensitive(s, "items")) {
+    } else if (cJSON_GetObjectItemCaseSensitive(s, "items") ||
+               cJSON_GetObjectItemCaseSensitive(s, "prefixItems")) {
         out = of_type(j, s, "array");
     } else {
         out = any_value(j);

@@ -52,6 +52,16 @@ struct jcase {
     "\"object\",\"properties\":{\"kind\":{\"const\":\"b\"},\"y\":{\"type\":\"string\"}},"          \
     "\"required\":[\"kind\",\"y\"],\"additionalProperties\":false}]}"
 #define INTS "{\"type\":\"array\",\"items\":{\"type\":\"integer\"}}"
+#define TUPLE                                                                                      \
+    "{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"},{\"type\":\"integer\"}],"          \
+    "\"items\":{\"type\":\"boolean\"}}"
+#define TUPLE_CLOSED                                                                               \
+    "{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"},{\"type\":\"integer\"}],"          \
+    "\"items\":false,\"minItems\":2}"
+#define TUPLE_OPEN "{\"prefixItems\":[{\"type\":\"integer\"}]}"
+#define TUPLE_MAX                                                                                  \
+    "{\"type\":\"array\",\"prefixItems\":[{\"const\":1},{\"const\":2},{\"const\":3}],"             \
+    "\"minItems\":2,\"maxItems\":2}"
 
 static const struct jcase cases[] = {
     /* an object with two required properties */
@@ -253,6 +263,30 @@ static const struct jcase cases[] = {
     {"{\"type\":\"integer\",\"minimum\":95}", "100", 1},
     {"{\"type\":\"integer\",\"minimum\":95}", "94", 0},
     {"{\"type\":\"integer\",\"minimum\":95}", "9", 0},
+    /* prefixItems: a tuple, then items for the rest (false: none, absent: any JSON) */
+    {TUPLE, "[\"a\",1]", 1},
+    {TUPLE, "[ \"a\" , 1 ]", 1},
+    {TUPLE, "[\"a\"]", 1},
+    {TUPLE, "[]", 1},
+    {TUPLE, "[1]", 0},
+    {TUPLE, "[\"a\",\"b\"]", 0},
+    {TUPLE, "[\"a\",1,true,false]", 1},
+    {TUPLE, "[\"a\",1,2]", 0},
+    {TUPLE, "[\"a\",1,]", 0},
+    {TUPLE_CLOSED, "[\"a\",1]", 1},
+    {TUPLE_CLOSED, "[\"a\",1,true]", 0},
+    {TUPLE_CLOSED, "[\"a\"]", 0},
+    {TUPLE_CLOSED, "[]", 0},
+    {TUPLE_OPEN, "[1,\"x\",{\"k\":[null]},3.5]", 1},
+    {TUPLE_OPEN, "[\"x\"]", 0},
+    {TUPLE_OPEN, "[]", 1},
+    {TUPLE_MAX, "[1,2]", 1},
+    {TUPLE_MAX, "[1]", 0},
+    {TUPLE_MAX, "[1,2,3]", 0},
+    {"{\"prefixItems\":[{\"const\":0}],\"minItems\":3,\"items\":{\"type\":\"null\"}}",
+     "[0,null,null]", 1},
+    {"{\"prefixItems\":[{\"const\":0}],\"minItems\":3,\"items\":{\"type\":\"null\"}}", "[0,null]",
+     0},
     /* numbers, booleans, null */
     {"{\"type\":\"number\"}", "1.5", 1},
     {"{\"type\":\"number\"}", "-0.25", 1},
@@ -335,6 +369,8 @@ static void test_bad_schemas(void)
         {"{\"type\":\"object\",\"properties\":{},\"required\":[\"x\"]}",
          "'x' is not in 'properties'"},
         {"{\"type\":\"array\",\"uniqueItems\":true}", "'uniqueItems' is not supported"},
+        {"{\"prefixItems\":[{}],\"items\":false,\"minItems\":2}", "above the 1 items"},
+        {"{\"prefixItems\":{}}", "'prefixItems' must be an array"},
         {"{\"type\":\"string\",\"maxLength\":-1}", "'maxLength'"},
         {"[1]", "must be an object"},
     };
