@@ -104,6 +104,12 @@ int gram_utf8(const char *s, size_t n, uint32_t *cp);
  * out, for string patterns). Returns the symbol or -1. */
 int32_t gram_regex_into(struct gb *b, const char *re, size_t n, int in_json_string);
 
+/* A JSON Schema integer (integer: 1) or number's minimum, maximum and exclusive bounds as a
+ * regex over its text, heap-allocated (grammar_num.c); NULL with msg empty when it has no
+ * bound, NULL with msg set when the bounds cannot be met or read. */
+struct cJSON;
+char *gram_range_regex(const struct cJSON *schema, int integer, char *msg, size_t cap);
+
 /* The compiled form. */
 struct gram_cache; /* masks by state, grammar_mask.c */
 

@@ -4,11 +4,10 @@
  * outside "properties", as strict mode asks; an object without "properties" is a map whose
  * values follow "additionalProperties", any JSON when that is absent or true), array
  * (items, prefixItems, minItems, maxItems), string (minLength, maxLength, pattern as a whole-string
- * regex, formats date, time, date-time, uuid, email, ipv4), integer (minimum, maximum and
- * their exclusive forms, exactly), number (a non-negative minimum drops the sign; other
- * bounds are not enforced), boolean, null; enum, const, anyOf / oneOf, a single allOf,
- * type lists, $ref into the document (#, #/$defs/..., #/definitions/..., recursion
- * allowed). Keywords whose meaning a grammar cannot enforce (not, if, patternProperties,
+ * regex, formats date, time, date-time, uuid, email, ipv4), integer and number (minimum,
+ * maximum and their exclusive forms, exactly: grammar_num.c), boolean, null; enum, const, anyOf /
+ * oneOf, a single allOf, type lists, $ref into the document (#, #/$defs/..., #/definitions/...,
+ * recursion allowed). Keywords whose meaning a grammar cannot enforce (not, if, patternProperties,
  * uniqueItems ...) are refused with an error rather than ignored.
  *
  * Whitespace as XGrammar's default JSON grammar: any of space, tab, newline, carriage
@@ -137,133 +136,21 @@ static int32_t any_value(struct js *j)
     return j->any;
 }
 
-/* ---- integers in a range, as a regex ---- */
+/* ---- numbers in a range (grammar_num.c writes the regex) ---- */
 
-typedef struct {
-    char s[4096];
-    size_t n;
-} rbuf;
-
-static void put(rbuf *r, const char *s)
+static int32_t ranged(struct js *j, const cJSON *s, int integer)
 {
-    size_t l = strlen(s);
-    if (r->n + l < sizeof r->s) memcpy(r->s + r->n, s, l), r->n += l, r->s[r->n] = 0;
-}
-
-/* Equal-length digit strings a <= b: the numbers between them, digit by digit. */
-static void same_len(rbuf *r, const char *a, const char *b, int n)
-{
-    char t[64];
-    if (n == 0) return;
-    if (n == 1) {
-        snprintf(t, sizeof t, "[%c-%c]", a[0], b[0]);
-        put(r, t);
-        return;
-    }
-    if (a[0] == b[0]) {
-        snprintf(t, sizeof t, "%c", a[0]);
-        put(r, t);
-        put(r, "(");
-        same_len(r, a + 1, b + 1, n - 1);
-        put(r, ")");
-        return;
-    }
-    char nines[32], zeros[32];
-    memset(nines, '9', (size_t)n - 1), memset(zeros, '0', (size_t)n - 1);
-    snprintf(t, sizeof t, "(%c(", a[0]);
-    put(r, t);
-    same_len(r, a + 1, nines, n - 1);
-    put(r, "))");
-    if (a[0] + 1 <= b[0] - 1) {
-        snprintf(t, sizeof t, "|[%c-%c][0-9]{%d}", a[0] + 1, b[0] - 1, n - 1);
-        put(r, t);
-    }
-    snprintf(t, sizeof t, "|(%c(", b[0]);
-    put(r, t);
-    same_len(r, zeros, b + 1, n - 1);
-    put(r, "))");
-}
-
-/* Non-negative integers lo..hi (hi < 0: unbounded) without leading zeros. */
-static void nonneg(rbuf *r, long long lo, long long hi)
-{
-    put(r, "(");
-    int first = 1;
-    for (int len = 1; len <= 19; len++) {
-        long long start = len == 1 ? 0 : 1, end = 9;
-        for (int i = 1; i < len; i++) start *= 10, end = end * 10 + 9;
-        if (hi >= 0 && start > hi) break;
-        if (end < lo) continue;
-        long long a = lo > start ? lo : start;
-        if (hi < 0 && a == start && len > 1) { /* every number of this length and longer */
-            char t[64];
-            snprintf(t, sizeof t, "%s[1-9][0-9]{%d,}", first ? "" : "|", len - 1);
-            put(r, t);
-            first = 0;
-            break;
-        }
-        long long z = hi >= 0 && hi < end ? hi : end;
-        char sa[32], sz[32];
-        snprintf(sa, sizeof sa, "%lld", a);
-        snprintf(sz, sizeof sz, "%lld", z);
-        if (!first) put(r, "|");
-        put(r, "(");
-        same_len(r, sa, sz, len);
-        put(r, ")");
-        first = 0;
-    }
-    put(r, ")");
-}
-
-static int32_t integer(struct js *j, const cJSON *s)
-{
-    const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minimum");
-    const cJSON *mx = cJSON_GetObjectItemCaseSensitive(s, "maximum");
-    const cJSON *xmn = cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum");
-    const cJSON *xmx = cJSON_GetObjectItemCaseSensitive(s, "exclusiveMaximum");
-    const double big = 1e15;
-    int has_lo = 0, has_hi = 0;
-    long long lo = 0, hi = 0;
-    if (cJSON_IsNumber(mn) && fabs(mn->valuedouble) < big)
-        has_lo = 1, lo = (long long)ceil(mn->valuedouble);
-    if (cJSON_IsNumber(xmn) && fabs(xmn->valuedouble) < big) {
-        long long v = (long long)floor(xmn->valuedouble) + 1;
-        if (!has_lo || v > lo) lo = v;
-        has_lo = 1;
-    }
-    if (cJSON_IsNumber(mx) && fabs(mx->valuedouble) < big)
-        has_hi = 1, hi = (long long)floor(mx->valuedouble);
-    if (cJSON_IsNumber(xmx) && fabs(xmx->valuedouble) < big) {
-        long long v = (long long)ceil(xmx->valuedouble) - 1;
-        if (!has_hi || v < hi) hi = v;
-        has_hi = 1;
-    }
-    if (!has_lo && !has_hi) {
+    char msg[160] = "";
+    char *re = gram_range_regex(s, integer, msg, sizeof msg);
+    if (!re && msg[0]) return gb_fail(j->b, "schema: %s", msg);
+    if (!re && integer) {
         if (!j->intg) j->intg = regex(j, "-?(0|[1-9][0-9]*)", 0);
         return j->intg;
     }
-    if (has_lo && has_hi && lo > hi)
-        return gb_fail(j->b, "schema: integer range %lld..%lld is empty", lo, hi);
-    rbuf r = {{0}, 0};
-    if (!has_lo) { /* ..hi */
-        if (hi >= 0) {
-            put(&r, "-[1-9][0-9]*|");
-            nonneg(&r, 0, hi);
-        } else {
-            put(&r, "-");
-            nonneg(&r, -hi, -1);
-        }
-    } else if (lo >= 0) {
-        nonneg(&r, lo, has_hi ? hi : -1);
-    } else { /* lo < 0 */
-        put(&r, "-");
-        nonneg(&r, has_hi && hi < 0 ? -hi : 1, -lo);
-        if (!has_hi || hi >= 0) {
-            put(&r, "|");
-            nonneg(&r, 0, has_hi ? hi : -1);
-        }
-    }
-    return regex(j, r.s, 0);
+    if (!re) return any_number(j);
+    int32_t x = regex(j, re, 0);
+    free(re);
+    return x;
 }
 
 /* ---- strings ---- */
@@ -452,15 +339,8 @@ static int32_t of_type(struct js *j, const cJSON *s, const char *type)
 {
     if (!strcmp(type, "object")) return object(j, s);
     if (!strcmp(type, "string")) return string(j, s);
-    if (!strcmp(type, "integer")) return integer(j, s);
-    if (!strcmp(type, "number")) {
-        const cJSON *mn = cJSON_GetObjectItemCaseSensitive(s, "minimum");
-        const cJSON *xmn = cJSON_GetObjectItemCaseSensitive(s, "exclusiveMinimum");
-        if ((cJSON_IsNumber(mn) && mn->valuedouble >= 0) ||
-            (cJSON_IsNumber(xmn) && xmn->valuedouble >= 0))
-            return regex(j, "(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?", 0);
-        return any_number(j);
-    }
+    if (!strcmp(type, "integer")) return ranged(j, s, 1);
+    if (!strcmp(type, "number")) return ranged(j, s, 0);
     if (!strcmp(type, "boolean")) {
         int32_t v[2] = {lit(j, "true"), lit(j, "false")};
         return gb_alt(j->b, v, 2);

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "common/util.h"
 #include "text/grammar.h"
 #include "text/grammar_impl.h"
@@ -58,6 +60,7 @@ struct jcase {
 #define TUPLE_CLOSED                                                                               \
     "{\"type\":\"array\",\"prefixItems\":[{\"type\":\"string\"},{\"type\":\"integer\"}],"          \
     "\"items\":false,\"minItems\":2}"
+#define UNIT       "{\"type\":\"number\",\"minimum\":0,\"maximum\":1}"
 #define TUPLE_OPEN "{\"prefixItems\":[{\"type\":\"integer\"}]}"
 #define TUPLE_MAX                                                                                  \
     "{\"type\":\"array\",\"prefixItems\":[{\"const\":1},{\"const\":2},{\"const\":3}],"             \
@@ -287,6 +290,21 @@ static const struct jcase cases[] = {
      "[0,null,null]", 1},
     {"{\"prefixItems\":[{\"const\":0}],\"minItems\":3,\"items\":{\"type\":\"null\"}}", "[0,null]",
      0},
+    /* bounded numbers: exact, in plain decimal (an exponent is outside the grammar, though
+     * 5e-1 is a valid instance: the digit-by-digit comparison needs the plain form) */
+    {UNIT, "0.5", 1},
+    {UNIT, "1.000", 1},
+    {UNIT, "0", 1},
+    {UNIT, "1.0001", 0},
+    {UNIT, "-0.1", 0},
+    {UNIT, "2", 0},
+    {UNIT, "5e-1", 0},
+    {"{\"type\":\"number\",\"exclusiveMinimum\":-1.5}", "-1.49", 1},
+    {"{\"type\":\"number\",\"exclusiveMinimum\":-1.5}", "-1.5", 0},
+    {"{\"type\":\"number\",\"exclusiveMinimum\":-1.5}", "123456.75", 1},
+    {"{\"type\":\"number\",\"maximum\":0.3}", "0.30", 1},
+    {"{\"type\":\"number\",\"maximum\":0.3}", "0.300001", 0},
+    {"{\"type\":\"number\",\"maximum\":0.3}", "-1000.5", 1},
     /* numbers, booleans, null */
     {"{\"type\":\"number\"}", "1.5", 1},
     {"{\"type\":\"number\"}", "-0.25", 1},
@@ -354,6 +372,64 @@ static void test_schemas(void)
     printf("schema conformance: %d schema/instance pairs\n", n);
 }
 
+/* Number bounds against arithmetic: for each schema, decimals around and between its bounds
+ * (integer parts -13..13, fractions of up to four digits, trailing zeros included) are
+ * accepted exactly when strtod's value meets the bounds. "-0..." strings are left out (the
+ * grammar writes zero without a sign), and so is the exponent form (a bounded number is
+ * written in plain decimal: checked separately). */
+static void test_number_bounds(void)
+{
+    static const char *const schemas[] = {
+        "{\"type\":\"number\",\"minimum\":0,\"maximum\":1}",
+        "{\"type\":\"number\",\"exclusiveMinimum\":0,\"exclusiveMaximum\":1}",
+        "{\"type\":\"number\",\"minimum\":-2.5,\"maximum\":3.25}",
+        "{\"type\":\"number\",\"exclusiveMinimum\":-2.5,\"exclusiveMaximum\":-0.125}",
+        "{\"type\":\"number\",\"minimum\":0.1,\"maximum\":0.15}",
+        "{\"type\":\"number\",\"minimum\":0.105,\"exclusiveMaximum\":0.11}",
+        "{\"type\":\"number\",\"minimum\":1.5}",
+        "{\"type\":\"number\",\"exclusiveMinimum\":-1.05}",
+        "{\"type\":\"number\",\"maximum\":-0.5}",
+        "{\"type\":\"number\",\"exclusiveMaximum\":10}",
+        "{\"type\":\"number\",\"minimum\":7.25,\"maximum\":7.25}",
+        "{\"type\":\"number\",\"minimum\":-12,\"exclusiveMaximum\":0}",
+        "{\"type\":\"number\",\"minimum\":0,\"exclusiveMinimum\":0.5,\"maximum\":9,"
+        "\"exclusiveMaximum\":8.75}",
+    };
+    static const char *const fracs[] = {"",    ".0",   ".00", ".05",   ".1",  ".10",  ".105",
+                                        ".11", ".125", ".15", ".1501", ".2",  ".25",  ".2500",
+                                        ".3",  ".5",   ".50", ".7",    ".75", ".999", ".9999"};
+    int n = 0;
+    for (size_t i = 0; i < sizeof schemas / sizeof *schemas; i++) {
+        struct err e = {0};
+        struct gram *g = gram_from_json_schema(schemas[i], strlen(schemas[i]), &e);
+        CHECK(g, "%s: %s", schemas[i], e.msg);
+        if (!g) continue;
+        cJSON *sc = cJSON_Parse(schemas[i]);
+        const cJSON *mn = cJSON_GetObjectItem(sc, "minimum"),
+                    *mx = cJSON_GetObjectItem(sc, "maximum");
+        const cJSON *xmn = cJSON_GetObjectItem(sc, "exclusiveMinimum");
+        const cJSON *xmx = cJSON_GetObjectItem(sc, "exclusiveMaximum");
+        for (int ip = -13; ip <= 13; ip++)
+            for (size_t f = 0; f < sizeof fracs / sizeof *fracs; f++)
+                for (int neg = 0; neg < 2; neg++) {
+                    if (neg && ip > 0) continue;
+                    if (!neg && ip < 0) continue;
+                    char inst[32];
+                    snprintf(inst, sizeof inst, "%s%d%s", neg && ip == 0 ? "-" : "", ip, fracs[f]);
+                    double v = strtod(inst, NULL);
+                    if (inst[0] == '-' && v == 0) continue;
+                    int ok = (!mn || v >= mn->valuedouble) && (!mx || v <= mx->valuedouble) &&
+                             (!xmn || v > xmn->valuedouble) && (!xmx || v < xmx->valuedouble);
+                    CHECK(accepts(g, inst) == ok, "%s on %s: expected %s", inst, schemas[i],
+                          ok ? "accept" : "reject");
+                    n++;
+                }
+        cJSON_Delete(sc);
+        gram_unref(g);
+    }
+    printf("number bounds: %d schema/instance pairs against arithmetic\n", n);
+}
+
 static void test_bad_schemas(void)
 {
     static const char *const bad[][2] = {
@@ -371,6 +447,9 @@ static void test_bad_schemas(void)
         {"{\"type\":\"array\",\"uniqueItems\":true}", "'uniqueItems' is not supported"},
         {"{\"prefixItems\":[{}],\"items\":false,\"minItems\":2}", "above the 1 items"},
         {"{\"prefixItems\":{}}", "'prefixItems' must be an array"},
+        {"{\"type\":\"number\",\"minimum\":2,\"exclusiveMaximum\":2}",
+         "number range 2..2 is empty"},
+        {"{\"type\":\"number\",\"exclusiveMinimum\":1e-40}", "more than 30 decimal places"},
         {"{\"type\":\"string\",\"maxLength\":-1}", "'maxLength'"},
         {"[1]", "must be an object"},
     };
@@ -641,6 +720,7 @@ int main(int argc, char **argv)
 {
     const char *testdata = argc > 1 ? argv[1] : "../shared/testdata";
     test_schemas();
+    test_number_bounds();
     test_bad_schemas();
     test_regex();
     test_gbnf();
