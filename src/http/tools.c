@@ -175,6 +175,11 @@ static cJSON *call_spec(enum tcall_format f, const cJSON *fn)
         cJSON_AddStringToObject(c, "prefix", pre.p);
         cJSON_AddItemToObject(c, "params", xml_params(params));
         cJSON_AddStringToObject(c, "suffix", "</function>\n</tool_call>");
+    } else if (f == TCALL_GEMMA4) {
+        http_buf_printf(&pre, "<|tool_call>call:%s", name);
+        cJSON_AddStringToObject(c, "prefix", pre.p);
+        cJSON_AddItemToObject(c, "schema", cJSON_Duplicate(params, 1));
+        cJSON_AddStringToObject(c, "suffix", "<tool_call|>");
     } else if (f == TCALL_HARMONY) {
         http_buf_printf(&pre, "<|channel|>commentary to=functions.%s <|constrain|>json<|message|>",
                         name);
@@ -208,7 +213,9 @@ static int call_grammar(struct http_gen *g, const char *only, const char *field,
     }
     cJSON_AddItemToObject(spec, "calls", calls);
     /* a prompt that opened thinking: the model thinks first, and the calls follow the end
-     * tag (the grammar switches on there) */
+     * tag (the grammar switches on there); gemma4's and harmony's end tags are special
+     * tokens, which the trigger does not see, so there the grammar writes the end tag at
+     * once and the calls follow */
     const char *think_end =
         g->think_open && !g->sp.grammar_trigger ? reason_format_end(g->reason_format) : NULL;
     struct http_buf begin = {0};
@@ -218,11 +225,13 @@ static int call_grammar(struct http_gen *g, const char *only, const char *field,
     http_buf_puts(&begin, f == TCALL_MISTRAL ? "[TOOL_CALLS][" : "");
     cJSON_AddStringToObject(spec, "begin", begin.p);
     http_buf_dispose(&begin);
-    if (think_end) g->sp.grammar_trigger = think_end;
+    if (think_end && f != TCALL_GEMMA4 && f != TCALL_HARMONY) g->sp.grammar_trigger = think_end;
     cJSON_AddStringToObject(spec, "sep",
                             f == TCALL_LLAMA3_JSON ? "; "
                             : f == TCALL_MISTRAL   ? ", "
+                            : f == TCALL_GEMMA4    ? ""
                                                    : "\n");
+    if (f == TCALL_GEMMA4) cJSON_AddStringToObject(spec, "syntax", "gemma4");
     cJSON_AddStringToObject(spec, "end", f == TCALL_MISTRAL ? "]" : "");
     /* harmony: <|call|> ends the output (a stop token), so one call a turn */
     cJSON_AddNumberToObject(spec, "max",
@@ -333,6 +342,8 @@ int http_parse_tools(enum http_api api, const cJSON *body, const struct http_mod
         /* free text until the format's start tag, then calls under the tools' schemas;
          * structured output, when asked for, constrains the text instead */
         const char *trigger = tcall_format_trigger(g->tool_format);
+        /* gemma4 and harmony tags are special tokens, which the lazy trigger (reading the
+         * vocabulary trie's bytes) does not see */
         if (!trigger || g->sp.grammar || g->tool_format == TCALL_GEMMA4) return 0;
         g->sp.grammar_trigger = trigger;
         return call_grammar(g, NULL, "tools", he);
@@ -341,10 +352,6 @@ int http_parse_tools(enum http_api api, const cJSON *body, const struct http_mod
         return http_error_set(he, 400, "tool_choice",
                               "a required or named 'tool_choice' cannot be combined with "
                               "structured output (response_format, guided_*)");
-    if (g->tool_format == TCALL_GEMMA4)
-        return http_error_set(he, 400, "tool_choice",
-                              "a required or named 'tool_choice' is not enforced for the gemma4 "
-                              "tool-call format; use 'auto'");
     return call_grammar(g, c == HTTP_TOOLS_NAMED ? name : NULL, "tools", he);
 }
 

@@ -41,7 +41,9 @@ struct gram *gram_from_choices(const char *const *s, const size_t *len, int n, s
  * Tool calls in a parser's wire format, described by spec (JSON text): {"begin": S,
  * "calls": [{"prefix": S, "schema": {...}, "suffix": S}, ...], "sep": S, "max": N, "end": S}.
  * The output is begin, then 1..max calls separated by sep, then end; each call is one of
- * `calls`: its prefix, a JSON value valid under its schema, its suffix.
+ * `calls`: its prefix, a JSON value valid under its schema, its suffix. With "syntax":
+ * "gemma4" the values are written in Gemma 4's argument syntax instead of JSON (bare keys,
+ * strings between <|"|> marks holding no '<', no whitespace).
  */
 struct gram *gram_from_tool_spec(const char *json, size_t len, struct err *e);
 

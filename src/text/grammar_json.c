@@ -39,7 +39,10 @@ struct js {
     int n_refs;
     int depth;
     int32_t ws, str, num, intg, any, chr; /* built on first use, 0 until then */
+    int gemma; /* Gemma 4's argument syntax (gram_from_tool_spec "syntax": "gemma4") */
 };
+
+#define GEMMA_QUOTE "<|\"|>"
 
 static int32_t js_schema(struct js *j, const cJSON *s);
 
@@ -50,11 +53,12 @@ static int32_t lit(struct js *j, const char *s)
 
 static int32_t regex(struct js *j, const char *re, int in_string)
 {
-    return gram_regex_into(j->b, re, strlen(re), in_string);
+    return gram_regex_into(j->b, re, strlen(re), in_string && !j->gemma);
 }
 
 static int32_t ws(struct js *j)
 {
+    if (j->gemma) return gb_empty(j->b); /* its bare keys run up to ':' */
     if (!j->ws) {
         struct gbset s = {{0}};
         s.w[0] = 1u << '\t' | 1u << '\n' | 1u << '\r';
@@ -67,6 +71,10 @@ static int32_t ws(struct js *j)
 /* One character inside a JSON string: unescaped (no '"', '\' or controls) or an escape. */
 static int32_t str_char(struct js *j)
 {
+    if (!j->chr && j->gemma) { /* raw text up to the closing mark: no '<' */
+        uint32_t r[4] = {0, '<' - 1, '<' + 1, 0x10FFFF};
+        j->chr = gb_cp_ranges(j->b, r, 2);
+    }
     if (!j->chr) {
         uint32_t r[6] = {0x20, 0x21, 0x23, 0x5B, 0x5D, 0x10FFFF};
         int32_t plain = gb_cp_ranges(j->b, r, 3);
@@ -79,7 +87,7 @@ static int32_t str_char(struct js *j)
 
 static int32_t quoted(struct js *j, int32_t body)
 {
-    int32_t q = gb_byte('"');
+    int32_t q = j->gemma ? lit(j, GEMMA_QUOTE) : gb_byte('"');
     int32_t v[3] = {q, body, q};
     return gb_seq(j->b, v, 3);
 }
@@ -194,12 +202,70 @@ static int32_t string(struct js *j, const cJSON *s)
 
 /* ---- objects ---- */
 
+/* ---- Gemma 4's argument syntax: strings between its marks, keys bare where they are
+ * names (letters, digits, '_', '-', '.'), else marked; numbers, true, false, null, {} and
+ * [] as in JSON ---- */
+
+struct gtext {
+    char *p;
+    size_t n, cap;
+};
+
+static void gt_put(struct gtext *t, const char *s)
+{
+    size_t l = strlen(s);
+    if (t->n + l + 1 > t->cap) {
+        t->cap = (t->n + l + 1) * 2;
+        t->p = xrealloc(t->p, t->cap);
+    }
+    memcpy(t->p + t->n, s, l + 1);
+    t->n += l;
+}
+
+static void gemma_key(struct gtext *t, const char *k)
+{
+    int bare = *k != 0;
+    for (const char *c = k; *c && bare; c++)
+        bare = (*c >= '0' && *c <= '9') || ((*c | 32) >= 'a' && (*c | 32) <= 'z') || *c == '_' ||
+               *c == '-' || *c == '.';
+    if (!bare) gt_put(t, GEMMA_QUOTE);
+    gt_put(t, k);
+    if (!bare) gt_put(t, GEMMA_QUOTE);
+}
+
+static void gemma_print(const cJSON *v, struct gtext *t)
+{
+    if (cJSON_IsString(v)) {
+        gt_put(t, GEMMA_QUOTE);
+        gt_put(t, v->valuestring);
+        gt_put(t, GEMMA_QUOTE);
+    } else if (cJSON_IsObject(v) || cJSON_IsArray(v)) {
+        gt_put(t, cJSON_IsObject(v) ? "{" : "[");
+        const cJSON *x;
+        cJSON_ArrayForEach(x, v)
+        {
+            if (x != v->child) gt_put(t, ",");
+            if (cJSON_IsObject(v)) gemma_key(t, x->string), gt_put(t, ":");
+            gemma_print(x, t);
+        }
+        gt_put(t, cJSON_IsObject(v) ? "}" : "]");
+    } else {
+        char *s = cJSON_PrintUnformatted(v);
+        gt_put(t, s);
+        free(s);
+    }
+}
+
 static int32_t key_lit(struct js *j, const char *name)
 {
+    struct gtext t = {0};
     cJSON *s = cJSON_CreateString(name);
-    char *t = cJSON_PrintUnformatted(s);
-    int32_t x = lit(j, t);
-    free(t);
+    if (j->gemma)
+        gemma_key(&t, name);
+    else
+        t.p = cJSON_PrintUnformatted(s);
+    int32_t x = lit(j, t.p);
+    free(t.p);
     cJSON_Delete(s);
     return x;
 }
@@ -371,9 +437,13 @@ static int32_t of_type(struct js *j, const cJSON *s, const char *type)
 
 static int32_t literal_value(struct js *j, const cJSON *v)
 {
-    char *t = cJSON_PrintUnformatted(v);
-    int32_t x = lit(j, t);
-    free(t);
+    struct gtext t = {0};
+    if (j->gemma)
+        gemma_print(v, &t);
+    else
+        t.p = cJSON_PrintUnformatted(v);
+    int32_t x = lit(j, t.p);
+    free(t.p);
     return x;
 }
 
@@ -487,7 +557,7 @@ struct gram *gram_from_json_schema(const char *json, size_t len, struct err *e)
                NULL;
     struct gb b;
     gb_init(&b, e);
-    struct js j = {&b, doc, NULL, 0, 0, 0, 0, 0, 0, 0, 0};
+    struct js j = {&b, doc, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     int32_t x = js_schema(&j, doc);
     int root = gb_rule_new(&b, "root", 0);
     if (!b.failed) gb_alt_add(&b, root, &x, 1);
@@ -502,7 +572,7 @@ struct gram *gram_json_object(void)
     struct gb b;
     struct err e;
     gb_init(&b, &e);
-    struct js j = {&b, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0};
+    struct js j = {&b, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0};
     int32_t x = map_of(&j, any_value(&j));
     int root = gb_rule_new(&b, "root", 0);
     gb_alt_add(&b, root, &x, 1);
@@ -567,7 +637,9 @@ struct gram *gram_from_tool_spec(const char *json, size_t len, struct err *e)
     if (!spec) return err_set(e, "tool spec: not valid JSON"), NULL;
     struct gb b;
     gb_init(&b, e);
-    struct js j = {&b, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0};
+    struct js j = {&b, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    const cJSON *syntax = cJSON_GetObjectItemCaseSensitive(spec, "syntax");
+    j.gemma = cJSON_IsString(syntax) && !strcmp(syntax->valuestring, "gemma4");
     const cJSON *calls = cJSON_GetObjectItemCaseSensitive(spec, "calls");
     const cJSON *begin = cJSON_GetObjectItemCaseSensitive(spec, "begin");
     const cJSON *sep = cJSON_GetObjectItemCaseSensitive(spec, "sep");

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "http/request.h"
+#include "text/toolcall.h"
 #include "text/tmpl.h"
 #include "test_util.h"
 
@@ -231,8 +232,38 @@ static void check_format_grammar(enum tcall_format f, const char *choice, const 
     http_gen_dispose(&g);
 }
 
+/* What the gemma4 parser makes of a call the grammar accepts: the arguments as JSON. */
+static void check_gemma_roundtrip(const char *out, const char *want)
+{
+    struct tcall_parser *p = tcall_parser_create(TCALL_GEMMA4, NULL);
+    struct tcall_str content = {0};
+    tcall_parser_push(p, out, strlen(out), &content);
+    tcall_parser_finish(p, &content);
+    CHECK(tcall_parser_n_calls(p) == 1 && !strcmp(tcall_parser_call(p, 0)->args.p, want),
+          "gemma4 %s -> %s, want %s", out,
+          tcall_parser_n_calls(p) ? tcall_parser_call(p, 0)->args.p : "(none)", want);
+    tcall_str_dispose(&content);
+    tcall_parser_destroy(p);
+}
+
 static void test_format_grammars(void)
 {
+    /* gemma4: Gemma 4's argument syntax (bare keys, strings between <|"|> marks without '<',
+     * no whitespace); calls follow one another without a separator */
+    static const char *const gemma_call =
+        "<|tool_call>call:get{n:12,s:<|\"|>a \"b\"\nc<|\"|>}<tool_call|>";
+    check_format_grammar(TCALL_GEMMA4, "\"required\"", gemma_call,
+                         "<|tool_call>call:get{n:<|\"|>x");
+    check_format_grammar(TCALL_GEMMA4, "\"required\"",
+                         "<|tool_call>call:get{n:-1}<tool_call|><|tool_call>call:get{n:2}"
+                         "<tool_call|>",
+                         "<|tool_call>call:get{\"n\":1}");
+    check_format_grammar(TCALL_GEMMA4, "{\"type\":\"function\",\"function\":{\"name\":\"get\"}}",
+                         "<|tool_call>call:get{n:0}<tool_call|>",
+                         "<|tool_call>call:get{n:1, s:<|\"|>x<|\"|>}<tool_call|>");
+    check_format_grammar(TCALL_GEMMA4, "\"required\"", "<|tool_call>call:get{n:1}<tool_call|>",
+                         "<|tool_call>call:get{n:1,s:<|\"|>a<b<|\"|>}");
+    check_gemma_roundtrip(gemma_call, "{\"n\":12,\"s\":\"a \\\"b\\\"\\nc\"}");
     /* harmony: one call (<|call|> stops the output), even with parallel calls allowed */
     check_format_grammar(TCALL_HARMONY, "\"required\"",
                          "<|channel|>commentary to=functions.get <|constrain|>json<|message|>"

@@ -13,6 +13,7 @@
 #include "common/util.h"
 #include "text/grammar.h"
 #include "text/grammar_impl.h"
+#include "text/toolcall.h"
 #include "test_util.h"
 
 static int accepts(struct gram *g, const char *s)
@@ -716,6 +717,50 @@ static void test_masks(const char *testdata)
     tok_destroy(t);
 }
 
+/* Tool specs in Gemma 4's argument syntax: what the grammar accepts, read back by the gemma4
+ * tool-call parser, is the JSON the schema describes. */
+static void test_gemma_spec(void)
+{
+    static const char *const spec =
+        "{\"begin\":\"\",\"sep\":\"\",\"end\":\"\",\"max\":2,\"syntax\":\"gemma4\","
+        "\"calls\":[{\"prefix\":\"<|tool_call>call:f\",\"suffix\":\"<tool_call|>\",\"schema\":{"
+        "\"type\":\"object\",\"properties\":{\"k\":{\"enum\":[\"a b\",{\"x y\":[1,\"z\"]}]},"
+        "\"m\":{\"type\":\"object\",\"additionalProperties\":{\"type\":\"string\"}},\"arr\":{"
+        "\"type\":\"array\",\"items\":{\"type\":\"number\",\"minimum\":0}},\"any\":{}},"
+        "\"required\":[\"k\"],\"additionalProperties\":false}}]}";
+    static const struct {
+        const char *out, *json; /* json NULL: refused */
+    } cases[] = {
+        {"<|tool_call>call:f{k:<|\"|>a b<|\"|>}<tool_call|>", "{\"k\":\"a b\"}"},
+        {"<|tool_call>call:f{k:{<|\"|>x y<|\"|>:[1,<|\"|>z<|\"|>]},m:{<|\"|>any key<|\"|>:<|\"|>v"
+         "<|\"|>},arr:[0.5,2],any:{<|\"|>q<|\"|>:[null,true]}}<tool_call|>",
+         "{\"k\":{\"x y\":[1,\"z\"]},\"m\":{\"any key\":\"v\"},\"arr\":[0.5,2],\"any\":{\"q\":"
+         "[null,true]}}"},
+        {"<|tool_call>call:f{\"k\":<|\"|>a b<|\"|>}<tool_call|>", NULL},
+        {"<|tool_call>call:f{k:\"a b\"}<tool_call|>", NULL},
+        {"<|tool_call>call:f{k:<|\"|>a b<|\"|>, arr:[]}<tool_call|>", NULL},
+        {"<|tool_call>call:f{k:<|\"|>a b<|\"|>,arr:[-1]}<tool_call|>", NULL},
+    };
+    struct err e = {0};
+    struct gram *g = gram_from_tool_spec(spec, strlen(spec), &e);
+    CHECK(g, "gemma spec: %s", e.msg);
+    if (!g) return;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        CHECK(accepts(g, cases[i].out) == !!cases[i].json, "gemma spec on %s", cases[i].out);
+        if (!cases[i].json) continue;
+        struct tcall_parser *p = tcall_parser_create(TCALL_GEMMA4, NULL);
+        struct tcall_str content = {0};
+        tcall_parser_push(p, cases[i].out, strlen(cases[i].out), &content);
+        tcall_parser_finish(p, &content);
+        CHECK(tcall_parser_n_calls(p) == 1 &&
+                  !strcmp(tcall_parser_call(p, 0)->args.p, cases[i].json),
+              "gemma read back %s", tcall_parser_n_calls(p) ? tcall_parser_call(p, 0)->args.p : "");
+        tcall_str_dispose(&content);
+        tcall_parser_destroy(p);
+    }
+    gram_unref(g);
+}
+
 int main(int argc, char **argv)
 {
     const char *testdata = argc > 1 ? argv[1] : "../shared/testdata";
@@ -725,6 +770,7 @@ int main(int argc, char **argv)
     test_regex();
     test_gbnf();
     test_choices();
+    test_gemma_spec();
     test_compile_timeout();
     test_masks(testdata);
     TEST_DONE();
