@@ -254,6 +254,8 @@ await srv.stop();
 for (const [parser, extra] of [
   ['qwen3_xml', ['--tool-call-parser', 'qwen3_xml']],
   ['mistral', ['--tool-call-parser', 'mistral']],
+  ['gemma4', ['--tool-call-parser', 'gemma4']],
+  ['harmony', ['--tool-call-parser', 'harmony']],
   ['llama3_json', ['--chat-template', `${TEMPLATES}/meta-llama-Llama-3.1-8B-Instruct.jinja`]],
 ]) {
   srv = await startServer(MODEL, extra);
