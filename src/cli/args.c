@@ -83,6 +83,7 @@ const char arg_engine_usage[] =
     "  --gpu-memory-utilization F  GPU share for weights, activations and KV (default 0.9)\n"
     "  --block-size N              tokens per KV block (default 16)\n"
     "  --max-num-batched-tokens N  token budget of one step (default 2048)\n"
+    ARG_SCHED_USAGE
     "  --max-num-seqs N            running requests at most (default 256)\n"
     "  --max-model-len N           context length (default: the model's)\n"
     "  --no-enable-prefix-caching  no prefix sharing between requests\n"
@@ -264,6 +265,8 @@ int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg)
     }
     int kv = arg_kv_option(argc, argv, i, &cfg->kv);
     if (kv) return kv;
+    int sc = arg_sched_option(argc, argv, i, cfg);
+    if (sc) return sc;
     if (!strcmp(a, "--kv-cache-memory")) {
         const char *v = arg_value(argc, argv, i);
         return !v || arg_bytes(a, v, &cfg->kv_cache_memory) ? -1 : 1;

@@ -46,6 +46,19 @@ int arg_kv_option(int argc, char **argv, int *i, struct kv_spec *s);
     "  --kv-cache-dtype-v D        V's format alone\n"                                             \
     "  --kv-cache-skip-layers L    layers kept in auto, e.g. 0,1,-2,-1 (negative: from the end)\n"
 
+/** The scheduling options (src/cli/args_sched.c): --max-step-ms, --scheduling-policy,
+ * --long-prefill-token-threshold, --preemption-mode; returns as arg_engine_option. */
+int arg_sched_option(int argc, char **argv, int *i, struct engine_config *cfg);
+#define ARG_SCHED_USAGE                                                                            \
+    "  --max-step-ms MS            bound on a step's predicted time: decode rows always run,\n"    \
+    "                              prefill tokens join while the fitted step-time model stays\n"   \
+    "                              under MS (default 0: the token budget alone)\n"                 \
+    "  --long-prefill-token-threshold N  a prefill chunk of one request at most (default 0:\n"     \
+    "                              no cap but the budget)\n"                                       \
+    "  --scheduling-policy P       priority (requests' priority, then arrival; the default) or\n"  \
+    "                              fcfs (arrival alone; a request with a priority is refused)\n"   \
+    "  --preemption-mode M         recompute (the default); swap is refused: no host KV tier\n"
+
 /*
  * A model on a backend with step buffers and a KV pool, and a helper to build one batch
  * of sequences that each append tokens at their next positions (blocks laid out

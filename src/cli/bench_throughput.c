@@ -2,7 +2,9 @@
  * bench throughput: offline, in-process engine throughput. N random-token prompts (with an
  * optional shared prefix) are submitted at once; the engine batches them under its limits.
  * Reports requests/s, output and total tokens/s, the decode-phase rate once every request
- * has its first token, and the prefix-cache hit rate.
+ * has its first token, the steady-state output rate (from the first request's end to the
+ * last request's first token), inter-token latency percentiles, the step mix and the
+ * step-time model's error, and the prefix-cache hit rate.
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -19,10 +21,13 @@
 struct tp_state {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int n, remaining, first_seen;
-    uint64_t tokens, tokens_at_all_first;
-    double t_all_first;
+    int n, remaining, first_seen, finished;
+    uint64_t tokens, tokens_at_all_first, tokens_at_first_finish;
+    double t_all_first, t_first_finish;
     uint8_t *started; /* per request: has its first token */
+    double *last;     /* per request: when its last token came */
+    double *gaps;     /* inter-token gaps in seconds: [cap_gaps] */
+    size_t n_gaps, cap_gaps;
 };
 
 struct tp_req {
@@ -37,6 +42,10 @@ static void tp_event(void *user, const struct engine_event *ev)
     pthread_mutex_lock(&st->mu);
     if (ev->kind == ENGINE_EV_TOKEN) {
         st->tokens++;
+        double now = util_now();
+        if (st->started[q->idx] && st->n_gaps < st->cap_gaps)
+            st->gaps[st->n_gaps++] = now - st->last[q->idx];
+        st->last[q->idx] = now;
         if (!st->started[q->idx]) {
             st->started[q->idx] = 1;
             pthread_cond_signal(&st->cv);
@@ -47,10 +56,28 @@ static void tp_event(void *user, const struct engine_event *ev)
         }
     }
     if (ev->finish != FINISH_NONE) {
+        if (st->finished++ == 0) {
+            st->t_first_finish = util_now();
+            st->tokens_at_first_finish = st->tokens;
+        }
         st->remaining--;
         pthread_cond_signal(&st->cv);
     }
     pthread_mutex_unlock(&st->mu);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The q-quantile of sorted v[0..n) in milliseconds (nearest rank); 0 when empty. */
+static double pct_ms(const double *v, size_t n, double q)
+{
+    if (!n) return 0;
+    size_t k = (size_t)(q * (double)(n - 1) + 0.5);
+    return 1e3 * v[k < n ? k : n - 1];
 }
 
 static void usage(FILE *f)
@@ -180,6 +207,9 @@ int cli_bench_throughput(int argc, char **argv)
     pthread_mutex_init(&st.mu, NULL);
     pthread_cond_init(&st.cv, NULL);
     st.started = xcalloc((size_t)n, 1);
+    st.last = xcalloc((size_t)n, sizeof(double));
+    st.cap_gaps = (size_t)n * (size_t)out_len;
+    st.gaps = xmalloc(sizeof(double) * st.cap_gaps);
     struct tp_req *reqs = xmalloc(sizeof *reqs * (size_t)n);
     struct sampling_params sp;
     sampling_params_default(&sp);
@@ -222,6 +252,21 @@ int cli_bench_throughput(int argc, char **argv)
         double out_tok = (double)st.tokens, in_tok = (double)n * (double)in_len;
         double dec_t = t1 - st.t_all_first;
         double dec_rate = dec_t > 0 ? (double)(st.tokens - st.tokens_at_all_first) / dec_t : 0;
+        /* Steady state: from the first request's end (the running set full and turning
+         * over) to the last request's first token (from there on the set drains); 0 when
+         * every request ran at once. */
+        double ss_t = st.finished && st.t_first_finish < st.t_all_first
+                          ? st.t_all_first - st.t_first_finish
+                          : 0;
+        double ss_rate =
+            ss_t > 0 ? (double)(st.tokens_at_all_first - st.tokens_at_first_finish) / ss_t : 0;
+        qsort(st.gaps, st.n_gaps, sizeof(double), cmp_double);
+        double itl50 = pct_ms(st.gaps, st.n_gaps, 0.5), itl90 = pct_ms(st.gaps, st.n_gaps, 0.9),
+               itl99 = pct_ms(st.gaps, st.n_gaps, 0.99);
+        double steps = es.steps ? (double)es.steps : 1;
+        double pred_err = es.steps_predicted && es.step_measured_sum > 0
+                              ? es.step_error_sum / es.step_measured_sum
+                              : 0;
         int sm = cfg.spec.method;
         /* tokens one verification gives: the accepted drafts and the target's own */
         double mean_len = es.spec_drafts[sm] ? 1.0 + (double)es.spec_accepted_tokens[sm] /
@@ -238,13 +283,20 @@ int cli_bench_throughput(int argc, char **argv)
                    "\"decode_tokens_per_s\": %.2f, \"prefix_hit_rate\": %.4f, "
                    "\"preemptions\": %llu, \"steps\": %llu, \"steps_overlapped\": %llu, "
                    "\"spec_method\": \"%s\", \"spec_draft_tokens\": %llu, "
-                   "\"spec_accepted_tokens\": %llu, \"spec_mean_acceptance_length\": %.3f}\n",
+                   "\"spec_accepted_tokens\": %llu, \"spec_mean_acceptance_length\": %.3f, "
+                   "\"steady_output_tokens_per_s\": %.2f, \"itl_ms_p50\": %.3f, "
+                   "\"itl_ms_p90\": %.3f, \"itl_ms_p99\": %.3f, \"decode_rows_per_step\": %.2f, "
+                   "\"prefill_tokens_per_step\": %.2f, \"steps_time_capped\": %llu, "
+                   "\"step_model_error\": %.4f}\n",
                    n, in_len, out_len, prefix, temperature, top_p, (unsigned long long)st.tokens,
                    el, (double)n / el, out_tok / el, (in_tok + out_tok) / el, dec_rate, hit,
                    (unsigned long long)es.preemptions, (unsigned long long)es.steps,
                    (unsigned long long)es.steps_overlapped, spec_method_name(cfg.spec.method),
                    (unsigned long long)es.spec_draft_tokens[sm],
-                   (unsigned long long)es.spec_accepted_tokens[sm], mean_len);
+                   (unsigned long long)es.spec_accepted_tokens[sm], mean_len, ss_rate, itl50, itl90,
+                   itl99, (double)es.step_decode_rows / steps,
+                   (double)es.step_prefill_tokens / steps, (unsigned long long)es.steps_time_capped,
+                   pred_err);
         } else {
             printf("requests          %ld x (%ld in + %ld out, %ld shared), %s\n", n, in_len,
                    out_len, prefix, temperature > 0 ? "sampled" : "greedy");
@@ -254,6 +306,18 @@ int cli_bench_throughput(int argc, char **argv)
             printf("output tokens/s   %.2f\n", out_tok / el);
             printf("total tokens/s    %.2f\n", (in_tok + out_tok) / el);
             printf("decode tokens/s   %.2f (once every request had its first token)\n", dec_rate);
+            printf("steady tokens/s   %.2f output (first finish to last first token, %.2f s)\n",
+                   ss_rate, ss_t);
+            printf("inter-token ms    p50 %.2f, p90 %.2f, p99 %.2f\n", itl50, itl90, itl99);
+            printf("step mix          %.1f decode rows + %.1f prefill tokens a step (%llu steps "
+                   "capped by --max-step-ms)\n",
+                   (double)es.step_decode_rows / steps, (double)es.step_prefill_tokens / steps,
+                   (unsigned long long)es.steps_time_capped);
+            if (es.steps_predicted)
+                printf("step model        %.2f + %.3f/row ms, %.3g ms/key; mean |error| %.1f%% of "
+                       "%llu steps\n",
+                       1e3 * es.cost_a, 1e3 * es.cost_b, 1e3 * es.cost_c, 100 * pred_err,
+                       (unsigned long long)es.steps_predicted);
             printf("prefix hit rate   %.1f%% (%llu of %llu prompt tokens)\n", 100 * hit,
                    (unsigned long long)es.prefix_hit_tokens,
                    (unsigned long long)es.prefix_query_tokens);
@@ -279,6 +343,8 @@ int cli_bench_throughput(int argc, char **argv)
     pthread_mutex_destroy(&st.mu);
     pthread_cond_destroy(&st.cv);
     free(st.started);
+    free(st.last);
+    free(st.gaps);
     free(reqs);
     free(prompts);
     return rc;

@@ -201,6 +201,49 @@ static void hist_render(struct http_buf *o, struct hist *h, const char *name, co
 
 /* Speculative decoding by method, for the methods that verified anything: pagoda's names
  * and vLLM's (vllm:spec_decode_*) side by side. */
+/* Step composition and the step-time model (sched/cost.h): what the scheduler planned and
+ * how well it predicted the steps' time. */
+static void step_render(const struct engine_stats *st, struct http_buf *o)
+{
+    static const char *const counters[][2] = {
+        {"pagoda_engine_step_decode_rows_total",
+         "Query rows of decoding requests in engine steps (drafts included)."},
+        {"pagoda_engine_step_prefill_tokens_total",
+         "Prompt (or recomputed) tokens in engine steps."},
+        {"pagoda_engine_steps_time_capped_total",
+         "Engine steps whose prefill tokens the --max-step-ms bound cut."},
+        {"pagoda_engine_steps_predicted_total",
+         "Engine steps timed against a prediction of the step-time model."},
+    };
+    const uint64_t cv[] = {st->step_decode_rows, st->step_prefill_tokens, st->steps_time_capped,
+                           st->steps_predicted};
+    for (int i = 0; i < 4; i++) {
+        head(o, counters[i][0], "counter", counters[i][1]);
+        http_buf_printf(o, "%s %llu\n", counters[i][0], (unsigned long long)cv[i]);
+    }
+    static const char *const secs[][2] = {
+        {"pagoda_engine_step_predicted_seconds_total",
+         "Predicted seconds of the steps timed against a prediction."},
+        {"pagoda_engine_step_measured_seconds_total",
+         "Measured seconds of the steps timed against a prediction."},
+        {"pagoda_engine_step_prediction_error_seconds_total",
+         "Absolute prediction error of the step-time model, summed over those steps."},
+    };
+    const double sv[] = {st->step_predicted_sum, st->step_measured_sum, st->step_error_sum};
+    for (int i = 0; i < 3; i++) {
+        head(o, secs[i][0], "counter", secs[i][1]);
+        http_buf_printf(o, "%s %.9g\n", secs[i][0], sv[i]);
+    }
+    head(o, "pagoda_engine_step_cost_seconds", "gauge",
+         "The fitted step-time model t = step + row * rows + key * keys read (0 until fitted).");
+    http_buf_printf(o,
+                    "pagoda_engine_step_cost_seconds{term=\"step\"} %.9g\n"
+                    "pagoda_engine_step_cost_seconds{term=\"row\"} %.9g\n"
+                    "pagoda_engine_step_cost_seconds{term=\"key\"} %.9g\n",
+                    st->cost_ready ? st->cost_a : 0, st->cost_ready ? st->cost_b : 0,
+                    st->cost_ready ? st->cost_c : 0);
+}
+
 static void spec_render(const struct engine_stats *st, struct http_buf *o)
 {
     int any = 0;
@@ -387,6 +430,7 @@ static void engine_render(const struct engine_stats *st, struct http_buf *o)
     head(o, "pagoda_engine_step_seconds", "histogram", "Duration of one engine step.");
     hist_lines(o, "pagoda_engine_step_seconds", engine_step_bucket_bounds, ENGINE_STEP_BUCKETS,
                st->step_hist, st->step_time_sum);
+    step_render(st, o);
     spec_render(st, o);
     if (st->tier_on || st->host_on) tier_render(st, o);
 }

@@ -105,6 +105,32 @@ static long state_slots(const struct engine_config *cfg, size_t mem, size_t per_
     return n;
 }
 
+/* The scheduling options: a message naming the option for a value out of range. */
+static int check_sched_config(const struct engine_config *cfg, struct err *e)
+{
+    if (!(cfg->max_step_ms >= 0 && cfg->max_step_ms <= 1e6))
+        return err_set(e, "--max-step-ms: %g is not in [0, 1000000] (0: no bound)",
+                       cfg->max_step_ms),
+               -1;
+    if (cfg->long_prefill_token_threshold < 0)
+        return err_set(e, "--long-prefill-token-threshold: %d is negative (0: no cap)",
+                       cfg->long_prefill_token_threshold),
+               -1;
+    if (cfg->scheduling_policy != SCHED_POLICY_PRIORITY &&
+        cfg->scheduling_policy != SCHED_POLICY_FCFS)
+        return err_set(e, "--scheduling-policy: unknown policy %d", (int)cfg->scheduling_policy),
+               -1;
+    /* The CPU backend's pool is host memory already, and the CUDA backend has no host tier
+     * to copy blocks to: recomputing is the only way back for a preempted request. */
+    if (cfg->preemption_mode == PREEMPTION_SWAP)
+        return err_set(e, "--preemption-mode swap: no host KV tier to swap blocks to (on the CPU "
+                          "the pool is host memory already); use recompute"),
+               -1;
+    if (cfg->preemption_mode != PREEMPTION_RECOMPUTE)
+        return err_set(e, "--preemption-mode: unknown mode %d", (int)cfg->preemption_mode), -1;
+    return 0;
+}
+
 struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
 {
     struct engine *en = xcalloc(1, sizeof *en);
@@ -113,6 +139,10 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
     if (cfg->block_size <= 0) cfg->block_size = 16;
     if (cfg->max_num_batched_tokens <= 0) cfg->max_num_batched_tokens = 2048;
     if (cfg->max_num_seqs <= 0) cfg->max_num_seqs = 256;
+    if (check_sched_config(cfg, e)) {
+        free(en);
+        return NULL;
+    }
     if (backend_create(&en->be, cfg->device, cfg->threads, e)) {
         free(en);
         return NULL;
@@ -326,6 +356,10 @@ static int check_params(const struct engine *en, const struct engine_request *q,
     const struct sampling_params *sp = &q->sp;
     if (q->n_prompt < 1 || !q->prompt)
         return err_set(e, "prompt: must hold at least one token"), -1;
+    if (q->priority && en->cfg.scheduling_policy == SCHED_POLICY_FCFS)
+        return err_set(e, "priority: the scheduling policy is fcfs (the server takes priorities "
+                          "with --scheduling-policy priority)"),
+               -1;
     for (int i = 0; i < q->n_prompt; i++)
         if (q->prompt[i] < 0 || q->prompt[i] >= en->vocab)
             return err_set(e,

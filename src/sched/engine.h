@@ -169,6 +169,17 @@ struct spec_config {
     int disable_by_batch_size; /* K shrinks to 0 as running requests reach this; 0: 64 */
 };
 
+/* The order of the queues (vLLM's --scheduling-policy). */
+enum sched_policy {
+    SCHED_POLICY_PRIORITY = 0, /* by (priority, arrival): lower priority values first */
+    SCHED_POLICY_FCFS,         /* by arrival alone; a request with a priority is refused */
+};
+/* What a preempted request gives up (vLLM's --preemption-mode). */
+enum preemption_mode {
+    PREEMPTION_RECOMPUTE = 0, /* its blocks; its tokens are computed again when it resumes */
+    PREEMPTION_SWAP,          /* its blocks copied to a host tier: refused (none exists) */
+};
+
 struct engine_config {
     const char *model_dir;
     const char *device;            /* "cpu" (default); "cuda", "cuda:N" where built */
@@ -180,11 +191,18 @@ struct engine_config {
     double gpu_memory_utilization; /* GPU share for weights + activations + KV (0: 0.9);
                                       sizes the KV pool on a GPU when kv_cache_memory is 0 */
     int max_num_batched_tokens;    /* token budget per step; 0: 2048 */
-    int max_num_seqs;              /* running requests at most; 0: 256 */
-    int max_model_len;             /* 0: the model's context length */
-    int disable_prefix_caching;    /* 1: no hashing, no reuse */
-    int mlock;                     /* 1: lock the weights in memory (the CPU reads them in place) */
-    int manual;                    /* 1: no engine thread, see engine_step */
+    /* A bound on a step's predicted time in milliseconds (0: none, the token budget alone):
+     * decode rows always run, prefill tokens join while the step-time model (sched/cost.h)
+     * predicts the step under the bound, at least block_size of them a step */
+    double max_step_ms;
+    int long_prefill_token_threshold; /* a prefill chunk of one request at most (0: none) */
+    enum sched_policy scheduling_policy;
+    enum preemption_mode preemption_mode;
+    int max_num_seqs;           /* running requests at most; 0: 256 */
+    int max_model_len;          /* 0: the model's context length */
+    int disable_prefix_caching; /* 1: no hashing, no reuse */
+    int mlock;                  /* 1: lock the weights in memory (the CPU reads them in place) */
+    int manual;                 /* 1: no engine thread, see engine_step */
     /* A step whose tokens are all picked where the logits are (greedy, or sampled by the
      * backend) lets the next one go out before they are read, that step's inputs taken from
      * the picks: 1 always; -1 never (each step's tokens read before the next is planned);
@@ -237,6 +255,16 @@ struct engine_stats {
     uint64_t steps_overlapped; /* steps launched before the previous step's tokens were read */
     uint64_t step_hist[ENGINE_STEP_BUCKETS + 1]; /* counts per bucket (cumulate for Prometheus) */
     double step_time_sum;                        /* seconds */
+    /* step composition, summed over steps: rows of decoding requests (drafts included)
+     * and prompt (or recomputed) tokens; steps whose prefill the step-time bound cut */
+    uint64_t step_decode_rows, step_prefill_tokens, steps_time_capped;
+    /* the step-time model (sched/cost.h): its coefficients (seconds; a step, a row, a key
+     * a row reads; cost_ready 0 until fitted) and, over the steps it predicted, the sums of
+     * predicted and measured seconds and of the absolute error */
+    int cost_ready;
+    double cost_a, cost_b, cost_c;
+    uint64_t steps_predicted;
+    double step_predicted_sum, step_measured_sum, step_error_sum;
     /* speculative decoding, by method (enum spec_method): verifications (a request's
      * drafts checked in one step), draft tokens, accepted tokens, verifications by the
      * number of drafts accepted (0..SPEC_MAX_TOKENS), and accepted drafts by position */

@@ -8,6 +8,7 @@
 #include "model/backend.h"
 #include "model/model.h"
 #include "paged_kv/kv_pool.h"
+#include "sched/cost.h"
 #include "sched/engine.h"
 
 /* The delta rule's chunk of hybrid models where the block size allows (engine.c). */
@@ -104,6 +105,14 @@ struct step_seq {
     int n_spec;    /* drafts verified: its n_new = 1 + n_spec rows, each with logits */
 };
 
+/* A planned step's shape, for the step-time model: query rows, keys they read, and the
+ * prediction made when it was planned (predicted < 0: none). */
+struct step_shape {
+    int rows, decode, prefill; /* rows = decode (drafts included) + prefill */
+    double ctx, predicted;
+    int capped; /* the step-time bound cut its prefill */
+};
+
 struct engine {
     struct engine_config cfg;
     struct backend be;
@@ -173,6 +182,8 @@ struct engine {
      * before they are read, its sequences' inputs taken from the picks (pick_rows). */
     struct step_seq *plans[2];
     int plan_n[2];
+    struct step_shape shape[2]; /* of plans[0] and plans[1] */
+    struct sched_cost cost;     /* the step-time model (sched/cost.h) */
     int cur; /* plans[cur] is built next; plans[!cur] is in flight when fly_n > 0 */
     int fly_n, fly_nl;
     int want_sync; /* the next step reads the tokens in flight first (blocks ran short, or a

@@ -73,22 +73,14 @@ void spec_observe(struct engine *en, int rows, double dt)
 {
     struct spec *s = en->spec;
     if (!s || rows <= 0 || !(dt > 0)) return;
-    const double f = 0.98, x = rows; /* forgets over about 50 steps */
-    s->s0 = f * s->s0 + 1;
-    s->sx = f * s->sx + x;
-    s->sy = f * s->sy + dt;
-    s->sxx = f * s->sxx + x * x;
-    s->sxy = f * s->sxy + x * dt;
+    sched_fit_add(&s->fit, 0.98, rows, 0, dt); /* forgets over about 50 steps */
 }
 
 double spec_threshold(const struct engine *en, int n_running)
 {
-    const struct spec *s = en->spec;
-    double var = s->s0 * s->sxx - s->sx * s->sx;
-    if (s->s0 < 4 || var <= 1e-9 * s->s0 * s->sxx) return 0.25;
-    double b = (s->s0 * s->sxy - s->sx * s->sy) / var, a = (s->sy - b * s->sx) / s->s0;
+    double a, b, c;
+    if (!sched_fit_solve(&en->spec->fit, 0, &a, &b, &c)) return 0.25;
     if (b <= 0) return 0.05; /* rows cost nothing measurable */
-    if (a < 0) a = 0;
     double n = n_running > 0 ? n_running : 1, t = b * n / (a + b * n);
     return t < 0.05 ? 0.05 : t;
 }

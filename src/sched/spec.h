@@ -25,6 +25,7 @@
 #ifndef PAGODA_SCHED_SPEC_H
 #define PAGODA_SCHED_SPEC_H
 
+#include "sched/cost.h"
 #include "sched/engine_impl.h"
 
 struct spec {
@@ -33,7 +34,7 @@ struct spec {
     struct spec_draft *draft; /* SPEC_DRAFT: the draft model (draft.c) */
     /* The step's cost in rows: t = a + b * rows, fitted by least squares with exponential
      * forgetting over the steps that only decode or verify (spec_observe). */
-    double s0, sx, sy, sxx, sxy;
+    struct sched_fit fit;
 };
 
 /** Checks cfg and sets up the drafter for engine en (model and pool sized already);

@@ -143,6 +143,62 @@ static int pickable(const struct engine *en, const struct request *r)
            (r->sp.temperature <= 0 || model_can_sample(en->m)) && !en->spec;
 }
 
+/* The step-time bound while a step is planned: the rows and keys planned (decode rows
+ * reserved first), and the prefill tokens admitted. */
+struct step_time {
+    int on; /* --max-step-ms is set and the model is fitted */
+    double t_max;
+    int rows, prefill;
+    double ctx;
+    int capped;
+};
+
+/* Smallest prefill a step admits under the time bound: a block's worth, so that prefill
+ * moves on however long the decode rows alone take. */
+static int min_prefill(const struct engine *en)
+{
+    return en->block_size;
+}
+
+/* Reserves the rows of every running request that decodes (one token to compute, and its
+ * drafts unless planning ahead): they run whatever the bound says. */
+static void time_start(struct engine *en, struct step_time *tb, int ahead)
+{
+    *tb = (struct step_time){0};
+    if (!(en->cfg.max_step_ms > 0) || !en->cost.ready) return;
+    tb->on = 1;
+    tb->t_max = en->cfg.max_step_ms * 1e-3;
+    for (const struct request *r = en->running.head; r; r = r->next) {
+        if (r->n_tokens - r->n_computed != 1) continue;
+        int n = 1 + (ahead ? 0 : r->n_draft);
+        tb->rows += n;
+        tb->ctx += sched_cost_keys(r->n_computed, n);
+    }
+}
+
+/* Caps a chunk of n_new tokens of a request with `computed` tokens: the long-prefill
+ * threshold, then the time bound (prefill chunks only; a decode row was reserved). */
+static int cap_time(const struct engine *en, struct step_time *tb, int computed, int n_new,
+                    int decode)
+{
+    int lt = en->cfg.long_prefill_token_threshold;
+    if (lt > 0 && n_new > lt) n_new = lt;
+    if (!tb->on || decode) return n_new;
+    int n = sched_cost_fit_tokens(&en->cost, tb->t_max, tb->rows, tb->ctx, computed, n_new);
+    int floor = min_i(n_new, min_prefill(en) - tb->prefill);
+    if (n < floor) n = floor;
+    if (n < n_new) tb->capped = 1;
+    return n;
+}
+
+/* A prefill chunk joined the step: its rows count against the bound. */
+static void time_add(struct step_time *tb, int computed, int n)
+{
+    tb->rows += n;
+    tb->ctx += sched_cost_keys(computed, n);
+    tb->prefill += n;
+}
+
 /*
  * Plans the next step into en->plans[en->cur]. With `ahead` set, a step is in flight whose
  * tokens are not read yet: nothing is preempted (the planner stops where blocks run short)
@@ -155,11 +211,16 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
     int seq_cap = min_i(en->cfg.max_num_seqs, en->cfg.max_num_batched_tokens);
     struct step_seq *plan = en->plans[en->cur];
     en->plan_n[en->cur] = 0;
+    struct step_time tb;
+    time_start(en, &tb, ahead);
+    en->shape[en->cur].capped = 0;
 
     /* Running requests first, in priority order; when blocks run out, the last one (lowest
      * priority, latest arrival) goes back to waiting and will be recomputed. */
     for (struct request *r = en->running.head; r && budget > 0 && n_plan < seq_cap;) {
+        const int decode = r->n_tokens - r->n_computed == 1;
         int n_new = cap_prompt_rows(r, min_i(r->n_tokens - r->n_computed, budget), *lp_left);
+        n_new = cap_time(en, &tb, r->n_computed, n_new, decode);
         n_new = step_cap_snapshot(en, r, r->n_computed, n_new);
         n_new = cap_chunk(en, r, r->n_computed, n_new);
         if (n_new <= 0) {
@@ -191,6 +252,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
         r->n_blocks += need;
         if (k > 0) spec_commit(en, r);
         plan[n_plan++] = (struct step_seq){r, n_new, -1, 0, 0, 0, 0, 0, k};
+        if (!decode) time_add(&tb, r->n_computed, n_new);
         budget -= n_new;
         sc->planned += n_new;
         if (wants_prompt_rows(r)) *lp_left -= n_new;
@@ -198,6 +260,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
         r = r->next;
     }
     en->plan_n[en->cur] = n_plan;
+    en->shape[en->cur].capped = tb.capped;
     if (preempted) return n_plan;
 
     /* Then waiting ones, while the budget, the sequence cap and the pool allow; those
@@ -224,6 +287,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
         int computed = n_hit * en->block_size;
         int n_new = min_i(r->n_tokens - computed, budget);
         if (wants_prompt_rows(r)) n_new = min_i(n_new, *lp_left);
+        n_new = cap_time(en, &tb, computed, n_new, 0);
         n_new = step_cap_snapshot(en, r, computed, n_new);
         n_new = cap_chunk(en, r, computed, n_new);
         if (n_new <= 0) break;
@@ -261,10 +325,12 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
         list_insert_ordered(&en->running, r);
         plan[n_plan++] = (struct step_seq){r, n_new, -1, 0, 0, 0, 0, 0, 0};
         en->plan_n[en->cur] = n_plan;
+        time_add(&tb, computed, n_new);
         budget -= n_new;
         sc->planned += n_new;
         if (wants_prompt_rows(r)) *lp_left -= n_new;
     }
+    en->shape[en->cur].capped = tb.capped;
     return n_plan;
 }
 
@@ -643,6 +709,27 @@ static void read_hidden(struct engine *en, const struct fwd_batch *b)
     if (b->n_hidden > 0) model_hidden(en->m, b->n_hidden, en->hidden);
 }
 
+/* The shape of the plan just made (before its rows are counted as computed), and what the
+ * step-time model predicts for it. */
+static struct step_shape *plan_shape(struct engine *en, int n_plan)
+{
+    struct step_shape *sh = &en->shape[en->cur];
+    sh->rows = sh->decode = sh->prefill = 0;
+    sh->ctx = 0;
+    for (int s = 0; s < n_plan; s++) {
+        const struct step_seq *p = &en->plans[en->cur][s];
+        const struct request *r = p->r;
+        sh->rows += p->n_new;
+        sh->ctx += sched_cost_keys(r->n_computed, p->n_new);
+        if (p->n_new - p->n_spec == 1 && r->n_computed >= r->n_prompt)
+            sh->decode += p->n_new;
+        else
+            sh->prefill += p->n_new;
+    }
+    sh->predicted = en->cost.ready ? sched_cost_predict(&en->cost, sh->rows, sh->ctx) : -1;
+    return sh;
+}
+
 int step_run(struct engine *en)
 {
     double t0 = util_now();
@@ -650,9 +737,17 @@ int step_run(struct engine *en)
     int seq_cap = min_i(en->cfg.max_num_seqs, en->cfg.max_num_batched_tokens);
     int lp_left = en->max_logits - seq_cap;
     int n_plan = 0, ran = 0, overlapped = 0, spec_rows = 0;
+    /* planned: the shape of the step planned now; timed: that of the step whose time this
+     * call measures (the one it ran to its end, or, overlapped, the one whose picks it
+     * waited for while the next ran), NULL when neither */
+    struct step_shape *planned = NULL, *timed = NULL;
     if (en->fly_n > 0 && may_overlap(en)) {
         /* The next step first, its inputs the picks in flight; then those picks. */
         n_plan = plan_step(en, &sc, &lp_left, 1);
+        if (n_plan > 0) {
+            planned = plan_shape(en, n_plan);
+            timed = &en->shape[!en->cur];
+        }
         overlapped = n_plan > 0;
         struct fwd_batch b;
         int nl = n_plan > 0 ? build_batch(en, n_plan, &b) : 0;
@@ -671,6 +766,7 @@ int step_run(struct engine *en)
             en->plan_n[en->cur] = 0;
         }
     } else {
+        const int was_flying = en->fly_n > 0;
         if (en->fly_n > 0) {
             ran = en->fly_n;
             collect(en, &sc);
@@ -678,6 +774,9 @@ int step_run(struct engine *en)
         en->want_sync = 0;
         spec_propose(en);
         n_plan = plan_step(en, &sc, &lp_left, 0);
+        if (n_plan > 0) planned = plan_shape(en, n_plan);
+        /* timed when it runs to its end here and nothing else was waited for */
+        if (n_plan > 0 && !was_flying) timed = planned;
         for (int s = 0; en->spec && s < n_plan; s++) { /* only decoding or verifying */
             const struct step_seq *p = &en->plans[en->cur][s];
             spec_rows += p->n_new;
@@ -689,7 +788,10 @@ int step_run(struct engine *en)
             if (nl > 0 && launch_picked(en, n_plan, &b, nl)) {
                 read_hidden(en, &b);
                 take_off(en, n_plan, nl, &sc);
-                if (!en->overlap) collect(en, &sc);
+                if (!en->overlap)
+                    collect(en, &sc);
+                else
+                    timed = NULL; /* still running */
             } else {
                 en->greedy_step = 0;
                 struct step_seq *ps = en->plans[en->cur];
@@ -714,6 +816,7 @@ int step_run(struct engine *en)
     }
     double dt = util_now() - t0;
     if (spec_rows > 0) spec_observe(en, spec_rows, dt);
+    if (timed) sched_cost_observe(&en->cost, timed->rows, timed->ctx, dt);
     /* steps of many tokens run near the prefill rate: its running average */
     if (en->tier && sc.planned >= 64 && dt > 0) {
         double tps = sc.planned / dt;
@@ -737,6 +840,21 @@ int step_run(struct engine *en)
         st->step_hist[bk]++;
         st->step_time_sum += dt;
     }
+    if (planned) {
+        st->step_decode_rows += (uint64_t)planned->decode;
+        st->step_prefill_tokens += (uint64_t)planned->prefill;
+        st->steps_time_capped += (uint64_t)planned->capped;
+    }
+    if (timed && timed->predicted >= 0) {
+        st->steps_predicted++;
+        st->step_predicted_sum += timed->predicted;
+        st->step_measured_sum += dt;
+        st->step_error_sum += fabs(timed->predicted - dt);
+    }
+    st->cost_ready = en->cost.ready;
+    st->cost_a = en->cost.a;
+    st->cost_b = en->cost.b;
+    st->cost_c = en->cost.c;
     pthread_mutex_unlock(&en->mu);
     return n_plan + ran;
 }
