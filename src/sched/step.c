@@ -182,6 +182,7 @@ static int cap_time(const struct engine *en, struct step_time *tb, int computed,
                     int decode)
 {
     int lt = en->cfg.long_prefill_token_threshold;
+    if (lt > 0 && lt < en->delta_chunk) lt = en->delta_chunk; /* else no whole chunk fits */
     if (lt > 0 && n_new > lt) n_new = lt;
     if (!tb->on || decode) return n_new;
     int n = sched_cost_fit_tokens(&en->cost, tb->t_max, tb->rows, tb->ctx, computed, n_new);
