@@ -235,7 +235,8 @@ static void step_render(const struct engine_stats *st, struct http_buf *o)
         http_buf_printf(o, "%s %.9g\n", secs[i][0], sv[i]);
     }
     head(o, "pagoda_engine_step_cost_seconds", "gauge",
-         "The fitted step-time model t = step + row * rows + key * keys read (0 until fitted).");
+         "The fitted step-time model t = step + row * rows + key * keys read (0 until fitted; "
+         "with several models, the first fitted one's).");
     http_buf_printf(o,
                     "pagoda_engine_step_cost_seconds{term=\"step\"} %.9g\n"
                     "pagoda_engine_step_cost_seconds{term=\"row\"} %.9g\n"

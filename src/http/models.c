@@ -279,6 +279,19 @@ static void stats_add(struct engine_stats *a, const struct engine_stats *b)
     a->steps_overlapped += b->steps_overlapped;
     for (int i = 0; i <= ENGINE_STEP_BUCKETS; i++) a->step_hist[i] += b->step_hist[i];
     a->step_time_sum += b->step_time_sum;
+    a->step_decode_rows += b->step_decode_rows;
+    a->step_prefill_tokens += b->step_prefill_tokens;
+    a->steps_time_capped += b->steps_time_capped;
+    a->steps_predicted += b->steps_predicted;
+    a->step_predicted_sum += b->step_predicted_sum;
+    a->step_measured_sum += b->step_measured_sum;
+    a->step_error_sum += b->step_error_sum;
+    if (!a->cost_ready && b->cost_ready) { /* one model's: the first fitted */
+        a->cost_ready = 1;
+        a->cost_a = b->cost_a;
+        a->cost_b = b->cost_b;
+        a->cost_c = b->cost_c;
+    }
     for (int i = 0; i <= ENGINE_QUEUE_BUCKETS; i++) a->queue_hist[i] += b->queue_hist[i];
     a->queue_time_sum += b->queue_time_sum;
     for (int m = 0; m < SPEC_METHODS; m++) {
