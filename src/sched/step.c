@@ -186,10 +186,14 @@ static int cap_time(const struct engine *en, struct step_time *tb, int computed,
     if (lt > 0 && n_new > lt) n_new = lt;
     if (!tb->on || decode) return n_new;
     int n = sched_cost_fit_tokens(&en->cost, tb->t_max, tb->rows, tb->ctx, computed, n_new);
+    /* A cut chunk ends at a whole block: fewer step shapes (a backend that replays captured
+     * steps by shape captures fewer) and blocks that fill in one piece. */
+    if (n < n_new) {
+        n = n / en->block_size * en->block_size;
+        tb->capped = 1;
+    }
     int floor = min_i(n_new, min_prefill(en) - tb->prefill);
-    if (n < floor) n = floor;
-    if (n < n_new) tb->capped = 1;
-    return n;
+    return n > floor ? n : floor;
 }
 
 /* A prefill chunk joined the step: its rows count against the bound. */

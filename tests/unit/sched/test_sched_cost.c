@@ -5,7 +5,8 @@
  *   - sched_cost_fit_tokens gives the largest chunk under the bound (exact counts);
  *   - on llama-tiny (manual steps) with a fixed model of 1 ms a step + 1 ms a row and a
  *     bound of 19.5 ms (18 rows), each step's decode rows and prefill tokens are exactly
- *     those the bound allows, a prefill chunk of one request spreads over steps, and a
+ *     those the bound allows (a cut chunk ends at a block), a prefill chunk of one request
+ *     spreads over steps, and a
  *     bound below the decode rows alone still admits a block of prefill a step;
  *   - --long-prefill-token-threshold caps a chunk; swap preemption and an fcfs request
  *     with a priority are refused with messages naming the option.
@@ -141,11 +142,11 @@ static void test_planner(void)
     submit(en, 50, 0);
     submit(en, 30, 0);
     static const int want[][2] = {
-        {0, 18}, /* A's first 18; B would pass the bound, and a chunk was taken already */
-        {0, 18}, /* A's next 18 */
-        {0, 18}, /* A's last 14 (its first token), B's first 4 */
-        {1, 17}, /* A decodes; B's next 17 of 26 */
-        {1, 9},  /* B's last 9 */
+        {0, 16}, /* A's first 18 fit, cut to a block; B would pass the bound */
+        {0, 16}, /* A's next 16 */
+        {0, 18}, /* A's last 18 (its first token): whole, nothing left for B */
+        {1, 16}, /* A decodes; B's first 17 cut to a block */
+        {1, 14}, /* B's last 14 */
         {2, 0},  /* both decode */
     };
     expect_steps(en, "bound 19.5 ms", want, 6);
