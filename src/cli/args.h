@@ -57,7 +57,8 @@ int arg_sched_option(int argc, char **argv, int *i, struct engine_config *cfg);
     "                              no cap but the budget)\n"                                       \
     "  --scheduling-policy P       priority (requests' priority, then arrival; the default) or\n"  \
     "                              fcfs (arrival alone; a request with a priority is refused)\n"   \
-    "  --preemption-mode M         recompute (the default); swap is refused: no host KV tier\n"
+    "  --preemption-mode M         recompute (the default) or swap: a preempted request's\n"       \
+    "                              blocks come back from the host tier (--kv-host-memory)\n"
 
 /*
  * A model on a backend with step buffers and a KV pool, and a helper to build one batch

@@ -44,7 +44,7 @@ int arg_sched_option(int argc, char **argv, int *i, struct engine_config *cfg)
         if (!strcmp(v, "recompute"))
             cfg->preemption_mode = PREEMPTION_RECOMPUTE;
         else if (!strcmp(v, "swap"))
-            cfg->preemption_mode = PREEMPTION_SWAP; /* refused by engine_create: no host tier */
+            cfg->preemption_mode = PREEMPTION_SWAP; /* engine_create checks the host tier */
         else {
             fprintf(stderr, "pagoda: %s: '%s' is not a mode (recompute, swap)\n", a, v);
             return -1;

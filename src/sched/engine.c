@@ -120,13 +120,18 @@ static int check_sched_config(const struct engine_config *cfg, struct err *e)
         cfg->scheduling_policy != SCHED_POLICY_FCFS)
         return err_set(e, "--scheduling-policy: unknown policy %d", (int)cfg->scheduling_policy),
                -1;
-    /* The CPU backend's pool is host memory already, and the CUDA backend has no host tier
-     * to copy blocks to: recomputing is the only way back for a preempted request. */
-    if (cfg->preemption_mode == PREEMPTION_SWAP)
-        return err_set(e, "--preemption-mode swap: no host KV tier to swap blocks to (on the CPU "
-                          "the pool is host memory already); use recompute"),
+    /* Swapping keeps a preempted request's blocks in the host tier: it needs one (the CPU
+     * backend refuses it: its pool is host memory already). */
+    if (cfg->preemption_mode == PREEMPTION_SWAP && !cfg->kv_host_memory)
+        return err_set(e, "--preemption-mode swap: needs a host KV tier to swap blocks to "
+                          "(--kv-host-memory, CUDA; on the CPU the pool is host memory "
+                          "already); use recompute"),
                -1;
-    if (cfg->preemption_mode != PREEMPTION_RECOMPUTE)
+    if (cfg->preemption_mode == PREEMPTION_SWAP && cfg->disable_prefix_caching)
+        return err_set(e, "--preemption-mode swap: the host KV tier finds blocks by their "
+                          "prefix hashes: it needs prefix caching on"),
+               -1;
+    if (cfg->preemption_mode != PREEMPTION_RECOMPUTE && cfg->preemption_mode != PREEMPTION_SWAP)
         return err_set(e, "--preemption-mode: unknown mode %d", (int)cfg->preemption_mode), -1;
     return 0;
 }
@@ -282,6 +287,12 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
      * one's tokens are read (and each step's time is its own, for the draft length). */
     if (en->spec) en->overlap = 0;
     if (tier_open(en, fp, e)) {
+        engine_destroy(en);
+        return NULL;
+    }
+    if (cfg->preemption_mode == PREEMPTION_SWAP && !en->host) {
+        err_set(e, "--preemption-mode swap: the host KV tier is off for this model (see the "
+                   "note above); use recompute");
         engine_destroy(en);
         return NULL;
     }

@@ -177,7 +177,9 @@ enum sched_policy {
 /* What a preempted request gives up (vLLM's --preemption-mode). */
 enum preemption_mode {
     PREEMPTION_RECOMPUTE = 0, /* its blocks; its tokens are computed again when it resumes */
-    PREEMPTION_SWAP,          /* its blocks copied to a host tier: refused (none exists) */
+    PREEMPTION_SWAP,          /* its full blocks, copied to the host tier as they were
+                                 registered, come back from there when it resumes (needs
+                                 kv_host_memory: CUDA) */
 };
 
 struct engine_config {

@@ -100,6 +100,10 @@ static void preempt(struct engine *en, struct request *v, uint64_t *n_preempt)
     v->n_blocks = 0;
     v->n_computed = 0;
     v->n_committed = 0;
+    /* Swap: its full blocks were copied to the host tier as they were registered; when it
+     * resumes it looks them up there again (a request looks up the tiers once otherwise),
+     * so that only what the host tier lost and its last partial block are recomputed. */
+    if (en->cfg.preemption_mode == PREEMPTION_SWAP) v->tier_tried = 0;
     if (v->embed) embed_reset(en, v);
     v->state = RS_WAITING;
     list_insert_ordered(&en->waiting, v);

@@ -8,8 +8,9 @@
  *     those the bound allows (a cut chunk ends at a block), a prefill chunk of one request
  *     spreads over steps, and a
  *     bound below the decode rows alone still admits a block of prefill a step;
- *   - --long-prefill-token-threshold caps a chunk; swap preemption and an fcfs request
- *     with a priority are refused with messages naming the option.
+ *   - --long-prefill-token-threshold caps a chunk; swap preemption without a host tier (none
+ *     on the CPU) and an fcfs request with a priority are refused with messages naming the
+ *     option.
  * usage: test_sched_cost TESTDATA_DIR
  */
 #include <math.h>
@@ -182,7 +183,11 @@ static void test_refusals(void)
     struct err e = {0};
     cfg.preemption_mode = PREEMPTION_SWAP;
     struct engine *en = engine_create(&cfg, &e);
-    CHECK(!en && strstr(e.msg, "--preemption-mode swap"), "swap: %s", e.msg);
+    CHECK(!en && strstr(e.msg, "--preemption-mode swap: needs a host KV tier"), "swap: %s", e.msg);
+    cfg.kv_host_memory = 1 << 20; /* the CPU backend has no host tier to give */
+    en = engine_create(&cfg, &e);
+    CHECK(!en && strstr(e.msg, "--kv-host-memory"), "swap, host memory on the CPU: %s", e.msg);
+    cfg.kv_host_memory = 0;
     cfg.preemption_mode = PREEMPTION_RECOMPUTE;
     cfg.max_step_ms = -1;
     en = engine_create(&cfg, &e);
