@@ -16,6 +16,7 @@
 #include <math.h>
 
 #include "common/scratch.h"
+#include "kernels/cpu/affine8.h"
 #include "kernels/cpu/avx2.h"
 #include "kernels/cpu/impl.h"
 #include "kernels/cpu/quant.h"
@@ -99,8 +100,7 @@ void affine4_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, s
     }
 }
 
-/* sum_g b_g * xs_g: 8 groups per vector step, hsum, then the remaining groups in order. */
-static float bias_dot(const struct qweight *w, int64_t r, const float *xs)
+float affine_bias_dot(const struct qweight *w, int64_t r, const float *xs)
 {
     int64_t groups = w->k / w->group, g = 0;
     float s = 0;
@@ -156,7 +156,7 @@ void affine4_matmul(const struct qweight *w, int64_t r0, int64_t r1, const uint8
             const float *xs = (const float *)(xp + (size_t)i * stride + chunks * 128);
             for (int j = 0; j < nb; j++)
                 y[i * ldy + rb + j] =
-                    hsum(_mm256_loadu_ps(acc + i * ldacc + j * 8)) + bias_dot(w, rb + j, xs);
+                    hsum(_mm256_loadu_ps(acc + i * ldacc + j * 8)) + affine_bias_dot(w, rb + j, xs);
         }
     }
 }

@@ -40,4 +40,12 @@ void affine4_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, s
 void affine4_matmul(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp,
                     size_t stride, int m, float *y, int64_t ldy);
 
+/* Entries of the AVX2 table (matmul_avx2.c) that the AVX-512 table shares. */
+float dot_avx2(const float *a, const float *b, int n);
+void axpy_avx2(float *y, float a, const float *x, int n);
+size_t prep_bytes_avx2(const struct qweight *w);
+void prep_avx2(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride);
+void matmul_avx2(const struct qweight *w, int64_t r0, int64_t r1, const float *x,
+                 const uint8_t *xp, size_t stride, int m, float *y, int64_t ldy);
+
 #endif

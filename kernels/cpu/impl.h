@@ -1,6 +1,7 @@
 /*
  * impl: the per-instruction-set kernel table behind kernels/cpu/cpu.h. Internal to
- * kernels/cpu; the portable table lives in matmul.c, the AVX2 one in matmul_avx2.c.
+ * kernels/cpu; the portable table lives in matmul.c, the AVX2 one in matmul_avx2.c, the
+ * AVX-512 one in matmul_avx512.c.
  *
  * Batch invariance: each table computes output (i, r) of a matmul with one fixed sequence
  * of float operations that depends only on x row i and weight row r, never on m, on the
@@ -81,6 +82,9 @@ extern const struct cpu_impl cpu_impl_avx2;
 /* Set with CPU_ISA_AVXVNNI: the AVX2 table's affine 4-bit kernel runs its AVX-VNNI tiles
  * (bitwise the same results). */
 extern int affine4_vnni;
+#endif
+#if defined(PAGODA_AVX512)
+extern const struct cpu_impl cpu_impl_avx512;
 #endif
 
 /* The table in use. */

@@ -196,6 +196,14 @@ static void test_matmul_formats(struct threadpool *tp)
                           "%s g%d m=%d: avxvnni differs from avx2", fmts[fi].name, fmts[fi].group,
                           rows);
                 }
+                /* The AVX-512 table computes the AVX2 table's arithmetic: same bits */
+                if (cpu_isa_available(CPU_ISA_AVX512)) {
+                    cpu_isa_set(CPU_ISA_AVX512);
+                    cpu_matmul(tp, yp, x, &m.w, rows);
+                    CHECK(!memcmp(yp, ys, sizeof(float) * (size_t)(rows * n)),
+                          "%s g%d m=%d: avx512 differs from avx2", fmts[fi].name, fmts[fi].group,
+                          rows);
+                }
             }
             free(x);
             free(yp);
@@ -273,10 +281,50 @@ static void test_threadpool(void)
     }
 }
 
+/* PAGODA_CPU_ISA: names round-trip; a lower table is taken as asked; an unknown name or one
+ * the CPU lacks gives the best table with a warning naming it. */
+static void test_isa_choose(void)
+{
+    enum cpu_isa best = CPU_ISA_PORTABLE, isa;
+    for (int i = CPU_ISA_PORTABLE; i <= CPU_ISA_AVX512; i++) {
+        CHECK(!cpu_isa_parse(cpu_isa_name((enum cpu_isa)i), &isa) && isa == (enum cpu_isa)i,
+              "parse %s", cpu_isa_name((enum cpu_isa)i));
+        if (cpu_isa_available((enum cpu_isa)i)) best = (enum cpu_isa)i;
+    }
+    CHECK(cpu_isa_parse("avx-512", &isa) == -1, "parse rejects avx-512");
+    char warn[160];
+    CHECK(cpu_isa_choose(NULL, warn, sizeof warn) == best && !warn[0], "default is %s",
+          cpu_isa_name(best));
+    CHECK(cpu_isa_choose("", warn, sizeof warn) == best && !warn[0], "empty is the default");
+    CHECK(cpu_isa_choose("portable", warn, sizeof warn) == CPU_ISA_PORTABLE && !warn[0],
+          "portable forced");
+    isa = cpu_isa_choose("bogus", warn, sizeof warn);
+    CHECK(isa == best && strstr(warn, "bogus") && strstr(warn, cpu_isa_name(best)),
+          "unknown name: %s", warn);
+    for (int i = CPU_ISA_AVX2; i <= CPU_ISA_AVX512; i++) {
+        const char *name = cpu_isa_name((enum cpu_isa)i);
+        isa = cpu_isa_choose(name, warn, sizeof warn);
+        if (cpu_isa_available((enum cpu_isa)i))
+            CHECK(isa == (enum cpu_isa)i && !warn[0], "%s forced", name);
+        else
+            CHECK(isa == best && strstr(warn, name) && strstr(warn, cpu_isa_name(best)),
+                  "%s unavailable: %s", name, warn);
+    }
+    /* setting a table the CPU lacks takes the best one below it */
+    cpu_isa_set(CPU_ISA_AVX512);
+    CHECK(cpu_isa_get() == best, "set avx512 gives %s", cpu_isa_name(cpu_isa_get()));
+    if (!cpu_isa_available(CPU_ISA_AVX512))
+        printf("no AVX-512 (F/BW/VL/VNNI/BF16) on this CPU or build: avx512 comparisons "
+               "skipped\n");
+    if (!cpu_isa_available(CPU_ISA_AVXVNNI))
+        printf("no AVX-VNNI on this CPU or build: avxvnni comparisons skipped\n");
+}
+
 int main(void)
 {
     cpu_kernels_init();
     struct threadpool *tp = tp_create(2);
+    test_isa_choose();
     test_decodings();
     test_matmul_formats(tp);
     test_vector_kernels();
