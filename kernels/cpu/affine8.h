@@ -52,8 +52,8 @@ void affine8_matmul(const struct qweight *w, int64_t r0, int64_t r1, const uint8
 
 /* s_g * sx_g for groups [g0, g1) of weight row r into d (xsc: the row's sx per group), the
  * same products in every table. */
-void affine_scale_sx(const struct qweight *w, int64_t r, int64_t g0, int64_t g1,
-                     const float *xsc, float *d);
+void affine_scale_sx(const struct qweight *w, int64_t r, int64_t g0, int64_t g1, const float *xsc,
+                     float *d);
 
 /* sum_g b_g * xs_g for weight row r (xs: the row's group sums of x): 8 groups per vector
  * step, hsum, then the remaining groups in order. */

@@ -51,14 +51,15 @@ void affine8_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, s
     }
 }
 
-void affine_scale_sx(const struct qweight *w, int64_t r, int64_t g0, int64_t g1,
-                     const float *xsc, float *d)
+void affine_scale_sx(const struct qweight *w, int64_t r, int64_t g0, int64_t g1, const float *xsc,
+                     float *d)
 {
     int64_t groups = w->k / w->group, g = g0;
     if (w->sdtype == ST_BF16) {
         const uint16_t *sr = (const uint16_t *)w->scales + r * groups;
         for (; g + 8 <= g1; g += 8)
-            _mm256_storeu_ps(d + (g - g0), _mm256_mul_ps(load_bf16(sr + g), _mm256_loadu_ps(xsc + g)));
+            _mm256_storeu_ps(d + (g - g0),
+                             _mm256_mul_ps(load_bf16(sr + g), _mm256_loadu_ps(xsc + g)));
     }
     for (; g < g1; g++) d[g - g0] = quant_load_scale(w->scales, w->sdtype, r * groups + g) * xsc[g];
 }

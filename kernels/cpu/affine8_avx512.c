@@ -39,8 +39,8 @@ ALWAYS_INLINE void a8_tile512(const struct qweight *w, int64_t r, int64_t g0, in
         }
 #pragma GCC unroll 4
         for (int i = 0; i < MR; i++) {
-            __m256i f = _mm256_add_epi32(_mm512_castsi512_si256(s[i]),
-                                         _mm512_extracti64x4_epi64(s[i], 1));
+            __m256i f =
+                _mm256_add_epi32(_mm512_castsi512_si256(s[i]), _mm512_extracti64x4_epi64(s[i], 1));
             tot[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(f),
                                      _mm256_broadcast_ss(ssx + i * ng + (g - g0)), tot[i]);
         }

@@ -67,8 +67,8 @@ void cpu_isa_set(enum cpu_isa isa)
     if (isa == CPU_ISA_AVX512) cpu_impl = &cpu_impl_avx512;
 #endif
     /* The AVX-VNNI tiles need AVX-VNNI itself (an AVX-512 CPU may have only AVX512-VNNI). */
-    affine4_vnni = isa == CPU_ISA_AVXVNNI ||
-                   (isa == CPU_ISA_AVX512 && cpu_isa_available(CPU_ISA_AVXVNNI));
+    affine4_vnni =
+        isa == CPU_ISA_AVXVNNI || (isa == CPU_ISA_AVX512 && cpu_isa_available(CPU_ISA_AVXVNNI));
 #else
     cpu_impl = &cpu_impl_portable;
 #endif

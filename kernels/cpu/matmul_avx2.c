@@ -429,7 +429,7 @@ static void prep_bf16(const struct qweight *w, const float *x, int m, uint8_t *x
 size_t prep_bytes_avx2(const struct qweight *w)
 {
     if (w->fmt == WFMT_BF16) return (size_t)w->k * sizeof(float);
-    if (affine4_int(w)) return affine4_prep_bytes(w);
+    if (affine4_int(w)) return affine4_prep_bytes(w, 0);
     if (affine8_int(w)) return affine8_prep_bytes(w);
     return 0;
 }
@@ -441,11 +441,11 @@ void prep_avx2(const struct qweight *w, const float *x, int m, uint8_t *xp, size
     else if (affine8_int(w))
         affine8_prep(w, x, m, xp, stride);
     else
-        affine4_prep(w, x, m, xp, stride);
+        affine4_prep(w, x, m, xp, stride, 0);
 }
 
-void matmul_avx2(const struct qweight *w, int64_t r0, int64_t r1, const float *x,
-                        const uint8_t *xp, size_t stride, int m, float *y, int64_t ldy)
+void matmul_avx2(const struct qweight *w, int64_t r0, int64_t r1, const float *x, const uint8_t *xp,
+                 size_t stride, int m, float *y, int64_t ldy)
 {
     if (affine4_int(w))
         affine4_matmul(w, r0, r1, xp, stride, m, y, ldy);

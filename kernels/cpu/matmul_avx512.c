@@ -4,19 +4,35 @@
  * tables agree bit for bit and the paths they share (many-row tiles, formats without a
  * kernel here) keep each output's arithmetic independent of m:
  *   affine 8-bit  vpdpwssd tiles for every m (affine8_avx512.c);
- *   affine 4-bit  the AVX2 kernel, with its AVX-VNNI tiles where the CPU has AVX-VNNI;
+ *   affine 4-bit  vpdpbusd tiles over two 64-column chunks at once (affine4_avx512.c);
  *   the rest      the AVX2 kernels.
  */
 #include <immintrin.h>
 
+#include "kernels/cpu/affine4_tile.h"
 #include "kernels/cpu/affine8.h"
 #include "kernels/cpu/avx2.h"
 #include "kernels/cpu/impl.h"
 
+static size_t prep_bytes_avx512(const struct qweight *w)
+{
+    return affine4_int(w) ? affine4_prep_bytes(w, 1) : prep_bytes_avx2(w);
+}
+
+static void prep_avx512(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride)
+{
+    if (affine4_int(w))
+        affine4_prep(w, x, m, xp, stride, 1);
+    else
+        prep_avx2(w, x, m, xp, stride);
+}
+
 static void matmul_avx512(const struct qweight *w, int64_t r0, int64_t r1, const float *x,
                           const uint8_t *xp, size_t stride, int m, float *y, int64_t ldy)
 {
-    if (affine8_int(w))
+    if (affine4_int(w))
+        affine4_matmul_tab(w, r0, r1, xp, stride, m, y, ldy, q4_tab_avx512, 1);
+    else if (affine8_int(w))
         affine8_matmul(w, r0, r1, xp, stride, m, y, ldy, a8_tab_avx512);
     else
         matmul_avx2(w, r0, r1, x, xp, stride, m, y, ldy);
@@ -38,8 +54,8 @@ static uint64_t read_sum_avx512(const void *p, size_t n)
 }
 
 const struct cpu_impl cpu_impl_avx512 = {
-    .prep_bytes = prep_bytes_avx2,
-    .prep = prep_avx2,
+    .prep_bytes = prep_bytes_avx512,
+    .prep = prep_avx512,
     .matmul = matmul_avx512,
     .dot = dot_avx2,
     .axpy = axpy_avx2,

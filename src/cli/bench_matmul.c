@@ -1,7 +1,7 @@
 /*
  * bench matmul: times one CPU matrix product y = x . W^T (random bf16, MLX 4- or 8-bit group-64
- * or ternary (BitNet) weights, the shapes of a model's layers) for a given number of x rows, best of
- * repeated runs: the kernel alone, without the rest of a forward pass.
+ * or ternary (BitNet) weights, the shapes of a model's layers) for a given number of x rows, best
+ * of repeated runs: the kernel alone, without the rest of a forward pass.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,12 +28,13 @@ static float next_f(void)
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: pagoda bench matmul [--format bf16|mlx4|mlx8|ternary] [--rows M] [--n N] [--k K]\n"
-            "         [--threads T] [--reps R]\n"
-            "  --rows M     x rows (default 16)\n"
-            "  --n N, --k K weight rows and columns (default 8192 x 2048; K a multiple of 64)\n"
-            "  --threads T  (default 2)   --reps R  timed runs, best reported (default 20)\n");
+    fprintf(
+        f,
+        "usage: pagoda bench matmul [--format bf16|mlx4|mlx8|ternary] [--rows M] [--n N] [--k K]\n"
+        "         [--threads T] [--reps R]\n"
+        "  --rows M     x rows (default 16)\n"
+        "  --n N, --k K weight rows and columns (default 8192 x 2048; K a multiple of 64)\n"
+        "  --threads T  (default 2)   --reps R  timed runs, best reported (default 20)\n");
 }
 
 int cli_bench_matmul(int argc, char **argv)

@@ -141,16 +141,35 @@ static void test_matmul_formats(struct threadpool *tp)
         int bits, group;
         const char *name;
     } fmts[] = {
-        {WFMT_F32, 32, 0, "f32"},      {WFMT_F16, 16, 0, "f16"},      {WFMT_BF16, 16, 0, "bf16"},
-        {WFMT_AFFINE, 2, 32, "mlx2"},  {WFMT_AFFINE, 3, 32, "mlx3"},  {WFMT_AFFINE, 4, 32, "mlx4"},
-        {WFMT_AFFINE, 4, 64, "mlx4"},  {WFMT_AFFINE, 4, 128, "mlx4"}, {WFMT_AFFINE, 5, 64, "mlx5"},
-        {WFMT_AFFINE, 6, 64, "mlx6"},  {WFMT_AFFINE, 8, 32, "mlx8"},  {WFMT_AFFINE, 8, 64, "mlx8"},
-        {WFMT_AFFINE, 8, 128, "mlx8"}, {WFMT_AFFINE, 2, 128, "mlx2"}, {WFMT_MXFP4, 4, 32, "mxfp4"},
-        {WFMT_MXFP8, 8, 32, "mxfp8"},  {WFMT_NVFP4, 4, 16, "nvfp4"},
+        {WFMT_F32, 32, 0, "f32"},
+        {WFMT_F16, 16, 0, "f16"},
+        {WFMT_BF16, 16, 0, "bf16"},
+        {WFMT_AFFINE, 2, 32, "mlx2"},
+        {WFMT_AFFINE, 3, 32, "mlx3"},
+        {WFMT_AFFINE, 4, 32, "mlx4"},
+        {WFMT_AFFINE, 4, 64, "mlx4"},
+        {WFMT_AFFINE, 4, 128, "mlx4"},
+        {WFMT_AFFINE, 5, 64, "mlx5"},
+        {WFMT_AFFINE, 6, 64, "mlx6"},
+        {WFMT_AFFINE, 8, 32, "mlx8"},
+        {WFMT_AFFINE, 8, 64, "mlx8"},
+        {WFMT_AFFINE, 8, 128, "mlx8"},
+        {WFMT_AFFINE, 2, 128, "mlx2"},
+        {WFMT_MXFP4, 4, 32, "mxfp4"},
+        {WFMT_MXFP8, 8, 32, "mxfp8"},
+        {WFMT_NVFP4, 4, 16, "nvfp4"},
+        /* k = 576 below: an odd number of 64-column chunks (the 512-bit 4-bit tiles pair
+         * them), and groups of 3 chunks */
+        {WFMT_AFFINE, 4, 64, "mlx4"},
+        {WFMT_AFFINE, 4, 192, "mlx4"},
+        {WFMT_AFFINE, 8, 192, "mlx8"},
+        {WFMT_AFFINE, 8, 96, "mlx8"},
     };
+    const size_t odd_k = sizeof fmts / sizeof fmts[0] - 4; /* the entries from here */
     const int ms[] = {1, 2, 5, 8, 9, 13, 40};
-    const int64_t n = 72, k = 512; /* n not a multiple of the 16-wide tiles: edge paths run */
+    const int64_t n = 72; /* n not a multiple of the 16-wide tiles: edge paths run */
     for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi++) {
+        const int64_t k = fi < odd_k ? 512 : 576;
         struct test_mat m;
         test_mat_make(&m, fmts[fi].f, fmts[fi].bits, fmts[fi].group, n, k, ST_BF16);
         for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
