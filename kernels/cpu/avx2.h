@@ -47,6 +47,11 @@ void affine4_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, s
 void affine4_matmul(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp,
                     size_t stride, int m, float *y, int64_t ldy);
 
+/* Columns [k0, k0 + len) of row r (whole groups) of affine 2/3/5/6-bit, mxfp4, nvfp4 or
+ * mxfp8 weights into dst, exactly as quant_dequant_row (decode_avx2.c); 0 for any other
+ * format, which the caller decodes. */
+int decode_row_fast(const struct qweight *w, int64_t r, int64_t k0, int64_t len, float *dst);
+
 /* Entries of the AVX2 table (matmul_avx2.c) that the AVX-512 table shares. */
 float dot_avx2(const float *a, const float *b, int n);
 void axpy_avx2(float *y, float a, const float *x, int n);

@@ -67,8 +67,9 @@ ALWAYS_INLINE float load1(enum wfmt f, const uint8_t *row, int64_t j)
     }
 }
 
-/* Affine 4- and 8-bit groups decoded with SIMD; every other format through the portable
- * decoder. dst gets len floats. */
+/* Affine 4- and 8-bit groups decoded here, affine 2/3/5/6-bit and the fp formats by
+ * decode_row_fast (decode_avx2.c); the rest through the portable decoder. dst gets len
+ * floats. */
 static void decode_row(const struct qweight *w, int64_t r, int64_t k0, int64_t len, float *dst)
 {
     const uint8_t *row = w->w + (size_t)r * w->row_bytes;
@@ -108,7 +109,7 @@ static void decode_row(const struct qweight *w, int64_t r, int64_t k0, int64_t l
         }
         return;
     }
-    quant_dequant_row(w, r, k0, len, dst);
+    if (!decode_row_fast(w, r, k0, len, dst)) quant_dequant_row(w, r, k0, len, dst);
 }
 
 /* ---- float-weight kernels: bf16, f16, f32, and every other format decoded to f32 ---- */

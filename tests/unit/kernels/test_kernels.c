@@ -300,6 +300,50 @@ static void test_threadpool(void)
     }
 }
 
+/* The SIMD decoders of the formats multiplied as decoded floats give each weight exactly as
+ * quant_dequant_row does: with one-hot rows of x every output is one weight (its product
+ * with 1, plus zeros), for the decode (m = 1) and many-row paths of every table. */
+static void test_decode_exact(struct threadpool *tp)
+{
+    struct {
+        enum wfmt f;
+        int bits, group;
+    } fmts[] = {{WFMT_AFFINE, 2, 32},  {WFMT_AFFINE, 3, 64},  {WFMT_AFFINE, 5, 32},
+                {WFMT_AFFINE, 6, 128}, {WFMT_AFFINE, 2, 128}, {WFMT_MXFP4, 4, 32},
+                {WFMT_NVFP4, 4, 16},   {WFMT_MXFP8, 8, 32}};
+    const int64_t n = 24, k = 256;
+    float *x = xmalloc(sizeof(float) * (size_t)(k * k));
+    float *y = xmalloc(sizeof(float) * (size_t)(k * n));
+    float *row = xmalloc(sizeof(float) * (size_t)k);
+    for (int64_t i = 0; i < k * k; i++) x[i] = i / k == i % k ? 1.0f : 0.0f;
+    for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi++) {
+        struct test_mat m;
+        test_mat_make(&m, fmts[fi].f, fmts[fi].bits, fmts[fi].group, n, k, ST_BF16);
+        for (int isa = CPU_ISA_PORTABLE; isa <= CPU_ISA_AVX512; isa++) {
+            if (!cpu_isa_available((enum cpu_isa)isa)) continue;
+            cpu_isa_set((enum cpu_isa)isa);
+            int bad = 0;
+            for (int rows = 1; rows <= k && !bad; rows += k - 1) { /* 1, then k */
+                cpu_matmul(tp, y, x, &m.w, rows);
+                for (int64_t r = 0; r < n && !bad; r++) {
+                    quant_dequant_row(&m.w, r, 0, k, row);
+                    for (int j = 0; j < rows && !bad; j++)
+                        if (y[j * n + r] != row[j]) {
+                            CHECK(0, "%s bits %d g%d m=%d: w[%lld][%d] = %.9g, decoded %.9g",
+                                  cpu_isa_name((enum cpu_isa)isa), fmts[fi].bits, fmts[fi].group,
+                                  rows, (long long)r, j, y[j * n + r], row[j]);
+                            bad = 1;
+                        }
+                }
+            }
+        }
+        test_mat_free(&m);
+    }
+    free(x);
+    free(y);
+    free(row);
+}
+
 /* PAGODA_CPU_ISA: names round-trip; a lower table is taken as asked; an unknown name or one
  * the CPU lacks gives the best table with a warning naming it. */
 static void test_isa_choose(void)
@@ -346,6 +390,7 @@ int main(void)
     test_isa_choose();
     test_decodings();
     test_matmul_formats(tp);
+    test_decode_exact(tp);
     test_vector_kernels();
     test_elementwise();
     test_threadpool();
