@@ -3,17 +3,24 @@
  * 32), internal to kernels/cpu. affine8_avx2.c holds the input preparation, the driver and
  * the AVX2 tiles; affine8_avx512.c the AVX-512 tiles, which give bitwise the same outputs.
  *
- * Each x row is converted once per call, per weight group, to 16-bit fixed point:
- * xq = round(x / sx), sx = max|x| / 32767, so |x - sx xq| <= sx / 2 (1.5e-5 of the group's
- * largest input). A weight byte q (0..255) times xq is exact in int32, and so is each lane's
- * share of a group's sum (at most 1024 / 16 * 2 * 255 * 32767 < 2^31). Output (i, r) is
- *   hsum(sum over groups g in order of fma(float(lane sums of q_g . xq_g), s_g * sx_g))
+ * Each x row is converted once per call, per weight group, to two 16-bit fixed-point parts:
+ * t = x / sx with sx = max|x| / 32767, xq = round(t), xl = round((t - xq) * 65536) (t - xq is
+ * exact), so x = sx (xq + xl / 65536) to within sx / 2^17 plus the rounding of t: float32's
+ * precision (one part alone, 1.5e-5 of the group's largest input, moved the log-probabilities
+ * of a small MLX 8-bit model by 1.4e-3). A weight byte q (0..255) times either part is exact
+ * in int32, and so is each lane's share of a group's sum (at most 1024 / 16 * 2 * 255 * 32767
+ * < 2^31). Output (i, r) is
+ *   hsum(sum over groups g in order of
+ *        fma(float(lane sums of q_g . xl_g), c_g / 65536, fma(float(lane sums of q_g . xq_g), c_g,
+ * .)))
  *     + sum_g b_g * sum(x_g)                                      (affine_bias_dot's order)
- * where lane l of a group's 8 int32 sums holds columns 16 c + 2 l and 16 c + 2 l + 1 of
- * every 16-column block c of the group (vpmaddwd's pairs). The AVX-512 tiles add 32 columns
- * per vpdpwssd into 16 lanes and fold the halves before the float step: the same integers.
+ * with c_g = s_g * sx_g, where lane l of a group's 8 int32 sums holds columns 16 c + 2 l and
+ * 16 c + 2 l + 1 of every 16-column block c of the group (vpmaddwd's pairs). The AVX-512
+ * tiles add 32 columns per vpdpwssd into 16 lanes and fold the halves before the float
+ * step: the same integers.
  *
- * Layout of a prepared row: int16 xq[k], then the groups' float sums of x, then their sx.
+ * Layout of a prepared row: int16 xq[k], int16 xl[k], then the groups' float sums of x, then
+ * their sx.
  */
 #ifndef PAGODA_KERNELS_CPU_AFFINE8_H
 #define PAGODA_KERNELS_CPU_AFFINE8_H

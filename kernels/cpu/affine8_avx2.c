@@ -1,8 +1,8 @@
 /*
  * Affine 8-bit weights (AVX2): the input preparation, the driver and the AVX2 tiles of the
  * integer kernel described in affine8.h. vpmaddwd multiplies 16 zero-extended weight bytes
- * by 16 int16 inputs and adds pairs into 8 int32 lanes: 2 instructions per 16 weights and
- * x row, where decoding to float and FMAs take 6.
+ * by 16 int16 inputs and adds pairs into 8 int32 lanes: 4 instructions per 16 weights and
+ * x row (two parts of x), where decoding to float and FMAs take 6.
  */
 #include "common/scratch.h"
 #include "kernels/cpu/affine8.h"
@@ -11,7 +11,7 @@
 
 size_t affine8_prep_bytes(const struct qweight *w)
 {
-    return (size_t)w->k * sizeof(int16_t) + (size_t)(w->k / w->group) * 2 * sizeof(float);
+    return (size_t)w->k * 2 * sizeof(int16_t) + (size_t)(w->k / w->group) * 2 * sizeof(float);
 }
 
 void affine8_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride)
@@ -19,10 +19,12 @@ void affine8_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, s
     int64_t k = w->k, G = w->group, groups = k / G;
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256 lim = _mm256_set1_ps(32767.0f), nlim = _mm256_set1_ps(-32767.0f);
+    const __m256 c65536 = _mm256_set1_ps(65536.0f);
     for (int i = 0; i < m; i++) {
         const float *xi = x + (size_t)i * k;
         int16_t *xq = (int16_t *)(xp + (size_t)i * stride);
-        float *xs = (float *)(xq + k), *xsc = xs + groups;
+        int16_t *xl = xq + k;
+        float *xs = (float *)(xl + k), *xsc = xs + groups;
         for (int64_t g = 0; g < groups; g++) {
             const float *xg = xi + g * G;
             __m256 mx = _mm256_setzero_ps(), sm = _mm256_setzero_ps();
@@ -39,13 +41,21 @@ void affine8_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, s
             xsc[g] = sx;
             __m256 inv = _mm256_set1_ps(1.0f / sx);
             for (int64_t j = 0; j < G; j += 16) {
-                /* round half to even (the default rounding of vcvtps2dq) */
-                __m256 a = _mm256_mul_ps(_mm256_loadu_ps(xg + j), inv);
-                __m256 b = _mm256_mul_ps(_mm256_loadu_ps(xg + j + 8), inv);
-                a = _mm256_min_ps(_mm256_max_ps(a, nlim), lim);
-                b = _mm256_min_ps(_mm256_max_ps(b, nlim), lim);
-                __m256i p = _mm256_packs_epi32(_mm256_cvtps_epi32(a), _mm256_cvtps_epi32(b));
-                _mm256_storeu_si256((__m256i *)(xq + g * G + j), _mm256_permute4x64_epi64(p, 0xd8));
+                __m256i q[2], l[2];
+                for (int h = 0; h < 2; h++) {
+                    __m256 t = _mm256_mul_ps(_mm256_loadu_ps(xg + j + 8 * h), inv);
+                    t = _mm256_min_ps(_mm256_max_ps(t, nlim), lim);
+                    /* round half to even, as rintf */
+                    __m256 tq = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                    __m256 tl = _mm256_mul_ps(_mm256_sub_ps(t, tq), c65536);
+                    tl = _mm256_min_ps(_mm256_max_ps(tl, nlim), lim);
+                    q[h] = _mm256_cvtps_epi32(tq);
+                    l[h] = _mm256_cvtps_epi32(tl);
+                }
+                _mm256_storeu_si256((__m256i *)(xq + g * G + j),
+                                    _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xd8));
+                _mm256_storeu_si256((__m256i *)(xl + g * G + j),
+                                    _mm256_permute4x64_epi64(_mm256_packs_epi32(l[0], l[1]), 0xd8));
             }
         }
     }
@@ -70,17 +80,18 @@ ALWAYS_INLINE void a8_tile(const struct qweight *w, int64_t r, int64_t g0, int64
 {
     int64_t k = w->k, G = w->group, groups = k / G, ng = g1 - g0;
     const uint8_t *row = w->w + (size_t)r * w->row_bytes;
+    const __m256 inv65536 = _mm256_set1_ps(1.0f / 65536.0f);
     __m256 tot[A8MR];
 #pragma GCC unroll 4
     for (int i = 0; i < MR; i++) {
         tot[i] = resume ? _mm256_loadu_ps(acc + i * ldacc) : _mm256_setzero_ps();
-        const float *xsc = (const float *)(xp + (size_t)i * stride + k * 2) + groups;
+        const float *xsc = (const float *)(xp + (size_t)i * stride + k * 4) + groups;
         affine_scale_sx(w, r, g0, g1, xsc, ssx + i * ng);
     }
     for (int64_t g = g0; g < g1; g++) {
-        __m256i s[A8MR];
+        __m256i s[A8MR], sl[A8MR];
 #pragma GCC unroll 4
-        for (int i = 0; i < MR; i++) s[i] = _mm256_setzero_si256();
+        for (int i = 0; i < MR; i++) s[i] = sl[i] = _mm256_setzero_si256();
         for (int64_t c = g * G; c < (g + 1) * G; c += 16) {
             /* Streams 1 KB ahead, one prefetch per cache line. */
             if (!(c & 63)) _mm_prefetch((const char *)(row + c + 1024), _MM_HINT_T0);
@@ -90,12 +101,16 @@ ALWAYS_INLINE void a8_tile(const struct qweight *w, int64_t r, int64_t g0, int64
                 const int16_t *xq = (const int16_t *)(xp + (size_t)i * stride) + c;
                 s[i] = _mm256_add_epi32(
                     s[i], _mm256_madd_epi16(wv, _mm256_loadu_si256((const __m256i *)xq)));
+                sl[i] = _mm256_add_epi32(
+                    sl[i], _mm256_madd_epi16(wv, _mm256_loadu_si256((const __m256i *)(xq + k))));
             }
         }
 #pragma GCC unroll 4
-        for (int i = 0; i < MR; i++)
-            tot[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]),
-                                     _mm256_broadcast_ss(ssx + i * ng + (g - g0)), tot[i]);
+        for (int i = 0; i < MR; i++) {
+            __m256 c = _mm256_broadcast_ss(ssx + i * ng + (g - g0));
+            tot[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i]), c, tot[i]);
+            tot[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sl[i]), _mm256_mul_ps(c, inv65536), tot[i]);
+        }
     }
 #pragma GCC unroll 4
     for (int i = 0; i < MR; i++) _mm256_storeu_ps(acc + i * ldacc, tot[i]);
@@ -143,7 +158,7 @@ void affine8_matmul(const struct qweight *w, int64_t r0, int64_t r1, const uint8
             }
         }
         for (int i = 0; i < m; i++) {
-            const float *xs = (const float *)(xp + (size_t)i * stride + k * 2);
+            const float *xs = (const float *)(xp + (size_t)i * stride + k * 4);
             for (int j = 0; j < nb; j++)
                 y[i * ldy + rb + j] =
                     hsum(_mm256_loadu_ps(acc + i * ldacc + j * 8)) + affine_bias_dot(w, rb + j, xs);
