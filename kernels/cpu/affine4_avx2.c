@@ -12,19 +12,22 @@
  * Layout of a prepared row: per 64 columns (32 weight bytes: even columns in low nibbles,
  * odd ones in high nibbles) 128 bytes: hi halves of the 32 even columns, of the 32 odd
  * ones, then the lo halves likewise; after all chunks, the groups' sums of x, then sx.
+ * The paired layout (the AVX-512 tiles) interleaves chunks 2j and 2j + 1 in 256 bytes, each
+ * of the 4 parts 64 bytes: chunk 2j's 32 then chunk 2j + 1's, one 512-bit load.
  */
 #include <math.h>
 
 #include "common/scratch.h"
+#include "kernels/cpu/affine8.h"
 #include "kernels/cpu/avx2.h"
 #include "kernels/cpu/impl.h"
 #include "kernels/cpu/quant.h"
 
 int affine4_vnni;
 
-size_t affine4_prep_bytes(const struct qweight *w)
+size_t affine4_prep_bytes(const struct qweight *w, int paired)
 {
-    return (size_t)(w->k / 64) * 128 + (size_t)(w->k / w->group) * 2 * sizeof(float);
+    return affine4_xs_off(w->k / 64, paired) + (size_t)(w->k / w->group) * 2 * sizeof(float);
 }
 
 /* 32 int32 values (4 vectors, in order) -> 32 int8 at dst. */
@@ -38,8 +41,8 @@ static inline void store_i8x32(int8_t *dst, __m256i a, __m256i b, __m256i c, __m
 /* round half to even, as rintf */
 #define ROUND_NEAREST (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 
-/* Splits 32 scaled values (4 vectors) into hi and lo halves, stored 64 bytes apart. */
-static inline void split32(int8_t *dst, const __m256 *t)
+/* Splits 32 scaled values (4 vectors) into hi and lo halves, stored lo_off bytes apart. */
+static inline void split32(int8_t *dst, const __m256 *t, size_t lo_off)
 {
     const __m256 lim_h = _mm256_set1_ps(127.0f), lim_l = _mm256_set1_ps(-128.0f);
     const __m256 c256 = _mm256_set1_ps(256.0f), inv256 = _mm256_set1_ps(1.0f / 256.0f);
@@ -53,17 +56,19 @@ static inline void split32(int8_t *dst, const __m256 *t)
         l[v] = _mm256_cvtps_epi32(lv);
     }
     store_i8x32(dst, h[0], h[1], h[2], h[3]);
-    store_i8x32(dst + 64, l[0], l[1], l[2], l[3]);
+    store_i8x32(dst + lo_off, l[0], l[1], l[2], l[3]);
 }
 
-void affine4_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride)
+void affine4_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride,
+                  int paired)
 {
     int64_t k = w->k, G = w->group, groups = k / G, chunks = k / 64;
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     for (int i = 0; i < m; i++) {
         const float *xi = x + (size_t)i * k;
         int8_t *xq = (int8_t *)(xp + (size_t)i * stride);
-        float *xs = (float *)(xp + (size_t)i * stride + chunks * 128), *xsc = xs + groups;
+        float *xs = (float *)(xp + (size_t)i * stride + affine4_xs_off(chunks, paired));
+        float *xsc = xs + groups;
         for (int64_t g = 0; g < groups; g++) {
             const float *xg = xi + g * G;
             __m256 mx = _mm256_setzero_ps(), sm = _mm256_setzero_ps();
@@ -91,16 +96,17 @@ void affine4_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, s
                     ev[v] = _mm256_mul_ps(e, inv);
                     od[v] = _mm256_mul_ps(o, inv);
                 }
-                int8_t *dst = xq + (g * G / 64 + c) * 128;
-                split32(dst, ev);
-                split32(dst + 32, od);
+                int64_t ch = g * G / 64 + c;
+                size_t part = paired ? 64 : 32;
+                int8_t *dst = xq + (paired ? (ch / 2) * 256 + (ch % 2) * 32 : ch * 128);
+                split32(dst, ev, 2 * part);
+                split32(dst + part, od, 2 * part);
             }
         }
     }
 }
 
-/* sum_g b_g * xs_g: 8 groups per vector step, hsum, then the remaining groups in order. */
-static float bias_dot(const struct qweight *w, int64_t r, const float *xs)
+float affine_bias_dot(const struct qweight *w, int64_t r, const float *xs)
 {
     int64_t groups = w->k / w->group, g = 0;
     float s = 0;
@@ -117,7 +123,7 @@ static float bias_dot(const struct qweight *w, int64_t r, const float *xs)
 
 #include "kernels/cpu/affine4_tile.h"
 
-Q4_TABLE(q4_tab, 0)
+Q4_TABLE(q4_tab_avx2, 0)
 
 /* Blocking: up to SMALL_M x rows, whole weight rows (decode); above, blocks
  * of QNB weight rows by panels of about QKC columns (x panel of 4 rows: 4 KB; weight panel:
@@ -129,15 +135,22 @@ Q4_TABLE(q4_tab, 0)
 void affine4_matmul(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp,
                     size_t stride, int m, float *y, int64_t ldy)
 {
+#if defined(PAGODA_AVXVNNI)
+    const q4_fn(*tab)[3] = affine4_vnni ? q4_tab_vnni : q4_tab_avx2;
+#else
+    const q4_fn(*tab)[3] = q4_tab_avx2;
+#endif
+    affine4_matmul_tab(w, r0, r1, xp, stride, m, y, ldy, tab, 0);
+}
+
+void affine4_matmul_tab(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp,
+                        size_t stride, int m, float *y, int64_t ldy, const q4_fn (*tab)[3],
+                        int paired)
+{
     int64_t k = w->k, G = w->group, groups = k / G, chunks = k / 64;
     int cpg = (int)(G / 64), ci = cpg == 1 ? 0 : cpg == 2 ? 1 : 2;
     int small = m <= SMALL_M;
     int nbmax = small ? 16 : QNB;
-#if defined(PAGODA_AVXVNNI)
-    const q4_fn(*tab)[3] = affine4_vnni ? q4_tab_vnni : q4_tab;
-#else
-    const q4_fn(*tab)[3] = q4_tab;
-#endif
     int64_t gpp = small ? groups : (QKC / G > 0 ? QKC / G : 1); /* groups per panel */
     int64_t ldacc = (int64_t)nbmax * 8;
     float *acc = scratch_get(SCRATCH_GEMM_A, (size_t)m * (size_t)ldacc);
@@ -153,10 +166,11 @@ void affine4_matmul(const struct qweight *w, int64_t r0, int64_t r1, const uint8
             }
         }
         for (int i = 0; i < m; i++) {
-            const float *xs = (const float *)(xp + (size_t)i * stride + chunks * 128);
+            const float *xs =
+                (const float *)(xp + (size_t)i * stride + affine4_xs_off(chunks, paired));
             for (int j = 0; j < nb; j++)
                 y[i * ldy + rb + j] =
-                    hsum(_mm256_loadu_ps(acc + i * ldacc + j * 8)) + bias_dot(w, rb + j, xs);
+                    hsum(_mm256_loadu_ps(acc + i * ldacc + j * 8)) + affine_bias_dot(w, rb + j, xs);
         }
     }
 }

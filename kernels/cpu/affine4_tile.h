@@ -33,7 +33,8 @@ ALWAYS_INLINE void q4_tile(const struct qweight *w, int64_t r, int64_t g0, int64
 #pragma GCC unroll 4
     for (int i = 0; i < MR; i++) {
         tot[i] = resume ? _mm256_loadu_ps(acc + i * ldacc) : _mm256_setzero_ps();
-        const float *xsc = (const float *)(xp + (size_t)i * stride + chunks * 128) + groups;
+        const float *xsc =
+            (const float *)(xp + (size_t)i * stride + affine4_xs_off(chunks, 0)) + groups;
         float *d = ssx + i * ng;
         int64_t g = g0;
         if (w->sdtype == ST_BF16) {
@@ -117,7 +118,16 @@ typedef void (*q4_fn)(const struct qweight *w, int64_t r, int nrows, int64_t g0,
         {NAME##_4_1, NAME##_4_2, NAME##_4_0},                                                      \
     };
 
-/* The VNNI tiles (affine4_vnni_avx2.c, built when PAGODA_AVXVNNI is defined). */
+/* The AVX2 tiles (affine4_avx2.c), the AVX-VNNI ones (affine4_vnni_avx2.c, built when
+ * PAGODA_AVXVNNI is defined) and the AVX-512 ones (affine4_avx512.c, over the paired
+ * layout; built when PAGODA_AVX512 is defined). */
+extern const q4_fn q4_tab_avx2[QMR][3];
 extern const q4_fn q4_tab_vnni[QMR][3];
+extern const q4_fn q4_tab_avx512[QMR][3];
+
+/* affine4_matmul with the tiles of `tab` over x prepared in the layout `paired` says. */
+void affine4_matmul_tab(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp,
+                        size_t stride, int m, float *y, int64_t ldy, const q4_fn (*tab)[3],
+                        int paired);
 
 #endif

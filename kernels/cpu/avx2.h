@@ -35,9 +35,29 @@ static inline int affine4_int(const struct qweight *w)
 {
     return w->fmt == WFMT_AFFINE && w->bits == 4 && w->group % 64 == 0;
 }
-size_t affine4_prep_bytes(const struct qweight *w);
-void affine4_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride);
+/* Bytes of a prepared row's int8 halves, before its groups' sums and scales (`paired`: the
+ * AVX-512 tiles' layout; see affine4_avx2.c). */
+static inline size_t affine4_xs_off(int64_t chunks, int paired)
+{
+    return paired ? (size_t)((chunks + 1) / 2) * 256 : (size_t)chunks * 128;
+}
+size_t affine4_prep_bytes(const struct qweight *w, int paired);
+void affine4_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride,
+                  int paired);
 void affine4_matmul(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp,
                     size_t stride, int m, float *y, int64_t ldy);
+
+/* Columns [k0, k0 + len) of row r (whole groups) of affine 2/3/5/6-bit, mxfp4, nvfp4 or
+ * mxfp8 weights into dst, exactly as quant_dequant_row (decode_avx2.c); 0 for any other
+ * format, which the caller decodes. */
+int decode_row_fast(const struct qweight *w, int64_t r, int64_t k0, int64_t len, float *dst);
+
+/* Entries of the AVX2 table (matmul_avx2.c) that the AVX-512 table shares. */
+float dot_avx2(const float *a, const float *b, int n);
+void axpy_avx2(float *y, float a, const float *x, int n);
+size_t prep_bytes_avx2(const struct qweight *w);
+void prep_avx2(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride);
+void matmul_avx2(const struct qweight *w, int64_t r0, int64_t r1, const float *x, const uint8_t *xp,
+                 size_t stride, int m, float *y, int64_t ldy);
 
 #endif

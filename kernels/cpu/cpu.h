@@ -9,24 +9,43 @@
 #ifndef PAGODA_KERNELS_CPU_CPU_H
 #define PAGODA_KERNELS_CPU_CPU_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/threadpool.h"
 #include "model/backend.h"
 #include "model/weights.h"
 
-/* AVXVNNI: the AVX2 kernels, with AVX-VNNI integer dot products where they apply (the same
- * results as AVX2, bit for bit). */
-enum cpu_isa { CPU_ISA_PORTABLE, CPU_ISA_AVX2, CPU_ISA_AVXVNNI };
+/* The kernel tables, each a superset of the one before:
+ *   AVX2     AVX2 + FMA + F16C;
+ *   AVXVNNI  the AVX2 kernels, with AVX-VNNI integer dot products where they apply (the same
+ *            results as AVX2, bit for bit);
+ *   AVX512   AVX-512 F/BW/VL/VNNI/BF16: 512-bit decode kernels that compute each output
+ *            with the AVX2 table's arithmetic (the same results, bit for bit), so the
+ *            larger-m paths they share stay batch-invariant with them.
+ * No table uses AMX: CPUs with AMX-BF16/INT8 run the AVX-512 table. */
+enum cpu_isa { CPU_ISA_PORTABLE, CPU_ISA_AVX2, CPU_ISA_AVXVNNI, CPU_ISA_AVX512 };
 
-/** Detects the best instruction set and fills lookup tables. Call once before any kernel. */
+/** Detects the best instruction set (or the one PAGODA_CPU_ISA names; see cpu_isa_choose)
+ * and fills lookup tables. Call once before any kernel; a warning goes to stderr once. */
 void cpu_kernels_init(void);
 
-/** The instruction set in use; cpu_isa_set() switches it (tests compare the two). */
+/** The instruction set in use; cpu_isa_set() switches it (tests compare the tables). A set
+ * the CPU or the build lacks gives the best one below it. */
 enum cpu_isa cpu_isa_get(void);
 void cpu_isa_set(enum cpu_isa isa);
 int cpu_isa_available(enum cpu_isa isa);
+/** "portable", "avx2", "avxvnni", "avx512" (the PAGODA_CPU_ISA values); parse returns -1
+ * for any other name. */
 const char *cpu_isa_name(enum cpu_isa isa);
+int cpu_isa_parse(const char *name, enum cpu_isa *isa);
+
+/**
+ * The table for a PAGODA_CPU_ISA value (NULL or empty: the best available). An unknown name
+ * or one the CPU lacks gives the best available, with a warning naming it in warn[n]
+ * (empty when there is nothing to say).
+ */
+enum cpu_isa cpu_isa_choose(const char *force, char *warn, size_t n);
 
 /**
  * y[m, n] = x[m, k] . W^T for W [n, k] in any format (k a multiple of its group size).

@@ -1,6 +1,7 @@
 /*
  * impl: the per-instruction-set kernel table behind kernels/cpu/cpu.h. Internal to
- * kernels/cpu; the portable table lives in matmul.c, the AVX2 one in matmul_avx2.c.
+ * kernels/cpu; the portable table lives in matmul.c, the AVX2 one in matmul_avx2.c, the
+ * AVX-512 one in matmul_avx512.c.
  *
  * Batch invariance: each table computes output (i, r) of a matmul with one fixed sequence
  * of float operations that depends only on x row i and weight row r, never on m, on the
@@ -46,9 +47,8 @@ struct cpu_impl {
      * qsum[i]) / qdiv[i] * w->t_mul for r in [r0, r1), i < m, with q_i the int8 row at
      * q + i * stride (zero past k) and qsum[i] its sum (a code is value + 1). The integer dot
      * is exact, so every table gives bitwise the same y. */
-    void (*ternary)(const struct qweight *w, int64_t r0, int64_t r1, const int8_t *q,
-                    size_t stride, const int32_t *qsum, const float *qdiv, int m, float *y,
-                    int64_t ldy);
+    void (*ternary)(const struct qweight *w, int64_t r0, int64_t r1, const int8_t *q, size_t stride,
+                    const int32_t *qsum, const float *qdiv, int m, float *y, int64_t ldy);
 };
 
 /* The causal depthwise convolution of one token over n channels (decode): x[c] becomes
@@ -68,8 +68,8 @@ void gemm_avx2(float *y, size_t ldy, const float *x, size_t ldx, const float *b,
                int K, int N, float scale, int acc);
 
 void ternary_matmul_portable(const struct qweight *w, int64_t r0, int64_t r1, const int8_t *q,
-                             size_t stride, const int32_t *qsum, const float *qdiv, int m,
-                             float *y, int64_t ldy);
+                             size_t stride, const int32_t *qsum, const float *qdiv, int m, float *y,
+                             int64_t ldy);
 /* The AVX2 version (ternary_avx2.c; only built and called on x86-64) */
 void ternary_matmul_avx2(const struct qweight *w, int64_t r0, int64_t r1, const int8_t *q,
                          size_t stride, const int32_t *qsum, const float *qdiv, int m, float *y,
@@ -81,6 +81,9 @@ extern const struct cpu_impl cpu_impl_avx2;
 /* Set with CPU_ISA_AVXVNNI: the AVX2 table's affine 4-bit kernel runs its AVX-VNNI tiles
  * (bitwise the same results). */
 extern int affine4_vnni;
+#endif
+#if defined(PAGODA_AVX512)
+extern const struct cpu_impl cpu_impl_avx512;
 #endif
 
 /* The table in use. */

@@ -1,4 +1,5 @@
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,36 +12,63 @@
 const struct cpu_impl *cpu_impl = &cpu_impl_portable;
 static enum cpu_isa current_isa = CPU_ISA_PORTABLE;
 
+static const char *const isa_names[] = {"portable", "avx2", "avxvnni", "avx512"};
+
 int cpu_isa_available(enum cpu_isa isa)
 {
     if (isa == CPU_ISA_PORTABLE) return 1;
 #if defined(PAGODA_X86)
+    /* __builtin_cpu_supports also checks that the OS saves the wider registers (XCR0). */
     __builtin_cpu_init();
     int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                __builtin_cpu_supports("f16c");
     if (isa == CPU_ISA_AVX2) return avx2;
 #if defined(PAGODA_AVXVNNI)
-    return avx2 && __builtin_cpu_supports("avxvnni");
-#else
-    return 0;
+    if (isa == CPU_ISA_AVXVNNI) return avx2 && __builtin_cpu_supports("avxvnni");
 #endif
-#else
-    return 0;
+#if defined(PAGODA_AVX512)
+    if (isa == CPU_ISA_AVX512)
+        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+               __builtin_cpu_supports("avx512bf16");
 #endif
+#endif
+    return 0;
 }
 
 const char *cpu_isa_name(enum cpu_isa isa)
 {
-    return isa == CPU_ISA_AVXVNNI ? "avxvnni" : isa == CPU_ISA_AVX2 ? "avx2" : "portable";
+    return (unsigned)isa < sizeof isa_names / sizeof isa_names[0] ? isa_names[isa] : "portable";
+}
+
+int cpu_isa_parse(const char *name, enum cpu_isa *isa)
+{
+    for (size_t i = 0; i < sizeof isa_names / sizeof isa_names[0]; i++)
+        if (!strcmp(name, isa_names[i])) {
+            *isa = (enum cpu_isa)i;
+            return 0;
+        }
+    return -1;
+}
+
+static enum cpu_isa best_below(enum cpu_isa isa)
+{
+    while (isa > CPU_ISA_PORTABLE && !cpu_isa_available(isa)) isa--;
+    return isa;
 }
 
 void cpu_isa_set(enum cpu_isa isa)
 {
-    if (!cpu_isa_available(isa)) isa = CPU_ISA_PORTABLE;
+    isa = best_below(isa);
     current_isa = isa;
 #if defined(PAGODA_X86)
-    cpu_impl = isa != CPU_ISA_PORTABLE ? &cpu_impl_avx2 : &cpu_impl_portable;
-    affine4_vnni = isa == CPU_ISA_AVXVNNI;
+    cpu_impl = isa == CPU_ISA_PORTABLE ? &cpu_impl_portable : &cpu_impl_avx2;
+#if defined(PAGODA_AVX512)
+    if (isa == CPU_ISA_AVX512) cpu_impl = &cpu_impl_avx512;
+#endif
+    /* The AVX-VNNI tiles need AVX-VNNI itself (an AVX-512 CPU may have only AVX512-VNNI). */
+    affine4_vnni =
+        isa == CPU_ISA_AVXVNNI || (isa == CPU_ISA_AVX512 && cpu_isa_available(CPU_ISA_AVXVNNI));
 #else
     cpu_impl = &cpu_impl_portable;
 #endif
@@ -51,16 +79,38 @@ enum cpu_isa cpu_isa_get(void)
     return current_isa;
 }
 
+enum cpu_isa cpu_isa_choose(const char *force, char *warn, size_t n)
+{
+    enum cpu_isa best = best_below(CPU_ISA_AVX512), want;
+    if (warn && n) warn[0] = 0;
+    if (!force || !*force) return best;
+    if (cpu_isa_parse(force, &want)) {
+        if (warn)
+            snprintf(warn, n,
+                     "PAGODA_CPU_ISA=%s is not one of portable, avx2, avxvnni, avx512; using %s",
+                     force, cpu_isa_name(best));
+        return best;
+    }
+    if (want > best) {
+        if (warn)
+            snprintf(warn, n, "PAGODA_CPU_ISA=%s: this CPU or build lacks it; using %s", force,
+                     cpu_isa_name(best));
+        return best;
+    }
+    return want;
+}
+
 void cpu_kernels_init(void)
 {
+    static int warned;
     quant_init();
-    const char *force = getenv("PAGODA_CPU_ISA");
-    if (force && !strcmp(force, "portable"))
-        cpu_isa_set(CPU_ISA_PORTABLE);
-    else if ((force && !strcmp(force, "avx2")) || !cpu_isa_available(CPU_ISA_AVXVNNI))
-        cpu_isa_set(CPU_ISA_AVX2);
-    else
-        cpu_isa_set(CPU_ISA_AVXVNNI);
+    char warn[160];
+    enum cpu_isa isa = cpu_isa_choose(getenv("PAGODA_CPU_ISA"), warn, sizeof warn);
+    if (warn[0] && !warned) {
+        fprintf(stderr, "pagoda: warning: %s\n", warn);
+        warned = 1;
+    }
+    cpu_isa_set(isa);
 }
 
 /* ---- portable kernels ---- */

@@ -6,6 +6,7 @@
 
 #include "common/scratch.h"
 #include "common/util.h"
+#include "kernels/cpu/affine8.h"
 #include "kernels/cpu/avx2.h"
 #include "kernels/cpu/impl.h"
 #include "kernels/cpu/quant.h"
@@ -15,7 +16,7 @@ static inline __m256 load_f16(const uint16_t *p)
     return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
 }
 
-static float dot_avx2(const float *a, const float *b, int n)
+float dot_avx2(const float *a, const float *b, int n)
 {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
     int i = 0;
@@ -30,7 +31,7 @@ static float dot_avx2(const float *a, const float *b, int n)
     return s;
 }
 
-static void axpy_avx2(float *y, float a, const float *x, int n)
+void axpy_avx2(float *y, float a, const float *x, int n)
 {
     __m256 va = _mm256_set1_ps(a);
     int i = 0;
@@ -66,8 +67,9 @@ ALWAYS_INLINE float load1(enum wfmt f, const uint8_t *row, int64_t j)
     }
 }
 
-/* Affine 4- and 8-bit groups decoded with SIMD; every other format through the portable
- * decoder. dst gets len floats. */
+/* Affine 4- and 8-bit groups decoded here, affine 2/3/5/6-bit and the fp formats by
+ * decode_row_fast (decode_avx2.c); the rest through the portable decoder. dst gets len
+ * floats. */
 static void decode_row(const struct qweight *w, int64_t r, int64_t k0, int64_t len, float *dst)
 {
     const uint8_t *row = w->w + (size_t)r * w->row_bytes;
@@ -107,7 +109,7 @@ static void decode_row(const struct qweight *w, int64_t r, int64_t k0, int64_t l
         }
         return;
     }
-    quant_dequant_row(w, r, k0, len, dst);
+    if (!decode_row_fast(w, r, k0, len, dst)) quant_dequant_row(w, r, k0, len, dst);
 }
 
 /* ---- float-weight kernels: bf16, f16, f32, and every other format decoded to f32 ---- */
@@ -425,26 +427,31 @@ static void prep_bf16(const struct qweight *w, const float *x, int m, uint8_t *x
     }
 }
 
-static size_t prep_bytes_avx2(const struct qweight *w)
+size_t prep_bytes_avx2(const struct qweight *w)
 {
     if (w->fmt == WFMT_BF16) return (size_t)w->k * sizeof(float);
-    if (affine4_int(w)) return affine4_prep_bytes(w);
+    if (affine4_int(w)) return affine4_prep_bytes(w, 0);
+    if (affine8_int(w)) return affine8_prep_bytes(w);
     return 0;
 }
 
-static void prep_avx2(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride)
+void prep_avx2(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride)
 {
     if (w->fmt == WFMT_BF16)
         prep_bf16(w, x, m, xp, stride);
+    else if (affine8_int(w))
+        affine8_prep(w, x, m, xp, stride);
     else
-        affine4_prep(w, x, m, xp, stride);
+        affine4_prep(w, x, m, xp, stride, 0);
 }
 
-static void matmul_avx2(const struct qweight *w, int64_t r0, int64_t r1, const float *x,
-                        const uint8_t *xp, size_t stride, int m, float *y, int64_t ldy)
+void matmul_avx2(const struct qweight *w, int64_t r0, int64_t r1, const float *x, const uint8_t *xp,
+                 size_t stride, int m, float *y, int64_t ldy)
 {
     if (affine4_int(w))
         affine4_matmul(w, r0, r1, xp, stride, m, y, ldy);
+    else if (affine8_int(w))
+        affine8_matmul(w, r0, r1, xp, stride, m, y, ldy, a8_tab_avx2);
     else if (w->fmt == WFMT_BF16)
         matmul_float(w, r0, r1, (const float *)xp, (int64_t)(stride / sizeof(float)), x, m, y, ldy);
     else

@@ -1,7 +1,7 @@
 /*
- * bench matmul: times one CPU matrix product y = x . W^T (random bf16, MLX 4-bit group-64 or
- * ternary (BitNet) weights, the shapes of a model's layers) for a given number of x rows, best of
- * repeated runs: the kernel alone, without the rest of a forward pass.
+ * bench matmul: times one CPU matrix product y = x . W^T (random bf16, MLX 4- or 8-bit group-64
+ * or ternary (BitNet) weights, the shapes of a model's layers) for a given number of x rows, best
+ * of repeated runs: the kernel alone, without the rest of a forward pass.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,12 +28,13 @@ static float next_f(void)
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: pagoda bench matmul [--format bf16|mlx4|ternary] [--rows M] [--n N] [--k K]\n"
-            "         [--threads T] [--reps R]\n"
-            "  --rows M     x rows (default 16)\n"
-            "  --n N, --k K weight rows and columns (default 8192 x 2048; K a multiple of 64)\n"
-            "  --threads T  (default 2)   --reps R  timed runs, best reported (default 20)\n");
+    fprintf(
+        f,
+        "usage: pagoda bench matmul [--format bf16|mlx4|mlx8|ternary] [--rows M] [--n N] [--k K]\n"
+        "         [--threads T] [--reps R]\n"
+        "  --rows M     x rows (default 16)\n"
+        "  --n N, --k K weight rows and columns (default 8192 x 2048; K a multiple of 64)\n"
+        "  --threads T  (default 2)   --reps R  timed runs, best reported (default 20)\n");
 }
 
 int cli_bench_matmul(int argc, char **argv)
@@ -71,9 +72,9 @@ int cli_bench_matmul(int argc, char **argv)
             bad = arg_int(a, v, 1, 100000, &reps);
         if (bad) return 2;
     }
-    int q4 = !strcmp(fmt, "mlx4"), tern = !strcmp(fmt, "ternary");
-    if (!q4 && !tern && strcmp(fmt, "bf16")) {
-        fprintf(stderr, "pagoda bench matmul: --format must be bf16, mlx4 or ternary\n");
+    int q4 = !strcmp(fmt, "mlx4"), q8 = !strcmp(fmt, "mlx8"), tern = !strcmp(fmt, "ternary");
+    if (!q4 && !q8 && !tern && strcmp(fmt, "bf16")) {
+        fprintf(stderr, "pagoda bench matmul: --format must be bf16, mlx4, mlx8 or ternary\n");
         return 2;
     }
     if (k % 64) {
@@ -87,14 +88,14 @@ int cli_bench_matmul(int argc, char **argv)
     size_t nk = (size_t)n * (size_t)k, ng = nk / 64;
     uint16_t *sc = NULL, *bi = NULL;
     uint8_t *data;
-    if (q4) {
+    if (q4 || q8) {
         w.fmt = WFMT_AFFINE;
-        w.bits = 4;
+        w.bits = q4 ? 4 : 8;
         w.group = 64;
         w.sdtype = ST_BF16;
-        w.row_bytes = (size_t)k / 2;
-        data = xmalloc(nk / 2);
-        for (size_t i = 0; i < nk / 2; i++) data[i] = (uint8_t)next_u32();
+        w.row_bytes = (size_t)k * (size_t)w.bits / 8;
+        data = xmalloc((size_t)n * w.row_bytes);
+        for (size_t i = 0; i < (size_t)n * w.row_bytes; i++) data[i] = (uint8_t)next_u32();
         sc = xmalloc(ng * 2);
         bi = xmalloc(ng * 2);
         for (size_t i = 0; i < ng; i++) {

@@ -4,6 +4,7 @@
 
 #include "cli/args.h"
 #include "cli/cli.h"
+#include "kernels/cpu/cpu.h"
 #include "model/arch.h"
 #include "model/model.h"
 
@@ -182,9 +183,9 @@ int cli_info(int argc, char **argv)
                "\"state_per_sequence\": %zu, \"kv_full_context\": %zu, \"activations\": %zu, "
                "\"total\": %zu}, "
                "\"device\": {\"name\": \"%s\", \"memory\": %zu, \"free\": %zu, "
-               "\"kv_value_bytes\": %d",
+               "\"kv_value_bytes\": %d, \"cpu_kernels\": \"%s\"",
                wbytes, kv_tok, state, kv_ctx, act, wbytes + kv_ctx + state + act, bi.device,
-               bi.mem_total, bi.mem_free, bi.kv_value_bytes);
+               bi.mem_total, bi.mem_free, bi.kv_value_bytes, cpu_isa_name(cpu_isa_get()));
         if (gpu)
             printf(", \"gpu_memory_utilization\": %.3f, \"kv_pool_bytes\": %zu, "
                    "\"kv_blocks\": %zu, \"kv_tokens\": %zu",
@@ -251,6 +252,10 @@ int cli_info(int argc, char **argv)
         kv_formats(m, 0);
         printf("device          %s, %.2f GiB (%.2f GiB free)\n", bi.device,
                (double)bi.mem_total / 1073741824.0, (double)bi.mem_free / 1073741824.0);
+        printf("cpu kernels     %s (available:", cpu_isa_name(cpu_isa_get()));
+        for (int i = CPU_ISA_PORTABLE; i <= CPU_ISA_AVX512; i++)
+            if (cpu_isa_available((enum cpu_isa)i)) printf(" %s", cpu_isa_name((enum cpu_isa)i));
+        printf("; PAGODA_CPU_ISA picks a lower one)\n");
         if (gpu)
             printf("memory plan     %.0f%% of the GPU: weights %.2f GiB + activations and "
                    "workspace %.2f GiB + KV pool %.2f GiB = %zu blocks of 16 tokens (%zu tokens)\n",

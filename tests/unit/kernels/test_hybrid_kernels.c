@@ -296,7 +296,7 @@ int main(void)
 {
     cpu_kernels_init();
     struct threadpool *tps[3] = {tp_create(1), tp_create(2), tp_create(3)};
-    enum cpu_isa isas[] = {CPU_ISA_PORTABLE, CPU_ISA_AVX2, CPU_ISA_AVXVNNI};
+    enum cpu_isa isas[] = {CPU_ISA_PORTABLE, CPU_ISA_AVX2, CPU_ISA_AVXVNNI, CPU_ISA_AVX512};
     for (size_t i = 0; i < sizeof isas / sizeof isas[0]; i++) {
         if (!cpu_isa_available(isas[i])) continue;
         cpu_isa_set(isas[i]);

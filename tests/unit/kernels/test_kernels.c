@@ -141,16 +141,35 @@ static void test_matmul_formats(struct threadpool *tp)
         int bits, group;
         const char *name;
     } fmts[] = {
-        {WFMT_F32, 32, 0, "f32"},      {WFMT_F16, 16, 0, "f16"},      {WFMT_BF16, 16, 0, "bf16"},
-        {WFMT_AFFINE, 2, 32, "mlx2"},  {WFMT_AFFINE, 3, 32, "mlx3"},  {WFMT_AFFINE, 4, 32, "mlx4"},
-        {WFMT_AFFINE, 4, 64, "mlx4"},  {WFMT_AFFINE, 4, 128, "mlx4"}, {WFMT_AFFINE, 5, 64, "mlx5"},
-        {WFMT_AFFINE, 6, 64, "mlx6"},  {WFMT_AFFINE, 8, 32, "mlx8"},  {WFMT_AFFINE, 8, 64, "mlx8"},
-        {WFMT_AFFINE, 8, 128, "mlx8"}, {WFMT_AFFINE, 2, 128, "mlx2"}, {WFMT_MXFP4, 4, 32, "mxfp4"},
-        {WFMT_MXFP8, 8, 32, "mxfp8"},  {WFMT_NVFP4, 4, 16, "nvfp4"},
+        {WFMT_F32, 32, 0, "f32"},
+        {WFMT_F16, 16, 0, "f16"},
+        {WFMT_BF16, 16, 0, "bf16"},
+        {WFMT_AFFINE, 2, 32, "mlx2"},
+        {WFMT_AFFINE, 3, 32, "mlx3"},
+        {WFMT_AFFINE, 4, 32, "mlx4"},
+        {WFMT_AFFINE, 4, 64, "mlx4"},
+        {WFMT_AFFINE, 4, 128, "mlx4"},
+        {WFMT_AFFINE, 5, 64, "mlx5"},
+        {WFMT_AFFINE, 6, 64, "mlx6"},
+        {WFMT_AFFINE, 8, 32, "mlx8"},
+        {WFMT_AFFINE, 8, 64, "mlx8"},
+        {WFMT_AFFINE, 8, 128, "mlx8"},
+        {WFMT_AFFINE, 2, 128, "mlx2"},
+        {WFMT_MXFP4, 4, 32, "mxfp4"},
+        {WFMT_MXFP8, 8, 32, "mxfp8"},
+        {WFMT_NVFP4, 4, 16, "nvfp4"},
+        /* k = 576 below: an odd number of 64-column chunks (the 512-bit 4-bit tiles pair
+         * them), and groups of 3 chunks */
+        {WFMT_AFFINE, 4, 64, "mlx4"},
+        {WFMT_AFFINE, 4, 192, "mlx4"},
+        {WFMT_AFFINE, 8, 192, "mlx8"},
+        {WFMT_AFFINE, 8, 96, "mlx8"},
     };
+    const size_t odd_k = sizeof fmts / sizeof fmts[0] - 4; /* the entries from here */
     const int ms[] = {1, 2, 5, 8, 9, 13, 40};
-    const int64_t n = 72, k = 512; /* n not a multiple of the 16-wide tiles: edge paths run */
+    const int64_t n = 72; /* n not a multiple of the 16-wide tiles: edge paths run */
     for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi++) {
+        const int64_t k = fi < odd_k ? 512 : 576;
         struct test_mat m;
         test_mat_make(&m, fmts[fi].f, fmts[fi].bits, fmts[fi].group, n, k, ST_BF16);
         for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
@@ -194,6 +213,14 @@ static void test_matmul_formats(struct threadpool *tp)
                     cpu_matmul(tp, yp, x, &m.w, rows);
                     CHECK(!memcmp(yp, ys, sizeof(float) * (size_t)(rows * n)),
                           "%s g%d m=%d: avxvnni differs from avx2", fmts[fi].name, fmts[fi].group,
+                          rows);
+                }
+                /* The AVX-512 table computes the AVX2 table's arithmetic: same bits */
+                if (cpu_isa_available(CPU_ISA_AVX512)) {
+                    cpu_isa_set(CPU_ISA_AVX512);
+                    cpu_matmul(tp, yp, x, &m.w, rows);
+                    CHECK(!memcmp(yp, ys, sizeof(float) * (size_t)(rows * n)),
+                          "%s g%d m=%d: avx512 differs from avx2", fmts[fi].name, fmts[fi].group,
                           rows);
                 }
             }
@@ -273,12 +300,97 @@ static void test_threadpool(void)
     }
 }
 
+/* The SIMD decoders of the formats multiplied as decoded floats give each weight exactly as
+ * quant_dequant_row does: with one-hot rows of x every output is one weight (its product
+ * with 1, plus zeros), for the decode (m = 1) and many-row paths of every table. */
+static void test_decode_exact(struct threadpool *tp)
+{
+    struct {
+        enum wfmt f;
+        int bits, group;
+    } fmts[] = {{WFMT_AFFINE, 2, 32},  {WFMT_AFFINE, 3, 64},  {WFMT_AFFINE, 5, 32},
+                {WFMT_AFFINE, 6, 128}, {WFMT_AFFINE, 2, 128}, {WFMT_MXFP4, 4, 32},
+                {WFMT_NVFP4, 4, 16},   {WFMT_MXFP8, 8, 32}};
+    const int64_t n = 24, k = 256;
+    float *x = xmalloc(sizeof(float) * (size_t)(k * k));
+    float *y = xmalloc(sizeof(float) * (size_t)(k * n));
+    float *row = xmalloc(sizeof(float) * (size_t)k);
+    for (int64_t i = 0; i < k * k; i++) x[i] = i / k == i % k ? 1.0f : 0.0f;
+    for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi++) {
+        struct test_mat m;
+        test_mat_make(&m, fmts[fi].f, fmts[fi].bits, fmts[fi].group, n, k, ST_BF16);
+        for (int isa = CPU_ISA_PORTABLE; isa <= CPU_ISA_AVX512; isa++) {
+            if (!cpu_isa_available((enum cpu_isa)isa)) continue;
+            cpu_isa_set((enum cpu_isa)isa);
+            int bad = 0;
+            for (int rows = 1; rows <= k && !bad; rows += k - 1) { /* 1, then k */
+                cpu_matmul(tp, y, x, &m.w, rows);
+                for (int64_t r = 0; r < n && !bad; r++) {
+                    quant_dequant_row(&m.w, r, 0, k, row);
+                    for (int j = 0; j < rows && !bad; j++)
+                        if (y[j * n + r] != row[j]) {
+                            CHECK(0, "%s bits %d g%d m=%d: w[%lld][%d] = %.9g, decoded %.9g",
+                                  cpu_isa_name((enum cpu_isa)isa), fmts[fi].bits, fmts[fi].group,
+                                  rows, (long long)r, j, y[j * n + r], row[j]);
+                            bad = 1;
+                        }
+                }
+            }
+        }
+        test_mat_free(&m);
+    }
+    free(x);
+    free(y);
+    free(row);
+}
+
+/* PAGODA_CPU_ISA: names round-trip; a lower table is taken as asked; an unknown name or one
+ * the CPU lacks gives the best table with a warning naming it. */
+static void test_isa_choose(void)
+{
+    enum cpu_isa best = CPU_ISA_PORTABLE, isa;
+    for (int i = CPU_ISA_PORTABLE; i <= CPU_ISA_AVX512; i++) {
+        CHECK(!cpu_isa_parse(cpu_isa_name((enum cpu_isa)i), &isa) && isa == (enum cpu_isa)i,
+              "parse %s", cpu_isa_name((enum cpu_isa)i));
+        if (cpu_isa_available((enum cpu_isa)i)) best = (enum cpu_isa)i;
+    }
+    CHECK(cpu_isa_parse("avx-512", &isa) == -1, "parse rejects avx-512");
+    char warn[160];
+    CHECK(cpu_isa_choose(NULL, warn, sizeof warn) == best && !warn[0], "default is %s",
+          cpu_isa_name(best));
+    CHECK(cpu_isa_choose("", warn, sizeof warn) == best && !warn[0], "empty is the default");
+    CHECK(cpu_isa_choose("portable", warn, sizeof warn) == CPU_ISA_PORTABLE && !warn[0],
+          "portable forced");
+    isa = cpu_isa_choose("bogus", warn, sizeof warn);
+    CHECK(isa == best && strstr(warn, "bogus") && strstr(warn, cpu_isa_name(best)),
+          "unknown name: %s", warn);
+    for (int i = CPU_ISA_AVX2; i <= CPU_ISA_AVX512; i++) {
+        const char *name = cpu_isa_name((enum cpu_isa)i);
+        isa = cpu_isa_choose(name, warn, sizeof warn);
+        if (cpu_isa_available((enum cpu_isa)i))
+            CHECK(isa == (enum cpu_isa)i && !warn[0], "%s forced", name);
+        else
+            CHECK(isa == best && strstr(warn, name) && strstr(warn, cpu_isa_name(best)),
+                  "%s unavailable: %s", name, warn);
+    }
+    /* setting a table the CPU lacks takes the best one below it */
+    cpu_isa_set(CPU_ISA_AVX512);
+    CHECK(cpu_isa_get() == best, "set avx512 gives %s", cpu_isa_name(cpu_isa_get()));
+    if (!cpu_isa_available(CPU_ISA_AVX512))
+        printf("no AVX-512 (F/BW/VL/VNNI/BF16) on this CPU or build: avx512 comparisons "
+               "skipped\n");
+    if (!cpu_isa_available(CPU_ISA_AVXVNNI))
+        printf("no AVX-VNNI on this CPU or build: avxvnni comparisons skipped\n");
+}
+
 int main(void)
 {
     cpu_kernels_init();
     struct threadpool *tp = tp_create(2);
+    test_isa_choose();
     test_decodings();
     test_matmul_formats(tp);
+    test_decode_exact(tp);
     test_vector_kernels();
     test_elementwise();
     test_threadpool();

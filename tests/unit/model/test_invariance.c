@@ -58,6 +58,9 @@ int main(void)
         const char *name;
     } fmts[] = {
         {WFMT_F32, 32, 0, ST_U8, "f32"},
+        {WFMT_BF16, 16, 0, ST_U8, "bf16"},
+        {WFMT_AFFINE, 4, 64, ST_BF16, "mlx4 g64"},
+        {WFMT_AFFINE, 8, 32, ST_F16, "mlx8 g32 f16 scales"},
         {WFMT_F16, 16, 0, ST_U8, "f16"},
         {WFMT_BF16, 16, 0, ST_U8, "bf16"},
         {WFMT_AFFINE, 2, 32, ST_BF16, "mlx2 g32"},
@@ -102,6 +105,8 @@ int main(void)
             check_invariance(tps, &mt.w, x, fmts[fi].name, CPU_ISA_AVX2);
         if (cpu_isa_available(CPU_ISA_AVXVNNI))
             check_invariance(tps, &mt.w, x, fmts[fi].name, CPU_ISA_AVXVNNI);
+        if (cpu_isa_available(CPU_ISA_AVX512))
+            check_invariance(tps, &mt.w, x, fmts[fi].name, CPU_ISA_AVX512);
         free(x);
         test_mat_free(&mt);
     }
