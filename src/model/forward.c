@@ -42,12 +42,12 @@ static void rope_tables(const struct model *m, int which, const struct fwd_batch
     }
 }
 
-void model_forward(struct model *m, const struct fwd_batch *b, float *logits)
+void model_step_begin(struct model *m, const struct fwd_batch *b)
 {
     const struct model_config *c = &m->cfg;
     const struct backend_ops *o = m->be->ops;
     void *ctx = m->be->ctx;
-    int n = b->n_tokens, H = c->hidden;
+    int n = b->n_tokens;
 
     o->batch_begin(ctx, b);
     for (int i = 0; i < (m->rope_shared ? 1 : 2); i++) {
@@ -64,7 +64,16 @@ void model_forward(struct model *m, const struct fwd_batch *b, float *logits)
         o->upload(ctx, m->rope_cos[i], m->host_cos, half_bytes);
         o->upload(ctx, m->rope_sin[i], m->host_sin, half_bytes);
     }
+}
 
+void model_forward(struct model *m, const struct fwd_batch *b, float *logits)
+{
+    const struct model_config *c = &m->cfg;
+    const struct backend_ops *o = m->be->ops;
+    void *ctx = m->be->ctx;
+    int n = b->n_tokens, H = c->hidden;
+
+    model_step_begin(m, b);
     o->embed(ctx, m->x, &m->embed, b, m->embed_scale);
     c->arch->layers(m, b);
 

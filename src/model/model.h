@@ -208,6 +208,10 @@ size_t model_state_bytes(const struct model *m);
  * with the steps around it. */
 void model_state_copy(struct model *m, int dst, int src);
 
+/** The start of every step of m: the batch handed to the backend, the rope tables of its
+ * positions (model_forward calls it; a draft head over the model's layers does too). */
+void model_step_begin(struct model *m, const struct fwd_batch *b);
+
 /** Runs one step; writes logits [b->n_logits, vocab] to host memory, or leaves them in
  * backend memory (m->logits) when `logits` is NULL (see model_argmax). The final-normed
  * hidden rows b->hidden_rows stay in backend memory until model_hidden reads them. */

@@ -155,11 +155,13 @@ enum spec_method {
     SPEC_NGRAM, /* prompt lookup: the tokens that followed the latest earlier match of the
                    context's last n-gram (ngram_max down to ngram_min tokens) */
     SPEC_DRAFT, /* a smaller model with the same vocabulary, greedy, its own paged KV */
+    SPEC_MTP,   /* the checkpoint's multi-token-prediction module (mtp.*) on the model's
+                   hidden states, greedy, its KV in the model's block layout */
 };
-#define SPEC_METHODS    3
+#define SPEC_METHODS    4
 #define SPEC_MAX_TOKENS 16 /* drafts per request and step at most */
 
-const char *spec_method_name(enum spec_method m); /* "none", "ngram", "draft" */
+const char *spec_method_name(enum spec_method m); /* "none", "ngram", "draft", "mtp" */
 
 struct spec_config {
     enum spec_method method;

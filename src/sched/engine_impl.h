@@ -61,6 +61,11 @@ struct request {
     int32_t *dblocks; /* [max_blocks] */
     int n_dblocks, d_computed;
     int32_t state_backup; /* hybrid models: a copy of the state before a verification, or -1 */
+    /* draft heads over the hidden states (sched/spec_head.c): the rows this request had in
+     * the step numbered hid_step (spec_step_rows), hid_n of them from batch row hid_row at
+     * position hid_pos */
+    uint64_t hid_step;
+    int hid_row, hid_pos, hid_n;
 
     struct sampling_params sp; /* stop_ids / logit_bias point into owned copies */
     int32_t *stop_ids;

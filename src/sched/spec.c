@@ -15,6 +15,8 @@ const char *spec_method_name(enum spec_method m)
         return "ngram";
     case SPEC_DRAFT:
         return "draft";
+    case SPEC_MTP:
+        return "mtp";
     default:
         return "none";
     }
@@ -24,7 +26,7 @@ int spec_create(struct engine *en, struct err *e)
 {
     const struct spec_config *c = &en->cfg.spec;
     if (c->method == SPEC_NONE) return 0;
-    if (c->method != SPEC_NGRAM && c->method != SPEC_DRAFT)
+    if (c->method != SPEC_NGRAM && c->method != SPEC_DRAFT && c->method != SPEC_MTP)
         return err_set(e, "--speculative-method: unknown method %d", (int)c->method), -1;
     if (c->num_tokens < 0 || c->num_tokens > SPEC_MAX_TOKENS)
         return err_set(e, "--num-speculative-tokens: must be in [1, %d] (got %d)", SPEC_MAX_TOKENS,
@@ -51,6 +53,10 @@ int spec_create(struct engine *en, struct err *e)
         s->draft = spec_draft_create(en, c->model_dir, e);
         if (!s->draft) return -1;
     }
+    if (c->method == SPEC_MTP) {
+        s->head = spec_head_create(en, e);
+        if (!s->head) return -1;
+    }
     return 0;
 }
 
@@ -58,6 +64,7 @@ void spec_destroy(struct engine *en)
 {
     if (!en->spec) return;
     if (en->spec->draft) spec_draft_destroy(en->spec->draft);
+    if (en->spec->head) spec_head_destroy(en->spec->head);
     free(en->spec);
     en->spec = NULL;
 }
@@ -104,23 +111,39 @@ int spec_k(const struct engine *en, const struct request *r, int n_running)
     return k < left ? k : left > 0 ? left : 0;
 }
 
+int spec_want(const struct engine *en, struct request *r, int n_running)
+{
+    r->n_draft = 0;
+    if (!spec_eligible(en, r)) return 0;
+    int k = spec_k(en, r, n_running);
+    if (k <= 0) {
+        /* no drafts for a low acceptance: it creeps back up, so that drafts are tried
+         * again after a while (about 35 steps from 0 to 1/2) */
+        r->spec_rate += 0.02f * (1 - r->spec_rate);
+        return 0;
+    }
+    return k;
+}
+
+void spec_step_rows(struct engine *en, int n_plan)
+{
+    if (en->spec && en->spec->head) spec_head_step_rows(en, en->spec->head, n_plan);
+}
+
 void spec_propose(struct engine *en)
 {
     struct spec *s = en->spec;
     if (!s) return;
+    if (s->head) {
+        spec_head_propose(en, s->head);
+        return;
+    }
     int n_running = en->running.n, n = 0;
     struct request *reqs[64];
     int ks[64];
     for (struct request *r = en->running.head; r; r = r->next) {
-        r->n_draft = 0;
-        if (!spec_eligible(en, r)) continue;
-        int k = spec_k(en, r, n_running);
-        if (k <= 0) {
-            /* no drafts for a low acceptance: it creeps back up, so that drafts are tried
-             * again after a while (about 35 steps from 0 to 1/2) */
-            r->spec_rate += 0.02f * (1 - r->spec_rate);
-            continue;
-        }
+        int k = spec_want(en, r, n_running);
+        if (k <= 0) continue;
         if (s->cfg.method == SPEC_NGRAM) {
             r->n_draft = spec_ngram_propose(r->tokens, r->n_tokens, s->cfg.ngram_min,
                                             s->cfg.ngram_max, k, r->tokens + r->n_tokens);

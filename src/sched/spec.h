@@ -32,6 +32,7 @@ struct spec {
     struct spec_config cfg;
     int disable_n;            /* cfg.disable_by_batch_size resolved */
     struct spec_draft *draft; /* SPEC_DRAFT: the draft model (draft.c) */
+    struct spec_head *head;   /* SPEC_MTP: the head over the model's hidden states */
     /* The step's cost in rows: t = a + b * rows, fitted by least squares with exponential
      * forgetting over the steps that only decode or verify (spec_observe). */
     struct sched_fit fit;
@@ -69,6 +70,14 @@ void spec_observe(struct engine *en, int rows, double dt);
 int spec_plan(struct engine *en, struct request *r, int budget, int rows);
 /** r runs with drafts this step: hybrid models copy its state to a backup slot first. */
 void spec_commit(struct engine *en, struct request *r);
+
+/** The drafts r asks for before a step (spec_k, 0 when not eligible; its n_draft is reset):
+ * a request that gets none creeps back towards drafting. */
+int spec_want(const struct engine *en, struct request *r, int n_running);
+
+/** The step about to run is en->plans[en->cur][0..n_plan) over en's batch arrays: a head
+ * over the hidden states notes which rows each request has in it. */
+void spec_step_rows(struct engine *en, int n_plan);
 
 /** Before planning a step: sets every running request's n_draft (0 where none). */
 void spec_propose(struct engine *en);
@@ -108,5 +117,14 @@ void spec_draft_propose(struct engine *en, struct spec_draft *d, struct request 
 /** After verification: r's draft K/V is valid for its first `valid` tokens. */
 void spec_draft_rollback(struct engine *en, struct spec_draft *d, struct request *r, int valid);
 void spec_draft_release(struct spec_draft *d, struct request *r);
+
+/* spec_head.c */
+struct spec_head *spec_head_create(struct engine *en, struct err *e);
+void spec_head_destroy(struct spec_head *d);
+/** Notes the rows of the step about to run (spec_step_rows). */
+void spec_head_step_rows(struct engine *en, struct spec_head *d, int n_plan);
+/** The head's rows of the last step's requests, then the drafts of every running request
+ * that drafts (spec_want), writing r->n_draft and the drafts. */
+void spec_head_propose(struct engine *en, struct spec_head *d);
 
 #endif

@@ -794,6 +794,7 @@ int step_run(struct engine *en)
         if (n_plan > 0) {
             struct fwd_batch b;
             int nl = build_batch(en, n_plan, &b);
+            spec_step_rows(en, n_plan);
             if (nl > 0 && launch_picked(en, n_plan, &b, nl)) {
                 read_hidden(en, &b);
                 take_off(en, n_plan, nl, &sc);

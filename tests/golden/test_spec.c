@@ -10,6 +10,11 @@
  *     the tokens and log-probabilities of plain decoding;
  *   - hybrid models (recurrent state rolled back on rejection) the same, with a dense draft
  *     model of the same tokenizer (a hybrid draft model is refused with a message);
+ *   - Qwen3.5 (dense and MoE) with a multi-token-prediction module (mtp.*, written here with
+ *     random fc over a copy of the last layer: greedy output does not depend on the drafts'
+ *     quality): the same greedy tokens alone and concurrently; the head's forward checked
+ *     against a host computation for heads whose output is known exactly; a checkpoint
+ *     without the module, or with a tensor of it missing, refused with the name;
  *   - the pool and the state slots are all free after every scenario.
  * usage: golden_test_spec PAGODA_BINARY TESTDATA_DIR [--device DEV]
  */
@@ -25,6 +30,9 @@
 #include "golden/golden_util.h"
 #include "test_util.h"
 #include "golden/engine_util.h"
+#include "golden/head_fixture.h"
+#include "model/head.h"
+#include "model/model.h"
 
 #define MAX_OUT 64
 
@@ -250,6 +258,152 @@ static void run_biased(const char *dir, const char *name, struct golden_case *cs
           (unsigned long long)kept, (unsigned long long)drafted);
 }
 
+/* RMSNorm with weight 1 (the fixtures' (1 + 0) norms), in double. */
+static void host_rms(const float *x, int n, double eps, double *out)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    double r = 1.0 / sqrt(ss / n + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * r;
+}
+
+/*
+ * The head's forward against a host computation where it is exact by construction: with the
+ * layer adding nothing (o_proj and down_proj zero) and norms of weight 1, fc = [I | 0] gives
+ * y = rms(rms(embed(t))) and fc = [0 | I] gives y = rms(rms(h)), h the model's final-normed
+ * hidden state of the row (read with fwd_batch.hidden_rows). Either catches the order of
+ * [embedding, hidden], a hidden row of the wrong position and a wrong norm. Tolerance 2e-4:
+ * float sums in another order, values of size 1.
+ */
+static void check_head_forward(const char *dir, const char *name)
+{
+    for (int fc = MTP_FC_EMBED; fc <= MTP_FC_HIDDEN; fc++) {
+        char fx[4200];
+        if (mtp_fixture(dir, fx, sizeof fx, (enum mtp_fc)fc, 1, NULL)) {
+            CHECK(0, "%s: the MTP fixture could not be written", name);
+            return;
+        }
+        struct err e = {0};
+        struct backend be;
+        CHECK(backend_create(&be, device, 0, &e) == 0, "backend: %s", e.msg);
+        struct model *m = model_load(fx, &be, &e);
+        CHECK(m != NULL, "%s: model_load: %s", name, e.msg);
+        enum { N = 7, BS = 16 };
+        CHECK(m && model_state_alloc(m, 64, 8, 4, BS, 2, &e) == 0 &&
+                  model_hidden_alloc(m, N, &e) == 0,
+              "%s: alloc: %s", name, e.msg);
+        struct model_head *h = m ? model_head_load_mtp(m, &e) : NULL;
+        CHECK(h != NULL, "%s: model_head_load_mtp: %s", name, e.msg);
+        if (h && model_head_alloc(h, 64, 8, 4, BS, &e)) CHECK(0, "%s: head alloc: %s", name, e.msg);
+        if (h && h->out) {
+            int H = m->cfg.hidden, V = m->cfg.vocab;
+            int32_t toks[N + 1] = {3, 17, 250, 9, 1000, 42, 7, 77}, pos[N], slot[N], rows[N];
+            int32_t qs[2] = {0, N}, sl[1] = {N}, bt[4] = {0, 1, 2, 3}, state[1] = {0},
+                    lr[1] = {N - 1};
+            for (int i = 0; i < N; i++) pos[i] = slot[i] = rows[i] = i;
+            struct fwd_batch b = {.n_tokens = N,
+                                  .tokens = toks,
+                                  .pos = pos,
+                                  .slot = slot,
+                                  .n_seqs = 1,
+                                  .q_start = qs,
+                                  .seq_len = sl,
+                                  .block_table = bt,
+                                  .max_blocks = 4,
+                                  .state_slot = m->n_states ? state : NULL,
+                                  .n_hidden = N,
+                                  .hidden_rows = rows};
+            model_forward(m, &b, NULL);
+            float *hid = malloc(sizeof(float) * N * (size_t)H),
+                  *out = malloc(sizeof(float) * N * (size_t)H);
+            float *lg = malloc(sizeof(float) * (size_t)V);
+            model_hidden(m, N, hid);
+            /* the head's rows: position i, the token after it, the model's hidden row i */
+            struct fwd_batch hb = {.n_tokens = N,
+                                   .tokens = toks + 1,
+                                   .pos = pos,
+                                   .slot = slot,
+                                   .n_seqs = 1,
+                                   .q_start = qs,
+                                   .seq_len = sl,
+                                   .block_table = bt,
+                                   .max_blocks = 4,
+                                   .n_logits = 1,
+                                   .logit_rows = lr};
+            model_head_forward(h, &hb, 1, rows);
+            be.ops->download(be.ctx, out, h->out, sizeof(float) * N * (size_t)H);
+            be.ops->download(be.ctx, lg, h->m->logits, sizeof(float) * (size_t)V);
+            const struct st_tensor *emb = st_find(&m->st, "model.embed_tokens.weight");
+            const struct st_tensor *head = st_find(&m->st, "lm_head.weight");
+            if (!head) head = emb;
+            double *a = malloc(sizeof(double) * (size_t)H), *y = malloc(sizeof(double) * (size_t)H);
+            float *src = malloc(sizeof(float) * (size_t)H);
+            double worst = 0, worst_lg = 0;
+            for (int i = 0; i < N; i++) {
+                for (int j = 0; j < H; j++)
+                    src[j] = fc == MTP_FC_EMBED
+                                 ? bf16_to_f32(
+                                       ((const uint16_t *)emb->data)[(size_t)toks[i + 1] * H + j])
+                                 : hid[(size_t)i * H + j];
+                host_rms(src, H, m->cfg.rms_eps, a);
+                for (int j = 0; j < H; j++) src[j] = (float)a[j];
+                host_rms(src, H, m->cfg.rms_eps, y);
+                for (int j = 0; j < H; j++) {
+                    double d = fabs(y[j] - out[(size_t)i * H + j]);
+                    if (d > worst) worst = d;
+                }
+            }
+            for (int v = 0; v < V; v++) { /* the last row's logits: lm_head . y */
+                double s = 0;
+                for (int j = 0; j < H; j++)
+                    s += bf16_to_f32(((const uint16_t *)head->data)[(size_t)v * H + j]) *
+                         (double)out[(size_t)(N - 1) * H + j];
+                double d = fabs(s - lg[v]);
+                if (d > worst_lg) worst_lg = d;
+            }
+            CHECK(worst < 2e-4 && worst_lg < 1e-3,
+                  "%s head fc=%s: |y - host| %.3g, |logits - host| %.3g", name,
+                  fc == MTP_FC_EMBED ? "[I|0]" : "[0|I]", worst, worst_lg);
+            printf("  %-22s mtp head fc=%s: |y - host| %.2g, |logits - host| %.2g\n", name,
+                   fc == MTP_FC_EMBED ? "[I|0]" : "[0|I]", worst, worst_lg);
+            free(a), free(y), free(src), free(hid), free(out), free(lg);
+        }
+        model_head_destroy(h);
+        model_destroy(m);
+        backend_destroy(&be);
+        mtp_fixture_remove(fx);
+    }
+}
+
+/* Qwen3.5 with an MTP module: the greedy tokens of plain decoding, alone and concurrently;
+ * the start-up errors. */
+static void run_mtp(const char *dir, const char *name, struct golden_case *cs, int nc,
+                    const struct result *plain)
+{
+    struct err e = {0};
+    struct engine *bad = open_engine(dir, 2048, 0, SPEC_MTP, NULL, &e);
+    CHECK(bad == NULL && strstr(e.msg, "multi-token-prediction"),
+          "%s: a checkpoint without mtp.* not refused (%s)", name, e.msg);
+    if (bad) engine_destroy(bad);
+    char fx[4200];
+    if (mtp_fixture(dir, fx, sizeof fx, MTP_FC_RANDOM, 0, "mtp.layers.0.self_attn.k_proj.weight") ==
+        0) {
+        bad = open_engine(fx, 2048, 0, SPEC_MTP, NULL, &e);
+        CHECK(bad == NULL && strstr(e.msg, "mtp.layers.0.self_attn.k_proj"),
+              "%s: a missing MTP tensor not named (%s)", name, e.msg);
+        if (bad) engine_destroy(bad);
+        mtp_fixture_remove(fx);
+    }
+    if (mtp_fixture(dir, fx, sizeof fx, MTP_FC_RANDOM, 0, NULL)) {
+        CHECK(0, "%s: the MTP fixture could not be written", name);
+        return;
+    }
+    run_alone(fx, name, cs, nc, SPEC_MTP, NULL, plain, 0);
+    run_concurrent(fx, name, cs, nc, SPEC_MTP, NULL, plain);
+    mtp_fixture_remove(fx);
+    check_head_forward(dir, name);
+}
+
 static void test_model(const char *mdir, const char *name, struct golden_case *cs, int nc)
 {
     char dir[4200];
@@ -283,6 +437,8 @@ static void test_model(const char *mdir, const char *name, struct golden_case *c
         run_concurrent(dir, name, cs, nc, SPEC_DRAFT, other, plain);
         run_biased(dir, name, cs, nc);
         if (!strcmp(name, "qwen3_5-tiny")) run_sampled(dir, name, cs, nc);
+        if (!strcmp(name, "qwen3_5-tiny") || !strcmp(name, "qwen3_5_moe-tiny"))
+            run_mtp(dir, name, cs, nc, plain);
         return;
     }
     run_alone(dir, name, cs, nc, SPEC_DRAFT, dir, plain, 1);
