@@ -92,11 +92,13 @@ const char arg_engine_usage[] =
     "  --hybrid-state-interval N   hybrid models: also keep a recurrent-state snapshot every N\n"
     "                              blocks of a sequence, for prefix hits (default 0: at the end\n"
     "                              of each prompt's last full block and of a finished one's)\n"
-    "  --speculative-method M      ngram (prompt lookup), draft (--speculative-model) or mtp\n"
-    "                              (the checkpoint's multi-token-prediction module)\n"
+    "  --speculative-method M      ngram (prompt lookup), draft (--speculative-model), mtp\n"
+    "                              (the checkpoint's multi-token-prediction module) or eagle3\n"
+    "                              (an EAGLE-3 head: --speculative-model)\n"
     "  --num-speculative-tokens K  drafts per request and step at most (default 4)\n"
     "  --ngram-min N, --ngram-max N  prompt lookup n-gram sizes (default 1 and 4)\n"
-    "  --speculative-model DIR     the draft model (same tokenizer), for method draft\n"
+    "  --speculative-model DIR     the draft model (same tokenizer), for method draft; the\n"
+    "                              EAGLE-3 head's folder, for method eagle3\n"
     "  --speculative-disable-by-batch-size N  drafts shrink to none as running requests\n"
     "                              reach N (default 64)\n"
     "  --speculative-config JSON   the above as vLLM's JSON: method, num_speculative_tokens,\n"
@@ -143,8 +145,10 @@ static int spec_method_arg(const char *opt, const char *v, struct spec_config *s
         sc->method = SPEC_DRAFT;
     else if (!strcmp(v, "mtp") || !strcmp(v, "qwen3_next_mtp") || !strcmp(v, "qwen3_5_mtp"))
         sc->method = SPEC_MTP;
+    else if (!strcmp(v, "eagle3"))
+        sc->method = SPEC_EAGLE3;
     else {
-        fprintf(stderr, "pagoda: %s: '%s' is not a method (ngram, draft, mtp)\n", opt, v);
+        fprintf(stderr, "pagoda: %s: '%s' is not a method (ngram, draft, mtp, eagle3)\n", opt, v);
         return -1;
     }
     if (!sc->num_tokens) sc->num_tokens = 4;

@@ -35,6 +35,7 @@ static void llama_layers(struct model *m, const struct fwd_batch *b)
     int n = b->n_tokens;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const struct model_layer *L = &m->layers[l];
+        blk_capture(m, l, n);
         blk_norm(m, m->h, m->x, L->attn_norm, n);
         blk_attn(m, &L->attn, l, b);
         blk_add(m, n);
@@ -42,6 +43,7 @@ static void llama_layers(struct model *m, const struct fwd_batch *b)
         blk_mlp(m, &L->mlp, n);
         blk_add(m, n);
     }
+    blk_capture(m, m->cfg.n_layers, n);
 }
 
 static int mistral_config(struct model_config *c, const struct cJSON *root, struct err *e)

@@ -78,6 +78,7 @@ static void qwen3_moe_layers(struct model *m, const struct fwd_batch *b)
     int n = b->n_tokens;
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const struct model_layer *L = &m->layers[l];
+        blk_capture(m, l, n);
         blk_norm(m, m->h, m->x, L->attn_norm, n);
         blk_attn(m, &L->attn, l, b);
         blk_add(m, n);
@@ -88,6 +89,7 @@ static void qwen3_moe_layers(struct model *m, const struct fwd_batch *b)
             blk_mlp(m, &L->mlp, n);
         blk_add(m, n);
     }
+    blk_capture(m, m->cfg.n_layers, n);
 }
 
 const struct arch arch_qwen3_moe = {"Qwen3MoeForCausalLM", "qwen3_moe", qwen3_moe_config,

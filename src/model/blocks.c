@@ -69,6 +69,14 @@ void blk_add(struct model *m, int rows)
     m->be->ops->add(m->be->ctx, m->x, m->h, (int64_t)rows * m->cfg.hidden);
 }
 
+void blk_capture(struct model *m, int layer, int rows)
+{
+    for (int i = 0; i < m->n_aux; i++)
+        if (m->aux_layer[i] == layer)
+            m->be->ops->copy(m->be->ctx, m->aux + (size_t)i * m->max_tokens * (size_t)m->cfg.hidden,
+                             m->x, sizeof(float) * (size_t)rows * (size_t)m->cfg.hidden);
+}
+
 void blk_attn(struct model *m, const struct attn_block *a, int layer, const struct fwd_batch *b)
 {
     const struct model_config *c = &m->cfg;

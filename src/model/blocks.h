@@ -35,6 +35,11 @@ int blk_moe_load(struct model *m, const char *prefix, int layer, struct moe_bloc
 /** out [rows, hidden] = RMSNorm(x) * w */
 void blk_norm(struct model *m, float *out, const float *x, const float *w, int rows);
 
+/** The residual rows entering layer `layer` (n_layers: leaving the last) are kept where
+ * model_aux_alloc asked for them; a family's layer loop calls it before each layer and after
+ * the last. Nothing when none is asked for. */
+void blk_capture(struct model *m, int layer, int rows);
+
 /** x += h over the step's rows. */
 void blk_add(struct model *m, int rows);
 

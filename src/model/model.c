@@ -771,6 +771,17 @@ int model_hidden_alloc(struct model *m, int max_rows, struct err *e)
     return 0;
 }
 
+int model_aux_alloc(struct model *m, const int *layers, int n, struct err *e)
+{
+    m->aux = m->be->ops->alloc(m->be->ctx,
+                               sizeof(float) * (size_t)n * m->max_tokens * (size_t)m->cfg.hidden);
+    if (!m->aux)
+        return err_set(e, "out of memory for %d hidden rows of %d layers", m->max_tokens, n);
+    m->n_aux = n;
+    memcpy(m->aux_layer, layers, sizeof(int) * (size_t)n);
+    return 0;
+}
+
 void model_destroy(struct model *m)
 {
     if (!m) return;
@@ -808,6 +819,7 @@ void model_destroy(struct model *m)
                      m->xl,
                      m->logits,
                      m->hid,
+                     m->aux,
                      m->rope_cos[0],
                      m->rope_cos[1],
                      m->rope_sin[0],

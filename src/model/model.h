@@ -135,6 +135,11 @@ struct model {
      * and 0 until model_hidden_alloc */
     float *hid;
     int max_hidden;
+
+    /* EAGLE-3 (model_aux_alloc): the residual rows entering layers aux_layer[0..n_aux) (or,
+     * for n_layers, leaving the last), [n_aux][max_tokens, hidden]; n_aux 0 otherwise */
+    int n_aux, aux_layer[3];
+    float *aux;
 };
 
 /** Loads the linear layer `prefix` ("model.layers.0.self_attn.q_proj") of n outputs and k
@@ -185,6 +190,11 @@ int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blo
 /** Sizes the buffer of the rows a step asks the final hidden state of (fwd_batch.hidden_rows,
  * at most max_rows a step); models that serve no embedding never call it. */
 int model_hidden_alloc(struct model *m, int max_rows, struct err *e);
+
+/** Keeps, from now on, the residual rows entering each layer of layers[0..n) (n_layers: the
+ * last layer's output) of every step in m->aux (after model_state_alloc; the families of
+ * model/arch.h that call blk_capture). 0, or -1 + err when out of memory. */
+int model_aux_alloc(struct model *m, const int *layers, int n, struct err *e);
 
 /** Copies the last step's n hidden rows (after model_forward) to host memory out [n, hidden],
  * in the order of fwd_batch.hidden_rows; waits for the step to end. */

@@ -157,17 +157,19 @@ enum spec_method {
     SPEC_DRAFT, /* a smaller model with the same vocabulary, greedy, its own paged KV */
     SPEC_MTP,   /* the checkpoint's multi-token-prediction module (mtp.*) on the model's
                    hidden states, greedy, its KV in the model's block layout */
+    SPEC_EAGLE3, /* an EAGLE-3 head (model_dir) on three of the model's layers, greedy, as
+                    SPEC_MTP otherwise */
 };
-#define SPEC_METHODS    4
+#define SPEC_METHODS    5
 #define SPEC_MAX_TOKENS 16 /* drafts per request and step at most */
 
-const char *spec_method_name(enum spec_method m); /* "none", "ngram", "draft", "mtp" */
+const char *spec_method_name(enum spec_method m); /* "none", "ngram", "draft", "mtp", "eagle3" */
 
 struct spec_config {
     enum spec_method method;
     int num_tokens;            /* K: drafts per request and step at most (0: 4) */
     int ngram_min, ngram_max;  /* prompt lookup n-gram sizes; 0: 1 and 4 */
-    const char *model_dir;     /* SPEC_DRAFT: the draft model's folder */
+    const char *model_dir;     /* SPEC_DRAFT: the draft model's folder; SPEC_EAGLE3: the head's */
     int disable_by_batch_size; /* K shrinks to 0 as running requests reach this; 0: 64 */
 };
 

@@ -17,6 +17,8 @@ const char *spec_method_name(enum spec_method m)
         return "draft";
     case SPEC_MTP:
         return "mtp";
+    case SPEC_EAGLE3:
+        return "eagle3";
     default:
         return "none";
     }
@@ -26,7 +28,7 @@ int spec_create(struct engine *en, struct err *e)
 {
     const struct spec_config *c = &en->cfg.spec;
     if (c->method == SPEC_NONE) return 0;
-    if (c->method != SPEC_NGRAM && c->method != SPEC_DRAFT && c->method != SPEC_MTP)
+    if (c->method < SPEC_NGRAM || c->method > SPEC_EAGLE3)
         return err_set(e, "--speculative-method: unknown method %d", (int)c->method), -1;
     if (c->num_tokens < 0 || c->num_tokens > SPEC_MAX_TOKENS)
         return err_set(e, "--num-speculative-tokens: must be in [1, %d] (got %d)", SPEC_MAX_TOKENS,
@@ -53,7 +55,11 @@ int spec_create(struct engine *en, struct err *e)
         s->draft = spec_draft_create(en, c->model_dir, e);
         if (!s->draft) return -1;
     }
-    if (c->method == SPEC_MTP) {
+    if (c->method == SPEC_EAGLE3 && (!c->model_dir || !*c->model_dir)) {
+        err_set(e, "--speculative-method eagle3 needs --speculative-model DIR (the EAGLE-3 head)");
+        return -1;
+    }
+    if (c->method == SPEC_MTP || c->method == SPEC_EAGLE3) {
         s->head = spec_head_create(en, e);
         if (!s->head) return -1;
     }

@@ -32,7 +32,7 @@ struct spec {
     struct spec_config cfg;
     int disable_n;            /* cfg.disable_by_batch_size resolved */
     struct spec_draft *draft; /* SPEC_DRAFT: the draft model (draft.c) */
-    struct spec_head *head;   /* SPEC_MTP: the head over the model's hidden states */
+    struct spec_head *head;   /* SPEC_MTP, SPEC_EAGLE3: a head over the model's hidden states */
     /* The step's cost in rows: t = a + b * rows, fitted by least squares with exponential
      * forgetting over the steps that only decode or verify (spec_observe). */
     struct sched_fit fit;

@@ -1,5 +1,5 @@
 /*
- * Drafts of a head over the target's hidden states (MTP, model/head.h). After every step
+ * Drafts of a head over the target's hidden states (MTP, EAGLE-3: model/head.h). After every step
  * the target's last layer output stays where it was computed until the next step; before
  * that next step is planned, spec_head_propose runs the head over the rows each request had
  * in it (spec_step_rows noted them): the head's row at position p reads the target's hidden
@@ -36,7 +36,9 @@ struct spec_head {
 
 struct spec_head *spec_head_create(struct engine *en, struct err *e)
 {
-    struct model_head *h = model_head_load_mtp(en->m, e);
+    struct model_head *h = en->cfg.spec.method == SPEC_EAGLE3
+                               ? model_head_load_eagle3(en->m, en->cfg.spec.model_dir, e)
+                               : model_head_load_mtp(en->m, e);
     if (!h) return NULL;
     struct spec_head *d = xcalloc(1, sizeof *d);
     d->h = h;
@@ -161,7 +163,7 @@ void spec_head_propose(struct engine *en, struct spec_head *d)
     run(d, ns, nt, nd, 1);
     for (int i = 0; i < nd; i++) {
         struct request *r = d->reqs[i];
-        r->tokens[r->n_tokens] = d->picks[i];
+        r->tokens[r->n_tokens] = model_head_token(d->h, d->picks[i]);
         r->n_draft = 1;
         d->row_of[i] = d->lrows[i];
     }
@@ -190,7 +192,7 @@ void spec_head_propose(struct engine *en, struct spec_head *d)
         for (int i = 0; i < nd; i++) {
             struct request *r = d->reqs[i];
             if (d->ks[i] <= j) continue;
-            r->tokens[r->n_tokens + j] = d->picks[d->row_of[i]];
+            r->tokens[r->n_tokens + j] = model_head_token(d->h, d->picks[d->row_of[i]]);
             r->n_draft = j + 1;
         }
     }

@@ -28,8 +28,8 @@ enum mtp_fc {
 };
 
 struct mtp_fill {
-    const uint8_t *copy; /* bf16 values to copy, else generated */
-    int zero, fc, H;
+    const uint8_t *copy;   /* bf16 values to copy, else generated */
+    int zero, ones, fc, H; /* fc 3: [0 | 0 | I] over 3H */
     uint64_t seed;
 };
 
@@ -56,10 +56,14 @@ static inline void mtp_fill_cb(void *ctx, uint8_t *buf, size_t off, size_t n)
             x *= 0xBF58476D1CE4E5B9ull;
             x ^= x >> 32;
             v = ((float)(x & 0xffffff) / 16777216.0f * 2 - 1) / sqrtf((float)f->H);
+        } else if (f->fc == 3) {
+            size_t row = i / (size_t)(3 * f->H), col = i % (size_t)(3 * f->H);
+            v = col == row + 2 * (size_t)f->H ? 1.0f : 0.0f;
         } else if (f->fc) {
             size_t row = i / (size_t)(2 * f->H), col = i % (size_t)(2 * f->H);
             v = col == row + (f->fc == MTP_FC_HIDDEN ? (size_t)f->H : 0) ? 1.0f : 0.0f;
         }
+        if (f->ones) v = 1.0f;
         uint16_t h = f->zero ? 0 : mtp_bf16(v);
         memcpy(buf + b, &h, 2);
     }
@@ -164,6 +168,109 @@ static inline int mtp_fixture(const char *src, char *out, size_t cap, enum mtp_f
     if (fp) fclose(fp);
     free(text);
     return rc || last < 0 || H <= 0 ? -1 : 0;
+}
+
+/* An EAGLE-3 head for a Llama-shaped model folder src (its hidden size, heads, head size
+ * and vocabulary), in the published layout: config.json (LlamaForCausalLMEagle3,
+ * draft_vocab_size) and model.safetensors with fc [H, 3H], midlayer.* (q/k/v over 2H),
+ * norm, lm_head [draft vocab, H], d2t and t2d. exact = 0: random values, a draft vocabulary
+ * of every other id (d2t[i] = i); exact = 1: a head whose logits are the model's own at the
+ * row it reads: the rows leaving the last layer (eagle_aux_hidden_state_layer_ids all n),
+ * fc = [0 | 0 | I], o_proj and down_proj zero, the model's norm and lm_head. `drop`: a
+ * tensor left out. 0, or -1 with a message on stderr; the folder is removed with
+ * mtp_fixture_remove (same file names). */
+static inline int eagle3_fixture(const char *src, char *out, size_t cap, int exact,
+                                 const char *drop)
+{
+    snprintf(out, cap, "/tmp/pagoda-eagle3-XXXXXX");
+    if (!mkdtemp(out)) return fprintf(stderr, "mkdtemp failed\n"), -1;
+    struct safetensors st;
+    struct err e = {0};
+    if (st_open(&st, src, &e)) return fprintf(stderr, "%s\n", e.msg), -1;
+    const struct st_tensor *emb = st_find(&st, "model.embed_tokens.weight");
+    const struct st_tensor *q = st_find(&st, "model.layers.0.self_attn.q_proj.weight");
+    const struct st_tensor *k = st_find(&st, "model.layers.0.self_attn.k_proj.weight");
+    const struct st_tensor *g = st_find(&st, "model.layers.0.mlp.gate_proj.weight");
+    const struct st_tensor *lm = st_find(&st, "lm_head.weight");
+    const struct st_tensor *nw = st_find(&st, "model.norm.weight");
+    if (!lm) lm = emb;
+    int n_layers = 0;
+    char nm[300];
+    for (;; n_layers++) {
+        snprintf(nm, sizeof nm, "model.layers.%d.input_layernorm.weight", n_layers);
+        if (!st_find(&st, nm)) break;
+    }
+    int64_t V = emb->shape[0], H = emb->shape[1], QD = q->shape[0], KD = k->shape[0],
+            F = g->shape[0], D = 32, DV = exact ? V : V / 2;
+    FILE *fp;
+    char path[4300];
+    snprintf(path, sizeof path, "%s/config.json", out);
+    if (!(fp = fopen(path, "w"))) return -1;
+    fprintf(fp,
+            "{\"architectures\": [\"LlamaForCausalLMEagle3\"], \"model_type\": \"llama\",\n"
+            " \"hidden_size\": %lld, \"num_attention_heads\": %lld, \"num_key_value_heads\": "
+            "%lld, \"head_dim\": %lld,\n \"intermediate_size\": %lld, \"num_hidden_layers\": 1, "
+            "\"rms_norm_eps\": 1e-06, \"vocab_size\": %lld,\n \"draft_vocab_size\": %lld",
+            (long long)H, (long long)(QD / D), (long long)(KD / D), (long long)D, (long long)F,
+            (long long)V, (long long)DV);
+    if (exact)
+        fprintf(fp, ",\n \"eagle_config\": {\"eagle_aux_hidden_state_layer_ids\": [%d, %d, %d]}",
+                n_layers, n_layers, n_layers);
+    fprintf(fp, "}\n");
+    fclose(fp);
+    struct st_writer *w = st_writer_create();
+    struct mtp_fill f[16];
+    memset(f, 0, sizeof f);
+    int nf = 0;
+    struct {
+        const char *name;
+        int64_t r, c;
+        int kind; /* 0 random, 1 zero, 2 ones, 3 fc, 4 copy */
+        const struct st_tensor *from;
+    } t[] = {{"fc.weight", H, 3 * H, exact ? 3 : 0, NULL},
+             {"midlayer.self_attn.q_proj.weight", QD, 2 * H, 0, NULL},
+             {"midlayer.self_attn.k_proj.weight", KD, 2 * H, 0, NULL},
+             {"midlayer.self_attn.v_proj.weight", KD, 2 * H, 0, NULL},
+             {"midlayer.self_attn.o_proj.weight", H, QD, exact, NULL},
+             {"midlayer.mlp.gate_proj.weight", F, H, 0, NULL},
+             {"midlayer.mlp.up_proj.weight", F, H, 0, NULL},
+             {"midlayer.mlp.down_proj.weight", H, F, exact, NULL},
+             {"midlayer.input_layernorm.weight", H, 0, 2, NULL},
+             {"midlayer.hidden_norm.weight", H, 0, 2, NULL},
+             {"midlayer.post_attention_layernorm.weight", H, 0, 2, NULL},
+             {"norm.weight", H, 0, exact ? 4 : 2, nw},
+             {"lm_head.weight", DV, H, exact ? 4 : 0, lm}};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        if (drop && !strcmp(drop, t[i].name)) continue;
+        struct mtp_fill *x = &f[nf++];
+        x->H = (int)H;
+        x->seed = 777 + 1000003 * i;
+        x->fc = t[i].kind == 3 ? 3 : MTP_FC_RANDOM;
+        x->zero = t[i].kind == 1;
+        x->ones = t[i].kind == 2;
+        x->copy = t[i].kind == 4 ? t[i].from->data : NULL;
+        int64_t shape[2] = {t[i].r, t[i].c};
+        st_writer_add(w, t[i].name, ST_BF16, t[i].c ? 2 : 1, shape, mtp_fill_cb, x);
+    }
+    /* d2t [DV] I64 and t2d [V] BOOL, as host arrays the callbacks copy */
+    int64_t *d2t = calloc((size_t)DV, 8);
+    uint8_t *t2d = calloc((size_t)V, 1);
+    for (int64_t i = 0; i < DV; i++) {
+        d2t[i] = exact ? 0 : i;
+        t2d[i + d2t[i]] = 1;
+    }
+    struct mtp_fill fd = {.copy = (const uint8_t *)d2t}, ft = {.copy = t2d};
+    int64_t sd[1] = {DV}, sv[1] = {V};
+    if (!drop || strcmp(drop, "d2t")) st_writer_add(w, "d2t", ST_I64, 1, sd, mtp_fill_cb, &fd);
+    st_writer_add(w, "t2d", ST_BOOL, 1, sv, mtp_fill_cb, &ft);
+    snprintf(path, sizeof path, "%s/model.safetensors", out);
+    int rc = st_writer_write(w, path, "pt", &e);
+    if (rc) fprintf(stderr, "%s\n", e.msg);
+    st_writer_destroy(w);
+    free(d2t);
+    free(t2d);
+    st_close(&st);
+    return rc;
 }
 
 #endif

@@ -15,6 +15,8 @@
  *     quality): the same greedy tokens alone and concurrently; the head's forward checked
  *     against a host computation for heads whose output is known exactly; a checkpoint
  *     without the module, or with a tensor of it missing, refused with the name;
+ *   - Llama with an EAGLE-3 head (written here: random, or one whose logits are the model's
+ *     own), the same greedy tokens; its forward checked against the model's logits;
  *   - the pool and the state slots are all free after every scenario.
  * usage: golden_test_spec PAGODA_BINARY TESTDATA_DIR [--device DEV]
  */
@@ -404,6 +406,82 @@ static void run_mtp(const char *dir, const char *name, struct golden_case *cs, i
     check_head_forward(dir, name);
 }
 
+/* EAGLE-3 on a Llama model: a head whose logits are the model's own (head_fixture.h) gives
+ * them at every row (the rows kept from the last layer, fc's third part, the norm and head:
+ * tolerance 1e-4, the same float operations in another order); random heads give the greedy
+ * tokens of plain decoding alone and concurrently; start-up errors name what is wrong. */
+static void run_eagle3(const char *dir, const char *name, struct golden_case *cs, int nc,
+                       const struct result *plain)
+{
+    struct err e = {0};
+    struct engine *bad = open_engine(dir, 2048, 0, SPEC_EAGLE3, NULL, &e);
+    CHECK(bad == NULL && strstr(e.msg, "--speculative-model"), "%s: eagle3 without a head (%s)",
+          name, e.msg);
+    if (bad) engine_destroy(bad);
+    char fx[4200];
+    if (eagle3_fixture(dir, fx, sizeof fx, 0, "midlayer.self_attn.k_proj.weight") == 0) {
+        bad = open_engine(dir, 2048, 0, SPEC_EAGLE3, fx, &e);
+        CHECK(bad == NULL && strstr(e.msg, "midlayer.self_attn.k_proj"),
+              "%s: a missing EAGLE-3 tensor not named (%s)", name, e.msg);
+        if (bad) engine_destroy(bad);
+        mtp_fixture_remove(fx);
+    }
+    if (eagle3_fixture(dir, fx, sizeof fx, 0, NULL)) {
+        CHECK(0, "%s: the EAGLE-3 fixture could not be written", name);
+        return;
+    }
+    run_alone(dir, name, cs, nc, SPEC_EAGLE3, fx, plain, 0);
+    run_concurrent(dir, name, cs, nc, SPEC_EAGLE3, fx, plain);
+    mtp_fixture_remove(fx);
+
+    if (eagle3_fixture(dir, fx, sizeof fx, 1, NULL)) {
+        CHECK(0, "%s: the EAGLE-3 fixture could not be written", name);
+        return;
+    }
+    struct backend be;
+    CHECK(backend_create(&be, device, 0, &e) == 0, "backend: %s", e.msg);
+    struct model *m = model_load(dir, &be, &e);
+    CHECK(m && model_state_alloc(m, 64, 8, 4, 16, 0, &e) == 0, "%s: %s", name, e.msg);
+    struct model_head *h = m ? model_head_load_eagle3(m, fx, &e) : NULL;
+    CHECK(h && model_head_alloc(h, 64, 8, 4, 16, &e) == 0, "%s: eagle3 head: %s", name, e.msg);
+    if (h && h->out) {
+        enum { N = 6 };
+        int V = m->cfg.vocab;
+        int32_t toks[N + 1] = {3, 17, 250, 9, 1000, 42, 7}, pos[N], rows[N];
+        int32_t qs[2] = {0, N}, sl[1] = {N}, bt[4] = {0, 1, 2, 3};
+        for (int i = 0; i < N; i++) pos[i] = rows[i] = i;
+        struct fwd_batch b = {.n_tokens = N,
+                              .tokens = toks,
+                              .pos = pos,
+                              .slot = pos,
+                              .n_seqs = 1,
+                              .q_start = qs,
+                              .seq_len = sl,
+                              .block_table = bt,
+                              .max_blocks = 4,
+                              .n_logits = N,
+                              .logit_rows = rows};
+        float *want = malloc(sizeof(float) * N * (size_t)V),
+              *got = malloc(sizeof(float) * N * (size_t)V);
+        model_forward(m, &b, want);
+        b.tokens = toks + 1;
+        model_head_forward(h, &b, 1, rows);
+        be.ops->download(be.ctx, got, h->m->logits, sizeof(float) * N * (size_t)V);
+        double worst = 0;
+        for (size_t i = 0; i < (size_t)N * V; i++)
+            if (fabs((double)got[i] - want[i]) > worst) worst = fabs((double)got[i] - want[i]);
+        CHECK(worst < 1e-4, "%s eagle3 head: |logits - the model's| %.3g", name, worst);
+        printf("  %-22s eagle3 head = the model's last rows: |logits - the model's| %.2g\n", name,
+               worst);
+        free(want);
+        free(got);
+    }
+    model_head_destroy(h);
+    model_destroy(m);
+    backend_destroy(&be);
+    mtp_fixture_remove(fx);
+}
+
 static void test_model(const char *mdir, const char *name, struct golden_case *cs, int nc)
 {
     char dir[4200];
@@ -449,6 +527,7 @@ static void test_model(const char *mdir, const char *name, struct golden_case *c
         run_alone(dir, name, cs, nc, SPEC_DRAFT, other, plain, 0);
         run_concurrent(dir, name, cs, nc, SPEC_DRAFT, other, plain);
         run_sampled(dir, name, cs, nc);
+        run_eagle3(dir, name, cs, nc, plain);
     }
 }
 
