@@ -152,11 +152,11 @@ struct engine_request {
 /* Speculative decoding (after vLLM's --speculative-config). */
 enum spec_method {
     SPEC_NONE = 0,
-    SPEC_NGRAM, /* prompt lookup: the tokens that followed the latest earlier match of the
-                   context's last n-gram (ngram_max down to ngram_min tokens) */
-    SPEC_DRAFT, /* a smaller model with the same vocabulary, greedy, its own paged KV */
-    SPEC_MTP,   /* the checkpoint's multi-token-prediction module (mtp.*) on the model's
-                   hidden states, greedy, its KV in the model's block layout */
+    SPEC_NGRAM,  /* prompt lookup: the tokens that followed the latest earlier match of the
+                    context's last n-gram (ngram_max down to ngram_min tokens) */
+    SPEC_DRAFT,  /* a smaller model with the same vocabulary, greedy, its own paged KV */
+    SPEC_MTP,    /* the checkpoint's multi-token-prediction module (mtp.*) on the model's
+                    hidden states, greedy, its KV in the model's block layout */
     SPEC_EAGLE3, /* an EAGLE-3 head (model_dir) on three of the model's layers, greedy, as
                     SPEC_MTP otherwise */
 };

@@ -16,8 +16,10 @@
  * seeded outputs are those of plain decoding bitwise. Rejected rows' K/V lie past the
  * request's computed tokens (overwritten later) and their blocks go back to the pool.
  *
- * Drafters: ngram (prompt lookup over the prompt and output, ngram.c) and draft (a
- * smaller model with the same vocabulary on the same backend, its own paged KV, draft.c).
+ * Drafters: ngram (prompt lookup over the prompt and output, ngram.c), draft (a smaller
+ * model with the same vocabulary on the same backend, its own paged KV, draft.c), and mtp
+ * and eagle3 (a head over the model's hidden states, KV in the model's block layout,
+ * spec_head.c over model/head.h).
  * Hybrid models: the recurrent state is copied to a backup slot before a verification and
  * comes back when a draft is rejected; the kept rows are then computed again by the next
  * step (a draft model with linear-attention layers is refused).
