@@ -274,8 +274,10 @@ static void host_rms(const float *x, int n, double eps, double *out)
  * layer adding nothing (o_proj and down_proj zero) and norms of weight 1, fc = [I | 0] gives
  * y = rms(rms(embed(t))) and fc = [0 | I] gives y = rms(rms(h)), h the model's final-normed
  * hidden state of the row (read with fwd_batch.hidden_rows). Either catches the order of
- * [embedding, hidden], a hidden row of the wrong position and a wrong norm. Tolerance 2e-4:
- * float sums in another order, values of size 1.
+ * [embedding, hidden], a hidden row of the wrong position and a wrong norm. Tolerance 2e-4
+ * on the CPU (float sums in another order, values of size 1); 3e-2 on CUDA, whose products
+ * may round their inputs to bf16 (a relative 2^-8 of values up to about 4), far below
+ * what a wrong row or order gives (of size 1).
  */
 static void check_head_forward(const char *dir, const char *name)
 {
@@ -363,7 +365,8 @@ static void check_head_forward(const char *dir, const char *name)
                 double d = fabs(s - lg[v]);
                 if (d > worst_lg) worst_lg = d;
             }
-            CHECK(worst < 2e-4 && worst_lg < 1e-3,
+            int gpu = !strncmp(device, "cuda", 4);
+            CHECK(worst < (gpu ? 3e-2 : 2e-4) && worst_lg < (gpu ? 5e-2 : 1e-3),
                   "%s head fc=%s: |y - host| %.3g, |logits - host| %.3g", name,
                   fc == MTP_FC_EMBED ? "[I|0]" : "[0|I]", worst, worst_lg);
             printf("  %-22s mtp head fc=%s: |y - host| %.2g, |logits - host| %.2g\n", name,
@@ -408,7 +411,8 @@ static void run_mtp(const char *dir, const char *name, struct golden_case *cs, i
 
 /* EAGLE-3 on a Llama model: a head whose logits are the model's own (head_fixture.h) gives
  * them at every row (the rows kept from the last layer, fc's third part, the norm and head:
- * tolerance 1e-4, the same float operations in another order); random heads give the greedy
+ * tolerance 1e-4 on the CPU, 5e-2 on CUDA where fc's product may round its input to bf16);
+ * random heads give the greedy
  * tokens of plain decoding alone and concurrently; start-up errors name what is wrong. */
 static void run_eagle3(const char *dir, const char *name, struct golden_case *cs, int nc,
                        const struct result *plain)
@@ -470,7 +474,8 @@ static void run_eagle3(const char *dir, const char *name, struct golden_case *cs
         double worst = 0;
         for (size_t i = 0; i < (size_t)N * V; i++)
             if (fabs((double)got[i] - want[i]) > worst) worst = fabs((double)got[i] - want[i]);
-        CHECK(worst < 1e-4, "%s eagle3 head: |logits - the model's| %.3g", name, worst);
+        CHECK(worst < (strncmp(device, "cuda", 4) ? 1e-4 : 5e-2),
+              "%s eagle3 head: |logits - the model's| %.3g", name, worst);
         printf("  %-22s eagle3 head = the model's last rows: |logits - the model's| %.2g\n", name,
                worst);
         free(want);
