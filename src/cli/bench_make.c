@@ -160,6 +160,7 @@ struct mk_shape {
     long hidden, layers, heads, kv_heads, head_dim, ffn, vocab, ctx, seed;
     long experts, top_k, expert_ffn, shared_ffn;                 /* MoE (experts 0: dense) */
     long full_every, lk_heads, lv_heads, lk_dim, lv_dim, conv_k; /* Qwen3.5 (and Gemma 4) */
+    long mtp; /* Qwen3.5: multi-token-prediction layers (mtp.*), mtp_num_hidden_layers */
     long global_head_dim, global_kv_heads, window, ple_dim, kv_shared, k_eq_v; /* Gemma 4 */
     const char *tokenizer;  /* --tokenizer DIR or NULL */
     int32_t bos, eos, eos2; /* the tokenizer's special ids (eos2: a second EOS, or -1) */
@@ -203,6 +204,7 @@ struct mk {
     size_t bytes;
     int ntensors;
     cJSON *overrides; /* per-module quantization entries of config.json */
+    const char *pre;  /* of the layer being written: "model.", or "mtp." for the MTP module */
 };
 
 static void mk_tensor(struct mk *m, const char *name, enum st_dtype dt, int ndim,
@@ -295,13 +297,13 @@ static void mk_attention(struct mk *m, const struct mk_shape *s, long l, uint64_
     const char *names[] = {"q_proj", "k_proj", "v_proj", "o_proj"};
     int64_t ns[] = {qrows, kvd, kvd, H}, ks[] = {H, H, H, qd};
     for (int i = 0; i < 4; i++)
-        mk_linear(m, NAME("model.layers.%ld.self_attn.%s", l, names[i]), 0, ns[i], ks[i], &m->f,
+        mk_linear(m, NAME("%slayers.%ld.self_attn.%s", m->pre, l, names[i]), 0, ns[i], ks[i], &m->f,
                   ls + ((uint64_t)i << 28));
     if (s->arch == MK_LLAMA) return;
     norm.seed = tseed(s, l, 1);
-    mk_vec(m, NAME("model.layers.%ld.self_attn.q_norm.weight", l), D, norm);
+    mk_vec(m, NAME("%slayers.%ld.self_attn.q_norm.weight", m->pre, l), D, norm);
     norm.seed = tseed(s, l, 2);
-    mk_vec(m, NAME("model.layers.%ld.self_attn.k_norm.weight", l), D, norm);
+    mk_vec(m, NAME("%slayers.%ld.self_attn.k_norm.weight", m->pre, l), D, norm);
 }
 
 /* Gated DeltaNet: in_proj_qkv [2 Hk dk + Hv dv, hidden], in_proj_z [Hv dv, hidden],
@@ -315,19 +317,19 @@ static void mk_delta_net(struct mk *m, const struct mk_shape *s, long l)
     const char *names[] = {"in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"};
     int64_t ns[] = {C, vd, Hv, Hv, H}, ks[] = {H, H, H, H, vd};
     for (int i = 0; i < 5; i++)
-        mk_linear(m, NAME("model.layers.%ld.linear_attn.%s", l, names[i]), 0, ns[i], ks[i], &m->f,
-                  tseed(s, l, 16 + (uint64_t)i));
+        mk_linear(m, NAME("%slayers.%ld.linear_attn.%s", m->pre, l, names[i]), 0, ns[i], ks[i],
+                  &m->f, tseed(s, l, 16 + (uint64_t)i));
     int mlx = strcmp(m->f.format, "bf16") != 0;
     int64_t cshape[3] = {C, mlx ? K : 1, mlx ? 1 : K};
-    mk_tensor(m, NAME("model.layers.%ld.linear_attn.conv1d.weight", l), ST_BF16, 3, cshape,
+    mk_tensor(m, NAME("%slayers.%ld.linear_attn.conv1d.weight", m->pre, l), ST_BF16, 3, cshape,
               uniform(tseed(s, l, 24), sqrtf(3.0f / (float)K), 0.0f));
     /* A = -exp(A_log) in [-16, -1], the decay's input shifted by dt_bias = 1. */
-    mk_vec(m, NAME("model.layers.%ld.linear_attn.A_log", l), Hv,
+    mk_vec(m, NAME("%slayers.%ld.linear_attn.A_log", m->pre, l), Hv,
            (struct fill){
                .kind = FILL_BF16_LOG_UNIFORM, .seed = tseed(s, l, 25), .a = 7.5f, .c = 8.5f});
-    mk_vec(m, NAME("model.layers.%ld.linear_attn.dt_bias", l), Hv, constant(1.0f));
+    mk_vec(m, NAME("%slayers.%ld.linear_attn.dt_bias", m->pre, l), Hv, constant(1.0f));
     /* The gated norm multiplies by plain w: around 1. */
-    mk_vec(m, NAME("model.layers.%ld.linear_attn.norm.weight", l), s->lv_dim,
+    mk_vec(m, NAME("%slayers.%ld.linear_attn.norm.weight", m->pre, l), s->lv_dim,
            uniform(tseed(s, l, 26), 0.1f, 1.0f));
 }
 
@@ -338,23 +340,23 @@ static void mk_moe(struct mk *m, const struct mk_shape *s, long l)
     char p[300];
     int64_t H = s->hidden, E = s->experts, I = s->expert_ffn, S = s->shared_ffn;
     static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
-    mk_router(m, NAME("model.layers.%ld.mlp.gate", l), E, H, tseed(s, l, 32));
+    mk_router(m, NAME("%slayers.%ld.mlp.gate", m->pre, l), E, H, tseed(s, l, 32));
     for (int j = 0; j < 3; j++) {
         int64_t n = j == 2 ? H : I, k = j == 2 ? I : H;
         if (strcmp(m->f.format, "bf16") != 0) {
-            mk_linear(m, NAME("model.layers.%ld.mlp.switch_mlp.%s", l, proj[j]), E, n, k, &m->f,
+            mk_linear(m, NAME("%slayers.%ld.mlp.switch_mlp.%s", m->pre, l, proj[j]), E, n, k, &m->f,
                       tseed(s, l, 40 + (uint64_t)j));
             continue;
         }
         for (int64_t x = 0; x < E; x++)
-            mk_linear(m, NAME("model.layers.%ld.mlp.experts.%lld.%s", l, (long long)x, proj[j]), 0,
-                      n, k, &m->f, tseed(s, l, ((uint64_t)(x + 1) << 8) + 40 + (uint64_t)j));
+            mk_linear(m, NAME("%slayers.%ld.mlp.experts.%lld.%s", m->pre, l, (long long)x, proj[j]),
+                      0, n, k, &m->f, tseed(s, l, ((uint64_t)(x + 1) << 8) + 40 + (uint64_t)j));
     }
     if (!S) return;
     for (int j = 0; j < 3; j++)
-        mk_linear(m, NAME("model.layers.%ld.mlp.shared_expert.%s", l, proj[j]), 0, j == 2 ? H : S,
-                  j == 2 ? S : H, &m->f, tseed(s, l, 48 + (uint64_t)j));
-    mk_router(m, NAME("model.layers.%ld.mlp.shared_expert_gate", l), 1, H, tseed(s, l, 51));
+        mk_linear(m, NAME("%slayers.%ld.mlp.shared_expert.%s", m->pre, l, proj[j]), 0,
+                  j == 2 ? H : S, j == 2 ? S : H, &m->f, tseed(s, l, 48 + (uint64_t)j));
+    mk_router(m, NAME("%slayers.%ld.mlp.shared_expert_gate", m->pre, l), 1, H, tseed(s, l, 51));
 }
 
 /* Gemma 4: tied embeddings, per-layer inputs, q/k norms, layer scalars, the MoE block's
@@ -374,7 +376,7 @@ static void mk_gemma4_layers(struct mk *m, const struct mk_shape *s)
     }
     for (long l = 0; l < L; l++) {
         int64_t D = g4_head_dim(s, l), qd = s->heads * D, kvd = g4_kv_heads(s, l) * D;
-#define LNAME(x) NAME("model.layers.%ld.%s", l, x)
+#define LNAME(x) NAME("%slayers.%ld.%s", m->pre, l, x)
         mk_linear(m, LNAME("self_attn.q_proj"), 0, qd, H, &m->f, tseed(s, l, 60));
         mk_linear(m, LNAME("self_attn.o_proj"), 0, H, qd, &m->f, tseed(s, l, 61));
         mk_vec(m, LNAME("self_attn.q_norm.weight"), D, one);
@@ -442,12 +444,14 @@ static void mk_bitnet_layers(struct mk *m, const struct mk_shape *s)
     int64_t ns[7] = {qd, kvd, kvd, H, F, F, H}, ks[7] = {H, H, H, qd, H, H, F};
     for (long l = 0; l < s->layers; l++) {
         for (int i = 0; i < 7; i++)
-            mk_bitlinear(m, NAME("model.layers.%ld.%s", l, names[i]), ns[i], ks[i],
+            mk_bitlinear(m, NAME("%slayers.%ld.%s", m->pre, l, names[i]), ns[i], ks[i],
                          tseed(s, l, 80 + (uint64_t)i));
-        mk_vec(m, NAME("model.layers.%ld.self_attn.attn_sub_norm.weight", l), qd, constant(1.0f));
-        mk_vec(m, NAME("model.layers.%ld.mlp.ffn_sub_norm.weight", l), F, constant(1.0f));
-        mk_vec(m, NAME("model.layers.%ld.input_layernorm.weight", l), H, constant(1.0f));
-        mk_vec(m, NAME("model.layers.%ld.post_attention_layernorm.weight", l), H, constant(1.0f));
+        mk_vec(m, NAME("%slayers.%ld.self_attn.attn_sub_norm.weight", m->pre, l), qd,
+               constant(1.0f));
+        mk_vec(m, NAME("%slayers.%ld.mlp.ffn_sub_norm.weight", m->pre, l), F, constant(1.0f));
+        mk_vec(m, NAME("%slayers.%ld.input_layernorm.weight", m->pre, l), H, constant(1.0f));
+        mk_vec(m, NAME("%slayers.%ld.post_attention_layernorm.weight", m->pre, l), H,
+               constant(1.0f));
     }
 }
 
@@ -470,9 +474,12 @@ static void mk_layers(struct mk *m, const struct mk_shape *s)
     mk_linear(m, "lm_head", 0, s->vocab, H, &m->f, base + (1ull << 38));
     norm.seed = tseed(s, -1, 3);
     mk_vec(m, "model.norm.weight", H, norm);
-    for (long l = 0; l < s->layers; l++) {
-        uint64_t ls = base + ((uint64_t)(l + 1) << 32);
-        if (is_linear_layer(s, l))
+    /* the layers, then the MTP module's (mtp.layers.N: full attention, the model's MLP) */
+    for (long i = 0; i < s->layers + s->mtp; i++) {
+        uint64_t ls = base + ((uint64_t)(i + 1) << 32);
+        long l = i < s->layers ? i : i - s->layers;
+        m->pre = i < s->layers ? "model." : "mtp.";
+        if (i < s->layers && is_linear_layer(s, l))
             mk_delta_net(m, s, l);
         else
             mk_attention(m, s, l, ls, norm);
@@ -482,13 +489,23 @@ static void mk_layers(struct mk *m, const struct mk_shape *s)
             const char *names[] = {"gate_proj", "up_proj", "down_proj"};
             int64_t ns[] = {s->ffn, s->ffn, H}, ks[] = {H, H, s->ffn};
             for (int i = 0; i < 3; i++)
-                mk_linear(m, NAME("model.layers.%ld.mlp.%s", l, names[i]), 0, ns[i], ks[i], &m->f,
-                          ls + ((uint64_t)(4 + i) << 28));
+                mk_linear(m, NAME("%slayers.%ld.mlp.%s", m->pre, l, names[i]), 0, ns[i], ks[i],
+                          &m->f, ls + ((uint64_t)(4 + i) << 28));
         }
         norm.seed = tseed(s, l, 4);
-        mk_vec(m, NAME("model.layers.%ld.input_layernorm.weight", l), H, norm);
+        mk_vec(m, NAME("%slayers.%ld.input_layernorm.weight", m->pre, l), H, norm);
         norm.seed = tseed(s, l, 5);
-        mk_vec(m, NAME("model.layers.%ld.post_attention_layernorm.weight", l), H, norm);
+        mk_vec(m, NAME("%slayers.%ld.post_attention_layernorm.weight", m->pre, l), H, norm);
+    }
+    m->pre = "model.";
+    if (!s->mtp) return;
+    /* fc [H, 2H] over [embedding, hidden], and its three norms */
+    mk_linear(m, "mtp.fc", 0, H, 2 * H, &m->f, tseed(s, -1, 6));
+    static const char *const mtp_norms[] = {"mtp.pre_fc_norm_embedding.weight",
+                                            "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight"};
+    for (int i = 0; i < 3; i++) {
+        norm.seed = tseed(s, -1, 7 + (uint64_t)i);
+        mk_vec(m, mtp_norms[i], H, norm);
     }
 }
 
@@ -679,6 +696,7 @@ static cJSON *mk_config(const struct mk_shape *s, const struct mk *m)
         cJSON_AddNumberToObject(c, "linear_num_key_heads", (double)s->lk_heads);
         cJSON_AddNumberToObject(c, "linear_num_value_heads", (double)s->lv_heads);
         cJSON_AddNumberToObject(c, "linear_value_head_dim", (double)s->lv_dim);
+        if (s->mtp) cJSON_AddNumberToObject(c, "mtp_num_hidden_layers", (double)s->mtp);
         cJSON_AddNumberToObject(c, "partial_rotary_factor", 0.25);
         cJSON_AddNumberToObject(rp, "partial_rotary_factor", 0.25);
     }
@@ -705,7 +723,8 @@ static const char usage[] =
     "         [--tokenizer DIR]   (default: a byte-level BPE of --vocab ids)\n"
     "         [--experts E --experts-per-tok K --expert-ffn I --shared-expert-ffn S]\n"
     "         [--full-attention-interval N --linear-key-heads N --linear-value-heads N\n"
-    "          --linear-key-dim N --linear-value-dim N --conv-kernel N]\n"
+    "          --linear-key-dim N --linear-value-dim N --conv-kernel N\n"
+    "          --mtp-layers N (a multi-token-prediction module, mtp.*)]\n"
     "         [gemma4: --global-head-dim D --global-kv-heads K --sliding-window W\n"
     "          --per-layer-dim P --kv-shared-layers S --k-eq-v 0|1] OUT\n";
 
@@ -945,6 +964,7 @@ static int parse_flags(int argc, char **argv, struct mk_shape *s, struct mm_spec
             {"--linear-key-dim", offsetof(struct mk_shape, lk_dim), 1, 2},
             {"--linear-value-dim", offsetof(struct mk_shape, lv_dim), 1, 2},
             {"--conv-kernel", offsetof(struct mk_shape, conv_k), 1, 2},
+            {"--mtp-layers", offsetof(struct mk_shape, mtp), 0, 2},
             {"--global-head-dim", offsetof(struct mk_shape, global_head_dim), 2, 3},
             {"--global-kv-heads", offsetof(struct mk_shape, global_kv_heads), 1, 3},
             {"--sliding-window", offsetof(struct mk_shape, window), 1, 3},
@@ -1063,7 +1083,8 @@ int cli_bench_make_model(int argc, char **argv)
     int rc = parse_flags(argc, argv, &s, &m.f, &out);
     if (rc) return rc;
     /* at most 3 tensors a linear layer: 3E + 9 a layer, with norms and vectors under 16 */
-    m.cap = 16 + (int)s.layers * (3 * (3 * (int)s.experts + 9) + 16);
+    m.cap = 24 + (int)(s.layers + s.mtp) * (3 * (3 * (int)s.experts + 9) + 16);
+    m.pre = "model.";
     m.pool = xcalloc((size_t)m.cap, sizeof *m.pool);
     m.w = st_writer_create();
     m.tp = tp_create(0);
