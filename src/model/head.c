@@ -228,6 +228,14 @@ struct model_head *model_head_load_eagle3(struct model *t, const char *dir, stru
     char pfx[] = "--speculative-model";
     if (eagle3_config(&m->cfg, &t->cfg, dir, aux, &dv, e)) goto fail;
     const struct model_config *c = &m->cfg;
+    struct err be_err;
+    const struct backend_ops *o = t->be->ops;
+    if (o->attn_check &&
+        o->attn_check(t->be->ctx, c->head_dim, c->n_heads, c->n_kv_heads, &be_err)) {
+        err_set(e, "%s/config.json: %d query heads, %d KV heads of %d: %s", dir, c->n_heads,
+                c->n_kv_heads, c->head_dim, be_err.msg);
+        goto fail;
+    }
     int64_t H = c->hidden, qd = (int64_t)c->n_heads * c->head_dim,
             kvd = (int64_t)c->n_kv_heads * c->head_dim;
     m->embed = t->embed;
