@@ -130,6 +130,12 @@ void spec_head_propose(struct engine *en, struct spec_head *d)
 {
     const int bs = d->bs, n_running = en->running.n;
     int nt = 0, ns = 0, nd = 0, kmax = 0;
+    if (n_running >= en->spec->disable_n) {
+        /* no request drafts at this batch size: the head does not run at all (its KV then
+         * misses these steps' positions, which costs acceptance later, never exactness) */
+        for (struct request *r = en->running.head; r; r = r->next) r->n_draft = 0;
+        return;
+    }
     /* Step one: the head's rows of every request's rows in the last step; the first draft
      * of those that draft from their last row. */
     for (struct request *r = en->running.head; r; r = r->next) {
