@@ -176,7 +176,9 @@ static inline int mtp_fixture(const char *src, char *out, size_t cap, enum mtp_f
  * norm, lm_head [draft vocab, H], d2t and t2d. exact = 0: random values, a draft vocabulary
  * of every other id (d2t[i] = i); exact = 1: a head whose logits are the model's own at the
  * row it reads: the rows leaving the last layer (eagle_aux_hidden_state_layer_ids all n),
- * fc = [0 | 0 | I], o_proj and down_proj zero, the model's norm and lm_head. `drop`: a
+ * fc = [0 | 0 | I], o_proj and down_proj zero, the model's norm and lm_head; exact = 2: a
+ * random head whose lm_head is zero, so that its pick is draft id 0, mapped to token 7 by
+ * d2t (every draft is 7). `drop`: a
  * tensor left out. 0, or -1 with a message on stderr; the folder is removed with
  * mtp_fixture_remove (same file names). */
 static inline int eagle3_fixture(const char *src, char *out, size_t cap, int exact,
@@ -201,7 +203,7 @@ static inline int eagle3_fixture(const char *src, char *out, size_t cap, int exa
         if (!st_find(&st, nm)) break;
     }
     int64_t V = emb->shape[0], H = emb->shape[1], QD = q->shape[0], KD = k->shape[0],
-            F = g->shape[0], D = 32, DV = exact ? V : V / 2;
+            F = g->shape[0], D = 32, DV = exact == 1 ? V : V / 2;
     FILE *fp;
     char path[4300];
     snprintf(path, sizeof path, "%s/config.json", out);
@@ -213,7 +215,7 @@ static inline int eagle3_fixture(const char *src, char *out, size_t cap, int exa
             "\"rms_norm_eps\": 1e-06, \"vocab_size\": %lld,\n \"draft_vocab_size\": %lld",
             (long long)H, (long long)(QD / D), (long long)(KD / D), (long long)D, (long long)F,
             (long long)V, (long long)DV);
-    if (exact)
+    if (exact == 1)
         fprintf(fp, ",\n \"eagle_config\": {\"eagle_aux_hidden_state_layer_ids\": [%d, %d, %d]}",
                 n_layers, n_layers, n_layers);
     fprintf(fp, "}\n");
@@ -227,19 +229,23 @@ static inline int eagle3_fixture(const char *src, char *out, size_t cap, int exa
         int64_t r, c;
         int kind; /* 0 random, 1 zero, 2 ones, 3 fc, 4 copy */
         const struct st_tensor *from;
-    } t[] = {{"fc.weight", H, 3 * H, exact ? 3 : 0, NULL},
+    } t[] = {{"fc.weight", H, 3 * H, exact == 1 ? 3 : 0, NULL},
              {"midlayer.self_attn.q_proj.weight", QD, 2 * H, 0, NULL},
              {"midlayer.self_attn.k_proj.weight", KD, 2 * H, 0, NULL},
              {"midlayer.self_attn.v_proj.weight", KD, 2 * H, 0, NULL},
-             {"midlayer.self_attn.o_proj.weight", H, QD, exact, NULL},
+             {"midlayer.self_attn.o_proj.weight", H, QD, exact == 1, NULL},
              {"midlayer.mlp.gate_proj.weight", F, H, 0, NULL},
              {"midlayer.mlp.up_proj.weight", F, H, 0, NULL},
-             {"midlayer.mlp.down_proj.weight", H, F, exact, NULL},
+             {"midlayer.mlp.down_proj.weight", H, F, exact == 1, NULL},
              {"midlayer.input_layernorm.weight", H, 0, 2, NULL},
              {"midlayer.hidden_norm.weight", H, 0, 2, NULL},
              {"midlayer.post_attention_layernorm.weight", H, 0, 2, NULL},
-             {"norm.weight", H, 0, exact ? 4 : 2, nw},
-             {"lm_head.weight", DV, H, exact ? 4 : 0, lm}};
+             {"norm.weight", H, 0, exact == 1 ? 4 : 2, nw},
+             {"lm_head.weight", DV, H,
+              exact == 1   ? 4
+              : exact == 2 ? 1
+                           : 0,
+              lm}};
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         if (drop && !strcmp(drop, t[i].name)) continue;
         struct mtp_fill *x = &f[nf++];
@@ -256,7 +262,7 @@ static inline int eagle3_fixture(const char *src, char *out, size_t cap, int exa
     int64_t *d2t = calloc((size_t)DV, 8);
     uint8_t *t2d = calloc((size_t)V, 1);
     for (int64_t i = 0; i < DV; i++) {
-        d2t[i] = exact ? 0 : i;
+        d2t[i] = exact == 1 ? 0 : exact == 2 && i == 0 ? 7 : i;
         t2d[i + d2t[i]] = 1;
     }
     struct mtp_fill fd = {.copy = (const uint8_t *)d2t}, ft = {.copy = t2d};

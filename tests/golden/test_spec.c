@@ -13,10 +13,13 @@
  *   - Qwen3.5 (dense and MoE) with a multi-token-prediction module (mtp.*, written here with
  *     random fc over a copy of the last layer: greedy output does not depend on the drafts'
  *     quality): the same greedy tokens alone and concurrently; the head's forward checked
- *     against a host computation for heads whose output is known exactly; a checkpoint
+ *     against a host computation for heads whose output is known exactly; a module that
+ *     repeats its input token, against a logit bias, has drafts kept and rejected; a checkpoint
  *     without the module, or with a tensor of it missing, refused with the name;
  *   - Llama with an EAGLE-3 head (written here: random, or one whose logits are the model's
- *     own), the same greedy tokens; its forward checked against the model's logits;
+ *     own, or one that always drafts token 7 through d2t against a bias towards 7: drafts
+ *     kept and rejected), the same greedy tokens; its forward checked against the model's
+ *     logits;
  *   - the pool and the state slots are all free after every scenario.
  * usage: golden_test_spec PAGODA_BINARY TESTDATA_DIR [--device DEV]
  */
@@ -225,7 +228,8 @@ static void run_sampled(const char *dir, const char *name, struct golden_case *c
  * that n-gram drafts guess, so that verifications keep every draft as well as reject some:
  * the tokens, which follow the recurrent state where the bias does not decide, are those of
  * plain decoding. */
-static void run_biased(const char *dir, const char *name, struct golden_case *cs, int nc)
+static void run_biased(const char *dir, const char *name, struct golden_case *cs, int nc,
+                       enum spec_method m, const char *model, const char *draft)
 {
     static const struct logit_bias bias[] = {{7, 3.0f}};
     struct result plain[MAX_CASES], spec[MAX_CASES];
@@ -233,7 +237,8 @@ static void run_biased(const char *dir, const char *name, struct golden_case *cs
     int sevens = 0, total = 0;
     for (int pass = 0; pass < 2; pass++) {
         struct err e = {0};
-        struct engine *en = open_engine(dir, 64, 0, pass ? SPEC_NGRAM : SPEC_NONE, NULL, &e);
+        struct engine *en =
+            open_engine(pass && model ? model : dir, 64, 0, pass ? m : SPEC_NONE, draft, &e);
         CHECK(en != NULL, "%s: engine_create: %s", name, e.msg);
         if (!en) return;
         for (int i = 0; i < nc; i++) {
@@ -245,8 +250,8 @@ static void run_biased(const char *dir, const char *name, struct golden_case *cs
         drain(en);
         struct engine_stats st;
         engine_stats(en, &st);
-        kept = st.spec_accepted_tokens[SPEC_NGRAM];
-        drafted = st.spec_draft_tokens[SPEC_NGRAM];
+        kept = st.spec_accepted_tokens[m];
+        drafted = st.spec_draft_tokens[m];
         check_pool_free(en, name, "biased");
         engine_destroy(en);
     }
@@ -254,8 +259,9 @@ static void run_biased(const char *dir, const char *name, struct golden_case *cs
         CHECK(same_ids(&plain[i], &spec[i]), "%s biased case %d: tokens differ", name, i);
         for (int t = 0; t < plain[i].n; t++, total++) sevens += plain[i].ids[t] == 7;
     }
-    printf("  %-22s bias  %d of %d tokens biased, %llu of %llu drafts accepted\n", name, sevens,
-           total, (unsigned long long)kept, (unsigned long long)drafted);
+    printf("  %-22s bias %-6s %d of %d tokens biased, %llu of %llu drafts accepted\n", name,
+           spec_method_name(m), sevens, total, (unsigned long long)kept,
+           (unsigned long long)drafted);
     CHECK(kept > 0 && kept < drafted && sevens < total, "%s biased: %llu of %llu kept", name,
           (unsigned long long)kept, (unsigned long long)drafted);
 }
@@ -406,6 +412,14 @@ static void run_mtp(const char *dir, const char *name, struct golden_case *cs, i
     run_alone(fx, name, cs, nc, SPEC_MTP, NULL, plain, 0);
     run_concurrent(fx, name, cs, nc, SPEC_MTP, NULL, plain);
     mtp_fixture_remove(fx);
+    /* a module that repeats its input token (fc = [I | 0], the layer adding nothing: with
+     * qwen3_5-tiny's tied head, the embedding's own row wins) against a bias towards 7:
+     * drafts kept and rejected, the recurrent state rolled back */
+    if (!strcmp(name, "qwen3_5-tiny") &&
+        mtp_fixture(dir, fx, sizeof fx, MTP_FC_EMBED, 1, NULL) == 0) {
+        run_biased(dir, name, cs, nc, SPEC_MTP, fx, NULL);
+        mtp_fixture_remove(fx);
+    }
     check_head_forward(dir, name);
 }
 
@@ -437,6 +451,11 @@ static void run_eagle3(const char *dir, const char *name, struct golden_case *cs
     run_alone(dir, name, cs, nc, SPEC_EAGLE3, fx, plain, 0);
     run_concurrent(dir, name, cs, nc, SPEC_EAGLE3, fx, plain);
     mtp_fixture_remove(fx);
+    /* a head that always drafts 7 against a bias towards 7: drafts kept and rejected */
+    if (eagle3_fixture(dir, fx, sizeof fx, 2, NULL) == 0) {
+        run_biased(dir, name, cs, nc, SPEC_EAGLE3, NULL, fx);
+        mtp_fixture_remove(fx);
+    }
 
     if (eagle3_fixture(dir, fx, sizeof fx, 1, NULL)) {
         CHECK(0, "%s: the EAGLE-3 fixture could not be written", name);
@@ -518,7 +537,7 @@ static void test_model(const char *mdir, const char *name, struct golden_case *c
         snprintf(other, sizeof other, "%s/qwen3-tiny", mdir);
         run_alone(dir, name, cs, nc, SPEC_DRAFT, other, plain, 0);
         run_concurrent(dir, name, cs, nc, SPEC_DRAFT, other, plain);
-        run_biased(dir, name, cs, nc);
+        run_biased(dir, name, cs, nc, SPEC_NGRAM, NULL, NULL);
         if (!strcmp(name, "qwen3_5-tiny")) run_sampled(dir, name, cs, nc);
         if (!strcmp(name, "qwen3_5-tiny") || !strcmp(name, "qwen3_5_moe-tiny"))
             run_mtp(dir, name, cs, nc, plain);
