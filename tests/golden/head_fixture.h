@@ -76,13 +76,10 @@ static const char *const mtp_links[] = {"config.json", "generation_config.json",
 static inline void mtp_fixture_remove(const char *dir)
 {
     char p[4300];
-    const char *files[] = {"config.json",
-                           "generation_config.json",
-                           "tokenizer.json",
-                           "tokenizer_config.json",
-                           "base.safetensors",
-                           "mtp.safetensors",
-                           "model.safetensors.index.json"};
+    const char *files[] = {"config.json",       "generation_config.json",
+                           "tokenizer.json",    "tokenizer_config.json",
+                           "base.safetensors",  "mtp.safetensors",
+                           "model.safetensors", "model.safetensors.index.json"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         snprintf(p, sizeof p, "%s/%s", dir, files[i]);
         unlink(p);
