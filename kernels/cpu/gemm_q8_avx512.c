@@ -16,7 +16,7 @@
 #include "kernels/cpu/quant.h"
 
 #define NB 32 /* weight rows per panel: 2 vectors of 16 */
-#define MR 4  /* x rows per tile */
+#define MR 6  /* x rows per tile */
 
 static int64_t xq_bytes(const struct qweight *w)
 {
@@ -107,6 +107,14 @@ static void pack(const struct qweight *w, int64_t rb, int nb, int64_t kp, int64_
         }
 }
 
+/* acc + 4-byte dot products of w (unsigned) and x (signed) per lane: vpdpbusd, written out
+ * because GCC 12 copies every accumulator of the intrinsic's loop once per iteration. */
+ALWAYS_INLINE __m512i dpbusd(__m512i acc, __m512i w, __m512i x)
+{
+    __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x));
+    return acc;
+}
+
 struct q8_tile_args {
     const uint8_t *pw;
     const float *psc, *pbi;
@@ -149,8 +157,8 @@ ALWAYS_INLINE void q8_tile(const int R, const struct q8_tile_args *a)
                 int32_t xv;
                 memcpy(&xv, xq[i] + xo + q * 4, 4);
                 __m512i xb = _mm512_set1_epi32(xv);
-                s[i][0] = _mm512_dpbusd_epi32(s[i][0], w0, xb);
-                s[i][1] = _mm512_dpbusd_epi32(s[i][1], w1, xb);
+                s[i][0] = dpbusd(s[i][0], w0, xb);
+                s[i][1] = dpbusd(s[i][1], w1, xb);
             }
         }
         __m512 sv0 = _mm512_loadu_ps(a->psc + g * NB), sv1 = _mm512_loadu_ps(a->psc + g * NB + 16);
@@ -192,8 +200,10 @@ Q8_TILE(1)
 Q8_TILE(2)
 Q8_TILE(3)
 Q8_TILE(4)
+Q8_TILE(5)
+Q8_TILE(6)
 static void (*const q8_tiles[MR])(const struct q8_tile_args *) = {q8_tile_1, q8_tile_2, q8_tile_3,
-                                                                  q8_tile_4};
+                                                                  q8_tile_4, q8_tile_5, q8_tile_6};
 
 void gemm_q8_rows(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp, size_t stride,
                   int m, float *y, int64_t ldy)
