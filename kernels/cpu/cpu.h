@@ -22,7 +22,8 @@
  *            results as AVX2, bit for bit);
  *   AVX512   AVX-512 F/BW/VL/VNNI/BF16: 512-bit decode kernels that compute each output
  *            with the AVX2 table's arithmetic (the same results, bit for bit), so the
- *            larger-m paths they share stay batch-invariant with them.
+ *            larger-m paths they share stay batch-invariant with them; outside
+ *            batch-invariant mode, products of 9 or more rows run kernels/cpu/gemm.h.
  * No table uses AMX: CPUs with AMX-BF16/INT8 run the AVX-512 table. */
 enum cpu_isa { CPU_ISA_PORTABLE, CPU_ISA_AVX2, CPU_ISA_AVXVNNI, CPU_ISA_AVX512 };
 
@@ -48,10 +49,20 @@ int cpu_isa_parse(const char *name, enum cpu_isa *isa);
 enum cpu_isa cpu_isa_choose(const char *force, char *warn, size_t n);
 
 /**
+ * Batch-invariant mode (off by default; `--batch-invariant`): every product runs the
+ * invariant kernels below. Off, products of 9 or more rows in bf16 and MLX 4- and 8-bit run
+ * the fast kernels of kernels/cpu/gemm.h where the ISA has them, which round x to bf16 or
+ * int8 first (a row's result then depends on whether its batch had 9 rows or more).
+ */
+void cpu_batch_invariant_set(int on);
+int cpu_batch_invariant_get(void);
+
+/**
  * y[m, n] = x[m, k] . W^T for W [n, k] in any format (k a multiple of its group size).
- * Batch-invariant: row i of y is bitwise the same for any m and any thread count (each
- * output has one fixed arithmetic; see kernels/cpu/impl.h). Small m (decode) streams each
- * weight row once for all m rows; larger m runs register tiles over widened panels.
+ * In batch-invariant mode (and always for m <= 8), row i of y is bitwise the same for any m
+ * and any thread count (each output has one fixed arithmetic; see kernels/cpu/impl.h).
+ * Small m (decode) streams each weight row once for all m rows; larger m runs register
+ * tiles over widened panels, or the fast kernels (see cpu_batch_invariant_set).
  */
 void cpu_matmul(struct threadpool *tp, float *y, const float *x, const struct qweight *w, int m);
 

@@ -6,6 +6,7 @@
 #include "common/scratch.h"
 #include "common/util.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/impl.h"
 #include "kernels/cpu/quant.h"
 
@@ -263,6 +264,7 @@ void cpu_matmul(struct threadpool *tp, float *y, const float *x, const struct qw
         cpu_ternary_matmul(tp, y, x, w, m);
         return;
     }
+    if (gemm_run(tp, y, x, w, m)) return;
     struct mm_job j = {y, x, w, m, NULL, 0};
     size_t bytes = cpu_impl->prep_bytes(w);
     if (bytes) {

@@ -89,6 +89,8 @@ const char arg_engine_usage[] =
     "  --no-enable-prefix-caching  no prefix sharing between requests\n"
     "  --disable-overlap-schedule  read each step's tokens before the next step starts\n"
     "  --mlock                     lock the weights in memory (never paged out)\n"
+    "  --batch-invariant           a request's results do not depend on its batch (the\n"
+    "                              invariant kernels; slower prefill and batched decode)\n"
     "  --hybrid-state-interval N   hybrid models: also keep a recurrent-state snapshot every N\n"
     "                              blocks of a sequence, for prefix hits (default 0: at the end\n"
     "                              of each prompt's last full block and of a finished one's)\n"
@@ -197,6 +199,10 @@ int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg)
                                        "--max-num-seqs", "--max-model-len"};
     if (!strcmp(a, "--mlock")) {
         cfg->mlock = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--batch-invariant")) {
+        cfg->batch_invariant = 1;
         return 1;
     }
     if (!strcmp(a, "--no-enable-prefix-caching")) {

@@ -27,7 +27,7 @@ int arg_ids(const char *s, int32_t **ids, size_t *n);
  * The engine options shared by generate, serve and bench: --device, --threads,
  * --num-blocks, --block-size, --kv-cache-memory (bytes, with an optional K/M/G/KiB/MiB/GiB
  * suffix), --max-num-batched-tokens, --max-num-seqs, --max-model-len,
- * --no-enable-prefix-caching. Returns 1 when argv[*i] was one (consumed, *i advanced past
+ * --no-enable-prefix-caching, --batch-invariant. Returns 1 when argv[*i] was one (consumed, *i advanced past
  * its value), 0 when it is not an engine option, -1 (message printed) on a bad value.
  */
 int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg);

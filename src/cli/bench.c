@@ -70,7 +70,7 @@ static size_t step_weight_bytes(const struct model *m, int B)
 static int bench_decode(int argc, char **argv)
 {
     const char *dir = NULL, *device = NULL;
-    long B = 1, P = 128, G = 32, threads = 0, K = 1, S = 0;
+    long B = 1, P = 128, G = 32, threads = 0, K = 0, S = 0;
     int json = 0, no_bw = 0, overlap = -1;
     struct kv_spec kv = {0};
     for (int i = 1; i < argc; i++) {
@@ -88,6 +88,10 @@ static int bench_decode(int argc, char **argv)
         }
         if (!strcmp(a, "--no-bandwidth")) {
             no_bw = 1;
+            continue;
+        }
+        if (!strcmp(a, "--batch-invariant")) {
+            backend_batch_invariant_set(1);
             continue;
         }
         if (!(v = arg_value(argc, argv, &i))) return 2;
@@ -116,15 +120,18 @@ static int bench_decode(int argc, char **argv)
         fprintf(stderr, "usage: pagoda bench decode --model DIR [--batch B] [--prompt-len P] "
                         "[--gen-len G] [--prefill-seqs K] [--threads N] [--device D] [--json] "
                         "[--no-bandwidth] [--disable-overlap-schedule] [--spec-rows K]\n"
-                        "        [--kv-cache-dtype D ...]\n"
+                        "        [--batch-invariant] [--kv-cache-dtype D ...]\n"
+                        "  --prefill-seqs K  prompts prefilled per step (default: as many as fit\n"
+                        "                 2048 tokens, at least one)\n"
                         "  --spec-rows K  also time verification steps: 1 + K rows a sequence,\n"
                         "                 logits on every row, K rolled back after each step\n");
         return 2;
     }
+    /* Prefill K sequences per step (K * P tokens), as a server batches prompts under its step
+     * budget: by default as many as the engine's default budget (2048 tokens) holds. */
+    if (!K) K = P < 2048 ? 2048 / P : 1;
     if (K > B) K = B;
     int nth = threads ? (int)threads : util_num_cores();
-    /* Prefill K sequences per step (K * P tokens; one by default, so the step shape matches
-     * a prompt), as a server batches prompts under its step budget. */
     struct runner r;
     int max_tokens = (int)(P * K > B * (1 + S) ? P * K : B * (1 + S));
     if (runner_open_kv(&r, dir, device, nth, (int)B, (int)(P + (S ? 2 : 1) * G + S + 1), max_tokens,

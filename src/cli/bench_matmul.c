@@ -31,7 +31,7 @@ static void usage(FILE *f)
     fprintf(
         f,
         "usage: pagoda bench matmul [--format bf16|mlx4|mlx8|ternary] [--rows M] [--n N] [--k K]\n"
-        "         [--threads T] [--reps R]\n"
+        "         [--threads T] [--reps R] [--batch-invariant]\n"
         "  --rows M     x rows (default 16)\n"
         "  --n N, --k K weight rows and columns (default 8192 x 2048; K a multiple of 64)\n"
         "  --threads T  (default 2)   --reps R  timed runs, best reported (default 20)\n");
@@ -46,6 +46,10 @@ int cli_bench_matmul(int argc, char **argv)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--batch-invariant")) {
+            cpu_batch_invariant_set(1);
+            continue;
         }
         static const char *const opts[] = {"--format", "--rows",    "--n",
                                            "--k",      "--threads", "--reps"};

@@ -421,11 +421,14 @@ int cli_score(int argc, char **argv)
         if (kr > 0) continue;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             printf("usage: pagoda score --model DIR --prompt-ids \"1 2 3\" [--json] [--threads N]\n"
-                   "         [--device cpu|cuda|cuda:N] [--kv-cache-dtype D ...]\n"
+                   "         [--device cpu|cuda|cuda:N] [--kv-cache-dtype D ...] "
+                   "[--batch-invariant]\n"
                    "  prints {\"prompt_logprobs\": [null, ...]}: log p(id[i] | id[:i])\n");
             return 0;
         } else if (!strcmp(a, "--json")) {
             /* the only output format */
+        } else if (!strcmp(a, "--batch-invariant")) {
+            backend_batch_invariant_set(1);
         } else if (!strcmp(a, "--model") || !strcmp(a, "--prompt-ids") || !strcmp(a, "--threads") ||
                    !strcmp(a, "--device")) {
             if (!(v = arg_value(argc, argv, &i))) return 2;

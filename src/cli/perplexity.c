@@ -25,6 +25,7 @@ static void usage(FILE *f)
             "                              next-token distributions, the top-1 agreement and the\n"
             "                              base perplexity\n"
             "  --json                      one JSON object: perplexity, tokens, ...\n"
+            "  --batch-invariant           the batch-invariant products (float32 inputs)\n"
             "  --device D, --threads N     as generate\n" ARG_KV_USAGE);
 }
 
@@ -57,6 +58,8 @@ int cli_perplexity(int argc, char **argv)
             return 0;
         } else if (!strcmp(a, "--json")) {
             json = 1;
+        } else if (!strcmp(a, "--batch-invariant")) {
+            backend_batch_invariant_set(1);
         } else if (!strcmp(a, "--model") || !strcmp(a, "--file") || !strcmp(a, "--device") ||
                    !strcmp(a, "--ctx") || !strcmp(a, "--chunks") || !strcmp(a, "--batch") ||
                    !strcmp(a, "--threads") || !strcmp(a, "--kl-base")) {

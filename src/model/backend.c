@@ -4,6 +4,8 @@
 
 #include "model/backend.h"
 
+#include "kernels/cpu/cpu.h"
+
 #ifdef PAGODA_HAVE_CUDA
 int backend_cuda_create(struct backend *be, int device, struct err *e);
 int backend_cuda_device_count(void);
@@ -16,6 +18,12 @@ int backend_cuda_available(void)
 #else
     return 0;
 #endif
+}
+
+void backend_batch_invariant_set(int on)
+{
+    cpu_batch_invariant_set(on);
+    if (on) setenv("PAGODA_CUDA_BATCH_INVARIANT", "1", 1);
 }
 
 int backend_create(struct backend *be, const char *device, int threads, struct err *e)

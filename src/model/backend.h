@@ -267,6 +267,15 @@ int backend_cpu_create(struct backend *be, int threads, struct err *e);
  */
 int backend_create(struct backend *be, const char *device, int threads, struct err *e);
 
+/**
+ * Batch-invariant mode for the whole process (vLLM's --batch-invariant): each row's result
+ * is the same whatever else shares its step. On the CPU it switches the products of 9 or
+ * more rows to the invariant kernels (cpu_batch_invariant_set); turning it on also sets
+ * PAGODA_CUDA_BATCH_INVARIANT=1 for CUDA backends created afterwards. Call before creating
+ * the backend.
+ */
+void backend_batch_invariant_set(int on);
+
 /** Whether this build has the CUDA backend and sees at least one GPU. */
 int backend_cuda_available(void);
 

@@ -148,6 +148,7 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
         free(en);
         return NULL;
     }
+    if (cfg->batch_invariant) backend_batch_invariant_set(1);
     if (backend_create(&en->be, cfg->device, cfg->threads, e)) {
         free(en);
         return NULL;

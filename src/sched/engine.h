@@ -220,6 +220,10 @@ struct engine_config {
      * and a finished sequence's last full block, a snapshot of the recurrent state every N
      * blocks of a sequence (0: only those) */
     int hybrid_state_interval;
+    /* 1: a row's result does not depend on the rest of its batch (vLLM's --batch-invariant):
+     * the backend's invariant kernels for every product (backend_batch_invariant_set), for
+     * reproducible seeded outputs; slower prefill and batched decode (docs/quantization.md) */
+    int batch_invariant;
     /* Speculative decoding (method SPEC_NONE: off). Drafts ride as extra query rows of
      * their request in the same steps as everything else; the target's own pick of each
      * row decides, so greedy and seeded outputs are those of plain decoding. */

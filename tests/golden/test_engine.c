@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "kernels/cpu/cpu.h"
 #include "model/backend.h"
 #include "model/model.h"
 #include "sched/engine.h"
@@ -639,6 +640,8 @@ int main(int argc, char **argv)
             setenv("PAGODA_CUDA_BATCH_INVARIANT", "1", 0);
         }
     }
+    /* every check here compares rows across batches: the CPU's batch-invariant mode */
+    cpu_batch_invariant_set(1);
     printf("device %s\n", device);
     char mdir[4096];
     snprintf(mdir, sizeof mdir, "%s/models", argv[2]);

@@ -2,7 +2,8 @@
  * Batch invariance of cpu_matmul: row i of y = x . W^T must be bitwise the same whatever
  * else is in the batch (m = 1 .. 300 rows) and whatever the thread count (1, 2, 3), for
  * every weight format, group size and instruction-set path (each compared with itself).
- * The engine relies on it: a request's greedy tokens may not depend on its batch-mates.
+ * The engine relies on it in batch-invariant mode (cpu_batch_invariant_set), where a
+ * request's greedy tokens may not depend on its batch-mates.
  */
 #include <string.h>
 
@@ -50,6 +51,7 @@ static void check_invariance(struct threadpool *tps[3], const struct qweight *w,
 int main(void)
 {
     cpu_kernels_init();
+    cpu_batch_invariant_set(1); /* the guarantee holds in batch-invariant mode */
     struct threadpool *tps[3] = {tp_create(1), tp_create(2), tp_create(3)};
     struct {
         enum wfmt f;

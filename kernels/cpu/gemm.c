@@ -1,0 +1,88 @@
+/* The dispatcher of the fast many-row products (see gemm.h) and the batch-invariant switch. */
+#include "kernels/cpu/gemm.h"
+
+#include "common/scratch.h"
+#include "kernels/cpu/cpu.h"
+
+static int batch_invariant;
+
+void cpu_batch_invariant_set(int on)
+{
+    batch_invariant = on != 0;
+}
+
+int cpu_batch_invariant_get(void)
+{
+    return batch_invariant;
+}
+
+enum gemm_kind gemm_kind_of(const struct qweight *w)
+{
+    if (w->fmt == WFMT_AFFINE && (w->bits == 4 || w->bits == 8) && w->group >= 32 &&
+        w->group % 32 == 0 && GEMM_KC % w->group == 0 && w->k % 64 == 0)
+        return GEMM_Q8;
+    if (w->fmt == WFMT_BF16 && w->k % 32 == 0) return GEMM_BF16;
+    return GEMM_NONE;
+}
+
+#if defined(PAGODA_AVX512)
+struct gemm_job {
+    float *y;
+    const float *x;
+    const struct qweight *w;
+    int m;
+    enum gemm_kind kind;
+    uint8_t *xp;
+    size_t stride;
+};
+
+static void prep_task(void *p, int ith, int nth)
+{
+    struct gemm_job *j = p;
+    long lo, hi;
+    tp_range(j->m, ith, nth, 1, &lo, &hi);
+    if (lo >= hi) return;
+    const float *x = j->x + (size_t)lo * j->w->k;
+    uint8_t *xp = j->xp + (size_t)lo * j->stride;
+    if (j->kind == GEMM_Q8)
+        gemm_q8_prep(j->w, x, (int)(hi - lo), xp, j->stride);
+    else
+        gemm_bf16_prep(j->w, x, (int)(hi - lo), xp, j->stride);
+}
+
+/* Weight rows split between threads in multiples of 32, the panel height. */
+static void rows_task(void *p, int ith, int nth)
+{
+    struct gemm_job *j = p;
+    long lo, hi;
+    tp_range((long)j->w->n, ith, nth, 32, &lo, &hi);
+    if (lo >= hi) return;
+    if (j->kind == GEMM_Q8)
+        gemm_q8_rows(j->w, lo, hi, j->xp, j->stride, j->m, j->y, j->w->n);
+    else
+        gemm_bf16_rows(j->w, lo, hi, j->xp, j->stride, j->m, j->y, j->w->n);
+}
+#endif
+
+int gemm_run(struct threadpool *tp, float *y, const float *x, const struct qweight *w, int m)
+{
+#if defined(PAGODA_AVX512)
+    if (batch_invariant || m < GEMM_MIN_M || cpu_isa_get() != CPU_ISA_AVX512) return 0;
+    enum gemm_kind kind = gemm_kind_of(w);
+    if (kind == GEMM_NONE) return 0;
+    struct gemm_job j = {y, x, w, m, kind, NULL, 0};
+    size_t bytes = kind == GEMM_Q8 ? gemm_q8_prep_bytes(w) : gemm_bf16_prep_bytes(w);
+    j.stride = (bytes + 63) / 64 * 64;
+    j.xp = (uint8_t *)scratch_get(SCRATCH_MM_X, (size_t)m * j.stride / sizeof(float));
+    tp_run(tp, prep_task, &j);
+    tp_run(tp, rows_task, &j);
+    return 1;
+#else
+    (void)tp;
+    (void)y;
+    (void)x;
+    (void)w;
+    (void)m;
+    return 0;
+#endif
+}

@@ -1,0 +1,59 @@
+/*
+ * gemm: the fast matrix products for many rows (prefill, batched decode), used by
+ * cpu_matmul when m >= GEMM_MIN_M and batch-invariant mode is off (cpu_batch_invariant_set).
+ * Internal to kernels/cpu.
+ *
+ * Weights are repacked per thread, one panel at a time, so that each 32-bit lane of a
+ * 512-bit vector holds one weight row: a panel of 32 rows by up to GEMM_KC columns becomes
+ * [columns / 4 (int8) or / 2 (bf16)][2 vectors][16 rows][4 bytes]. An x row then enters as
+ * one broadcast 32-bit word, and every instruction of the tile is a dot product
+ * (vpdpbusd, vdpbf16ps) of 16 rows at once: no horizontal sums, outputs stored as vectors.
+ *
+ *   affine 4 and 8 bit: x quantized once per call to int8 per weight group
+ *     (xq = round(x * 127 / max|x|), as llama.cpp's Q8 activations), integer sums per group,
+ *     y = sum_g [s_g * dx_g * (q_g . xq_g) + b_g * dx_g * sum(xq_g)];
+ *   bf16: x rounded to bf16 once per call (round to nearest even), float sums of pairs.
+ *
+ * Neither is batch-invariant in the strict sense (an output's arithmetic does not depend
+ * on m, but it differs from the m <= 8 kernels' arithmetic, so a row computed alone and in
+ * a batch of 9 or more differ by the input rounding); tests state the tolerances.
+ */
+#ifndef PAGODA_KERNELS_CPU_GEMM_H
+#define PAGODA_KERNELS_CPU_GEMM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/threadpool.h"
+#include "model/weights.h"
+
+/* Smallest m that the fast kernels take (below: the decode kernels). */
+#define GEMM_MIN_M 9
+/* Columns per weight panel (a multiple of every group size it serves) */
+#define GEMM_KC 512
+
+enum gemm_kind { GEMM_NONE, GEMM_Q8, GEMM_BF16 };
+
+/* Which fast kernel serves w (GEMM_NONE: none; the caller runs the invariant kernels). */
+enum gemm_kind gemm_kind_of(const struct qweight *w);
+
+/**
+ * y[m, n] = x[m, k] . W^T with the fast kernels when the ISA in use has them, w's format
+ * is served and m >= GEMM_MIN_M; returns 1 when it ran, 0 when the caller must.
+ */
+int gemm_run(struct threadpool *tp, float *y, const float *x, const struct qweight *w, int m);
+
+#if defined(PAGODA_AVX512)
+/* gemm_q8_avx512.c: bytes per prepared x row, the preparation, rows [r0, r1) of y. */
+size_t gemm_q8_prep_bytes(const struct qweight *w);
+void gemm_q8_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride);
+void gemm_q8_rows(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp, size_t stride,
+                  int m, float *y, int64_t ldy);
+/* gemm_bf16_avx512.c: the same for bf16 weights */
+size_t gemm_bf16_prep_bytes(const struct qweight *w);
+void gemm_bf16_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride);
+void gemm_bf16_rows(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp,
+                    size_t stride, int m, float *y, int64_t ldy);
+#endif
+
+#endif

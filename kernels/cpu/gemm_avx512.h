@@ -1,0 +1,42 @@
+/*
+ * gemm_avx512: the panel packing shared by the AVX-512 product kernels (see gemm.h);
+ * include only from files compiled with AVX-512 F/BW/VL.
+ */
+#ifndef PAGODA_KERNELS_CPU_GEMM_AVX512_H
+#define PAGODA_KERNELS_CPU_GEMM_AVX512_H
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+
+/* r[i] holds 16 words of row i; afterwards r[j] holds word j of rows 0 .. 15. */
+ALWAYS_INLINE void gemm_transpose16(__m512i r[16])
+{
+    __m512i t[16];
+    for (int j = 0; j < 16; j += 2) {
+        t[j] = _mm512_unpacklo_epi32(r[j], r[j + 1]);
+        t[j + 1] = _mm512_unpackhi_epi32(r[j], r[j + 1]);
+    }
+    for (int j = 0; j < 16; j += 4) {
+        r[j] = _mm512_unpacklo_epi64(t[j], t[j + 2]);
+        r[j + 1] = _mm512_unpackhi_epi64(t[j], t[j + 2]);
+        r[j + 2] = _mm512_unpacklo_epi64(t[j + 1], t[j + 3]);
+        r[j + 3] = _mm512_unpackhi_epi64(t[j + 1], t[j + 3]);
+    }
+    /* r[4a + c]: 128-bit lane L holds word 4L + c of rows 4a .. 4a + 3 */
+    for (int c = 0; c < 4; c++) {
+        t[c] = _mm512_shuffle_i32x4(r[c], r[4 + c], 0x88);
+        t[4 + c] = _mm512_shuffle_i32x4(r[c], r[4 + c], 0xdd);
+        t[8 + c] = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0x88);
+        t[12 + c] = _mm512_shuffle_i32x4(r[8 + c], r[12 + c], 0xdd);
+    }
+    for (int c = 0; c < 4; c++) {
+        r[c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0x88);
+        r[8 + c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0xdd);
+        r[4 + c] = _mm512_shuffle_i32x4(t[4 + c], t[12 + c], 0x88);
+        r[12 + c] = _mm512_shuffle_i32x4(t[4 + c], t[12 + c], 0xdd);
+    }
+}
+
+#endif

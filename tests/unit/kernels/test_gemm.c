@@ -1,0 +1,134 @@
+/*
+ * The fast many-row products (kernels/cpu/gemm.h) against a double-precision reference
+ * from the decoded weights and the exact inputs, on every instruction set the machine has,
+ * on 1, 2 and 3 threads, for odd shapes: m not a multiple of the tile height, n not a
+ * multiple of 16 or 32, k across panel and group boundaries.
+ *
+ * Tolerances follow from the input rounding, per output (i, r) with w = W row r:
+ *   int8 activations (affine): |y - ref| <= sum over groups g of dx_g / 2 * sum_g |w_j|
+ *     (dx_g = max|x_g| / 127: each xq is off by at most half a step), plus float32
+ *     accumulation, bounded by 1e-5 * sum |w_j x_j|;
+ *   bf16 activations: |y - ref| <= 2^-9 * sum |w_j x_j| (round to nearest even), plus the
+ *     same accumulation term.
+ * Paths without the fast kernels (and batch-invariant mode) must give bitwise the rows
+ * computed alone, and m <= 8 stays on the invariant kernels in either mode.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "common/threadpool.h"
+#include "common/util.h"
+#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/quant.h"
+#include "test_util.h"
+
+#define TEST_SEED 0x5bd1e9955bd1e995ull
+#include "test_mat.h"
+
+static double worst_ratio; /* the largest error / bound seen (reported) */
+
+static void check_case(struct threadpool *tps[3], enum wfmt f, int bits, int group,
+                       enum st_dtype sd, int m, int64_t n, int64_t k)
+{
+    struct test_mat mt;
+    test_mat_make(&mt, f, bits, group, n, k, sd);
+    const struct qweight *w = &mt.w;
+    float *x = xmalloc(sizeof(float) * (size_t)(m * k));
+    for (int64_t i = 0; i < m * k; i++) x[i] = frand() * (i % 7 == 0 ? 4.0f : 1.0f);
+    float *wd = xmalloc(sizeof(float) * (size_t)(n * k));
+    for (int64_t r = 0; r < n; r++) quant_dequant_row(w, r, 0, k, wd + r * k);
+    float *y = xmalloc(sizeof(float) * (size_t)(m * n));
+    float *alone = xmalloc(sizeof(float) * (size_t)(m * n));
+    enum gemm_kind kind = gemm_kind_of(w);
+    char name[64];
+    snprintf(name, sizeof name, "%s bits=%d g=%d m=%d n=%lld k=%lld",
+             f == WFMT_BF16 ? "bf16" : "affine", bits, group, m, (long long)n, (long long)k);
+    for (int isa = CPU_ISA_PORTABLE; isa <= CPU_ISA_AVX512; isa++) {
+        if (!cpu_isa_available((enum cpu_isa)isa)) continue;
+        cpu_isa_set((enum cpu_isa)isa);
+        cpu_batch_invariant_set(1);
+        for (int i = 0; i < m; i++) cpu_matmul(tps[0], alone + i * n, x + i * k, w, 1);
+        for (int inv = 0; inv < 2; inv++) {
+            cpu_batch_invariant_set(inv);
+            int fast = !inv && isa == CPU_ISA_AVX512 && kind != GEMM_NONE && m >= GEMM_MIN_M;
+            for (int t = 0; t < 3; t++) {
+                memset(y, 0xff, sizeof(float) * (size_t)(m * n));
+                cpu_matmul(tps[t], y, x, w, m);
+                int bad = 0;
+                for (int i = 0; i < m && !bad; i++)
+                    for (int64_t r = 0; r < n && !bad; r++) {
+                        float got = y[i * n + r];
+                        if (!fast) {
+                            bad = memcmp(&got, &alone[i * n + r], sizeof got) != 0;
+                            CHECK(!bad, "%s %s inv=%d threads=%d: y[%d][%lld] = %.9g, alone %.9g",
+                                  name, cpu_isa_name((enum cpu_isa)isa), inv, t + 1, i,
+                                  (long long)r, got, alone[i * n + r]);
+                            continue;
+                        }
+                        const float *xi = x + i * k, *wr = wd + r * k;
+                        double ref = 0, mag = 0, bound = 0;
+                        for (int64_t j = 0; j < k; j++) {
+                            ref += (double)wr[j] * xi[j];
+                            mag += fabs((double)wr[j] * xi[j]);
+                        }
+                        if (kind == GEMM_Q8)
+                            for (int64_t g = 0; g < k / group; g++) {
+                                double amax = 0, sw = 0;
+                                for (int64_t j = g * group; j < (g + 1) * group; j++) {
+                                    amax = fmax(amax, fabs(xi[j]));
+                                    sw += fabs(wr[j]);
+                                }
+                                bound += amax / 127.0 / 2.0 * sw;
+                            }
+                        else
+                            bound = mag / 512.0;
+                        bound += 1e-5 * mag;
+                        double err = fabs(got - ref);
+                        if (err / bound > worst_ratio) worst_ratio = err / bound;
+                        bad = !(err <= bound);
+                        CHECK(!bad, "%s threads=%d: y[%d][%lld] = %.9g, reference %.9g, bound %.3g",
+                              name, t + 1, i, (long long)r, got, ref, bound);
+                    }
+            }
+        }
+    }
+    cpu_batch_invariant_set(0);
+    free(x);
+    free(wd);
+    free(y);
+    free(alone);
+    test_mat_free(&mt);
+}
+
+int main(void)
+{
+    cpu_kernels_init();
+    enum cpu_isa best = cpu_isa_get();
+    struct threadpool *tps[3] = {tp_create(1), tp_create(2), tp_create(3)};
+    static const int ms[] = {8, 9, 13, 17, 33};
+    static const int64_t shapes[][2] = {{40, 64}, {100, 576}, {16, 1024}, {70, 128}};
+    static const struct {
+        enum wfmt f;
+        int bits, group;
+        enum st_dtype sd;
+    } fmts[] = {
+        {WFMT_BF16, 16, 0, ST_U8},     {WFMT_AFFINE, 4, 32, ST_BF16},
+        {WFMT_AFFINE, 4, 64, ST_BF16}, {WFMT_AFFINE, 4, 128, ST_BF16},
+        {WFMT_AFFINE, 4, 64, ST_F16},  {WFMT_AFFINE, 8, 32, ST_BF16},
+        {WFMT_AFFINE, 8, 64, ST_BF16}, {WFMT_AFFINE, 8, 128, ST_F32},
+        {WFMT_AFFINE, 3, 64, ST_BF16}, /* no fast kernel: the invariant path in both modes */
+    };
+    for (size_t fi = 0; fi < sizeof fmts / sizeof *fmts; fi++)
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+            if (fmts[fi].group && shapes[si][1] % fmts[fi].group) continue;
+            for (size_t mi = 0; mi < sizeof ms / sizeof *ms; mi++)
+                check_case(tps, fmts[fi].f, fmts[fi].bits, fmts[fi].group, fmts[fi].sd, ms[mi],
+                           shapes[si][0], shapes[si][1]);
+        }
+    printf("fast kernels on %s: largest error / bound %.3f\n",
+           cpu_isa_available(CPU_ISA_AVX512) ? "avx512" : "(none on this machine)", worst_ratio);
+    cpu_isa_set(best);
+    for (int t = 0; t < 3; t++) tp_destroy(tps[t]);
+    TEST_DONE();
+}
