@@ -15,7 +15,8 @@ struct slot {
     int32_t chain;      /* the next slot in its index bucket, -1 at the end */
     int32_t pin;        /* loads reading it */
     uint64_t in_ticket; /* put: its copy up's ticket; 0 before one is taken */
-    uint8_t state, down, in_pend, in_lru;
+    uint8_t state, in_pend, in_lru;
+    uint8_t down;    /* a report to the lower tier due: never evicted before it is taken */
     uint8_t in_busy; /* put: its copy up not seen complete (the host must not write it) */
 };
 
@@ -35,6 +36,11 @@ struct kv_host {
     int32_t *out_slot;
     uint32_t *out_gen;
     uint8_t *has_out;
+    /* stores for the lower tier waiting for a slot, oldest first: a list over device blocks
+     * (wl_prev/wl_next, -1 at the ends), each with its hash; reusing a block unlinks it */
+    int32_t *wl_prev, *wl_next, wl_head, wl_tail;
+    struct kv_hash *wl_hash;
+    uint8_t *waiting;
     int device_blocks;
     uint32_t fence_gen;
     struct kv_host_copy c;
@@ -96,6 +102,13 @@ static void lru_add_tail(struct kv_host *h, int32_t i)
     s->in_lru = 1;
 }
 
+/* A slot may be evicted once no load reads it and its report below has been taken. */
+static void lru_settle(struct kv_host *h, int32_t i)
+{
+    struct slot *s = &h->s[i];
+    if (!s->in_lru && !s->pin && !s->down && s->state != SLOT_FREE) lru_add_tail(h, i);
+}
+
 static void pend_add(struct kv_host *h, int32_t i)
 {
     if (h->s[i].in_pend) return;
@@ -126,6 +139,11 @@ struct kv_host *kv_host_create(const struct kv_host_config *cfg)
     h->out_slot = xmalloc(sizeof(int32_t) * (size_t)cfg->device_blocks);
     h->out_gen = xcalloc((size_t)cfg->device_blocks, sizeof(uint32_t));
     h->has_out = xcalloc((size_t)cfg->device_blocks, 1);
+    h->wl_prev = xmalloc(sizeof(int32_t) * (size_t)cfg->device_blocks);
+    h->wl_next = xmalloc(sizeof(int32_t) * (size_t)cfg->device_blocks);
+    h->wl_hash = xmalloc(sizeof(struct kv_hash) * (size_t)cfg->device_blocks);
+    h->waiting = xcalloc((size_t)cfg->device_blocks, 1);
+    h->wl_head = h->wl_tail = -1;
     h->st.slots = (uint64_t)h->n;
     return h;
 }
@@ -139,6 +157,10 @@ void kv_host_destroy(struct kv_host *h)
     free(h->out_slot);
     free(h->out_gen);
     free(h->has_out);
+    free(h->wl_prev);
+    free(h->wl_next);
+    free(h->wl_hash);
+    free(h->waiting);
     free(h);
 }
 
@@ -166,27 +188,51 @@ static int32_t take_slot(struct kv_host *h, int quiet)
     return i;
 }
 
-int kv_host_store(struct kv_host *h, struct kv_hash hash, int32_t block, int down)
+static void wait_add(struct kv_host *h, struct kv_hash hash, int32_t b)
 {
-    assert(block >= 0 && block < h->device_blocks);
-    int32_t i = find(h, hash);
-    if (i >= 0) {
-        struct slot *s = &h->s[i];
-        if (s->in_lru) {
-            lru_del(h, i);
-            lru_add_tail(h, i);
-        }
-        if (down && !s->down) {
-            s->down = 1;
-            pend_add(h, i); /* a ready slot is reported by the next poll */
-        }
-        return 1;
+    h->wl_hash[b] = hash;
+    if (h->waiting[b]) return;
+    h->waiting[b] = 1;
+    h->wl_prev[b] = h->wl_tail;
+    h->wl_next[b] = -1;
+    if (h->wl_tail >= 0)
+        h->wl_next[h->wl_tail] = b;
+    else
+        h->wl_head = b;
+    h->wl_tail = b;
+    h->st.store_deferred++;
+}
+
+static void wait_del(struct kv_host *h, int32_t b)
+{
+    if (h->wl_prev[b] >= 0)
+        h->wl_next[h->wl_prev[b]] = h->wl_next[b];
+    else
+        h->wl_head = h->wl_next[b];
+    if (h->wl_next[b] >= 0)
+        h->wl_prev[h->wl_next[b]] = h->wl_prev[b];
+    else
+        h->wl_tail = h->wl_prev[b];
+    h->waiting[b] = 0;
+}
+
+/* hash is held in slot i: most recently used, and reported below if down. */
+static void store_held(struct kv_host *h, int32_t i, int down)
+{
+    struct slot *s = &h->s[i];
+    if (s->in_lru) {
+        lru_del(h, i);
+        if (!down || s->down) lru_add_tail(h, i);
     }
-    i = take_slot(h, 0);
-    if (i < 0) {
-        h->st.store_dropped++;
-        return 0;
+    if (down && !s->down) {
+        s->down = 1;
+        pend_add(h, i); /* a ready slot is reported by the next poll */
     }
+}
+
+/* Slot i (just taken) receives device block `block` under hash. */
+static void store_into(struct kv_host *h, int32_t i, struct kv_hash hash, int32_t block, int down)
+{
     struct slot *s = &h->s[i];
     s->hash = hash;
     s->state = SLOT_FILLING;
@@ -194,7 +240,7 @@ int kv_host_store(struct kv_host *h, struct kv_hash hash, int32_t block, int dow
     s->down = (uint8_t)(down != 0);
     s->pin = 0;
     index_add(h, i);
-    lru_add_tail(h, i);
+    if (!s->down) lru_add_tail(h, i);
     pend_add(h, i);
     h->c.out(h->c.user, block, slot_mem(h, i));
     h->unmarked = 1;
@@ -202,6 +248,27 @@ int kv_host_store(struct kv_host *h, struct kv_hash hash, int32_t block, int dow
     h->out_gen[block] = h->fence_gen;
     h->has_out[block] = 1;
     h->st.stored_blocks++;
+}
+
+int kv_host_store(struct kv_host *h, struct kv_hash hash, int32_t block, int down)
+{
+    assert(block >= 0 && block < h->device_blocks);
+    int32_t i = find(h, hash);
+    if (i >= 0) {
+        store_held(h, i, down);
+        return 1;
+    }
+    /* blocks already waiting go first: a slot freed is theirs */
+    i = down && h->wl_head >= 0 ? -1 : take_slot(h, 0);
+    if (i < 0) {
+        if (down) { /* the lower tier wants it: it waits for a slot (kv_host_poll) */
+            wait_add(h, hash, block);
+            return 1;
+        }
+        h->st.store_dropped++;
+        return 0;
+    }
+    store_into(h, i, hash, block, down);
     return 1;
 }
 
@@ -284,7 +351,8 @@ void kv_host_unpin(struct kv_host *h, const struct kv_hash *hashes, int n)
     for (int k = 0; k < n; k++) {
         int32_t i = find(h, hashes[k]);
         assert(i >= 0 && h->s[i].pin > 0);
-        if (--h->s[i].pin == 0) lru_add_tail(h, i);
+        h->s[i].pin--;
+        lru_settle(h, i);
     }
 }
 
@@ -293,7 +361,12 @@ void kv_host_reuse(struct kv_host *h, const int32_t *blocks, int n)
     int fence = 0;
     for (int k = 0; k < n; k++) {
         int32_t b = blocks[k];
-        if (b < 0 || !h->has_out[b]) continue;
+        if (b < 0) continue;
+        if (h->waiting[b]) { /* rewritten before a slot freed for it: lost */
+            wait_del(h, b);
+            h->st.store_dropped++;
+        }
+        if (!h->has_out[b]) continue;
         h->has_out[b] = 0;
         /* the slot ready: its copies down have completed, this one among them (a slot
          * taken again since holds a later copy, which completes after it) */
@@ -308,24 +381,42 @@ void kv_host_reuse(struct kv_host *h, const int32_t *blocks, int n)
 void kv_host_poll(struct kv_host *h, kv_host_ready_fn fn, void *user)
 {
     if (h->unmarked) kv_host_mark(h);
-    int keep = 0;
+    int keep = 0, full = 0;
     for (int k = 0; k < h->n_pend; k++) {
         int32_t i = h->pend[k];
         struct slot *s = &h->s[i];
         if (s->in_busy && s->in_ticket && h->c.done(h->c.user, s->in_ticket)) s->in_busy = 0;
         if (s->state == SLOT_FILLING && s->ticket && h->c.done(h->c.user, s->ticket))
             s->state = SLOT_READY;
-        if (s->in_busy || s->state == SLOT_FILLING) {
+        if (s->down && s->state == SLOT_READY) {
+            /* refused (the lower tier's queue is full): kept, offered again next poll */
+            if (full || (fn && !fn(user, s->hash, slot_mem(h, i))))
+                full = 1;
+            else
+                s->down = 0;
+            lru_settle(h, i);
+        }
+        if (s->in_busy || s->state == SLOT_FILLING || s->down) {
             h->pend[keep++] = i;
             continue;
         }
         s->in_pend = 0;
-        if (s->down) {
-            s->down = 0;
-            if (fn) fn(user, s->hash, slot_mem(h, i));
-        }
     }
     h->n_pend = keep;
+    /* stores waiting for a slot take those freed, oldest first; their device blocks still
+     * hold the bytes (kv_host_reuse unlinks a block before it is written again) */
+    while (h->wl_head >= 0) {
+        int32_t b = h->wl_head, i = find(h, h->wl_hash[b]);
+        if (i >= 0) { /* stored again since, from another block */
+            wait_del(h, b);
+            store_held(h, i, 1);
+            continue;
+        }
+        if ((i = take_slot(h, 0)) < 0) break;
+        wait_del(h, b);
+        store_into(h, i, h->wl_hash[b], b, 1);
+    }
+    if (h->unmarked) kv_host_mark(h);
 }
 
 const void *kv_host_bytes(const struct kv_host *h, struct kv_hash hash)

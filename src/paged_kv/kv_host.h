@@ -18,9 +18,10 @@
  * stored bytes, and a store into a slot queued after a load from it runs after the load.
  *
  * Slots: FREE, FILLING (a copy down queued, in the index: loads may follow it), READY
- * (its bytes are in host memory). A slot with loads in progress is pinned (pin > 0) and
- * never evicted. Costs: every call is O(blocks named) plus O(copies pending) for poll.
- * Threads: one (the engine's).
+ * (its bytes are in host memory). A slot with loads in progress is pinned (pin > 0), and
+ * one whose block the lower tier has not taken yet is held for it: neither is evicted, so
+ * a prefix larger than the slots still reaches the lower tier whole, at its pace. Costs: every call
+ * is O(blocks named) plus O(copies pending) for poll. Threads: one (the engine's).
  */
 #ifndef PAGODA_PAGED_KV_KV_HOST_H
 #define PAGODA_PAGED_KV_KV_HOST_H
@@ -58,15 +59,19 @@ struct kv_host_stats {
     uint64_t blocks;         /* slots holding a block (filling or ready) */
     uint64_t slots;          /* capacity in blocks */
     uint64_t stored_blocks;  /* copies down queued */
-    uint64_t store_dropped;  /* stores dropped: every slot pinned or still filling */
+    uint64_t store_dropped;  /* stores dropped: every slot pinned (or, for the lower tier,
+                              * the device block rewritten while it waited for a slot) */
+    uint64_t store_deferred; /* stores for the lower tier that waited for a slot */
     uint64_t evicted_blocks; /* blocks dropped to make room (LRU) */
     uint64_t load_blocks;    /* blocks copied up for loads */
     uint64_t fences;         /* device blocks reused while their copy down was pending */
 };
 
 /** Called for each block whose copy down has completed and that was stored with down=1:
- * bytes [block_bytes] in host memory, valid during the call. */
-typedef void (*kv_host_ready_fn)(void *user, struct kv_hash h, const void *bytes);
+ * bytes [block_bytes] in host memory, valid during the call. Returns 1 when taken, 0 when
+ * the lower tier has no room now: the slot keeps the block (never evicted) and it is
+ * offered again by the next poll, in order. */
+typedef int (*kv_host_ready_fn)(void *user, struct kv_hash h, const void *bytes);
 
 struct kv_host;
 
@@ -76,7 +81,10 @@ void kv_host_destroy(struct kv_host *h);
 
 /** Copies device block `block`, named h, down (unless held already: then it only becomes the
  * most recently used). down: report it through kv_host_poll's fn once in host memory (a
- * lower tier wants it). 1 queued or held, 0 dropped (every slot pinned or filling). */
+ * lower tier wants it); such a slot is not evicted before its report is taken, and when no
+ * slot is free the store waits (kv_host_poll queues it once one frees, oldest first;
+ * kv_host_reuse of the block drops it, counted). 1 queued, waiting or held; 0 dropped
+ * (down == 0 and every slot pinned or reported below). */
 int kv_host_store(struct kv_host *h, struct kv_hash hash, int32_t block, int down);
 
 /** Puts a block that came from below (raw [block_bytes], host memory) under hash and queues
@@ -104,8 +112,9 @@ void kv_host_unpin(struct kv_host *h, const struct kv_hash *hashes, int n);
  * a copy down pending, the step's later work is fenced behind the copies (counted). */
 void kv_host_reuse(struct kv_host *h, const int32_t *blocks, int n);
 
-/** Takes a ticket for copies queued since the last one and moves completed copies down to
- * ready, reporting those stored with down=1 through fn (NULL: none). */
+/** Moves completed copies down to ready, reports those stored with down=1 through fn (NULL:
+ * taken), queues the copies of waiting stores into slots freed, and takes a ticket for the
+ * copies queued since the last one. */
 void kv_host_poll(struct kv_host *h, kv_host_ready_fn fn, void *user);
 
 /** The bytes of h when ready, else NULL (valid until the next call that stores or puts). */

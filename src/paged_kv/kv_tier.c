@@ -259,6 +259,14 @@ void *kv_tier_store_begin(struct kv_tier *t)
     return p;
 }
 
+int kv_tier_store_room(struct kv_tier *t)
+{
+    pthread_mutex_lock(&t->mu);
+    int r = t->tail - t->head < t->n_q;
+    pthread_mutex_unlock(&t->mu);
+    return r;
+}
+
 void kv_tier_store_end(struct kv_tier *t, struct kv_hash h)
 {
     pthread_mutex_lock(&t->mu);

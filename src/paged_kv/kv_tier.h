@@ -62,6 +62,9 @@ void kv_tier_destroy(struct kv_tier *t);
 
 /** A queue slot of block_bytes to fill, or NULL when the queue is full (counted). */
 void *kv_tier_store_begin(struct kv_tier *t);
+/** Whether the queue has a free slot now (a caller that can wait asks first: no drop is
+ * counted). */
+int kv_tier_store_room(struct kv_tier *t);
 /** Hands the slot from kv_tier_store_begin to the writer under hash h. */
 void kv_tier_store_end(struct kv_tier *t, struct kv_hash h);
 

@@ -184,15 +184,19 @@ int tier_open(struct engine *en, const char *pool_fp, struct err *e)
     return en->tier ? 0 : -1;
 }
 
-/* A block ready in host memory that the disk tier wants: into the writer's queue. */
-static void to_disk(void *user, struct kv_hash h, const void *bytes)
+/* A block ready in host memory that the disk tier wants: into the writer's queue. With the
+ * queue full it stays in its slot and is offered again after the next step (the host tier
+ * holds it; stores behind it wait for slots), so a prefix larger than the slots reaches the
+ * disk whole, at the writer's pace. */
+static int to_disk(void *user, struct kv_hash h, const void *bytes)
 {
     struct engine *en = user;
-    if (kv_tier_has(en->tier, h)) return;
+    if (kv_tier_has(en->tier, h)) return 1;
+    if (!kv_tier_store_room(en->tier)) return 0;
     void *buf = kv_tier_store_begin(en->tier);
-    if (!buf) return; /* the queue is full: dropped (counted) */
     memcpy(buf, bytes, model_kv_block_bytes(en->m));
     kv_tier_store_end(en->tier, h);
+    return 1;
 }
 
 void tier_close(struct engine *en)
