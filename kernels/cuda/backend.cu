@@ -800,44 +800,56 @@ static void cu_download(void *ctx, void *dst, const void *src, size_t bytes)
 
 /* The copy engine of the host-memory KV tier (backend_ops.host_alloc and on). Each copy
  * batch runs the operations recorded so far first: it must follow the step that wrote its
- * blocks. */
+ * blocks. Host memory is mapped, as the copy kernels read and write it directly. */
 static void *cu_host_alloc(void *ctx, size_t bytes)
 {
     cu_ctx *c = (cu_ctx *)ctx;
     CU(cudaSetDevice(c->dev));
     void *p = NULL;
-    if (cudaMallocHost(&p, bytes) != cudaSuccess) {
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocMapped) != cudaSuccess) {
         cudaGetLastError();
         return NULL;
     }
     if (!c->copier) c->copier = cu_copier_create();
+    cu_copier_map(c->copier, p, bytes);
     return p;
 }
 
 static void cu_host_free(void *ctx, void *p)
 {
     cu_ctx *c = (cu_ctx *)ctx;
-    if (c->copier) CU(cudaStreamSynchronize(c->st));
-    cu_copier_destroy(c->copier);
-    c->copier = NULL;
+    if (c->copier) {
+        CU(cudaStreamSynchronize(c->st));
+        /* the copier goes with the last area: the copies into this one complete first */
+        if (p && cu_copier_unmap(c->copier, p)) {
+            uint64_t t = cu_copier_mark(c->copier, c->st);
+            while (!cu_copier_done(c->copier, t)) {
+            }
+        } else {
+            cu_copier_destroy(c->copier);
+            c->copier = NULL;
+        }
+    }
     if (p) CU(cudaFreeHost(p));
 }
 
-static void cu_copy_begin(void *ctx)
+static void cu_copy_setup(void *ctx, int n_seg, void *const *base, const size_t *bytes)
 {
-    cu_ctx *c = (cu_ctx *)ctx;
-    flush(c);
-    cu_copier_follow(c->copier, c->st);
+    cu_copier_setup(((cu_ctx *)ctx)->copier, n_seg, base, bytes);
 }
 
-static void cu_copy_async(void *ctx, void *dst, const void *src, size_t bytes, int to_host)
+static void cu_copy_block(void *ctx, int32_t block, void *host, int to_host)
 {
-    cu_copier_copy(((cu_ctx *)ctx)->copier, dst, src, bytes, to_host);
+    cu_ctx *c = (cu_ctx *)ctx;
+    flush(c); /* a launch may follow: the step's recorded work goes first */
+    cu_copier_block(c->copier, c->st, block, host, to_host);
 }
 
 static uint64_t cu_copy_mark(void *ctx)
 {
-    return cu_copier_mark(((cu_ctx *)ctx)->copier);
+    cu_ctx *c = (cu_ctx *)ctx;
+    flush(c);
+    return cu_copier_mark(c->copier, c->st);
 }
 
 static int cu_copy_done(void *ctx, uint64_t t)
@@ -850,6 +862,11 @@ static void cu_copy_fence(void *ctx)
     cu_ctx *c = (cu_ctx *)ctx;
     flush(c);
     cu_copier_fence(c->copier, c->st);
+}
+
+static void cu_copy_seconds(void *ctx, double *out_s, double *in_s)
+{
+    cu_copier_seconds(((cu_ctx *)ctx)->copier, out_s, in_s);
 }
 
 static int cu_weight_prepare(void *ctx, struct qweight *w, struct err *e)
@@ -2195,11 +2212,12 @@ static const struct backend_ops cuda_ops = {
     .scale = cu_scale_op,
     .host_alloc = cu_host_alloc,
     .host_free = cu_host_free,
-    .copy_begin = cu_copy_begin,
-    .copy_async = cu_copy_async,
+    .copy_setup = cu_copy_setup,
+    .copy_block = cu_copy_block,
     .copy_mark = cu_copy_mark,
     .copy_done = cu_copy_done,
     .copy_fence = cu_copy_fence,
+    .copy_seconds = cu_copy_seconds,
 };
 
 int backend_cuda_device_count(void)

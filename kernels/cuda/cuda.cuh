@@ -393,20 +393,30 @@ void cu_ktrace_stop(void);
 
 /* ---- the copy engine of the host-memory KV tier (copy.cu) ---- */
 
-/* A stream beside the step's stream for copies between KV blocks and pinned host memory,
- * with a ring of events as tickets (backend_ops.copy_async and the rest). */
+/* A stream beside the step's stream for copies between KV blocks and mapped pinned host
+ * memory, batched into gather/scatter kernels, with a ring of events as tickets
+ * (backend_ops.copy_blocks and the rest). */
 struct cu_copier;
 cu_copier *cu_copier_create(void);
 void cu_copier_destroy(cu_copier *k);
-/** The copies queued from now on run after the work queued on step so far. */
-void cu_copier_follow(cu_copier *k, cudaStream_t step);
-/** Queues dst = src on the copy stream. */
-void cu_copier_copy(cu_copier *k, void *dst, const void *src, size_t bytes, int to_host);
-/** A ticket completed once every copy queued so far has (waits only when CU_COPY_TICKETS
- * tickets are outstanding). */
-uint64_t cu_copier_mark(cu_copier *k);
+/** host [bytes] (mapped pinned memory) may hold block images. */
+void cu_copier_map(cu_copier *k, void *host, size_t bytes);
+/** Forgets host; returns the mapped areas left. */
+int cu_copier_unmap(cu_copier *k, void *host);
+/** A block's pieces: segment s of block b is base[s] + bytes[s] * b; its host image is the
+ * segments one after another. */
+void cu_copier_setup(cu_copier *k, int n_seg, void *const *base, const size_t *bytes);
+/** Queues a copy of pool block `block` to (to_host) or from its image at host. */
+void cu_copier_block(cu_copier *k, cudaStream_t step, int32_t block, void *host, int to_host);
+/** Launches the blocks queued, after the work queued on step so far. */
+void cu_copier_flush(cu_copier *k, cudaStream_t step);
+/** A ticket completed once every copy queued so far has (flushes; waits only when
+ * CU_COPY_TICKETS tickets are outstanding). */
+uint64_t cu_copier_mark(cu_copier *k, cudaStream_t step);
 int cu_copier_done(cu_copier *k, uint64_t t);
-/** The work queued on step from now on waits for every copy queued so far. */
+/** The work queued on step from now on waits for every copy queued so far (flushes). */
 void cu_copier_fence(cu_copier *k, cudaStream_t step);
+/** Device seconds of the copy launches completed so far, down and up. */
+void cu_copier_seconds(cu_copier *k, double *out_s, double *in_s);
 
 #endif

@@ -348,12 +348,10 @@ static void tier_render(const struct engine_stats *st, struct http_buf *o)
     head(o, "pagoda_kv_tier_store_bytes_total", "counter", "KV bytes stored in a tier.");
     tier_line(o, st, "pagoda_kv_tier_store_bytes_total", "", st->host_store_bytes,
               t->disk.stored_bytes);
-    if (st->tier_on) {
-        head(o, "pagoda_kv_tier_store_seconds_total", "counter",
-             "Time the tier's writer was busy.");
-        http_buf_printf(o, "pagoda_kv_tier_store_seconds_total{tier=\"disk\"} %.6f\n",
-                        t->store_seconds);
-    }
+    head(o, "pagoda_kv_tier_store_seconds_total", "counter",
+         "Time stores into a tier took (host: the copies' device time; disk: the writer's).");
+    tier_seconds(o, st, "pagoda_kv_tier_store_seconds_total", st->host_store_seconds,
+                 t->store_seconds);
     head(o, "pagoda_kv_tier_store_dropped_total", "counter",
          "Blocks not stored: the store queue was full, or the budget had nothing to evict.");
     tier_line(o, st, "pagoda_kv_tier_store_dropped_total", "", h->store_dropped,

@@ -345,6 +345,7 @@ static void stats_add(struct engine_stats *a, const struct engine_stats *b)
         a->host_query_tokens += b->host_query_tokens;
         a->host_hit_tokens += b->host_hit_tokens;
         a->host_load_seconds += b->host_load_seconds;
+        a->host_store_seconds += b->host_store_seconds;
     }
 }
 

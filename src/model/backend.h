@@ -234,22 +234,26 @@ struct backend_ops {
 
     /* A copy engine beside the step (the host-memory KV tier, paged_kv/kv_host.h). Optional
      * (NULL: the backend has none; the CPU's KV pool is host memory already). Copies run in
-     * the order queued, each after the step work queued before its copy_begin, and never
-     * make the host wait. */
+     * the order queued, each after the step work queued before it, and never make the host
+     * wait; the backend may hold them back until the next copy_mark or copy_fence to copy
+     * them together. */
     /* Pinned host memory (NULL when it cannot be had), and its release. */
     void *(*host_alloc)(void *ctx, size_t bytes);
     void (*host_free)(void *ctx, void *p);
-    /* The copies queued from now on run after the step work queued so far. */
-    void (*copy_begin)(void *ctx);
-    /* Queues dst = src, one of them pinned host memory (from host_alloc), the other
-     * backend memory; to_host: device to host. */
-    void (*copy_async)(void *ctx, void *dst, const void *src, size_t bytes, int to_host);
+    /* A pool block's pieces, once before copy_block: segment s of block b is base[s] +
+     * bytes[s] * b (backend memory); a block's host image is its segments in order. */
+    void (*copy_setup)(void *ctx, int n_seg, void *const *base, const size_t *bytes);
+    /* Queues a copy of pool block `block` to its image at host (memory from host_alloc),
+     * to_host, or back. */
+    void (*copy_block)(void *ctx, int32_t block, void *host, int to_host);
     /* A ticket (> 0, increasing) completed once every copy queued so far has; whether
      * ticket t has (never waits). */
     uint64_t (*copy_mark)(void *ctx);
     int (*copy_done)(void *ctx, uint64_t t);
     /* The step work queued from now on waits on the device for every copy queued so far. */
     void (*copy_fence)(void *ctx);
+    /* Device seconds the copies completed so far took, down (to host) and up. */
+    void (*copy_seconds)(void *ctx, double *out_s, double *in_s);
 };
 
 struct backend {

@@ -1,5 +1,8 @@
 #include "model/kv_block.h"
 
+#include <stdlib.h>
+
+#include "common/util.h"
 #include "model/backend.h"
 #include "paged_kv/kv_quant.h"
 
@@ -57,32 +60,33 @@ void model_kv_block_write(struct model *m, int block, const void *src)
 int model_kv_copy_engine(const struct model *m)
 {
     const struct backend_ops *o = m->be->ops;
-    return o->host_alloc && o->copy_begin && o->copy_async && o->copy_mark && o->copy_done &&
-           o->copy_fence;
+    return o->host_alloc && o->copy_setup && o->copy_block && o->copy_mark && o->copy_done &&
+           o->copy_fence && o->copy_seconds;
 }
 
-/* Both directions: a block's image is 2 copies per layer that owns KV. */
-static void block_copy(struct model *m, int block, char *host, int to_host)
+void model_kv_copy_setup(struct model *m)
 {
-    const struct backend_ops *o = m->be->ops;
-    o->copy_begin(m->be->ctx);
+    int n = 0;
+    void **base = xmalloc(sizeof(void *) * 2 * (size_t)m->cfg.n_layers);
+    size_t *bytes = xmalloc(sizeof(size_t) * 2 * (size_t)m->cfg.n_layers);
     for (int l = 0; l < m->cfg.n_layers; l++) {
         if (!owns_kv(&m->cfg, l)) continue;
-        size_t nk = layer_bytes(m, l, 0), nv = layer_bytes(m, l, 1);
-        char *k = (char *)m->kv[l].k + nk * (size_t)block,
-             *v = (char *)m->kv[l].v + nv * (size_t)block;
-        o->copy_async(m->be->ctx, to_host ? host : k, to_host ? k : host, nk, to_host);
-        o->copy_async(m->be->ctx, to_host ? host + nk : v, to_host ? v : host + nk, nv, to_host);
-        host += nk + nv;
+        base[n] = m->kv[l].k;
+        bytes[n++] = layer_bytes(m, l, 0);
+        base[n] = m->kv[l].v;
+        bytes[n++] = layer_bytes(m, l, 1);
     }
+    m->be->ops->copy_setup(m->be->ctx, n, base, bytes);
+    free(base);
+    free(bytes);
 }
 
 void model_kv_block_copy_out(struct model *m, int block, void *dst)
 {
-    block_copy(m, block, dst, 1);
+    m->be->ops->copy_block(m->be->ctx, block, dst, 1);
 }
 
 void model_kv_block_copy_in(struct model *m, int block, const void *src)
 {
-    block_copy(m, block, (char *)src, 0);
+    m->be->ops->copy_block(m->be->ctx, block, (void *)src, 0);
 }

@@ -24,12 +24,16 @@ void model_kv_block_read(struct model *m, int block, void *dst);
  * the steps after it. */
 void model_kv_block_write(struct model *m, int block, const void *src);
 
-/** Whether the backend has a copy engine (backend_ops.copy_async and the rest): blocks then
+/** Whether the backend has a copy engine (backend_ops.copy_block and the rest): blocks then
  * move to and from pinned host memory off the step's path. */
 int model_kv_copy_engine(const struct model *m);
 
+/** Tells the copy engine where a block's pieces lie (once, after host_alloc, before the
+ * first copy). */
+void model_kv_copy_setup(struct model *m);
+
 /** Queues a copy of pool block `block` to pinned host memory dst [model_kv_block_bytes],
- * after the steps queued so far (a copy engine's). */
+ * after the steps queued so far (a copy engine's; copies queued together are one gather). */
 void model_kv_block_copy_out(struct model *m, int block, void *dst);
 
 /** Queues a copy of pinned host memory src [model_kv_block_bytes] into pool block `block`,

@@ -296,7 +296,9 @@ struct engine_stats {
     uint64_t host_used_bytes, host_budget_bytes, host_load_bytes, host_store_bytes;
     uint64_t host_query_tokens; /* prompt tokens past the pool's hits looked up there */
     uint64_t host_hit_tokens;   /* of those, copied up from there */
-    double host_load_seconds;   /* from the start of each load to its end */
+    /* device seconds of the copies up (loads) and down (stores), from the copy engine's
+     * timing of each batch: bytes over seconds is the bus bandwidth achieved */
+    double host_load_seconds, host_store_seconds;
     /* seconds from submission to a request's first schedule (vLLM's queued time) */
     uint64_t queue_hist[ENGINE_QUEUE_BUCKETS + 1];
     double queue_time_sum;

@@ -48,7 +48,6 @@ struct request {
     int load_id, load_from, tier_tried;
     int loading, host_from, host_n, load_end;
     uint64_t host_ticket;
-    double load_t0;
 
     /* speculative decoding (sched/spec.c): drafts for the next step in tokens[n_tokens ..
      * n_tokens + n_draft) (scratch past the known tokens), the measured acceptance (moving
@@ -134,7 +133,6 @@ struct engine {
     struct kv_host *host;
     void *host_mem;
     uint64_t host_query_tokens, host_hit_tokens;
-    double host_load_seconds;
     int n_loading;
     double prefill_tps;
     uint64_t tier_query_tokens, tier_hit_tokens, tier_bypasses;

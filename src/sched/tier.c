@@ -130,6 +130,7 @@ static int host_open(struct engine *en, size_t bytes, struct err *e)
                                 .device_blocks = en->pool.n_blocks,
                                 .copy = {en, copy_out, copy_in, copy_mark, copy_done, copy_fence}};
     en->host = kv_host_create(&hc);
+    model_kv_copy_setup(en->m);
     return 0;
 }
 
@@ -285,7 +286,6 @@ int tier_try_load(struct engine *en, struct request *r, int n_hit)
     r->host_from = n_hit;
     r->host_n = nh;
     r->host_ticket = nh ? kv_host_load(en->host, r->hashes + n_hit, r->blocks + n_hit, nh) : 0;
-    r->load_t0 = util_now();
     r->loading = 1;
     en->n_loading++;
     return 1;
@@ -339,7 +339,6 @@ void tier_poll(struct engine *en, double wait_s)
         if (r->host_n) {
             kv_host_unpin(en->host, r->hashes + r->host_from, r->host_n);
             en->host_hit_tokens += (uint64_t)r->host_n * (uint64_t)en->block_size;
-            en->host_load_seconds += util_now() - r->load_t0;
         }
         kv_release(&en->pool, r->blocks, r->n_blocks);
         r->n_blocks = 0;
@@ -379,7 +378,7 @@ void tier_publish(struct engine *en, struct engine_stats *st)
         st->host_store_bytes = st->host.stored_blocks * bb;
         st->host_query_tokens = en->host_query_tokens;
         st->host_hit_tokens = en->host_hit_tokens;
-        st->host_load_seconds = en->host_load_seconds;
+        en->be.ops->copy_seconds(en->be.ctx, &st->host_store_seconds, &st->host_load_seconds);
     }
     if (!en->tier) return;
     st->tier_on = 1;

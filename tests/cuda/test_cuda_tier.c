@@ -6,6 +6,8 @@
  *     back from the host tier while another request steps (the first step prefills only
  *     the other's 100 tokens), with the cold run's greedy tokens;
  *   host, aborted while loading: its blocks go back and the prompt still runs right;
+ *   the copy kernels: blocks gathered into host memory are kv_block.h's image exactly, and
+ *     scattered back read the same; their device seconds are counted;
  *   disk: --kv-disk-dir without host memory (blocks staged through pinned slots), the
  *     engine destroyed and made again on the same directory (a restart): the prompt's
  *     blocks come back from disk with the cold run's greedy tokens.
@@ -17,7 +19,9 @@
 #include <unistd.h>
 
 #include "model/backend.h"
+#include "model/kv_block.h"
 #include "sched/engine.h"
+#include "sched/engine_impl.h"
 #include "test_util.h"
 
 #define N_PROMPT 600
@@ -95,6 +99,41 @@ static void push_out(struct engine *en)
     }
 }
 
+/* The copy kernels keep kv_block.h's image (the disk tier's record): two pool blocks
+ * gathered in one batch equal model_kv_block_read's bytes exactly, and one scattered into
+ * a third block reads back the same. Overwrites pool blocks: last use of the engine. */
+static void test_image(struct engine *en)
+{
+    struct model *m = en->m;
+    const struct backend_ops *o = en->be.ops;
+    void *ctx = en->be.ctx;
+    size_t bb = model_kv_block_bytes(m);
+    char *h = o->host_alloc(ctx, 2 * bb), *ref = malloc(bb), *back = malloc(bb);
+    CHECK(h && ref && back, "alloc");
+    model_kv_block_copy_out(m, 3, h);
+    model_kv_block_copy_out(m, 5, h + bb);
+    uint64_t t = o->copy_mark(ctx);
+    while (!o->copy_done(ctx, t)) usleep(10);
+    model_kv_block_read(m, 3, ref);
+    int nz = 0;
+    for (size_t i = 0; i < bb; i++) nz += ref[i] != 0;
+    CHECK(nz > 0 && !memcmp(h, ref, bb), "block 3 gathered: the image (%d bytes not zero)", nz);
+    model_kv_block_read(m, 5, ref);
+    CHECK(!memcmp(h + bb, ref, bb), "block 5 gathered in the same batch");
+    model_kv_block_copy_in(m, 7, h);
+    t = o->copy_mark(ctx);
+    while (!o->copy_done(ctx, t)) usleep(10);
+    model_kv_block_read(m, 7, back);
+    CHECK(!memcmp(back, h, bb), "block 3's image scattered into block 7");
+    double out_s = 0, in_s = 0;
+    o->copy_seconds(ctx, &out_s, &in_s);
+    CHECK(out_s > 0 && in_s > 0 && out_s < 10 && in_s < 10, "copy seconds %g down, %g up", out_s,
+          in_s);
+    o->host_free(ctx, h);
+    free(ref);
+    free(back);
+}
+
 static void test_host(const int32_t *p, const struct out *cold)
 {
     struct engine *en = open_engine((size_t)64 << 20, NULL);
@@ -129,6 +168,9 @@ static void test_host(const int32_t *p, const struct out *cold)
           "the same greedy tokens from KV copied up from host memory");
     CHECK(other.n == N_OUT, "the other request ran");
     CHECK(st.kv_blocks_used == 0, "no block held: %d", st.kv_blocks_used);
+    /* device time of the copies (bytes over it: the bus bandwidth), not of queueing them */
+    CHECK(st.host_load_seconds > 0 && st.host_load_seconds < 1 && st.host_store_seconds > 0,
+          "copy seconds: %g up, %g down", st.host_load_seconds, st.host_store_seconds);
 
     /* aborted while its blocks are copied up: they go back; the prompt then runs right */
     push_out(en);
@@ -143,6 +185,7 @@ static void test_host(const int32_t *p, const struct out *cold)
     submit(en, p, N_PROMPT, &again);
     run_all(en);
     CHECK(again.n == N_OUT && !memcmp(again.ids, cold->ids, sizeof cold->ids), "after the abort");
+    test_image(en);
     engine_destroy(en);
 }
 

@@ -36,6 +36,7 @@ int main(void)
     st.host_query_tokens = 64;
     st.host_hit_tokens = 32;
     st.host_load_seconds = 0.25;
+    st.host_store_seconds = 0.5;
     struct http_buf o = {0};
     http_metrics_render(m, &st, &o);
     http_buf_append(&o, "", 1);
@@ -49,6 +50,7 @@ int main(void)
         "pagoda_kv_tier_load_bytes_total{tier=\"host\"} 8192\n",
         "pagoda_kv_tier_load_seconds_total{tier=\"host\"} 0.250000\n",
         "pagoda_kv_tier_store_bytes_total{tier=\"host\"} 20480\n",
+        "pagoda_kv_tier_store_seconds_total{tier=\"host\"} 0.500000\n",
         "pagoda_kv_tier_store_dropped_total{tier=\"host\"} 1\n",
         "pagoda_kv_tier_evicted_blocks_total{tier=\"host\"} 4\n",
     };
