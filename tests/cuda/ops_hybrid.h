@@ -551,7 +551,8 @@ static void test_hybrid_layers(int invariant)
     float *conv0 = rvec(conv_n), *rec0 = rvec(rec_n); /* whatever the slots held before */
     const int n_kv_blocks = HB_SEQS * HB_BLOCKS;
     const size_t kv_elems = (size_t)n_kv_blocks * HB_BS * HL_KVH * HL_D;
-    struct kv_geom g = {n_kv_blocks, HB_BS, HL_KVH, HL_D};
+    struct kv_geom g = {
+        .n_blocks = n_kv_blocks, .block_size = HB_BS, .n_kv_heads = HL_KVH, .head_dim = HL_D};
     struct hl_w w[2]; /* CPU, GPU */
     for (int i = 0; i < 2; i++) {
         struct hl_w *x = &w[i];
