@@ -1,6 +1,7 @@
 /*
- * What the engine-level golden tests (test_engine.c, test_spec.c) share: a model folder's
- * golden cases, greedy sampling parameters, stepping a manual engine until it is idle, the
+ * What the engine-level golden tests (test_engine.c, test_spec.c, test_step_bound.c) share: a
+ * model folder's golden cases, a request's tokens and log-probabilities collected from its
+ * events, greedy sampling parameters, stepping a manual engine until it is idle, the
  * all-free check of the KV pool and the state slots, and the testdata README rule on a run's
  * token ids. Include after test_util.h and golden_util.h.
  */
@@ -13,6 +14,27 @@
 #include "sched/engine.h"
 
 #define MAX_CASES 16
+
+/* A request's output as its events deliver it: token ids, their log-probabilities, and how
+ * it finished. */
+#define ENGINE_MAX_OUT 64
+struct eng_result {
+    int32_t ids[ENGINE_MAX_OUT];
+    float lp[ENGINE_MAX_OUT];
+    int n;
+    enum finish_reason finish;
+};
+
+/* engine_submit's event callback for a struct eng_result. */
+static inline void eng_on_event(void *user, const struct engine_event *ev)
+{
+    struct eng_result *r = user;
+    if (ev->kind == ENGINE_EV_TOKEN && r->n < ENGINE_MAX_OUT) {
+        r->lp[r->n] = ev->logprob;
+        r->ids[r->n++] = ev->token;
+    }
+    if (ev->finish != FINISH_NONE) r->finish = ev->finish;
+}
 
 struct golden_case {
     int32_t *prompt;

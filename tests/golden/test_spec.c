@@ -40,33 +40,17 @@
 #include "model/head.h"
 #include "model/model.h"
 
-#define MAX_OUT 64
-
 static const char *device = "cpu";
 
-struct result {
-    int32_t ids[MAX_OUT];
-    float lp[MAX_OUT];
-    int n;
-    enum finish_reason finish;
-};
-
-static void on_event(void *user, const struct engine_event *ev)
-{
-    struct result *r = user;
-    if (ev->kind == ENGINE_EV_TOKEN && r->n < MAX_OUT) {
-        r->lp[r->n] = ev->logprob;
-        r->ids[r->n++] = ev->token;
-    }
-    if (ev->finish != FINISH_NONE) r->finish = ev->finish;
-}
-
 static void submit(struct engine *en, const struct golden_case *c, struct sampling_params sp,
-                   struct result *res)
+                   struct eng_result *res)
 {
     memset(res, 0, sizeof *res);
-    struct engine_request q = {
-        .prompt = c->prompt, .n_prompt = c->n_prompt, .sp = sp, .on_event = on_event, .user = res};
+    struct engine_request q = {.prompt = c->prompt,
+                               .n_prompt = c->n_prompt,
+                               .sp = sp,
+                               .on_event = eng_on_event,
+                               .user = res};
     struct err e = {0};
     CHECK(engine_submit(en, &q, &e) > 0, "submit: %s", e.msg);
 }
@@ -86,14 +70,14 @@ static struct engine *open_engine(const char *dir, int budget, int blocks, enum 
 /* The divergence margin of the golden rule (golden_util.h: looser for Gemma 4 on CUDA). */
 static double margin_tol = GOLDEN_MARGIN;
 
-static int same_ids(const struct result *a, const struct result *b)
+static int same_ids(const struct eng_result *a, const struct eng_result *b)
 {
     return a->n == b->n && !memcmp(a->ids, b->ids, sizeof(int32_t) * (size_t)a->n);
 }
 
 /* Every case alone with method m (draft: the draft model's folder), against plain[]. */
 static void run_alone(const char *dir, const char *name, struct golden_case *cs, int nc,
-                      enum spec_method m, const char *draft, const struct result *plain,
+                      enum spec_method m, const char *draft, const struct eng_result *plain,
                       int want_all_accepted)
 {
     struct err e = {0};
@@ -102,7 +86,7 @@ static void run_alone(const char *dir, const char *name, struct golden_case *cs,
     if (!en) return;
     int n_gen = cJSON_GetArraySize(cs[0].greedy);
     for (int i = 0; i < nc; i++) {
-        struct result r;
+        struct eng_result r;
         submit(en, &cs[i], greedy_params(n_gen), &r);
         drain(en);
         CHECK(same_ids(&r, &plain[i]), "%s %s%s case %d: tokens differ from plain decoding", name,
@@ -136,7 +120,7 @@ static void run_alone(const char *dir, const char *name, struct golden_case *cs,
 
 /* All cases concurrently, two arriving a step, a budget of 23 and a pool that forces preemption. */
 static void run_concurrent(const char *dir, const char *name, struct golden_case *cs, int nc,
-                           enum spec_method m, const char *draft, const struct result *plain)
+                           enum spec_method m, const char *draft, const struct eng_result *plain)
 {
     int n_gen = cJSON_GetArraySize(cs[0].greedy), max_need = 0;
     for (int i = 0; i < nc; i++) {
@@ -147,7 +131,7 @@ static void run_concurrent(const char *dir, const char *name, struct golden_case
     struct engine *en = open_engine(dir, 23, max_need, m, draft, &e);
     CHECK(en != NULL, "%s: engine_create: %s", name, e.msg);
     if (!en) return;
-    struct result conc[MAX_CASES];
+    struct eng_result conc[MAX_CASES];
     int next = 0;
     for (int step = 0; (next < nc || engine_live(en) > 0) && step < 200000; step++) {
         for (int k = 0; k < 2 && next < nc; k++, next++) /* the longest prompts first */
@@ -174,7 +158,7 @@ static void run_concurrent(const char *dir, const char *name, struct golden_case
 static void run_sampled(const char *dir, const char *name, struct golden_case *cs, int nc)
 {
     static const struct logit_bias bias[] = {{5, 2.0f}, {9, -3.0f}};
-    struct result plain[3][MAX_CASES], spec[3][MAX_CASES];
+    struct eng_result plain[3][MAX_CASES], spec[3][MAX_CASES];
     for (int pass = 0; pass < 2; pass++) {
         struct err e = {0};
         struct engine *en = open_engine(dir, 64, 0, pass ? SPEC_NGRAM : SPEC_NONE, NULL, &e);
@@ -233,7 +217,7 @@ static void run_biased(const char *dir, const char *name, struct golden_case *cs
                        enum spec_method m, const char *model, const char *draft)
 {
     static const struct logit_bias bias[] = {{7, 3.0f}};
-    struct result plain[MAX_CASES], spec[MAX_CASES];
+    struct eng_result plain[MAX_CASES], spec[MAX_CASES];
     uint64_t kept = 0, drafted = 0;
     int sevens = 0, total = 0;
     for (int pass = 0; pass < 2; pass++) {
@@ -390,7 +374,7 @@ static void check_head_forward(const char *dir, const char *name)
 /* Qwen3.5 with an MTP module: the greedy tokens of plain decoding, alone and concurrently;
  * the start-up errors. */
 static void run_mtp(const char *dir, const char *name, struct golden_case *cs, int nc,
-                    const struct result *plain)
+                    const struct eng_result *plain)
 {
     struct err e = {0};
     struct engine *bad = open_engine(dir, 2048, 0, SPEC_MTP, NULL, &e);
@@ -430,7 +414,7 @@ static void run_mtp(const char *dir, const char *name, struct golden_case *cs, i
  * random heads give the greedy
  * tokens of plain decoding alone and concurrently; start-up errors name what is wrong. */
 static void run_eagle3(const char *dir, const char *name, struct golden_case *cs, int nc,
-                       const struct result *plain)
+                       const struct eng_result *plain)
 {
     struct err e = {0};
     struct engine *bad = open_engine(dir, 2048, 0, SPEC_EAGLE3, NULL, &e);
@@ -519,7 +503,7 @@ static void test_model(const char *mdir, const char *name, struct golden_case *c
     engine_stats(en, &st);
     int hybrid = st.state_slots_total > 0;
     int n_gen = cJSON_GetArraySize(cs[0].greedy);
-    struct result plain[MAX_CASES];
+    struct eng_result plain[MAX_CASES];
     for (int i = 0; i < nc; i++) {
         submit(en, &cs[i], greedy_params(n_gen), &plain[i]);
         drain(en);

@@ -24,26 +24,7 @@
 #include "test_util.h"
 #include "golden/engine_util.h"
 
-#define MAX_OUT 64
-
 static const char *device = "cpu";
-
-struct result {
-    int32_t ids[MAX_OUT];
-    float lp[MAX_OUT];
-    int n;
-    enum finish_reason finish;
-};
-
-static void on_event(void *user, const struct engine_event *ev)
-{
-    struct result *r = user;
-    if (ev->kind == ENGINE_EV_TOKEN && r->n < MAX_OUT) {
-        r->lp[r->n] = ev->logprob;
-        r->ids[r->n++] = ev->token;
-    }
-    if (ev->finish != FINISH_NONE) r->finish = ev->finish;
-}
 
 static struct engine *open_engine(const char *dir, double max_step_ms, int threshold, int blocks,
                                   int sync)
@@ -55,7 +36,9 @@ static struct engine *open_engine(const char *dir, double max_step_ms, int thres
                                 .long_prefill_token_threshold = threshold,
                                 .num_blocks = blocks,
                                 .manual = 1,
-                                .overlap = sync ? -1 : 1};
+                                .overlap = sync ? -1 : 1,
+                                /* solo and concurrent rows compared bitwise */
+                                .batch_invariant = 1};
     struct err e = {0};
     struct engine *en = engine_create(&cfg, &e);
     CHECK(en != NULL, "%s: engine_create: %s", dir, e.msg);
@@ -63,13 +46,16 @@ static struct engine *open_engine(const char *dir, double max_step_ms, int thres
 }
 
 static void submit(struct engine *en, const struct golden_case *c, int n_gen, int lp,
-                   struct result *res)
+                   struct eng_result *res)
 {
     memset(res, 0, sizeof *res);
     struct sampling_params sp = greedy_params(n_gen);
     sp.logprobs = lp;
-    struct engine_request q = {
-        .prompt = c->prompt, .n_prompt = c->n_prompt, .sp = sp, .on_event = on_event, .user = res};
+    struct engine_request q = {.prompt = c->prompt,
+                               .n_prompt = c->n_prompt,
+                               .sp = sp,
+                               .on_event = eng_on_event,
+                               .user = res};
     struct err e = {0};
     CHECK(engine_submit(en, &q, &e) > 0, "submit: %s", e.msg);
 }
@@ -77,7 +63,7 @@ static void submit(struct engine *en, const struct golden_case *c, int n_gen, in
 static void test_model(const char *dir, const char *name, const struct golden_case *cs, int nc)
 {
     int n_gen = cJSON_GetArraySize(cs[0].greedy);
-    if (n_gen > MAX_OUT) n_gen = MAX_OUT;
+    if (n_gen > ENGINE_MAX_OUT) n_gen = ENGINE_MAX_OUT;
     int max_need = 0;
     for (int i = 0; i < nc; i++) {
         int need = (cs[i].n_prompt + n_gen + 15) / 16;
@@ -86,7 +72,7 @@ static void test_model(const char *dir, const char *name, const struct golden_ca
     /* lp: log-probabilities asked (rows read on the host: steps never overlap); else
      * greedy picks on the backend with steps overlapped */
     for (int lp = 1; lp >= 0; lp--) {
-        struct result alone[MAX_CASES], conc[MAX_CASES];
+        struct eng_result alone[MAX_CASES], conc[MAX_CASES];
         struct engine *en = open_engine(dir, 0, 0, 0, 1);
         if (!en) return;
         for (int i = 0; i < nc; i++) {
