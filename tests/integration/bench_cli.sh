@@ -19,8 +19,10 @@ shape() { # the shape fields of a --json report
 }
 run() { "$BIN" bench decode --model "$MODEL" --device cpu --threads 1 --no-bandwidth --json "$@"; }
 
-expect "one prompt a step" '"batch": 3, "prefill_seqs": 1, "prompt_len": 8, "gen_len": 2' \
+expect "every prompt in one step by default" '"batch": 3, "prefill_seqs": 3, "prompt_len": 8, "gen_len": 2' \
   "$(run --batch 3 --prompt-len 8 --gen-len 2 | shape)"
+expect "one prompt a step" '"batch": 3, "prefill_seqs": 1, "prompt_len": 8, "gen_len": 2' \
+  "$(run --batch 3 --prompt-len 8 --gen-len 2 --prefill-seqs 1 | shape)"
 expect "two prompts a step" '"batch": 5, "prefill_seqs": 2, "prompt_len": 8, "gen_len": 2' \
   "$(run --batch 5 --prompt-len 8 --gen-len 2 --prefill-seqs 2 | shape)"
 expect "clamped to the batch" '"batch": 2, "prefill_seqs": 2, "prompt_len": 4, "gen_len": 1' \

@@ -50,7 +50,7 @@ identical gemma3-tiny gemma3-tiny-mxfp8 --format mxfp8
 identical qwen3moe-tiny qwen3moe-tiny-mlx4 --format mlx4 --keep-8bit mlp.gate
 identical qwen3_5_moe-tiny qwen3_5_moe-tiny-mlx8 --format mlx8
 
-score() { "$BIN" score --model "$1" --prompt-ids "$IDS" --json 2>"$tmp/err" || echo "score failed: $(cat "$tmp/err")"; }
+score() { "$BIN" score --model "$1" --prompt-ids "$IDS" --batch-invariant --json 2>"$tmp/err" || echo "score failed: $(cat "$tmp/err")"; }
 lp() { sed 's/.*\[//; s/\].*//' | tr ',' '\n' | tr -d ' '; }
 close() { # close NAME TOL DIR_A DIR_B: prompt log-probabilities of the two folders within TOL
   local a b dev

@@ -15,8 +15,11 @@ if (!PAGODA || !TESTDATA) {
 export async function startServer(model, extra = [], opts = {}) {
   const dir = model.startsWith('/') ? model
     : model.includes('/') ? `${TESTDATA}/${model}` : `${TESTDATA}/models/${model}`;
+  // The HTTP tests compare outputs with goldens and across concurrent requests exactly: the
+  // server runs the batch-invariant kernels (the default fast many-row kernels have their
+  // own tests and stated tolerance: tests/unit/kernels/test_gemm.c, golden/test_models).
   const args = ['serve', '--model', dir, '--port', '0',
-    '--threads', '2', ...extra];
+    '--threads', '2', '--batch-invariant', ...extra];
   const proc = opts.softNofile
     ? spawn('/bin/sh', ['-c', `ulimit -Sn ${opts.softNofile} && exec "$0" "$@"`, PAGODA, ...args],
       { stdio: ['ignore', 'inherit', 'pipe'] })
