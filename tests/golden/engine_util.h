@@ -1,17 +1,47 @@
 /*
- * What the engine-level golden tests (test_engine.c, test_spec.c, test_step_bound.c) share: a
- * model folder's golden cases, a request's tokens and log-probabilities collected from its
- * events, greedy sampling parameters, stepping a manual engine until it is idle, the
- * all-free check of the KV pool and the state slots, and the testdata README rule on a run's
- * token ids. Include after test_util.h and golden_util.h.
+ * What the engine-level golden tests (test_engine.c, test_spec.c, test_step_bound.c) share:
+ * their arguments ([--device DEV]), a model folder's golden cases, a request's tokens and
+ * log-probabilities collected from its events, greedy sampling parameters, stepping a manual
+ * engine until it is idle, the all-free check of the KV pool and the state slots, and the
+ * testdata README rule on a run's token ids. Include after test_util.h and golden_util.h.
  */
 #ifndef PAGODA_TESTS_GOLDEN_ENGINE_UTIL_H
 #define PAGODA_TESTS_GOLDEN_ENGINE_UTIL_H
 
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/util.h"
+#include "model/backend.h"
 #include "sched/engine.h"
+
+/* The engine tests' arguments: PAGODA_BINARY TESTDATA_DIR [--device DEV]. Sets *device
+ * for --device; on CUDA asks for the backend's batch-invariant mode (the tests compare rows
+ * across batches; PAGODA_CUDA_BATCH_INVARIANT=0 in the environment runs the default
+ * kernels). Returns -1 to go on, else the exit status (2: usage, 77: no GPU, the test
+ * `what` not run). *on_cuda (may be NULL) is set when DEV is a CUDA device. */
+static inline int eng_args(int argc, char **argv, const char **device, const char *what,
+                           int *on_cuda)
+{
+    if (on_cuda) *on_cuda = 0;
+    if (argc != 3 && !(argc == 5 && !strcmp(argv[3], "--device"))) {
+        fprintf(stderr, "usage: %s PAGODA_BINARY TESTDATA_DIR [--device DEV]\n", argv[0]);
+        return 2;
+    }
+    if (argc == 5) {
+        *device = argv[4];
+        if (!strncmp(*device, "cuda", 4)) {
+            if (!backend_cuda_available()) {
+                printf("no GPU: not run (%s on CUDA needs a CUDA GPU)\n", what);
+                return 77;
+            }
+            if (on_cuda) *on_cuda = 1;
+            setenv("PAGODA_CUDA_BATCH_INVARIANT", "1", 0);
+        }
+    }
+    return -1;
+}
 
 #define MAX_CASES 16
 

@@ -623,23 +623,9 @@ static int test_variants(const char *mdir)
 
 int main(int argc, char **argv)
 {
-    if (argc != 3 && !(argc == 5 && !strcmp(argv[3], "--device"))) {
-        fprintf(stderr, "usage: %s PAGODA_BINARY TESTDATA_DIR [--device DEV]\n", argv[0]);
-        return 2;
-    }
-    if (argc == 5) {
-        device = argv[4];
-        if (!strncmp(device, "cuda", 4)) {
-            if (!backend_cuda_available()) {
-                printf("no GPU: not run (the engine test on CUDA needs a CUDA GPU)\n");
-                return 77;
-            }
-            plp_tol = 5e-2;
-            /* Row results independent of the batch are the backend's batch-invariant mode
-             * (PAGODA_CUDA_BATCH_INVARIANT=0 in the environment runs the default kernels). */
-            setenv("PAGODA_CUDA_BATCH_INVARIANT", "1", 0);
-        }
-    }
+    int on_cuda, rc = eng_args(argc, argv, &device, "the engine test", &on_cuda);
+    if (rc >= 0) return rc;
+    if (on_cuda) plp_tol = 5e-2;
     /* every check here compares rows across batches: the CPU's batch-invariant mode */
     cpu_batch_invariant_set(1);
     printf("device %s\n", device);

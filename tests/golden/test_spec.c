@@ -542,20 +542,8 @@ static void test_model(const char *mdir, const char *name, struct golden_case *c
 
 int main(int argc, char **argv)
 {
-    if (argc != 3 && !(argc == 5 && !strcmp(argv[3], "--device"))) {
-        fprintf(stderr, "usage: %s PAGODA_BINARY TESTDATA_DIR [--device DEV]\n", argv[0]);
-        return 2;
-    }
-    if (argc == 5) {
-        device = argv[4];
-        if (!strncmp(device, "cuda", 4)) {
-            if (!backend_cuda_available()) {
-                printf("no GPU: not run (the speculative test on CUDA needs a CUDA GPU)\n");
-                return 77;
-            }
-            setenv("PAGODA_CUDA_BATCH_INVARIANT", "1", 0);
-        }
-    }
+    int rc = eng_args(argc, argv, &device, "the speculative test", NULL);
+    if (rc >= 0) return rc;
     /* every check here compares rows across batches: the CPU's batch-invariant mode */
     cpu_batch_invariant_set(1);
     printf("device %s\n", device);

@@ -120,20 +120,8 @@ static void test_model(const char *dir, const char *name, const struct golden_ca
 
 int main(int argc, char **argv)
 {
-    if (argc != 3 && !(argc == 5 && !strcmp(argv[3], "--device"))) {
-        fprintf(stderr, "usage: %s PAGODA_BINARY TESTDATA_DIR [--device DEV]\n", argv[0]);
-        return 2;
-    }
-    if (argc == 5) {
-        device = argv[4];
-        if (!strncmp(device, "cuda", 4)) {
-            if (!backend_cuda_available()) {
-                printf("no GPU: not run (the step-bound test on CUDA needs a CUDA GPU)\n");
-                return 77;
-            }
-            setenv("PAGODA_CUDA_BATCH_INVARIANT", "1", 0);
-        }
-    }
+    int rc = eng_args(argc, argv, &device, "the step-bound test", NULL);
+    if (rc >= 0) return rc;
     static const char *const models[] = {"llama-tiny", "gemma3-tiny", "qwen3_5-tiny"};
     int tested = 0;
     for (int m = 0; m < 3; m++) {
