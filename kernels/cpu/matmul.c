@@ -15,17 +15,31 @@ static enum cpu_isa current_isa = CPU_ISA_PORTABLE;
 
 static const char *const isa_names[] = {"portable", "avx2", "avxvnni", "avx512"};
 
+#if defined(PAGODA_X86)
+#include <cpuid.h>
+
+/* Bit `bit` of register `reg` (0 eax, 1 ebx, 2 ecx, 3 edx) of cpuid leaf `leaf`, `sub`. */
+static int cpuid_bit(unsigned leaf, unsigned sub, int reg, int bit)
+{
+    unsigned r[4];
+    if (__get_cpuid_max(0, NULL) < leaf) return 0;
+    __cpuid_count(leaf, sub, r[0], r[1], r[2], r[3]);
+    return (int)((r[reg] >> bit) & 1u);
+}
+#endif
+
 int cpu_isa_available(enum cpu_isa isa)
 {
     if (isa == CPU_ISA_PORTABLE) return 1;
 #if defined(PAGODA_X86)
     /* __builtin_cpu_supports also checks that the OS saves the wider registers (XCR0). */
     __builtin_cpu_init();
-    int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-               __builtin_cpu_supports("f16c");
+    /* F16C and AVX-VNNI are read from cpuid: not every compiler's builtin knows their names. */
+    int avx2 =
+        __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpuid_bit(1, 0, 2, 29);
     if (isa == CPU_ISA_AVX2) return avx2;
 #if defined(PAGODA_AVXVNNI)
-    if (isa == CPU_ISA_AVXVNNI) return avx2 && __builtin_cpu_supports("avxvnni");
+    if (isa == CPU_ISA_AVXVNNI) return avx2 && cpuid_bit(7, 1, 0, 4);
 #endif
 #if defined(PAGODA_AVX512)
     if (isa == CPU_ISA_AVX512)

@@ -15,6 +15,8 @@ command -v "$CC" >/dev/null || { echo "fuzz: $CC not found" >&2; exit 1; }
 
 SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer"
 CFLAGS="-std=c11 -D_GNU_SOURCE -g -O1 -Isrc -I. $SAN $(pkg-config --cflags libcjson libpcre2-8 libxxhash)"
+# x86-64 builds carry the SIMD tables as CMake builds them (the dispatch picks one at run time)
+case "$(uname -m)" in x86_64 | amd64) CFLAGS="$CFLAGS -DPAGODA_X86=1 -DPAGODA_AVXVNNI=1 -DPAGODA_AVX512=1" ;; esac
 LIBS="$(pkg-config --libs libcjson libpcre2-8 libxxhash libzstd liburing) -lm -lpthread"
 mkdir -p "$OUT/obj"
 
@@ -23,7 +25,12 @@ objs=()
 while IFS= read -r src; do
   obj="$OUT/obj/$(echo "$src" | tr '/' '_').o"
   extra=""
-  case "$src" in *_avx2.c) extra="-mavx2 -mfma -mf16c" ;; esac
+  # the same instruction-set flags CMake gives these files (they run only where the CPU has them)
+  case "$src" in
+    *_vnni_avx2.c) extra="-mavx2 -mfma -mf16c -mavxvnni" ;;
+    *_avx2.c) extra="-mavx2 -mfma -mf16c" ;;
+    *_avx512.c) extra="-mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx512bf16" ;;
+  esac
   if [ ! -f "$obj" ] || [ "$src" -nt "$obj" ]; then
     "$CC" $CFLAGS -fsanitize=fuzzer-no-link $extra -c "$src" -o "$obj"
   fi
