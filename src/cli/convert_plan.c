@@ -368,6 +368,98 @@ static void add_unstacked(struct cv_plan *p, const struct cv_options *o, const c
     free(m->parts);
 }
 
+/* Quantized target: Gemma 4's fused Hugging Face experts X.experts.gate_up_proj [E, 2I, H]
+ * become MLX's X.experts.switch_glu.gate_proj and .up_proj [E, I, H] (the first and second
+ * half of each expert's rows), and X.experts.down_proj [E, H, I] its switch_glu.down_proj.
+ * Returns 1 when t was one of them (planned), else 0. */
+static int fused_to_switch_glu(struct cv_plan *p, const struct cv_options *o,
+                               const struct st_tensor *t, int *hits)
+{
+    static const char gu[] = ".experts.gate_up_proj", dn[] = ".experts.down_proj";
+    int gate_up = ends_with(t->name, gu);
+    if (!gate_up && !ends_with(t->name, dn)) return 0;
+    if (t->ndim != 3 || !is_float(t->dtype) || (gate_up && t->shape[1] % 2)) return 0;
+    int plen = (int)(strlen(t->name) - strlen(gate_up ? gu : dn));
+    int halves = gate_up ? 2 : 1;
+    int64_t E = t->shape[0], rows = t->shape[1] / halves, k = t->shape[2];
+    size_t rb = (size_t)k * st_dtype_size(t->dtype);
+    for (int h = 0; h < halves; h++) {
+        struct cv_matrix m = {.n_parts = (int)E, .n = rows, .k = k};
+        m.parts = xcalloc((size_t)E, sizeof *m.parts);
+        for (int64_t x = 0; x < E; x++)
+            m.parts[x] =
+                (struct qweight){.fmt = float_fmt(t->dtype),
+                                 .bits = (int)st_dtype_size(t->dtype) * 8,
+                                 .n = rows,
+                                 .k = k,
+                                 .w = (const uint8_t *)t->data +
+                                      ((size_t)x * (size_t)halves + (size_t)h) * rb * (size_t)rows,
+                                 .row_bytes = rb};
+        char module[1024];
+        snprintf(module, sizeof module, "%.*s.experts.switch_glu.%s", plen, t->name,
+                 !gate_up ? "down_proj"
+                 : h      ? "up_proj"
+                          : "gate_proj");
+        add_quantized(p, o, module, &m, 1, t->dtype, NULL, hits);
+    }
+    return 1;
+}
+
+/* Bf16 / f16 target: MLX's Gemma 4 experts X.experts.switch_glu.<proj> [E, n, k] back in
+ * the Hugging Face layout: gate and up fused into X.experts.gate_up_proj [E, 2I, H] (each
+ * expert's gate rows, then its up rows), down as X.experts.down_proj. t is any of the three
+ * weights, m its matrix; the partner of gate or up is consumed here. */
+static int switch_glu_to_fused(struct cv_plan *p, const struct cv_options *o,
+                               const struct safetensors *st, const struct src_quant *sq,
+                               const struct st_tensor *t, struct cv_matrix *m, char *consumed,
+                               struct err *e)
+{
+    const char *s = strstr(t->name, ".experts.switch_glu.");
+    const char *proj = s + strlen(".experts.switch_glu.");
+    int plen = (int)(s - t->name);
+    char name[1100], module[1024];
+    if (!strcmp(proj, "down_proj.weight")) {
+        snprintf(name, sizeof name, "%.*s.experts.down_proj", plen, t->name);
+        int64_t shape[3] = {m->n_parts, m->n, m->k};
+        add(p, name, o->fdt, 3, shape, CV_FLOAT)->m = keep_matrix(p, m);
+        return 0;
+    }
+    int is_gate = !strcmp(proj, "gate_proj.weight");
+    if (!is_gate && strcmp(proj, "up_proj.weight")) {
+        free(m->parts);
+        return err_set(e, "%s: tensor '%s': not a Gemma 4 expert projection", t->file, t->name);
+    }
+    snprintf(module, sizeof module, "%.*s.experts.switch_glu.%s", plen, t->name,
+             is_gate ? "up_proj" : "gate_proj");
+    snprintf(name, sizeof name, "%s.weight", module);
+    const struct st_tensor *u = st_find(st, name);
+    struct cv_matrix other = {0};
+    enum st_dtype sdt;
+    int rc = !u ? err_set(e, "tensor '%s' is missing (the experts' %s needs it)", name, proj)
+                : matrix_of(st, u, module, sq, &other, &sdt, e);
+    if (!rc && (other.n_parts != m->n_parts || other.n != m->n || other.k != m->k))
+        rc = err_set(e, "%s: tensor '%s': shape differs from '%s'", u->file, u->name, t->name);
+    if (rc) {
+        free(m->parts);
+        free(other.parts);
+        return -1;
+    }
+    consumed[u - st->tensors] = 1;
+    const struct cv_matrix *g = is_gate ? m : &other, *up = is_gate ? &other : m;
+    struct cv_matrix f = {.n_parts = 2 * m->n_parts, .n = m->n, .k = m->k};
+    f.parts = xcalloc((size_t)f.n_parts, sizeof *f.parts);
+    for (int x = 0; x < m->n_parts; x++) {
+        f.parts[2 * x] = g->parts[x];
+        f.parts[2 * x + 1] = up->parts[x];
+    }
+    free(m->parts);
+    free(other.parts);
+    snprintf(name, sizeof name, "%.*s.experts.gate_up_proj", plen, t->name);
+    int64_t shape[3] = {f.n_parts / 2, 2 * f.n, f.k};
+    add(p, name, o->fdt, 3, shape, CV_FLOAT)->m = keep_matrix(p, &f);
+    return 0;
+}
+
 int cv_plan_build(struct cv_plan *p, const struct cv_options *o, const struct safetensors *st,
                   const cJSON *cfg, struct err *e)
 {
@@ -405,13 +497,15 @@ int cv_plan_build(struct cv_plan *p, const struct cv_options *o, const struct sa
         char scales[1100];
         snprintf(scales, sizeof scales, "%s.scales", module);
         int quantized_src = is_weight && st_find(st, scales) != NULL;
-        int stacked = strstr(t->name, ".switch_mlp.") != NULL;
+        int glu = strstr(t->name, ".experts.switch_glu.") != NULL; /* Gemma 4, MLX */
+        int stacked = glu || strstr(t->name, ".switch_mlp.") != NULL;
         int matrix = quantized_src || (is_weight && is_float(t->dtype) &&
                                        (t->ndim == 2 || (t->ndim == 3 && stacked)));
         if (o->quantized) {
             if ((p->tied && !strcmp(t->name, "lm_head.weight")) ||
                 ends_with(t->name, "rotary_emb.inv_freq"))
                 continue; /* the embedding serves as the head; inv_freq is recomputed */
+            if (fused_to_switch_glu(p, o, t, hits)) continue;
             if (matrix) {
                 if ((rc = matrix_of(st, t, module, &sq, &m, &sdt, e)) == 0)
                     add_quantized(p, o, module, &m, t->ndim == 3, sdt, quantized_src ? NULL : t,
@@ -420,7 +514,9 @@ int cv_plan_build(struct cv_plan *p, const struct cv_options *o, const struct sa
             }
         } else if (quantized_src || (matrix && t->ndim == 3)) {
             if ((rc = matrix_of(st, t, module, &sq, &m, &sdt, e))) continue;
-            if (stacked && t->ndim == 3) {
+            if (glu && t->ndim == 3) {
+                rc = switch_glu_to_fused(p, o, st, &sq, t, &m, consumed, e);
+            } else if (stacked && t->ndim == 3) {
                 add_unstacked(p, o, t->name, &m);
             } else {
                 int64_t shape[3] = {m.n_parts, m.n, m.k};

@@ -172,11 +172,29 @@ static int gemma4_moe_load(struct model *m, int l, struct model_layer *L, float 
         return -1;
     for (int i = 0; i < H; i++) host[i] /= sqrtf((float)H);
     if (!(L->router_norm = model_upload_vec(m, host, H, e))) return -1;
-    for (int x = 0; x < E; x++)
-        if (model_load_expert_rows(m, NAME("experts.gate_up_proj"), x, 0, I, H, &mb->gate[x], e) ||
-            model_load_expert_rows(m, NAME("experts.gate_up_proj"), x, I, I, H, &mb->up[x], e) ||
-            model_load_expert_rows(m, NAME("experts.down_proj"), x, 0, H, I, &mb->down[x], e))
-            return -1;
+    /* MLX stores the experts as three stacks (switch_glu), in any weight format; Hugging
+     * Face fuses gate and up into one float stack [E, 2I, H] */
+    char q[256];
+    if (st_find(&m->st, NAME("experts.switch_glu.gate_proj.weight"))) {
+        static const char *const proj[3] = {"experts.switch_glu.gate_proj",
+                                            "experts.switch_glu.up_proj",
+                                            "experts.switch_glu.down_proj"};
+        struct qweight *dst[3] = {mb->gate, mb->up, mb->down};
+        for (int k = 0; k < 3; k++) {
+            snprintf(q, sizeof q, "%s", NAME(proj[k]));
+            for (int x = 0; x < E; x++)
+                if (model_load_expert(m, q, x, k == 2 ? H : I, k == 2 ? I : H, &dst[k][x], e))
+                    return -1;
+        }
+    } else {
+        for (int x = 0; x < E; x++)
+            if (model_load_expert_rows(m, NAME("experts.gate_up_proj"), x, 0, I, H, &mb->gate[x],
+                                       e) ||
+                model_load_expert_rows(m, NAME("experts.gate_up_proj"), x, I, I, H, &mb->up[x],
+                                       e) ||
+                model_load_expert_rows(m, NAME("experts.down_proj"), x, 0, H, I, &mb->down[x], e))
+                return -1;
+    }
     if (blk_norm_load(m, NAME("pre_feedforward_layernorm_2.weight"), H, &L->pre_moe_norm, e) ||
         blk_norm_load(m, NAME("post_feedforward_layernorm_1.weight"), H, &L->post_mlp_norm, e) ||
         blk_norm_load(m, NAME("post_feedforward_layernorm_2.weight"), H, &L->post_moe_norm, e))
