@@ -157,13 +157,6 @@ struct step_time {
     int capped;
 };
 
-/* Smallest prefill a step admits under the time bound: a block's worth, so that prefill
- * moves on however long the decode rows alone take. */
-static int min_prefill(const struct engine *en)
-{
-    return en->block_size;
-}
-
 /* Reserves the rows of every running request that decodes (one token to compute, and its
  * drafts unless planning ahead): they run whatever the bound says. */
 static void time_start(struct engine *en, struct step_time *tb, int ahead)
@@ -196,7 +189,9 @@ static int cap_time(const struct engine *en, struct step_time *tb, int computed,
         n = n / en->block_size * en->block_size;
         tb->capped = 1;
     }
-    int floor = min_i(n_new, min_prefill(en) - tb->prefill);
+    /* a step admits a block of prefill whatever the bound says, so that prefill moves on
+     * however long the decode rows alone take */
+    int floor = min_i(n_new, en->block_size - tb->prefill);
     return n > floor ? n : floor;
 }
 
