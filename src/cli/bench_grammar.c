@@ -102,7 +102,7 @@ int cli_bench_grammar(int argc, char **argv)
     }
     int32_t V = tok_vocab_size(t), eos = tok_eos_id(t);
     double t0 = now();
-    struct gram_vocab *v = gram_vocab_create(t, V, &eos, 1, &e);
+    struct gram_vocab *v = gram_vocab_create(t, V, &eos, 1, NULL, &e);
     printf("vocabulary: %d tokens, trie built in %.1f ms\n", V, 1e3 * (now() - t0));
     uint32_t *mask = xmalloc(sizeof *mask * (size_t)((V + 31) / 32));
     char *sbuf = NULL, *ibuf = NULL;

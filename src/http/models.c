@@ -395,10 +395,27 @@ static void free_side(struct http_served *m)
     m->tmpl_vars = NULL;
 }
 
+/* m->grammar_tags: the tags of the model's tool-call format, then its reasoning format's. */
+static void grammar_tags(struct http_served *m)
+{
+    const char *const *lists[2] = {tcall_format_tags(m->model.tool_format),
+                                   reason_format_tags(m->model.reason_format)};
+    int n = 0, cap = (int)(sizeof m->grammar_tags / sizeof *m->grammar_tags) - 1;
+    for (int l = 0; l < 2; l++)
+        for (const char *const *t = lists[l]; *t && n < cap; t++) {
+            int dup = 0;
+            for (int i = 0; i < n && !dup; i++) dup = !strcmp(m->grammar_tags[i], *t);
+            if (!dup) m->grammar_tags[n++] = *t;
+        }
+    m->grammar_tags[n] = NULL;
+}
+
 static int load_engine(struct http_models *ms, struct http_served *m, struct err *e)
 {
     struct engine_config ec = ms->cfg.engine;
     ec.model_dir = m->spec.dir;
+    grammar_tags(m);
+    ec.grammar_tags = m->grammar_tags;
     /* Several models on one --kv-disk-dir: each its own folder in it, named after it (a
      * store holds one model's blocks and is locked by its engine). */
     char disk[4096];

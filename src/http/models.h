@@ -81,6 +81,9 @@ struct http_served {
     struct tok *tok;
     char *tmpl_src;
     cJSON *tmpl_vars;
+    /* the tool-call and reasoning formats' markup (NULL-terminated): special tokens that
+     * constrained decoding may write (engine_config.grammar_tags) */
+    const char *grammar_tags[24];
     enum http_model_state state;
     int held;          /* requests using it now */
     int wanted;        /* requests waiting for it to load */

@@ -228,19 +228,13 @@ int http_out_special(struct http_job *j, struct job_choice *c, int32_t id, struc
     if (!t || !j->g.skip_special || !tok_is_special(t, id)) return 0;
     size_t len = 0;
     char *s = tok_decode_len(t, &id, 1, 0, &len);
+    /* the formats' markup reaches the parsers (a constrained call writes it as tokens) */
     int tag = 0;
-    for (const char *const *p = tcall_format_tags(j->g.tool_format); *p && !tag; p++)
-        tag = len == strlen(*p) && !memcmp(s, *p, len);
-    if (j->g.reason_format == REASON_HARMONY)
-        for (const char *const *p = harmony_tags; *p && !tag; p++)
+    const char *const *lists[2] = {tcall_format_tags(j->g.tool_format),
+                                   reason_format_tags(j->g.reason_format)};
+    for (int l = 0; l < 2; l++)
+        for (const char *const *p = lists[l]; *p && !tag; p++)
             tag = len == strlen(*p) && !memcmp(s, *p, len);
-    if (j->g.reason_format) {
-        const char *a = reason_format_start(j->g.reason_format);
-        const char *b = reason_format_end(j->g.reason_format);
-        /* Gemma 4 writes <|channel> as a token and "thought" after it */
-        size_t al = j->g.reason_format == REASON_GEMMA4 ? strlen("<|channel>") : strlen(a);
-        tag |= (len == al && !memcmp(s, a, len)) || (len == strlen(b) && !memcmp(s, b, len));
-    }
     int stopped = tag ? http_choice_push_text(&c->ch, s, len, delta) : 0;
     free(s);
     return tag ? 1 + stopped : 0;

@@ -24,6 +24,7 @@ void http_gen_dispose(struct http_gen *g)
     cJSON_Delete(g->tools);
     free(g->think_start);
     free(g->think_end);
+    free(g->trigger);
     memset(g, 0, sizeof *g);
 }
 

@@ -91,6 +91,7 @@ struct http_gen {
     enum tcall_format tool_format;    /* parser of the output, TCALL_NONE: no tool calls */
     enum reason_format reason_format; /* REASON_NONE: no thinking split */
     int think_open;                   /* the prompt ends inside an open <think> */
+    char *trigger; /* sp.grammar_trigger when built for the request (heap), else NULL */
     int32_t *think_start, *think_end; /* the tags' ids, for the thinking budget */
 };
 

@@ -162,8 +162,47 @@ static cJSON *xml_params(const cJSON *schema)
     return out;
 }
 
-/* One call of tool fn in the format's wire form, for gram_from_tool_spec. */
-static cJSON *call_spec(enum tcall_format f, const cJSON *fn)
+/* Whether the model's tokenizer holds tag as one special token (one the engine's grammar
+ * vocabulary then holds too: engine_config.grammar_tags lists the same formats' tags). */
+static int special_tag(const struct http_model *m, const char *tag)
+{
+    int32_t id = m->tok ? tok_token_id(m->tok, tag) : -1;
+    return id >= 0 && id < m->vocab && tok_is_special(m->tok, id);
+}
+
+/* The tool-call and reasoning formats' tags that are special tokens, for the tool spec. */
+static cJSON *special_tags(const struct http_model *m, const struct http_gen *g)
+{
+    cJSON *arr = cJSON_CreateArray();
+    const char *const *lists[2] = {tcall_format_tags(g->tool_format),
+                                   reason_format_tags(g->reason_format)};
+    for (int l = 0; l < 2; l++)
+        for (const char *const *t = lists[l]; *t; t++)
+            if (special_tag(m, *t)) cJSON_AddItemToArray(arr, cJSON_CreateString(*t));
+    return arr;
+}
+
+/* The lazy grammar's trigger: text, or a special token's text behind GRAM_TAG_MARK (as the
+ * grammar vocabulary reads the token, so that only the token switches the grammar on). */
+static void set_trigger(struct http_gen *g, const struct http_model *m, const char *text)
+{
+    size_t n = strlen(text);
+    int mark = special_tag(m, text);
+    free(g->trigger);
+    g->trigger = xmalloc(n + 2);
+    g->trigger[0] = GRAM_TAG_MARK;
+    memcpy(g->trigger + mark, text, n + 1);
+    g->sp.grammar_trigger = g->trigger;
+}
+
+/* harmony: what an `auto` grammar waits for. The recipient comes before the channel (as the
+ * chat template writes calls) or after it (as the harmony docs do); either way the header
+ * holds it, and only a call's header does. */
+#define HARMONY_TRIGGER " to=functions."
+
+/* One call of tool fn in the format's wire form, for gram_from_tool_spec (lazy: the
+ * grammar of an `auto` choice, which starts at the format's trigger). */
+static cJSON *call_spec(enum tcall_format f, const cJSON *fn, int lazy)
 {
     const char *name = cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring;
     const cJSON *params = cJSON_GetObjectItemCaseSensitive(fn, "parameters");
@@ -181,9 +220,24 @@ static cJSON *call_spec(enum tcall_format f, const cJSON *fn)
         cJSON_AddItemToObject(c, "schema", cJSON_Duplicate(params, 1));
         cJSON_AddStringToObject(c, "suffix", "<tool_call|>");
     } else if (f == TCALL_HARMONY) {
-        http_buf_printf(&pre, "<|channel|>commentary to=functions.%s <|constrain|>json<|message|>",
-                        name);
-        cJSON_AddStringToObject(c, "prefix", pre.p);
+        /* the header as the docs write it (channel, recipient, <|constrain|>) or as the
+         * template does (recipient, channel, content type); lazily from the recipient on */
+        static const char *const tails[] = {" <|constrain|>json<|message|>", " json<|message|>",
+                                            "<|channel|>commentary <|constrain|>json<|message|>",
+                                            "<|channel|>commentary json<|message|>"};
+        cJSON *alts = cJSON_CreateArray();
+        for (int i = 0; i < (lazy ? 4 : 2); i++) {
+            pre.len = 0;
+            if (lazy)
+                http_buf_printf(&pre, HARMONY_TRIGGER "%s%s", name, tails[i]);
+            else if (i == 0)
+                http_buf_printf(&pre, "<|channel|>commentary" HARMONY_TRIGGER "%s%s", name,
+                                tails[0]);
+            else
+                http_buf_printf(&pre, HARMONY_TRIGGER "%s%s", name, tails[3]);
+            cJSON_AddItemToArray(alts, cJSON_CreateString(pre.p));
+        }
+        cJSON_AddItemToObject(c, "prefix", alts);
         cJSON_AddItemToObject(c, "schema", cJSON_Duplicate(params, 1));
         cJSON_AddStringToObject(c, "suffix", "<|call|>");
     } else {
@@ -198,9 +252,10 @@ static cJSON *call_spec(enum tcall_format f, const cJSON *fn)
     return c;
 }
 
-/* The grammar of 1..max calls of the given tools (all of them, or only `only`). */
-static int call_grammar(struct http_gen *g, const char *only, const char *field,
-                        struct http_error *he)
+/* The grammar of 1..max calls of the given tools (all of them, or only `only`); lazy: an
+ * `auto` choice's, from the trigger on. */
+static int call_grammar(struct http_gen *g, const struct http_model *m, const char *only, int lazy,
+                        const char *field, struct http_error *he)
 {
     enum tcall_format f = g->tool_format;
     cJSON *spec = cJSON_CreateObject(), *calls = cJSON_CreateArray();
@@ -209,23 +264,25 @@ static int call_grammar(struct http_gen *g, const char *only, const char *field,
     {
         const cJSON *fn = cJSON_GetObjectItemCaseSensitive(t, "function");
         const char *name = cJSON_GetObjectItemCaseSensitive(fn, "name")->valuestring;
-        if (!only || !strcmp(only, name)) cJSON_AddItemToArray(calls, call_spec(f, fn));
+        if (!only || !strcmp(only, name)) cJSON_AddItemToArray(calls, call_spec(f, fn, lazy));
     }
     cJSON_AddItemToObject(spec, "calls", calls);
+    cJSON_AddItemToObject(spec, "tags", special_tags(m, g));
     /* a prompt that opened thinking: the model thinks first, and the calls follow the end
-     * tag (the grammar switches on there); gemma4's and harmony's end tags are special
-     * tokens, which the trigger does not see, so there the grammar writes the end tag at
-     * once and the calls follow */
-    const char *think_end =
-        g->think_open && !g->sp.grammar_trigger ? reason_format_end(g->reason_format) : NULL;
+     * tag (the grammar switches on there, on the token where the tag is a special token):
+     * harmony's next message, Gemma 4's call right after the tag (as its template writes
+     * it), the others' after a blank line */
+    const char *think_end = g->think_open && !lazy ? reason_format_end(g->reason_format) : NULL;
     struct http_buf begin = {0};
     if (think_end)
         http_buf_printf(&begin, "%s%s", think_end,
-                        f == TCALL_HARMONY ? "<|start|>assistant" : "\n\n");
+                        f == TCALL_HARMONY  ? "<|start|>assistant"
+                        : f == TCALL_GEMMA4 ? ""
+                                            : "\n\n");
     http_buf_puts(&begin, f == TCALL_MISTRAL ? "[TOOL_CALLS][" : "");
     cJSON_AddStringToObject(spec, "begin", begin.p);
     http_buf_dispose(&begin);
-    if (think_end && f != TCALL_GEMMA4 && f != TCALL_HARMONY) g->sp.grammar_trigger = think_end;
+    if (think_end) set_trigger(g, m, think_end);
     cJSON_AddStringToObject(spec, "sep",
                             f == TCALL_LLAMA3_JSON ? "; "
                             : f == TCALL_MISTRAL   ? ", "
@@ -339,20 +396,21 @@ int http_parse_tools(enum http_api api, const cJSON *body, const struct http_mod
                               "--tool-call-parser (the chat template shows no known format)");
     g->tool_format = m->tool_format;
     if (c == HTTP_TOOLS_AUTO) {
-        /* free text until the format's start tag, then calls under the tools' schemas;
-         * structured output, when asked for, constrains the text instead */
-        const char *trigger = tcall_format_trigger(g->tool_format);
-        /* gemma4 and harmony tags are special tokens, which the lazy trigger (reading the
-         * vocabulary trie's bytes) does not see */
-        if (!trigger || g->sp.grammar || g->tool_format == TCALL_GEMMA4) return 0;
-        g->sp.grammar_trigger = trigger;
-        return call_grammar(g, NULL, "tools", he);
+        /* free text until the format's start tag (its special token, where it is one),
+         * then calls under the tools' schemas; structured output, when asked for,
+         * constrains the text instead */
+        const char *trigger = g->tool_format == TCALL_HARMONY
+                                  ? HARMONY_TRIGGER
+                                  : tcall_format_trigger(g->tool_format);
+        if (!trigger || g->sp.grammar) return 0;
+        set_trigger(g, m, trigger);
+        return call_grammar(g, m, NULL, 1, "tools", he);
     }
     if (g->sp.grammar)
         return http_error_set(he, 400, "tool_choice",
                               "a required or named 'tool_choice' cannot be combined with "
                               "structured output (response_format, guided_*)");
-    return call_grammar(g, c == HTTP_TOOLS_NAMED ? name : NULL, "tools", he);
+    return call_grammar(g, m, c == HTTP_TOOLS_NAMED ? name : NULL, 0, "tools", he);
 }
 
 /* ---- messages ------------------------------------------------------------------------ */

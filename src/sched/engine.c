@@ -444,7 +444,7 @@ const struct gram_vocab *engine_grammar_vocab(struct engine *en, struct err *e)
     int n = 0;
     for (int i = 0; i < c->n_eos; i++) eos[n++] = c->eos_ids[i];
     if (tok_eos_id(t) >= 0) eos[n++] = tok_eos_id(t);
-    struct gram_vocab *nv = gram_vocab_create(t, en->vocab, eos, n, e);
+    struct gram_vocab *nv = gram_vocab_create(t, en->vocab, eos, n, en->cfg.grammar_tags, e);
     tok_destroy(t);
     if (!nv) return NULL;
     pthread_mutex_lock(&en->mu);

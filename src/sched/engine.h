@@ -240,6 +240,10 @@ struct engine_config {
      * the prefix cache are reported to it, one batch per step; owned by the caller, it
      * outlives the engine. NULL: none. */
     struct kv_events *kv_events;
+    /* Markup of the served model's tool-call and reasoning formats (NULL-terminated, owned
+     * by the caller, outliving the engine; NULL: none): its special tokens with these texts
+     * join the vocabulary of constrained decoding (gram_vocab_create) */
+    const char *const *grammar_tags;
 };
 
 /* Step-time histogram bounds in seconds (a last bucket catches the rest). */

@@ -41,9 +41,12 @@ struct gram *gram_from_choices(const char *const *s, const size_t *len, int n, s
  * Tool calls in a parser's wire format, described by spec (JSON text): {"begin": S,
  * "calls": [{"prefix": S, "schema": {...}, "suffix": S}, ...], "sep": S, "max": N, "end": S}.
  * The output is begin, then 1..max calls separated by sep, then end; each call is one of
- * `calls`: its prefix, a JSON value valid under its schema, its suffix. With "syntax":
- * "gemma4" the values are written in Gemma 4's argument syntax instead of JSON (bare keys,
- * strings between <|"|> marks holding no '<', no whitespace).
+ * `calls`: its prefix (or one of several: "prefix": [S, ...]), a JSON value valid under
+ * its schema, its suffix. With "syntax": "gemma4" the values are written in Gemma 4's
+ * argument syntax instead of JSON (bare keys, strings between <|"|> marks holding no '<',
+ * no whitespace). "tags": [S, ...] names the markup that the tokenizer holds as single
+ * special tokens: wherever one occurs in begin, prefix, suffix, sep, end (and as Gemma 4's
+ * string mark) the grammar asks for the token (GRAM_TAG_MARK), not the spelt text.
  */
 struct gram *gram_from_tool_spec(const char *json, size_t len, struct err *e);
 
@@ -66,13 +69,29 @@ void gram_unref(struct gram *g);
 /** Rules and symbols, for tests and logs. */
 int gram_n_rules(const struct gram *g);
 
-/** The vocabulary as a trie of token bytes (special tokens left out; eos ids end). */
+/**
+ * A special token whose text is one of the vocabulary's tags (a tool-call or reasoning
+ * format's markup: <|tool_call>, <|channel|>) reads as this byte followed by its text, so
+ * that a grammar tells the single token from the same text spelt in ordinary tokens, and
+ * no grammar that spells text (JSON strings, character classes: always UTF-8) admits it.
+ * Write GRAM_TAG_MARK_S "<|tool_call>" in a grammar where the token must come. The byte
+ * never occurs in UTF-8, so ordinary tokens holding it are left out of the vocabulary.
+ */
+#define GRAM_TAG_MARK   '\xFF'
+#define GRAM_TAG_MARK_S "\xFF"
+
+/**
+ * The vocabulary as a trie of token bytes. Special tokens are left out, but those whose
+ * text is one of tags (NULL-terminated, or NULL: none), which join as GRAM_TAG_MARK + text;
+ * eos ids end the output where the grammar may end, and one that is a tag also where the
+ * grammar expects its marked text and may end after it.
+ */
 struct gram_vocab;
 struct gram_vocab *gram_vocab_create(const struct tok *t, int32_t n_vocab, const int32_t *eos,
-                                     int n_eos, struct err *e);
+                                     int n_eos, const char *const *tags, struct err *e);
 void gram_vocab_destroy(struct gram_vocab *v);
 int32_t gram_vocab_size(const struct gram_vocab *v);
-/** Token bytes as the trie holds them (NULL + *len 0 for ids left out). */
+/** Token bytes as the grammar reads them (NULL + *len 0 for ids left out). */
 const char *gram_vocab_token(const struct gram_vocab *v, int32_t id, size_t *len);
 
 /** The state of one output under a grammar. */

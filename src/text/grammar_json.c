@@ -39,16 +39,45 @@ struct js {
     int n_refs;
     int depth;
     int32_t ws, str, num, intg, any, chr; /* built on first use, 0 until then */
-    int gemma; /* Gemma 4's argument syntax (gram_from_tool_spec "syntax": "gemma4") */
+    int gemma;         /* Gemma 4's argument syntax (gram_from_tool_spec "syntax": "gemma4") */
+    const cJSON *tags; /* tool spec: markup strings that are single special tokens */
 };
 
 #define GEMMA_QUOTE "<|\"|>"
 
 static int32_t js_schema(struct js *j, const cJSON *s);
 
+/* Tool-spec markup: each occurrence of one of the spec's tags as the special token
+ * (GRAM_TAG_MARK and the tag's text), the rest as bytes. */
+static int32_t markup(struct js *j, const char *s)
+{
+    struct gb_list seq = {0};
+    const char *run = s, *p = s;
+    while (*p) {
+        size_t best = 0;
+        const cJSON *t;
+        cJSON_ArrayForEach(t, j->tags)
+        {
+            size_t n = strlen(t->valuestring);
+            if (n > best && !strncmp(p, t->valuestring, n)) best = n;
+        }
+        if (!best) {
+            p++;
+            continue;
+        }
+        if (p > run) gb_list_push(&seq, gb_lit(j->b, run, (size_t)(p - run)));
+        gb_list_push(&seq, gb_byte((unsigned char)GRAM_TAG_MARK));
+        gb_list_push(&seq, gb_lit(j->b, p, best));
+        run = p += best;
+    }
+    if (p > run || !seq.n) gb_list_push(&seq, gb_lit(j->b, run, (size_t)(p - run)));
+    return gb_list_seq(j->b, &seq);
+}
+
+/* A literal; in Gemma 4's syntax its string marks are the <|"|> token where that is one. */
 static int32_t lit(struct js *j, const char *s)
 {
-    return gb_lit(j->b, s, strlen(s));
+    return j->gemma && j->tags ? markup(j, s) : gb_lit(j->b, s, strlen(s));
 }
 
 static int32_t regex(struct js *j, const char *re, int in_string)
@@ -557,7 +586,7 @@ struct gram *gram_from_json_schema(const char *json, size_t len, struct err *e)
                NULL;
     struct gb b;
     gb_init(&b, e);
-    struct js j = {&b, doc, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    struct js j = {.b = &b, .doc = doc};
     int32_t x = js_schema(&j, doc);
     int root = gb_rule_new(&b, "root", 0);
     if (!b.failed) gb_alt_add(&b, root, &x, 1);
@@ -572,7 +601,7 @@ struct gram *gram_json_object(void)
     struct gb b;
     struct err e;
     gb_init(&b, &e);
-    struct js j = {&b, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    struct js j = {.b = &b};
     int32_t x = map_of(&j, any_value(&j));
     int root = gb_rule_new(&b, "root", 0);
     gb_alt_add(&b, root, &x, 1);
@@ -603,7 +632,7 @@ static int32_t spec_params(struct js *j, const cJSON *params)
         } else {
             value = js_schema(j, cJSON_GetObjectItemCaseSensitive(p, "schema"));
         }
-        int32_t v[3] = {lit(j, open), value, lit(j, "\n</parameter>\n")};
+        int32_t v[3] = {markup(j, open), value, markup(j, "\n</parameter>\n")};
         int32_t one = j->b->failed ? -1 : gb_seq(j->b, v, 3);
         if (!cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(p, "required"))) one = gb_opt(j->b, one);
         gb_list_push(&seq, one);
@@ -611,23 +640,31 @@ static int32_t spec_params(struct js *j, const cJSON *params)
     return gb_list_seq(j->b, &seq);
 }
 
-/* One of the spec's calls: prefix, a JSON value under "schema" (or qwen3_xml "params"),
- * suffix. */
+/* One of the spec's calls: prefix (a string, or an array of alternatives), a JSON value
+ * under "schema" (or qwen3_xml "params"), suffix. */
 static int32_t spec_call(struct js *j, const cJSON *call)
 {
     const cJSON *pre = cJSON_GetObjectItemCaseSensitive(call, "prefix");
     const cJSON *suf = cJSON_GetObjectItemCaseSensitive(call, "suffix");
     const cJSON *schema = cJSON_GetObjectItemCaseSensitive(call, "schema");
     const cJSON *params = cJSON_GetObjectItemCaseSensitive(call, "params");
-    if (!cJSON_IsString(pre) || !cJSON_IsString(suf) || (!schema && !cJSON_IsArray(params)))
+    int good_pre = cJSON_IsString(pre) || (cJSON_IsArray(pre) && cJSON_GetArraySize(pre) > 0);
+    const cJSON *x, *alt = cJSON_IsArray(pre) ? pre : NULL;
+    cJSON_ArrayForEach(x, alt) good_pre &= cJSON_IsString(x);
+    if (!good_pre || !cJSON_IsString(suf) || (!schema && !cJSON_IsArray(params)))
         return gb_fail(j->b, "tool spec: a call needs 'prefix', 'schema' or 'params', 'suffix'");
+    struct gb_list alts = {0};
+    if (cJSON_IsString(pre))
+        gb_list_push(&alts, markup(j, pre->valuestring));
+    else
+        cJSON_ArrayForEach(x, pre) gb_list_push(&alts, markup(j, x->valuestring));
+    int32_t head = gb_list_alt(j->b, &alts);
     /* $ref resolves inside the call's own schema */
     for (int i = 0; i < j->n_refs; i++) free(j->refs[i].path);
     j->n_refs = 0;
     j->doc = schema ? schema : params;
-    int32_t v[3] = {lit(j, pre->valuestring),
-                    schema ? js_schema(j, schema) : spec_params(j, params),
-                    lit(j, suf->valuestring)};
+    int32_t v[3] = {head, schema ? js_schema(j, schema) : spec_params(j, params),
+                    markup(j, suf->valuestring)};
     return j->b->failed ? -1 : gb_seq(j->b, v, 3);
 }
 
@@ -637,7 +674,7 @@ struct gram *gram_from_tool_spec(const char *json, size_t len, struct err *e)
     if (!spec) return err_set(e, "tool spec: not valid JSON"), NULL;
     struct gb b;
     gb_init(&b, e);
-    struct js j = {&b, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    struct js j = {.b = &b};
     const cJSON *syntax = cJSON_GetObjectItemCaseSensitive(spec, "syntax");
     j.gemma = cJSON_IsString(syntax) && !strcmp(syntax->valuestring, "gemma4");
     const cJSON *calls = cJSON_GetObjectItemCaseSensitive(spec, "calls");
@@ -645,18 +682,24 @@ struct gram *gram_from_tool_spec(const char *json, size_t len, struct err *e)
     const cJSON *sep = cJSON_GetObjectItemCaseSensitive(spec, "sep");
     const cJSON *end = cJSON_GetObjectItemCaseSensitive(spec, "end");
     const cJSON *max = cJSON_GetObjectItemCaseSensitive(spec, "max");
+    const cJSON *tags = cJSON_GetObjectItemCaseSensitive(spec, "tags"), *t;
+    int good_tags = !tags || cJSON_IsArray(tags);
+    cJSON_ArrayForEach(t, tags) good_tags &= cJSON_IsString(t) && t->valuestring[0];
+    j.tags = cJSON_GetArraySize(tags) ? tags : NULL;
     int32_t x = -1;
     if (!cJSON_IsArray(calls) || !cJSON_GetArraySize(calls) || !cJSON_IsString(begin) ||
         !cJSON_IsString(sep) || !cJSON_IsString(end) || !cJSON_IsNumber(max) || max->valueint < 1) {
         gb_fail(&b, "tool spec: needs calls, begin, sep, end and max >= 1");
+    } else if (!good_tags) {
+        gb_fail(&b, "tool spec: 'tags' must be an array of non-empty strings");
     } else {
         struct gb_list alts = {0};
         const cJSON *c;
         cJSON_ArrayForEach(c, calls) gb_list_push(&alts, spec_call(&j, c));
         int32_t one = gb_list_alt(&b, &alts);
-        int32_t more[2] = {lit(&j, sep->valuestring), one};
+        int32_t more[2] = {markup(&j, sep->valuestring), one};
         int32_t rest = gb_rep(&b, gb_seq(&b, more, 2), 0, max->valueint - 1);
-        int32_t all[4] = {lit(&j, begin->valuestring), one, rest, lit(&j, end->valuestring)};
+        int32_t all[4] = {markup(&j, begin->valuestring), one, rest, markup(&j, end->valuestring)};
         if (!b.failed) x = gb_seq(&b, all, 4);
     }
     int root = gb_rule_new(&b, "root", 0);

@@ -230,7 +230,9 @@ static void compact(struct gram_matcher *m)
     free(live);
 }
 
-static int run_bytes(struct gram_matcher *m, const char *s, size_t n, int commit)
+/* Advances over s[0..n) (commit 0: only tries); 1 when every byte is accepted, and then
+ * *end (when given) says whether the grammar may end after them. */
+static int run_bytes(struct gram_matcher *m, const char *s, size_t n, int commit, int *end)
 {
     int mark = m->n_nodes;
     const int32_t *in = m->cur;
@@ -247,6 +249,7 @@ static int run_bytes(struct gram_matcher *m, const char *s, size_t n, int commit
         n_in = m->n_out;
         acc = m->out_acc;
     }
+    if (end) *end = acc;
     if (!commit) {
         m->n_nodes = mark;
         return 1;
@@ -263,12 +266,12 @@ static int run_bytes(struct gram_matcher *m, const char *s, size_t n, int commit
 
 int gram_matcher_accept_bytes(struct gram_matcher *m, const char *s, size_t n)
 {
-    return run_bytes(m, s, n, 1);
+    return run_bytes(m, s, n, 1, NULL);
 }
 
 int gram_matcher_try_bytes(struct gram_matcher *m, const char *s, size_t n)
 {
-    return run_bytes(m, s, n, 0);
+    return run_bytes(m, s, n, 0, NULL);
 }
 
 int gram_matcher_can_end(const struct gram_matcher *m)
@@ -320,7 +323,7 @@ static int byte_class(unsigned c)
 
 struct gram_vocab {
     int32_t n_vocab;
-    char *bytes;     /* token bytes, by id */
+    char *bytes;     /* token bytes, by id (an end-of-sequence tag's too, kept out of the trie) */
     size_t *off;     /* [n_vocab + 1] */
     uint8_t *is_eos; /* [n_vocab] */
     int32_t *eos;
@@ -344,8 +347,17 @@ static int cmp_tok(const void *a, const void *b)
     return lx != ly ? (lx < ly ? -1 : 1) : (x < y ? -1 : x > y);
 }
 
+/* The index of the tag a special token's text is, or -1. */
+static int tag_of(const struct tok *t, int32_t id, const char *const *tags)
+{
+    const char *s = tok_id_to_token(t, id);
+    for (int i = 0; s && tags && tags[i]; i++)
+        if (!strcmp(s, tags[i])) return i;
+    return -1;
+}
+
 struct gram_vocab *gram_vocab_create(const struct tok *t, int32_t n_vocab, const int32_t *eos,
-                                     int n_eos, struct err *e)
+                                     int n_eos, const char *const *tags, struct err *e)
 {
     if (n_vocab <= 0) return err_set(e, "empty vocabulary"), NULL;
     struct gram_vocab *v = xcalloc(1, sizeof *v);
@@ -362,13 +374,23 @@ struct gram_vocab *gram_vocab_create(const struct tok *t, int32_t n_vocab, const
     char tmp[1000]; /* the trie's depth bound (path[] below) */
     for (int32_t id = 0; id < n_vocab; id++) {
         v->off[id] = len;
-        if (v->is_eos[id] || id >= tok_vocab_size(t) || tok_is_special(t, id)) continue;
-        int k = tok_token_bytes(t, id, tmp, sizeof tmp);
+        if (id >= tok_vocab_size(t)) continue;
+        int k = -1, tag = tok_is_special(t, id) ? tag_of(t, id, tags) : -1;
+        if (tag >= 0 && strlen(tags[tag]) < sizeof tmp - 1) {
+            tmp[0] = GRAM_TAG_MARK;
+            k = 1 + (int)strlen(tags[tag]);
+            memcpy(tmp + 1, tags[tag], (size_t)k - 1);
+        } else if (!v->is_eos[id] && !tok_is_special(t, id)) {
+            k = tok_token_bytes(t, id, tmp, sizeof tmp);
+            /* the marker byte is never part of UTF-8 text: a token holding it could only
+             * spell a tag's marker with ordinary tokens */
+            if (k > 0 && memchr(tmp, GRAM_TAG_MARK, (size_t)k)) k = -1;
+        }
         if (k <= 0) continue;
         if (len + (size_t)k > cap) v->bytes = xrealloc(v->bytes, cap *= 2);
         memcpy(v->bytes + len, tmp, (size_t)k);
         len += (size_t)k;
-        ids[n_ids++] = id;
+        if (!v->is_eos[id]) ids[n_ids++] = id; /* an end tag is read by its id, not the trie */
     }
     v->off[n_vocab] = len;
     sort_v = v;
@@ -445,8 +467,14 @@ const char *gram_vocab_token(const struct gram_vocab *v, int32_t id, size_t *len
 int gram_matcher_accept_token(struct gram_matcher *m, const struct gram_vocab *v, int32_t id)
 {
     if (id < 0 || id >= v->n_vocab) return 0;
-    if (v->is_eos[id]) return m->acc;
     size_t len;
+    if (v->is_eos[id]) { /* an end tag whose text the grammar still expects reads it */
+        if (m->acc) return 1;
+        const char *s = gram_vocab_token(v, id, &len);
+        int end = 0;
+        if (!s || !run_bytes(m, s, len, 0, &end) || !end) return 0;
+        return run_bytes(m, s, len, 1, NULL);
+    }
     const char *s = gram_vocab_token(v, id, &len);
     return s ? gram_matcher_accept_bytes(m, s, len) : 0;
 }
@@ -1016,8 +1044,13 @@ static void build_mask(struct gram_matcher *m, const struct gram_vocab *v, uint3
                 m->cand[k++] = c;
             }
     verify(m, v, m->cand, k, mask);
-    if (m->acc)
-        for (int i = 0; i < v->n_eos; i++) mask[v->eos[i] >> 5] |= 1u << (v->eos[i] & 31);
+    for (int i = 0; i < v->n_eos; i++) {
+        size_t len;
+        const char *s = gram_vocab_token(v, v->eos[i], &len);
+        int end = m->acc;
+        if (!end && s) end = run_bytes(m, s, len, 0, &end) && end;
+        if (end) mask[v->eos[i] >> 5] |= 1u << (v->eos[i] & 31);
+    }
 }
 
 void gram_matcher_fill_mask(struct gram_matcher *m, const struct gram_vocab *v, uint32_t *mask)

@@ -32,6 +32,17 @@ const char *reason_format_end(enum reason_format f)
     return f == REASON_GEMMA4 ? "<channel|>" : f == REASON_HARMONY ? "<|end|>" : "</think>";
 }
 
+const char *const *reason_format_tags(enum reason_format f)
+{
+    static const char *const think[] = {"<think>", "</think>", NULL};
+    static const char *const gemma[] = {"<|channel>", "<channel|>", NULL};
+    static const char *const none[] = {NULL};
+    return f == REASON_NONE      ? none
+           : f == REASON_GEMMA4  ? gemma
+           : f == REASON_HARMONY ? harmony_tags
+                                 : think;
+}
+
 void reason_parser_init(struct reason_parser *r, enum reason_format f, int in_thinking)
 {
     memset(r, 0, sizeof *r);

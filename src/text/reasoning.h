@@ -32,6 +32,9 @@ const char *reason_format_name(enum reason_format f);
 /** The tags that open and close thinking in a format's output. */
 const char *reason_format_start(enum reason_format f);
 const char *reason_format_end(enum reason_format f);
+/** The markup of a format's thinking that tokenizers may hold as special tokens
+ * (NULL-terminated): what the output parser must see, and constrained decoding may write. */
+const char *const *reason_format_tags(enum reason_format f);
 
 struct reason_parser {
     enum reason_format f;

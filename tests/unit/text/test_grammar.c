@@ -657,7 +657,7 @@ static void test_masks(const char *testdata)
     CHECK(t, "%s", e.msg);
     if (!t) return;
     int32_t V = tok_vocab_size(t), eos = tok_eos_id(t);
-    struct gram_vocab *v = gram_vocab_create(t, V, &eos, 1, &e);
+    struct gram_vocab *v = gram_vocab_create(t, V, &eos, 1, NULL, &e);
     int words = (V + 31) / 32;
     uint32_t *mask = xmalloc(sizeof *mask * (size_t)words);
     /* later instances of a schema reuse its grammar: states met for the first time there
