@@ -219,22 +219,23 @@ static cJSON *call_spec(enum tcall_format f, const cJSON *fn, int lazy)
         cJSON_AddStringToObject(c, "prefix", pre.p);
         cJSON_AddItemToObject(c, "schema", cJSON_Duplicate(params, 1));
         cJSON_AddStringToObject(c, "suffix", "<tool_call|>");
+    } else if (f == TCALL_HARMONY && !lazy) {
+        http_buf_printf(
+            &pre, "<|channel|>commentary" HARMONY_TRIGGER "%s <|constrain|>json<|message|>", name);
+        cJSON_AddStringToObject(c, "prefix", pre.p);
+        cJSON_AddItemToObject(c, "schema", cJSON_Duplicate(params, 1));
+        cJSON_AddStringToObject(c, "suffix", "<|call|>");
     } else if (f == TCALL_HARMONY) {
-        /* the header as the docs write it (channel, recipient, <|constrain|>) or as the
-         * template does (recipient, channel, content type); lazily from the recipient on */
+        /* from the recipient on: the header as the harmony docs write it (channel first,
+         * then <|constrain|>) or as the chat template does (recipient first, then the
+         * channel and the content type) */
         static const char *const tails[] = {" <|constrain|>json<|message|>", " json<|message|>",
                                             "<|channel|>commentary <|constrain|>json<|message|>",
                                             "<|channel|>commentary json<|message|>"};
         cJSON *alts = cJSON_CreateArray();
-        for (int i = 0; i < (lazy ? 4 : 2); i++) {
+        for (int i = 0; i < 4; i++) {
             pre.len = 0;
-            if (lazy)
-                http_buf_printf(&pre, HARMONY_TRIGGER "%s%s", name, tails[i]);
-            else if (i == 0)
-                http_buf_printf(&pre, "<|channel|>commentary" HARMONY_TRIGGER "%s%s", name,
-                                tails[0]);
-            else
-                http_buf_printf(&pre, HARMONY_TRIGGER "%s%s", name, tails[3]);
+            http_buf_printf(&pre, HARMONY_TRIGGER "%s%s", name, tails[i]);
             cJSON_AddItemToArray(alts, cJSON_CreateString(pre.p));
         }
         cJSON_AddItemToObject(c, "prefix", alts);
