@@ -3,8 +3,10 @@
  *
  * - a lazy grammar: free output until a trigger text appears (a tool call's start tag),
  *   then the grammar constrains the rest, the trigger's bytes being the first it reads.
- *   The output's last bytes are kept in a window as long as the trigger, so finding it
- *   costs O(trigger + token bytes) a token.
+ *   The output's last bytes (as the grammar vocabulary reads its tokens) are kept in a
+ *   window as long as the trigger, so finding it costs O(trigger + token bytes) a token.
+ *   A start tag that is a special token reads as GRAM_TAG_MARK + its text (grammar.h); a
+ *   trigger written so switches the grammar on exactly when that token is chosen.
  * - a thinking budget: the tokens after the thinking start are counted until the end of
  *   thinking appears; at the budget the end-of-thinking tokens are forced, one a step.
  *   Start and end are matched as token-id sequences (a tag the model writes as other
