@@ -88,7 +88,9 @@ struct sampling_params {
     struct gram *grammar;
     /* With a trigger (NUL-terminated, copied by submit), `grammar` constrains the output
      * only from the trigger's first occurrence on, the trigger's bytes the first it reads;
-     * before that the output is free (an `auto` tool choice: text until the call's tag). */
+     * before that the output is free (an `auto` tool choice: text until the call's tag).
+     * Bytes as the grammar vocabulary reads tokens: GRAM_TAG_MARK + a tag's text is the
+     * tag's special token (engine_config.grammar_tags). */
     const char *grammar_trigger;
     /* Thinking budget (> 0): the output tokens after think_start (from the first output
      * token when n_think_start is 0) are counted until think_end appears; at the budget,
