@@ -655,6 +655,37 @@ void model_state_copy(struct model *m, int dst, int src)
     }
 }
 
+void model_state_read(struct model *m, int slot, void *dst)
+{
+    const struct model_config *c = &m->cfg;
+    size_t conv, rec;
+    state_floats(c, &conv, &rec);
+    float *p = dst;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->layer_kinds[l] != LAYER_LINEAR) continue;
+        struct state_layer *s = &m->state[l];
+        m->be->ops->download(m->be->ctx, p, s->conv + conv * (size_t)slot, conv * sizeof(float));
+        m->be->ops->download(m->be->ctx, p + conv, s->rec + rec * (size_t)slot,
+                             rec * sizeof(float));
+        p += conv + rec;
+    }
+}
+
+void model_state_write(struct model *m, int slot, const void *src)
+{
+    const struct model_config *c = &m->cfg;
+    size_t conv, rec;
+    state_floats(c, &conv, &rec);
+    const float *p = src;
+    for (int l = 0; l < c->n_layers; l++) {
+        if (c->layer_kinds[l] != LAYER_LINEAR) continue;
+        struct state_layer *s = &m->state[l];
+        m->be->ops->upload(m->be->ctx, s->conv + conv * (size_t)slot, p, conv * sizeof(float));
+        m->be->ops->upload(m->be->ctx, s->rec + rec * (size_t)slot, p + conv, rec * sizeof(float));
+        p += conv + rec;
+    }
+}
+
 int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blocks, int block_size,
                       int n_states, struct err *e)
 {

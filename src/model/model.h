@@ -218,6 +218,15 @@ size_t model_state_bytes(const struct model *m);
  * with the steps around it. */
 void model_state_copy(struct model *m, int dst, int src);
 
+/** Copies recurrent-state slot `slot` to host memory dst [model_state_bytes]: for each
+ * linear-attention layer in order, its conv rows then its delta-rule matrix, float32 (the
+ * image a disk tier stores; it waits for the work queued before it). */
+void model_state_read(struct model *m, int slot, void *dst);
+
+/** Copies src [model_state_bytes] (model_state_read's image) into slot `slot`, in order
+ * with the steps after it. */
+void model_state_write(struct model *m, int slot, const void *src);
+
 /** The start of every step of m: the batch handed to the backend, the rope tables of its
  * positions (model_forward calls it; a draft head over the model's layers does too). */
 void model_step_begin(struct model *m, const struct fwd_batch *b);

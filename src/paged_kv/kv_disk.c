@@ -1,5 +1,6 @@
 #include "paged_kv/kv_disk.h"
 
+#include <assert.h>
 #include <dirent.h>
 #include <stddef.h>
 #include <errno.h>
@@ -37,13 +38,17 @@ struct kv_disk_io kv_disk_io = {real_open, pread,  pwrite, fsync,         ftrunc
 
 /* ---- records ---- */
 
-#define REC_MAGIC  0x42564b50u /* "PKVB" */
-#define REC_RAW    1u          /* stored uncompressed (zstd did not shrink it) */
-#define LOG_ADD    1u
-#define LOG_DROP   2u /* every entry in extent `ext` is gone */
-#define LOG_REC    40
-#define SNAP_MAGIC 0x31504e53564b4750ull /* "PGKVSNP1" */
-#define SNAP_EVERY 1024                  /* log records between snapshots */
+/* A record's magic names its kind and version: a block's KV, or a hybrid model's
+ * recurrent-state snapshot (version 1: model_state_read's image). */
+#define REC_MAGIC       0x42564b50u /* "PKVB" */
+#define REC_MAGIC_STATE 0x31534b50u /* "PKS1" */
+#define REC_RAW         1u          /* stored uncompressed (zstd did not shrink it) */
+#define LOG_ADD         1u
+#define LOG_DROP        2u /* every entry in extent `ext` is gone */
+#define LOG_ADD_STATE   3u /* as LOG_ADD, for a state snapshot's record */
+#define LOG_REC         40
+#define SNAP_MAGIC      0x31504e53564b4750ull /* "PGKVSNP1" */
+#define SNAP_EVERY      1024                  /* log records between snapshots */
 
 struct rec_head {
     uint32_t magic, flags;
@@ -84,6 +89,7 @@ struct entry {
     uint64_t lo, hi;
     uint32_t ext, off, len; /* len: record bytes, head included */
     uint8_t used, tomb;
+    uint8_t kind; /* enum kv_disk_kind: a block and its snapshot share the hash */
 };
 
 struct extent {
@@ -100,7 +106,7 @@ struct kv_disk {
     int lock_fd, log_fd;
     uint64_t log_off;
     int log_recs; /* since the last snapshot */
-    size_t budget, raw_len, max_rec;
+    size_t budget, raw_len, state_len, max_rec;
     pthread_mutex_t mu;
     struct entry *tab; /* open addressing, tombstones; grown at half full */
     uint32_t cap, n_used, n_tomb;
@@ -127,20 +133,20 @@ static void ext_path(const struct kv_disk *d, char *out, size_t n, uint32_t id)
 
 /* -- the index table -- */
 
-static struct entry *tab_find(struct kv_disk *d, uint64_t lo, uint64_t hi)
+static struct entry *tab_find(struct kv_disk *d, uint64_t lo, uint64_t hi, int kind)
 {
     for (uint32_t i = (uint32_t)lo & (d->cap - 1);; i = (i + 1) & (d->cap - 1)) {
         struct entry *e = &d->tab[i];
         if (!e->used && !e->tomb) return NULL;
-        if (e->used && e->lo == lo && e->hi == hi) return e;
+        if (e->used && e->lo == lo && e->hi == hi && e->kind == kind) return e;
     }
 }
 
 static void tab_grow(struct kv_disk *d);
 
-static struct entry *tab_insert(struct kv_disk *d, uint64_t lo, uint64_t hi)
+static struct entry *tab_insert(struct kv_disk *d, uint64_t lo, uint64_t hi, int kind)
 {
-    struct entry *e = tab_find(d, lo, hi);
+    struct entry *e = tab_find(d, lo, hi, kind);
     if (e) return e;
     if (2 * (d->n_used + d->n_tomb + 1) > d->cap) tab_grow(d);
     uint32_t i = (uint32_t)lo & (d->cap - 1);
@@ -151,6 +157,7 @@ static struct entry *tab_insert(struct kv_disk *d, uint64_t lo, uint64_t hi)
     e->used = 1;
     e->lo = lo;
     e->hi = hi;
+    e->kind = (uint8_t)kind;
     d->n_used++;
     return e;
 }
@@ -163,7 +170,7 @@ static void tab_grow(struct kv_disk *d)
     d->tab = xcalloc(d->cap, sizeof *d->tab);
     d->n_used = d->n_tomb = 0;
     for (uint32_t i = 0; i < oc; i++)
-        if (old[i].used) *tab_insert(d, old[i].lo, old[i].hi) = old[i];
+        if (old[i].used) *tab_insert(d, old[i].lo, old[i].hi, old[i].kind) = old[i];
     free(old);
 }
 
@@ -181,6 +188,20 @@ static struct extent *ext_get(struct kv_disk *d, uint32_t id)
     return NULL;
 }
 
+/* The live records of a kind: blocks or state snapshots. */
+static void count(struct kv_disk *d, int kind, int delta)
+{
+    if (kind == KV_DISK_STATE)
+        d->st.states += (uint64_t)(int64_t)delta;
+    else
+        d->st.blocks += (uint64_t)(int64_t)delta;
+}
+
+static size_t raw_of(const struct kv_disk *d, int kind)
+{
+    return kind == KV_DISK_STATE ? d->state_len : d->raw_len;
+}
+
 static void entry_drop(struct kv_disk *d, struct entry *e)
 {
     struct extent *x = ext_get(d, e->ext);
@@ -189,7 +210,7 @@ static void entry_drop(struct kv_disk *d, struct entry *e)
     e->tomb = 1;
     d->n_used--;
     d->n_tomb++;
-    d->st.blocks--;
+    count(d, e->kind, -1);
 }
 
 /* -- the log -- */
@@ -202,7 +223,7 @@ static int log_append(struct kv_disk *d, uint32_t kind, uint32_t ext, const stru
                         e ? e->hi : 0,
                         e ? e->off : 0,
                         e ? e->len : 0,
-                        (uint32_t)d->raw_len,
+                        (uint32_t)raw_of(d, e ? e->kind : KV_DISK_BLOCK),
                         0};
     r.check = log_check(&r);
     if (d->log_fd < 0 ||
@@ -216,11 +237,13 @@ static int log_append(struct kv_disk *d, uint32_t kind, uint32_t ext, const stru
 /* Applies one log or snapshot record to the table (replays are idempotent). */
 static void apply(struct kv_disk *d, const struct log_rec *r)
 {
-    if (r->kind == LOG_ADD) {
-        struct entry *e = tab_find(d, r->lo, r->hi);
+    if (r->kind == LOG_ADD || r->kind == LOG_ADD_STATE) {
+        int kind = r->kind == LOG_ADD_STATE ? KV_DISK_STATE : KV_DISK_BLOCK;
+        if (r->raw != raw_of(d, kind)) return; /* written for another size: a miss */
+        struct entry *e = tab_find(d, r->lo, r->hi, kind);
         if (!e) {
-            e = tab_insert(d, r->lo, r->hi);
-            d->st.blocks++;
+            e = tab_insert(d, r->lo, r->hi, kind);
+            count(d, kind, 1);
         } else {
             struct extent *x = ext_get(d, e->ext);
             if (x) x->live--;
@@ -275,10 +298,10 @@ static int evict_one(struct kv_disk *d)
             best = i;
     if (best < 0) return -1;
     uint32_t id = d->ext[best].id;
-    int before = (int)d->st.blocks;
+    uint64_t before = d->st.blocks + d->st.states;
     struct log_rec r = {.kind = LOG_DROP, .ext = id};
     apply(d, &r);
-    d->st.evicted_blocks += (uint64_t)(before - (int)d->st.blocks);
+    d->st.evicted_blocks += before - (d->st.blocks + d->st.states);
     log_append(d, LOG_DROP, id, NULL); /* a lost record leaves entries to a missing file:
                                           they read as misses after a restart */
     ext_remove(d, &d->ext[best]);
@@ -306,6 +329,7 @@ static int read_file(const char *path, char **out, size_t *n)
     kv_disk_io.close(fd);
     if (r < 0) {
         free(*out);
+        *out = NULL; /* the caller frees what it holds */
         return -1;
     }
     *n = (size_t)r;
@@ -396,7 +420,8 @@ static int replay_log(struct kv_disk *d, struct err *e)
     struct log_rec r;
     uint64_t off = 0;
     while (kv_disk_io.pread(d->log_fd, &r, sizeof r, (off_t)off) == (ssize_t)sizeof r &&
-           r.check == log_check(&r) && (r.kind == LOG_ADD || r.kind == LOG_DROP)) {
+           r.check == log_check(&r) &&
+           (r.kind == LOG_ADD || r.kind == LOG_DROP || r.kind == LOG_ADD_STATE)) {
         if (r.ext >= d->next_ext) d->next_ext = r.ext + 1;
         apply(d, &r);
         off += sizeof r;
@@ -456,7 +481,7 @@ static void scan_extents(struct kv_disk *d)
             en->tomb = 1;
             d->n_used--;
             d->n_tomb++;
-            d->st.blocks--;
+            count(d, en->kind, -1);
         }
     }
     for (int i = 0; i < d->n_ext;)
@@ -467,7 +492,7 @@ static void scan_extents(struct kv_disk *d)
 }
 
 struct kv_disk *kv_disk_open(const char *dir, size_t budget, const char *fp, size_t fp_len,
-                             size_t raw_len, struct err *e)
+                             size_t raw_len, size_t state_len, struct err *e)
 {
     if (budget < 2 * KV_DISK_EXTENT) {
         err_set(e, "--kv-disk-size: %zu bytes is below the least (%zu: two extents)", budget,
@@ -485,7 +510,8 @@ struct kv_disk *kv_disk_open(const char *dir, size_t budget, const char *fp, siz
     d->cur = -1;
     d->budget = budget;
     d->raw_len = raw_len;
-    d->max_rec = KV_DISK_REC_HEAD + ZSTD_compressBound(raw_len);
+    d->state_len = state_len;
+    d->max_rec = KV_DISK_REC_HEAD + ZSTD_compressBound(raw_len > state_len ? raw_len : state_len);
     pthread_mutex_init(&d->mu, NULL);
     d->cap = 1024;
     d->tab = xcalloc(d->cap, sizeof *d->tab);
@@ -573,9 +599,14 @@ static struct extent *ext_for(struct kv_disk *d, size_t n)
     return &d->ext[d->cur];
 }
 
-int kv_disk_put(struct kv_disk *d, struct kv_hash h, const void *raw)
+static int put_rec(struct kv_disk *d, int kind, struct kv_hash h, const void *raw)
 {
-    if (kv_disk_has(d, h)) return 1;
+    size_t raw_len = raw_of(d, kind);
+    assert(raw_len > 0);
+    pthread_mutex_lock(&d->mu);
+    int held = tab_find(d, h.lo, h.hi, kind) != NULL;
+    pthread_mutex_unlock(&d->mu);
+    if (held) return 1;
     /* The directory removed under us: the open files would still take records, but
      * nothing would find them after a restart. One fstat a block tells. */
     struct stat ls;
@@ -588,15 +619,20 @@ int kv_disk_put(struct kv_disk *d, struct kv_hash h, const void *raw)
     /* compress outside the lock: only the writer uses cctx and wbuf */
     struct rec_head *rh = d->wbuf;
     char *stored = (char *)d->wbuf + KV_DISK_REC_HEAD;
-    size_t c =
-        ZSTD_compressCCtx(d->cctx, stored, d->max_rec - KV_DISK_REC_HEAD, raw, d->raw_len, 1);
+    size_t c = ZSTD_compressCCtx(d->cctx, stored, d->max_rec - KV_DISK_REC_HEAD, raw, raw_len, 1);
     uint32_t flags = 0;
-    if (ZSTD_isError(c) || c >= d->raw_len) {
-        memcpy(stored, raw, d->raw_len);
-        c = d->raw_len;
+    if (ZSTD_isError(c) || c >= raw_len) {
+        memcpy(stored, raw, raw_len);
+        c = raw_len;
         flags = REC_RAW;
     }
-    *rh = (struct rec_head){REC_MAGIC, flags, (uint32_t)c, (uint32_t)d->raw_len, h.lo, h.hi, 0};
+    *rh = (struct rec_head){kind == KV_DISK_STATE ? REC_MAGIC_STATE : REC_MAGIC,
+                            flags,
+                            (uint32_t)c,
+                            (uint32_t)raw_len,
+                            h.lo,
+                            h.hi,
+                            0};
     rh->check = rec_check(rh, stored);
     size_t n = KV_DISK_REC_HEAD + c;
 
@@ -611,14 +647,15 @@ int kv_disk_put(struct kv_disk *d, struct kv_hash h, const void *raw)
     }
     uint32_t id = x->id;
     int fd = x->fd;
-    struct entry tmp = {h.lo, h.hi, id, (uint32_t)x->size, (uint32_t)n, 0, 0};
+    struct entry tmp = {h.lo, h.hi, id, (uint32_t)x->size, (uint32_t)n, 0, 0, (uint8_t)kind};
     x->size += n;
     d->st.bytes += n;
     x->last_use = ++d->clock;
     x->pins++;
     pthread_mutex_unlock(&d->mu);
 
-    int bad = write_all(fd, d->wbuf, n, (off_t)tmp.off) || log_append(d, LOG_ADD, id, &tmp);
+    int bad = write_all(fd, d->wbuf, n, (off_t)tmp.off) ||
+              log_append(d, kind == KV_DISK_STATE ? LOG_ADD_STATE : LOG_ADD, id, &tmp);
 
     pthread_mutex_lock(&d->mu);
     x = ext_get(d, id);
@@ -628,23 +665,37 @@ int kv_disk_put(struct kv_disk *d, struct kv_hash h, const void *raw)
         x->closed = 1; /* its tail is unknown now */
         if (d->cur == (int)(x - d->ext)) d->cur = -1;
     } else {
-        struct entry *en = tab_insert(d, h.lo, h.hi);
+        struct entry *en = tab_insert(d, h.lo, h.hi, kind);
         *en = tmp;
         en->used = 1;
         x->live++;
-        d->st.blocks++;
-        d->st.stored++;
-        d->st.stored_bytes += d->raw_len;
+        count(d, kind, 1);
+        if (kind == KV_DISK_STATE) {
+            d->st.stored_states++;
+        } else {
+            d->st.stored++;
+            d->st.stored_bytes += raw_len;
+        }
     }
     pthread_mutex_unlock(&d->mu);
     if (!bad && d->log_recs >= SNAP_EVERY) kv_disk_snapshot(d);
     return bad ? -1 : 0;
 }
 
+int kv_disk_put(struct kv_disk *d, struct kv_hash h, const void *raw)
+{
+    return put_rec(d, KV_DISK_BLOCK, h, raw);
+}
+
+int kv_disk_put_state(struct kv_disk *d, struct kv_hash h, const void *raw)
+{
+    return put_rec(d, KV_DISK_STATE, h, raw);
+}
+
 int kv_disk_snapshot(struct kv_disk *d)
 {
     pthread_mutex_lock(&d->mu);
-    uint64_t count = d->st.blocks;
+    uint64_t count = d->st.blocks + d->st.states;
     size_t n = 24 + count * LOG_REC + 8;
     char *buf = xmalloc(n);
     uint64_t head[3] = {SNAP_MAGIC, count, d->next_ext};
@@ -653,7 +704,14 @@ int kv_disk_snapshot(struct kv_disk *d)
     for (uint32_t i = 0; i < d->cap && k < count; i++) {
         struct entry *e = &d->tab[i];
         if (!e->used) continue;
-        struct log_rec r = {LOG_ADD, e->ext, e->lo, e->hi, e->off, e->len, (uint32_t)d->raw_len, 0};
+        struct log_rec r = {e->kind == KV_DISK_STATE ? LOG_ADD_STATE : LOG_ADD,
+                            e->ext,
+                            e->lo,
+                            e->hi,
+                            e->off,
+                            e->len,
+                            (uint32_t)raw_of(d, e->kind),
+                            0};
         r.check = log_check(&r);
         memcpy(buf + 24 + k++ * LOG_REC, &r, LOG_REC);
     }
@@ -687,26 +745,46 @@ int kv_disk_snapshot(struct kv_disk *d)
 
 /* ---- reading ---- */
 
-int kv_disk_has(struct kv_disk *d, struct kv_hash h)
+static int has_rec(struct kv_disk *d, int kind, struct kv_hash h)
 {
     pthread_mutex_lock(&d->mu);
-    int r = tab_find(d, h.lo, h.hi) != NULL;
+    int r = tab_find(d, h.lo, h.hi, kind) != NULL;
     pthread_mutex_unlock(&d->mu);
     return r;
 }
 
-int kv_disk_pin(struct kv_disk *d, struct kv_hash h, struct kv_disk_ref *out)
+int kv_disk_has(struct kv_disk *d, struct kv_hash h)
+{
+    return has_rec(d, KV_DISK_BLOCK, h);
+}
+
+int kv_disk_has_state(struct kv_disk *d, struct kv_hash h)
+{
+    return has_rec(d, KV_DISK_STATE, h);
+}
+
+static int pin_rec(struct kv_disk *d, int kind, struct kv_hash h, struct kv_disk_ref *out)
 {
     pthread_mutex_lock(&d->mu);
-    struct entry *e = tab_find(d, h.lo, h.hi);
+    struct entry *e = tab_find(d, h.lo, h.hi, kind);
     struct extent *x = e ? ext_get(d, e->ext) : NULL;
     if (x) {
         x->pins++;
         x->last_use = ++d->clock;
-        *out = (struct kv_disk_ref){x->fd, x->id, (off_t)e->off, e->len};
+        *out = (struct kv_disk_ref){x->fd, x->id, (off_t)e->off, e->len, kind};
     }
     pthread_mutex_unlock(&d->mu);
     return x ? 0 : -1;
+}
+
+int kv_disk_pin(struct kv_disk *d, struct kv_hash h, struct kv_disk_ref *out)
+{
+    return pin_rec(d, KV_DISK_BLOCK, h, out);
+}
+
+int kv_disk_pin_state(struct kv_disk *d, struct kv_hash h, struct kv_disk_ref *out)
+{
+    return pin_rec(d, KV_DISK_STATE, h, out);
 }
 
 void kv_disk_unpin(struct kv_disk *d, const struct kv_disk_ref *ref)
@@ -717,10 +795,10 @@ void kv_disk_unpin(struct kv_disk *d, const struct kv_disk_ref *ref)
     pthread_mutex_unlock(&d->mu);
 }
 
-static void forget(struct kv_disk *d, struct kv_hash h, uint64_t *counter)
+static void forget(struct kv_disk *d, struct kv_hash h, int kind, uint64_t *counter)
 {
     pthread_mutex_lock(&d->mu);
-    struct entry *e = tab_find(d, h.lo, h.hi);
+    struct entry *e = tab_find(d, h.lo, h.hi, kind);
     if (e) entry_drop(d, e);
     (*counter)++;
     pthread_mutex_unlock(&d->mu);
@@ -729,16 +807,19 @@ static void forget(struct kv_disk *d, struct kv_hash h, uint64_t *counter)
 int kv_disk_decode(struct kv_disk *d, struct kv_hash h, const struct kv_disk_ref *ref,
                    const void *rec, ssize_t n_read, void *raw)
 {
+    int kind = ref->kind;
+    size_t raw_len = raw_of(d, kind);
     if (n_read != (ssize_t)ref->len) {
-        forget(d, h, &d->st.faults_read);
+        forget(d, h, kind, &d->st.faults_read);
         return -1;
     }
     struct rec_head rh;
     memcpy(&rh, rec, sizeof rh);
     const char *stored = (const char *)rec + KV_DISK_REC_HEAD;
-    if (rh.magic != REC_MAGIC || rh.lo != h.lo || rh.hi != h.hi || rh.raw != d->raw_len ||
-        KV_DISK_REC_HEAD + (size_t)rh.stored != ref->len || rh.check != rec_check(&rh, stored)) {
-        forget(d, h, &d->st.faults_corrupt);
+    if (rh.magic != (kind == KV_DISK_STATE ? REC_MAGIC_STATE : REC_MAGIC) || rh.lo != h.lo ||
+        rh.hi != h.hi || rh.raw != raw_len || KV_DISK_REC_HEAD + (size_t)rh.stored != ref->len ||
+        rh.check != rec_check(&rh, stored)) {
+        forget(d, h, kind, &d->st.faults_corrupt);
         return -1;
     }
     if (rh.flags & REC_RAW) {
@@ -746,18 +827,18 @@ int kv_disk_decode(struct kv_disk *d, struct kv_hash h, const struct kv_disk_ref
         memcpy(raw, stored, rh.raw);
         return 0;
     }
-    size_t got = ZSTD_decompressDCtx(d->dctx, raw, d->raw_len, stored, rh.stored);
-    if (ZSTD_isError(got) || got != d->raw_len) goto bad;
+    size_t got = ZSTD_decompressDCtx(d->dctx, raw, raw_len, stored, rh.stored);
+    if (ZSTD_isError(got) || got != raw_len) goto bad;
     return 0;
 bad:
-    forget(d, h, &d->st.faults_corrupt);
+    forget(d, h, kind, &d->st.faults_corrupt);
     return -1;
 }
 
-int kv_disk_get(struct kv_disk *d, struct kv_hash h, void *raw)
+static int get_rec(struct kv_disk *d, int kind, struct kv_hash h, void *raw)
 {
     struct kv_disk_ref ref;
-    if (kv_disk_pin(d, h, &ref)) return -1;
+    if (pin_rec(d, kind, h, &ref)) return -1;
     ssize_t n = kv_disk_io.pread(ref.fd, d->rbuf, ref.len, ref.off);
     if (n < 0) n = -errno;
     int rc = kv_disk_decode(d, h, &ref, d->rbuf, n, raw);
@@ -765,9 +846,35 @@ int kv_disk_get(struct kv_disk *d, struct kv_hash h, void *raw)
     return rc;
 }
 
+int kv_disk_get(struct kv_disk *d, struct kv_hash h, void *raw)
+{
+    return get_rec(d, KV_DISK_BLOCK, h, raw);
+}
+
+int kv_disk_get_state(struct kv_disk *d, struct kv_hash h, void *raw)
+{
+    return get_rec(d, KV_DISK_STATE, h, raw);
+}
+
+int kv_disk_sample(struct kv_disk *d, struct kv_hash *out, int max)
+{
+    int n = 0;
+    pthread_mutex_lock(&d->mu);
+    for (uint32_t i = 0; i < d->cap && n < max; i++)
+        if (d->tab[i].used && d->tab[i].kind == KV_DISK_BLOCK)
+            out[n++] = (struct kv_hash){d->tab[i].lo, d->tab[i].hi};
+    pthread_mutex_unlock(&d->mu);
+    return n;
+}
+
 size_t kv_disk_max_record(const struct kv_disk *d)
 {
     return d->max_rec;
+}
+
+size_t kv_disk_max_block_record(const struct kv_disk *d)
+{
+    return KV_DISK_REC_HEAD + ZSTD_compressBound(d->raw_len);
 }
 
 void kv_disk_stats(struct kv_disk *d, struct kv_disk_stats *out)

@@ -5,6 +5,11 @@
  * its block hash, its length and its stored bytes, so that a torn, truncated or altered
  * record reads as a miss, never as wrong KV.
  *
+ * Hybrid models store a second kind of record beside blocks: the recurrent state of their
+ * linear-attention layers after a block (a snapshot, state_len bytes), named by that
+ * block's hash. A block and its snapshot are separate records under the same name, kept,
+ * checked and dropped by the same rules; a prefix resumes only where both are held.
+ *
  * Files in the directory:
  *   LOCK          flock'ed for the store's life: a second server on the directory is refused
  *   header        the fingerprint (model weights, KV format, block size, tokenizer, chat
@@ -42,6 +47,9 @@
 /* Bytes of a record's head before its stored bytes. */
 #define KV_DISK_REC_HEAD 40
 
+/** What a record holds. */
+enum kv_disk_kind { KV_DISK_BLOCK, KV_DISK_STATE };
+
 /** The file calls of the store (the real ones by default; tests swap members). */
 struct kv_disk_io {
     int (*open)(const char *path, int flags, mode_t mode);
@@ -62,12 +70,14 @@ extern struct kv_disk_io kv_disk_io;
 extern const struct kv_disk_io kv_disk_io_default;
 
 struct kv_disk_stats {
-    uint64_t blocks, bytes;        /* live records; extent file bytes */
+    uint64_t blocks, bytes;        /* live block records; extent file bytes */
+    uint64_t states;               /* live state-snapshot records */
     uint64_t stored, stored_bytes; /* blocks written (raw bytes) */
+    uint64_t stored_states;        /* state snapshots written */
     uint64_t faults_write;         /* ENOSPC, EIO, a missing directory on write */
     uint64_t faults_read;          /* EIO or a short read */
     uint64_t faults_corrupt;       /* a record whose checksum, hash or length is wrong */
-    uint64_t evicted_blocks;       /* dropped for the byte budget */
+    uint64_t evicted_blocks;       /* records (blocks and snapshots) dropped for the budget */
     uint64_t full;                 /* records refused: nothing left to evict */
 };
 
@@ -77,17 +87,19 @@ struct kv_disk_ref {
     uint32_t ext;
     off_t off;
     size_t len; /* record bytes, head included */
+    int kind;   /* enum kv_disk_kind */
 };
 
 struct kv_disk;
 
 /**
  * Opens (or creates) the store in dir under a byte budget (at least 2 * KV_DISK_EXTENT)
- * for blocks of raw_len bytes. fp names the model and formats; a store with another is
- * emptied. NULL + err when the directory cannot be used or another process holds it.
+ * for blocks of raw_len bytes and state snapshots of state_len bytes (0: none). fp names
+ * the model and formats; a store with another is emptied. NULL + err when the directory
+ * cannot be used or another process holds it.
  */
 struct kv_disk *kv_disk_open(const char *dir, size_t budget, const char *fp, size_t fp_len,
-                             size_t raw_len, struct err *e);
+                             size_t raw_len, size_t state_len, struct err *e);
 /** Writes the snapshot, releases the lock, frees. */
 void kv_disk_close(struct kv_disk *d);
 
@@ -95,17 +107,25 @@ void kv_disk_close(struct kv_disk *d);
  * budget: counted). */
 int kv_disk_put(struct kv_disk *d, struct kv_hash h, const void *raw);
 
+/** Stores the state snapshot taken after block h (state_len bytes): as kv_disk_put. */
+int kv_disk_put_state(struct kv_disk *d, struct kv_hash h, const void *raw);
+
 /** Whether the block is held. */
 int kv_disk_has(struct kv_disk *d, struct kv_hash h);
+/** Whether the state snapshot after block h is held. */
+int kv_disk_has_state(struct kv_disk *d, struct kv_hash h);
 
 /** Pins the block's record: 0, or -1 when not held. Marks its extent used. */
 int kv_disk_pin(struct kv_disk *d, struct kv_hash h, struct kv_disk_ref *out);
+/** Pins the record of the state snapshot after block h (as kv_disk_pin). */
+int kv_disk_pin_state(struct kv_disk *d, struct kv_hash h, struct kv_disk_ref *out);
 void kv_disk_unpin(struct kv_disk *d, const struct kv_disk_ref *ref);
 
 /**
  * Checks a record read from ref (rec [ref->len] bytes; n_read the read's result, bytes or
- * -errno) and decompresses it into raw [raw_len]. 0, or -1 after dropping the entry and
- * counting the fault. A scratch buffer of the store is used: one caller at a time.
+ * -errno) and decompresses it into raw [raw_len, or state_len for a snapshot's record:
+ * ref->kind; a record of the other kind under the name is corrupt]. 0, or -1 after dropping the
+ * entry and counting the fault. A scratch buffer of the store is used: one caller at a time.
  */
 int kv_disk_decode(struct kv_disk *d, struct kv_hash h, const struct kv_disk_ref *ref,
                    const void *rec, ssize_t n_read, void *raw);
@@ -113,8 +133,16 @@ int kv_disk_decode(struct kv_disk *d, struct kv_hash h, const struct kv_disk_ref
 /** Reads a block synchronously (pin, pread, decode): 0, or -1 (a miss, or a fault counted). */
 int kv_disk_get(struct kv_disk *d, struct kv_hash h, void *raw);
 
+/** Reads a state snapshot synchronously (as kv_disk_get). */
+int kv_disk_get_state(struct kv_disk *d, struct kv_hash h, void *raw);
+
+/** Up to max names of held blocks (table order): a sample to time reads with. */
+int kv_disk_sample(struct kv_disk *d, struct kv_hash *out, int max);
+
 /** The largest record: a buffer this size holds any read. */
 size_t kv_disk_max_record(const struct kv_disk *d);
+/** The largest block record (a snapshot's may be larger). */
+size_t kv_disk_max_block_record(const struct kv_disk *d);
 
 /** Writes the snapshot of the index and empties the log. 0, or -1 (counted as a write fault). */
 int kv_disk_snapshot(struct kv_disk *d);

@@ -467,6 +467,7 @@ uint64_t engine_submit(struct engine *en, const struct engine_request *q, struct
     r->state_backup = -1;
     if (en->spec && en->spec->draft) r->dblocks = xmalloc(sizeof(int32_t) * (size_t)en->max_blocks);
     r->load_id = -1;
+    r->load_snap = -1;
     r->cap = q->n_prompt + (q->embed ? 0 : q->sp.max_tokens);
     r->tokens = xmalloc(sizeof(int32_t) * (size_t)r->cap);
     memcpy(r->tokens, q->prompt, sizeof(int32_t) * (size_t)q->n_prompt);

@@ -48,6 +48,10 @@ struct request {
     int load_id, load_from, tier_tried;
     int loading, host_from, host_n, load_end;
     uint64_t host_ticket;
+    /* hybrid models: the load resumes after block load_k (its snapshot is in the state pool,
+     * or read from disk into state slot load_snap, -1 when not; load_snap_ok once it was) */
+    int load_k, load_snap_ok;
+    int32_t load_snap;
 
     /* speculative decoding (sched/spec.c): drafts for the next step in tokens[n_tokens ..
      * n_tokens + n_draft) (scratch past the known tokens), the measured acceptance (moving
@@ -246,12 +250,13 @@ int step_cap_snapshot(const struct engine *en, const struct request *r, int comp
 void step_commit_blocks(struct engine *en, struct request *r);
 /* tier.c: the host-memory and disk tiers */
 /* Opens the tiers cfg.kv_host_memory and cfg.kv_disk_dir name (pool_fp: the pool's
- * fingerprint); 0 also when they stay off (hybrid models, no prefix caching: a note on
- * stderr). */
+ * fingerprint); 0 also when they stay off (no prefix caching: a note on stderr). */
 int tier_open(struct engine *en, const char *pool_fp, struct err *e);
 void tier_close(struct engine *en);
 /* Queues pool block `block`, just registered under h, for the tiers (unless held there). */
 void tier_store(struct engine *en, int32_t block, struct kv_hash h);
+/* State slot `slot` was just named by h (a snapshot): queued for the disk tier. */
+void tier_store_state(struct engine *en, int32_t slot, struct kv_hash h);
 /* Pool blocks[0..n) were just allocated: the next steps write them (sched/tier.c fences
  * them behind pending copies down). */
 void tier_reuse(struct engine *en, const int32_t *blocks, int n);

@@ -42,8 +42,9 @@ void req_release_state(struct engine *en, struct request *r)
     int bs = en->block_size, k = r->n_computed / bs;
     if (!en->cfg.disable_prefix_caching && k > 0 && r->n_computed % bs == 0) {
         update_hashes(en, r);
-        if (k <= r->n_hashes && kv_lookup(&en->states, r->hashes[k - 1]) < 0)
-            kv_commit_hash(&en->states, r->state_slot, r->hashes[k - 1]);
+        if (k <= r->n_hashes && kv_lookup(&en->states, r->hashes[k - 1]) < 0 &&
+            kv_commit_hash(&en->states, r->state_slot, r->hashes[k - 1]) && en->tier)
+            tier_store_state(en, r->state_slot, r->hashes[k - 1]);
     }
     kv_release(&en->states, &r->state_slot, 1);
     r->state_slot = -1;
@@ -64,6 +65,7 @@ static void snapshot(struct engine *en, struct request *r)
     if (!kv_can_allocate(&en->states, 1, NULL, 0) || kv_allocate(&en->states, 1, &slot)) return;
     model_state_copy(en->m, slot, r->state_slot);
     kv_commit_hash(&en->states, slot, r->hashes[k - 1]);
+    if (en->tier) tier_store_state(en, slot, r->hashes[k - 1]);
     kv_release(&en->states, &slot, 1);
 }
 

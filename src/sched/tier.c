@@ -8,6 +8,12 @@
  * With a copy engine (CUDA) every block moves through the host tier's pinned slots: down,
  * device -> slot -> disk writer; up, disk -> slot -> device. Without one (the CPU, whose
  * pool is host memory) the disk tier reads and writes pool blocks directly.
+ *
+ * Hybrid models resume a prefix only where a recurrent-state snapshot ends it: snapshots
+ * named in the state pool are queued for the disk as well (model_state_read), and a load
+ * covers the longest prefix whose blocks (pool, host, disk) and snapshot (state pool,
+ * disk) are both found; the snapshot is read into a state slot of its own and named there
+ * once the load ends. The host tier holds no snapshots (they stay in the state pool).
  */
 #include <dirent.h>
 #include <fcntl.h>
@@ -80,6 +86,9 @@ static int fingerprint(const struct engine *en, const char *base, char *out, int
     closedir(d);
     if (n < cap)
         n += snprintf(out + n, (size_t)(cap - n), "|weights=%016llx", (unsigned long long)w);
+    /* the snapshot record's image (model_state_read, version 1) and its size */
+    if (n < cap && en->hybrid)
+        n += snprintf(out + n, (size_t)(cap - n), "|state=1:%zu", model_state_bytes(en->m));
     return n < cap ? n : cap - 1;
 }
 
@@ -153,16 +162,6 @@ int tier_open(struct engine *en, const char *pool_fp, struct err *e)
         fprintf(stderr, "pagoda: %s is unused: prefix caching is off\n", flag);
         return 0;
     }
-    if (en->hybrid) {
-        /* A prefix hit of a hybrid model resumes from the recurrent-state snapshot at the
-         * hit's last block; snapshots stay in the device pool, so a tier hit could never be
-         * used. */
-        fprintf(stderr,
-                "pagoda: %s is off for hybrid models: their recurrent-state snapshots "
-                "are not stored in the tiers\n",
-                flag);
-        return 0;
-    }
     if (engine && host_open(en, cfg->kv_host_memory ? cfg->kv_host_memory : TIER_STAGING_BYTES, e))
         return -1;
     if (!cfg->kv_disk_dir) return 0;
@@ -173,13 +172,21 @@ int tier_open(struct engine *en, const char *pool_fp, struct err *e)
     int q = 2 * per_step;
     if ((size_t)q * bb > TIER_QUEUE_BYTES) q = (int)(TIER_QUEUE_BYTES / bb);
     if (q < 4) q = 4;
+    /* snapshots: as many as fit in half the queue's bytes, 2 to 64 (a snapshot of a large
+     * hybrid model is tens of MB; a step names a few at most) */
+    size_t sb = en->hybrid ? model_state_bytes(en->m) : 0;
+    int qs = sb ? (int)(TIER_QUEUE_BYTES / 2 / sb) : 0;
+    if (sb && qs < 2) qs = 2;
+    if (qs > 64) qs = 64;
     struct kv_tier_config tc = {.dir = cfg->kv_disk_dir,
                                 .disk_bytes =
                                     cfg->kv_disk_size ? cfg->kv_disk_size : (size_t)16 << 30,
                                 .fp = fp,
                                 .fp_len = (size_t)fpn,
                                 .block_bytes = bb,
+                                .state_bytes = sb,
                                 .queue_blocks = q,
+                                .queue_states = qs,
                                 .max_load_blocks = en->max_blocks};
     en->tier = kv_tier_create(&tc, e);
     return en->tier ? 0 : -1;
@@ -232,9 +239,34 @@ void tier_store(struct engine *en, int32_t block, struct kv_hash h)
     kv_tier_store_end(en->tier, h);
 }
 
+void tier_store_state(struct engine *en, int32_t slot, struct kv_hash h)
+{
+    if (!en->tier || kv_tier_has_state(en->tier, h)) return;
+    void *buf = kv_tier_store_state_begin(en->tier);
+    if (!buf) return; /* the queue is full: dropped (counted) */
+    model_state_read(en->m, slot, buf);
+    kv_tier_store_state_end(en->tier, h);
+}
+
 void tier_reuse(struct engine *en, const int32_t *blocks, int n)
 {
     if (en->host) kv_host_reuse(en->host, blocks, n);
+}
+
+/* Whether the snapshot after block hashes[k - 1] is in the state pool, or (disk) on disk. */
+static int has_snap(struct engine *en, const struct request *r, int k, int disk)
+{
+    return kv_lookup(&en->states, r->hashes[k - 1]) >= 0 ||
+           (disk && en->tier && kv_tier_has_state(en->tier, r->hashes[k - 1]));
+}
+
+/* Hybrid models: the longest prefix of at most `end` blocks, past `base`, that ends with a
+ * snapshot (disk: on disk too); base when none. */
+static int snap_point(struct engine *en, const struct request *r, int base, int end, int disk)
+{
+    int k = end;
+    while (k > base && !has_snap(en, r, k, disk)) k--;
+    return k;
 }
 
 int tier_try_load(struct engine *en, struct request *r, int n_hit)
@@ -243,25 +275,50 @@ int tier_try_load(struct engine *en, struct request *r, int n_hit)
     r->tier_tried = 1;
     int bs = en->block_size, avail = r->n_hashes;
     if (avail * bs >= r->n_tokens) avail--; /* compute at least one token */
-    if (avail <= n_hit) return 0;
+    /* a hybrid model resumes from the pool alone at its last hit block with a snapshot */
+    int base = en->hybrid ? snap_point(en, r, 0, n_hit, 0) : n_hit;
+    if (avail <= base) return 0;
     int nh = 0, nd = 0;
     if (en->host) {
-        nh = kv_host_probe(en->host, r->hashes + n_hit, avail - n_hit);
-        en->host_query_tokens += (uint64_t)(r->n_tokens - n_hit * bs);
+        if (avail > n_hit) nh = kv_host_probe(en->host, r->hashes + n_hit, avail - n_hit);
+        en->host_query_tokens += (uint64_t)(r->n_tokens - base * bs);
     }
     if (en->tier) {
-        nd = kv_tier_probe(en->tier, r->hashes + n_hit + nh, avail - n_hit - nh);
-        en->tier_query_tokens += (uint64_t)(r->n_tokens - (n_hit + nh) * bs);
+        if (avail > n_hit + nh)
+            nd = kv_tier_probe(en->tier, r->hashes + n_hit + nh, avail - n_hit - nh);
+        en->tier_query_tokens += (uint64_t)(r->n_tokens - (base + nh) * bs);
     }
-    /* Never slower than recompute: with both rates measured, a disk load estimated to take
-     * at least as long as computing its tokens is bypassed. A copy up from host memory
-     * (tens of GB/s) always beats recomputing. */
-    if (nd && !kv_tier_worth_loading((double)nd * (double)model_kv_block_bytes(en->m), nd * bs,
-                                     kv_tier_load_rate(en->tier), en->prefill_tps)) {
-        en->tier_bypasses++;
-        nd = 0;
+    /* Hybrid models: only the blocks up to the last snapshot found are worth loading, and
+     * that snapshot comes from disk unless the state pool has it. */
+    int k = n_hit + nh + nd, snap_disk = 0;
+    if (en->hybrid) {
+        k = snap_point(en, r, base, k, 1);
+        if (k <= base) return 0;
+        snap_disk = kv_lookup(&en->states, r->hashes[k - 1]) < 0;
+        if (k < n_hit) nh = nd = 0;
+        if (n_hit + nh > k) nh = k - n_hit;
+        if (n_hit + nh + nd > k) nd = k - n_hit - nh;
     }
-    if (nh + nd == 0 || !kv_can_allocate(&en->pool, nh + nd, en->hit_blocks, n_hit)) return 0;
+    /* Never slower than recompute: a disk load estimated (kv_tier_load_rate) to take at
+     * least as long as computing the tokens it saves is bypassed. A copy up from host
+     * memory (tens of GB/s) always beats recomputing. */
+    if (nd || snap_disk) {
+        double bytes = (double)nd * (double)model_kv_block_bytes(en->m) +
+                       (snap_disk ? (double)model_state_bytes(en->m) : 0);
+        int tokens = en->hybrid ? (k - base) * bs : nd * bs;
+        if (!kv_tier_worth_loading(bytes, tokens, kv_tier_load_rate(en->tier), en->prefill_tps)) {
+            en->tier_bypasses++;
+            nd = snap_disk = 0;
+            if (en->hybrid) { /* what host memory and the state pool give alone */
+                k = snap_point(en, r, base, n_hit + nh, 0);
+                if (k <= n_hit) return 0;
+                nh = k - n_hit;
+            }
+        }
+    }
+    if (snap_disk && !kv_can_allocate(&en->states, 1, NULL, 0)) return 0;
+    if (nh + nd == 0 && !snap_disk) return 0;
+    if (!kv_can_allocate(&en->pool, nh + nd, en->hit_blocks, n_hit)) return 0;
     kv_touch(&en->pool, en->hit_blocks, n_hit);
     memcpy(r->blocks, en->hit_blocks, sizeof(int32_t) * (size_t)n_hit);
     kv_allocate(&en->pool, nh + nd, r->blocks + n_hit);
@@ -269,35 +326,53 @@ int tier_try_load(struct engine *en, struct request *r, int n_hit)
     r->n_blocks = n_hit + nh + nd;
     r->load_from = n_hit + nh;
     r->load_id = -1;
-    if (nd) {
+    r->load_k = en->hybrid ? k : 0;
+    r->load_snap = -1;
+    r->load_snap_ok = 0;
+    if (snap_disk) kv_allocate(&en->states, 1, &r->load_snap);
+    if (nd || snap_disk) {
         r->load_id =
-            kv_tier_load_start(en->tier, r->hashes + r->load_from, r->blocks + r->load_from, nd);
+            kv_tier_load_start(en->tier, r->hashes + r->load_from, r->blocks + r->load_from, nd,
+                               snap_disk ? &r->hashes[k - 1] : NULL, r->load_snap);
         if (r->load_id < 0) { /* every load slot busy: compute those instead */
             kv_release(&en->pool, r->blocks + r->load_from, nd);
             r->n_blocks -= nd;
+            if (r->load_snap >= 0) kv_release(&en->states, &r->load_snap, 1);
+            r->load_snap = -1;
+            /* a hybrid model's host blocks are of use only up to a snapshot in the pool */
+            if (en->hybrid && r->n_blocks > n_hit && !has_snap(en, r, r->n_blocks, 0)) {
+                kv_release(&en->pool, r->blocks + n_hit, r->n_blocks - n_hit);
+                r->n_blocks = n_hit;
+            }
         }
     }
-    if (r->n_blocks == n_hit) {
+    if (r->n_blocks == n_hit && r->load_snap < 0) {
         kv_release(&en->pool, r->blocks, r->n_blocks);
         r->n_blocks = 0;
         return 0;
     }
     r->load_end = r->n_blocks;
     r->host_from = n_hit;
-    r->host_n = nh;
-    r->host_ticket = nh ? kv_host_load(en->host, r->hashes + n_hit, r->blocks + n_hit, nh) : 0;
+    r->host_n = r->n_blocks - n_hit < nh ? r->n_blocks - n_hit : nh;
+    r->host_ticket =
+        r->host_n ? kv_host_load(en->host, r->hashes + n_hit, r->blocks + n_hit, r->host_n) : 0;
     r->loading = 1;
     en->n_loading++;
     return 1;
 }
 
 /* A block read from disk: into its pool block, through a host slot when there is a copy
- * engine (or directly, ordered with the steps, when no slot is free). */
-static void write_block(void *user, int32_t block, struct kv_hash h, const void *raw)
+ * engine (or directly, ordered with the steps, when no slot is free). A snapshot: into its
+ * state slot, ordered with the steps. */
+static void write_block(void *user, int kind, int32_t dst, struct kv_hash h, const void *raw)
 {
     struct engine *en = user;
-    if (en->host && kv_host_put(en->host, h, raw, block) == 0) return;
-    model_kv_block_write(en->m, block, raw);
+    if (kind == KV_DISK_STATE) {
+        model_state_write(en->m, dst, raw);
+        return;
+    }
+    if (en->host && kv_host_put(en->host, h, raw, dst) == 0) return;
+    model_kv_block_write(en->m, dst, raw);
 }
 
 /* r's loaded blocks [a, a + n) join the pool's index. */
@@ -321,11 +396,15 @@ void tier_poll(struct engine *en, double wait_s)
     for (struct request *r = en->waiting.head; r; r = r->next) {
         if (!r->loading) continue;
         if (r->load_id >= 0) {
-            int n_ok;
-            if (!kv_tier_load_done(en->tier, r->load_id, &n_ok)) continue;
+            int n_ok, snap_ok;
+            if (!kv_tier_load_done(en->tier, r->load_id, &n_ok, &snap_ok)) continue;
             r->load_id = -1;
             r->load_end = r->load_from + n_ok;
-            en->tier_hit_tokens += (uint64_t)n_ok * (uint64_t)en->block_size;
+            r->load_snap_ok = snap_ok;
+            /* a hybrid model's blocks count as a hit only up to the snapshot that ends them */
+            if (!en->hybrid || (r->load_end >= r->load_k &&
+                                (snap_ok || kv_lookup(&en->states, r->hashes[r->load_k - 1]) >= 0)))
+                en->tier_hit_tokens += (uint64_t)n_ok * (uint64_t)en->block_size;
             /* blocks put through host slots are in place once this ticket is */
             if (en->host) r->host_ticket = kv_host_mark(en->host);
         }
@@ -336,6 +415,15 @@ void tier_poll(struct engine *en, double wait_s)
         /* Loaded blocks join the pool's index; released, they stay cached (LRU tail), so
          * that the request's next plan finds its whole prefix there. */
         commit_loaded(en, r, r->host_from, r->n_blocks - r->host_from);
+        /* the snapshot read joins the state pool under its block's name (a free named slot,
+         * as any snapshot); a failed one goes back unnamed and the prefix is recomputed
+         * from the last snapshot the pool has */
+        if (r->load_snap >= 0) {
+            if (r->load_snap_ok && kv_lookup(&en->states, r->hashes[r->load_k - 1]) < 0)
+                kv_commit_hash(&en->states, r->load_snap, r->hashes[r->load_k - 1]);
+            kv_release(&en->states, &r->load_snap, 1);
+            r->load_snap = -1;
+        }
         if (r->host_n) {
             kv_host_unpin(en->host, r->hashes + r->host_from, r->host_n);
             en->host_hit_tokens += (uint64_t)r->host_n * (uint64_t)en->block_size;
@@ -353,6 +441,8 @@ void tier_cancel(struct engine *en, struct request *r)
 {
     if (!r->loading) return;
     if (r->load_id >= 0) kv_tier_load_cancel(en->tier, r->load_id);
+    if (r->load_snap >= 0) kv_release(&en->states, &r->load_snap, 1);
+    r->load_snap = -1;
     if (en->host) {
         if (r->host_n) kv_host_unpin(en->host, r->hashes + r->host_from, r->host_n);
         /* copies up into the blocks the caller releases may still be queued: the steps

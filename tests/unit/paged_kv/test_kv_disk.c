@@ -20,7 +20,8 @@
 #include "paged_kv/kv_tier.h"
 #include "test_util.h"
 
-#define RAW 65536 /* bytes of a test block */
+#define RAW   65536 /* bytes of a test block */
+#define STATE 12288 /* bytes of a test state snapshot */
 static const char FP[] = "test model|kv=cpu:4|bs=16";
 
 static char dir[128];
@@ -55,7 +56,7 @@ static int holds(struct kv_disk *d, int i)
 static struct kv_disk *open_store(size_t budget)
 {
     struct err e = {0};
-    struct kv_disk *d = kv_disk_open(dir, budget, FP, sizeof FP - 1, RAW, &e);
+    struct kv_disk *d = kv_disk_open(dir, budget, FP, sizeof FP - 1, RAW, STATE, &e);
     CHECK(d != NULL, "open: %s", e.msg);
     return d;
 }
@@ -121,7 +122,7 @@ static void test_kill9(void)
     pid_t pid = fork();
     if (pid == 0) {
         struct err e = {0};
-        struct kv_disk *d = kv_disk_open(dir, (size_t)256 << 20, FP, sizeof FP - 1, RAW, &e);
+        struct kv_disk *d = kv_disk_open(dir, (size_t)256 << 20, FP, sizeof FP - 1, RAW, STATE, &e);
         if (!d) _exit(3);
         put_range(d, 0, 1100);
         raise(SIGKILL);
@@ -194,12 +195,12 @@ static void test_fingerprint_and_lock(void)
     struct kv_disk *d = open_store((size_t)64 << 20);
     put_range(d, 0, 5);
     struct err e = {0};
-    struct kv_disk *d2 = kv_disk_open(dir, (size_t)64 << 20, FP, sizeof FP - 1, RAW, &e);
+    struct kv_disk *d2 = kv_disk_open(dir, (size_t)64 << 20, FP, sizeof FP - 1, RAW, STATE, &e);
     CHECK(d2 == NULL, "a second open of a held directory fails");
     CHECK(strstr(e.msg, "in use by another pagoda server (pid ") != NULL, "message: %s", e.msg);
     kv_disk_close(d);
     static const char other[] = "another model|kv=cpu:4|bs=16";
-    d2 = kv_disk_open(dir, (size_t)64 << 20, other, sizeof other - 1, RAW, &e);
+    d2 = kv_disk_open(dir, (size_t)64 << 20, other, sizeof other - 1, RAW, STATE, &e);
     CHECK(d2 != NULL, "open: %s", e.msg);
     struct kv_disk_stats st;
     kv_disk_stats(d2, &st);
@@ -208,7 +209,7 @@ static void test_fingerprint_and_lock(void)
     d = open_store((size_t)64 << 20);
     CHECK(holds(d, 0) == 0, "and the first model's blocks are gone");
     kv_disk_close(d);
-    CHECK(kv_disk_open(dir, 1 << 20, FP, sizeof FP - 1, RAW, &e) == NULL &&
+    CHECK(kv_disk_open(dir, 1 << 20, FP, sizeof FP - 1, RAW, STATE, &e) == NULL &&
               strstr(e.msg, "below the least"),
           "a budget under two extents: %s", e.msg);
 }
@@ -255,6 +256,15 @@ static ssize_t failing_pwrite(int fd, const void *b, size_t n, off_t off)
 static ssize_t failing_pread(int fd, void *b, size_t n, off_t off)
 {
     (void)fd, (void)b, (void)n, (void)off;
+    errno = EIO;
+    return -1;
+}
+
+/* EIO on reads of records only (theirs are over 20,000 bytes here; the header and the
+ * index snapshot are smaller). */
+static ssize_t failing_record_pread(int fd, void *b, size_t n, off_t off)
+{
+    if (n < 20000) return pread(fd, b, n, off);
     errno = EIO;
     return -1;
 }
@@ -329,6 +339,23 @@ static void test_read_faults(void)
     kv_disk_close(d);
 }
 
+/* EIO reading the header at open freed its buffer twice (a crash); now the store is
+ * rewritten and opens empty. */
+static void test_header_read_fault_no_double_free(void)
+{
+    fresh_dir();
+    struct kv_disk *d = open_store((size_t)64 << 20);
+    put_range(d, 0, 2);
+    kv_disk_close(d);
+    kv_disk_io.pread = failing_pread;
+    struct err e = {0};
+    d = kv_disk_open(dir, (size_t)64 << 20, FP, sizeof FP - 1, RAW, STATE, &e);
+    kv_disk_io = kv_disk_io_default;
+    CHECK(d != NULL, "open: %s", e.msg);
+    CHECK(holds(d, 0) == 0, "an unreadable header: the store starts empty");
+    kv_disk_close(d);
+}
+
 static void test_dir_removed(void)
 {
     fresh_dir();
@@ -349,6 +376,102 @@ static void test_dir_removed(void)
     kv_disk_close(d);
 }
 
+/* ---- state snapshots (hybrid models) ---- */
+
+/* Snapshot i's bytes: a ramp unlike any block's. */
+static void fill_state(int i, unsigned char *b)
+{
+    for (int k = 0; k < STATE; k++) b[k] = (unsigned char)(k * 7 + i * 13 + 1);
+}
+
+static int holds_state(struct kv_disk *d, int i)
+{
+    static unsigned char want[STATE], got[STATE];
+    fill_state(i, want);
+    if (kv_disk_get_state(d, hash_of(i), got)) return 0;
+    return memcmp(want, got, STATE) == 0 ? 1 : -1;
+}
+
+/* A block and its snapshot share a name and are separate records: stored, held, read back
+ * and kept across a restart (log, then snapshot of the index) each on its own; a damaged
+ * snapshot record is a miss counted as corrupt, and its block still reads. */
+static void test_state_records(void)
+{
+    fresh_dir();
+    struct kv_disk *d = open_store((size_t)64 << 20);
+    put_range(d, 0, 4);
+    static unsigned char sb[STATE];
+    for (int i = 1; i < 4; i += 2) {
+        fill_state(i, sb);
+        CHECK(kv_disk_put_state(d, hash_of(i), sb) == 0, "put state %d", i);
+    }
+    CHECK(kv_disk_put_state(d, hash_of(1), sb) == 1, "a second put of a snapshot is a no-op");
+    struct kv_disk_stats st;
+    kv_disk_stats(d, &st);
+    CHECK(st.blocks == 4 && st.states == 2 && st.stored == 4 && st.stored_states == 2,
+          "blocks %llu states %llu", (unsigned long long)st.blocks, (unsigned long long)st.states);
+    CHECK(kv_disk_has_state(d, hash_of(1)) && !kv_disk_has_state(d, hash_of(0)),
+          "snapshot 1 held, 0 not");
+    CHECK(holds_state(d, 1) == 1 && holds_state(d, 3) == 1 && holds_state(d, 0) == 0, "states");
+    CHECK(holds(d, 1) == 1 && holds(d, 3) == 1, "their blocks read apart");
+    kv_disk_close(d); /* the index snapshot holds both kinds */
+    d = open_store((size_t)64 << 20);
+    CHECK(holds_state(d, 1) == 1 && holds_state(d, 3) == 1 && holds(d, 2) == 1,
+          "after a restart from the index snapshot");
+    fill_state(5, sb);
+    put_range(d, 5, 6);
+    CHECK(kv_disk_put_state(d, hash_of(5), sb) == 0, "put state 5");
+    /* drop the snapshot file: the log alone must name state 5 as a state */
+    char p[512];
+    kv_disk_stats(d, &st);
+    CHECK(st.states == 3, "states %llu", (unsigned long long)st.states);
+
+    /* one altered byte in snapshot 3's record: a miss, counted, block 3 unharmed */
+    struct kv_disk_ref ref;
+    CHECK(kv_disk_pin_state(d, hash_of(3), &ref) == 0 && ref.kind == KV_DISK_STATE, "pin");
+    kv_disk_unpin(d, &ref);
+    snprintf(p, sizeof p, "%s/ext-%08u", dir, ref.ext);
+    int fd = open(p, O_RDWR);
+    unsigned char c;
+    off_t at = ref.off + KV_DISK_REC_HEAD + 5;
+    CHECK(fd >= 0 && pread(fd, &c, 1, at) == 1, "read");
+    c ^= 0x10;
+    CHECK(pwrite(fd, &c, 1, at) == 1, "write");
+    close(fd);
+    CHECK(holds_state(d, 3) == 0, "an altered snapshot is a miss");
+    kv_disk_stats(d, &st);
+    CHECK(st.faults_corrupt == 1 && st.states == 2, "corrupt %llu, states %llu",
+          (unsigned long long)st.faults_corrupt, (unsigned long long)st.states);
+    CHECK(holds(d, 3) == 1, "block 3 still reads");
+
+    /* a block's record read as a snapshot (a pin of the other kind's place) is refused */
+    struct kv_disk_ref blk;
+    CHECK(kv_disk_pin(d, hash_of(2), &blk) == 0, "pin block 2");
+    blk.kind = KV_DISK_STATE;
+    static unsigned char rec[KV_DISK_REC_HEAD + RAW + 1024], out[RAW];
+    ssize_t n = pread(blk.fd, rec, blk.len, blk.off);
+    CHECK(kv_disk_decode(d, hash_of(2), &blk, rec, n, out) == -1, "a block is not a snapshot");
+    kv_disk_unpin(d, &blk);
+    kv_disk_stats(d, &st);
+    CHECK(st.faults_corrupt == 2 && st.blocks == 5, "counted once more, the block stays: %llu",
+          (unsigned long long)st.blocks);
+    kv_disk_close(d);
+    snprintf(p, sizeof p, "%s/index.snap", dir);
+    d = open_store((size_t)64 << 20);
+    CHECK(holds_state(d, 5) == 1 && holds_state(d, 3) == 0 && holds_state(d, 1) == 1,
+          "after a second restart");
+    kv_disk_close(d);
+
+    /* a store opened for another snapshot size reads none of these (the fingerprint names
+     * the size too; the log records carry it besides) */
+    struct err e = {0};
+    d = kv_disk_open(dir, (size_t)64 << 20, FP, sizeof FP - 1, RAW, STATE / 2, &e);
+    CHECK(d != NULL, "open: %s", e.msg);
+    CHECK(!kv_disk_has_state(d, hash_of(1)) && kv_disk_has(d, hash_of(1)),
+          "snapshots of another size are not held");
+    kv_disk_close(d);
+}
+
 /* ---- the tier: queue, writer, io_uring loads ---- */
 
 static atomic_int writer_gate; /* 1: the writer's pwrite waits */
@@ -358,30 +481,41 @@ static ssize_t gated_pwrite(int fd, const void *b, size_t n, off_t off)
     return pwrite(fd, b, n, off);
 }
 
-static int read_fault_at; /* the read of this block fails (-1: none) */
-static int read_corrupt;  /* by an altered byte instead of EIO */
+static int read_fault_at;         /* the read of this block fails (-1: none) */
+static int read_corrupt;          /* by an altered byte instead of EIO */
+static uint32_t read_fault_magic; /* and only a record of this magic (0: any) */
 static ssize_t faulty_read_done(int fd, void *buf, size_t n, off_t off, ssize_t res)
 {
     (void)fd, (void)off;
     uint64_t lo; /* the record head's block hash (completions come in any order) */
     memcpy(&lo, (char *)buf + 16, sizeof lo);
+    uint32_t magic;
+    memcpy(&magic, buf, sizeof magic);
     if (read_fault_at < 0 || lo != hash_of(read_fault_at).lo) return res;
+    if (read_fault_magic && magic != read_fault_magic) return res;
     if (!read_corrupt) return -EIO;
     ((unsigned char *)buf)[n - 1] ^= 1;
     return res;
 }
 
 static unsigned char *landed; /* [16][RAW] blocks written by loads */
-static void land(void *user, int32_t block, struct kv_hash h, const void *raw)
+static unsigned char landed_state[STATE];
+static int landed_slot = -1;
+static void land(void *user, int kind, int32_t dst, struct kv_hash h, const void *raw)
 {
     (void)user;
     (void)h;
-    memcpy(landed + (size_t)block * RAW, raw, RAW);
+    if (kind == KV_DISK_STATE) {
+        memcpy(landed_state, raw, STATE);
+        landed_slot = dst;
+        return;
+    }
+    memcpy(landed + (size_t)dst * RAW, raw, RAW);
 }
 
 static struct kv_tier *tier_open_test(int queue)
 {
-    struct kv_tier_config tc = {dir, (size_t)64 << 20, FP, sizeof FP - 1, RAW, queue, 16};
+    struct kv_tier_config tc = {dir, (size_t)64 << 20, FP, sizeof FP - 1, RAW, STATE, queue, 2, 16};
     struct err e = {0};
     struct kv_tier *t = kv_tier_create(&tc, &e);
     CHECK(t != NULL, "tier: %s", e.msg);
@@ -407,9 +541,9 @@ static int load_all(struct kv_tier *t, int from, int n)
     int32_t blocks[16];
     for (int i = 0; i < n; i++) h[i] = hash_of(from + i), blocks[i] = i;
     memset(landed, 0, (size_t)16 * RAW);
-    int id = kv_tier_load_start(t, h, blocks, n), n_ok = -1;
+    int id = kv_tier_load_start(t, h, blocks, n, NULL, -1), n_ok = -1, snap_ok = -1;
     CHECK(id >= 0, "load start");
-    for (int i = 0; i < 1000 && !kv_tier_load_done(t, id, &n_ok); i++)
+    for (int i = 0; i < 1000 && !kv_tier_load_done(t, id, &n_ok, &snap_ok); i++)
         kv_tier_poll(t, 0.01, land, NULL);
     return n_ok;
 }
@@ -476,12 +610,57 @@ static void test_tier(void)
     CHECK(kv_tier_probe(t, hs, 12) == 0, "the bad records are dropped");
     CHECK(kv_tier_probe(t, hs + 2, 10) == 10, "the rest stay");
 
+    /* a snapshot queued beside blocks reaches the disk; a load names it beside blocks
+     * 2..5 and writes it into its slot; a load of only a snapshot; then a damaged one: the
+     * load's blocks land, the snapshot is reported failed and counted */
+    void *ss = kv_tier_store_state_begin(t);
+    CHECK(ss != NULL, "a state slot");
+    fill_state(5, ss);
+    kv_tier_store_state_end(t, hash_of(5));
+    for (int i = 0; i < 5000 && !kv_tier_has_state(t, hash_of(5)); i++) usleep(1000);
+    CHECK(kv_tier_has_state(t, hash_of(5)), "the snapshot is on disk");
+    for (int pass = 0; pass < 3; pass++) {
+        struct kv_hash hb[4], sh = hash_of(5);
+        int32_t bb[4];
+        for (int i = 0; i < 4; i++) hb[i] = hash_of(2 + i), bb[i] = i;
+        if (pass == 2) {
+            kv_disk_io.read_done = faulty_read_done;
+            read_fault_at = 5;
+            read_corrupt = 1;
+            read_fault_magic = 0x31534b50u; /* "PKS1": the snapshot, not block 5 */
+        }
+        memset(landed, 0, (size_t)16 * RAW);
+        memset(landed_state, 0, STATE);
+        landed_slot = -1;
+        int nb = pass == 1 ? 0 : 4;
+        int lid = kv_tier_load_start(t, hb, bb, nb, &sh, 7), n_ok = -1, snap_ok = -1;
+        CHECK(lid >= 0, "load with a snapshot");
+        for (int i = 0; i < 1000 && !kv_tier_load_done(t, lid, &n_ok, &snap_ok); i++)
+            kv_tier_poll(t, 0.01, land, NULL);
+        kv_disk_io = kv_disk_io_default;
+        read_fault_at = -1;
+        read_fault_magic = 0;
+        fill_state(5, b);
+        if (pass < 2) {
+            CHECK(n_ok == nb && snap_ok == 1 && landed_slot == 7 && !memcmp(landed_state, b, STATE),
+                  "pass %d: %d blocks, snapshot %d into slot %d", pass, n_ok, snap_ok, landed_slot);
+        } else {
+            CHECK(n_ok == 4 && snap_ok == 0 && landed_slot == -1,
+                  "a damaged snapshot: %d blocks, snapshot %d", n_ok, snap_ok);
+        }
+    }
+    kv_tier_stats(t, &st);
+    CHECK(st.load_states == 2 && st.state_failed == 1 && st.load_failed == 3 &&
+              st.disk.faults_corrupt == 2 && !kv_tier_has_state(t, hash_of(5)),
+          "states %llu failed %llu loads failed %llu", (unsigned long long)st.load_states,
+          (unsigned long long)st.state_failed, (unsigned long long)st.load_failed);
+
     /* a cancelled load writes nothing */
     struct kv_hash h2[10];
     int32_t blk[10];
     for (int i = 0; i < 10; i++) h2[i] = hash_of(i + 2), blk[i] = i;
     memset(landed, 0, (size_t)16 * RAW);
-    int id = kv_tier_load_start(t, h2, blk, 10);
+    int id = kv_tier_load_start(t, h2, blk, 10, NULL, -1);
     kv_tier_poll(t, 0, land, NULL); /* submitted */
     kv_tier_load_cancel(t, id);
     for (int i = 0; i < 50; i++) kv_tier_poll(t, 0.01, land, NULL);
@@ -491,6 +670,53 @@ static void test_tier(void)
     CHECK(!kv_tier_loading(t), "nothing loading");
     kv_tier_destroy(t);
     free(landed);
+}
+
+/* The read rate of the decision: loads once measured, else the probe at open, else none;
+ * exact quotients. */
+static void test_rate(void)
+{
+    CHECK(kv_tier_rate(0, 0, 0, 0) == 0, "nothing measured: 0");
+    CHECK(kv_tier_rate(0, 0, 1 << 24, 0.25) == (double)(1 << 26), "the probe: 64 MiB/s");
+    CHECK(kv_tier_rate(1 << 30, 0.5, 1 << 24, 0.25) == (double)(1u << 31), "loads win: 2 GiB/s");
+    CHECK(kv_tier_rate(1 << 20, 0, 1 << 24, 0.25) == (double)(1 << 26),
+          "an untimed load: the probe");
+    /* the H200 case: 8B bf16 blocks (2 MiB) read at 0.67 GB/s against a 20,000 tokens/s
+     * prefill: 64 blocks (128 MiB, 1,024 tokens) load in 0.2 s, recompute in 0.05 s */
+    CHECK(!kv_tier_worth_loading(64.0 * (2 << 20), 1024, 0.67e9, 20000),
+          "a probed 0.67 GB/s: recompute");
+    CHECK(kv_tier_worth_loading(64.0 * (2 << 20), 1024, 0.67e9, 70), "the same on a CPU: load");
+}
+
+/* The probe at open: a tier over a store that holds blocks has a read rate before any load;
+ * one over an empty store has none; a read fault during the probe is a miss (counted). */
+static void test_probe(void)
+{
+    fresh_dir();
+    struct kv_tier *t = tier_open_test(4);
+    struct kv_tier_stats st;
+    kv_tier_stats(t, &st);
+    CHECK(st.probe_bytes == 0 && kv_tier_load_rate(t) == 0, "an empty store: no rate");
+    kv_tier_destroy(t);
+    struct kv_disk *d = open_store((size_t)64 << 20);
+    put_range(d, 0, 300);
+    kv_disk_close(d);
+    t = tier_open_test(4);
+    kv_tier_stats(t, &st);
+    /* 64 records at most (16 MiB for larger blocks) */
+    CHECK(st.probe_bytes == (uint64_t)64 * RAW && st.probe_seconds > 0,
+          "probed %llu bytes (64 blocks)", (unsigned long long)st.probe_bytes);
+    CHECK(kv_tier_load_rate(t) == (double)st.probe_bytes / st.probe_seconds, "the probe's rate");
+    kv_tier_destroy(t);
+    kv_disk_io.pread = failing_record_pread;
+    t = tier_open_test(4);
+    kv_disk_io = kv_disk_io_default;
+    kv_tier_stats(t, &st);
+    CHECK(st.probe_bytes == 0 && kv_tier_load_rate(t) == 0 && st.disk.faults_read == 64 &&
+              st.disk.blocks == 236,
+          "EIO in the probe: no rate, %llu faults, %llu blocks left",
+          (unsigned long long)st.disk.faults_read, (unsigned long long)st.disk.blocks);
+    kv_tier_destroy(t);
 }
 
 static void test_worth_loading(void)
@@ -508,6 +734,7 @@ static void test_worth_loading(void)
 int main(void)
 {
     test_worth_loading();
+    test_rate();
     snprintf(dir, sizeof dir, "/tmp/pagoda-test-kvdisk-%ld", (long)getpid());
     test_round_trip_and_restart();
     test_kill9();
@@ -517,7 +744,10 @@ int main(void)
     test_write_faults();
     test_read_faults();
     test_dir_removed();
+    test_header_read_fault_no_double_free();
+    test_state_records();
     test_tier();
+    test_probe();
     fresh_dir();
     TEST_DONE();
 }
