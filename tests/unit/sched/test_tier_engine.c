@@ -2,14 +2,17 @@
  * The disk tier through the engine (llama-tiny, manual steps): a prompt computed by one
  * engine is loaded by the next on the same directory, while another request steps (the
  * loading one waits aside); its cached tokens and its greedy output match; a request
- * aborted while loading gives its blocks back; hybrid models keep the tier off; the CPU
- * backend refuses a host-memory tier (its pool is host memory).
+ * aborted while loading gives its blocks back; a hybrid model (qwen3_5-tiny) stores its
+ * recurrent-state snapshot beside the blocks and resumes from both after a restart with the
+ * same greedy tokens, and a damaged or missing snapshot is a miss that is recomputed; the
+ * CPU backend refuses a host-memory tier (its pool is host memory).
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "paged_kv/kv_disk.h"
 #include "sched/engine.h"
 #include "test_util.h"
 
@@ -66,18 +69,106 @@ static void run_all(struct engine *en)
     }
 }
 
-/* The writer stores behind the steps: wait until the disk holds n blocks. */
-static void wait_stored(struct engine *en, uint64_t n)
+/* The writer stores behind the steps: wait until the disk holds n blocks and n_states
+ * state snapshots. */
+static void wait_stored_states(struct engine *en, uint64_t n, uint64_t n_states)
 {
     struct engine_stats st;
     for (int i = 0; i < 5000; i++) {
         engine_step(en); /* publishes the gauges */
         engine_stats(en, &st);
-        if (st.tier.disk.blocks >= n) return;
+        if (st.tier.disk.blocks >= n && st.tier.disk.states >= n_states) return;
         usleep(1000);
     }
-    CHECK(0, "stored %llu of %llu blocks", (unsigned long long)st.tier.disk.blocks,
-          (unsigned long long)n);
+    CHECK(0, "stored %llu of %llu blocks, %llu of %llu snapshots",
+          (unsigned long long)st.tier.disk.blocks, (unsigned long long)n,
+          (unsigned long long)st.tier.disk.states, (unsigned long long)n_states);
+}
+
+static void wait_stored(struct engine *en, uint64_t n)
+{
+    wait_stored_states(en, n, 0);
+}
+
+/* Alters every state-snapshot record read ("PKS1"), as a damaged disk would. */
+static ssize_t damage_snapshots(int fd, void *buf, size_t n, off_t off, ssize_t res)
+{
+    (void)fd, (void)off;
+    uint32_t magic;
+    memcpy(&magic, buf, sizeof magic);
+    if (magic == 0x31534b50u && res > 0) ((unsigned char *)buf)[n - 1] ^= 1;
+    return res;
+}
+
+#define H_PROMPT 200 /* 12 full blocks: the snapshot after block 12 (192 tokens) */
+
+/* A hybrid model through the disk tier across engine restarts. */
+static void test_hybrid(const char *testdata)
+{
+    char hybrid[512];
+    snprintf(hybrid, sizeof hybrid, "%s/models/qwen3_5-tiny", testdata);
+    int32_t p[H_PROMPT], q[120];
+    for (int i = 0; i < H_PROMPT; i++) p[i] = 3 + (i * 7919 + 13) % 200;
+    /* q shares p's first 100 tokens (6 full blocks, on disk) but no snapshot ends them */
+    for (int i = 0; i < 120; i++) q[i] = i < 100 ? p[i] : 5 + (i * 31) % 200;
+
+    struct engine *en = open_engine(hybrid);
+    struct out cold = {0};
+    submit(en, p, H_PROMPT, &cold);
+    run_all(en);
+    CHECK(cold.n == N_OUT && cold.n_cached == 0, "hybrid cold: %d tokens, %d cached", cold.n,
+          cold.n_cached);
+    struct engine_stats st;
+    engine_stats(en, &st);
+    CHECK(st.tier_on, "the disk tier is on for a hybrid model");
+    wait_stored_states(en, H_PROMPT / 16, 1);
+    engine_destroy(en);
+
+    /* restart: blocks and snapshot from disk, the same greedy tokens */
+    en = open_engine(hybrid);
+    struct out warm = {0};
+    submit(en, p, H_PROMPT, &warm);
+    run_all(en);
+    engine_stats(en, &st);
+    CHECK(warm.n_cached == H_PROMPT / 16 * 16, "hybrid warm: %d cached", warm.n_cached);
+    CHECK(warm.n == N_OUT && !memcmp(warm.ids, cold.ids, sizeof cold.ids),
+          "the same greedy tokens from the loaded KV and state");
+    CHECK(st.tier_hit_tokens == (uint64_t)warm.n_cached && st.tier.load_states == 1,
+          "hit tokens %llu, snapshots loaded %llu", (unsigned long long)st.tier_hit_tokens,
+          (unsigned long long)st.tier.load_states);
+    CHECK(st.kv_blocks_used == 0 && st.state_slots_used == 0, "nothing held: %d blocks, %d slots",
+          st.kv_blocks_used, st.state_slots_used);
+    /* a missing snapshot: q (never run) shares 6 blocks with p, on disk, but no snapshot
+     * ends them: a miss, nothing loaded */
+    struct out qwarm = {0};
+    submit(en, q, 120, &qwarm);
+    run_all(en);
+    engine_stats(en, &st);
+    CHECK(qwarm.n_cached == 0 && qwarm.n == N_OUT, "q: %d cached", qwarm.n_cached);
+    CHECK(st.tier.load_states == 1 && st.tier_hit_tokens == (uint64_t)warm.n_cached &&
+              st.tier_query_tokens > (uint64_t)H_PROMPT,
+          "no load for q: %llu snapshots, %llu hit tokens", (unsigned long long)st.tier.load_states,
+          (unsigned long long)st.tier_hit_tokens);
+    engine_destroy(en);
+
+    /* a damaged snapshot: its blocks load, the snapshot fails its checksum, the prompt is
+     * recomputed (no cached tokens) with the same tokens, the fault counted */
+    en = open_engine(hybrid);
+    kv_disk_io.read_done = damage_snapshots;
+    struct out bad = {0};
+    submit(en, p, H_PROMPT, &bad);
+    run_all(en);
+    kv_disk_io = kv_disk_io_default;
+    engine_stats(en, &st);
+    CHECK(bad.n_cached == 0 && bad.n == N_OUT && !memcmp(bad.ids, cold.ids, sizeof cold.ids),
+          "damaged snapshot: %d cached, same tokens", bad.n_cached);
+    CHECK(st.tier.state_failed == 1 && st.tier.disk.faults_corrupt == 1 &&
+              st.tier.load_states == 0 && st.tier_hit_tokens == 0,
+          "state failed %llu, corrupt %llu, hit %llu", (unsigned long long)st.tier.state_failed,
+          (unsigned long long)st.tier.disk.faults_corrupt, (unsigned long long)st.tier_hit_tokens);
+    CHECK(st.kv_blocks_used == 0 && st.state_slots_used == 0, "nothing held: %d blocks, %d slots",
+          st.kv_blocks_used, st.state_slots_used);
+    engine_destroy(en);
 }
 
 int main(int argc, char **argv)
@@ -138,16 +229,7 @@ int main(int argc, char **argv)
     CHECK(again.n == N_OUT && !memcmp(again.ids, cold.ids, sizeof cold.ids), "after the abort");
     engine_destroy(en);
 
-    /* a hybrid model: the tier stays off */
-    char hybrid[512];
-    snprintf(hybrid, sizeof hybrid, "%s/models/qwen3_5-tiny", testdata);
-    en = open_engine(hybrid);
-    if (en) {
-        engine_step(en);
-        engine_stats(en, &st);
-        CHECK(!st.tier_on, "no tier for a hybrid model");
-        engine_destroy(en);
-    }
+    test_hybrid(testdata);
     /* --kv-host-memory on the CPU backend: refused, saying why */
     struct engine_config hc = {.model_dir = model,
                                .device = "cpu",
