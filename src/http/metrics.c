@@ -374,6 +374,16 @@ static void tier_render(const struct engine_stats *st, struct http_buf *o)
          "Loads cut short by a fault or a record gone since the lookup.");
     http_buf_printf(o, "pagoda_kv_tier_load_failures_total{tier=\"disk\"} %llu\n",
                     (unsigned long long)t->load_failed);
+    head(o, "pagoda_kv_tier_state_snapshots", "gauge",
+         "Recurrent-state snapshots of a hybrid model held on disk.");
+    http_buf_printf(o, "pagoda_kv_tier_state_snapshots{tier=\"disk\"} %llu\n",
+                    (unsigned long long)t->disk.states);
+    head(o, "pagoda_kv_tier_state_loads_total", "counter",
+         "Snapshots loaded from disk, and those that failed (a miss and a recompute).");
+    http_buf_printf(o,
+                    "pagoda_kv_tier_state_loads_total{tier=\"disk\",result=\"ok\"} %llu\n"
+                    "pagoda_kv_tier_state_loads_total{tier=\"disk\",result=\"failed\"} %llu\n",
+                    (unsigned long long)t->load_states, (unsigned long long)t->state_failed);
 }
 
 static void engine_render(const struct engine_stats *st, struct http_buf *o)

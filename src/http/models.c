@@ -323,6 +323,10 @@ static void stats_add(struct engine_stats *a, const struct engine_stats *b)
         x->load_bytes += y->load_bytes;
         x->load_seconds += y->load_seconds;
         x->load_failed += y->load_failed;
+        x->disk.states += y->disk.states;
+        x->disk.stored_states += y->disk.stored_states;
+        x->load_states += y->load_states;
+        x->state_failed += y->state_failed;
         a->tier_query_tokens += b->tier_query_tokens;
         a->tier_hit_tokens += b->tier_hit_tokens;
         a->tier_bypasses += b->tier_bypasses;

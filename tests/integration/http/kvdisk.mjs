@@ -2,7 +2,8 @@
 // killed without warning, a new server on the same directory: the same prompt is served
 // from disk (at least 95% of its tokens cached) with the same greedy output. Then a
 // second server on a held directory is refused, and a store written for another model
-// is not read.
+// is not read. A hybrid model (qwen3_5-tiny) does the same across a kill -9: its
+// recurrent-state snapshot is stored beside the blocks and loaded with them.
 import assert from 'node:assert/strict';
 import fs from 'node:fs';
 import os from 'node:os';
@@ -65,6 +66,40 @@ await run([
       await new Promise((res) => setTimeout(res, 50));
     }
     await b.stop();
+  }),
+  test('hybrid model: kill -9, restart: blocks and state snapshot from disk, same output', async () => {
+    const HYB = 'qwen3_5-tiny';
+    const hdir = fs.mkdtempSync(path.join(os.tmpdir(), 'pagoda-kvdisk-hyb-'));
+    const HDISK = ['--kv-disk-dir', hdir, '--kv-disk-size', '64MiB'];
+    const prompt = PROMPT.slice(0, 500);
+    const ask = async (base) => {
+      const r = await postJson(base, '/v1/completions',
+        { model: HYB, prompt, max_tokens: 12, temperature: 0 });
+      assert.equal(r.status, 200, r.text);
+      return r.json;
+    };
+    const a = await startServer(HYB, HDISK);
+    assert.doesNotMatch(a.log(), /off for hybrid models/);
+    const hcold = await ask(a.base);
+    for (let i = 0; ; i++) {
+      const m = await metrics(a.base);
+      if (m['pagoda_kv_tier_blocks{tier="disk"}'] >= Math.floor(500 / 16) &&
+          m['pagoda_kv_tier_state_snapshots{tier="disk"}'] >= 1) break;
+      assert.ok(i < 200, 'the blocks and the snapshot never reached the disk');
+      await new Promise((res) => setTimeout(res, 50));
+    }
+    a.proc.kill('SIGKILL');
+    await new Promise((res) => a.proc.on('exit', res));
+
+    const b = await startServer(HYB, HDISK);
+    const hwarm = await ask(b.base);
+    assert.equal(hwarm.usage.prompt_tokens_details.cached_tokens, Math.floor(500 / 16) * 16);
+    assert.equal(hwarm.choices[0].text, hcold.choices[0].text);
+    const m = await waitKvFree(b.base);
+    assert.equal(m['pagoda_kv_tier_state_loads_total{tier="disk",result="ok"}'], 1);
+    assert.equal(m['pagoda_kv_tier_hit_tokens_total{tier="disk"}'], Math.floor(500 / 16) * 16);
+    await b.stop();
+    fs.rmSync(hdir, { recursive: true, force: true });
   }),
   test('a second server on a held directory is refused', async () => {
     const b = await startServer(MODEL, DISK);
