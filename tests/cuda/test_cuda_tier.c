@@ -10,7 +10,9 @@
  *     scattered back read the same; their device seconds are counted;
  *   disk: --kv-disk-dir without host memory (blocks staged through pinned slots), the
  *     engine destroyed and made again on the same directory (a restart): the prompt's
- *     blocks come back from disk with the cold run's greedy tokens.
+ *     blocks come back from disk with the cold run's greedy tokens;
+ *   disk, hybrid (qwen3_5-tiny): the same restart; the prompt's blocks and the recurrent-state
+ *     snapshot after them come back from disk (192 cached tokens) with the cold run's tokens.
  * Without a GPU: "no GPU: not run", exit 77 (skipped).
  */
 #include <stdio.h>
@@ -43,10 +45,11 @@ static void on_event(void *user, const struct engine_event *ev)
 }
 
 static char model[512], disk[128];
+static const char *model_dir = model; /* the model open_engine opens */
 
 static struct engine *open_engine(size_t host_bytes, const char *dir)
 {
-    struct engine_config cfg = {.model_dir = model,
+    struct engine_config cfg = {.model_dir = model_dir,
                                 .device = "cuda",
                                 .manual = 1,
                                 .num_blocks = 48,
@@ -229,6 +232,50 @@ static void test_disk(const int32_t *p, const struct out *cold)
     engine_destroy(en);
 }
 
+/* A hybrid model: the prompt's blocks and its state snapshot from disk after a restart. */
+static void test_hybrid_disk(const char *testdata)
+{
+    char hybrid[512];
+    snprintf(hybrid, sizeof hybrid, "%s/models/qwen3_5-tiny", testdata);
+    model_dir = hybrid;
+    int32_t p[200];
+    for (int i = 0; i < 200; i++) p[i] = 3 + (i * 7919 + 13) % 200;
+    struct engine *en = open_engine(0, NULL);
+    if (!en) return;
+    struct out cold = {0};
+    submit(en, p, 200, &cold);
+    run_all(en);
+    engine_destroy(en);
+
+    en = open_engine(0, disk);
+    struct out first = {0};
+    submit(en, p, 200, &first);
+    run_all(en);
+    CHECK(first.n == N_OUT && !memcmp(first.ids, cold.ids, sizeof cold.ids), "hybrid: cold");
+    struct engine_stats st;
+    for (int i = 0; i < 5000; i++) {
+        engine_step(en);
+        engine_stats(en, &st);
+        if (st.tier.disk.blocks >= 200 / 16 && st.tier.disk.states >= 1) break;
+        usleep(1000);
+    }
+    CHECK(st.tier.disk.states >= 1, "hybrid: the snapshot reached the disk");
+    engine_destroy(en);
+
+    en = open_engine(0, disk);
+    struct out warm = {0};
+    submit(en, p, 200, &warm);
+    run_all(en);
+    engine_stats(en, &st);
+    CHECK(warm.n_cached == 192 && st.tier.load_states == 1, "hybrid: %d cached, %llu snapshots",
+          warm.n_cached, (unsigned long long)st.tier.load_states);
+    CHECK(warm.n == N_OUT && !memcmp(warm.ids, cold.ids, sizeof cold.ids),
+          "hybrid: the same greedy tokens from the blocks and the snapshot read from disk");
+    CHECK(st.kv_blocks_used == 0 && st.state_slots_used == 0, "hybrid: nothing held");
+    engine_destroy(en);
+    model_dir = model;
+}
+
 int main(int argc, char **argv)
 {
     const char *testdata = argc > 1 ? argv[1] : "../shared/testdata";
@@ -252,10 +299,13 @@ int main(int argc, char **argv)
           cold.n_cached);
     engine_destroy(en);
 
+    char cmd[256];
     test_host(p, &cold);
     test_disk(p, &cold);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", disk);
+    CHECK(system(cmd) == 0, "rm");
+    test_hybrid_disk(testdata);
 
-    char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf %s", disk);
     CHECK(system(cmd) == 0, "rm");
     TEST_DONE();
