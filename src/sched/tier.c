@@ -329,7 +329,13 @@ int tier_try_load(struct engine *en, struct request *r, int n_hit)
     r->load_k = en->hybrid ? k : 0;
     r->load_snap = -1;
     r->load_snap_ok = 0;
-    if (snap_disk) kv_allocate(&en->states, 1, &r->load_snap);
+    if (snap_disk) {
+        kv_allocate(&en->states, 1, &r->load_snap);
+    } else if (en->hybrid) { /* the pool's snapshot is held until the load ends */
+        r->load_snap = kv_lookup(&en->states, r->hashes[k - 1]);
+        kv_touch(&en->states, &r->load_snap, 1);
+        r->load_snap_ok = 1;
+    }
     if (nd || snap_disk) {
         r->load_id =
             kv_tier_load_start(en->tier, r->hashes + r->load_from, r->blocks + r->load_from, nd,
@@ -339,7 +345,8 @@ int tier_try_load(struct engine *en, struct request *r, int n_hit)
             r->n_blocks -= nd;
             if (r->load_snap >= 0) kv_release(&en->states, &r->load_snap, 1);
             r->load_snap = -1;
-            /* a hybrid model's host blocks are of use only up to a snapshot in the pool */
+            /* a hybrid model's host blocks are of use only up to a snapshot in the pool
+             * (given back just now: it stays named while free) */
             if (en->hybrid && r->n_blocks > n_hit && !has_snap(en, r, r->n_blocks, 0)) {
                 kv_release(&en->pool, r->blocks + n_hit, r->n_blocks - n_hit);
                 r->n_blocks = n_hit;
@@ -400,7 +407,7 @@ void tier_poll(struct engine *en, double wait_s)
             if (!kv_tier_load_done(en->tier, r->load_id, &n_ok, &snap_ok)) continue;
             r->load_id = -1;
             r->load_end = r->load_from + n_ok;
-            r->load_snap_ok = snap_ok;
+            if (r->load_snap >= 0 && !r->load_snap_ok) r->load_snap_ok = snap_ok;
             /* a hybrid model's blocks count as a hit only up to the snapshot that ends them */
             if (!en->hybrid || (r->load_end >= r->load_k &&
                                 (snap_ok || kv_lookup(&en->states, r->hashes[r->load_k - 1]) >= 0)))
@@ -417,7 +424,7 @@ void tier_poll(struct engine *en, double wait_s)
         commit_loaded(en, r, r->host_from, r->n_blocks - r->host_from);
         /* the snapshot read joins the state pool under its block's name (a free named slot,
          * as any snapshot); a failed one goes back unnamed and the prefix is recomputed
-         * from the last snapshot the pool has */
+         * from the last snapshot the pool has; one the pool had is let go */
         if (r->load_snap >= 0) {
             if (r->load_snap_ok && kv_lookup(&en->states, r->hashes[r->load_k - 1]) < 0)
                 kv_commit_hash(&en->states, r->load_snap, r->hashes[r->load_k - 1]);

@@ -35,9 +35,13 @@ static void on_event(void *user, const struct engine_event *ev)
 
 static char model[512], disk[128];
 
+static int small_pool; /* blocks of the pool when set (a 300-token context) */
+
 static struct engine *open_engine(const char *dir_model)
 {
     struct engine_config cfg = {.model_dir = dir_model,
+                                .num_blocks = small_pool,
+                                .max_model_len = small_pool ? 300 : 0,
                                 .device = "cpu",
                                 .manual = 1,
                                 .threads = 1,
@@ -150,6 +154,36 @@ static void test_hybrid(const char *testdata)
           "no load for q: %llu snapshots, %llu hit tokens", (unsigned long long)st.tier.load_states,
           (unsigned long long)st.tier_hit_tokens);
     engine_destroy(en);
+
+    /* a pool of 20 blocks: p's blocks and snapshot come from disk; another prompt pushes
+     * p's last blocks out of the pool (its snapshot stays in the state pool); p again loads
+     * only those blocks from disk and resumes from the snapshot the state pool holds */
+    small_pool = 20;
+    en = open_engine(hybrid);
+    int32_t o[H_PROMPT];
+    for (int i = 0; i < H_PROMPT; i++) o[i] = 7 + (i * 131 + 5) % 200;
+    struct out w1 = {0}, w2 = {0}, other = {0};
+    submit(en, p, H_PROMPT, &w1);
+    run_all(en);
+    submit(en, o, H_PROMPT, &other);
+    run_all(en);
+    engine_stats(en, &st);
+    uint64_t hit1 = st.tier_hit_tokens;
+    submit(en, p, H_PROMPT, &w2);
+    run_all(en);
+    engine_stats(en, &st);
+    CHECK(w1.n_cached == 192 && w2.n_cached == 192, "small pool: %d then %d cached", w1.n_cached,
+          w2.n_cached);
+    CHECK(!memcmp(w1.ids, cold.ids, sizeof cold.ids) && !memcmp(w2.ids, cold.ids, sizeof cold.ids),
+          "small pool: the same greedy tokens");
+    CHECK(st.tier.load_states == 1 && st.tier_hit_tokens > hit1,
+          "the second load read blocks only: %llu snapshots, hit tokens %llu then %llu",
+          (unsigned long long)st.tier.load_states, (unsigned long long)hit1,
+          (unsigned long long)st.tier_hit_tokens);
+    CHECK(st.kv_blocks_used == 0 && st.state_slots_used == 0, "nothing held: %d blocks, %d slots",
+          st.kv_blocks_used, st.state_slots_used);
+    engine_destroy(en);
+    small_pool = 0;
 
     /* a damaged snapshot: its blocks load, the snapshot fails its checksum, the prompt is
      * recomputed (no cached tokens) with the same tokens, the fault counted */
