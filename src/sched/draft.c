@@ -4,8 +4,8 @@
  * a batch of requests it runs k steps: the first brings each request's draft K/V up to its
  * known tokens (the tokens the last verification kept, or the whole context after a
  * preemption, in pieces under the step budget) and picks the first draft from the last row;
- * each later step feeds one draft and picks the next, greedily (the drafts are
- * deterministic, which the verification relies on). Buffers are sized at start-up.
+ * each later step feeds one draft and picks the next: greedily, or for a request that samples
+ * drawn from the draft model's law (spec_q_pick). Buffers are sized at start-up.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -133,7 +133,6 @@ static void run(struct spec_draft *d, int n_seqs, int nt, int nl)
 void spec_draft_propose(struct engine *en, struct spec_draft *d, struct request **reqs, int *k,
                         int n)
 {
-    (void)en;
     int budget = d->T, nt = 0, ns = 0, nl = 0, kmax = 0;
     /* Step one: each request's draft K/V up to its known tokens; the first draft from
      * the last row. Blocks for every position the drafts will take come first. */
@@ -169,8 +168,10 @@ void spec_draft_propose(struct engine *en, struct spec_draft *d, struct request 
     run(d, ns, nt, nl);
     for (int i = 0; i < n; i++)
         if (k[i] > 0) {
-            reqs[i]->tokens[reqs[i]->n_tokens] = d->picks[d->row_of[i]];
-            reqs[i]->n_draft = 1;
+            struct request *r = reqs[i];
+            r->tokens[r->n_tokens] =
+                spec_q_pick(en, r, 0, d->m, d->row_of[i], NULL, d->picks[d->row_of[i]]);
+            r->n_draft = 1;
         }
     /* Steps 2..k: feed draft j - 1, pick draft j. */
     for (int j = 1; j < kmax; j++) {
@@ -190,7 +191,8 @@ void spec_draft_propose(struct engine *en, struct spec_draft *d, struct request 
         for (int i = 0; i < n; i++)
             if (k[i] > j) {
                 struct request *r = reqs[i];
-                r->tokens[r->n_tokens + j] = d->picks[d->row_of[i]];
+                r->tokens[r->n_tokens + j] =
+                    spec_q_pick(en, r, j, d->m, d->row_of[i], NULL, d->picks[d->row_of[i]]);
                 r->n_draft = j + 1;
             }
     }

@@ -509,10 +509,9 @@ uint64_t engine_submit(struct engine *en, const struct engine_request *q, struct
 
     pthread_mutex_lock(&en->mu);
     uint64_t id = r->id = en->next_id++;
-    if (q->sp.has_seed)
-        rng_seed(&r->rng, q->sp.seed);
-    else
-        rng_seed(&r->rng, rng_next(&en->seeder));
+    uint64_t seed = q->sp.has_seed ? q->sp.seed : rng_next(&en->seeder);
+    rng_seed(&r->rng, seed);
+    rng_seed(&r->rng_spec, seed ^ 0x5bec5a3b1e0fd7c3ull); /* speculative sampling's own */
     list_append(&en->incoming, r);
     en->live++;
     pthread_cond_signal(&en->cv);

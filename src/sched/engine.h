@@ -156,11 +156,12 @@ enum spec_method {
     SPEC_NONE = 0,
     SPEC_NGRAM,  /* prompt lookup: the tokens that followed the latest earlier match of the
                     context's last n-gram (ngram_max down to ngram_min tokens) */
-    SPEC_DRAFT,  /* a smaller model with the same vocabulary, greedy, its own paged KV */
+    SPEC_DRAFT,  /* a smaller model with the same vocabulary, its own paged KV; greedy, or
+                    drawn from its law for requests that sample (rejection sampling) */
     SPEC_MTP,    /* the checkpoint's multi-token-prediction module (mtp.*) on the model's
-                    hidden states, greedy, its KV in the model's block layout */
-    SPEC_EAGLE3, /* an EAGLE-3 head (model_dir) on three of the model's layers, greedy, as
-                    SPEC_MTP otherwise */
+                    hidden states, its KV in the model's block layout; drafts as SPEC_DRAFT */
+    SPEC_EAGLE3, /* an EAGLE-3 head (model_dir) on three of the model's layers, as SPEC_MTP
+                    otherwise */
 };
 #define SPEC_METHODS    5
 #define SPEC_MAX_TOKENS 16 /* drafts per request and step at most */

@@ -64,6 +64,15 @@ struct request {
     int32_t *dblocks; /* [max_blocks] */
     int n_dblocks, d_computed;
     int32_t state_backup; /* hybrid models: a copy of the state before a verification, or -1 */
+    /* drafts drawn from the drafter's law (sched/spec_sample.c): the first n_q of the drafts,
+     * each with its law (q_n[j] candidates from q_off[j] in the spec's arena, q_d[j] the
+     * draft's probability); rng_peek: the generator after their numbers (r->rng is wound on
+     * as tokens are kept); rng_spec: the generator of acceptances and residual draws */
+    int n_q;
+    int q_n[SPEC_MAX_TOKENS];
+    size_t q_off[SPEC_MAX_TOKENS];
+    float q_d[SPEC_MAX_TOKENS];
+    struct rng rng_peek, rng_spec;
     /* draft heads over the hidden states (sched/spec_head.c): the rows this request had in
      * the step numbered hid_step (spec_step_rows), hid_n of them from batch row hid_row at
      * position hid_pos */
@@ -288,6 +297,12 @@ void embed_done(struct engine *en, struct request *r);
 
 /* sample.c: the next token of r from its logits row (left unchanged). */
 int32_t sample_next(struct engine *en, struct request *r, const float *logits);
+/* The same with the uniform number drawn from g (NULL: no draw, the first candidate back),
+ * and the law it draws from (temperature > 0): its *n candidates in en->cand[0..*n) and,
+ * where probs is given, their probabilities in probs[0..*n) (zero elsewhere). *n is 0 for a
+ * greedy pick (temperature 0, or no finite logit). The penalties read r->tokens[0..n_tokens). */
+int32_t sample_dist(struct engine *en, struct request *r, const float *logits, struct rng *g,
+                    float *probs, int *n);
 /* Top-p over the candidate ids[0..n) of weights w (probability exp((w - mx) * inv_t)):
  * reorders ids so that the nucleus, the shortest prefix of the order "larger weight first,
  * lower id first among equals" whose probabilities reach keep, comes first in that order;

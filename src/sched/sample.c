@@ -184,9 +184,17 @@ static void apply_grammar(struct engine *en, struct request *r, float *x)
 
 int32_t sample_next(struct engine *en, struct request *r, const float *logits)
 {
+    int n;
+    return sample_dist(en, r, logits, &r->rng, NULL, &n);
+}
+
+int32_t sample_dist(struct engine *en, struct request *r, const float *logits, struct rng *g,
+                    float *probs, int *n_out)
+{
     const struct sampling_params *sp = &r->sp;
     int V = en->vocab;
     const float *w = logits;
+    *n_out = 0;
     if (sp->n_logit_bias || sp->repetition_penalty != 1.0f || sp->presence_penalty != 0 ||
         sp->frequency_penalty != 0 || r->gm) {
         float *x = en->work;
@@ -228,7 +236,11 @@ int32_t sample_next(struct engine *en, struct request *r, const float *logits)
         n = m;
         sum = acc;
     }
-    double u = rng_uniform(&r->rng) * sum, acc = 0;
+    *n_out = n;
+    if (probs)
+        for (int i = 0; i < n; i++) probs[i] = (float)(exp((w[ids[i]] - mx) * inv_t) / sum);
+    if (!g) return ids[0];
+    double u = rng_uniform(g) * sum, acc = 0;
     for (int i = 0; i < n; i++) {
         acc += exp((w[ids[i]] - mx) * inv_t);
         if (u < acc) return ids[i];

@@ -2,6 +2,7 @@
  * rows and its rollback (see spec.h). */
 #include "sched/spec.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +48,7 @@ int spec_create(struct engine *en, struct err *e)
     }
     s->disable_n = c->disable_by_batch_size > 0 ? c->disable_by_batch_size : 64;
     en->spec = s;
+    spec_q_init(en);
     if (c->method == SPEC_DRAFT) {
         if (!c->model_dir || !*c->model_dir) {
             err_set(e, "--speculative-method draft needs --speculative-model DIR");
@@ -71,6 +73,7 @@ void spec_destroy(struct engine *en)
     if (!en->spec) return;
     if (en->spec->draft) spec_draft_destroy(en->spec->draft);
     if (en->spec->head) spec_head_destroy(en->spec->head);
+    spec_q_dispose(en->spec);
     free(en->spec);
     en->spec = NULL;
 }
@@ -106,7 +109,12 @@ int spec_k(const struct engine *en, const struct request *r, int n_running)
     int kb = (K * (D - n_running) + D - 1) / D;
     /* the k-th draft is kept with probability rate^k: worth its row while that is at least
      * the threshold */
-    double rate = r->spec_rate, thr = spec_threshold(en, n_running);
+    /* a seeded request with drafts drawn from a law: its tokens depend on where it had
+     * drafts, which then must not follow measured step times (the same seed alone, the
+     * same tokens) */
+    double rate = r->spec_rate;
+    double thr =
+        s->q_ids && r->sp.has_seed && r->sp.temperature > 0 ? 0.25 : spec_threshold(en, n_running);
     int ka = K;
     if (rate < thr)
         ka = 0;
@@ -119,7 +127,7 @@ int spec_k(const struct engine *en, const struct request *r, int n_running)
 
 int spec_want(const struct engine *en, struct request *r, int n_running)
 {
-    r->n_draft = 0;
+    r->n_draft = r->n_q = 0;
     if (!spec_eligible(en, r)) return 0;
     int k = spec_k(en, r, n_running);
     if (k <= 0) {
@@ -140,6 +148,7 @@ void spec_propose(struct engine *en)
 {
     struct spec *s = en->spec;
     if (!s) return;
+    s->q_used = 0; /* the laws of the last step's drafts are spent */
     if (s->head) {
         spec_head_propose(en, s->head);
         return;
@@ -230,7 +239,7 @@ void spec_drop(struct engine *en, struct request *r)
 
 void spec_release(struct engine *en, struct request *r)
 {
-    r->n_draft = 0;
+    r->n_draft = r->n_q = 0;
     if (r->state_backup >= 0) {
         kv_release(&en->states, &r->state_backup, 1);
         r->state_backup = -1;
@@ -261,16 +270,24 @@ void spec_verify(struct engine *en, struct step_seq *p)
     int32_t out[SPEC_MAX_TOKENS + 1];
     int n_out = 0;
     /* The target's pick of each row, as plain decoding would make it: the penalties see
-     * the drafts before the row (accepted so far) as output. */
+     * the drafts before the row (accepted so far) as output. A draft drawn from a law is
+     * kept or replaced by the rejection rule instead (the rows are then on the host). Row j
+     * takes the j-th uniform number of r's generator either way. */
+    assert(!en->greedy_step || r->n_q == 0);
     for (int j = 0; j <= k; j++) {
-        int lr = p->logit_row + j;
+        int lr = p->logit_row + j, kept = 0;
+        const float *row = en->logits + (size_t)lr * V;
         r->n_tokens = base + j;
-        int32_t t =
-            en->greedy_step ? en->greedy[lr] : sample_next(en, r, en->logits + (size_t)lr * V);
+        int32_t t = en->greedy_step       ? en->greedy[lr]
+                    : j < k && j < r->n_q ? spec_q_verify(en, r, j, row, &kept)
+                                          : sample_next(en, r, row);
         out[n_out++] = t;
+        /* a draft is kept when the row's token is it (the rule draws from the residual,
+         * which never holds the draft, except where p and q agree to rounding) */
         if (j == k || t != r->tokens[base + j]) break;
     }
     r->n_tokens = base;
+    r->n_q = 0;
     const int a = n_out - 1; /* drafts accepted */
     if (en->greedy_step && r->sp.temperature > 0) {
         /* rows sampled by the backend drew k + 1 numbers: keep those of the tokens kept */

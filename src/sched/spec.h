@@ -13,7 +13,9 @@
  * rejection sampling accepts draft d with probability p(d) and otherwise draws from the
  * residual max(0, p - q) normalized, that is p without d: the same law as "accept when
  * the target's draw is d, else keep the draw", which is what is done, so that greedy and
- * seeded outputs are those of plain decoding bitwise. Rejected rows' K/V lie past the
+ * seeded outputs are those of plain decoding bitwise. Requests that sample draw the drafts
+ * of the draft model, MTP and EAGLE-3 from the drafter's law instead, verified by the
+ * speculative-sampling rule (spec_sample.c). Rejected rows' K/V lie past the
  * request's computed tokens (overwritten later) and their blocks go back to the pool.
  *
  * Drafters: ngram (prompt lookup over the prompt and output, ngram.c), draft (a smaller
@@ -38,6 +40,14 @@ struct spec {
     /* The step's cost in rows: t = a + b * rows, fitted by least squares with exponential
      * forgetting over the steps that only decode or verify (spec_observe). */
     struct sched_fit fit;
+    /* Sampled drafts' laws (spec_sample.c; NULL for ngram): an arena of q_cap (token,
+     * probability) entries refilled from q_used = 0 every step, and [vocab] scratch rows: a
+     * draft's logits at target ids (row), as downloaded (dl), a target row's probabilities
+     * (pp), zeros between uses (dense). */
+    int32_t *q_ids;
+    float *q_p;
+    size_t q_cap, q_used;
+    float *row, *dl, *pp, *dense;
 };
 
 /** Checks cfg and sets up the drafter for engine en (model and pool sized already);
@@ -128,5 +138,34 @@ void spec_head_step_rows(struct engine *en, struct spec_head *d, int n_plan);
 /** The head's rows of the last step's requests, then the drafts of every running request
  * that drafts (spec_want), writing r->n_draft and the drafts. */
 void spec_head_propose(struct engine *en, struct spec_head *d);
+
+/* spec_sample.c: drafts drawn from the drafter's law, verified by rejection sampling */
+/** Sizes the arena of the drafters with a law of their own (draft, mtp, eagle3). */
+void spec_q_init(struct engine *en);
+void spec_q_dispose(struct spec *s);
+/**
+ * Draft j of r from row `row` of the drafter's logits (model dm, after its forward; its
+ * vocabulary maps to the target's as id + d2t[id] where d2t is given): where r samples
+ * (temperature > 0) and drafts 0..j-1 were drawn the same way, drawn from the drafter's law
+ * after r's processing with the uniform number of its output position, the law kept for the
+ * verification (r->n_q = j + 1); else `pick`, the drafter's greedy token (a point mass).
+ * r->tokens[n_tokens .. n_tokens + j) hold drafts 0..j-1.
+ */
+int32_t spec_q_pick(struct engine *en, struct request *r, int j, const struct model *dm, int row,
+                    const int32_t *d2t, int32_t pick);
+/**
+ * The rule for a draft d drawn from law q (q_ids[0..q_n), probabilities q[], q(d) = qd > 0)
+ * against the target's law p (p_ids[0..p_n), p[]): d with probability min(1, p(d) / q(d)),
+ * else a draw from max(0, p - q) normalized; one or two uniform numbers of g. scratch:
+ * [vocabulary] zeros on entry and return. *accepted says which. Cost O(p_n + q_n).
+ */
+int32_t spec_rule(const int32_t *p_ids, const float *p, int p_n, const int32_t *q_ids,
+                  const float *q, int q_n, int32_t d, float qd, struct rng *g, float *scratch,
+                  int *accepted);
+/** Row j of r's verification (r->n_tokens = the row's context, its draft next) for a draft
+ * with a law (j < r->n_q): the token it keeps (spec_rule); r's generator winds on by the
+ * position's number. */
+int32_t spec_q_verify(struct engine *en, struct request *r, int j, const float *logits,
+                      int *accepted);
 
 #endif

@@ -8,9 +8,9 @@
  * request that drafts gives its first draft; each later draft is one more head step, fed
  * the previous draft and the head's own output. The head's KV is laid out by the target's
  * block ids (positions of a cached block carry the head's K/V that its first owner wrote);
- * draft rows past a request's blocks go to scratch blocks of its own. Drafts are greedy,
- * which the verification relies on. Cost: one head layer over the step's rows, then one
- * head step of one row per drafting request for each further draft.
+ * draft rows past a request's blocks go to scratch blocks of its own. Drafts are greedy, or
+ * for a request that samples drawn from the head's law (spec_q_pick). Cost: one head layer over the
+ * step's rows, then one head step of one row per drafting request for each further draft.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -169,7 +169,8 @@ void spec_head_propose(struct engine *en, struct spec_head *d)
     run(d, ns, nt, nd, 1);
     for (int i = 0; i < nd; i++) {
         struct request *r = d->reqs[i];
-        r->tokens[r->n_tokens] = model_head_token(d->h, d->picks[i]);
+        r->tokens[r->n_tokens] =
+            spec_q_pick(en, r, 0, d->h->m, i, d->h->d2t, model_head_token(d->h, d->picks[i]));
         r->n_draft = 1;
         d->row_of[i] = d->lrows[i];
     }
@@ -198,7 +199,9 @@ void spec_head_propose(struct engine *en, struct spec_head *d)
         for (int i = 0; i < nd; i++) {
             struct request *r = d->reqs[i];
             if (d->ks[i] <= j) continue;
-            r->tokens[r->n_tokens + j] = model_head_token(d->h, d->picks[d->row_of[i]]);
+            int row = d->row_of[i];
+            r->tokens[r->n_tokens + j] = spec_q_pick(en, r, j, d->h->m, row, d->h->d2t,
+                                                     model_head_token(d->h, d->picks[row]));
             r->n_draft = j + 1;
         }
     }

@@ -608,10 +608,12 @@ static void add_placeholders(struct engine *en, struct step_seq *plan, int n_pla
 }
 
 /* Whether a row of this sequence must reach the host: prompt log-probabilities, logit bias,
- * penalties, log-probabilities of the chosen token, or a grammar's mask. */
+ * penalties, log-probabilities of the chosen token, a grammar's mask, or the verification of
+ * drafts drawn from a law (the rejection rule reads the target's rows). */
 static int needs_host_row(const struct step_seq *p)
 {
-    return p->all_rows || p->r->gm || p->r->steer || host_row_params(&p->r->sp);
+    return p->all_rows || p->r->gm || p->r->steer || host_row_params(&p->r->sp) ||
+           (p->n_spec > 0 && p->r->n_q > 0);
 }
 
 /* Whether every token this step samples is a plain greedy pick: then the backend picks

@@ -7,7 +7,9 @@
  *     enough to force preemption, prefix caching on;
  *   - a different model with the same tokenizer as the draft: the same greedy tokens;
  *   - sampled requests (seeded, top-k, top-p, min-p, penalties, logit bias, logprobs) give
- *     the tokens and log-probabilities of plain decoding;
+ *     the tokens and log-probabilities of plain decoding with n-gram drafts and with the
+ *     model as its own draft model (drafts drawn from its law, all kept); with a different
+ *     draft model they are reproducible (test_spec_sample checks their law);
  *   - hybrid models (recurrent state rolled back on rejection) the same, with a dense draft
  *     model of the same tokenizer (a hybrid draft model is refused with a message);
  *   - Qwen3.5 (dense and MoE) with a multi-token-prediction module (mtp.*, written here with
@@ -153,15 +155,26 @@ static void run_concurrent(const char *dir, const char *name, struct golden_case
     engine_destroy(en);
 }
 
-/* Sampled requests: every option, seeded; the same tokens and log-probabilities with and
- * without drafts (the target's own draws decide). */
-static void run_sampled(const char *dir, const char *name, struct golden_case *cs, int nc)
+/* Sampled requests: every option, seeded. With n-gram drafts (point masses: the target's
+ * own draws decide) and with the model as its own draft model (drafts drawn from its law,
+ * which is the target's: every draft kept), the same tokens and log-probabilities as
+ * without drafts. With another draft model (other; drafts drawn from its law, kept or not by
+ * the rejection rule) the tokens follow the target's law but are not plain decoding's
+ * (golden/test_spec_sample checks the law); run twice, they are the same (seeded requests
+ * are reproducible). self: the model may draft for itself (not a hybrid one). */
+static void run_sampled(const char *dir, const char *name, struct golden_case *cs, int nc, int self,
+                        const char *other)
 {
     static const struct logit_bias bias[] = {{5, 2.0f}, {9, -3.0f}};
-    struct eng_result plain[3][MAX_CASES], spec[3][MAX_CASES];
-    for (int pass = 0; pass < 2; pass++) {
+    enum { PASSES = 5 };
+    static struct eng_result res[PASSES][3][MAX_CASES];
+    static const enum spec_method method[PASSES] = {SPEC_NONE, SPEC_NGRAM, SPEC_DRAFT, SPEC_DRAFT,
+                                                    SPEC_DRAFT};
+    for (int pass = 0; pass < PASSES; pass++) {
+        if (pass == 2 && !self) continue;
+        const char *draft = pass == 2 ? dir : pass > 2 ? other : NULL;
         struct err e = {0};
-        struct engine *en = open_engine(dir, 64, 0, pass ? SPEC_NGRAM : SPEC_NONE, NULL, &e);
+        struct engine *en = open_engine(dir, 64, 0, method[pass], draft, &e);
         CHECK(en != NULL, "%s: engine_create: %s", name, e.msg);
         if (!en) return;
         for (int v = 0; v < 3; v++) {
@@ -186,27 +199,44 @@ static void run_sampled(const char *dir, const char *name, struct golden_case *c
                     sp.n_logit_bias = 2;
                     sp.logprobs = 1;
                 }
-                submit(en, &cs[i], sp, pass ? &spec[v][i] : &plain[v][i]);
+                submit(en, &cs[i], sp, &res[pass][v][i]);
             }
             drain(en);
         }
         if (pass) {
             struct engine_stats st;
             engine_stats(en, &st);
-            CHECK(st.spec_drafts[SPEC_NGRAM] > 0, "%s sampled: no verification", name);
+            enum spec_method m = method[pass];
+            CHECK(st.spec_drafts[m] > 0, "%s sampled: no verification (pass %d)", name, pass);
+            if (pass == 2)
+                CHECK(st.spec_accepted_tokens[m] == st.spec_draft_tokens[m],
+                      "%s sampled, its own draft: %llu of %llu drafts kept", name,
+                      (unsigned long long)st.spec_accepted_tokens[m],
+                      (unsigned long long)st.spec_draft_tokens[m]);
+            if (pass == 3)
+                printf("  %-22s sampled, other draft: %llu of %llu drafts kept\n", name,
+                       (unsigned long long)st.spec_accepted_tokens[m],
+                       (unsigned long long)st.spec_draft_tokens[m]);
         }
         check_pool_free(en, name, "sampled");
         engine_destroy(en);
     }
-    for (int v = 0; v < 3; v++)
-        for (int i = 0; i < nc; i++) {
-            CHECK(same_ids(&plain[v][i], &spec[v][i]),
-                  "%s sampled variant %d case %d: tokens differ", name, v, i);
-            for (int t = 0; v == 2 && t < plain[v][i].n && t < spec[v][i].n; t++)
-                CHECK(plain[v][i].lp[t] == spec[v][i].lp[t],
-                      "%s case %d token %d: logprob %.6f, plain %.6f", name, i, t,
-                      (double)spec[v][i].lp[t], (double)plain[v][i].lp[t]);
-        }
+    const struct eng_result(*plain)[MAX_CASES] = res[0];
+    for (int pass = 1; pass < PASSES; pass++) {
+        if (pass == 2 && !self) continue;
+        /* the other draft model's second run against its first */
+        const struct eng_result(*want)[MAX_CASES] = pass == 4 ? res[3] : plain;
+        if (pass == 3) continue;
+        for (int v = 0; v < 3; v++)
+            for (int i = 0; i < nc; i++) {
+                const struct eng_result *a = &want[v][i], *b = &res[pass][v][i];
+                CHECK(same_ids(a, b), "%s sampled pass %d variant %d case %d: tokens differ", name,
+                      pass, v, i);
+                for (int t = 0; v == 2 && t < a->n && t < b->n; t++)
+                    CHECK(a->lp[t] == b->lp[t], "%s pass %d case %d token %d: logprob %.6f, %.6f",
+                          name, pass, i, t, (double)b->lp[t], (double)a->lp[t]);
+            }
+    }
 }
 
 /* Hybrid models: a logit bias that makes one token win often (not always) gives repeats
@@ -523,7 +553,7 @@ static void test_model(const char *mdir, const char *name, struct golden_case *c
         run_alone(dir, name, cs, nc, SPEC_DRAFT, other, plain, 0);
         run_concurrent(dir, name, cs, nc, SPEC_DRAFT, other, plain);
         run_biased(dir, name, cs, nc, SPEC_NGRAM, NULL, NULL);
-        if (!strcmp(name, "qwen3_5-tiny")) run_sampled(dir, name, cs, nc);
+        if (!strcmp(name, "qwen3_5-tiny")) run_sampled(dir, name, cs, nc, 0, other);
         if (!strcmp(name, "qwen3_5-tiny") || !strcmp(name, "qwen3_5_moe-tiny"))
             run_mtp(dir, name, cs, nc, plain);
         return;
@@ -535,7 +565,7 @@ static void test_model(const char *mdir, const char *name, struct golden_case *c
         snprintf(other, sizeof other, "%s/qwen3-tiny", mdir);
         run_alone(dir, name, cs, nc, SPEC_DRAFT, other, plain, 0);
         run_concurrent(dir, name, cs, nc, SPEC_DRAFT, other, plain);
-        run_sampled(dir, name, cs, nc);
+        run_sampled(dir, name, cs, nc, 1, other);
         run_eagle3(dir, name, cs, nc, plain);
     }
 }
