@@ -9,7 +9,9 @@
  *   - sampled requests (seeded, top-k, top-p, min-p, penalties, logit bias, logprobs) give
  *     the tokens and log-probabilities of plain decoding with n-gram drafts and with the
  *     model as its own draft model (drafts drawn from its law, all kept); with a different
- *     draft model they are reproducible (test_spec_sample checks their law);
+ *     draft model, an MTP module or an EAGLE-3 head (through d2t) they are reproducible, the
+ *     same twice
+ *     (test_spec_sample checks their law);
  *   - hybrid models (recurrent state rolled back on rejection) the same, with a dense draft
  *     model of the same tokenizer (a hybrid draft model is refused with a message);
  *   - Qwen3.5 (dense and MoE) with a multi-token-prediction module (mtp.*, written here with
@@ -155,88 +157,108 @@ static void run_concurrent(const char *dir, const char *name, struct golden_case
     engine_destroy(en);
 }
 
-/* Sampled requests: every option, seeded. With n-gram drafts (point masses: the target's
- * own draws decide) and with the model as its own draft model (drafts drawn from its law,
- * which is the target's: every draft kept), the same tokens and log-probabilities as
- * without drafts. With another draft model (other; drafts drawn from its law, kept or not by
- * the rejection rule) the tokens follow the target's law but are not plain decoding's
- * (golden/test_spec_sample checks the law); run twice, they are the same (seeded requests
- * are reproducible). self: the model may draft for itself (not a hybrid one). */
-static void run_sampled(const char *dir, const char *name, struct golden_case *cs, int nc, int self,
-                        const char *other)
+/* Seeded sampling parameters: variant v (0: T = 1; 1: with top-k, top-p, min-p; 2: also
+ * T = 0.6, penalties, logit bias, logprobs) for case i. */
+static struct sampling_params sampled_params(int v, int i)
 {
     static const struct logit_bias bias[] = {{5, 2.0f}, {9, -3.0f}};
-    enum { PASSES = 5 };
-    static struct eng_result res[PASSES][3][MAX_CASES];
-    static const enum spec_method method[PASSES] = {SPEC_NONE, SPEC_NGRAM, SPEC_DRAFT, SPEC_DRAFT,
-                                                    SPEC_DRAFT};
-    for (int pass = 0; pass < PASSES; pass++) {
-        if (pass == 2 && !self) continue;
-        const char *draft = pass == 2 ? dir : pass > 2 ? other : NULL;
-        struct err e = {0};
-        struct engine *en = open_engine(dir, 64, 0, method[pass], draft, &e);
-        CHECK(en != NULL, "%s: engine_create: %s", name, e.msg);
-        if (!en) return;
-        for (int v = 0; v < 3; v++) {
-            for (int i = 0; i < nc; i++) {
-                struct sampling_params sp;
-                sampling_params_default(&sp);
-                sp.max_tokens = 40;
-                sp.ignore_eos = 1;
-                sp.has_seed = 1;
-                sp.seed = 1000 + (uint64_t)i;
-                sp.temperature = v == 2 ? 0.6f : 1.0f;
-                if (v >= 1) {
-                    sp.top_k = 40;
-                    sp.top_p = 0.9f;
-                    sp.min_p = 0.02f;
-                }
-                if (v == 2) {
-                    sp.repetition_penalty = 1.1f;
-                    sp.frequency_penalty = 0.2f;
-                    sp.presence_penalty = 0.1f;
-                    sp.logit_bias = bias;
-                    sp.n_logit_bias = 2;
-                    sp.logprobs = 1;
-                }
-                submit(en, &cs[i], sp, &res[pass][v][i]);
-            }
-            drain(en);
-        }
-        if (pass) {
-            struct engine_stats st;
-            engine_stats(en, &st);
-            enum spec_method m = method[pass];
-            CHECK(st.spec_drafts[m] > 0, "%s sampled: no verification (pass %d)", name, pass);
-            if (pass == 2)
-                CHECK(st.spec_accepted_tokens[m] == st.spec_draft_tokens[m],
-                      "%s sampled, its own draft: %llu of %llu drafts kept", name,
-                      (unsigned long long)st.spec_accepted_tokens[m],
-                      (unsigned long long)st.spec_draft_tokens[m]);
-            if (pass == 3)
-                printf("  %-22s sampled, other draft: %llu of %llu drafts kept\n", name,
-                       (unsigned long long)st.spec_accepted_tokens[m],
-                       (unsigned long long)st.spec_draft_tokens[m]);
-        }
-        check_pool_free(en, name, "sampled");
-        engine_destroy(en);
+    struct sampling_params sp;
+    sampling_params_default(&sp);
+    sp.max_tokens = 40;
+    sp.ignore_eos = 1;
+    sp.has_seed = 1;
+    sp.seed = 1000 + (uint64_t)i;
+    sp.temperature = v == 2 ? 0.6f : 1.0f;
+    if (v >= 1) {
+        sp.top_k = 40;
+        sp.top_p = 0.9f;
+        sp.min_p = 0.02f;
     }
-    const struct eng_result(*plain)[MAX_CASES] = res[0];
-    for (int pass = 1; pass < PASSES; pass++) {
-        if (pass == 2 && !self) continue;
-        /* the other draft model's second run against its first */
-        const struct eng_result(*want)[MAX_CASES] = pass == 4 ? res[3] : plain;
-        if (pass == 3) continue;
-        for (int v = 0; v < 3; v++)
-            for (int i = 0; i < nc; i++) {
-                const struct eng_result *a = &want[v][i], *b = &res[pass][v][i];
-                CHECK(same_ids(a, b), "%s sampled pass %d variant %d case %d: tokens differ", name,
-                      pass, v, i);
-                for (int t = 0; v == 2 && t < a->n && t < b->n; t++)
-                    CHECK(a->lp[t] == b->lp[t], "%s pass %d case %d token %d: logprob %.6f, %.6f",
-                          name, pass, i, t, (double)b->lp[t], (double)a->lp[t]);
-            }
+    if (v == 2) {
+        sp.repetition_penalty = 1.1f;
+        sp.frequency_penalty = 0.2f;
+        sp.presence_penalty = 0.1f;
+        sp.logit_bias = bias;
+        sp.n_logit_bias = 2;
+        sp.logprobs = 1;
     }
+    return sp;
+}
+
+/* Every case in every variant, a variant's cases at once, through model with method m
+ * (draft: the draft model's or head's folder) into res; 0, or -1 when the engine did not
+ * open. *kept and *drafted: the drafts. */
+static int sampled_pass(const char *model, const char *name, struct golden_case *cs, int nc,
+                        enum spec_method m, const char *draft, struct eng_result res[3][MAX_CASES],
+                        uint64_t *kept, uint64_t *drafted)
+{
+    struct err e = {0};
+    struct engine *en = open_engine(model, 64, 0, m, draft, &e);
+    CHECK(en != NULL, "%s: engine_create: %s", name, e.msg);
+    if (!en) return -1;
+    for (int v = 0; v < 3; v++) {
+        for (int i = 0; i < nc; i++) submit(en, &cs[i], sampled_params(v, i), &res[v][i]);
+        drain(en);
+    }
+    struct engine_stats st;
+    engine_stats(en, &st);
+    *kept = st.spec_accepted_tokens[m];
+    *drafted = st.spec_draft_tokens[m];
+    CHECK(m == SPEC_NONE || st.spec_drafts[m] > 0, "%s sampled %s: no verification", name,
+          spec_method_name(m));
+    check_pool_free(en, name, "sampled");
+    engine_destroy(en);
+    return 0;
+}
+
+/* The tokens (and, variant 2, log-probabilities) of b against a. */
+static void same_results(const char *name, const char *what, struct eng_result a[3][MAX_CASES],
+                         struct eng_result b[3][MAX_CASES], int nc)
+{
+    for (int v = 0; v < 3; v++)
+        for (int i = 0; i < nc; i++) {
+            CHECK(same_ids(&a[v][i], &b[v][i]), "%s sampled %s variant %d case %d: tokens differ",
+                  name, what, v, i);
+            for (int t = 0; v == 2 && t < a[v][i].n && t < b[v][i].n; t++)
+                CHECK(a[v][i].lp[t] == b[v][i].lp[t],
+                      "%s sampled %s case %d token %d: logprob %.6f, want %.6f", name, what, i, t,
+                      (double)b[v][i].lp[t], (double)a[v][i].lp[t]);
+        }
+}
+
+/* Sampled requests: every option, seeded. With n-gram drafts (point masses: the target's
+ * own draws decide) and, where self, with the model as its own draft model (drafts drawn from
+ * its law, which is the target's: every draft kept), the same tokens and log-probabilities
+ * as without drafts. */
+static void run_sampled(const char *dir, const char *name, struct golden_case *cs, int nc, int self)
+{
+    static struct eng_result plain[3][MAX_CASES], spec[3][MAX_CASES];
+    uint64_t kept, drafted;
+    if (sampled_pass(dir, name, cs, nc, SPEC_NONE, NULL, plain, &kept, &drafted)) return;
+    if (sampled_pass(dir, name, cs, nc, SPEC_NGRAM, NULL, spec, &kept, &drafted) == 0)
+        same_results(name, "ngram", plain, spec, nc);
+    if (self && sampled_pass(dir, name, cs, nc, SPEC_DRAFT, dir, spec, &kept, &drafted) == 0) {
+        same_results(name, "own draft", plain, spec, nc);
+        CHECK(kept == drafted, "%s sampled, its own draft: %llu of %llu drafts kept", name,
+              (unsigned long long)kept, (unsigned long long)drafted);
+    }
+}
+
+/* Sampled requests with drafts drawn from a law other than the target's (method m, draft:
+ * its folder, through the model folder `model`): kept or not by the rejection rule, so the
+ * tokens follow the target's law without being plain decoding's (golden/test_spec_sample
+ * checks the law); run twice, they are the same (seeded requests are reproducible). */
+static void run_sampled_twice(const char *model, const char *name, struct golden_case *cs, int nc,
+                              enum spec_method m, const char *draft)
+{
+    static struct eng_result a[3][MAX_CASES], b[3][MAX_CASES];
+    uint64_t kept, drafted;
+    if (sampled_pass(model, name, cs, nc, m, draft, a, &kept, &drafted) ||
+        sampled_pass(model, name, cs, nc, m, draft, b, &kept, &drafted))
+        return;
+    same_results(name, spec_method_name(m), a, b, nc);
+    printf("  %-22s sampled %-6s %llu of %llu drafts kept, the same tokens twice\n", name,
+           spec_method_name(m), (unsigned long long)kept, (unsigned long long)drafted);
 }
 
 /* Hybrid models: a logit bias that makes one token win often (not always) gives repeats
@@ -426,6 +448,7 @@ static void run_mtp(const char *dir, const char *name, struct golden_case *cs, i
     }
     run_alone(fx, name, cs, nc, SPEC_MTP, NULL, plain, 0);
     run_concurrent(fx, name, cs, nc, SPEC_MTP, NULL, plain);
+    if (!strcmp(name, "qwen3_5-tiny")) run_sampled_twice(fx, name, cs, nc, SPEC_MTP, NULL);
     mtp_fixture_remove(fx);
     /* a module that repeats its input token (fc = [I | 0], the layer adding nothing: with
      * qwen3_5-tiny's tied head, the embedding's own row wins) against a bias towards 7:
@@ -466,6 +489,11 @@ static void run_eagle3(const char *dir, const char *name, struct golden_case *cs
     run_alone(dir, name, cs, nc, SPEC_EAGLE3, fx, plain, 0);
     run_concurrent(dir, name, cs, nc, SPEC_EAGLE3, fx, plain);
     mtp_fixture_remove(fx);
+    /* a head that always drafts 7 through d2t (a draft vocabulary): drawn from its law */
+    if (eagle3_fixture(dir, fx, sizeof fx, 2, NULL) == 0) {
+        run_sampled_twice(dir, name, cs, nc, SPEC_EAGLE3, fx);
+        mtp_fixture_remove(fx);
+    }
     /* a head that always drafts 7 against a bias towards 7: drafts kept and rejected */
     if (eagle3_fixture(dir, fx, sizeof fx, 2, NULL) == 0) {
         run_biased(dir, name, cs, nc, SPEC_EAGLE3, NULL, fx);
@@ -553,7 +581,10 @@ static void test_model(const char *mdir, const char *name, struct golden_case *c
         run_alone(dir, name, cs, nc, SPEC_DRAFT, other, plain, 0);
         run_concurrent(dir, name, cs, nc, SPEC_DRAFT, other, plain);
         run_biased(dir, name, cs, nc, SPEC_NGRAM, NULL, NULL);
-        if (!strcmp(name, "qwen3_5-tiny")) run_sampled(dir, name, cs, nc, 0, other);
+        if (!strcmp(name, "qwen3_5-tiny")) {
+            run_sampled(dir, name, cs, nc, 0);
+            run_sampled_twice(dir, name, cs, nc, SPEC_DRAFT, other);
+        }
         if (!strcmp(name, "qwen3_5-tiny") || !strcmp(name, "qwen3_5_moe-tiny"))
             run_mtp(dir, name, cs, nc, plain);
         return;
@@ -565,7 +596,8 @@ static void test_model(const char *mdir, const char *name, struct golden_case *c
         snprintf(other, sizeof other, "%s/qwen3-tiny", mdir);
         run_alone(dir, name, cs, nc, SPEC_DRAFT, other, plain, 0);
         run_concurrent(dir, name, cs, nc, SPEC_DRAFT, other, plain);
-        run_sampled(dir, name, cs, nc, 1, other);
+        run_sampled(dir, name, cs, nc, 1);
+        run_sampled_twice(dir, name, cs, nc, SPEC_DRAFT, other);
         run_eagle3(dir, name, cs, nc, plain);
     }
 }

@@ -5,7 +5,12 @@
  * after a rejection follow max(0, p - q) normalized (the same test), the acceptance rate is
  * sum min(p, q) (within 5 standard deviations), and no token outside p's support comes out.
  * Cases: overlapping supports of different shapes, q = p (every draft kept), disjoint
- * supports (none kept), q wider than p. The generators are seeded: the outcome is fixed.
+ * supports (none kept), q wider than p. Then spec_verify on a fake engine with drafts drawn by
+ * spec_q_pick from fixed rows: with the target's own rows as the drafter's, every draft is
+ * kept and the tokens are plain sampling's; with other rows, the first token and the one
+ * after a kept draft follow the target's rows (200,000 verifications), and the request's
+ * generator winds on by one number a token kept. The generators are seeded: the outcome is
+ * fixed.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -127,6 +132,210 @@ static void run_case(const char *name, const double *wp, const double *wq, int w
     if (want >= 0) CHECK(n_acc == (want ? N : 0), "%s: %ld of %ld accepted", name, n_acc, N);
 }
 
+/* spec_verify on a fake engine (no model): the target's rows and the drafter's rows are
+ * fixed logit rows over W tokens, the drafts drawn by spec_q_pick from the drafter's rows. */
+#define W 16
+struct fake {
+    struct engine en;
+    struct model m, dm;
+    struct spec s;
+    struct request r;
+    int32_t toks[64], out[4];
+    int n_out;
+    float drows[2 * W];
+};
+
+static void host_copy(void *ctx, void *dst, const void *src, size_t bytes)
+{
+    (void)ctx;
+    memcpy(dst, src, bytes);
+}
+
+static struct backend_ops host_ops;
+
+static void on_event(void *user, const struct engine_event *ev)
+{
+    struct fake *f = user;
+    if (ev->kind == ENGINE_EV_TOKEN && f->n_out < 4) f->out[f->n_out++] = ev->token;
+}
+
+static void fake_init(struct fake *f, int same)
+{
+    memset(f, 0, sizeof *f);
+    host_ops.download = host_copy;
+    struct engine *en = &f->en;
+    en->be.ops = &host_ops;
+    f->s = (struct spec){.cfg = {.method = SPEC_DRAFT, .num_tokens = 2}, .disable_n = 64};
+    en->spec = &f->s;
+    en->m = &f->m;
+    en->vocab = W;
+    en->block_size = 16;
+    en->max_model_len = 1 << 20;
+    en->cfg.max_num_seqs = 1;
+    en->cfg.disable_prefix_caching = 1;
+    en->logits = xcalloc(3 * W, sizeof(float));
+    en->work = xcalloc(W, sizeof(float));
+    en->cand = xcalloc(W, sizeof(int32_t));
+    en->counts = xcalloc(W, sizeof(uint32_t));
+    pthread_mutex_init(&en->mu, NULL);
+    spec_q_init(en);
+    f->dm.cfg.vocab = W;
+    f->dm.logits = f->drows;
+    struct request *r = &f->r;
+    r->tokens = f->toks;
+    r->cap = 64;
+    r->state = RS_RUNNING;
+    r->ph_pos = r->ph_row = -1;
+    r->state_slot = -1;
+    r->state_backup = -1;
+    r->spec_rate = 1;
+    sampling_params_default(&r->sp);
+    r->sp.temperature = 1.0f;
+    r->sp.top_k = 6;
+    r->sp.top_p = 0.9f;
+    r->sp.max_tokens = 1000;
+    r->sp.ignore_eos = 1;
+    r->cb = on_event;
+    r->user = f;
+    rng_seed(&r->rng, 12345);
+    rng_seed(&r->rng_spec, 999);
+    for (int j = 0; j < 3; j++)
+        for (int t = 0; t < W; t++) en->logits[j * W + t] = (float)((t * 7 + j * 5) % W) * 0.25f;
+    /* the drafter: the target's rows, or rows that agree on some tokens only */
+    for (int j = 0; j < 2; j++)
+        for (int t = 0; t < W; t++)
+            f->drows[j * W + t] =
+                same ? en->logits[j * W + t] : (float)((t * 5 + j * 3) % W) * 0.25f;
+}
+
+static void fake_free(struct fake *f)
+{
+    spec_q_dispose(&f->s);
+    free(f->en.logits);
+    free(f->en.work);
+    free(f->en.cand);
+    free(f->en.counts);
+    pthread_mutex_destroy(&f->en.mu);
+}
+
+/* Draws two drafts after a 4-token context and verifies them: tokens kept into f->out. */
+static void draft_and_verify(struct fake *f)
+{
+    struct request *r = &f->r;
+    r->n_tokens = 4;
+    r->n_computed = 3;
+    r->n_output = 1;
+    r->n_blocks = 0;
+    r->n_q = 0;
+    f->s.q_used = 0;
+    for (int j = 0; j < 2; j++) r->tokens[4 + j] = spec_q_pick(&f->en, r, j, &f->dm, j, NULL, -1);
+    CHECK(r->n_q == 2, "both drafts drawn from the law (%d)", r->n_q);
+    f->n_out = 0;
+    struct step_seq p = {
+        .r = r, .n_new = 3, .logit_row = 0, .n_logits = 3, .samples = 1, .n_spec = 2};
+    spec_verify(&f->en, &p);
+}
+
+/* The law of a row under T = 1, top-k 6, top-p 0.9 (distinct values: a plain order). */
+static void target(const float *row, double *p)
+{
+    int ids[W];
+    for (int i = 0; i < W; i++) ids[i] = i;
+    for (int i = 0; i < W; i++)
+        for (int j = i + 1; j < W; j++)
+            if (row[ids[j]] > row[ids[i]]) {
+                int t = ids[i];
+                ids[i] = ids[j];
+                ids[j] = t;
+            }
+    double w[6], sum = 0, acc = 0;
+    for (int i = 0; i < 6; i++) sum += w[i] = exp(row[ids[i]] - row[ids[0]]);
+    memset(p, 0, sizeof(double) * W);
+    int n = 0;
+    while (n < 6) {
+        acc += w[n++];
+        if (acc >= 0.9 * sum) break;
+    }
+    for (int i = 0; i < n; i++) p[ids[i]] = w[i] / acc;
+}
+
+static double chi2w(const long *cnt, const double *p, long n, int *dof)
+{
+    double x = 0;
+    *dof = -1;
+    for (int t = 0; t < W; t++) {
+        if (p[t] == 0) {
+            if (cnt[t]) return INFINITY;
+            continue;
+        }
+        double e = p[t] * (double)n;
+        x += (cnt[t] - e) * (cnt[t] - e) / e;
+        (*dof)++;
+    }
+    return x;
+}
+
+/* The drafter's law is the target's: every draft kept, and the tokens are plain sampling's
+ * with the same generator. Another law: the first token kept follows row 0's law, the one
+ * after a kept draft row 1's (200,000 verifications); the generator winds on by one number
+ * a token kept. */
+static void test_verify(void)
+{
+    struct fake f;
+    fake_init(&f, 1);
+    struct rng plain;
+    rng_seed(&plain, 12345);
+    for (int i = 0; i < 2000; i++) {
+        draft_and_verify(&f);
+        CHECK(f.n_out == 3, "own law: %d tokens kept of 3", f.n_out);
+        struct request pr = f.r;
+        pr.rng = plain;
+        pr.n_tokens = 4;
+        for (int j = 0; j < f.n_out; j++) {
+            int32_t t = sample_next(&f.en, &pr, f.en.logits + j * W);
+            CHECK(t == f.out[j], "own law, draw %d token %d: %d, plain %d", i, j, f.out[j], t);
+            pr.tokens[pr.n_tokens++] = t;
+        }
+        plain = pr.rng;
+        CHECK(!memcmp(&plain, &f.r.rng, sizeof plain), "own law: the generator's place");
+    }
+    CHECK(f.en.stats.spec_accepted_tokens[SPEC_DRAFT] == 4000, "own law: %llu kept",
+          (unsigned long long)f.en.stats.spec_accepted_tokens[SPEC_DRAFT]);
+    fake_free(&f);
+
+    fake_init(&f, 0);
+    double p0[W], p1[W];
+    target(f.en.logits, p0);
+    target(f.en.logits + W, p1);
+    const long n = 200000;
+    long first[W] = {0}, next[W] = {0}, n_acc = 0;
+    for (long i = 0; i < n; i++) {
+        struct rng before = f.r.rng;
+        draft_and_verify(&f);
+        first[f.out[0]]++;
+        if (f.n_out >= 2) {
+            n_acc++;
+            next[f.out[1]]++;
+        }
+        for (int j = 0; j < f.n_out; j++) rng_uniform(&before);
+        CHECK(!memcmp(&before, &f.r.rng, sizeof before), "the generator winds on by %d", f.n_out);
+    }
+    int dof;
+    double x = chi2w(first, p0, n, &dof);
+    CHECK(dof >= 1 && dof < 12 && x < crit999[dof],
+          "verify: first token vs row 0: chi2 %.2f dof %d", x, dof);
+    printf("verify     first    chi2 %7.2f dof %2d (%ld verifications, %ld first drafts kept)\n", x,
+           dof, n, n_acc);
+    x = chi2w(next, p1, n_acc, &dof);
+    CHECK(dof >= 1 && dof < 12 && x < crit999[dof],
+          "verify: after a kept draft vs row 1: chi2 "
+          "%.2f dof %d",
+          x, dof);
+    printf("verify     next     chi2 %7.2f dof %2d (%ld draws)\n", x, dof, n_acc);
+    CHECK(n_acc > n / 10 && n_acc < n, "verify: %ld of %ld first drafts kept", n_acc, n);
+    fake_free(&f);
+}
+
 int main(void)
 {
     /* p on 0..7, q on 2..11, shapes unlike each other */
@@ -139,5 +348,6 @@ int main(void)
     /* q close to p but wider: most drafts kept, a residual on p's heavy tokens */
     const double q3[V] = {3, 1, 3, 1, 4, 7, 2, 5, 1, 1, 1, 1};
     run_case("wider", p1, q3, -1);
+    test_verify();
     TEST_DONE();
 }
