@@ -27,7 +27,6 @@
 #include <string.h>
 
 #include "common/util.h"
-#include "model/head.h"
 #include "sched/spec.h"
 
 void spec_q_init(struct engine *en)
