@@ -2,7 +2,8 @@
  * Speculative sampling end to end (CPU unless --device; the batch-invariant kernels, so that
  * a context's row is the same in every batch): llama-tiny with its 4-bit copy
  * (llama-tiny-mlx4, the same tokenizer) drafting, seeded requests of one fixed prompt at
- * T = 1, top-k 4, top-p 0.9, three tokens each (20,000 requests; --requests N for more). The
+ * T = 1, top-k 4, top-p 0.9, three tokens each (100,000 requests; --requests N for another
+ * count). The
  * first token comes from the prompt's step; the second from the verification of a draft (kept,
  * or a draw from the residual); the third after a kept draft from the bonus row, else from a
  * plain step. The joint law of the three tokens is compared with the target's, computed here
@@ -27,7 +28,7 @@
 #include "test_util.h"
 
 static const char *device = "cpu";
-static int n_req = 20000; /* --requests */
+static int n_req = 100000; /* --requests */
 
 #define CHUNK   4000
 #define TOP_K   4
