@@ -6,6 +6,7 @@
 #include "common/scratch.h"
 #include "common/util.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/impl.h"
 #include "paged_kv/kv_quant.h"
 
 void cpu_kv_store_q(const struct kv_layer *kv, const struct kv_geom *g, const float *k,
@@ -37,7 +38,8 @@ static float dot_codes(int dt, const uint8_t *row, const float *qp, int d)
     float s = 0;
     switch (dt) {
     case KV_DTYPE_F32:
-        return cpu_dot(qp, (const float *)row, d);
+        for (int c = 0; c < d; c++) s += qp[c] * ((const float *)row)[c];
+        return s;
     case KV_DTYPE_BF16:
         for (int c = 0; c < d; c++) s += qp[c] * bf16_to_f32(((const uint16_t *)row)[c]);
         return s;
@@ -86,7 +88,7 @@ static void axpy_codes(int dt, float *acc, float w, const uint8_t *row, int d)
 {
     switch (dt) {
     case KV_DTYPE_F32:
-        cpu_axpy(acc, w, (const float *)row, d);
+        for (int c = 0; c < d; c++) acc[c] += w * ((const float *)row)[c];
         return;
     case KV_DTYPE_BF16:
         for (int c = 0; c < d; c++) acc[c] += w * bf16_to_f32(((const uint16_t *)row)[c]);
@@ -135,6 +137,18 @@ static void axpy_codes(int dt, float *acc, float w, const uint8_t *row, int d)
     }
 }
 
+void kvq_dot_portable(int dt, const uint8_t *rows, size_t rb, int n, const float *q, int d,
+                      float *s)
+{
+    for (int i = 0; i < n; i++) s[i] = dot_codes(dt, rows + (size_t)i * rb, q, d);
+}
+
+void kvq_axpy_portable(int dt, float *acc, const float *w, const uint8_t *rows, size_t rb, int n,
+                       int d)
+{
+    for (int i = 0; i < n; i++) axpy_codes(dt, acc, w[i], rows + (size_t)i * rb, d);
+}
+
 /* The factor of token t's row: its bf16 scale or gain; 1 for plain values and for int
  * keys (whose per-channel scales go into the query). */
 static float row_scale(int dt, int role, const uint8_t *hb, int t)
@@ -178,10 +192,10 @@ static void attnq_task(void *arg, int ith, int nth)
         int s = j->tok_seq[t], qpos = b->pos[t], first = 0;
         if (p->window > 0 && qpos - p->window + 1 > 0) first = qpos - p->window + 1;
         int nkeys = qpos + 1 - first;
-        /* scores [nkeys], then the query (rotated for tq keys), its per-block form, and the
-         * value sum */
-        float *sc = scratch_get(SCRATCH_ATTN, (size_t)nkeys + 3 * (size_t)d);
-        float *qr = sc + nkeys, *qp = qr + d, *acc = qp + d;
+        /* scores [nkeys], then the query (rotated for tq keys), its per-block form, the
+         * value sum, and one block's value weights [B] */
+        float *sc = scratch_get(SCRATCH_ATTN, (size_t)nkeys + 3 * (size_t)d + (size_t)B);
+        float *qr = sc + nkeys, *qp = qr + d, *acc = qp + d, *wt = acc + d;
         memcpy(qr, j->q + ((size_t)t * p->n_heads + h) * d, sizeof(float) * (size_t)d);
         if (kv_dtype_rotated(kd)) kv_tq_rotate(qr, d);
         const int32_t *bt = b->block_table + (size_t)s * b->max_blocks;
@@ -196,11 +210,12 @@ static void attnq_task(void *arg, int ith, int nth)
             }
             int t0 = bi * B < first ? first - bi * B : 0;
             int t1 = bi * B + B - 1 > qpos ? qpos - bi * B : B - 1;
+            float *sb = sc + (bi * B + t0 - first); /* the scores of tokens t0 .. t1 */
+            cpu_impl->kvq_dot(kd, hb + hk + (size_t)t0 * rk, rk, t1 - t0 + 1, qv, d, sb);
             for (int tt = t0; tt <= t1; tt++) {
-                float v = dot_codes(kd, hb + hk + (size_t)tt * rk, qv, d) *
-                          row_scale(kd, KV_ROLE_K, hb, tt) * p->scale;
+                float v = sb[tt - t0] * row_scale(kd, KV_ROLE_K, hb, tt) * p->scale;
                 if (p->softcap > 0) v = p->softcap * tanhf(v / p->softcap);
-                sc[bi * B + tt - first] = v;
+                sb[tt - t0] = v;
                 if (v > mx) mx = v;
             }
         }
@@ -216,9 +231,8 @@ static void attnq_task(void *arg, int ith, int nth)
             int t0 = bi * B < first ? first - bi * B : 0;
             int t1 = bi * B + B - 1 > qpos ? qpos - bi * B : B - 1;
             for (int tt = t0; tt <= t1; tt++)
-                axpy_codes(vd, acc,
-                           sc[bi * B + tt - first] * inv * row_scale(vd, KV_ROLE_V, hb, tt),
-                           hb + hv + (size_t)tt * rv, d);
+                wt[tt - t0] = sc[bi * B + tt - first] * inv * row_scale(vd, KV_ROLE_V, hb, tt);
+            cpu_impl->kvq_axpy(vd, acc, wt, hb + hv + (size_t)t0 * rv, rv, t1 - t0 + 1, d);
         }
         if (kv_dtype_rotated(vd)) kv_tq_unrotate(acc, d);
         memcpy(j->out + ((size_t)t * p->n_heads + h) * d, acc, sizeof(float) * (size_t)d);
