@@ -9,6 +9,9 @@
  *   tq    codes index the codebook held in a register (vpermps: 8 entries a register;
  *         tq4 picks one of two registers by the code's top bit).
  *
+ * Each call takes the query heads of a GQA group that share the rows (4, then 2, then 1
+ * at a time, each head in its own registers): a row is decoded once for all of them.
+ *
  * kvq_axpy runs the portable sequence per value (acc + w * x, a multiply then an add,
  * rows in order), so it gives bitwise the portable sums. kvq_dot sums 16 lanes and then
  * the lanes (avx2.h's hsum), so it agrees with the portable ordered sum to rounding:
@@ -140,21 +143,26 @@ ALWAYS_INLINE void dec16(const int dt, const struct kvq_dec *k, const uint8_t *r
     }
 }
 
-ALWAYS_INLINE void dots(const int dt, const uint8_t *rows, size_t rb, int n, const float *q, int d,
-                        float *s)
+/* NQ query heads (1, 2 or 4) against n rows: each 16 values decoded once for all of them;
+ * head j's lanes are summed as with NQ = 1. */
+ALWAYS_INLINE void dots(const int dt, const int NQ, const uint8_t *rows, size_t rb, int n, int d,
+                        const float *q, size_t ldq, float *s, size_t lds)
 {
     struct kvq_dec k = dec_init(dt);
     float post = dt == KV_DTYPE_FP8 ? 256.0f : 1.0f;
     for (int i = 0; i < n; i++) {
         const uint8_t *row = rows + (size_t)i * rb;
-        __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+        __m256 a0[4], a1[4];
+        for (int j = 0; j < NQ; j++) a0[j] = a1[j] = _mm256_setzero_ps();
         for (int c = 0; c < d; c += 16) {
             __m256 lo, hi;
             dec16(dt, &k, row, c, &lo, &hi);
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), lo, a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + c + 8), hi, a1);
+            for (int j = 0; j < NQ; j++) {
+                a0[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * ldq + c), lo, a0[j]);
+                a1[j] = _mm256_fmadd_ps(_mm256_loadu_ps(q + j * ldq + c + 8), hi, a1[j]);
+            }
         }
-        s[i] = hsum(_mm256_add_ps(a0, a1)) * post;
+        for (int j = 0; j < NQ; j++) s[j * lds + i] = hsum(_mm256_add_ps(a0[j], a1[j])) * post;
     }
 }
 
@@ -164,87 +172,90 @@ ALWAYS_INLINE __m256 madd(__m256 acc, __m256 w, __m256 x)
     return _mm256_add_ps(acc, _mm256_mul_ps(w, x));
 }
 
-/* 32 columns at a time held in registers over all n rows (16 for a last half chunk). */
-ALWAYS_INLINE void axpys(const int dt, float *acc, const float *w, const uint8_t *rows, size_t rb,
-                         int n, int d)
+/* 16 columns of NQ heads' sums held in registers over all n rows. */
+ALWAYS_INLINE void axpys(const int dt, const int NQ, const uint8_t *rows, size_t rb, int n, int d,
+                         float *acc, size_t lda, const float *w, size_t ldw)
 {
     struct kvq_dec k = dec_init(dt);
     float post = dt == KV_DTYPE_FP8 ? 256.0f : 1.0f;
-    for (int c = 0; c < d; c += 32) {
-        if (c + 32 <= d) {
-            __m256 a0 = _mm256_loadu_ps(acc + c), a1 = _mm256_loadu_ps(acc + c + 8);
-            __m256 a2 = _mm256_loadu_ps(acc + c + 16), a3 = _mm256_loadu_ps(acc + c + 24);
-            for (int i = 0; i < n; i++) {
-                const uint8_t *row = rows + (size_t)i * rb;
-                __m256 wv = _mm256_set1_ps(w[i] * post), x0, x1, x2, x3;
-                dec16(dt, &k, row, c, &x0, &x1);
-                dec16(dt, &k, row, c + 16, &x2, &x3);
-                a0 = madd(a0, wv, x0);
-                a1 = madd(a1, wv, x1);
-                a2 = madd(a2, wv, x2);
-                a3 = madd(a3, wv, x3);
+    for (int c = 0; c < d; c += 16) {
+        __m256 a0[4], a1[4];
+        for (int j = 0; j < NQ; j++) {
+            a0[j] = _mm256_loadu_ps(acc + j * lda + c);
+            a1[j] = _mm256_loadu_ps(acc + j * lda + c + 8);
+        }
+        for (int i = 0; i < n; i++) {
+            __m256 x0, x1;
+            dec16(dt, &k, rows + (size_t)i * rb, c, &x0, &x1);
+            for (int j = 0; j < NQ; j++) {
+                __m256 wv = _mm256_set1_ps(w[j * ldw + i] * post);
+                a0[j] = madd(a0[j], wv, x0);
+                a1[j] = madd(a1[j], wv, x1);
             }
-            _mm256_storeu_ps(acc + c, a0);
-            _mm256_storeu_ps(acc + c + 8, a1);
-            _mm256_storeu_ps(acc + c + 16, a2);
-            _mm256_storeu_ps(acc + c + 24, a3);
-        } else {
-            __m256 a0 = _mm256_loadu_ps(acc + c), a1 = _mm256_loadu_ps(acc + c + 8);
-            for (int i = 0; i < n; i++) {
-                __m256 wv = _mm256_set1_ps(w[i] * post), x0, x1;
-                dec16(dt, &k, rows + (size_t)i * rb, c, &x0, &x1);
-                a0 = madd(a0, wv, x0);
-                a1 = madd(a1, wv, x1);
-            }
-            _mm256_storeu_ps(acc + c, a0);
-            _mm256_storeu_ps(acc + c + 8, a1);
+        }
+        for (int j = 0; j < NQ; j++) {
+            _mm256_storeu_ps(acc + j * lda + c, a0[j]);
+            _mm256_storeu_ps(acc + j * lda + c + 8, a1[j]);
         }
     }
 }
 
-/* One instance of each loop per format, the format a constant inside. */
-#define KVQ_CASES(F, ...)                                                                          \
+/* One instance of each loop per format and head count, both constants inside; heads go
+ * 4, then 2, then 1 at a time, the per-head pointers a and b stepping by la and lb. */
+#define KVQ_NQ(F, DT, a, la, b, lb)                                                                \
+    do {                                                                                           \
+        for (; nq >= 4; nq -= 4, a += 4 * la, b += 4 * lb) F(DT, 4, rows, rb, n, d, a, la, b, lb); \
+        if (nq >= 2) {                                                                             \
+            F(DT, 2, rows, rb, n, d, a, la, b, lb);                                                \
+            nq -= 2, a += 2 * la, b += 2 * lb;                                                     \
+        }                                                                                          \
+        if (nq) F(DT, 1, rows, rb, n, d, a, la, b, lb);                                            \
+    } while (0)
+
+#define KVQ_CASES(F, a, la, b, lb)                                                                 \
     switch (dt) {                                                                                  \
     case KV_DTYPE_F32:                                                                             \
-        F(KV_DTYPE_F32, __VA_ARGS__);                                                              \
+        KVQ_NQ(F, KV_DTYPE_F32, a, la, b, lb);                                                     \
         return;                                                                                    \
     case KV_DTYPE_BF16:                                                                            \
-        F(KV_DTYPE_BF16, __VA_ARGS__);                                                             \
+        KVQ_NQ(F, KV_DTYPE_BF16, a, la, b, lb);                                                    \
         return;                                                                                    \
     case KV_DTYPE_FP8:                                                                             \
-        F(KV_DTYPE_FP8, __VA_ARGS__);                                                              \
+        KVQ_NQ(F, KV_DTYPE_FP8, a, la, b, lb);                                                     \
         return;                                                                                    \
     case KV_DTYPE_INT8:                                                                            \
-        F(KV_DTYPE_INT8, __VA_ARGS__);                                                             \
+        KVQ_NQ(F, KV_DTYPE_INT8, a, la, b, lb);                                                    \
         return;                                                                                    \
     case KV_DTYPE_INT4:                                                                            \
-        F(KV_DTYPE_INT4, __VA_ARGS__);                                                             \
+        KVQ_NQ(F, KV_DTYPE_INT4, a, la, b, lb);                                                    \
         return;                                                                                    \
     case KV_DTYPE_TQ4:                                                                             \
-        F(KV_DTYPE_TQ4, __VA_ARGS__);                                                              \
+        KVQ_NQ(F, KV_DTYPE_TQ4, a, la, b, lb);                                                     \
         return;                                                                                    \
     case KV_DTYPE_TQ3:                                                                             \
-        F(KV_DTYPE_TQ3, __VA_ARGS__);                                                              \
+        KVQ_NQ(F, KV_DTYPE_TQ3, a, la, b, lb);                                                     \
         return;                                                                                    \
     default:                                                                                       \
-        F(KV_DTYPE_TQ2, __VA_ARGS__);                                                              \
+        KVQ_NQ(F, KV_DTYPE_TQ2, a, la, b, lb);                                                     \
         return;                                                                                    \
     }
 
-void kvq_dot_avx2(int dt, const uint8_t *rows, size_t rb, int n, const float *q, int d, float *s)
+void kvq_dot_avx2(int dt, const uint8_t *rows, size_t rb, int n, int d, const float *q, size_t ldq,
+                  int nq, float *s, size_t lds)
 {
     if (d % 16) {
-        kvq_dot_portable(dt, rows, rb, n, q, d, s);
+        kvq_dot_portable(dt, rows, rb, n, d, q, ldq, nq, s, lds);
         return;
     }
-    KVQ_CASES(dots, rows, rb, n, q, d, s)
+    KVQ_CASES(dots, q, ldq, s, lds)
 }
 
-void kvq_axpy_avx2(int dt, float *acc, const float *w, const uint8_t *rows, size_t rb, int n, int d)
+void kvq_axpy_avx2(int dt, const uint8_t *rows, size_t rb, int n, int d, float *acc, size_t lda,
+                   int nq, const float *w, size_t ldw)
 {
     if (d % 16) {
-        kvq_axpy_portable(dt, acc, w, rows, rb, n, d);
+        kvq_axpy_portable(dt, rows, rb, n, d, acc, lda, nq, w, ldw);
         return;
     }
-    KVQ_CASES(axpys, acc, w, rows, rb, n, d)
+    KVQ_CASES(axpys, acc, lda, w, ldw)
 }

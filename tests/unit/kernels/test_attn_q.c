@@ -81,7 +81,7 @@ static void test_rows(void)
                     memset(onehot, 0, sizeof onehot);
                     onehot[c] = 1.0f;
                     float s[B];
-                    kvq_dot_portable(dt, rows, rb, B, onehot, d, s);
+                    kvq_dot_portable(dt, rows, rb, B, d, onehot, 0, 1, s, 0);
                     for (int r = 0; r < B; r++) val[r][c] = s[r];
                 }
                 for (int c = 0; c < d; c++) q[c] = gauss();
@@ -90,9 +90,9 @@ static void test_rows(void)
                     int t0 = runs[ri][0], n = runs[ri][1];
                     float s0[B], s1[B], a0[DMAX], a1[DMAX], init[DMAX];
                     for (int c = 0; c < d; c++) init[c] = gauss();
-                    kvq_dot_portable(dt, rows + t0 * rb, rb, n, q, d, s0);
+                    kvq_dot_portable(dt, rows + t0 * rb, rb, n, d, q, 0, 1, s0, 0);
                     memcpy(a0, init, sizeof(float) * d);
-                    kvq_axpy_portable(dt, a0, w, rows + t0 * rb, rb, n, d);
+                    kvq_axpy_portable(dt, rows + t0 * rb, rb, n, d, a0, 0, 1, w, 0);
                     for (int i = 0; i < n; i++) {
                         double exact = 0, mag = 0;
                         for (int c = 0; c < d; c++) {
@@ -103,7 +103,7 @@ static void test_rows(void)
                               kv_dtype_name(dt), d, t0 + i);
                     }
                     for (int ti = 1; ti < nt; ti++) {
-                        t[ti]->kvq_dot(dt, rows + t0 * rb, rb, n, q, d, s1);
+                        t[ti]->kvq_dot(dt, rows + t0 * rb, rb, n, d, q, 0, 1, s1, 0);
                         for (int i = 0; i < n; i++) {
                             double mag = 0;
                             for (int c = 0; c < d; c++) mag += fabs((double)q[c] * val[t0 + i][c]);
@@ -112,13 +112,53 @@ static void test_rows(void)
                                   kv_dtype_name(dt), role, d, t0 + i, s1[i], s0[i]);
                         }
                         memcpy(a1, init, sizeof(float) * d);
-                        t[ti]->kvq_axpy(dt, a1, w, rows + t0 * rb, rb, n, d);
+                        t[ti]->kvq_axpy(dt, rows + t0 * rb, rb, n, d, a1, 0, 1, w, 0);
                         CHECK(!memcmp(a0, a1, sizeof(float) * d),
                               "table %d %s role %d d %d rows %d+%d: value sums differ", ti,
                               kv_dtype_name(dt), role, d, t0, n);
                     }
                 }
             }
+}
+
+/* Seven query heads in one call (4 + 2 + 1 at a time) give each head's bits of a call of
+ * one head, on every table and format. */
+static void test_heads(void)
+{
+    const struct cpu_impl *t[3];
+    int nt = tables(t);
+    enum { B = 16, D = 64, NQ = 7 };
+    static uint8_t hb[B * D * 4 + 2 * D + 16];
+    static float q[NQ][D], w[NQ][B], s1[NQ][B], sn[NQ][B], a1[NQ][D], an[NQ][D];
+    float x[D];
+    for (int f = 0; f < N_FORMATS; f++)
+        for (int role = 0; role < 2; role++) {
+            int dt = formats[f];
+            for (int r = 0; r < B; r++) {
+                for (int c = 0; c < D; c++) x[c] = gauss();
+                kv_store_row(dt, role, hb, r, B, D, x, 0);
+            }
+            const uint8_t *rows = hb + kv_header_bytes(dt, role, B, D) + 2 * kv_row_bytes(dt, D);
+            for (int j = 0; j < NQ; j++) {
+                for (int c = 0; c < D; c++) q[j][c] = a1[j][c] = an[j][c] = gauss();
+                for (int i = 0; i < B; i++) w[j][i] = (float)urand();
+            }
+            for (int ti = 0; ti < nt; ti++) {
+                size_t rb = kv_row_bytes(dt, D);
+                t[ti]->kvq_dot(dt, rows, rb, B - 3, D, &q[0][0], D, NQ, &sn[0][0], B);
+                t[ti]->kvq_axpy(dt, rows, rb, B - 3, D, &an[0][0], D, NQ, &w[0][0], B);
+                for (int j = 0; j < NQ; j++) {
+                    t[ti]->kvq_dot(dt, rows, rb, B - 3, D, q[j], 0, 1, s1[j], 0);
+                    t[ti]->kvq_axpy(dt, rows, rb, B - 3, D, a1[j], 0, 1, w[j], 0);
+                    CHECK(!memcmp(s1[j], sn[j], sizeof(float) * (B - 3)),
+                          "table %d %s: head %d's scores depend on the heads beside it", ti,
+                          kv_dtype_name(dt), j);
+                    CHECK(!memcmp(a1[j], an[j], sizeof a1[j]),
+                          "table %d %s: head %d's value sum depends on the heads beside it", ti,
+                          kv_dtype_name(dt), j);
+                }
+            }
+        }
 }
 
 /* Two sequences over a pool of head blocks of 16: sequence 0 at 37 tokens (a partial last
@@ -195,7 +235,7 @@ static void attend(struct threadpool *tp, const struct pool *p, int n, const int
     cpu_attention_q(tp, out, q, &p->kv, &p->g, &b, ap, tok_seq);
 }
 
-static void test_attention(struct threadpool *tp)
+static void test_attention(struct threadpool *tp, struct threadpool *wide)
 {
     const struct cpu_impl *t[3], *saved = cpu_impl;
     int nt = tables(t);
@@ -207,7 +247,8 @@ static void test_attention(struct threadpool *tp)
     /* four queries: each sequence's last token, a mid-block one, the first token */
     int seq[4] = {0, 1, 0, 1};
     int32_t pos[4] = {36, 20, 17, 0};
-    static float q[4 * NH * HD], ref[4 * NH * HD], out[3][4 * NH * HD], one[NH * HD];
+    static float q[4 * NH * HD], ref[4 * NH * HD], out[4][4 * NH * HD], one[NH * HD];
+    /* out[3]: the 16-thread run */
     for (size_t pi = 0; pi < sizeof pairs / sizeof pairs[0]; pi++)
         for (int win = 0; win <= 10; win += 10) {
             int kd = pairs[pi][0], vd = pairs[pi][1];
@@ -263,11 +304,21 @@ static void test_attention(struct threadpool *tp)
                     CHECK(worst <= 1e-5, "table %d K %s V %s: off the portable table by %g", ti,
                           kv_dtype_name(kd), kv_dtype_name(vd), worst);
                 }
-                /* batch invariance: sequence 0's mid-block token alone gives the same bits */
+                /* batch invariance: sequence 0's mid-block token alone gives the same bits,
+                 * with 2 threads (4 heads an item) and with 16 (1 head an item alone, 2 in
+                 * the batch of 4) */
                 attend(tp, &p, 1, &seq[2], &pos[2], q + 2 * NH * HD, &ap, one);
                 CHECK(!memcmp(one, out[ti] + 2 * NH * HD, sizeof one),
                       "table %d K %s V %s: a sequence alone differs from it in a batch", ti,
                       kv_dtype_name(kd), kv_dtype_name(vd));
+                attend(wide, &p, 1, &seq[2], &pos[2], q + 2 * NH * HD, &ap, one);
+                CHECK(!memcmp(one, out[ti] + 2 * NH * HD, sizeof one),
+                      "table %d K %s V %s: 16 threads alone differ from 2 in a batch", ti,
+                      kv_dtype_name(kd), kv_dtype_name(vd));
+                attend(wide, &p, 4, seq, pos, q, &ap, out[3]);
+                CHECK(!memcmp(out[3], out[ti], sizeof out[3]),
+                      "table %d K %s V %s: 16 threads differ from 2", ti, kv_dtype_name(kd),
+                      kv_dtype_name(vd));
             }
             cpu_impl = saved;
             pool_free(&p);
@@ -277,9 +328,11 @@ static void test_attention(struct threadpool *tp)
 int main(void)
 {
     cpu_kernels_init();
-    struct threadpool *tp = tp_create(2);
+    struct threadpool *tp = tp_create(2), *wide = tp_create(16);
     test_rows();
-    test_attention(tp);
+    test_heads();
+    test_attention(tp, wide);
+    tp_destroy(wide);
     tp_destroy(tp);
     TEST_DONE();
 }
