@@ -6,6 +6,7 @@
 #include "common/scratch.h"
 #include "common/util.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/impl.h"
 #include "paged_kv/kv_quant.h"
 
 void cpu_kv_store_q(const struct kv_layer *kv, const struct kv_geom *g, const float *k,
@@ -37,7 +38,8 @@ static float dot_codes(int dt, const uint8_t *row, const float *qp, int d)
     float s = 0;
     switch (dt) {
     case KV_DTYPE_F32:
-        return cpu_dot(qp, (const float *)row, d);
+        for (int c = 0; c < d; c++) s += qp[c] * ((const float *)row)[c];
+        return s;
     case KV_DTYPE_BF16:
         for (int c = 0; c < d; c++) s += qp[c] * bf16_to_f32(((const uint16_t *)row)[c]);
         return s;
@@ -86,7 +88,7 @@ static void axpy_codes(int dt, float *acc, float w, const uint8_t *row, int d)
 {
     switch (dt) {
     case KV_DTYPE_F32:
-        cpu_axpy(acc, w, (const float *)row, d);
+        for (int c = 0; c < d; c++) acc[c] += w * ((const float *)row)[c];
         return;
     case KV_DTYPE_BF16:
         for (int c = 0; c < d; c++) acc[c] += w * bf16_to_f32(((const uint16_t *)row)[c]);
@@ -135,6 +137,22 @@ static void axpy_codes(int dt, float *acc, float w, const uint8_t *row, int d)
     }
 }
 
+void kvq_dot_portable(int dt, const uint8_t *rows, size_t rb, int n, int d, const float *q,
+                      size_t ldq, int nq, float *s, size_t lds)
+{
+    for (int j = 0; j < nq; j++)
+        for (int i = 0; i < n; i++)
+            s[j * lds + i] = dot_codes(dt, rows + (size_t)i * rb, q + j * ldq, d);
+}
+
+void kvq_axpy_portable(int dt, const uint8_t *rows, size_t rb, int n, int d, float *acc, size_t lda,
+                       int nq, const float *w, size_t ldw)
+{
+    for (int j = 0; j < nq; j++)
+        for (int i = 0; i < n; i++)
+            axpy_codes(dt, acc + j * lda, w[j * ldw + i], rows + (size_t)i * rb, d);
+}
+
 /* The factor of token t's row: its bf16 scale or gain; 1 for plain values and for int
  * keys (whose per-channel scales go into the query). */
 static float row_scale(int dt, int role, const uint8_t *hb, int t)
@@ -145,6 +163,9 @@ static float row_scale(int dt, int role, const uint8_t *hb, int t)
     return bf16_to_f32(((const uint16_t *)hb)[t]);
 }
 
+/* The most query heads one work item takes (the per-head maxima and sums sit on the stack). */
+#define ATTNQ_HEADS_MAX 8
+
 struct attnq_job {
     float *out;
     const float *q;
@@ -153,11 +174,15 @@ struct attnq_job {
     const struct fwd_batch *b;
     const struct attn_params *p;
     const int32_t *tok_seq;
+    int hpi; /* query heads per work item: a divisor of the GQA group */
 };
 
-/* One (token, head) pair per work item, as the float32 kernel: scores block by block with
- * the query prepared once per block, softmax, the value sum in the values' basis. Cost
- * O(context * head_dim) per item plus O(head_dim) per block. */
+/* One work item per (token, hpi query heads of one KV head): scores block by block, each
+ * block's key rows decoded once for the hpi heads (the query prepared once per block and
+ * head), softmax per head, the value sums the same way in the values' basis. Cost
+ * O(context * head_dim * hpi) per item plus O(head_dim * hpi) per block. Every head's
+ * operations are the same whatever hpi is (impl.h kvq_dot / kvq_axpy), so how heads are
+ * grouped never changes a result. */
 static void attnq_task(void *arg, int ith, int nth)
 {
     struct attnq_job *j = arg;
@@ -165,63 +190,83 @@ static void attnq_task(void *arg, int ith, int nth)
     const struct kv_geom *g = j->g;
     const struct fwd_batch *b = j->b;
     int d = p->head_dim, B = g->block_size, H = g->n_kv_heads, group = p->n_heads / H;
-    int kd = g->k_dtype, vd = g->v_dtype;
+    int kd = g->k_dtype, vd = g->v_dtype, hpi = j->hpi, per_kv = group / hpi;
     size_t hbk = kv_head_block_bytes(kd, KV_ROLE_K, B, d);
     size_t hbv = kv_head_block_bytes(vd, KV_ROLE_V, B, d);
     size_t hk = kv_header_bytes(kd, KV_ROLE_K, B, d), hv = kv_header_bytes(vd, KV_ROLE_V, B, d);
     size_t rk = kv_row_bytes(kd, d), rv = kv_row_bytes(vd, d);
     const uint8_t *kbase = (const uint8_t *)j->kv->k, *vbase = (const uint8_t *)j->kv->v;
-    long total = (long)b->n_tokens * p->n_heads, lo, hi;
+    long total = (long)b->n_tokens * H * per_kv, lo, hi;
     tp_range(total, ith, nth, 1, &lo, &hi);
     for (long item = lo; item < hi; item++) {
-        int t = (int)(item / p->n_heads), h = (int)(item % p->n_heads), kvh = h / group;
+        int t = (int)(item / (H * per_kv)), r = (int)(item % (H * per_kv));
+        int kvh = r / per_kv, h0 = kvh * group + r % per_kv * hpi;
         int s = j->tok_seq[t], qpos = b->pos[t], first = 0;
         if (p->window > 0 && qpos - p->window + 1 > 0) first = qpos - p->window + 1;
         int nkeys = qpos + 1 - first;
-        /* scores [nkeys], then the query (rotated for tq keys), its per-block form, and the
-         * value sum */
-        float *sc = scratch_get(SCRATCH_ATTN, (size_t)nkeys + 3 * (size_t)d);
-        float *qr = sc + nkeys, *qp = qr + d, *acc = qp + d;
-        memcpy(qr, j->q + ((size_t)t * p->n_heads + h) * d, sizeof(float) * (size_t)d);
-        if (kv_dtype_rotated(kd)) kv_tq_rotate(qr, d);
+        /* per head: scores [nkeys], the query (rotated for tq keys), its per-block form, the
+         * value sum, and one block's value weights [B] */
+        size_t per = (size_t)nkeys + 3 * (size_t)d + (size_t)B;
+        float *sc = scratch_get(SCRATCH_ATTN, per * (size_t)hpi);
+        float *qr = sc + (size_t)hpi * nkeys, *qp = qr + (size_t)hpi * d;
+        float *acc = qp + (size_t)hpi * d, *wt = acc + (size_t)hpi * d;
+        float mx[ATTNQ_HEADS_MAX], inv[ATTNQ_HEADS_MAX];
+        for (int e = 0; e < hpi; e++) {
+            memcpy(qr + (size_t)e * d, j->q + ((size_t)t * p->n_heads + h0 + e) * d,
+                   sizeof(float) * (size_t)d);
+            if (kv_dtype_rotated(kd)) kv_tq_rotate(qr + (size_t)e * d, d);
+            mx[e] = -INFINITY;
+        }
         const int32_t *bt = b->block_table + (size_t)s * b->max_blocks;
-        float mx = -INFINITY;
         for (int bi = first / B; bi <= qpos / B; bi++) {
             const uint8_t *hb = kbase + ((size_t)bt[bi] * H + kvh) * hbk;
             const float *qv = qr;
             if (kd == KV_DTYPE_INT8 || kd == KV_DTYPE_INT4) { /* the channel scales */
                 const uint16_t *cs = (const uint16_t *)hb;
-                for (int c = 0; c < d; c++) qp[c] = qr[c] * bf16_to_f32(cs[c]);
+                for (int e = 0; e < hpi; e++)
+                    for (int c = 0; c < d; c++)
+                        qp[(size_t)e * d + c] = qr[(size_t)e * d + c] * bf16_to_f32(cs[c]);
                 qv = qp;
             }
             int t0 = bi * B < first ? first - bi * B : 0;
             int t1 = bi * B + B - 1 > qpos ? qpos - bi * B : B - 1;
-            for (int tt = t0; tt <= t1; tt++) {
-                float v = dot_codes(kd, hb + hk + (size_t)tt * rk, qv, d) *
-                          row_scale(kd, KV_ROLE_K, hb, tt) * p->scale;
-                if (p->softcap > 0) v = p->softcap * tanhf(v / p->softcap);
-                sc[bi * B + tt - first] = v;
-                if (v > mx) mx = v;
+            float *sb = sc + (bi * B + t0 - first); /* head e's scores of tokens t0 .. t1 */
+            cpu_impl->kvq_dot(kd, hb + hk + (size_t)t0 * rk, rk, t1 - t0 + 1, d, qv, (size_t)d, hpi,
+                              sb, (size_t)nkeys);
+            for (int e = 0; e < hpi; e++)
+                for (int tt = t0; tt <= t1; tt++) {
+                    float v = sb[(size_t)e * nkeys + tt - t0] * row_scale(kd, KV_ROLE_K, hb, tt) *
+                              p->scale;
+                    if (p->softcap > 0) v = p->softcap * tanhf(v / p->softcap);
+                    sb[(size_t)e * nkeys + tt - t0] = v;
+                    if (v > mx[e]) mx[e] = v;
+                }
+        }
+        for (int e = 0; e < hpi; e++) {
+            float sum = 0, *se = sc + (size_t)e * nkeys;
+            for (int i = 0; i < nkeys; i++) {
+                se[i] = expf(se[i] - mx[e]);
+                sum += se[i];
             }
+            inv[e] = 1.0f / sum;
         }
-        float sum = 0;
-        for (int i = 0; i < nkeys; i++) {
-            sc[i] = expf(sc[i] - mx);
-            sum += sc[i];
-        }
-        float inv = 1.0f / sum;
-        memset(acc, 0, sizeof(float) * (size_t)d);
+        memset(acc, 0, sizeof(float) * (size_t)d * hpi);
         for (int bi = first / B; bi <= qpos / B; bi++) {
             const uint8_t *hb = vbase + ((size_t)bt[bi] * H + kvh) * hbv;
             int t0 = bi * B < first ? first - bi * B : 0;
             int t1 = bi * B + B - 1 > qpos ? qpos - bi * B : B - 1;
-            for (int tt = t0; tt <= t1; tt++)
-                axpy_codes(vd, acc,
-                           sc[bi * B + tt - first] * inv * row_scale(vd, KV_ROLE_V, hb, tt),
-                           hb + hv + (size_t)tt * rv, d);
+            for (int e = 0; e < hpi; e++)
+                for (int tt = t0; tt <= t1; tt++)
+                    wt[(size_t)e * B + tt - t0] = sc[(size_t)e * nkeys + bi * B + tt - first] *
+                                                  inv[e] * row_scale(vd, KV_ROLE_V, hb, tt);
+            cpu_impl->kvq_axpy(vd, hb + hv + (size_t)t0 * rv, rv, t1 - t0 + 1, d, acc, (size_t)d,
+                               hpi, wt, (size_t)B);
         }
-        if (kv_dtype_rotated(vd)) kv_tq_unrotate(acc, d);
-        memcpy(j->out + ((size_t)t * p->n_heads + h) * d, acc, sizeof(float) * (size_t)d);
+        for (int e = 0; e < hpi; e++) {
+            if (kv_dtype_rotated(vd)) kv_tq_unrotate(acc + (size_t)e * d, d);
+            memcpy(j->out + ((size_t)t * p->n_heads + h0 + e) * d, acc + (size_t)e * d,
+                   sizeof(float) * (size_t)d);
+        }
     }
 }
 
@@ -229,6 +274,14 @@ void cpu_attention_q(struct threadpool *tp, float *out, const float *q, const st
                      const struct kv_geom *g, const struct fwd_batch *b,
                      const struct attn_params *p, const int32_t *tok_seq)
 {
-    struct attnq_job j = {out, q, kv, g, b, p, tok_seq};
+    /* The most heads of a GQA group per item that still leave an item for every thread:
+     * fewer decodes of each block, as much parallel work as the pool can take. */
+    int group = p->n_heads / g->n_kv_heads, hpi = 1, nth = tp_size(tp);
+    for (int c = group < ATTNQ_HEADS_MAX ? group : ATTNQ_HEADS_MAX; c > 1; c--)
+        if (group % c == 0 && (long)b->n_tokens * g->n_kv_heads * (group / c) >= nth) {
+            hpi = c;
+            break;
+        }
+    struct attnq_job j = {out, q, kv, g, b, p, tok_seq, hpi};
     tp_run(tp, attnq_task, &j);
 }

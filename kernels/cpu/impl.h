@@ -49,6 +49,21 @@ struct cpu_impl {
      * is exact, so every table gives bitwise the same y. */
     void (*ternary)(const struct qweight *w, int64_t r0, int64_t r1, const int8_t *q, size_t stride,
                     const int32_t *qsum, const float *qdiv, int m, float *y, int64_t ldy);
+    /* Quantized KV attention (attn_q.c) over n token rows of one head block, row i at
+     * rows + i * rb, in format dt (paged_kv/kv_quant.h) with head_dim d, for nq query heads
+     * that share the block (GQA): each row is decoded once, in registers, for all of them;
+     * the rows' own scales are left to the caller. Head j's results do not depend on nq
+     * (the same operations in the same order), so callers may group heads as they like.
+     * kvq_dot: s[j * lds + i] = q_j . (the values of row i), q_j at q + j * ldq; fp8 as
+     * e4m3 values, int as codes, tq as codebook entries. The tables agree to rounding
+     * (|difference| <= d 2^-23 sum_c |q_c x_c|): the SIMD ones sum in lanes.
+     * kvq_axpy: acc_j[c] += w[j * ldw + i] * (value c of row i) for i in order, acc_j at
+     * acc + j * lda, each a rounded multiply then a rounded add: every table gives bitwise
+     * the same sums. */
+    void (*kvq_dot)(int dt, const uint8_t *rows, size_t rb, int n, int d, const float *q,
+                    size_t ldq, int nq, float *s, size_t lds);
+    void (*kvq_axpy)(int dt, const uint8_t *rows, size_t rb, int n, int d, float *acc, size_t lda,
+                     int nq, const float *w, size_t ldw);
 };
 
 /* The causal depthwise convolution of one token over n channels (decode): x[c] becomes
@@ -74,6 +89,16 @@ void ternary_matmul_portable(const struct qweight *w, int64_t r0, int64_t r1, co
 void ternary_matmul_avx2(const struct qweight *w, int64_t r0, int64_t r1, const int8_t *q,
                          size_t stride, const int32_t *qsum, const float *qdiv, int m, float *y,
                          int64_t ldy);
+
+void kvq_dot_portable(int dt, const uint8_t *rows, size_t rb, int n, int d, const float *q,
+                      size_t ldq, int nq, float *s, size_t lds);
+void kvq_axpy_portable(int dt, const uint8_t *rows, size_t rb, int n, int d, float *acc, size_t lda,
+                       int nq, const float *w, size_t ldw);
+/* The AVX2 versions (attn_q_avx2.c; only built and called on x86-64) */
+void kvq_dot_avx2(int dt, const uint8_t *rows, size_t rb, int n, int d, const float *q, size_t ldq,
+                  int nq, float *s, size_t lds);
+void kvq_axpy_avx2(int dt, const uint8_t *rows, size_t rb, int n, int d, float *acc, size_t lda,
+                   int nq, const float *w, size_t ldw);
 
 extern const struct cpu_impl cpu_impl_portable;
 #if defined(PAGODA_X86)

@@ -239,6 +239,8 @@ const struct cpu_impl cpu_impl_portable = {
     .conv_token = conv_token_portable,
     .gemm = gemm_portable,
     .ternary = ternary_matmul_portable,
+    .kvq_dot = kvq_dot_portable,
+    .kvq_axpy = kvq_axpy_portable,
 };
 
 /* ---- the threaded driver ---- */

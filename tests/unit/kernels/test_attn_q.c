@@ -1,0 +1,338 @@
+/*
+ * Quantized KV attention on every instruction set: the row kernels (impl.h kvq_dot,
+ * kvq_axpy) of each table against the portable ones for every format, on partial runs of
+ * a block and head sizes that are and are not multiples of 16; then cpu_attention_q whole
+ * (GQA, partial blocks, a sliding window) against a double-precision reference built from
+ * kv_load_row, each table against the portable one, and a sequence's output alone against
+ * the same sequence in a batch.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "common/threadpool.h"
+#include "common/util.h"
+#include "kernels/cpu/cpu.h"
+#include "kernels/cpu/impl.h"
+#include "model/backend.h"
+#include "paged_kv/kv_quant.h"
+#include "test_util.h"
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static double urand(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (double)(rng >> 11) / 9007199254740992.0;
+}
+
+static float gauss(void)
+{
+    double u = urand() + 1e-12, v = urand();
+    return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
+}
+
+static const int formats[] = {KV_DTYPE_F32,  KV_DTYPE_BF16, KV_DTYPE_FP8, KV_DTYPE_INT8,
+                              KV_DTYPE_INT4, KV_DTYPE_TQ4,  KV_DTYPE_TQ3, KV_DTYPE_TQ2};
+#define N_FORMATS (int)(sizeof formats / sizeof formats[0])
+
+/* The tables this build and CPU can run, portable first. */
+static int tables(const struct cpu_impl **t)
+{
+    int n = 0;
+    t[n++] = &cpu_impl_portable;
+#if defined(PAGODA_X86)
+    if (cpu_isa_available(CPU_ISA_AVX2)) t[n++] = &cpu_impl_avx2;
+#endif
+#if defined(PAGODA_AVX512)
+    if (cpu_isa_available(CPU_ISA_AVX512)) t[n++] = &cpu_impl_avx512;
+#endif
+    return n;
+}
+
+/* Rows [t0, t0 + n) of a block of 16 written with gaussian rows (some of them scaled up so
+ * int keys grow their scales): kvq_dot within d 2^-23 sum |q_c x_c| of the portable one,
+ * kvq_axpy bitwise the portable one. */
+static void test_rows(void)
+{
+    const struct cpu_impl *t[3];
+    int nt = tables(t);
+    int dims[] = {16, 64, 80, 128, 72, 40}; /* 72 and 40: not multiples of 16 */
+    int runs[][2] = {{0, 16}, {3, 9}, {15, 1}, {0, 5}};
+    enum { B = 16, DMAX = 128 };
+    static uint8_t hb[B * DMAX * 4 + 2 * DMAX + 16];
+    float x[DMAX], q[DMAX], onehot[DMAX], val[B][DMAX], w[B];
+    for (int f = 0; f < N_FORMATS; f++)
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+            for (int role = 0; role < 2; role++) {
+                int dt = formats[f], d = dims[di];
+                if (kv_dtype_check(dt, d, B, &(struct err){0})) continue;
+                memset(hb, 0, sizeof hb);
+                for (int r = 0; r < B; r++) {
+                    float amp = r % 5 == 3 ? 8.0f : 1.0f;
+                    for (int c = 0; c < d; c++) x[c] = gauss() * amp;
+                    kv_store_row(dt, role, hb, r, B, d, x, 0);
+                }
+                size_t hdr = kv_header_bytes(dt, role, B, d), rb = kv_row_bytes(dt, d);
+                const uint8_t *rows = hb + hdr;
+                /* each value as the portable kernel reads it: q one-hot, an exact product */
+                for (int c = 0; c < d; c++) {
+                    memset(onehot, 0, sizeof onehot);
+                    onehot[c] = 1.0f;
+                    float s[B];
+                    kvq_dot_portable(dt, rows, rb, B, d, onehot, 0, 1, s, 0);
+                    for (int r = 0; r < B; r++) val[r][c] = s[r];
+                }
+                for (int c = 0; c < d; c++) q[c] = gauss();
+                for (int r = 0; r < B; r++) w[r] = (float)urand();
+                for (size_t ri = 0; ri < sizeof runs / sizeof runs[0]; ri++) {
+                    int t0 = runs[ri][0], n = runs[ri][1];
+                    float s0[B], s1[B], a0[DMAX], a1[DMAX], init[DMAX];
+                    for (int c = 0; c < d; c++) init[c] = gauss();
+                    kvq_dot_portable(dt, rows + t0 * rb, rb, n, d, q, 0, 1, s0, 0);
+                    memcpy(a0, init, sizeof(float) * d);
+                    kvq_axpy_portable(dt, rows + t0 * rb, rb, n, d, a0, 0, 1, w, 0);
+                    for (int i = 0; i < n; i++) {
+                        double exact = 0, mag = 0;
+                        for (int c = 0; c < d; c++) {
+                            exact += (double)q[c] * val[t0 + i][c];
+                            mag += fabs((double)q[c] * val[t0 + i][c]);
+                        }
+                        CHECK(fabs(s0[i] - exact) <= d * 0x1p-24 * mag, "%s d %d row %d",
+                              kv_dtype_name(dt), d, t0 + i);
+                    }
+                    for (int ti = 1; ti < nt; ti++) {
+                        t[ti]->kvq_dot(dt, rows + t0 * rb, rb, n, d, q, 0, 1, s1, 0);
+                        for (int i = 0; i < n; i++) {
+                            double mag = 0;
+                            for (int c = 0; c < d; c++) mag += fabs((double)q[c] * val[t0 + i][c]);
+                            CHECK(fabs((double)s1[i] - s0[i]) <= d * 0x1p-23 * mag,
+                                  "table %d %s role %d d %d row %d: %.9g vs %.9g", ti,
+                                  kv_dtype_name(dt), role, d, t0 + i, s1[i], s0[i]);
+                        }
+                        memcpy(a1, init, sizeof(float) * d);
+                        t[ti]->kvq_axpy(dt, rows + t0 * rb, rb, n, d, a1, 0, 1, w, 0);
+                        CHECK(!memcmp(a0, a1, sizeof(float) * d),
+                              "table %d %s role %d d %d rows %d+%d: value sums differ", ti,
+                              kv_dtype_name(dt), role, d, t0, n);
+                    }
+                }
+            }
+}
+
+/* Seven query heads in one call (4 + 2 + 1 at a time) give each head's bits of a call of
+ * one head, on every table and format. */
+static void test_heads(void)
+{
+    const struct cpu_impl *t[3];
+    int nt = tables(t);
+    enum { B = 16, D = 64, NQ = 7 };
+    static uint8_t hb[B * D * 4 + 2 * D + 16];
+    static float q[NQ][D], w[NQ][B], s1[NQ][B], sn[NQ][B], a1[NQ][D], an[NQ][D];
+    float x[D];
+    for (int f = 0; f < N_FORMATS; f++)
+        for (int role = 0; role < 2; role++) {
+            int dt = formats[f];
+            for (int r = 0; r < B; r++) {
+                for (int c = 0; c < D; c++) x[c] = gauss();
+                kv_store_row(dt, role, hb, r, B, D, x, 0);
+            }
+            const uint8_t *rows = hb + kv_header_bytes(dt, role, B, D) + 2 * kv_row_bytes(dt, D);
+            for (int j = 0; j < NQ; j++) {
+                for (int c = 0; c < D; c++) q[j][c] = a1[j][c] = an[j][c] = gauss();
+                for (int i = 0; i < B; i++) w[j][i] = (float)urand();
+            }
+            for (int ti = 0; ti < nt; ti++) {
+                size_t rb = kv_row_bytes(dt, D);
+                t[ti]->kvq_dot(dt, rows, rb, B - 3, D, &q[0][0], D, NQ, &sn[0][0], B);
+                t[ti]->kvq_axpy(dt, rows, rb, B - 3, D, &an[0][0], D, NQ, &w[0][0], B);
+                for (int j = 0; j < NQ; j++) {
+                    t[ti]->kvq_dot(dt, rows, rb, B - 3, D, q[j], 0, 1, s1[j], 0);
+                    t[ti]->kvq_axpy(dt, rows, rb, B - 3, D, a1[j], 0, 1, w[j], 0);
+                    CHECK(!memcmp(s1[j], sn[j], sizeof(float) * (B - 3)),
+                          "table %d %s: head %d's scores depend on the heads beside it", ti,
+                          kv_dtype_name(dt), j);
+                    CHECK(!memcmp(a1[j], an[j], sizeof a1[j]),
+                          "table %d %s: head %d's value sum depends on the heads beside it", ti,
+                          kv_dtype_name(dt), j);
+                }
+            }
+        }
+}
+
+/* Two sequences over a pool of head blocks of 16: sequence 0 at 37 tokens (a partial last
+ * block), sequence 1 at 21; 8 query heads on 2 KV heads. */
+enum { HD = 64, NH = 8, NKV = 2, BS = 16, NBLK = 8, MAXB = 4 };
+static const int32_t table_ids[2][MAXB] = {{5, 2, 7, 0}, {1, 6, 3, 4}};
+static const int seq_len[2] = {37, 21};
+
+struct pool {
+    struct kv_layer kv;
+    struct kv_geom g;
+    float *kf, *vf; /* [seq][pos][NKV][HD] the rows as written */
+};
+
+static void pool_fill(struct pool *p, int kd, int vd)
+{
+    p->g = (struct kv_geom){NBLK, BS, NKV, HD, kd, vd, 0, 0};
+    size_t kb = kv_head_block_bytes(kd, KV_ROLE_K, BS, HD) * NBLK * NKV;
+    size_t vb = kv_head_block_bytes(vd, KV_ROLE_V, BS, HD) * NBLK * NKV;
+    p->kv.k = xmalloc(kb);
+    p->kv.v = xmalloc(vb);
+    memset(p->kv.k, 0, kb);
+    memset(p->kv.v, 0, vb);
+    size_t n = 2 * MAXB * BS * NKV * HD;
+    p->kf = xmalloc(n * sizeof(float));
+    p->vf = xmalloc(n * sizeof(float));
+    /* one token at a time, as decode writes them */
+    for (int s = 0; s < 2; s++)
+        for (int pos = 0; pos < seq_len[s]; pos++) {
+            float *k = p->kf + ((size_t)(s * MAXB * BS + pos) * NKV) * HD;
+            float *v = p->vf + ((size_t)(s * MAXB * BS + pos) * NKV) * HD;
+            for (int i = 0; i < NKV * HD; i++) {
+                k[i] = gauss() * (i % 17 == 0 ? 4.0f : 1.0f);
+                v[i] = gauss();
+            }
+            int32_t slot = table_ids[s][pos / BS] * BS + pos % BS, ps = pos;
+            struct fwd_batch b = {.n_tokens = 1, .pos = &ps, .slot = &slot};
+            cpu_kv_store_q(&p->kv, &p->g, k, v, &b);
+        }
+}
+
+static void pool_free(struct pool *p)
+{
+    free(p->kv.k);
+    free(p->kv.v);
+    free(p->kf);
+    free(p->vf);
+}
+
+/* Runs attention for the tokens (seq, pos) given; out [n][NH][HD]. */
+static void attend(struct threadpool *tp, const struct pool *p, int n, const int *seq,
+                   const int32_t *pos, const float *q, const struct attn_params *ap, float *out)
+{
+    int32_t tok_seq[4], qs[3] = {0, 0, 0}, slot[4];
+    int32_t bt[2][MAXB];
+    /* this batch's sequences, in order of first appearance */
+    int map[2] = {-1, -1}, ns = 0;
+    for (int i = 0; i < n; i++) {
+        if (map[seq[i]] < 0) {
+            map[seq[i]] = ns;
+            memcpy(bt[ns], table_ids[seq[i]], sizeof bt[0]);
+            ns++;
+        }
+        tok_seq[i] = map[seq[i]];
+        slot[i] = table_ids[seq[i]][pos[i] / BS] * BS + pos[i] % BS;
+    }
+    struct fwd_batch b = {.n_tokens = n,
+                          .pos = pos,
+                          .slot = slot,
+                          .n_seqs = ns,
+                          .q_start = qs,
+                          .block_table = &bt[0][0],
+                          .max_blocks = MAXB};
+    cpu_attention_q(tp, out, q, &p->kv, &p->g, &b, ap, tok_seq);
+}
+
+static void test_attention(struct threadpool *tp, struct threadpool *wide)
+{
+    const struct cpu_impl *t[3], *saved = cpu_impl;
+    int nt = tables(t);
+    int pairs[][2] = {{KV_DTYPE_FP8, KV_DTYPE_FP8},   {KV_DTYPE_INT8, KV_DTYPE_INT8},
+                      {KV_DTYPE_INT4, KV_DTYPE_INT4}, {KV_DTYPE_TQ4, KV_DTYPE_TQ4},
+                      {KV_DTYPE_TQ3, KV_DTYPE_TQ3},   {KV_DTYPE_TQ2, KV_DTYPE_TQ2},
+                      {KV_DTYPE_BF16, KV_DTYPE_BF16}, {KV_DTYPE_INT8, KV_DTYPE_TQ3},
+                      {KV_DTYPE_TQ4, KV_DTYPE_FP8}};
+    /* four queries: each sequence's last token, a mid-block one, the first token */
+    int seq[4] = {0, 1, 0, 1};
+    int32_t pos[4] = {36, 20, 17, 0};
+    static float q[4 * NH * HD], ref[4 * NH * HD], out[4][4 * NH * HD], one[NH * HD];
+    /* out[3]: the 16-thread run */
+    for (size_t pi = 0; pi < sizeof pairs / sizeof pairs[0]; pi++)
+        for (int win = 0; win <= 10; win += 10) {
+            int kd = pairs[pi][0], vd = pairs[pi][1];
+            struct pool p;
+            pool_fill(&p, kd, vd);
+            for (int i = 0; i < 4 * NH * HD; i++) q[i] = gauss();
+            struct attn_params ap = {NH, NKV, HD, 0.125f, 0, win};
+            /* the reference: decoded rows, double sums */
+            for (int i = 0; i < 4; i++)
+                for (int h = 0; h < NH; h++) {
+                    int kvh = h / (NH / NKV),
+                        first = win && pos[i] + 1 > win ? pos[i] + 1 - win : 0;
+                    double sc[64], mx = -1e300, sum = 0, o[HD] = {0};
+                    for (int kp = first; kp <= pos[i]; kp++) {
+                        float kr[HD];
+                        int blk = table_ids[seq[i]][kp / BS];
+                        kv_load_row(kd, KV_ROLE_K,
+                                    (uint8_t *)p.kv.k +
+                                        (blk * NKV + kvh) * kv_head_block_bytes(kd, 0, BS, HD),
+                                    kp % BS, BS, HD, kr);
+                        double s = 0;
+                        for (int c = 0; c < HD; c++) s += (double)q[(i * NH + h) * HD + c] * kr[c];
+                        sc[kp] = s * ap.scale;
+                        if (sc[kp] > mx) mx = sc[kp];
+                    }
+                    for (int kp = first; kp <= pos[i]; kp++) sum += sc[kp] = exp(sc[kp] - mx);
+                    for (int kp = first; kp <= pos[i]; kp++) {
+                        float vr[HD];
+                        int blk = table_ids[seq[i]][kp / BS];
+                        kv_load_row(vd, KV_ROLE_V,
+                                    (uint8_t *)p.kv.v +
+                                        (blk * NKV + kvh) * kv_head_block_bytes(vd, 1, BS, HD),
+                                    kp % BS, BS, HD, vr);
+                        for (int c = 0; c < HD; c++) o[c] += sc[kp] / sum * vr[c];
+                    }
+                    for (int c = 0; c < HD; c++) ref[(i * NH + h) * HD + c] = (float)o[c];
+                }
+            for (int ti = 0; ti < nt; ti++) {
+                cpu_impl = t[ti];
+                attend(tp, &p, 4, seq, pos, q, &ap, out[ti]);
+                /* against the reference: float sums over at most 37 tokens, the rotation's
+                 * float transform for tq values; values are O(1) */
+                double worst = 0;
+                for (int i = 0; i < 4 * NH * HD; i++)
+                    worst = fmax(worst, fabs((double)out[ti][i] - ref[i]));
+                CHECK(worst <= 2e-5, "table %d K %s V %s window %d: off the reference by %g", ti,
+                      kv_dtype_name(kd), kv_dtype_name(vd), win, worst);
+                /* against the portable table: scores differ by rounding only */
+                if (ti) {
+                    worst = 0;
+                    for (int i = 0; i < 4 * NH * HD; i++)
+                        worst = fmax(worst, fabs((double)out[ti][i] - out[0][i]));
+                    CHECK(worst <= 1e-5, "table %d K %s V %s: off the portable table by %g", ti,
+                          kv_dtype_name(kd), kv_dtype_name(vd), worst);
+                }
+                /* batch invariance: sequence 0's mid-block token alone gives the same bits,
+                 * with 2 threads (4 heads an item) and with 16 (1 head an item alone, 2 in
+                 * the batch of 4) */
+                attend(tp, &p, 1, &seq[2], &pos[2], q + 2 * NH * HD, &ap, one);
+                CHECK(!memcmp(one, out[ti] + 2 * NH * HD, sizeof one),
+                      "table %d K %s V %s: a sequence alone differs from it in a batch", ti,
+                      kv_dtype_name(kd), kv_dtype_name(vd));
+                attend(wide, &p, 1, &seq[2], &pos[2], q + 2 * NH * HD, &ap, one);
+                CHECK(!memcmp(one, out[ti] + 2 * NH * HD, sizeof one),
+                      "table %d K %s V %s: 16 threads alone differ from 2 in a batch", ti,
+                      kv_dtype_name(kd), kv_dtype_name(vd));
+                attend(wide, &p, 4, seq, pos, q, &ap, out[3]);
+                CHECK(!memcmp(out[3], out[ti], sizeof out[3]),
+                      "table %d K %s V %s: 16 threads differ from 2", ti, kv_dtype_name(kd),
+                      kv_dtype_name(vd));
+            }
+            cpu_impl = saved;
+            pool_free(&p);
+        }
+}
+
+int main(void)
+{
+    cpu_kernels_init();
+    struct threadpool *tp = tp_create(2), *wide = tp_create(16);
+    test_rows();
+    test_heads();
+    test_attention(tp, wide);
+    tp_destroy(wide);
+    tp_destroy(tp);
+    TEST_DONE();
+}
