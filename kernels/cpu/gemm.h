@@ -64,9 +64,6 @@ void gemm_q8_avx2_prep(const struct qweight *w, const float *x, int m, uint8_t *
                        int vnni);
 void gemm_q8_avx2_rows(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp,
                        size_t stride, int m, float *y, int64_t ldy, int vnni);
-/* gemm_bf16_avx2.c: bf16 weights against x as is (float32), no preparation. */
-void gemm_bf16_avx2_rows(const struct qweight *w, int64_t r0, int64_t r1, const float *x, int m,
-                         float *y, int64_t ldy);
 #endif
 
 #endif

@@ -146,6 +146,7 @@ void gemm_q8_avx2_rows(const struct qweight *w, int64_t r0, int64_t r1, const ui
 #if defined(PAGODA_AVXVNNI)
     if (vnni) tab = g8_tab_vnni;
 #endif
+    int MR = g8_rows(E, vnni);
     int64_t k = w->k, G = w->group, groups = k / G, kc = GEMM_KC, gmax = kc / G,
             kq = xq_bytes(w, vnni);
     uint8_t *pw = (uint8_t *)scratch_get(SCRATCH_GEMM_B, (size_t)(kc / E * 64 / 4));
@@ -157,8 +158,8 @@ void gemm_q8_avx2_rows(const struct qweight *w, int64_t r0, int64_t r1, const ui
             int64_t len = k - kp < kc ? k - kp : kc;
             pack(w, E, rb, nb, kp, len, pw, ps, gmax);
             int last = kp + len >= k;
-            for (int i0 = 0; i0 < m; i0 += G8MR) {
-                int mr = m - i0 < G8MR ? m - i0 : G8MR;
+            for (int i0 = 0; i0 < m; i0 += MR) {
+                int mr = m - i0 < MR ? m - i0 : MR;
                 const uint8_t *x0 = xp + (size_t)i0 * stride;
                 struct g8_tile_args a = {pw,
                                          ps,

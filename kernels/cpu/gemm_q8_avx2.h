@@ -23,7 +23,7 @@
 #include "kernels/cpu/avx2.h"
 
 #define G8NB 16 /* weight rows per panel: 2 vectors of 8 */
-#define G8MR 6  /* x rows per tile */
+#define G8MR 6  /* x rows per tile, at most (the register budget: g8_rows) */
 
 struct g8_tile_args {
     const uint8_t *pw;
@@ -48,6 +48,29 @@ ALWAYS_INLINE __m256i g8_dpbusd(__m256i acc, __m256i w, __m256i x)
     return acc;
 }
 #endif
+
+/* acc + vpmaddwd(w, x), and acc + vpmaddwd(vpmaddubsw(w0, x0) + vpmaddubsw(w1, x1), ones):
+ * written out for the same reason (GCC 12 spills the tile's sums otherwise). */
+ALWAYS_INLINE __m256i g8_madd(__m256i acc, __m256i w, __m256i x)
+{
+    __m256i t;
+    __asm__("vpmaddwd %3, %2, %1\n\tvpaddd %1, %0, %0" : "+x"(acc), "=&x"(t) : "x"(w), "x"(x));
+    return acc;
+}
+
+ALWAYS_INLINE __m256i g8_maddubs2(__m256i acc, __m256i w0, __m256i x0, __m256i w1, __m256i x1,
+                                  __m256i ones)
+{
+    __m256i t, u;
+    __asm__("vpmaddubsw %4, %3, %1\n\t"
+            "vpmaddubsw %6, %5, %2\n\t"
+            "vpaddw %2, %1, %1\n\t"
+            "vpmaddwd %7, %1, %1\n\t"
+            "vpaddd %1, %0, %0"
+            : "+x"(acc), "=&x"(t), "=&x"(u)
+            : "x"(w0), "x"(x0), "x"(w1), "x"(x1), "x"(ones));
+    return acc;
+}
 
 ALWAYS_INLINE __m256i g8_bcast(const uint8_t *p)
 {
@@ -86,8 +109,8 @@ ALWAYS_INLINE void g8_tile(const int R, const int E, const int VNNI, const struc
 #pragma GCC unroll 8
                 for (int i = 0; i < R; i++) {
                     __m256i x = g8_bcast(xg + (size_t)i * a->stride + q * 4);
-                    s[i][0] = _mm256_add_epi32(s[i][0], _mm256_madd_epi16(w0, x));
-                    s[i][1] = _mm256_add_epi32(s[i][1], _mm256_madd_epi16(w1, x));
+                    s[i][0] = g8_madd(s[i][0], w0, x);
+                    s[i][1] = g8_madd(s[i][1], w1, x);
                 }
             }
         } else if (VNNI) {
@@ -114,12 +137,8 @@ ALWAYS_INLINE void g8_tile(const int R, const int E, const int VNNI, const struc
                 for (int i = 0; i < R; i++) {
                     __m256i x0 = g8_bcast(xg + (size_t)i * a->stride + q * 4),
                             x1 = g8_bcast(xg + (size_t)i * a->stride + q * 4 + 4);
-                    __m256i p0 = _mm256_add_epi16(_mm256_maddubs_epi16(w0, x0),
-                                                  _mm256_maddubs_epi16(w2, x1));
-                    __m256i p1 = _mm256_add_epi16(_mm256_maddubs_epi16(w1, x0),
-                                                  _mm256_maddubs_epi16(w3, x1));
-                    s[i][0] = _mm256_add_epi32(s[i][0], _mm256_madd_epi16(p0, ones));
-                    s[i][1] = _mm256_add_epi32(s[i][1], _mm256_madd_epi16(p1, ones));
+                    s[i][0] = g8_maddubs2(s[i][0], w0, x0, w2, x1, ones);
+                    s[i][1] = g8_maddubs2(s[i][1], w1, x0, w3, x1, ones);
                 }
             }
         }
@@ -152,6 +171,13 @@ ALWAYS_INLINE void g8_tile(const int R, const int E, const int VNNI, const struc
 }
 
 typedef void (*g8_fn)(const struct g8_tile_args *a);
+
+/* x rows per tile that fit 16 registers: 2 sums per row, plus the weights, x and temporaries
+ * (AVX-VNNI: 12 + 2 + 1; AVX2, 8-bit: 10 + 2 + 1 + 1; AVX2, 4-bit: 8 + 4 + 2 + 1 + 2). */
+static inline int g8_rows(int E, int vnni)
+{
+    return vnni ? 6 : E == 2 ? 5 : 4;
+}
 
 #define G8_TILE(P, R, E, V)                                                                        \
     static void P##_##R(const struct g8_tile_args *a)                                              \
