@@ -14,6 +14,10 @@
  *     y = sum_g [s_g * dx_g * (q_g . xq_g) + b_g * dx_g * sum(xq_g)];
  *   bf16: x rounded to bf16 once per call (round to nearest even), float sums of pairs.
  *
+ * The AVX2 and AVX-VNNI tables run the affine kernels with 256-bit vectors (gemm_q8_avx2.h:
+ * panels of 16 rows, 8 per vector, the same int8 activations; vpmaddubsw + vpmaddwd, vpmaddwd
+ * over int16 for 8-bit codes, or vpdpbusd); bf16 stays on the invariant kernels there.
+ *
  * Neither is batch-invariant in the strict sense (an output's arithmetic does not depend
  * on m, but it differs from the m <= 8 kernels' arithmetic, so a row computed alone and in
  * a batch of 9 or more differ by the input rounding); tests state the tolerances.
