@@ -6,9 +6,9 @@
  * A prepared x row: k int8 values (4-bit weights: each 32 columns as their 16 even ones,
  * then their 16 odd ones, the order a 4-bit panel unpacks to), or k int16 values (8-bit
  * weights on AVX2), padded to 64 bytes; then per group dx = max|x| / 127, then
- * dx * sum(xq). Cost per 4 columns of 16 weight rows and one x row: 2 vpdpbusd (AVX-VNNI),
- * 2 vpmaddubsw + 1 vpaddw + 1 vpmaddwd (AVX2, 4-bit) or 4 vpmaddwd (AVX2, 8-bit), plus
- * their int32 adds.
+ * dx * sum(xq). Cost per 8 columns of 16 weight rows and one x row: 4 vpdpbusd (AVX-VNNI),
+ * 4 vpmaddubsw + 2 vpaddw + 2 vpmaddwd (AVX2, 4-bit) or 8 vpmaddwd (AVX2, 8-bit), plus their
+ * int32 adds; per group, 4 float operations per 8 weight rows.
  */
 #include "common/scratch.h"
 #include "kernels/cpu/gemm.h"
