@@ -173,10 +173,10 @@ ALWAYS_INLINE void g8_tile(const int R, const int E, const int VNNI, const struc
 typedef void (*g8_fn)(const struct g8_tile_args *a);
 
 /* x rows per tile that fit 16 registers: 2 sums per row, plus the weights, x and temporaries
- * (AVX-VNNI: 12 + 2 + 1; AVX2, 8-bit: 10 + 2 + 1 + 1; AVX2, 4-bit: 8 + 4 + 2 + 1 + 2). */
+ * (AVX-VNNI: 12 + 2 + 1; AVX2, 8-bit: 12 + 2 + 1 + 1; AVX2, 4-bit: 8 + 4 + 2 + 1 + 2). */
 static inline int g8_rows(int E, int vnni)
 {
-    return vnni ? 6 : E == 2 ? 5 : 4;
+    return vnni ? 6 : E == 2 ? 6 : 4;
 }
 
 #define G8_TILE(P, R, E, V)                                                                        \
