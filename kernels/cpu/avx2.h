@@ -29,6 +29,26 @@ ALWAYS_INLINE __m256 load_bf16(const uint16_t *p)
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
 
+/* r[i] holds 8 words of row i; afterwards r[j] holds word j of rows 0 .. 7. */
+ALWAYS_INLINE void transpose8x32(__m256i r[8])
+{
+    __m256i t[8], u[8];
+    for (int j = 0; j < 8; j += 2) {
+        t[j] = _mm256_unpacklo_epi32(r[j], r[j + 1]);
+        t[j + 1] = _mm256_unpackhi_epi32(r[j], r[j + 1]);
+    }
+    for (int j = 0; j < 8; j += 4) {
+        u[j] = _mm256_unpacklo_epi64(t[j], t[j + 2]);
+        u[j + 1] = _mm256_unpackhi_epi64(t[j], t[j + 2]);
+        u[j + 2] = _mm256_unpacklo_epi64(t[j + 1], t[j + 3]);
+        u[j + 3] = _mm256_unpackhi_epi64(t[j + 1], t[j + 3]);
+    }
+    for (int j = 0; j < 4; j++) {
+        r[j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x20);
+        r[4 + j] = _mm256_permute2x128_si256(u[j], u[4 + j], 0x31);
+    }
+}
+
 /* Affine 4-bit with groups of 64 or more: the integer kernel (affine4_avx2.c), used for
  * every m. x is first prepared per row into affine4_prep_bytes() bytes. */
 static inline int affine4_int(const struct qweight *w)

@@ -17,9 +17,10 @@
 #include "model/weights.h"
 
 /* The kernel tables, each a superset of the one before:
- *   AVX2     AVX2 + FMA + F16C;
+ *   AVX2     AVX2 + FMA + F16C; outside batch-invariant mode, MLX 4- and 8-bit products of
+ *            9 or more rows run the 256-bit kernels of kernels/cpu/gemm.h;
  *   AVXVNNI  the AVX2 kernels, with AVX-VNNI integer dot products where they apply (the same
- *            results as AVX2, bit for bit);
+ *            results as AVX2, bit for bit, the fast many-row kernels included);
  *   AVX512   AVX-512 F/BW/VL/VNNI/BF16: 512-bit decode kernels that compute each output
  *            with the AVX2 table's arithmetic (the same results, bit for bit), so the
  *            larger-m paths they share stay batch-invariant with them; outside
@@ -50,8 +51,8 @@ enum cpu_isa cpu_isa_choose(const char *force, char *warn, size_t n);
 
 /**
  * Batch-invariant mode (off by default; `--batch-invariant`): every product runs the
- * invariant kernels below. Off, products of 9 or more rows in bf16 and MLX 4- and 8-bit run
- * the fast kernels of kernels/cpu/gemm.h where the ISA has them, which round x to bf16 or
+ * invariant kernels below. Off, products of 9 or more rows in MLX 4- and 8-bit (and in bf16,
+ * with AVX-512) run the fast kernels of kernels/cpu/gemm.h where the ISA has them, which round x to bf16 or
  * int8 first (a row's result then depends on whether its batch had 9 rows or more).
  */
 void cpu_batch_invariant_set(int on);

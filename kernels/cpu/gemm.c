@@ -25,13 +25,18 @@ enum gemm_kind gemm_kind_of(const struct qweight *w)
     return GEMM_NONE;
 }
 
-#if defined(PAGODA_AVX512)
+#if defined(PAGODA_X86)
+/* Which kernels run: the AVX-512 ones, or the 256-bit affine ones of the AVX2 and AVX-VNNI
+ * tables. */
+enum gemm_isa { GI_AVX2, GI_VNNI, GI_AVX512 };
+
 struct gemm_job {
     float *y;
     const float *x;
     const struct qweight *w;
     int m;
     enum gemm_kind kind;
+    enum gemm_isa isa;
     uint8_t *xp;
     size_t stride;
 };
@@ -44,34 +49,61 @@ static void prep_task(void *p, int ith, int nth)
     if (lo >= hi) return;
     const float *x = j->x + (size_t)lo * j->w->k;
     uint8_t *xp = j->xp + (size_t)lo * j->stride;
-    if (j->kind == GEMM_Q8)
-        gemm_q8_prep(j->w, x, (int)(hi - lo), xp, j->stride);
-    else
-        gemm_bf16_prep(j->w, x, (int)(hi - lo), xp, j->stride);
+#if defined(PAGODA_AVX512)
+    if (j->isa == GI_AVX512) {
+        if (j->kind == GEMM_Q8)
+            gemm_q8_prep(j->w, x, (int)(hi - lo), xp, j->stride);
+        else
+            gemm_bf16_prep(j->w, x, (int)(hi - lo), xp, j->stride);
+        return;
+    }
+#endif
+    gemm_q8_avx2_prep(j->w, x, (int)(hi - lo), xp, j->stride, j->isa == GI_VNNI);
 }
 
-/* Weight rows split between threads in multiples of 32, the panel height. */
+/* Weight rows split between threads in multiples of 32, the widest panel height. */
 static void rows_task(void *p, int ith, int nth)
 {
     struct gemm_job *j = p;
     long lo, hi;
     tp_range((long)j->w->n, ith, nth, 32, &lo, &hi);
     if (lo >= hi) return;
-    if (j->kind == GEMM_Q8)
-        gemm_q8_rows(j->w, lo, hi, j->xp, j->stride, j->m, j->y, j->w->n);
-    else
-        gemm_bf16_rows(j->w, lo, hi, j->xp, j->stride, j->m, j->y, j->w->n);
+#if defined(PAGODA_AVX512)
+    if (j->isa == GI_AVX512) {
+        if (j->kind == GEMM_Q8)
+            gemm_q8_rows(j->w, lo, hi, j->xp, j->stride, j->m, j->y, j->w->n);
+        else
+            gemm_bf16_rows(j->w, lo, hi, j->xp, j->stride, j->m, j->y, j->w->n);
+        return;
+    }
+#endif
+    gemm_q8_avx2_rows(j->w, lo, hi, j->xp, j->stride, j->m, j->y, j->w->n, j->isa == GI_VNNI);
 }
 #endif
 
 int gemm_run(struct threadpool *tp, float *y, const float *x, const struct qweight *w, int m)
 {
-#if defined(PAGODA_AVX512)
-    if (batch_invariant || m < GEMM_MIN_M || cpu_isa_get() != CPU_ISA_AVX512) return 0;
+#if defined(PAGODA_X86)
+    enum cpu_isa isa = cpu_isa_get();
+    if (batch_invariant || m < GEMM_MIN_M || isa == CPU_ISA_PORTABLE) return 0;
     enum gemm_kind kind = gemm_kind_of(w);
     if (kind == GEMM_NONE) return 0;
-    struct gemm_job j = {y, x, w, m, kind, NULL, 0};
-    size_t bytes = kind == GEMM_Q8 ? gemm_q8_prep_bytes(w) : gemm_bf16_prep_bytes(w);
+    struct gemm_job j = {y, x, w, m, kind, GI_AVX2, NULL, 0};
+    size_t bytes = 0;
+#if defined(PAGODA_AVX512)
+    if (isa == CPU_ISA_AVX512) {
+        j.isa = GI_AVX512;
+        bytes = kind == GEMM_Q8 ? gemm_q8_prep_bytes(w) : gemm_bf16_prep_bytes(w);
+    }
+#endif
+    if (j.isa != GI_AVX512) {
+        /* bf16 stays on the invariant kernels here: widened to float32, a product is FMA-bound
+         * either way, and a fast tile of 6 x 16 measured no faster at 128 rows and slower at
+         * 16 (bench matmul, 2048 x 2048). */
+        if (kind != GEMM_Q8) return 0;
+        j.isa = isa == CPU_ISA_AVXVNNI ? GI_VNNI : GI_AVX2;
+        bytes = gemm_q8_avx2_prep_bytes(w, j.isa == GI_VNNI);
+    }
     j.stride = (bytes + 63) / 64 * 64;
     j.xp = (uint8_t *)scratch_get(SCRATCH_MM_X, (size_t)m * j.stride / sizeof(float));
     tp_run(tp, prep_task, &j);

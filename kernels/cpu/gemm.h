@@ -14,6 +14,10 @@
  *     y = sum_g [s_g * dx_g * (q_g . xq_g) + b_g * dx_g * sum(xq_g)];
  *   bf16: x rounded to bf16 once per call (round to nearest even), float sums of pairs.
  *
+ * The AVX2 and AVX-VNNI tables run the affine kernels with 256-bit vectors (gemm_q8_avx2.h:
+ * panels of 16 rows, 8 per vector, the same int8 activations; vpmaddubsw + vpmaddwd, vpmaddwd
+ * over int16 for 8-bit codes, or vpdpbusd); bf16 stays on the invariant kernels there.
+ *
  * Neither is batch-invariant in the strict sense (an output's arithmetic does not depend
  * on m, but it differs from the m <= 8 kernels' arithmetic, so a row computed alone and in
  * a batch of 9 or more differ by the input rounding); tests state the tolerances.
@@ -54,6 +58,16 @@ size_t gemm_bf16_prep_bytes(const struct qweight *w);
 void gemm_bf16_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride);
 void gemm_bf16_rows(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp,
                     size_t stride, int m, float *y, int64_t ldy);
+#endif
+
+#if defined(PAGODA_X86)
+/* gemm_q8_avx2.c: the same with 256-bit vectors, for the AVX2 table (vnni 0) and the
+ * AVX-VNNI one (vnni 1; see gemm_q8_avx2.h). */
+size_t gemm_q8_avx2_prep_bytes(const struct qweight *w, int vnni);
+void gemm_q8_avx2_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride,
+                       int vnni);
+void gemm_q8_avx2_rows(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp,
+                       size_t stride, int m, float *y, int64_t ldy, int vnni);
 #endif
 
 #endif

@@ -4,6 +4,8 @@
  * on 1, 2 and 3 threads, for odd shapes: m not a multiple of the tile height, n not a
  * multiple of 16 or 32, k across panel and group boundaries.
  *
+ * The affine kernels run on the AVX2, AVX-VNNI and AVX-512 tables (the 256-bit ones with
+ * vpmaddubsw/vpmaddwd or vpdpbusd), bf16 on AVX-512 only.
  * Tolerances follow from the input rounding, per output (i, r) with w = W row r:
  *   int8 activations (affine): |y - ref| <= sum over groups g of dx_g / 2 * sum_g |w_j|
  *     (dx_g = max|x_g| / 127: each xq is off by at most half a step), plus float32
@@ -26,7 +28,7 @@
 #define TEST_SEED 0x5bd1e9955bd1e995ull
 #include "test_mat.h"
 
-static double worst_ratio; /* the largest error / bound seen (reported) */
+static double worst_ratio[CPU_ISA_AVX512 + 1]; /* the largest error / bound per table */
 
 static void check_case(struct threadpool *tps[3], enum wfmt f, int bits, int group,
                        enum st_dtype sd, int m, int64_t n, int64_t k)
@@ -51,7 +53,9 @@ static void check_case(struct threadpool *tps[3], enum wfmt f, int bits, int gro
         for (int i = 0; i < m; i++) cpu_matmul(tps[0], alone + i * n, x + i * k, w, 1);
         for (int inv = 0; inv < 2; inv++) {
             cpu_batch_invariant_set(inv);
-            int fast = !inv && isa == CPU_ISA_AVX512 && kind != GEMM_NONE && m >= GEMM_MIN_M;
+            int fast = !inv && m >= GEMM_MIN_M &&
+                       (kind == GEMM_Q8 ? isa != CPU_ISA_PORTABLE
+                                        : kind == GEMM_BF16 && isa == CPU_ISA_AVX512);
             for (int t = 0; t < 3; t++) {
                 memset(y, 0xff, sizeof(float) * (size_t)(m * n));
                 cpu_matmul(tps[t], y, x, w, m);
@@ -85,10 +89,12 @@ static void check_case(struct threadpool *tps[3], enum wfmt f, int bits, int gro
                             bound = mag / 512.0;
                         bound += 1e-5 * mag;
                         double err = fabs(got - ref);
-                        if (err / bound > worst_ratio) worst_ratio = err / bound;
+                        if (err / bound > worst_ratio[isa]) worst_ratio[isa] = err / bound;
                         bad = !(err <= bound);
-                        CHECK(!bad, "%s threads=%d: y[%d][%lld] = %.9g, reference %.9g, bound %.3g",
-                              name, t + 1, i, (long long)r, got, ref, bound);
+                        CHECK(!bad,
+                              "%s %s threads=%d: y[%d][%lld] = %.9g, reference %.9g, bound %.3g",
+                              name, cpu_isa_name((enum cpu_isa)isa), t + 1, i, (long long)r, got,
+                              ref, bound);
                     }
             }
         }
@@ -126,8 +132,10 @@ int main(void)
                 check_case(tps, fmts[fi].f, fmts[fi].bits, fmts[fi].group, fmts[fi].sd, ms[mi],
                            shapes[si][0], shapes[si][1]);
         }
-    printf("fast kernels on %s: largest error / bound %.3f\n",
-           cpu_isa_available(CPU_ISA_AVX512) ? "avx512" : "(none on this machine)", worst_ratio);
+    for (int isa = CPU_ISA_AVX2; isa <= CPU_ISA_AVX512; isa++)
+        if (cpu_isa_available((enum cpu_isa)isa))
+            printf("fast kernels on %s: largest error / bound %.3f\n",
+                   cpu_isa_name((enum cpu_isa)isa), worst_ratio[isa]);
     cpu_isa_set(best);
     for (int t = 0; t < 3; t++) tp_destroy(tps[t]);
     TEST_DONE();

@@ -1,0 +1,182 @@
+/*
+ * Affine 4- and 8-bit weights against int8 activations with 256-bit vectors (see gemm.h
+ * and gemm_q8_avx2.h): the input preparation, the panel packing, the driver and the AVX2
+ * tiles. The AVX-VNNI tiles (gemm_q8_vnni_avx2.c) run over the same panels.
+ *
+ * A prepared x row: k int8 values (4-bit weights: each 32 columns as their 16 even ones,
+ * then their 16 odd ones, the order a 4-bit panel unpacks to), or k int16 values (8-bit
+ * weights on AVX2), padded to 64 bytes; then per group dx = max|x| / 127, then
+ * dx * sum(xq). Cost per 8 columns of 16 weight rows and one x row: 4 vpdpbusd (AVX-VNNI),
+ * 4 vpmaddubsw + 2 vpaddw + 2 vpmaddwd (AVX2, 4-bit) or 8 vpmaddwd (AVX2, 8-bit), plus their
+ * int32 adds; per group, 4 float operations per 8 weight rows.
+ */
+#include "common/scratch.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_q8_avx2.h"
+#include "kernels/cpu/quant.h"
+
+G8_TABLE(g8_tab_avx2_e4, 4, 0)
+G8_TABLE(g8_tab_avx2_e2, 2, 0)
+
+/* Codes per 32-bit lane of the panel (and x values per broadcast word). */
+static int lane_codes(const struct qweight *w, int vnni)
+{
+    return w->bits == 8 && !vnni ? 2 : 4;
+}
+
+static int64_t xq_bytes(const struct qweight *w, int vnni)
+{
+    int64_t b = w->k * (lane_codes(w, vnni) == 2 ? 2 : 1);
+    return (b + 63) / 64 * 64;
+}
+
+size_t gemm_q8_avx2_prep_bytes(const struct qweight *w, int vnni)
+{
+    return (size_t)xq_bytes(w, vnni) + (size_t)(w->k / w->group) * 2 * sizeof(float);
+}
+
+/* The largest |x| of n floats (n a multiple of 8). */
+static float absmax(const float *x, int64_t n)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 mx = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; j += 8)
+        mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+void gemm_q8_avx2_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride,
+                       int vnni)
+{
+    int64_t k = w->k, G = w->group, groups = k / G, kq = xq_bytes(w, vnni);
+    int wide = lane_codes(w, vnni) == 2;
+    for (int i = 0; i < m; i++) {
+        const float *xi = x + (size_t)i * k;
+        uint8_t *row = xp + (size_t)i * stride;
+        float *dx = (float *)(row + kq), *xs = dx + groups;
+        for (int64_t g = 0; g < groups; g++) {
+            const float *xg = xi + g * G;
+            float amax = absmax(xg, G);
+            float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
+            __m256 vid = _mm256_set1_ps(id);
+            __m256i sum = _mm256_setzero_si256();
+            for (int64_t j = 0; j < G; j += 32) {
+                int32_t q[32];
+                for (int v = 0; v < 4; v++) {
+                    __m256i qv =
+                        _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + j + 8 * v), vid));
+                    _mm256_storeu_si256((__m256i *)(q + 8 * v), qv);
+                    sum = _mm256_add_epi32(sum, qv);
+                }
+                int64_t c = g * G + j;
+                if (wide) {
+                    int16_t *d16 = (int16_t *)row + c;
+                    for (int t = 0; t < 32; t++) d16[t] = (int16_t)q[t];
+                } else if (w->bits == 4) {
+                    /* 16 even columns, then 16 odd ones */
+                    for (int t = 0; t < 16; t++) {
+                        row[c + t] = (uint8_t)(int8_t)q[2 * t];
+                        row[c + 16 + t] = (uint8_t)(int8_t)q[2 * t + 1];
+                    }
+                } else {
+                    for (int t = 0; t < 32; t++) row[c + t] = (uint8_t)(int8_t)q[t];
+                }
+            }
+            __m128i s4 =
+                _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+            s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+            dx[g] = d;
+            xs[g] = d * (float)_mm_cvtsi128_si32(s4);
+        }
+    }
+}
+
+/* 8 words of row `row` from column c0 in the panel's lane format: E = 4: 32 codes (4-bit:
+ * their 16 even, then 16 odd columns); E = 2: 16 codes widened to int16. */
+ALWAYS_INLINE __m256i load_lanes(const uint8_t *row, int bits, int E, int64_t c0)
+{
+    if (E == 2) return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(row + c0)));
+    if (bits == 8) return _mm256_loadu_si256((const __m256i *)(row + c0));
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    __m128i v = _mm_loadu_si128((const __m128i *)(row + c0 / 2));
+    __m128i lo = _mm_and_si128(v, m4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+}
+
+/*
+ * Rows [rb, rb + nb) of W, columns [kp, kp + len), into the panel: pw [len / E][2][8 rows]
+ * of E codes (rows past nb zero), ps [gpp][16] scales then [gpp][16] biases at
+ * ps + 16 * gmax.
+ */
+static void pack(const struct qweight *w, int E, int64_t rb, int nb, int64_t kp, int64_t len,
+                 uint8_t *pw, float *ps, int64_t gmax)
+{
+    int64_t groups = w->k / w->group, gpp = len / w->group, span = 8 * E;
+    for (int v = 0; v < 2; v++)
+        for (int64_t c = 0; c < len / span; c++) {
+            __m256i r[8];
+            for (int l = 0; l < 8; l++) {
+                int j = v * 8 + l;
+                r[l] = j < nb ? load_lanes(w->w + (size_t)(rb + j) * w->row_bytes, w->bits, E,
+                                           kp + c * span)
+                              : _mm256_setzero_si256();
+            }
+            transpose8x32(r);
+            for (int t = 0; t < 8; t++)
+                _mm256_storeu_si256((__m256i *)(pw + ((c * 8 + t) * 2 + v) * 32), r[t]);
+        }
+    for (int64_t g = 0; g < gpp; g++)
+        for (int j = 0; j < G8NB; j++) {
+            int64_t e = (rb + j) * groups + kp / w->group + g;
+            ps[g * G8NB + j] = j < nb ? quant_load_scale(w->scales, w->sdtype, e) : 0.0f;
+            ps[G8NB * gmax + g * G8NB + j] =
+                j < nb ? quant_load_scale(w->biases, w->sdtype, e) : 0.0f;
+        }
+}
+
+void gemm_q8_avx2_rows(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp,
+                       size_t stride, int m, float *y, int64_t ldy, int vnni)
+{
+    int E = lane_codes(w, vnni), xb = E == 2 ? 2 : 1;
+    const g8_fn *tab = E == 2 ? g8_tab_avx2_e2 : g8_tab_avx2_e4;
+#if defined(PAGODA_AVXVNNI)
+    if (vnni) tab = g8_tab_vnni;
+#endif
+    int MR = g8_rows(E, vnni);
+    int64_t k = w->k, G = w->group, groups = k / G, kc = GEMM_KC, gmax = kc / G,
+            kq = xq_bytes(w, vnni);
+    uint8_t *pw = (uint8_t *)scratch_get(SCRATCH_GEMM_B, (size_t)(kc / E * 64 / 4));
+    float *ps = scratch_get(SCRATCH_GEMV, (size_t)(2 * G8NB * gmax));
+    float *park = scratch_get(SCRATCH_GEMM_A, (size_t)m * G8NB);
+    for (int64_t rb = r0; rb < r1; rb += G8NB) {
+        int nb = (int)(r1 - rb < G8NB ? r1 - rb : G8NB);
+        for (int64_t kp = 0; kp < k; kp += kc) {
+            int64_t len = k - kp < kc ? k - kp : kc;
+            pack(w, E, rb, nb, kp, len, pw, ps, gmax);
+            int last = kp + len >= k;
+            for (int i0 = 0; i0 < m; i0 += MR) {
+                int mr = m - i0 < MR ? m - i0 : MR;
+                const uint8_t *x0 = xp + (size_t)i0 * stride;
+                struct g8_tile_args a = {pw,
+                                         ps,
+                                         ps + G8NB * gmax,
+                                         len / G,
+                                         G / E,
+                                         x0 + kp * xb,
+                                         (const float *)(x0 + kq) + kp / G,
+                                         (const float *)(x0 + kq) + groups + kp / G,
+                                         stride,
+                                         park + (size_t)i0 * G8NB,
+                                         kp > 0,
+                                         last ? y + i0 * ldy + rb : NULL,
+                                         ldy,
+                                         nb};
+                tab[mr - 1](&a);
+            }
+        }
+    }
+}

@@ -1,0 +1,203 @@
+/*
+ * gemm_q8_avx2: the register tile of the many-row affine 4- and 8-bit products with 256-bit
+ * vectors (see gemm.h), included by gemm_q8_avx2.c (AVX2) and gemm_q8_vnni_avx2.c
+ * (AVX-VNNI). Internal to kernels/cpu.
+ *
+ * A panel holds 16 weight rows (2 vectors of 8) by up to GEMM_KC columns as
+ * [columns / E][2 vectors][8 rows][E codes]: E = 4 uint8 codes per 32-bit lane (4-bit
+ * weights; 8-bit weights with AVX-VNNI) or E = 2 codes widened to int16 (8-bit weights with
+ * AVX2, where vpmaddubsw would saturate: 2 * 255 * 127 > 32767). An x row enters as one
+ * broadcast 32-bit word of E int8 (or int16) values, and each step adds E products per lane
+ * into int32 sums, exactly:
+ *   E = 4, AVX-VNNI: vpdpbusd;
+ *   E = 4, AVX2:     vpmaddubsw (a nibble times an int8 is at most 15 * 127, a pair
+ *                    3810), two steps added as int16 (7620), then vpmaddwd by ones;
+ *   E = 2, AVX2:     vpmaddwd.
+ * The integer sums are the same on every path; only the cost differs.
+ */
+#ifndef PAGODA_KERNELS_CPU_GEMM_Q8_AVX2_H
+#define PAGODA_KERNELS_CPU_GEMM_Q8_AVX2_H
+
+#include <string.h>
+
+#include "kernels/cpu/avx2.h"
+
+#define G8NB 16 /* weight rows per panel: 2 vectors of 8 */
+#define G8MR 6  /* x rows per tile, at most (the register budget: g8_rows) */
+
+struct g8_tile_args {
+    const uint8_t *pw;
+    const float *psc, *pbi; /* the panel's scales and biases, [group][16 rows] */
+    int64_t gpp, spg;       /* groups in the panel, steps (E columns) per group */
+    const uint8_t *xq;      /* the tile's first x row at the panel's first column */
+    const float *dx, *xs;   /* its groups' dx and dx * sum(xq), from the panel's first group */
+    size_t stride;          /* bytes between x rows (for xq, dx and xs alike) */
+    float *park;            /* the tile's chains, 16 floats per x row */
+    int resume;
+    float *y; /* non-NULL on the last panel: the outputs, rows ldy apart */
+    int64_t ldy;
+    int nb;
+};
+
+#if defined(__AVXVNNI__)
+/* acc + 4-byte dot products per lane, written out: GCC 12 copies every accumulator of the
+ * intrinsic's loop once per iteration. */
+ALWAYS_INLINE __m256i g8_dpbusd(__m256i acc, __m256i w, __m256i x)
+{
+    __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(w), "x"(x));
+    return acc;
+}
+#endif
+
+/* acc + vpmaddwd(w, x), and acc + vpmaddwd(vpmaddubsw(w0, x0) + vpmaddubsw(w1, x1), ones):
+ * written out for the same reason (GCC 12 spills the tile's sums otherwise). */
+ALWAYS_INLINE __m256i g8_madd(__m256i acc, __m256i w, __m256i x)
+{
+    __m256i t;
+    __asm__("vpmaddwd %3, %2, %1\n\tvpaddd %1, %0, %0" : "+x"(acc), "=&x"(t) : "x"(w), "x"(x));
+    return acc;
+}
+
+ALWAYS_INLINE __m256i g8_maddubs2(__m256i acc, __m256i w0, __m256i x0, __m256i w1, __m256i x1,
+                                  __m256i ones)
+{
+    __m256i t, u;
+    __asm__("vpmaddubsw %4, %3, %1\n\t"
+            "vpmaddubsw %6, %5, %2\n\t"
+            "vpaddw %2, %1, %1\n\t"
+            "vpmaddwd %7, %1, %1\n\t"
+            "vpaddd %1, %0, %0"
+            : "+x"(acc), "=&x"(t), "=&x"(u)
+            : "x"(w0), "x"(x0), "x"(w1), "x"(x1), "x"(ones));
+    return acc;
+}
+
+ALWAYS_INLINE __m256i g8_bcast(const uint8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
+}
+
+/* Stores the first n (<= 8) lanes of v at p. */
+ALWAYS_INLINE void g8_store(float *p, __m256 v, int n)
+{
+    if (n >= 8) {
+        _mm256_storeu_ps(p, v);
+    } else if (n > 0) {
+        float t[8];
+        _mm256_storeu_ps(t, v);
+        memcpy(p, t, sizeof(float) * (size_t)n);
+    }
+}
+
+/* R x rows (R <= G8MR); E codes per lane; VNNI: vpdpbusd (E = 4 only). */
+ALWAYS_INLINE void g8_tile(const int R, const int E, const int VNNI, const struct g8_tile_args *a)
+{
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int xb = E == 4 ? 1 : 2; /* bytes per x value */
+    for (int64_t g = 0; g < a->gpp; g++) {
+        __m256i s[G8MR][2];
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) s[i][0] = s[i][1] = _mm256_setzero_si256();
+        const uint8_t *wg = a->pw + g * a->spg * 64;
+        const uint8_t *xg = a->xq + g * a->spg * E * xb;
+        if (E == 2) {
+            for (int64_t q = 0; q < a->spg; q++) {
+                __m256i w0 = _mm256_loadu_si256((const __m256i *)(wg + q * 64)),
+                        w1 = _mm256_loadu_si256((const __m256i *)(wg + q * 64 + 32));
+#pragma GCC unroll 8
+                for (int i = 0; i < R; i++) {
+                    __m256i x = g8_bcast(xg + (size_t)i * a->stride + q * 4);
+                    s[i][0] = g8_madd(s[i][0], w0, x);
+                    s[i][1] = g8_madd(s[i][1], w1, x);
+                }
+            }
+        } else if (VNNI) {
+#if defined(__AVXVNNI__)
+            for (int64_t q = 0; q < a->spg; q++) {
+                __m256i w0 = _mm256_loadu_si256((const __m256i *)(wg + q * 64)),
+                        w1 = _mm256_loadu_si256((const __m256i *)(wg + q * 64 + 32));
+#pragma GCC unroll 8
+                for (int i = 0; i < R; i++) {
+                    __m256i x = g8_bcast(xg + (size_t)i * a->stride + q * 4);
+                    s[i][0] = g8_dpbusd(s[i][0], w0, x);
+                    s[i][1] = g8_dpbusd(s[i][1], w1, x);
+                }
+            }
+#endif
+        } else {
+            /* two steps per vpmaddwd: the int16 sums stay below 2 * 3810 */
+            for (int64_t q = 0; q < a->spg; q += 2) {
+                __m256i w0 = _mm256_loadu_si256((const __m256i *)(wg + q * 64)),
+                        w1 = _mm256_loadu_si256((const __m256i *)(wg + q * 64 + 32)),
+                        w2 = _mm256_loadu_si256((const __m256i *)(wg + q * 64 + 64)),
+                        w3 = _mm256_loadu_si256((const __m256i *)(wg + q * 64 + 96));
+#pragma GCC unroll 8
+                for (int i = 0; i < R; i++) {
+                    __m256i x0 = g8_bcast(xg + (size_t)i * a->stride + q * 4),
+                            x1 = g8_bcast(xg + (size_t)i * a->stride + q * 4 + 4);
+                    s[i][0] = g8_maddubs2(s[i][0], w0, x0, w2, x1, ones);
+                    s[i][1] = g8_maddubs2(s[i][1], w1, x0, w3, x1, ones);
+                }
+            }
+        }
+        __m256 sv0 = _mm256_loadu_ps(a->psc + g * G8NB),
+               sv1 = _mm256_loadu_ps(a->psc + g * G8NB + 8);
+        __m256 bv0 = _mm256_loadu_ps(a->pbi + g * G8NB),
+               bv1 = _mm256_loadu_ps(a->pbi + g * G8NB + 8);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            float *pk = a->park + i * G8NB;
+            const float *dxi = (const float *)((const uint8_t *)a->dx + (size_t)i * a->stride);
+            const float *xsi = (const float *)((const uint8_t *)a->xs + (size_t)i * a->stride);
+            __m256 d = _mm256_set1_ps(dxi[g]), e = _mm256_set1_ps(xsi[g]);
+            int first = g == 0 && !a->resume;
+            __m256 t0 = first ? _mm256_setzero_ps() : _mm256_loadu_ps(pk);
+            __m256 t1 = first ? _mm256_setzero_ps() : _mm256_loadu_ps(pk + 8);
+            t0 = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[i][0]), sv0), d, t0);
+            t1 = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(s[i][1]), sv1), d, t1);
+            t0 = _mm256_fmadd_ps(bv0, e, t0);
+            t1 = _mm256_fmadd_ps(bv1, e, t1);
+            if (a->y && g == a->gpp - 1) {
+                g8_store(a->y + i * a->ldy, t0, a->nb);
+                g8_store(a->y + i * a->ldy + 8, t1, a->nb - 8);
+            } else {
+                _mm256_storeu_ps(pk, t0);
+                _mm256_storeu_ps(pk + 8, t1);
+            }
+        }
+    }
+}
+
+typedef void (*g8_fn)(const struct g8_tile_args *a);
+
+/* x rows per tile that fit 16 registers: 2 sums per row, plus the weights, x and temporaries
+ * (AVX-VNNI: 12 + 2 + 1; AVX2, 8-bit: 12 + 2 + 1 + 1; AVX2, 4-bit: 8 + 4 + 2 + 1 + 2). */
+static inline int g8_rows(int E, int vnni)
+{
+    return vnni ? 6 : E == 2 ? 6 : 4;
+}
+
+#define G8_TILE(P, R, E, V)                                                                        \
+    static void P##_##R(const struct g8_tile_args *a)                                              \
+    {                                                                                              \
+        g8_tile(R, E, V, a);                                                                       \
+    }
+/* NAME[R - 1]: the tiles of 1 to 6 x rows */
+#define G8_TABLE(NAME, E, V)                                                                       \
+    G8_TILE(NAME, 1, E, V)                                                                         \
+    G8_TILE(NAME, 2, E, V)                                                                         \
+    G8_TILE(NAME, 3, E, V)                                                                         \
+    G8_TILE(NAME, 4, E, V)                                                                         \
+    G8_TILE(NAME, 5, E, V)                                                                         \
+    G8_TILE(NAME, 6, E, V)                                                                         \
+    const g8_fn NAME[G8MR] = {NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6};
+
+/* gemm_q8_avx2.c: E = 4 and E = 2 with AVX2; gemm_q8_vnni_avx2.c (built when PAGODA_AVXVNNI
+ * is defined): E = 4 with AVX-VNNI. */
+extern const g8_fn g8_tab_avx2_e4[G8MR];
+extern const g8_fn g8_tab_avx2_e2[G8MR];
+extern const g8_fn g8_tab_vnni[G8MR];
+
+#endif
