@@ -14,6 +14,7 @@
 #include "common/util.h"
 #include "sched/spec.h"
 #include "test_util.h"
+#include "unit/sched/spec_stats.h"
 
 #define V 16
 
@@ -154,56 +155,13 @@ static void verify_once(struct fake *f, int32_t d0, int32_t d1)
     spec_verify(&f->en, &p);
 }
 
-/* The target distribution of a row under T = 1, top-k 6, top-p 0.9 (the values are
- * distinct, so the order is plain), into p[V]. */
-static void target(const float *row, double *p)
-{
-    int ids[V];
-    for (int i = 0; i < V; i++) ids[i] = i;
-    for (int i = 0; i < V; i++)
-        for (int j = i + 1; j < V; j++)
-            if (row[ids[j]] > row[ids[i]]) {
-                int t = ids[i];
-                ids[i] = ids[j];
-                ids[j] = t;
-            }
-    double w[6], sum = 0;
-    for (int i = 0; i < 6; i++) sum += w[i] = exp(row[ids[i]] - row[ids[0]]);
-    memset(p, 0, sizeof(double) * V);
-    double acc = 0;
-    int n = 0;
-    while (n < 6) {
-        acc += w[n++];
-        if (acc >= 0.9 * sum) break;
-    }
-    for (int i = 0; i < n; i++) p[ids[i]] = w[i] / acc;
-}
-
-/* Pearson's chi-square of counts against probabilities p over the tokens with p > 0; a
- * count on a token of probability 0 fails outright. dof: categories - 1. */
-static double chi2(const long *cnt, const double *p, long n, int *dof)
-{
-    double x = 0;
-    *dof = -1;
-    for (int t = 0; t < V; t++) {
-        if (p[t] == 0) {
-            if (cnt[t]) return INFINITY;
-            continue;
-        }
-        double e = p[t] * (double)n;
-        x += (cnt[t] - e) * (cnt[t] - e) / e;
-        (*dof)++;
-    }
-    return x;
-}
-
 static void test_rejection(void)
 {
     struct fake f;
     fake_init(&f, 1.0f);
     double p0[V], p1[V], res[V];
-    target(f.en.logits, p0);
-    target(f.en.logits + V, p1);
+    spec_law_k6_p09(f.en.logits, V, p0);
+    spec_law_k6_p09(f.en.logits + V, V, p1);
     /* the draft: the second most likely token of row 0 (accepted about a third of the time) */
     int32_t d0 = -1, d1 = 3;
     double best = 0;
@@ -232,16 +190,16 @@ static void test_rejection(void)
     /* 99.99th percentiles of chi-square: dof 2: 18.4, 3: 21.1, 4: 23.5, 5: 25.7 */
     static const double crit[] = {0, 13.8, 18.4, 21.1, 23.5, 25.7};
     int dof;
-    double x = chi2(all, p0, N, &dof);
+    double x = spec_chi2(all, p0, V, N, &dof);
     CHECK(dof >= 2 && dof <= 5 && x < crit[dof], "kept tokens vs target: chi2 %.2f, dof %d", x,
           dof);
     printf("target   chi2 %6.2f dof %d (%ld draws; draft %d accepted %.4f, p %.4f)\n", x, dof, N,
            d0, (double)n_acc / N, p0[d0]);
-    x = chi2(rej, res, n_rej, &dof);
+    x = spec_chi2(rej, res, V, n_rej, &dof);
     CHECK(dof >= 1 && dof <= 5 && x < crit[dof], "after a rejection vs residual: chi2 %.2f, dof %d",
           x, dof);
     printf("residual chi2 %6.2f dof %d (%ld draws)\n", x, dof, n_rej);
-    x = chi2(next, p1, n_acc, &dof);
+    x = spec_chi2(next, p1, V, n_acc, &dof);
     CHECK(dof >= 1 && dof <= 5 && x < crit[dof], "after an acceptance vs row 1: chi2 %.2f, dof %d",
           x, dof);
     printf("next     chi2 %6.2f dof %d (%ld draws)\n", x, dof, n_acc);

@@ -19,6 +19,7 @@
 #include "common/util.h"
 #include "sched/spec.h"
 #include "test_util.h"
+#include "unit/sched/spec_stats.h"
 
 #define V 12
 #define N 1000000L
@@ -50,24 +51,6 @@ static void law_make(struct law *l, const double *w)
             l->p[l->n++] = (float)(w[t] / sum);
         }
     }
-}
-
-/* Pearson's chi-square of counts against law e (dense) over e's support; INFINITY when a
- * token outside it was counted. */
-static double chi2(const long *cnt, const double *e, long n, int *dof)
-{
-    double x = 0;
-    *dof = -1;
-    for (int t = 0; t < V; t++) {
-        if (e[t] <= 0) {
-            if (cnt[t]) return INFINITY;
-            continue;
-        }
-        double m = e[t] * (double)n;
-        x += (cnt[t] - m) * (cnt[t] - m) / m;
-        (*dof)++;
-    }
-    return x;
 }
 
 static void run_case(const char *name, const double *wp, const double *wq, int want)
@@ -114,14 +97,14 @@ static void run_case(const char *name, const double *wp, const double *wq, int w
     }
     for (int t = 0; t < V; t++) CHECK(scratch[t] == 0, "%s: scratch left dirty at %d", name, t);
     int dof;
-    double x = chi2(all, p.dense, N, &dof);
+    double x = spec_chi2(all, p.dense, V, N, &dof);
     CHECK(dof >= 1 && dof < 12 && x < crit999[dof], "%s: kept tokens vs p: chi2 %.2f, dof %d", name,
           x, dof);
     printf("%-10s kept     chi2 %7.2f dof %2d (crit %.2f)  accepted %.4f, sum min(p,q) %.4f\n",
            name, x, dof, dof >= 1 && dof < 12 ? crit999[dof] : 0, (double)n_acc / N, overlap);
     long n_rej = N - n_acc;
     if (n_rej > 0) {
-        x = chi2(rej, res, n_rej, &dof);
+        x = spec_chi2(rej, res, V, n_rej, &dof);
         CHECK(dof >= 0 && dof < 12 && (dof == 0 || x < crit999[dof]),
               "%s: after rejections vs residual: chi2 %.2f, dof %d", name, x, dof);
         printf("%-10s residual chi2 %7.2f dof %2d (%ld draws)\n", name, x, dof, n_rej);
@@ -236,45 +219,6 @@ static void draft_and_verify(struct fake *f)
     spec_verify(&f->en, &p);
 }
 
-/* The law of a row under T = 1, top-k 6, top-p 0.9 (distinct values: a plain order). */
-static void target(const float *row, double *p)
-{
-    int ids[W];
-    for (int i = 0; i < W; i++) ids[i] = i;
-    for (int i = 0; i < W; i++)
-        for (int j = i + 1; j < W; j++)
-            if (row[ids[j]] > row[ids[i]]) {
-                int t = ids[i];
-                ids[i] = ids[j];
-                ids[j] = t;
-            }
-    double w[6], sum = 0, acc = 0;
-    for (int i = 0; i < 6; i++) sum += w[i] = exp(row[ids[i]] - row[ids[0]]);
-    memset(p, 0, sizeof(double) * W);
-    int n = 0;
-    while (n < 6) {
-        acc += w[n++];
-        if (acc >= 0.9 * sum) break;
-    }
-    for (int i = 0; i < n; i++) p[ids[i]] = w[i] / acc;
-}
-
-static double chi2w(const long *cnt, const double *p, long n, int *dof)
-{
-    double x = 0;
-    *dof = -1;
-    for (int t = 0; t < W; t++) {
-        if (p[t] == 0) {
-            if (cnt[t]) return INFINITY;
-            continue;
-        }
-        double e = p[t] * (double)n;
-        x += (cnt[t] - e) * (cnt[t] - e) / e;
-        (*dof)++;
-    }
-    return x;
-}
-
 /* The drafter's law is the target's: every draft kept, and the tokens are plain sampling's
  * with the same generator. Another law: the first token kept follows row 0's law, the one
  * after a kept draft row 1's (200,000 verifications); the generator winds on by one number
@@ -305,8 +249,8 @@ static void test_verify(void)
 
     fake_init(&f, 0);
     double p0[W], p1[W];
-    target(f.en.logits, p0);
-    target(f.en.logits + W, p1);
+    spec_law_k6_p09(f.en.logits, W, p0);
+    spec_law_k6_p09(f.en.logits + W, W, p1);
     const long n = 200000;
     long first[W] = {0}, next[W] = {0}, n_acc = 0;
     for (long i = 0; i < n; i++) {
@@ -321,12 +265,12 @@ static void test_verify(void)
         CHECK(!memcmp(&before, &f.r.rng, sizeof before), "the generator winds on by %d", f.n_out);
     }
     int dof;
-    double x = chi2w(first, p0, n, &dof);
+    double x = spec_chi2(first, p0, W, n, &dof);
     CHECK(dof >= 1 && dof < 12 && x < crit999[dof],
           "verify: first token vs row 0: chi2 %.2f dof %d", x, dof);
     printf("verify     first    chi2 %7.2f dof %2d (%ld verifications, %ld first drafts kept)\n", x,
            dof, n, n_acc);
-    x = chi2w(next, p1, n_acc, &dof);
+    x = spec_chi2(next, p1, W, n_acc, &dof);
     CHECK(dof >= 1 && dof < 12 && x < crit999[dof],
           "verify: after a kept draft vs row 1: chi2 "
           "%.2f dof %d",
