@@ -16,22 +16,7 @@
 #include "model/backend.h"
 #include "paged_kv/kv_quant.h"
 #include "test_util.h"
-
-static uint64_t rng = 0x9e3779b97f4a7c15ull;
-
-static double urand(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (double)(rng >> 11) / 9007199254740992.0;
-}
-
-static float gauss(void)
-{
-    double u = urand() + 1e-12, v = urand();
-    return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
-}
+#include "test_rand.h"
 
 static const int formats[] = {KV_DTYPE_F32,  KV_DTYPE_BF16, KV_DTYPE_FP8, KV_DTYPE_INT8,
                               KV_DTYPE_INT4, KV_DTYPE_TQ4,  KV_DTYPE_TQ3, KV_DTYPE_TQ2};

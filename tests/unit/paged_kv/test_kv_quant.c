@@ -7,22 +7,8 @@
 
 #include "paged_kv/kv_quant.h"
 #include "test_util.h"
-
-static uint64_t rng = 0x1234567u;
-
-static double urand(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (double)(rng >> 11) / 9007199254740992.0;
-}
-
-static float gauss(void)
-{
-    double u = urand() + 1e-12, v = urand();
-    return (float)(sqrt(-2 * log(u)) * cos(6.283185307179586 * v));
-}
+#define TEST_RAND_SEED 0x1234567u
+#include "test_rand.h"
 
 static void test_names(void)
 {
