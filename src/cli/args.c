@@ -9,6 +9,7 @@
 #include <cjson/cJSON.h>
 
 #include "common/util.h"
+#include "model/tp.h"
 
 const char *arg_value(int argc, char **argv, int *i)
 {
@@ -73,6 +74,8 @@ int arg_ids(const char *s, int32_t **ids, size_t *n)
 const char arg_engine_usage[] =
     "  --device D                  cpu, cuda or cuda:N (default: cuda when a GPU is present)\n"
     "  --threads N                 CPU compute threads (default: one per core)\n"
+    "  --tensor-parallel-size N, -tp N  split the model over N GPUs (cuda:K..K+N-1 for\n"
+    "                              --device cuda:K; Llama, Mistral, Qwen2, Qwen3)\n"
     "  --num-blocks N              KV blocks in the pool (default: from --kv-cache-memory)\n"
     "  --kv-cache-memory BYTES     KV pool size, e.g. 2GiB (default 1GiB on the CPU)\n"
     "  --kv-host-memory BYTES      CUDA: pinned host memory that keeps KV blocks evicted from\n"
@@ -82,8 +85,7 @@ const char arg_engine_usage[] =
     "  --kv-disk-size BYTES        byte budget of --kv-disk-dir (default 16GiB)\n" ARG_KV_USAGE
     "  --gpu-memory-utilization F  GPU share for weights, activations and KV (default 0.9)\n"
     "  --block-size N              tokens per KV block (default 16)\n"
-    "  --max-num-batched-tokens N  token budget of one step (default 2048)\n"
-    ARG_SCHED_USAGE
+    "  --max-num-batched-tokens N  token budget of one step (default 2048)\n" ARG_SCHED_USAGE
     "  --max-num-seqs N            running requests at most (default 256)\n"
     "  --max-model-len N           context length (default: the model's)\n"
     "  --no-enable-prefix-caching  no prefix sharing between requests\n"
@@ -199,6 +201,13 @@ int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg)
                                        "--max-num-seqs", "--max-model-len"};
     if (!strcmp(a, "--mlock")) {
         cfg->mlock = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp")) {
+        const char *v = arg_value(argc, argv, i);
+        long x;
+        if (!v || arg_int(a, v, 1, TP_MAX, &x)) return -1;
+        cfg->tensor_parallel_size = (int)x;
         return 1;
     }
     if (!strcmp(a, "--batch-invariant")) {

@@ -242,5 +242,5 @@ static void bitnet_layers(struct model *m, const struct fwd_batch *b)
     }
 }
 
-const struct arch arch_bitnet = {"BitNetForCausalLM", "bitnet", bitnet_config, bitnet_load,
-                                 bitnet_layers};
+const struct arch arch_bitnet = {"BitNetForCausalLM", "bitnet",      bitnet_config,
+                                 bitnet_load,         bitnet_layers, false};

@@ -83,7 +83,7 @@ static int gemma3_config(struct model_config *c, const struct cJSON *root, struc
     return gemma_config(c, root, e);
 }
 
-const struct arch arch_gemma2 = {"Gemma2ForCausalLM", "gemma2", gemma2_config, gemma_load,
-                                 gemma_layers};
-const struct arch arch_gemma3 = {"Gemma3ForCausalLM", "gemma3", gemma3_config, gemma_load,
-                                 gemma_layers};
+const struct arch arch_gemma2 = {"Gemma2ForCausalLM", "gemma2",     gemma2_config,
+                                 gemma_load,          gemma_layers, false};
+const struct arch arch_gemma3 = {"Gemma3ForCausalLM", "gemma3",     gemma3_config,
+                                 gemma_load,          gemma_layers, false};

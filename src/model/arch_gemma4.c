@@ -376,7 +376,7 @@ static void gemma4_layers(struct model *m, const struct fwd_batch *b)
     }
 }
 
-const struct arch arch_gemma4 = {"Gemma4ForCausalLM", "gemma4", gemma4_config, gemma4_load,
-                                 gemma4_layers};
-const struct arch arch_gemma4_vl = {"Gemma4ForConditionalGeneration", "gemma4", gemma4_config,
-                                    gemma4_load, gemma4_layers};
+const struct arch arch_gemma4 = {"Gemma4ForCausalLM", "gemma4",      gemma4_config,
+                                 gemma4_load,         gemma4_layers, false};
+const struct arch arch_gemma4_vl = {
+    "Gemma4ForConditionalGeneration", "gemma4", gemma4_config, gemma4_load, gemma4_layers, false};

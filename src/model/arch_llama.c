@@ -38,9 +38,11 @@ static void llama_layers(struct model *m, const struct fwd_batch *b)
         blk_capture(m, l, n);
         blk_norm(m, m->h, m->x, L->attn_norm, n);
         blk_attn(m, &L->attn, l, b);
+        blk_reduce(m, n);
         blk_add(m, n);
         blk_norm(m, m->h, m->x, L->ffn_norm, n);
         blk_mlp(m, &L->mlp, n);
+        blk_reduce(m, n);
         blk_add(m, n);
     }
     blk_capture(m, m->cfg.n_layers, n);
@@ -82,10 +84,10 @@ static int qwen3_config(struct model_config *c, const struct cJSON *root, struct
     return qwen_config(c, root, e);
 }
 
-const struct arch arch_llama = {"LlamaForCausalLM", "llama", NULL, llama_load, llama_layers};
-const struct arch arch_mistral = {"MistralForCausalLM", "mistral", mistral_config, llama_load,
-                                  llama_layers};
-const struct arch arch_qwen2 = {"Qwen2ForCausalLM", "qwen2", qwen2_config, llama_load,
-                                llama_layers};
-const struct arch arch_qwen3 = {"Qwen3ForCausalLM", "qwen3", qwen3_config, llama_load,
-                                llama_layers};
+const struct arch arch_llama = {"LlamaForCausalLM", "llama", NULL, llama_load, llama_layers, true};
+const struct arch arch_mistral = {"MistralForCausalLM", "mistral",    mistral_config,
+                                  llama_load,           llama_layers, true};
+const struct arch arch_qwen2 = {"Qwen2ForCausalLM", "qwen2",      qwen2_config,
+                                llama_load,         llama_layers, true};
+const struct arch arch_qwen3 = {"Qwen3ForCausalLM", "qwen3",      qwen3_config,
+                                llama_load,         llama_layers, true};

@@ -95,11 +95,19 @@ static void qwen3_5_layers(struct model *m, const struct fwd_batch *b)
     }
 }
 
-const struct arch arch_qwen3_5 = {"Qwen3_5ForCausalLM", "qwen3_5", qwen3_5_config, qwen3_5_load,
-                                  qwen3_5_layers};
-const struct arch arch_qwen3_5_vl = {"Qwen3_5ForConditionalGeneration", "qwen3_5", qwen3_5_config,
-                                     qwen3_5_load, qwen3_5_layers};
-const struct arch arch_qwen3_5_moe = {"Qwen3_5MoeForCausalLM", "qwen3_5_moe", qwen3_5_config,
-                                      qwen3_5_load, qwen3_5_layers};
-const struct arch arch_qwen3_5_moe_vl = {"Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe",
-                                         qwen3_5_config, qwen3_5_load, qwen3_5_layers};
+const struct arch arch_qwen3_5 = {"Qwen3_5ForCausalLM", "qwen3_5",      qwen3_5_config,
+                                  qwen3_5_load,         qwen3_5_layers, false};
+const struct arch arch_qwen3_5_vl = {"Qwen3_5ForConditionalGeneration",
+                                     "qwen3_5",
+                                     qwen3_5_config,
+                                     qwen3_5_load,
+                                     qwen3_5_layers,
+                                     false};
+const struct arch arch_qwen3_5_moe = {
+    "Qwen3_5MoeForCausalLM", "qwen3_5_moe", qwen3_5_config, qwen3_5_load, qwen3_5_layers, false};
+const struct arch arch_qwen3_5_moe_vl = {"Qwen3_5MoeForConditionalGeneration",
+                                         "qwen3_5_moe",
+                                         qwen3_5_config,
+                                         qwen3_5_load,
+                                         qwen3_5_layers,
+                                         false};

@@ -92,5 +92,5 @@ static void qwen3_moe_layers(struct model *m, const struct fwd_batch *b)
     blk_capture(m, m->cfg.n_layers, n);
 }
 
-const struct arch arch_qwen3_moe = {"Qwen3MoeForCausalLM", "qwen3_moe", qwen3_moe_config,
-                                    qwen3_moe_load, qwen3_moe_layers};
+const struct arch arch_qwen3_moe = {"Qwen3MoeForCausalLM", "qwen3_moe",      qwen3_moe_config,
+                                    qwen3_moe_load,        qwen3_moe_layers, false};

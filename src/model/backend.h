@@ -254,6 +254,20 @@ struct backend_ops {
     void (*copy_fence)(void *ctx);
     /* Device seconds the copies completed so far took, down (to host) and up. */
     void (*copy_seconds)(void *ctx, double *out_s, double *in_s);
+
+    /* Tensor parallelism (model/tp.h). Optional (NULL: the backend runs no groups). */
+    /* Makes members[0..size) (contexts of this backend, members[0] == ctx, one device each)
+     * one group, member r its rank r; 0, or -1 + err (no collective library, a device twice). */
+    int (*group_create)(void *ctx, int size, void *const *members, struct err *e);
+    /* x [n] = the sum over the group of every rank's x [n], added in rank order. Every rank
+     * calls it with the same n, in the same order among the group's collectives. */
+    void (*all_reduce)(void *ctx, float *x, int64_t n);
+    /* out [rows, size * cols] = every rank's in [rows, cols] side by side, rank 0 first. */
+    void (*all_gather)(void *ctx, float *out, const float *in, int rows, int cols);
+    /* Starts the work recorded so far (backends that record a step before running it); the
+     * group's ranks other than the lead call it at the end of each step, since the lead's
+     * collectives wait for theirs. */
+    void (*submit)(void *ctx);
 };
 
 struct backend {

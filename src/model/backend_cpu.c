@@ -1,5 +1,6 @@
 /* The CPU backend: float32 activations in host memory, kernels from kernels/cpu. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +13,19 @@
 #include "model/backend.h"
 #include "paged_kv/kv_quant.h"
 
+/* A tensor-parallel group of CPU backends (model/tp.h): each rank runs on a thread of its
+ * own, and a collective is two barriers around the ranks' reads of each other's buffers. */
+struct cpu_group {
+    int size, refs;
+    pthread_barrier_t bar;
+    pthread_mutex_t mu;
+    float *buf[8];      /* each rank's buffer of the collective under way */
+    const float *in[8]; /* all_gather: each rank's input */
+};
+
 struct cpu_ctx {
+    struct cpu_group *grp; /* NULL outside a group */
+    int rank;
     struct threadpool *tp;
     int32_t *tok_seq; /* [cap] sequence of each token of the current step */
     int tok_cap;
@@ -333,9 +346,66 @@ static void cpu_info(void *ctx, struct backend_info *out)
     out->kv_value_bytes = (int)sizeof(float);
 }
 
+static int cpu_group_create(void *ctx, int size, void *const *members, struct err *e)
+{
+    (void)ctx;
+    if (size < 1 || size > 8) return err_set(e, "a CPU group of %d ranks (1 to 8)", size);
+    struct cpu_group *g = xcalloc(1, sizeof *g);
+    g->size = g->refs = size;
+    pthread_barrier_init(&g->bar, NULL, (unsigned)size);
+    pthread_mutex_init(&g->mu, NULL);
+    for (int r = 0; r < size; r++) {
+        struct cpu_ctx *c = members[r];
+        c->grp = g;
+        c->rank = r;
+    }
+    return 0;
+}
+
+/* Rank r adds up elements [n r / size, n (r + 1) / size) of every rank's x, in rank order,
+ * and writes the sums into every rank's x: the same floats everywhere. */
+static void cpu_all_reduce(void *ctx, float *x, int64_t n)
+{
+    struct cpu_ctx *c = ctx;
+    struct cpu_group *g = c->grp;
+    g->buf[c->rank] = x;
+    pthread_barrier_wait(&g->bar);
+    int64_t lo = n * c->rank / g->size, hi = n * (c->rank + 1) / g->size;
+    for (int64_t i = lo; i < hi; i++) {
+        float sum = g->buf[0][i];
+        for (int r = 1; r < g->size; r++) sum += g->buf[r][i];
+        for (int r = 0; r < g->size; r++) g->buf[r][i] = sum;
+    }
+    pthread_barrier_wait(&g->bar);
+}
+
+static void cpu_all_gather(void *ctx, float *out, const float *in, int rows, int cols)
+{
+    struct cpu_ctx *c = ctx;
+    struct cpu_group *g = c->grp;
+    g->in[c->rank] = in;
+    pthread_barrier_wait(&g->bar);
+    size_t row = sizeof(float) * (size_t)cols;
+    for (int r = 0; r < g->size; r++)
+        for (int i = 0; i < rows; i++)
+            memcpy(out + ((size_t)i * g->size + r) * cols, g->in[r] + (size_t)i * cols, row);
+    pthread_barrier_wait(&g->bar);
+}
+
 static void cpu_destroy(void *ctx)
 {
     struct cpu_ctx *c = ctx;
+    if (c->grp) {
+        struct cpu_group *g = c->grp;
+        pthread_mutex_lock(&g->mu);
+        int last = --g->refs == 0;
+        pthread_mutex_unlock(&g->mu);
+        if (last) {
+            pthread_barrier_destroy(&g->bar);
+            pthread_mutex_destroy(&g->mu);
+            free(g);
+        }
+    }
     tp_destroy(c->tp);
     free(c->tok_seq);
     free(c->pick[0]);
@@ -377,6 +447,9 @@ static const struct backend_ops cpu_ops = {
     .moe = cpu_moe_op,
     .copy = cpu_copy,
     .scale = cpu_scale,
+    .group_create = cpu_group_create,
+    .all_reduce = cpu_all_reduce,
+    .all_gather = cpu_all_gather,
 };
 
 int backend_cpu_create(struct backend *be, int threads, struct err *e)

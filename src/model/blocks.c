@@ -21,21 +21,23 @@ int blk_attn_load(struct model *m, const char *prefix, struct attn_block *a, str
 {
     const struct model_config *c = &m->cfg;
     int H = c->hidden, D = c->head_dim;
-    int qdim = c->n_heads * D, kvdim = c->n_kv_heads * D;
+    int qdim = c->n_heads * D, kvdim = c->n_kv_heads * D; /* the rank's share */
+    int last = m->tp_rank == 0;                           /* o's bias: added once */
     char n[300];
 #define NAME(s) (snprintf(n, sizeof n, "%s.%s", prefix, s), n)
-    if (model_load_linear(m, NAME("q_proj"), c->attn_gate ? 2 * qdim : qdim, H, &a->wq, e) ||
-        model_load_linear(m, NAME("k_proj"), kvdim, H, &a->wk, e) ||
-        model_load_linear(m, NAME("v_proj"), kvdim, H, &a->wv, e) ||
-        model_load_linear(m, NAME("o_proj"), H, qdim, &a->wo, e))
+    if (model_load_linear_split(m, NAME("q_proj"), c->attn_gate ? 2 * qdim : qdim, H, SPLIT_ROWS,
+                                &a->wq, e) ||
+        model_load_linear_split(m, NAME("k_proj"), kvdim, H, SPLIT_KV, &a->wk, e) ||
+        model_load_linear_split(m, NAME("v_proj"), kvdim, H, SPLIT_KV, &a->wv, e) ||
+        model_load_linear_split(m, NAME("o_proj"), H, qdim, SPLIT_COLS, &a->wo, e))
         return -1;
     if (c->qk_norm && (blk_norm_load(m, NAME("q_norm.weight"), D, &a->q_norm, e) ||
                        blk_norm_load(m, NAME("k_norm.weight"), D, &a->k_norm, e)))
         return -1;
-    if (model_load_vec(m, NAME("q_proj.bias"), qdim, 0, c->attn_bias, &a->bq, e) ||
-        model_load_vec(m, NAME("k_proj.bias"), kvdim, 0, c->attn_bias, &a->bk, e) ||
-        model_load_vec(m, NAME("v_proj.bias"), kvdim, 0, c->attn_bias, &a->bv, e) ||
-        model_load_vec(m, NAME("o_proj.bias"), H, 0, c->o_bias, &a->bo, e))
+    if (model_load_vec_part(m, NAME("q_proj.bias"), qdim, 0, c->attn_bias, SPLIT_ROWS, &a->bq, e) ||
+        model_load_vec_part(m, NAME("k_proj.bias"), kvdim, 0, c->attn_bias, SPLIT_KV, &a->bk, e) ||
+        model_load_vec_part(m, NAME("v_proj.bias"), kvdim, 0, c->attn_bias, SPLIT_KV, &a->bv, e) ||
+        (last && model_load_vec(m, NAME("o_proj.bias"), H, 0, c->o_bias, &a->bo, e)))
         return -1;
 #undef NAME
     return 0;
@@ -47,13 +49,16 @@ int blk_mlp_load(struct model *m, const char *prefix, int ffn, struct mlp_block 
     int H = c->hidden;
     char n[300];
 #define NAME(s) (snprintf(n, sizeof n, "%s.%s", prefix, s), n)
-    if (model_load_linear(m, NAME("gate_proj"), ffn, H, &p->gate, e) ||
-        model_load_linear(m, NAME("up_proj"), ffn, H, &p->up, e) ||
-        model_load_linear(m, NAME("down_proj"), H, ffn, &p->down, e))
+    if (model_load_linear_split(m, NAME("gate_proj"), ffn, H, SPLIT_ROWS, &p->gate, e) ||
+        model_load_linear_split(m, NAME("up_proj"), ffn, H, SPLIT_ROWS, &p->up, e) ||
+        model_load_linear_split(m, NAME("down_proj"), H, ffn, SPLIT_COLS, &p->down, e))
         return -1;
-    if (model_load_vec(m, NAME("gate_proj.bias"), ffn, 0, c->mlp_bias, &p->b_gate, e) ||
-        model_load_vec(m, NAME("up_proj.bias"), ffn, 0, c->mlp_bias, &p->b_up, e) ||
-        model_load_vec(m, NAME("down_proj.bias"), H, 0, c->mlp_bias, &p->b_down, e))
+    if (model_load_vec_part(m, NAME("gate_proj.bias"), ffn, 0, c->mlp_bias, SPLIT_ROWS, &p->b_gate,
+                            e) ||
+        model_load_vec_part(m, NAME("up_proj.bias"), ffn, 0, c->mlp_bias, SPLIT_ROWS, &p->b_up,
+                            e) ||
+        (m->tp_rank == 0 &&
+         model_load_vec(m, NAME("down_proj.bias"), H, 0, c->mlp_bias, &p->b_down, e)))
         return -1;
 #undef NAME
     return 0;
@@ -67,6 +72,11 @@ void blk_norm(struct model *m, float *out, const float *x, const float *w, int r
 void blk_add(struct model *m, int rows)
 {
     m->be->ops->add(m->be->ctx, m->x, m->h, (int64_t)rows * m->cfg.hidden);
+}
+
+void blk_reduce(struct model *m, int rows)
+{
+    if (m->tp_size > 1) m->be->ops->all_reduce(m->be->ctx, m->h, (int64_t)rows * m->cfg.hidden);
 }
 
 void blk_capture(struct model *m, int layer, int rows)

@@ -18,10 +18,13 @@ const char *blk_name(const struct model *m, char *buf, size_t n, int layer, cons
 /** Loads the norm weight `name` [dim] ((1 + w) when the config says so). */
 int blk_norm_load(struct model *m, const char *name, int dim, float **out, struct err *e);
 
-/** Loads `<prefix>.{q,k,v,o}_proj` with the biases and q/k norms the config declares. */
+/** Loads `<prefix>.{q,k,v,o}_proj` with the biases and q/k norms the config declares. In a
+ * tensor-parallel group, the rank's heads: q/k/v and their biases by rows, o by columns, o's
+ * bias at rank 0 only (model_load_linear_split). */
 int blk_attn_load(struct model *m, const char *prefix, struct attn_block *a, struct err *e);
 
-/** Loads `<prefix>.{gate,up,down}_proj` of width ffn (and their biases, mlp_bias). */
+/** Loads `<prefix>.{gate,up,down}_proj` of width ffn (and their biases, mlp_bias); in a
+ * tensor-parallel group the rank's share of the width (ffn is the rank's). */
 int blk_mlp_load(struct model *m, const char *prefix, int ffn, struct mlp_block *p, struct err *e);
 
 /** Loads `<prefix>.*` of a Gated DeltaNet layer (linear_attn). */
@@ -42,6 +45,10 @@ void blk_capture(struct model *m, int layer, int rows);
 
 /** x += h over the step's rows. */
 void blk_add(struct model *m, int rows);
+
+/** In a tensor-parallel group (model/tp.h), h = the sum of every rank's partial h (the rows
+ * after o or down, whose inputs each rank holds a share of); nothing at one rank. */
+void blk_reduce(struct model *m, int rows);
 
 /** Self-attention of layer `layer` over the paged KV: q/k/v of m->h, biases, q/k norms, rope
  * (the layer kind's tables), the KV store, attention, o. Result in m->h. */

@@ -8,6 +8,7 @@
 
 #include "model/arch.h"
 #include "model/model.h"
+#include "model/tp.h"
 
 /* Fills host cos/sin [n_tokens, D/2] for one rope parameter set. Dynamic NTK rescales the
  * base once a position passes the original context (per token, so cached keys keep the
@@ -68,6 +69,14 @@ void model_step_begin(struct model *m, const struct fwd_batch *b)
 
 void model_forward(struct model *m, const struct fwd_batch *b, float *logits)
 {
+    if (m->tp)
+        tpg_forward(m->tp, b, logits);
+    else
+        model_forward_rank(m, b, logits);
+}
+
+void model_forward_rank(struct model *m, const struct fwd_batch *b, float *logits)
+{
     const struct model_config *c = &m->cfg;
     const struct backend_ops *o = m->be->ops;
     void *ctx = m->be->ctx;
@@ -92,9 +101,17 @@ void model_forward(struct model *m, const struct fwd_batch *b, float *logits)
         o->gather_rows(ctx, m->xl, m->x, b->logit_rows, b->n_logits, H);
         o->rms_norm(ctx, m->xl, m->xl, m->final_norm, b->n_logits, H, c->rms_eps);
     }
-    o->matmul(ctx, m->logits, m->xl, &m->lm_head, b->n_logits);
-    if (c->final_softcap > 0)
-        o->softcap(ctx, m->logits, (int64_t)b->n_logits * c->vocab, c->final_softcap);
+    if (m->tp_size > 1) { /* each rank's share of the vocabulary, then all of it */
+        o->matmul(ctx, m->logits_part, m->xl, &m->lm_head, b->n_logits);
+        if (c->final_softcap > 0)
+            o->softcap(ctx, m->logits_part, (int64_t)b->n_logits * m->vocab_part, c->final_softcap);
+        o->all_gather(ctx, m->logits, m->logits_part, b->n_logits, m->vocab_part);
+        if (m->tp_rank > 0) return; /* the lead reads the logits */
+    } else {
+        o->matmul(ctx, m->logits, m->xl, &m->lm_head, b->n_logits);
+        if (c->final_softcap > 0)
+            o->softcap(ctx, m->logits, (int64_t)b->n_logits * c->vocab, c->final_softcap);
+    }
     if (logits) o->download(ctx, logits, m->logits, sizeof(float) * (size_t)b->n_logits * c->vocab);
 }
 

@@ -8,6 +8,7 @@
 
 #include "common/util.h"
 #include "model/arch.h"
+#include "model/tp.h"
 
 static int check_shape(const struct st_tensor *t, int ndim, const int64_t *want, struct err *e)
 {
@@ -74,12 +75,18 @@ static void track_vec(struct model *m, float *v, int64_t len)
 }
 
 static int load_linear(struct model *m, const char *prefix, int expert, int64_t n, int64_t k,
-                       struct qweight *w, struct err *e);
+                       enum tp_split split, struct qweight *w, struct err *e);
 
 int model_load_linear(struct model *m, const char *prefix, int64_t n, int64_t k, struct qweight *w,
                       struct err *e)
 {
-    if (load_linear(m, prefix, -1, n, k, w, e)) return -1;
+    return model_load_linear_split(m, prefix, n, k, SPLIT_NONE, w, e);
+}
+
+int model_load_linear_split(struct model *m, const char *prefix, int64_t n, int64_t k,
+                            enum tp_split split, struct qweight *w, struct err *e)
+{
+    if (load_linear(m, prefix, -1, n, k, split, w, e)) return -1;
     track_linear(m, w);
     return 0;
 }
@@ -87,9 +94,69 @@ int model_load_linear(struct model *m, const char *prefix, int64_t n, int64_t k,
 int model_load_expert(struct model *m, const char *prefix, int expert, int64_t n, int64_t k,
                       struct qweight *w, struct err *e)
 {
-    if (load_linear(m, prefix, expert, n, k, w, e)) return -1;
+    if (load_linear(m, prefix, expert, n, k, SPLIT_NONE, w, e)) return -1;
     track_linear(m, w);
     return 0;
+}
+
+/* Bytes of one row of w's scales (and of its biases): k / group entries. */
+static size_t scale_row_bytes(const struct qweight *w)
+{
+    return w->scales ? (size_t)(w->k / w->group) * st_dtype_size(w->sdtype) : 0;
+}
+
+/* Narrows the whole matrix w (as stored) to this rank's share under split: a row share
+ * points into the mapping; a column share is copied out row by row into host memory that
+ * lives as long as the model. Then the backend prepares it. */
+/* The share this rank takes under split: part *r of *S. */
+static void share_of(const struct model *m, enum tp_split split, int *r, int *S)
+{
+    *r = split == SPLIT_KV ? m->kv_part : split == SPLIT_NONE ? 0 : m->tp_rank;
+    *S = split == SPLIT_KV ? m->kv_parts : split == SPLIT_NONE ? 1 : m->tp_size;
+}
+
+static int take_share(struct model *m, const char *prefix, struct qweight *w, enum tp_split split,
+                      struct err *e)
+{
+    int S, r;
+    share_of(m, split, &r, &S);
+    if ((split == SPLIT_ROWS || split == SPLIT_KV) && S > 1) {
+        int64_t n = w->n / S;
+        size_t srb = scale_row_bytes(w);
+        w->w += (size_t)(r * n) * w->row_bytes;
+        if (w->scales) w->scales = (const uint8_t *)w->scales + (size_t)(r * n) * srb;
+        if (w->biases) w->biases = (const uint8_t *)w->biases + (size_t)(r * n) * srb;
+        w->n = n;
+    } else if (split == SPLIT_COLS && S > 1) {
+        int64_t k = w->k / S, c0 = r * k;
+        if (w->fmt == WFMT_TERNARY || (k * w->bits) % 8 || (w->group && k % w->group))
+            return err_set(e,
+                           "%s: its %lld inputs split %d ways do not fall on whole groups of %d "
+                           "(--tensor-parallel-size)",
+                           prefix, (long long)w->k, S, w->group);
+        size_t rb = (size_t)(k * w->bits / 8), srb = scale_row_bytes(w);
+        size_t ssz = w->scales ? st_dtype_size(w->sdtype) : 0,
+               nsrb = (size_t)(k / (w->group ? w->group : 1)) * ssz;
+        size_t bytes = (size_t)w->n * (rb + (w->biases ? 2 : 1) * nsrb);
+        uint8_t *blob = xmalloc(bytes ? bytes : 1), *p = blob;
+        m->host_blobs = xrealloc(m->host_blobs, sizeof(void *) * (size_t)(m->n_host_blobs + 1));
+        m->host_blobs[m->n_host_blobs++] = blob;
+        for (int64_t i = 0; i < w->n; i++, p += rb)
+            memcpy(p, w->w + (size_t)i * w->row_bytes + (size_t)(c0 * w->bits / 8), rb);
+        w->w = blob;
+        w->row_bytes = rb;
+        const void **parts[2] = {&w->scales, &w->biases};
+        for (int j = 0; j < 2; j++) {
+            if (!*parts[j]) continue;
+            const uint8_t *src = *parts[j];
+            uint8_t *dst = p;
+            for (int64_t i = 0; i < w->n; i++, p += nsrb)
+                memcpy(p, src + (size_t)i * srb + (size_t)(c0 / w->group) * ssz, nsrb);
+            *parts[j] = dst;
+        }
+        w->k = k;
+    }
+    return m->be->ops->weight_prepare(m->be->ctx, w, e);
 }
 
 /* Checks t against [rows, cols], or [E, rows, cols] with E > expert when expert >= 0, and
@@ -117,11 +184,17 @@ static int check_slice(const struct st_tensor *t, int expert, int64_t rows, int6
 /* Loads the linear layer `prefix` of n outputs and k inputs; with expert >= 0, expert
  * `expert` of a stack [E, n, k] stored under that name (MLX switch_mlp). */
 static int load_linear(struct model *m, const char *prefix, int expert, int64_t n, int64_t k,
-                       struct qweight *w, struct err *e)
+                       enum tp_split split, struct qweight *w, struct err *e)
 {
     char name[256];
     size_t off;
     memset(w, 0, sizeof *w);
+    int part, parts;
+    share_of(m, split, &part, &parts);
+    if (split == SPLIT_COLS) /* the whole matrix first */
+        k *= parts;
+    else
+        n *= parts;
     w->n = n;
     w->k = k;
     snprintf(name, sizeof name, "%s.weight", prefix);
@@ -141,7 +214,7 @@ static int load_linear(struct model *m, const char *prefix, int expert, int64_t 
         w->bits = (int)st_dtype_size(t->dtype) * 8;
         w->w = (const uint8_t *)t->data + off;
         w->row_bytes = (size_t)k * st_dtype_size(t->dtype);
-        return m->be->ops->weight_prepare(m->be->ctx, w, e);
+        return take_share(m, prefix, w, split, e);
     }
     struct quant_spec q = config_quant_for(&m->cfg, prefix);
     if (q.mode == QMODE_NONE)
@@ -195,7 +268,7 @@ static int load_linear(struct model *m, const char *prefix, int expert, int64_t 
     if (w->fmt != WFMT_AFFINE && sc->dtype != ST_U8)
         return err_set(e, "%s: tensor '%s': scales of this format must be U8, not %s", sc->file,
                        sc->name, st_dtype_name(sc->dtype));
-    return m->be->ops->weight_prepare(m->be->ctx, w, e);
+    return take_share(m, prefix, w, split, e);
 }
 
 /* Converts `count` values of t to float in backend memory, plus `add`. */
@@ -241,6 +314,22 @@ int model_load_vec(struct model *m, const char *name, int dim, float add, int re
     int64_t want[1] = {dim};
     if (check_shape(t, 1, want, e)) return -1;
     return load_floats(m, t, dim, add, out, e);
+}
+
+int model_load_vec_part(struct model *m, const char *name, int dim, float add, int required,
+                        enum tp_split split, float **out, struct err *e)
+{
+    int r, S;
+    share_of(m, split, &r, &S);
+    if (S == 1) return model_load_vec(m, name, dim, add, required, out, e);
+    *out = NULL;
+    const struct st_tensor *t = st_find(&m->st, name);
+    if (!t) return required ? (need(m, name, e), -1) : 0;
+    int64_t want[1] = {(int64_t)dim * S};
+    if (check_shape(t, 1, want, e)) return -1;
+    struct st_tensor part = *t;
+    part.data = (const uint8_t *)t->data + (size_t)r * dim * st_dtype_size(t->dtype);
+    return load_floats(m, &part, dim, add, out, e);
 }
 
 int model_read_vec(struct model *m, const char *name, int dim, float *out, struct err *e)
@@ -418,10 +507,16 @@ static int load_weights(struct model *m, struct err *e)
     if (model_load_linear(m, n, c->vocab, H, &m->embed, e)) return -1;
     snprintf(n, sizeof n, "%s.weight", m->head);
     int tie = c->tie_embeddings || (!c->tie_explicit && !st_find(&m->st, n));
-    if (tie)
+    if (m->tp_size > 1) { /* the rank's rows of the vocabulary; the embedding stays whole */
+        snprintf(n, sizeof n, "%sembed_tokens", m->prefix);
+        if (model_load_linear_split(m, tie ? n : m->head, m->vocab_part, H, SPLIT_ROWS, &m->lm_head,
+                                    e))
+            return -1;
+    } else if (tie) {
         m->lm_head = m->embed;
-    else if (model_load_linear(m, m->head, c->vocab, H, &m->lm_head, e))
+    } else if (model_load_linear(m, m->head, c->vocab, H, &m->lm_head, e)) {
         return -1;
+    }
     snprintf(n, sizeof n, "%snorm.weight", m->prefix);
     if (model_load_vec(m, n, (int)H, plus, 1, &m->final_norm, e)) return -1;
     m->embed_scale = c->embed_scale;
@@ -471,7 +566,53 @@ static int check_ops(const struct model *m, const char *dir, struct err *e)
                    dir, c->arch_name, c->arch->family, missing, o->name);
 }
 
+/* Rank `rank` of `size` takes its share of the heads, the KV heads and the MLP width (the
+ * family's load splits the matrices alike); what does not divide evenly is refused. */
+static int tp_share(struct model *m, const char *dir, int rank, int size, struct err *e)
+{
+    struct model_config *c = &m->cfg;
+    m->tp_rank = m->kv_part = rank;
+    m->tp_size = m->kv_parts = size;
+    m->vocab_part = c->vocab;
+    if (size == 1) return 0;
+    if (!c->arch->tensor_parallel)
+        return err_set(e,
+                       "%s: %s (%s) does not run split over GPUs yet (--tensor-parallel-size "
+                       "%d): the Llama, Mistral, Qwen2 and Qwen3 families do",
+                       dir, c->arch_name, c->arch->family, size);
+    const char *what = NULL;
+    int v = 0;
+    /* fewer key-value heads than ranks: each head serves size / heads ranks */
+    int kvh = c->n_kv_heads, rep = kvh < size && size % kvh == 0 ? size / kvh : 1;
+    for (int l = 0; l < c->n_layers && !what; l++)
+        if (c->layer_kv_heads[l] != kvh || (rep == 1 && kvh % size))
+            what = "key-value heads", v = c->layer_kv_heads[l];
+    if (!what && c->n_heads % size) what = "attention heads", v = c->n_heads;
+    if (!what && c->ffn % size) what = "intermediate_size", v = c->ffn;
+    if (!what && c->vocab % size) what = "vocab_size", v = c->vocab;
+    if (what)
+        return err_set(e,
+                       "%s: config.json has %d %s, which do not divide into "
+                       "--tensor-parallel-size %d parts",
+                       dir, v, what, size);
+    c->n_heads /= size;
+    c->n_kv_heads = kvh * rep / size;
+    for (int l = 0; l < c->n_layers; l++) c->layer_kv_heads[l] = c->n_kv_heads;
+    c->max_kv_dim = c->max_kv_dim / kvh * c->n_kv_heads;
+    m->kv_parts = kvh < size ? kvh : size;
+    m->kv_part = rank / rep;
+    c->ffn /= size;
+    m->vocab_part = c->vocab / size;
+    return 0;
+}
+
 struct model *model_load(const char *dir, struct backend *be, struct err *e)
+{
+    return model_load_rank(dir, be, 0, 1, e);
+}
+
+struct model *model_load_rank(const char *dir, struct backend *be, int rank, int size,
+                              struct err *e)
 {
     struct model *m = xcalloc(1, sizeof *m);
     m->be = be;
@@ -480,7 +621,8 @@ struct model *model_load(const char *dir, struct backend *be, struct err *e)
         return NULL;
     }
     const struct model_config *c = &m->cfg;
-    if (check_ops(m, dir, e)) { /* first: what the backend cannot run is named as such */
+    if (check_ops(m, dir, e) || tp_share(m, dir, rank, size, e)) {
+        /* first: what the backend cannot run is named as such */
         config_dispose(&m->cfg);
         free(m);
         return NULL;
@@ -567,6 +709,12 @@ size_t model_kv_bytes_per_block(const struct model *m, const struct kv_spec *spe
 }
 
 int model_set_kv_format(struct model *m, const struct kv_spec *s, struct err *e)
+{
+    if (m->tp) return tpg_set_kv_format(m->tp, s, e);
+    return model_set_kv_format_rank(m, s, e);
+}
+
+int model_set_kv_format_rank(struct model *m, const struct kv_spec *s, struct err *e)
 {
     const struct model_config *c = &m->cfg;
     uint32_t have = m->be->ops->kv_dtypes;
@@ -689,6 +837,13 @@ void model_state_write(struct model *m, int slot, const void *src)
 int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blocks, int block_size,
                       int n_states, struct err *e)
 {
+    if (m->tp) return tpg_state_alloc(m->tp, max_tokens, max_logits, n_blocks, block_size, e);
+    return model_state_alloc_rank(m, max_tokens, max_logits, n_blocks, block_size, n_states, e);
+}
+
+int model_state_alloc_rank(struct model *m, int max_tokens, int max_logits, int n_blocks,
+                           int block_size, int n_states, struct err *e)
+{
     const struct model_config *c = &m->cfg;
     const struct backend_ops *o = m->be->ops;
     void *ctx = m->be->ctx;
@@ -712,6 +867,10 @@ int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blo
     m->up = A(T * F);
     m->xl = A((size_t)max_logits * H);
     m->logits = A((size_t)max_logits * (size_t)c->vocab);
+    if (m->tp_size > 1) {
+        m->logits_part = A((size_t)max_logits * (size_t)m->vocab_part);
+        if (!m->logits_part) return err_set(e, "out of memory for %d rows of logits", max_logits);
+    }
     for (int i = 0; i < 2; i++) {
         size_t half = (size_t)c->rope_dims[i] / 2;
         m->rope_cos[i] = A(T * R / 2);
@@ -795,6 +954,12 @@ int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blo
 
 int model_hidden_alloc(struct model *m, int max_rows, struct err *e)
 {
+    if (m->tp) return tpg_hidden_alloc(m->tp, max_rows, e);
+    return model_hidden_alloc_rank(m, max_rows, e);
+}
+
+int model_hidden_alloc_rank(struct model *m, int max_rows, struct err *e)
+{
     if (m->hid) m->be->ops->free(m->be->ctx, m->hid);
     m->hid = m->be->ops->alloc(m->be->ctx, sizeof(float) * (size_t)max_rows * m->cfg.hidden);
     m->max_hidden = m->hid ? max_rows : 0;
@@ -816,6 +981,7 @@ int model_aux_alloc(struct model *m, const int *layers, int n, struct err *e)
 void model_destroy(struct model *m)
 {
     if (!m) return;
+    if (m->tp) tpg_destroy(m->tp); /* the other ranks first */
     const struct backend_ops *o = m->be->ops;
     void *ctx = m->be->ctx;
     struct model_tensors *t = &m->tensors;
@@ -849,6 +1015,7 @@ void model_destroy(struct model *m)
                      m->up,
                      m->xl,
                      m->logits,
+                     m->logits_part,
                      m->hid,
                      m->aux,
                      m->rope_cos[0],
@@ -881,6 +1048,8 @@ void model_destroy(struct model *m)
     free(m->host_sin);
     free(m->rope_inv_freq[0]);
     free(m->rope_inv_freq[1]);
+    for (int i = 0; i < m->n_host_blobs; i++) free(m->host_blobs[i]);
+    free(m->host_blobs);
     st_close(&m->st);
     config_dispose(&m->cfg);
     free(m);
@@ -898,6 +1067,12 @@ int64_t model_param_count(const struct model *m)
 size_t model_weight_bytes(const struct model *m)
 {
     size_t n = 0;
+    if (m->tp_size > 1) { /* the rank's shares (and its whole embedding) */
+        const struct model_tensors *t = &m->tensors;
+        for (int i = 0; i < t->n_linears; i++) n += qweight_bytes(t->linears[i]);
+        for (int i = 0; i < t->n_vecs; i++) n += sizeof(float) * (size_t)t->vec_len[i];
+        return n;
+    }
     for (int i = 0; i < m->st.ntensors; i++) n += m->st.tensors[i].nbytes;
     return n;
 }

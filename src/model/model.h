@@ -140,12 +140,46 @@ struct model {
      * for n_layers, leaving the last), [n_aux][max_tokens, hidden]; n_aux 0 otherwise */
     int n_aux, aux_layer[3];
     float *aux;
+
+    /* Tensor parallelism (model/tp.h): this model is rank tp_rank of tp_size (0 of 1 alone);
+     * its config holds the rank's share of the heads and MLP width, its head the rank's
+     * vocab_part rows of the vocabulary, whose logits [max_logits, vocab_part] land in
+     * logits_part before the group gathers them into logits. The group's lead (rank 0) is the
+     * model the engine holds: tp is its group, through which the calls that touch every
+     * rank go; NULL elsewhere. host_blobs: host copies of column slices. */
+    int tp_rank, tp_size, vocab_part;
+    /* the rank's key-value heads are share kv_part of kv_parts: tp_rank of tp_size, or, with
+     * fewer heads than ranks, head tp_rank * heads / tp_size (ranks then share a head) */
+    int kv_part, kv_parts;
+    float *logits_part;
+    struct tp_group *tp;
+    void **host_blobs;
+    int n_host_blobs;
+};
+
+/* How a rank of a tensor-parallel group takes its share of a matrix. */
+enum tp_split {
+    SPLIT_NONE, /* the whole matrix on every rank */
+    SPLIT_ROWS, /* rows [rank * n, (rank + 1) * n): a share of the outputs */
+    SPLIT_COLS, /* columns [rank * k, (rank + 1) * k): a share of the inputs (partial sums) */
+    SPLIT_KV,   /* rows [kv_part * n, (kv_part + 1) * n): the rank's key-value heads */
 };
 
 /** Loads the linear layer `prefix` ("model.layers.0.self_attn.q_proj") of n outputs and k
  * inputs in its stored format (for the families' loaders). 0, or -1 + err naming the tensor. */
 int model_load_linear(struct model *m, const char *prefix, int64_t n, int64_t k, struct qweight *w,
                       struct err *e);
+
+/** As model_load_linear, n and k the rank's share under `split` (model/tp.h; at one rank the
+ * whole matrix whatever the split). A column share is copied out of the mapping; quantized
+ * weights split on whole groups. */
+int model_load_linear_split(struct model *m, const char *prefix, int64_t n, int64_t k,
+                            enum tp_split split, struct qweight *w, struct err *e);
+
+/** As model_load_vec for the rank's share of the vector under split (SPLIT_ROWS: [rank * dim,
+ * (rank + 1) * dim); SPLIT_KV: by kv_part). */
+int model_load_vec_part(struct model *m, const char *name, int dim, float add, int required,
+                        enum tp_split split, float **out, struct err *e);
 
 /** Counts w among the model's matrices (for one a family built itself). */
 void model_track_linear(struct model *m, struct qweight *w);

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "common/util.h"
+#include "model/tp.h"
 #include "paged_kv/kv_events.h"
 #include "sched/engine_impl.h"
 #include "sched/spec.h"
@@ -136,6 +137,18 @@ static int check_sched_config(const struct engine_config *cfg, struct err *e)
     return 0;
 }
 
+/* What a model split over devices does not run yet is refused before anything loads. */
+static int check_tp_config(const struct engine_config *cfg, struct err *e)
+{
+    const char *what = cfg->spec.method != SPEC_NONE ? "speculative decoding"
+                       : cfg->kv_host_memory         ? "--kv-host-memory"
+                       : cfg->kv_disk_dir            ? "--kv-disk-dir"
+                                                     : NULL;
+    if (!what) return 0;
+    return err_set(e, "--tensor-parallel-size %d: %s is not supported with a split model yet",
+                   cfg->tensor_parallel_size, what);
+}
+
 struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
 {
     struct engine *en = xcalloc(1, sizeof *en);
@@ -153,7 +166,13 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
         free(en);
         return NULL;
     }
-    en->m = model_load(cfg->model_dir, &en->be, e);
+    int tp = cfg->tensor_parallel_size > 1 ? cfg->tensor_parallel_size : 1;
+    if (tp > 1 && check_tp_config(cfg, e)) {
+        backend_destroy(&en->be);
+        free(en);
+        return NULL;
+    }
+    en->m = model_load_tp(cfg->model_dir, &en->be, cfg->device, tp, cfg->threads, e);
     if (!en->m) {
         backend_destroy(&en->be);
         free(en);
@@ -257,6 +276,8 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
         en->emb_out = xmalloc(sizeof(float) * (size_t)mc->hidden);
     }
     en->overlap = cfg->overlap > 0 || (cfg->overlap == 0 && en->be.ops->async_picks);
+    /* a split model's other ranks embed the step's tokens too: they come from the host */
+    if (tp > 1) en->overlap = 0;
     en->window = mc->sliding_window;
     en->sliding_only = mc->sliding_window > 0;
     for (int l = 0; l < mc->n_layers; l++)

@@ -191,8 +191,11 @@ enum preemption_mode {
 
 struct engine_config {
     const char *model_dir;
-    const char *device;            /* "cpu" (default); "cuda", "cuda:N" where built */
-    int threads;                   /* CPU compute threads; <= 0: one per core */
+    const char *device; /* "cpu" (default); "cuda", "cuda:N" where built */
+    int threads;        /* CPU compute threads; <= 0: one per core */
+    /* devices the model is split over (model/tp.h): cuda:K..K+N-1 for --device cuda:K; 0 or
+     * 1: one */
+    int tensor_parallel_size;
     int block_size;                /* tokens per KV block; 0: 16 */
     int num_blocks;                /* KV blocks; 0: from kv_cache_memory */
     struct kv_spec kv;             /* KV cache formats (zero: auto) */
