@@ -70,6 +70,9 @@ enum opk {
     OP_SCALE,
     OP_KV_STORE_Q, /* a layer in a KV cache format (attn_q.cu): its arguments in kq */
     OP_ATTN_Q,     /* its arguments in aq */
+    /* a tensor-parallel group's collectives (group.cu) */
+    OP_ALL_REDUCE,
+    OP_ALL_GATHER,
 };
 
 static const char *const op_names[] = {
@@ -77,7 +80,7 @@ static const char *const op_names[] = {
     "attention",    "act_mul",      "add",           "softcap",        "gather_rows", "argmax",
     "gemv",         "add+rms_norm", "rope+kv_store", "sample",         "gemm set",    "rope tables",
     "rope_partial", "split_qgate",  "gate_mul",      "rms_norm_gated", "delta_net",   "moe",
-    "copy",         "scale",        "kv_store_q",    "attention_q"};
+    "copy",         "scale",        "kv_store_q",    "attention_q",    "all_reduce",  "all_gather"};
 
 /* Flags of an OP_GEMM_SET in i[3]: the rope + KV store launch after the fused set reads
  * its columns (no split); the set's results are bf16. */
@@ -239,6 +242,13 @@ struct cu_ctx {
 
     /* the host-memory KV tier's copy stream (copy.cu), made by the first host_alloc */
     cu_copier *copier;
+
+    /* a tensor-parallel group (model/tp.h): this GPU's NCCL communicator (NULL: none), its
+     * rank of grp_size, and the all-gather's landing buffer */
+    void *comm;
+    int grp_rank, grp_size;
+    float *gath;
+    size_t gath_cap;
 };
 
 /* ---- tape execution ---- */
@@ -398,6 +408,13 @@ static void exec_op(cu_ctx *c, const op *o)
         break;
     case OP_SCALE:
         cu_scale(s, (float *)o->p[0], o->n, o->f[0]);
+        break;
+    case OP_ALL_REDUCE:
+        cu_all_reduce(s, c->comm, (float *)o->p[0], o->n);
+        break;
+    case OP_ALL_GATHER:
+        cu_all_gather(s, c->comm, (float *)o->p[0], (const float *)o->p[1], (float *)o->p[2],
+                      c->grp_size, o->i[0], o->i[1]);
         break;
     }
 }
@@ -2101,6 +2118,57 @@ static void trace_graph_report(cu_ctx *c)
     free(c->g_gap);
 }
 
+/* ---- tensor-parallel groups ---- */
+
+static int cu_group_create(void *ctx, int size, void *const *members, struct err *e)
+{
+    (void)ctx;
+    int devs[64] = {0};
+    if (size < 1 || size > 64) return err_set(e, "a group of %d GPUs (1 to 64)", size);
+    for (int r = 0; r < size; r++) {
+        devs[r] = ((cu_ctx *)members[r])->dev;
+        for (int q = 0; q < r; q++)
+            if (devs[q] == devs[r])
+                return err_set(e, "ranks %d and %d of the group are both on cuda:%d", q, r,
+                               devs[r]);
+    }
+    void *comms[64];
+    char msg[300];
+    if (cu_group_init(comms, size, devs, msg, sizeof msg)) return err_set(e, "%s", msg);
+    for (int r = 0; r < size; r++) {
+        cu_ctx *c = (cu_ctx *)members[r];
+        c->comm = comms[r];
+        c->grp_rank = r;
+        c->grp_size = size;
+    }
+    return 0;
+}
+
+static void cu_all_reduce_op(void *ctx, float *x, int64_t n)
+{
+    op *o = record((cu_ctx *)ctx, OP_ALL_REDUCE);
+    o->p[0] = x;
+    o->n = n;
+}
+
+static void cu_all_gather_op(void *ctx, float *out, const float *in, int rows, int cols)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    c->gath = (float *)grow(c, c->gath, &c->gath_cap,
+                            sizeof(float) * (size_t)rows * (size_t)cols * (size_t)c->grp_size);
+    op *o = record(c, OP_ALL_GATHER);
+    o->p[0] = out;
+    o->p[1] = in;
+    o->p[2] = c->gath;
+    o->i[0] = rows;
+    o->i[1] = cols;
+}
+
+static void cu_submit(void *ctx)
+{
+    flush((cu_ctx *)ctx);
+}
+
 static void cu_destroy(void *ctx)
 {
     cu_ctx *c = (cu_ctx *)ctx;
@@ -2138,6 +2206,8 @@ static void cu_destroy(void *ctx)
     if (c->h_tiles) CU(cudaFreeHost(c->h_tiles));
     if (c->xb) CU(cudaFree(c->xb));
     if (c->ycat) CU(cudaFree(c->ycat));
+    if (c->gath) CU(cudaFree(c->gath));
+    cu_group_leave(c->comm);
     if (c->part) CU(cudaFree(c->part));
     if (c->sem) CU(cudaFree(c->sem));
     if (c->d_small) CU(cudaFree(c->d_small));
@@ -2218,6 +2288,10 @@ static const struct backend_ops cuda_ops = {
     .copy_done = cu_copy_done,
     .copy_fence = cu_copy_fence,
     .copy_seconds = cu_copy_seconds,
+    .group_create = cu_group_create,
+    .all_reduce = cu_all_reduce_op,
+    .all_gather = cu_all_gather_op,
+    .submit = cu_submit,
 };
 
 int backend_cuda_device_count(void)

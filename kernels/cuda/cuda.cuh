@@ -419,4 +419,17 @@ void cu_copier_fence(cu_copier *k, cudaStream_t step);
 /** Device seconds of the copy launches completed so far, down and up. */
 void cu_copier_seconds(cu_copier *k, double *out_s, double *in_s);
 
+/* ---- tensor-parallel groups (group.cu, through NCCL loaded at run time) ---- */
+
+/** One NCCL communicator per GPU of devs[0..n) into comms; 0, or -1 with msg (NCCL missing,
+ * its error). */
+int cu_group_init(void **comms, int n, const int *devs, char *msg, size_t msg_n);
+void cu_group_leave(void *comm);
+/** x [n] = its sum over the group (float32). */
+void cu_all_reduce(cudaStream_t s, void *comm, float *x, int64_t n);
+/** out [rows, size * cols] = every rank's in [rows, cols] side by side (scratch: rows * cols *
+ * size floats). */
+void cu_all_gather(cudaStream_t s, void *comm, float *out, const float *in, float *scratch,
+                   int size, int rows, int cols);
+
 #endif

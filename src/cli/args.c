@@ -319,13 +319,20 @@ int runner_open(struct runner *r, const char *dir, const char *device, int threa
 int runner_open_kv(struct runner *r, const char *dir, const char *device, int threads, int n_seqs,
                    int max_ctx, int max_tokens, int max_logits, const struct kv_spec *kv)
 {
+    return runner_open_tp(r, dir, device, threads, 1, n_seqs, max_ctx, max_tokens, max_logits, kv);
+}
+
+int runner_open_tp(struct runner *r, const char *dir, const char *device, int threads, int tp,
+                   int n_seqs, int max_ctx, int max_tokens, int max_logits,
+                   const struct kv_spec *kv)
+{
     memset(r, 0, sizeof *r);
     struct err e = {0};
     if (backend_create(&r->be, device, threads, &e)) {
         fprintf(stderr, "pagoda: %s\n", e.msg);
         return -1;
     }
-    r->m = model_load(dir, &r->be, &e);
+    r->m = model_load_tp(dir, &r->be, device, tp, threads, &e);
     if (!r->m) {
         fprintf(stderr, "pagoda: %s\n", e.msg);
         backend_destroy(&r->be);

@@ -27,8 +27,8 @@ int arg_ids(const char *s, int32_t **ids, size_t *n);
  * The engine options shared by generate, serve and bench: --device, --threads,
  * --num-blocks, --block-size, --kv-cache-memory (bytes, with an optional K/M/G/KiB/MiB/GiB
  * suffix), --max-num-batched-tokens, --max-num-seqs, --max-model-len,
- * --no-enable-prefix-caching, --batch-invariant. Returns 1 when argv[*i] was one (consumed, *i advanced past
- * its value), 0 when it is not an engine option, -1 (message printed) on a bad value.
+ * --no-enable-prefix-caching, --batch-invariant. Returns 1 when argv[*i] was one (consumed, *i
+ * advanced past its value), 0 when it is not an engine option, -1 (message printed) on a bad value.
  */
 int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg);
 
@@ -86,6 +86,10 @@ int runner_open(struct runner *r, const char *dir, const char *device, int threa
 /** runner_open with the KV cache in the formats kv names (NULL: auto). */
 int runner_open_kv(struct runner *r, const char *dir, const char *device, int threads, int n_seqs,
                    int max_ctx, int max_tokens, int max_logits, const struct kv_spec *kv);
+/** runner_open_kv with the model split over tp ranks (model/tp.h; 1: one device). */
+int runner_open_tp(struct runner *r, const char *dir, const char *device, int threads, int tp,
+                   int n_seqs, int max_ctx, int max_tokens, int max_logits,
+                   const struct kv_spec *kv);
 void runner_close(struct runner *r);
 
 /**

@@ -15,6 +15,7 @@
 #include "cli/cli.h"
 #include "common/threadpool.h"
 #include "common/util.h"
+#include "model/tp.h"
 #include "kernels/cpu/cpu.h"
 
 /* ---- decode ---- */
@@ -70,7 +71,7 @@ static size_t step_weight_bytes(const struct model *m, int B)
 static int bench_decode(int argc, char **argv)
 {
     const char *dir = NULL, *device = NULL;
-    long B = 1, P = 128, G = 32, threads = 0, K = 0, S = 0;
+    long B = 1, P = 128, G = 32, threads = 0, K = 0, S = 0, tp = 1;
     int json = 0, no_bw = 0, overlap = -1;
     struct kv_spec kv = {0};
     for (int i = 1; i < argc; i++) {
@@ -111,6 +112,8 @@ static int bench_decode(int argc, char **argv)
             if (arg_int(a, v, 1, 4096, &K)) return 2;
         } else if (!strcmp(a, "--spec-rows")) {
             if (arg_int(a, v, 0, 16, &S)) return 2;
+        } else if (!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp")) {
+            if (arg_int(a, v, 1, TP_MAX, &tp)) return 2;
         } else {
             fprintf(stderr, "pagoda bench decode: unknown option '%s'\n", a);
             return 2;
@@ -120,7 +123,8 @@ static int bench_decode(int argc, char **argv)
         fprintf(stderr, "usage: pagoda bench decode --model DIR [--batch B] [--prompt-len P] "
                         "[--gen-len G] [--prefill-seqs K] [--threads N] [--device D] [--json] "
                         "[--no-bandwidth] [--disable-overlap-schedule] [--spec-rows K]\n"
-                        "        [--batch-invariant] [--kv-cache-dtype D ...]\n"
+                        "        [--batch-invariant] [--kv-cache-dtype D ...] "
+                        "[--tensor-parallel-size N]\n"
                         "  --prefill-seqs K  prompts prefilled per step (default: as many as fit\n"
                         "                 2048 tokens, at least one)\n"
                         "  --spec-rows K  also time verification steps: 1 + K rows a sequence,\n"
@@ -134,12 +138,13 @@ static int bench_decode(int argc, char **argv)
     int nth = threads ? (int)threads : util_num_cores();
     struct runner r;
     int max_tokens = (int)(P * K > B * (1 + S) ? P * K : B * (1 + S));
-    if (runner_open_kv(&r, dir, device, nth, (int)B, (int)(P + (S ? 2 : 1) * G + S + 1), max_tokens,
-                       (int)(B * (1 + S)), &kv))
+    if (runner_open_tp(&r, dir, device, nth, (int)tp, (int)B, (int)(P + (S ? 2 : 1) * G + S + 1),
+                       max_tokens, (int)(B * (1 + S)), &kv))
         return 1;
     const struct model_config *c = &r.m->cfg;
     int on_cpu = !strcmp(r.be.ops->name, "cpu");
     if (overlap < 0) overlap = r.be.ops->async_picks; /* as the engine's default */
+    if (tp > 1) overlap = 0; /* the other ranks read the step's tokens from the host */
     struct backend_info bi;
     r.be.ops->info(r.be.ctx, &bi);
     /* Greedy picks happen where the logits are (no logits copied to the host). */

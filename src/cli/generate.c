@@ -10,6 +10,7 @@
 #include "cli/args.h"
 #include "cli/cli.h"
 #include "common/util.h"
+#include "model/tp.h"
 #include "model/config.h"
 #include "model/sampler.h"
 #include "text/tokenizer.h"
@@ -412,7 +413,7 @@ out:
 int cli_score(int argc, char **argv)
 {
     const char *dir = NULL, *prompt_ids = NULL, *device = NULL;
-    long threads = 0;
+    long threads = 0, tp = 1;
     struct kv_spec kv = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -423,6 +424,7 @@ int cli_score(int argc, char **argv)
             printf("usage: pagoda score --model DIR --prompt-ids \"1 2 3\" [--json] [--threads N]\n"
                    "         [--device cpu|cuda|cuda:N] [--kv-cache-dtype D ...] "
                    "[--batch-invariant]\n"
+                   "         [--tensor-parallel-size N]\n"
                    "  prints {\"prompt_logprobs\": [null, ...]}: log p(id[i] | id[:i])\n");
             return 0;
         } else if (!strcmp(a, "--json")) {
@@ -430,7 +432,8 @@ int cli_score(int argc, char **argv)
         } else if (!strcmp(a, "--batch-invariant")) {
             backend_batch_invariant_set(1);
         } else if (!strcmp(a, "--model") || !strcmp(a, "--prompt-ids") || !strcmp(a, "--threads") ||
-                   !strcmp(a, "--device")) {
+                   !strcmp(a, "--device") || !strcmp(a, "--tensor-parallel-size") ||
+                   !strcmp(a, "-tp")) {
             if (!(v = arg_value(argc, argv, &i))) return 2;
             if (!strcmp(a, "--model"))
                 dir = v;
@@ -438,7 +441,8 @@ int cli_score(int argc, char **argv)
                 device = v;
             else if (!strcmp(a, "--prompt-ids"))
                 prompt_ids = v;
-            else if (arg_int(a, v, 1, 1024, &threads))
+            else if (!strcmp(a, "--threads") ? arg_int(a, v, 1, 1024, &threads)
+                                             : arg_int(a, v, 1, TP_MAX, &tp))
                 return 2;
         } else {
             fprintf(stderr, "pagoda score: unknown option '%s'\n", a);
@@ -459,7 +463,7 @@ int cli_score(int argc, char **argv)
     }
     int chunk = n < 256 ? (int)n : 256;
     struct runner r;
-    if (runner_open_kv(&r, dir, device, (int)threads, 1, (int)n, chunk, chunk, &kv)) {
+    if (runner_open_tp(&r, dir, device, (int)threads, (int)tp, 1, (int)n, chunk, chunk, &kv)) {
         free(ids);
         return 1;
     }

@@ -20,6 +20,15 @@ int backend_cuda_available(void)
 #endif
 }
 
+int backend_gpu_count(void)
+{
+#ifdef PAGODA_HAVE_CUDA
+    return backend_cuda_device_count();
+#else
+    return 0;
+#endif
+}
+
 void backend_batch_invariant_set(int on)
 {
     cpu_batch_invariant_set(on);

@@ -297,6 +297,9 @@ void backend_batch_invariant_set(int on);
 /** Whether this build has the CUDA backend and sees at least one GPU. */
 int backend_cuda_available(void);
 
+/** The GPUs this build's CUDA backend sees (0 without it). */
+int backend_gpu_count(void);
+
 void backend_destroy(struct backend *be);
 
 /**

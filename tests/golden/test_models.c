@@ -16,8 +16,13 @@
  * With --kv-cache-dtype fp8 every run stores its KV cache as e4m3 (KV_FP8_TOL below).
  * On the CPU the commands run in the default mode (CPU_FAST_TOL), or with --mode invariant
  * in batch-invariant mode (--batch-invariant: float32 products, CPU_TOL).
+ * With --tensor-parallel-size N every command splits the model over N ranks (N GPUs from
+ * the device named; on the CPU, N CPU backends) and the same goldens are held to the same
+ * tolerances: the folders of the families that split (Llama, Mistral, Qwen2, Qwen3) whose
+ * shapes divide N ways are compared; for the others the command must refuse the split at
+ * load time, naming why. Fewer GPUs than N: "not run" (skipped).
  * usage: golden_test_models PAGODA_BINARY TESTDATA_DIR [--device DEV] [--kv-cache-dtype D]
- *        [--mode default|invariant]
+ *        [--mode default|invariant] [--tensor-parallel-size N]
  */
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -75,7 +80,38 @@ static const char *device = "cpu";
 static const char *kv_dtype = "auto";
 /* " --batch-invariant" with --mode invariant, else "" (the default kernels) */
 static const char *mode_opt = "";
-static double max_dev; /* largest log-probability deviation seen */
+static double max_dev;  /* largest log-probability deviation seen */
+static int tp = 1;      /* --tensor-parallel-size */
+static char tp_opt[32]; /* " -tp N" with N > 1 */
+
+/* Whether dir's shapes split tp ways (model/tp.h): heads, key-value heads (or ranks sharing
+ * them), MLP width and vocabulary divide, and the column shares of o and down fall on whole
+ * quantization groups. Writes why not to why. */
+static int tp_splits(const char *dir, char *why, size_t n)
+{
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *text = util_read_file(path, NULL, NULL);
+    cJSON *c = text ? cJSON_Parse(text) : NULL;
+    free(text);
+#define INT(k) (cJSON_GetObjectItem(c, k) ? cJSON_GetObjectItem(c, k)->valueint : 0)
+    int heads = INT("num_attention_heads"), kv = INT("num_key_value_heads");
+    int hidden = INT("hidden_size"), ffn = INT("intermediate_size"), vocab = INT("vocab_size");
+    int hd = INT("head_dim") ? INT("head_dim") : heads ? hidden / heads : 0;
+    const cJSON *q = cJSON_GetObjectItem(c, "quantization");
+    int group = q && cJSON_GetObjectItem(q, "group_size")
+                    ? cJSON_GetObjectItem(q, "group_size")->valueint
+                    : 0;
+#undef INT
+    cJSON_Delete(c);
+    if (!kv) kv = heads;
+    *why = 0;
+    if (!heads || heads % tp || ffn % tp || vocab % tp || (kv % tp && tp % kv))
+        snprintf(why, n, "do not divide into");
+    else if (group && ((heads / tp * hd) % group || (ffn / tp) % group))
+        snprintf(why, n, "do not fall on whole groups");
+    return !*why;
+}
 
 static char *run(const char *cmd)
 {
@@ -118,10 +154,11 @@ static int check_case(const char *bin, const char *dir, const char *name, int ci
     char *ids = ids_str(pids);
     size_t cmdlen = strlen(ids) + 4096;
     char *cmd = xmalloc(cmdlen);
-    snprintf(cmd, cmdlen,
-             "'%s' generate --device %s%s --kv-cache-dtype %s --model '%s' --prompt-ids '%s' -n %d "
-             "--temperature 0 --ignore-eos --top-logprobs 5 --json",
-             bin, device, mode_opt, kv_dtype, dir, ids, cJSON_GetArraySize(greedy));
+    snprintf(
+        cmd, cmdlen,
+        "'%s' generate --device %s%s%s --kv-cache-dtype %s --model '%s' --prompt-ids '%s' -n %d "
+        "--temperature 0 --ignore-eos --top-logprobs 5 --json",
+        bin, device, mode_opt, tp_opt, kv_dtype, dir, ids, cJSON_GetArraySize(greedy));
     char *out = run(cmd);
     cJSON *res = out ? cJSON_Parse(out) : NULL;
     if (!res) {
@@ -186,8 +223,8 @@ static int check_case(const char *bin, const char *dir, const char *name, int ci
     free(out);
 
     snprintf(cmd, cmdlen,
-             "'%s' score --device %s%s --kv-cache-dtype %s --model '%s' --prompt-ids '%s' --json",
-             bin, device, mode_opt, kv_dtype, dir, ids);
+             "'%s' score --device %s%s%s --kv-cache-dtype %s --model '%s' --prompt-ids '%s' --json",
+             bin, device, mode_opt, tp_opt, kv_dtype, dir, ids);
     out = run(cmd);
     res = out ? cJSON_Parse(out) : NULL;
     const cJSON *lp = cJSON_GetObjectItem(res, "prompt_logprobs");
@@ -222,6 +259,22 @@ static int check_folder(const char *bin, const char *dir, const char *name)
     int ok = golden_arch(dir, arch, sizeof arch);
     if (!ok) {
         printf("%-24s %s: not an architecture of this engine, not compared\n", name, arch);
+        return 0;
+    }
+    char why[64];
+    if (tp > 1 && (!golden_tp_splits(arch) || !tp_splits(dir, why, sizeof why))) {
+        /* refused when it loads, naming why */
+        char cmd[9000];
+        snprintf(cmd, sizeof cmd,
+                 "%s score --device %s%s --model %s --prompt-ids '1 2' 2>&1; echo exit=$?", bin,
+                 device, tp_opt, dir);
+        char *out = run(cmd);
+        const char *want = golden_tp_splits(arch) ? why : "does not run split";
+        CHECK(out && strstr(out, want) && strstr(out, "exit=1"),
+              "%s: a split %d ways should be refused at load time (\"%s\"): %s", name, tp, want,
+              out ? out : "(no output)");
+        free(out);
+        printf("%-24s %s: refused split %d ways at load time, not compared\n", name, arch, tp);
         return 0;
     }
     if (!golden_device_runs(arch, device)) {
@@ -330,19 +383,25 @@ int main(int argc, char **argv)
             mode_opt = " --batch-invariant";
         else if (!strcmp(argv[i], "--mode") && !strcmp(argv[i + 1], "default"))
             mode_opt = "";
+        else if (!strcmp(argv[i], "--tensor-parallel-size") && atoi(argv[i + 1]) >= 1)
+            tp = atoi(argv[i + 1]);
         else
             bad = 1;
     }
     if (bad) {
         fprintf(stderr,
                 "usage: %s PAGODA_BINARY TESTDATA_DIR [--device DEV] [--kv-cache-dtype D] "
-                "[--mode default|invariant]\n",
+                "[--mode default|invariant] [--tensor-parallel-size N]\n",
                 argv[0]);
         return 2;
     }
     if (!strncmp(device, "cuda", 4)) {
         if (!backend_cuda_available()) {
             printf("no GPU: not run (the CUDA golden comparison needs a CUDA GPU)\n");
+            return 77;
+        }
+        if (backend_gpu_count() < tp) {
+            printf("no GPU: not run (%d GPUs, the split needs %d)\n", backend_gpu_count(), tp);
             return 77;
         }
         TOL = CUDA_TOL;
@@ -357,7 +416,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "--kv-cache-dtype: only auto and fp8 have golden tolerances\n");
         return 2;
     }
-    printf("device %s, KV cache %s, log-probability tolerance %g\n", device, kv_dtype, TOL);
+    if (tp > 1) snprintf(tp_opt, sizeof tp_opt, " -tp %d", tp);
+    printf("device %s, KV cache %s, log-probability tolerance %g, tensor parallel %d\n", device,
+           kv_dtype, TOL, tp);
     char mdir[4096];
     snprintf(mdir, sizeof mdir, "%s/models", argv[2]);
     char *names[256];
@@ -372,6 +433,13 @@ int main(int argc, char **argv)
     /* The bundled demo model (tools/train_demo.py wrote its golden with transformers). */
     CHECK(check_folder(argv[1], "models/demo", "models/demo") == 1,
           "models/demo is missing or not a dense architecture");
+    if (tp > 1) { /* the folders of the families that split; no variants */
+        for (int i = 0; i < nn; i++) free(names[i]);
+        printf("largest log-probability deviation: %.6f\n", max_dev);
+        /* 4 architectures in bf16 and 5 quantized copies, less those a split refuses */
+        CHECK(tested >= (tp == 2 ? 9 : 7), "only %d folders compared split %d ways", tested, tp);
+        TEST_DONE();
+    }
     for (int i = 0; i < nn; i++) free(names[i]);
 
     /* Variants with goldens of their own. */
