@@ -850,16 +850,16 @@ static void cu_host_free(void *ctx, void *p)
     if (p) CU(cudaFreeHost(p));
 }
 
-static void cu_copy_setup(void *ctx, int n_seg, void *const *base, const size_t *bytes)
+static void cu_copy_setup(void *ctx, int kind, int n_seg, void *const *base, const size_t *bytes)
 {
-    cu_copier_setup(((cu_ctx *)ctx)->copier, n_seg, base, bytes);
+    cu_copier_setup(((cu_ctx *)ctx)->copier, kind, n_seg, base, bytes);
 }
 
-static void cu_copy_block(void *ctx, int32_t block, void *host, int to_host)
+static void cu_copy_block(void *ctx, int kind, int32_t block, void *host, int to_host)
 {
     cu_ctx *c = (cu_ctx *)ctx;
     flush(c); /* a launch may follow: the step's recorded work goes first */
-    cu_copier_block(c->copier, c->st, block, host, to_host);
+    cu_copier_block(c->copier, c->st, kind, block, host, to_host);
 }
 
 static uint64_t cu_copy_mark(void *ctx)

@@ -5,7 +5,9 @@
  * into its host slot, or scattered back, by one kernel per batch that reads and writes host
  * memory over the bus directly: a batch of up to CU_COPY_BATCH blocks is one launch instead
  * of two cudaMemcpyAsync calls per layer and block (64 per block of a 32-layer model, each
- * moving 32 KiB: about 3 GB/s measured on an H200). Blocks queue on the host until the next
+ * moving 32 KiB: about 3 GB/s measured on an H200). The recurrent-state slots of hybrid
+ * models (each linear-attention layer's conv rows and delta-rule matrix) move the same way,
+ * as units of a second kind with pieces of their own. Blocks queue on the host until the next
  * mark or fence (one engine iteration's stores are one launch), and a batch waits for the
  * step work queued before it (an event on the step's stream); nothing on the step's stream
  * waits for copies unless fenced. Tickets are events in a ring, recorded on the copy stream;
@@ -28,6 +30,8 @@
 /* CTAs per launch: enough reads in flight to fill the bus (128 x 256 threads x 64 bytes,
  * 2 MiB), few enough to leave the step most of the SMs. */
 #define CU_COPY_CTAS 128
+/* Kinds of units (backend_copy_kind): KV blocks, recurrent-state slots. */
+#define CU_COPY_KINDS 2
 
 struct cu_copy_seg {
     char *base;   /* block b's piece: base + bytes * b */
@@ -46,16 +50,16 @@ struct cu_copier {
     cudaEvent_t fence;
     cudaEvent_t ev[CU_COPY_TICKETS];
     uint64_t issued, done; /* tickets handed out, and known complete */
-    /* the pieces of a block, in device memory [n_seg] */
-    cu_copy_seg *segs;
-    int n_seg, vec;
+    /* the pieces of a unit of each kind (KV block, state slot), in device memory [n_seg] */
+    cu_copy_seg *segs[CU_COPY_KINDS];
+    int n_seg[CU_COPY_KINDS], vec[CU_COPY_KINDS];
     /* mapped allocations: host address, its device address, bytes */
     char *map_h[CU_COPY_MAPS], *map_d[CU_COPY_MAPS];
     size_t map_n[CU_COPY_MAPS];
     int n_map;
-    /* blocks queued for the next launch, all one direction */
+    /* units queued for the next launch, all one kind and one direction */
     cu_copy_args pend;
-    int n_pend, pend_in;
+    int n_pend, pend_in, pend_kind;
     /* timed batches [t_done, t_issued) modulo CU_COPY_TIMED */
     cudaEvent_t t0[CU_COPY_TIMED], t1[CU_COPY_TIMED];
     uint8_t t_in[CU_COPY_TIMED];
@@ -122,7 +126,8 @@ void cu_copier_destroy(cu_copier *k)
         CU(cudaEventDestroy(k->t0[i]));
         CU(cudaEventDestroy(k->t1[i]));
     }
-    if (k->segs) CU(cudaFree(k->segs));
+    for (int i = 0; i < CU_COPY_KINDS; i++)
+        if (k->segs[i]) CU(cudaFree(k->segs[i]));
     free(k);
 }
 
@@ -150,25 +155,28 @@ int cu_copier_unmap(cu_copier *k, void *host)
     return k->n_map;
 }
 
-void cu_copier_setup(cu_copier *k, int n_seg, void *const *base, const size_t *bytes)
+void cu_copier_setup(cu_copier *k, int kind, int n_seg, void *const *base, const size_t *bytes)
 {
+    if (kind < 0 || kind >= CU_COPY_KINDS || n_seg < 1)
+        cu_fatal("copy_setup", "bad kind or no segment", __FILE__, __LINE__);
     cu_copy_seg *h = (cu_copy_seg *)malloc(sizeof *h * (size_t)n_seg);
     if (!h) cu_fatal("malloc", "out of host memory", __FILE__, __LINE__);
     size_t off = 0;
-    k->vec = 1;
+    int vec = 1;
     for (int s = 0; s < n_seg; s++) {
         h[s].base = (char *)base[s];
         h[s].bytes = bytes[s];
         h[s].off = off;
         off += bytes[s];
-        if (bytes[s] % 16 || (uintptr_t)base[s] % 16) k->vec = 0;
+        if (bytes[s] % 16 || (uintptr_t)base[s] % 16) vec = 0;
     }
-    if (off % 16) k->vec = 0; /* host images then start unaligned in an arena */
+    if (off % 16) vec = 0; /* host images then start unaligned in an arena */
     CU(cudaStreamSynchronize(k->st));
-    if (k->segs) CU(cudaFree(k->segs));
-    CU(cudaMalloc((void **)&k->segs, sizeof *h * (size_t)n_seg));
-    CU(cudaMemcpy(k->segs, h, sizeof *h * (size_t)n_seg, cudaMemcpyHostToDevice));
-    k->n_seg = n_seg;
+    if (k->segs[kind]) CU(cudaFree(k->segs[kind]));
+    CU(cudaMalloc((void **)&k->segs[kind], sizeof *h * (size_t)n_seg));
+    CU(cudaMemcpy(k->segs[kind], h, sizeof *h * (size_t)n_seg, cudaMemcpyHostToDevice));
+    k->n_seg[kind] = n_seg;
+    k->vec[kind] = vec;
     free(h);
 }
 
@@ -195,30 +203,37 @@ static void harvest(cu_copier *k, int wait)
 void cu_copier_flush(cu_copier *k, cudaStream_t step)
 {
     if (!k->n_pend) return;
-    if (!k->segs) cu_fatal("copy_blocks", "used before copy_setup", __FILE__, __LINE__);
+    int kd = k->pend_kind;
+    if (!k->segs[kd]) cu_fatal("copy_blocks", "used before copy_setup", __FILE__, __LINE__);
     if (k->t_issued - k->t_done == CU_COPY_TIMED) harvest(k, 1);
     int j = (int)(k->t_issued++ % CU_COPY_TIMED);
     k->t_in[j] = (uint8_t)k->pend_in;
     CU(cudaEventRecord(k->after_step, step));
     CU(cudaStreamWaitEvent(k->st, k->after_step, 0));
     CU(cudaEventRecord(k->t0[j], k->st));
-    int pieces = k->n_pend * k->n_seg, ctas = pieces < CU_COPY_CTAS ? pieces : CU_COPY_CTAS;
-    k_kv_copy<<<ctas, 256, 0, k->st>>>(k->segs, k->n_seg, k->vec, k->n_pend, !k->pend_in, k->pend);
+    int pieces = k->n_pend * k->n_seg[kd], ctas = pieces < CU_COPY_CTAS ? pieces : CU_COPY_CTAS;
+    k_kv_copy<<<ctas, 256, 0, k->st>>>(k->segs[kd], k->n_seg[kd], k->vec[kd], k->n_pend,
+                                       !k->pend_in, k->pend);
     CU(cudaGetLastError());
     CU(cudaEventRecord(k->t1[j], k->st));
     k->n_pend = 0;
 }
 
-void cu_copier_block(cu_copier *k, cudaStream_t step, int32_t block, void *host, int to_host)
+void cu_copier_block(cu_copier *k, cudaStream_t step, int kind, int32_t block, void *host,
+                     int to_host)
 {
     char *h = (char *)host, *d = NULL;
     for (int i = 0; i < k->n_map && !d; i++)
         if (h >= k->map_h[i] && h < k->map_h[i] + k->map_n[i]) d = k->map_d[i] + (h - k->map_h[i]);
     if (!d) cu_fatal("copy_blocks", "host memory not from host_alloc", __FILE__, __LINE__);
-    /* copies run in the order queued: a change of direction starts a new launch */
-    if (k->n_pend && (k->n_pend == CU_COPY_BATCH || k->pend_in != !to_host))
+    if (kind < 0 || kind >= CU_COPY_KINDS)
+        cu_fatal("copy_blocks", "bad kind", __FILE__, __LINE__);
+    /* copies run in the order queued: a change of direction or kind starts a new launch */
+    if (k->n_pend &&
+        (k->n_pend == CU_COPY_BATCH || k->pend_in != !to_host || k->pend_kind != kind))
         cu_copier_flush(k, step);
     k->pend_in = !to_host;
+    k->pend_kind = kind;
     k->pend.blk[k->n_pend] = block;
     k->pend.host[k->n_pend++] = d;
 }

@@ -403,11 +403,12 @@ void cu_copier_destroy(cu_copier *k);
 void cu_copier_map(cu_copier *k, void *host, size_t bytes);
 /** Forgets host; returns the mapped areas left. */
 int cu_copier_unmap(cu_copier *k, void *host);
-/** A block's pieces: segment s of block b is base[s] + bytes[s] * b; its host image is the
- * segments one after another. */
-void cu_copier_setup(cu_copier *k, int n_seg, void *const *base, const size_t *bytes);
-/** Queues a copy of pool block `block` to (to_host) or from its image at host. */
-void cu_copier_block(cu_copier *k, cudaStream_t step, int32_t block, void *host, int to_host);
+/** The pieces of a unit of `kind` (0: KV blocks, 1: state slots): segment s of unit b is
+ * base[s] + bytes[s] * b; its host image is the segments one after another. */
+void cu_copier_setup(cu_copier *k, int kind, int n_seg, void *const *base, const size_t *bytes);
+/** Queues a copy of unit `block` of `kind` to (to_host) or from its image at host. */
+void cu_copier_block(cu_copier *k, cudaStream_t step, int kind, int32_t block, void *host,
+                     int to_host);
 /** Launches the blocks queued, after the work queued on step so far. */
 void cu_copier_flush(cu_copier *k, cudaStream_t step);
 /** A ticket completed once every copy queued so far has (flushes; waits only when

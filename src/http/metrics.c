@@ -353,13 +353,27 @@ static void tier_render(const struct engine_stats *st, struct http_buf *o)
     tier_seconds(o, st, "pagoda_kv_tier_store_seconds_total", st->host_store_seconds,
                  t->store_seconds);
     head(o, "pagoda_kv_tier_store_dropped_total", "counter",
-         "Blocks not stored: the store queue was full, or the budget had nothing to evict.");
-    tier_line(o, st, "pagoda_kv_tier_store_dropped_total", "", h->store_dropped,
-              t->store_dropped + t->disk.full);
+         "Blocks and snapshots not stored: the store queue was full, or the budget had nothing "
+         "to evict.");
+    tier_line(o, st, "pagoda_kv_tier_store_dropped_total", "",
+              h->store_dropped + st->host_snap.store_dropped, t->store_dropped + t->disk.full);
     head(o, "pagoda_kv_tier_evicted_blocks_total", "counter",
-         "Blocks dropped for the byte budget.");
-    tier_line(o, st, "pagoda_kv_tier_evicted_blocks_total", "", h->evicted_blocks,
-              t->disk.evicted_blocks);
+         "Blocks and snapshots dropped for the byte budget.");
+    tier_line(o, st, "pagoda_kv_tier_evicted_blocks_total", "",
+              h->evicted_blocks + st->host_snap.evicted_blocks, t->disk.evicted_blocks);
+    /* hybrid models (0 for the others) */
+    head(o, "pagoda_kv_tier_state_snapshots", "gauge",
+         "Recurrent-state snapshots of a hybrid model held by a tier.");
+    tier_line(o, st, "pagoda_kv_tier_state_snapshots", "", st->host_snap.blocks, t->disk.states);
+    head(o, "pagoda_kv_tier_state_queries_total", "counter",
+         "Snapshot lookups of a hybrid model that reached a tier: the tiers above lacked the "
+         "snapshot its prefix resumes from.");
+    tier_line(o, st, "pagoda_kv_tier_state_queries_total", "", st->host_state_queries,
+              st->tier_state_queries);
+    head(o, "pagoda_kv_tier_state_hits_total", "counter",
+         "Of those, snapshots loaded from the tier.");
+    tier_line(o, st, "pagoda_kv_tier_state_hits_total", "", st->host_state_hits,
+              st->tier_state_hits);
     if (!st->tier_on) return;
     head(o, "pagoda_kv_tier_faults_total", "counter",
          "I/O faults of a tier by kind; each is a miss and a recompute.");
@@ -374,10 +388,6 @@ static void tier_render(const struct engine_stats *st, struct http_buf *o)
          "Loads cut short by a fault or a record gone since the lookup.");
     http_buf_printf(o, "pagoda_kv_tier_load_failures_total{tier=\"disk\"} %llu\n",
                     (unsigned long long)t->load_failed);
-    head(o, "pagoda_kv_tier_state_snapshots", "gauge",
-         "Recurrent-state snapshots of a hybrid model held on disk.");
-    http_buf_printf(o, "pagoda_kv_tier_state_snapshots{tier=\"disk\"} %llu\n",
-                    (unsigned long long)t->disk.states);
     head(o, "pagoda_kv_tier_state_loads_total", "counter",
          "Snapshots loaded from disk, and those that failed (a miss and a recompute).");
     http_buf_printf(o,

@@ -330,6 +330,8 @@ static void stats_add(struct engine_stats *a, const struct engine_stats *b)
         a->tier_query_tokens += b->tier_query_tokens;
         a->tier_hit_tokens += b->tier_hit_tokens;
         a->tier_bypasses += b->tier_bypasses;
+        a->tier_state_queries += b->tier_state_queries;
+        a->tier_state_hits += b->tier_state_hits;
     }
     if (b->host_on) { /* the host tiers of every model, summed */
         struct kv_host_stats *x = &a->host;
@@ -349,6 +351,18 @@ static void stats_add(struct engine_stats *a, const struct engine_stats *b)
         a->host_query_tokens += b->host_query_tokens;
         a->host_hit_tokens += b->host_hit_tokens;
         a->host_load_seconds += b->host_load_seconds;
+        struct kv_host_stats *xs = &a->host_snap;
+        const struct kv_host_stats *ys = &b->host_snap;
+        xs->blocks += ys->blocks;
+        xs->slots += ys->slots;
+        xs->stored_blocks += ys->stored_blocks;
+        xs->store_dropped += ys->store_dropped;
+        xs->store_deferred += ys->store_deferred;
+        xs->evicted_blocks += ys->evicted_blocks;
+        xs->load_blocks += ys->load_blocks;
+        xs->fences += ys->fences;
+        a->host_state_queries += b->host_state_queries;
+        a->host_state_hits += b->host_state_hits;
         a->host_store_seconds += b->host_store_seconds;
     }
 }

@@ -124,6 +124,10 @@ struct sample_row {
     float u;           /* the row's uniform draw in [0, 1) */
 };
 
+/* What the copy engine moves (backend_ops.copy_setup): KV pool blocks, and the
+ * recurrent-state slots of hybrid models. */
+enum backend_copy_kind { BACKEND_COPY_BLOCK, BACKEND_COPY_STATE, BACKEND_COPY_KINDS };
+
 struct backend_ops {
     const char *name;
     /* 1: argmax / sample with no host output return before the ids exist (the device works
@@ -240,12 +244,13 @@ struct backend_ops {
     /* Pinned host memory (NULL when it cannot be had), and its release. */
     void *(*host_alloc)(void *ctx, size_t bytes);
     void (*host_free)(void *ctx, void *p);
-    /* A pool block's pieces, once before copy_block: segment s of block b is base[s] +
-     * bytes[s] * b (backend memory); a block's host image is its segments in order. */
-    void (*copy_setup)(void *ctx, int n_seg, void *const *base, const size_t *bytes);
-    /* Queues a copy of pool block `block` to its image at host (memory from host_alloc),
-     * to_host, or back. */
-    void (*copy_block)(void *ctx, int32_t block, void *host, int to_host);
+    /* The pieces of one unit of a kind (enum backend_copy_kind), once per kind before
+     * copy_block: segment s of unit b is base[s] + bytes[s] * b (backend memory); a unit's
+     * host image is its segments in order. */
+    void (*copy_setup)(void *ctx, int kind, int n_seg, void *const *base, const size_t *bytes);
+    /* Queues a copy of unit `block` of that kind to its image at host (memory from
+     * host_alloc), to_host, or back. */
+    void (*copy_block)(void *ctx, int kind, int32_t block, void *host, int to_host);
     /* A ticket (> 0, increasing) completed once every copy queued so far has; whether
      * ticket t has (never waits). */
     uint64_t (*copy_mark)(void *ctx);

@@ -76,17 +76,29 @@ void model_kv_copy_setup(struct model *m)
         base[n] = m->kv[l].v;
         bytes[n++] = layer_bytes(m, l, 1);
     }
-    m->be->ops->copy_setup(m->be->ctx, n, base, bytes);
+    m->be->ops->copy_setup(m->be->ctx, BACKEND_COPY_BLOCK, n, base, bytes);
+    n = model_state_pieces(m, base, bytes);
+    if (n) m->be->ops->copy_setup(m->be->ctx, BACKEND_COPY_STATE, n, base, bytes);
     free(base);
     free(bytes);
 }
 
 void model_kv_block_copy_out(struct model *m, int block, void *dst)
 {
-    m->be->ops->copy_block(m->be->ctx, block, dst, 1);
+    m->be->ops->copy_block(m->be->ctx, BACKEND_COPY_BLOCK, block, dst, 1);
 }
 
 void model_kv_block_copy_in(struct model *m, int block, const void *src)
 {
-    m->be->ops->copy_block(m->be->ctx, block, (void *)src, 0);
+    m->be->ops->copy_block(m->be->ctx, BACKEND_COPY_BLOCK, block, (void *)src, 0);
+}
+
+void model_state_copy_out(struct model *m, int slot, void *dst)
+{
+    m->be->ops->copy_block(m->be->ctx, BACKEND_COPY_STATE, slot, dst, 1);
+}
+
+void model_state_copy_in(struct model *m, int slot, const void *src)
+{
+    m->be->ops->copy_block(m->be->ctx, BACKEND_COPY_STATE, slot, (void *)src, 0);
 }

@@ -28,8 +28,8 @@ void model_kv_block_write(struct model *m, int block, const void *src);
  * move to and from pinned host memory off the step's path. */
 int model_kv_copy_engine(const struct model *m);
 
-/** Tells the copy engine where a block's pieces lie (once, after host_alloc, before the
- * first copy). */
+/** Tells the copy engine where a block's pieces lie, and a hybrid model's state slots'
+ * (once, after host_alloc, before the first copy). */
 void model_kv_copy_setup(struct model *m);
 
 /** Queues a copy of pool block `block` to pinned host memory dst [model_kv_block_bytes],
@@ -40,5 +40,14 @@ void model_kv_block_copy_out(struct model *m, int block, void *dst);
  * after the steps queued so far; a step reads it once a later model_kv_copy_mark ticket is
  * done. */
 void model_kv_block_copy_in(struct model *m, int block, const void *src);
+
+/** Queues a copy of recurrent-state slot `slot` to pinned host memory dst
+ * [model_state_bytes], in model_state_read's image, after the steps queued so far (a copy
+ * engine's, ordered with the block copies). */
+void model_state_copy_out(struct model *m, int slot, void *dst);
+
+/** Queues a copy of pinned host memory src [model_state_bytes] into state slot `slot`, as
+ * model_kv_block_copy_in. */
+void model_state_copy_in(struct model *m, int slot, const void *src);
 
 #endif

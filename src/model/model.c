@@ -834,6 +834,22 @@ void model_state_write(struct model *m, int slot, const void *src)
     }
 }
 
+int model_state_pieces(const struct model *m, void **base, size_t *bytes)
+{
+    const struct model_config *c = &m->cfg;
+    size_t conv, rec;
+    state_floats(c, &conv, &rec);
+    int n = 0;
+    for (int l = 0; l < c->n_layers && m->state; l++) {
+        if (!c->layer_kinds || c->layer_kinds[l] != LAYER_LINEAR) continue;
+        base[n] = m->state[l].conv;
+        bytes[n++] = conv * sizeof(float);
+        base[n] = m->state[l].rec;
+        bytes[n++] = rec * sizeof(float);
+    }
+    return n;
+}
+
 int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blocks, int block_size,
                       int n_states, struct err *e)
 {

@@ -261,6 +261,11 @@ void model_state_read(struct model *m, int slot, void *dst);
  * with the steps after it. */
 void model_state_write(struct model *m, int slot, const void *src);
 
+/** The pieces of state slots (the copy engine's, model_kv_copy_setup): for each
+ * linear-attention layer in order, its conv rows then its matrix; piece s of slot i is
+ * base[s] + bytes[s] * i. base and bytes hold 2 * n_layers; returns how many pieces. */
+int model_state_pieces(const struct model *m, void **base, size_t *bytes);
+
 /** The start of every step of m: the batch handed to the backend, the rope tables of its
  * positions (model_forward calls it; a draft head over the model's layers does too). */
 void model_step_begin(struct model *m, const struct fwd_batch *b);

@@ -379,6 +379,14 @@ void *kv_tier_store_state_begin(struct kv_tier *t)
     return p;
 }
 
+int kv_tier_store_state_room(struct kv_tier *t)
+{
+    pthread_mutex_lock(&t->mu);
+    int r = t->n_sq && t->stail - t->shead < t->n_sq;
+    pthread_mutex_unlock(&t->mu);
+    return r;
+}
+
 void kv_tier_store_state_end(struct kv_tier *t, struct kv_hash h)
 {
     pthread_mutex_lock(&t->mu);

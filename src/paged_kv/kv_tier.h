@@ -80,6 +80,8 @@ int kv_tier_store_room(struct kv_tier *t);
 void kv_tier_store_end(struct kv_tier *t, struct kv_hash h);
 /** A queue slot of state_bytes for a state snapshot, or NULL when full (counted as dropped). */
 void *kv_tier_store_state_begin(struct kv_tier *t);
+/** Whether the state queue has a free slot now (as kv_tier_store_room). */
+int kv_tier_store_state_room(struct kv_tier *t);
 /** Hands it to the writer: the snapshot after block h. */
 void kv_tier_store_state_end(struct kv_tier *t, struct kv_hash h);
 

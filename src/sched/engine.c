@@ -158,11 +158,17 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
     if (cfg->max_num_batched_tokens <= 0) cfg->max_num_batched_tokens = 2048;
     if (cfg->max_num_seqs <= 0) cfg->max_num_seqs = 256;
     if (check_sched_config(cfg, e)) {
+        if (cfg->backend) { /* the caller's: destroyed as promised */
+            struct backend b = *cfg->backend;
+            backend_destroy(&b);
+        }
         free(en);
         return NULL;
     }
     if (cfg->batch_invariant) backend_batch_invariant_set(1);
-    if (backend_create(&en->be, cfg->device, cfg->threads, e)) {
+    if (cfg->backend)
+        en->be = *cfg->backend;
+    else if (backend_create(&en->be, cfg->device, cfg->threads, e)) {
         free(en);
         return NULL;
     }

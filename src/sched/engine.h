@@ -50,6 +50,8 @@ const char *finish_reason_name(enum finish_reason r); /* "stop", "length", "abor
 
 #define ENGINE_MAX_TOP_LOGPROBS 20
 
+struct backend;
+
 struct logit_bias {
     int32_t id;
     float bias; /* added to the logit before any other processing */
@@ -250,6 +252,10 @@ struct engine_config {
      * by the caller, outliving the engine; NULL: none): its special tokens with these texts
      * join the vocabulary of constrained decoding (gram_vocab_create) */
     const char *const *grammar_tags;
+    /* A backend the caller made, used instead of the one `device` names and destroyed with
+     * the engine (engine_create's failures too); NULL: none. Tests give the CPU's with a
+     * copy engine of their own, to run the host tier without a GPU. */
+    const struct backend *backend;
 };
 
 /* Step-time histogram bounds in seconds (a last bucket catches the rest). */
@@ -309,6 +315,13 @@ struct engine_stats {
     /* device seconds of the copies up (loads) and down (stores), from the copy engine's
      * timing of each batch: bytes over seconds is the bus bandwidth achieved */
     double host_load_seconds, host_store_seconds;
+    /* hybrid models' recurrent-state snapshots: the host tier's snapshot slots (host_snap:
+     * their figures; the byte figures above include them), and per tier the lookups that
+     * reached it (the tiers above lacked the snapshot a prefix resumes from) and, of those,
+     * snapshots loaded from it */
+    struct kv_host_stats host_snap;
+    uint64_t host_state_queries, host_state_hits;
+    uint64_t tier_state_queries, tier_state_hits;
     /* seconds from submission to a request's first schedule (vLLM's queued time) */
     uint64_t queue_hist[ENGINE_QUEUE_BUCKETS + 1];
     double queue_time_sum;

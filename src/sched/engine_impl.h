@@ -49,8 +49,9 @@ struct request {
     int loading, host_from, host_n, load_end;
     uint64_t host_ticket;
     /* hybrid models: the load resumes after block load_k (its snapshot is in the state pool,
-     * or read from disk into state slot load_snap, -1 when not; load_snap_ok once it was) */
-    int load_k, load_snap_ok;
+     * or copied up from host memory (load_snap_host) or read from disk into state slot
+     * load_snap, -1 when not; load_snap_ok once it was) */
+    int load_k, load_snap_ok, load_snap_host;
     int32_t load_snap;
 
     /* speculative decoding (sched/spec.c): drafts for the next step in tokens[n_tokens ..
@@ -142,10 +143,13 @@ struct engine {
      * are being read; prefill_tps: tokens per second of large steps (an average), for the
      * load-or-recompute estimate; the counters are published with the statistics. */
     struct kv_tier *tier;
-    /* The host-memory tier over the pinned arena host_mem; NULL: none. */
-    struct kv_host *host;
+    /* The host-memory tier over the pinned arena host_mem; NULL: none. host_snap: its
+     * snapshot slots for a hybrid model (units: state slots), in the same arena. */
+    struct kv_host *host, *host_snap;
     void *host_mem;
     uint64_t host_query_tokens, host_hit_tokens;
+    /* hybrid models: snapshot lookups that reached host memory and disk, and hits there */
+    uint64_t host_state_queries, host_state_hits, tier_state_queries, tier_state_hits;
     int n_loading;
     double prefill_tps;
     uint64_t tier_query_tokens, tier_hit_tokens, tier_bypasses;
@@ -264,8 +268,11 @@ int tier_open(struct engine *en, const char *pool_fp, struct err *e);
 void tier_close(struct engine *en);
 /* Queues pool block `block`, just registered under h, for the tiers (unless held there). */
 void tier_store(struct engine *en, int32_t block, struct kv_hash h);
-/* State slot `slot` was just named by h (a snapshot): queued for the disk tier. */
+/* State slot `slot` was just named by h (a snapshot): queued for the tiers (unless held). */
 void tier_store_state(struct engine *en, int32_t slot, struct kv_hash h);
+/* State slot `slot` was just allocated: the next steps write it (fenced behind a pending
+ * copy down of the snapshot it held, as tier_reuse). */
+void tier_reuse_state(struct engine *en, int32_t slot);
 /* Pool blocks[0..n) were just allocated: the next steps write them (sched/tier.c fences
  * them behind pending copies down). */
 void tier_reuse(struct engine *en, const int32_t *blocks, int n);

@@ -196,6 +196,7 @@ void spec_commit(struct engine *en, struct request *r)
 {
     if (!en->hybrid) return;
     kv_allocate(&en->states, 1, &r->state_backup);
+    tier_reuse_state(en, r->state_backup);
     model_state_copy(en->m, r->state_backup, r->state_slot);
 }
 

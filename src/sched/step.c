@@ -43,7 +43,7 @@ void req_release_state(struct engine *en, struct request *r)
     if (!en->cfg.disable_prefix_caching && k > 0 && r->n_computed % bs == 0) {
         update_hashes(en, r);
         if (k <= r->n_hashes && kv_lookup(&en->states, r->hashes[k - 1]) < 0 &&
-            kv_commit_hash(&en->states, r->state_slot, r->hashes[k - 1]) && en->tier)
+            kv_commit_hash(&en->states, r->state_slot, r->hashes[k - 1]) && (en->tier || en->host))
             tier_store_state(en, r->state_slot, r->hashes[k - 1]);
     }
     kv_release(&en->states, &r->state_slot, 1);
@@ -63,9 +63,10 @@ static void snapshot(struct engine *en, struct request *r)
     if (k > r->n_hashes || kv_lookup(&en->states, r->hashes[k - 1]) >= 0) return;
     int32_t slot;
     if (!kv_can_allocate(&en->states, 1, NULL, 0) || kv_allocate(&en->states, 1, &slot)) return;
+    tier_reuse_state(en, slot);
     model_state_copy(en->m, slot, r->state_slot);
     kv_commit_hash(&en->states, slot, r->hashes[k - 1]);
-    if (en->tier) tier_store_state(en, slot, r->hashes[k - 1]);
+    if (en->tier || en->host) tier_store_state(en, slot, r->hashes[k - 1]);
     kv_release(&en->states, &slot, 1);
 }
 
@@ -303,6 +304,7 @@ static int plan_step(struct engine *en, struct step_counts *sc, int *lp_left, in
         if (en->hybrid) {
             if (snap >= 0) kv_touch(&en->states, &snap, 1);
             kv_allocate(&en->states, 1, &r->state_slot);
+            tier_reuse_state(en, r->state_slot);
             if (snap >= 0) {
                 model_state_copy(en->m, r->state_slot, snap);
                 kv_release(&en->states, &snap, 1);

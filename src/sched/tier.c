@@ -9,11 +9,14 @@
  * device -> slot -> disk writer; up, disk -> slot -> device. Without one (the CPU, whose
  * pool is host memory) the disk tier reads and writes pool blocks directly.
  *
- * Hybrid models resume a prefix only where a recurrent-state snapshot ends it: snapshots
- * named in the state pool are queued for the disk as well (model_state_read), and a load
- * covers the longest prefix whose blocks (pool, host, disk) and snapshot (state pool,
- * disk) are both found; the snapshot is read into a state slot of its own and named there
- * once the load ends. The host tier holds no snapshots (they stay in the state pool).
+ * Hybrid models resume a prefix only where a recurrent-state snapshot ends it. Snapshots
+ * go down the same way as blocks, written through as they are named in the state pool:
+ * with a copy engine into a second host tier (en->host_snap: slots of a snapshot's size in
+ * the same pinned arena, over state slots instead of pool blocks) and on to the disk from
+ * there; without one straight into the disk's queue (model_state_read). A load covers the
+ * longest prefix whose blocks (pool, host, disk) and snapshot (state pool, host, disk) are
+ * both found; a snapshot the state pool lacks is copied up (host) or read (disk) into a
+ * state slot of its own and named there once the load ends.
  */
 #include <dirent.h>
 #include <fcntl.h>
@@ -123,22 +126,62 @@ static void copy_fence(void *user)
     en->be.ops->copy_fence(en->be.ctx);
 }
 
+/* The copy engine of the snapshot slots: state slots instead of pool blocks. */
+static void state_out(void *user, int32_t slot, void *dst)
+{
+    struct engine *en = user;
+    model_state_copy_out(en->m, slot, dst);
+}
+
+static void state_in(void *user, int32_t slot, const void *src)
+{
+    struct engine *en = user;
+    model_state_copy_in(en->m, slot, src);
+}
+
+/* The host tier in `bytes` of pinned memory: block slots, and for a hybrid model snapshot
+ * slots after them, in the shares the device gives the block pool and the state pool (at
+ * least one of each). */
 static int host_open(struct engine *en, size_t bytes, struct err *e)
 {
-    size_t bb = model_kv_block_bytes(en->m);
-    size_t slots = bytes / bb;
+    size_t bb = model_kv_block_bytes(en->m), sb = en->hybrid ? model_state_bytes(en->m) : 0;
+    size_t snaps = 0;
+    if (sb) {
+        double ds = (double)en->states.n_blocks * (double)sb;
+        double share = ds / (ds + (double)en->pool.n_blocks * (double)bb);
+        snaps = (size_t)((double)bytes * share / (double)sb);
+        if (snaps < 1) snaps = 1;
+        if (snaps > INT32_MAX / 2) snaps = INT32_MAX / 2;
+        if (snaps * sb + bb > bytes)
+            return err_set(e,
+                           "--kv-host-memory %zu: less than one KV block (%zu bytes) and one "
+                           "state snapshot (%zu bytes)",
+                           bytes, bb, sb);
+    }
+    size_t slots = (bytes - snaps * sb) / bb;
     if (slots < 1)
         return err_set(e, "--kv-host-memory %zu: less than one KV block (%zu bytes)", bytes, bb);
     if (slots > INT32_MAX / 2) slots = INT32_MAX / 2;
-    en->host_mem = en->be.ops->host_alloc(en->be.ctx, slots * bb);
+    size_t off = (slots * bb + 63) & ~(size_t)63; /* the snapshot slots start aligned */
+    en->host_mem = en->be.ops->host_alloc(en->be.ctx, off + snaps * sb);
     if (!en->host_mem)
-        return err_set(e, "--kv-host-memory: cannot pin %zu bytes of host memory", slots * bb);
+        return err_set(e, "--kv-host-memory: cannot pin %zu bytes of host memory",
+                       off + snaps * sb);
     struct kv_host_config hc = {.mem = en->host_mem,
                                 .slots = (int)slots,
                                 .block_bytes = bb,
                                 .device_blocks = en->pool.n_blocks,
                                 .copy = {en, copy_out, copy_in, copy_mark, copy_done, copy_fence}};
     en->host = kv_host_create(&hc);
+    if (snaps) {
+        struct kv_host_config sc = {
+            .mem = (char *)en->host_mem + off,
+            .slots = (int)snaps,
+            .block_bytes = sb,
+            .device_blocks = en->states.n_blocks,
+            .copy = {en, state_out, state_in, copy_mark, copy_done, copy_fence}};
+        en->host_snap = kv_host_create(&sc);
+    }
     model_kv_copy_setup(en->m);
     return 0;
 }
@@ -207,17 +250,38 @@ static int to_disk(void *user, struct kv_hash h, const void *bytes)
     return 1;
 }
 
+/* A snapshot ready in host memory that the disk tier wants: as to_disk. */
+static int state_to_disk(void *user, struct kv_hash h, const void *bytes)
+{
+    struct engine *en = user;
+    if (kv_tier_has_state(en->tier, h)) return 1;
+    if (!kv_tier_store_state_room(en->tier)) return 0;
+    void *buf = kv_tier_store_state_begin(en->tier);
+    memcpy(buf, bytes, model_state_bytes(en->m));
+    kv_tier_store_state_end(en->tier, h);
+    return 1;
+}
+
+static void host_poll(struct engine *en)
+{
+    kv_host_poll(en->host, en->tier ? to_disk : NULL, en);
+    if (en->host_snap) kv_host_poll(en->host_snap, en->tier ? state_to_disk : NULL, en);
+}
+
 void tier_close(struct engine *en)
 {
     if (en->host) {
         /* the copies down in flight complete and reach the disk writer before it stops */
+        if (en->host_snap) kv_host_mark(en->host_snap);
         uint64_t t = kv_host_mark(en->host);
         while (!kv_host_done(en->host, t)) usleep(100);
-        kv_host_poll(en->host, en->tier ? to_disk : NULL, en);
+        host_poll(en);
     }
     kv_tier_destroy(en->tier);
     en->tier = NULL;
     if (en->host) {
+        kv_host_destroy(en->host_snap);
+        en->host_snap = NULL;
         kv_host_destroy(en->host);
         en->be.ops->host_free(en->be.ctx, en->host_mem);
         en->host = NULL;
@@ -241,6 +305,10 @@ void tier_store(struct engine *en, int32_t block, struct kv_hash h)
 
 void tier_store_state(struct engine *en, int32_t slot, struct kv_hash h)
 {
+    if (en->host_snap) {
+        kv_host_store(en->host_snap, h, slot, en->tier && !kv_tier_has_state(en->tier, h));
+        return;
+    }
     if (!en->tier || kv_tier_has_state(en->tier, h)) return;
     void *buf = kv_tier_store_state_begin(en->tier);
     if (!buf) return; /* the queue is full: dropped (counted) */
@@ -253,20 +321,42 @@ void tier_reuse(struct engine *en, const int32_t *blocks, int n)
     if (en->host) kv_host_reuse(en->host, blocks, n);
 }
 
-/* Whether the snapshot after block hashes[k - 1] is in the state pool, or (disk) on disk. */
-static int has_snap(struct engine *en, const struct request *r, int k, int disk)
+void tier_reuse_state(struct engine *en, int32_t slot)
 {
-    return kv_lookup(&en->states, r->hashes[k - 1]) >= 0 ||
-           (disk && en->tier && kv_tier_has_state(en->tier, r->hashes[k - 1]));
+    if (en->host_snap) kv_host_reuse(en->host_snap, &slot, 1);
+}
+
+/* Where a snapshot is: nowhere, the state pool, host memory, disk. */
+enum { SNAP_NONE, SNAP_POOL, SNAP_HOST, SNAP_DISK };
+
+/* Where the snapshot after block hashes[k - 1] is, looking as far down as `level` (0: the
+ * state pool, 1: host memory too, 2: disk too). */
+static int snap_src(struct engine *en, const struct request *r, int k, int level)
+{
+    struct kv_hash h = r->hashes[k - 1];
+    if (kv_lookup(&en->states, h) >= 0) return SNAP_POOL;
+    if (level >= 1 && en->host_snap && kv_host_has(en->host_snap, h)) return SNAP_HOST;
+    if (level >= 2 && en->tier && kv_tier_has_state(en->tier, h)) return SNAP_DISK;
+    return SNAP_NONE;
 }
 
 /* Hybrid models: the longest prefix of at most `end` blocks, past `base`, that ends with a
- * snapshot (disk: on disk too); base when none. */
-static int snap_point(struct engine *en, const struct request *r, int base, int end, int disk)
+ * snapshot found down to `level`; base when none. */
+static int snap_point(struct engine *en, const struct request *r, int base, int end, int level)
 {
     int k = end;
-    while (k > base && !has_snap(en, r, k, disk)) k--;
+    while (k > base && snap_src(en, r, k, level) == SNAP_NONE) k--;
     return k;
+}
+
+/* A hybrid lookup that reached the tiers resumes from a snapshot found at src: one the
+ * state pool lacks was looked up in host memory, and one host memory lacks too on disk
+ * (hits are counted as the loads end). */
+static void count_snap_query(struct engine *en, int src)
+{
+    if (src == SNAP_POOL) return;
+    if (en->host_snap) en->host_state_queries++;
+    if (src != SNAP_HOST && en->tier) en->tier_state_queries++;
 }
 
 int tier_try_load(struct engine *en, struct request *r, int n_hit)
@@ -289,35 +379,40 @@ int tier_try_load(struct engine *en, struct request *r, int n_hit)
         en->tier_query_tokens += (uint64_t)(r->n_tokens - (base + nh) * bs);
     }
     /* Hybrid models: only the blocks up to the last snapshot found are worth loading, and
-     * that snapshot comes from disk unless the state pool has it. */
-    int k = n_hit + nh + nd, snap_disk = 0;
+     * that snapshot comes from host memory or disk unless the state pool has it (it may end
+     * a prefix the pool's blocks hold already). */
+    int k = n_hit + nh + nd, src = SNAP_NONE;
     if (en->hybrid) {
-        k = snap_point(en, r, base, k, 1);
-        if (k <= base) return 0;
-        snap_disk = kv_lookup(&en->states, r->hashes[k - 1]) < 0;
+        k = snap_point(en, r, base, k, 2);
+        if (k > base) src = snap_src(en, r, k, 2);
         if (k < n_hit) nh = nd = 0;
-        if (n_hit + nh > k) nh = k - n_hit;
-        if (n_hit + nh + nd > k) nd = k - n_hit - nh;
+        if (n_hit + nh > k) nh = k > n_hit ? k - n_hit : 0;
+        if (n_hit + nh + nd > k) nd = k > n_hit + nh ? k - n_hit - nh : 0;
     }
     /* Never slower than recompute: a disk load estimated (kv_tier_load_rate) to take at
      * least as long as computing the tokens it saves is bypassed. A copy up from host
      * memory (tens of GB/s) always beats recomputing. */
-    if (nd || snap_disk) {
+    if (nd || src == SNAP_DISK) {
         double bytes = (double)nd * (double)model_kv_block_bytes(en->m) +
-                       (snap_disk ? (double)model_state_bytes(en->m) : 0);
+                       (src == SNAP_DISK ? (double)model_state_bytes(en->m) : 0);
         int tokens = en->hybrid ? (k - base) * bs : nd * bs;
         if (!kv_tier_worth_loading(bytes, tokens, kv_tier_load_rate(en->tier), en->prefill_tps)) {
             en->tier_bypasses++;
-            nd = snap_disk = 0;
+            nd = 0;
             if (en->hybrid) { /* what host memory and the state pool give alone */
-                k = snap_point(en, r, base, n_hit + nh, 0);
-                if (k <= n_hit) return 0;
-                nh = k - n_hit;
+                k = snap_point(en, r, base, n_hit + nh, 1);
+                src = k > base ? snap_src(en, r, k, 1) : SNAP_NONE;
+                nh = k > n_hit ? k - n_hit : 0;
             }
         }
     }
-    if (snap_disk && !kv_can_allocate(&en->states, 1, NULL, 0)) return 0;
-    if (nh + nd == 0 && !snap_disk) return 0;
+    if (en->hybrid) {
+        count_snap_query(en, src);
+        if (k <= base) return 0;
+    }
+    int snap_disk = src == SNAP_DISK, snap_host = src == SNAP_HOST;
+    if ((snap_disk || snap_host) && !kv_can_allocate(&en->states, 1, NULL, 0)) return 0;
+    if (nh + nd == 0 && !snap_disk && !snap_host) return 0;
     if (!kv_can_allocate(&en->pool, nh + nd, en->hit_blocks, n_hit)) return 0;
     kv_touch(&en->pool, en->hit_blocks, n_hit);
     memcpy(r->blocks, en->hit_blocks, sizeof(int32_t) * (size_t)n_hit);
@@ -329,8 +424,10 @@ int tier_try_load(struct engine *en, struct request *r, int n_hit)
     r->load_k = en->hybrid ? k : 0;
     r->load_snap = -1;
     r->load_snap_ok = 0;
-    if (snap_disk) {
+    r->load_snap_host = 0;
+    if (snap_disk || snap_host) {
         kv_allocate(&en->states, 1, &r->load_snap);
+        tier_reuse_state(en, r->load_snap);
     } else if (en->hybrid) { /* the pool's snapshot is held until the load ends */
         r->load_snap = kv_lookup(&en->states, r->hashes[k - 1]);
         kv_touch(&en->states, &r->load_snap, 1);
@@ -345,9 +442,10 @@ int tier_try_load(struct engine *en, struct request *r, int n_hit)
             r->n_blocks -= nd;
             if (r->load_snap >= 0) kv_release(&en->states, &r->load_snap, 1);
             r->load_snap = -1;
+            snap_host = 0; /* it ended blocks that are not coming */
             /* a hybrid model's host blocks are of use only up to a snapshot in the pool
              * (given back just now: it stays named while free) */
-            if (en->hybrid && r->n_blocks > n_hit && !has_snap(en, r, r->n_blocks, 0)) {
+            if (en->hybrid && r->n_blocks > n_hit && !snap_src(en, r, r->n_blocks, 0)) {
                 kv_release(&en->pool, r->blocks + n_hit, r->n_blocks - n_hit);
                 r->n_blocks = n_hit;
             }
@@ -363,6 +461,10 @@ int tier_try_load(struct engine *en, struct request *r, int n_hit)
     r->host_n = r->n_blocks - n_hit < nh ? r->n_blocks - n_hit : nh;
     r->host_ticket =
         r->host_n ? kv_host_load(en->host, r->hashes + n_hit, r->blocks + n_hit, r->host_n) : 0;
+    if (snap_host) { /* copied up after the blocks: its ticket covers theirs */
+        r->host_ticket = kv_host_load(en->host_snap, &r->hashes[k - 1], &r->load_snap, 1);
+        r->load_snap_host = 1;
+    }
     r->loading = 1;
     en->n_loading++;
     return 1;
@@ -370,11 +472,12 @@ int tier_try_load(struct engine *en, struct request *r, int n_hit)
 
 /* A block read from disk: into its pool block, through a host slot when there is a copy
  * engine (or directly, ordered with the steps, when no slot is free). A snapshot: into its
- * state slot, ordered with the steps. */
+ * state slot the same way, through a snapshot slot. */
 static void write_block(void *user, int kind, int32_t dst, struct kv_hash h, const void *raw)
 {
     struct engine *en = user;
     if (kind == KV_DISK_STATE) {
+        if (en->host_snap && kv_host_put(en->host_snap, h, raw, dst) == 0) return;
         model_state_write(en->m, dst, raw);
         return;
     }
@@ -395,7 +498,7 @@ static void commit_loaded(struct engine *en, struct request *r, int a, int n)
 
 void tier_poll(struct engine *en, double wait_s)
 {
-    if (en->host) kv_host_poll(en->host, en->tier ? to_disk : NULL, en);
+    if (en->host) host_poll(en);
     if (en->tier) kv_tier_poll(en->tier, en->n_loading ? wait_s : 0, write_block, en);
     if (en->host && en->n_loading && wait_s > 0)
         usleep(100); /* nothing to step but copies up: they take microseconds each */
@@ -408,14 +511,23 @@ void tier_poll(struct engine *en, double wait_s)
             r->load_id = -1;
             r->load_end = r->load_from + n_ok;
             if (r->load_snap >= 0 && !r->load_snap_ok) r->load_snap_ok = snap_ok;
+            if (snap_ok) en->tier_state_hits++;
             /* a hybrid model's blocks count as a hit only up to the snapshot that ends them */
             if (!en->hybrid || (r->load_end >= r->load_k &&
-                                (snap_ok || kv_lookup(&en->states, r->hashes[r->load_k - 1]) >= 0)))
+                                (snap_ok || r->load_snap_host ||
+                                 kv_lookup(&en->states, r->hashes[r->load_k - 1]) >= 0)))
                 en->tier_hit_tokens += (uint64_t)n_ok * (uint64_t)en->block_size;
-            /* blocks put through host slots are in place once this ticket is */
+            /* blocks and snapshots put through host slots are in place once this ticket is
+             * (tickets cover every copy queued before them, of either kind) */
             if (en->host) r->host_ticket = kv_host_mark(en->host);
         }
         if (r->host_ticket && !kv_host_done(en->host, r->host_ticket)) continue;
+        if (r->load_snap_host) { /* the snapshot copied up from host memory is in its slot */
+            kv_host_unpin(en->host_snap, &r->hashes[r->load_k - 1], 1);
+            r->load_snap_host = 0;
+            r->load_snap_ok = 1;
+            en->host_state_hits++;
+        }
         /* the blocks past the first failure are computed (no copy writes them any more) */
         kv_release(&en->pool, r->blocks + r->load_end, r->n_blocks - r->load_end);
         r->n_blocks = r->load_end;
@@ -452,6 +564,8 @@ void tier_cancel(struct engine *en, struct request *r)
     r->load_snap = -1;
     if (en->host) {
         if (r->host_n) kv_host_unpin(en->host, r->hashes + r->host_from, r->host_n);
+        if (r->load_snap_host) kv_host_unpin(en->host_snap, &r->hashes[r->load_k - 1], 1);
+        r->load_snap_host = 0;
         /* copies up into the blocks the caller releases may still be queued: the steps
          * that write those blocks next run after them */
         en->be.ops->copy_fence(en->be.ctx);
@@ -476,6 +590,16 @@ void tier_publish(struct engine *en, struct engine_stats *st)
         st->host_query_tokens = en->host_query_tokens;
         st->host_hit_tokens = en->host_hit_tokens;
         en->be.ops->copy_seconds(en->be.ctx, &st->host_store_seconds, &st->host_load_seconds);
+        if (en->host_snap) { /* the snapshot slots share the arena and the copies */
+            kv_host_stats(en->host_snap, &st->host_snap);
+            uint64_t sb = model_state_bytes(en->m);
+            st->host_used_bytes += st->host_snap.blocks * sb;
+            st->host_budget_bytes += st->host_snap.slots * sb;
+            st->host_load_bytes += st->host_snap.load_blocks * sb;
+            st->host_store_bytes += st->host_snap.stored_blocks * sb;
+            st->host_state_queries = en->host_state_queries;
+            st->host_state_hits = en->host_state_hits;
+        }
     }
     if (!en->tier) return;
     st->tier_on = 1;
@@ -483,4 +607,6 @@ void tier_publish(struct engine *en, struct engine_stats *st)
     st->tier_query_tokens = en->tier_query_tokens;
     st->tier_hit_tokens = en->tier_hit_tokens;
     st->tier_bypasses = en->tier_bypasses;
+    st->tier_state_queries = en->tier_state_queries;
+    st->tier_state_hits = en->tier_state_hits;
 }

@@ -12,7 +12,11 @@
  *     engine destroyed and made again on the same directory (a restart): the prompt's
  *     blocks come back from disk with the cold run's greedy tokens;
  *   disk, hybrid (qwen3_5-tiny): the same restart; the prompt's blocks and the recurrent-state
- *     snapshot after them come back from disk (192 cached tokens) with the cold run's tokens.
+ *     snapshot after them come back from disk (192 cached tokens) with the cold run's tokens;
+ *   host, hybrid (qwen3_5-tiny, qwen3_5_moe-tiny): a 20-block pool, 2 state slots and a host
+ *     tier; a prompt, then two others that push its blocks and its snapshot off the device;
+ *     sent again, both come back from host memory (192 cached tokens, one snapshot hit, the
+ *     snapshot's bytes those the first run computed) with the cold run's tokens.
  * Without a GPU: "no GPU: not run", exit 77 (skipped).
  */
 #include <stdio.h>
@@ -276,6 +280,95 @@ static void test_hybrid_disk(const char *testdata)
     model_dir = model;
 }
 
+/* The bytes of the snapshot after the 12 blocks of p[0..192) in the state pool (malloc'ed),
+ * or NULL when the pool has none. */
+static char *snap_bytes(struct engine *en, const int32_t *p)
+{
+    struct kv_hash h = {0}, prev;
+    for (int i = 0; i < 12; i++) {
+        prev = h;
+        h = kv_block_hash(&en->pool, i ? &prev : NULL, p + 16 * i, 16, NULL, 0);
+    }
+    int32_t s = kv_lookup(&en->states, h);
+    if (s < 0) return NULL;
+    char *b = malloc(model_state_bytes(en->m));
+    model_state_read(en->m, s, b);
+    return b;
+}
+
+static struct engine *open_small(const char *dir, size_t host_bytes)
+{
+    struct engine_config cfg = {.model_dir = dir,
+                                .device = "cuda",
+                                .manual = 1,
+                                .num_blocks = host_bytes ? 20 : 0,
+                                .max_model_len = 300,
+                                .max_num_seqs = 1, /* 2 state slots */
+                                .max_num_batched_tokens = 256,
+                                .kv_host_memory = host_bytes};
+    struct err e = {0};
+    struct engine *en = engine_create(&cfg, &e);
+    CHECK(en, "engine_create: %s", e.msg);
+    return en;
+}
+
+/* A hybrid model: the prompt's blocks and its snapshot copied back up from host memory. */
+static void test_hybrid_host(const char *testdata, const char *name)
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/models/%s", testdata, name);
+    int32_t p[200], q[200];
+    for (int i = 0; i < 200; i++) p[i] = 3 + (i * 7919 + 13) % 200;
+    struct engine *en = open_small(dir, 0);
+    if (!en) return;
+    struct out cold = {0};
+    submit(en, p, 200, &cold);
+    run_all(en);
+    engine_destroy(en);
+
+    en = open_small(dir, (size_t)16 << 20);
+    if (!en) return;
+    struct out first = {0}, o1 = {0}, o2 = {0}, warm = {0};
+    submit(en, p, 200, &first);
+    run_all(en);
+    CHECK(first.n == N_OUT && !memcmp(first.ids, cold.ids, sizeof cold.ids), "%s: cold", name);
+    char *snap0 = snap_bytes(en, p);
+    CHECK(snap0, "%s: the first run's snapshot", name);
+    for (int i = 0; i < 200; i++) q[i] = 3 + (i * 7919 + 13 + 131) % 200;
+    submit(en, q, 200, &o1);
+    run_all(en);
+    for (int i = 0; i < 200; i++) q[i] = 3 + (i * 7919 + 13 + 262) % 200;
+    submit(en, q, 200, &o2);
+    run_all(en);
+    char *gone = snap_bytes(en, p);
+    CHECK(!gone, "%s: the snapshot left the state pool", name);
+    free(gone);
+    struct engine_stats st;
+    engine_stats(en, &st);
+    CHECK(st.host_snap.slots > 0 && st.host_snap.blocks == 3, "%s: %llu snapshots in host memory",
+          name, (unsigned long long)st.host_snap.blocks);
+
+    submit(en, p, 200, &warm);
+    run_all(en);
+    engine_stats(en, &st);
+    CHECK(warm.n_cached == 192, "%s: warm %d cached", name, warm.n_cached);
+    CHECK(warm.n == N_OUT && !memcmp(warm.ids, cold.ids, sizeof cold.ids),
+          "%s: the same greedy tokens from blocks and a snapshot copied up from host memory",
+          name);
+    CHECK(st.host_hit_tokens == 192 && st.host_state_queries == 4 && st.host_state_hits == 1 &&
+              st.host_snap.load_blocks == 1,
+          "%s: host hit tokens %llu, snapshot hits %llu of %llu lookups", name,
+          (unsigned long long)st.host_hit_tokens, (unsigned long long)st.host_state_hits,
+          (unsigned long long)st.host_state_queries);
+    char *back = snap_bytes(en, p);
+    CHECK(back && snap0 && !memcmp(back, snap0, model_state_bytes(en->m)),
+          "%s: the snapshot copied up is the one copied down, byte for byte", name);
+    CHECK(st.kv_blocks_used == 0 && st.state_slots_used == 0, "%s: nothing held", name);
+    free(back);
+    free(snap0);
+    engine_destroy(en);
+}
+
 int main(int argc, char **argv)
 {
     const char *testdata = argc > 1 ? argv[1] : "../shared/testdata";
@@ -305,6 +398,8 @@ int main(int argc, char **argv)
     snprintf(cmd, sizeof cmd, "rm -rf %s", disk);
     CHECK(system(cmd) == 0, "rm");
     test_hybrid_disk(testdata);
+    test_hybrid_host(testdata, "qwen3_5-tiny");
+    test_hybrid_host(testdata, "qwen3_5_moe-tiny");
 
     snprintf(cmd, sizeof cmd, "rm -rf %s", disk);
     CHECK(system(cmd) == 0, "rm");

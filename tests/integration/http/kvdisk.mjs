@@ -97,6 +97,8 @@ await run([
     assert.equal(hwarm.choices[0].text, hcold.choices[0].text);
     const m = await waitKvFree(b.base);
     assert.equal(m['pagoda_kv_tier_state_loads_total{tier="disk",result="ok"}'], 1);
+    assert.equal(m['pagoda_kv_tier_state_queries_total{tier="disk"}'], 1);
+    assert.equal(m['pagoda_kv_tier_state_hits_total{tier="disk"}'], 1);
     assert.equal(m['pagoda_kv_tier_hit_tokens_total{tier="disk"}'], Math.floor(500 / 16) * 16);
     await b.stop();
     fs.rmSync(hdir, { recursive: true, force: true });

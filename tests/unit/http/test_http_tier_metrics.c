@@ -2,7 +2,8 @@
  * /metrics of the KV tiers: with the host tier alone, each tier metric has one
  * tier="host" line with the exact figures and no disk line (nor the disk-only metrics:
  * bypasses, writer time, faults); with both tiers, the host line comes before the disk
- * line under one HELP/TYPE head.
+ * line under one HELP/TYPE head; a hybrid model's snapshots per tier (held, lookups, hits),
+ * the host's snapshot slots' drops and evictions counted with its blocks'.
  */
 #include <string.h>
 
@@ -37,6 +38,12 @@ int main(void)
     st.host_hit_tokens = 32;
     st.host_load_seconds = 0.25;
     st.host_store_seconds = 0.5;
+    st.host_snap.blocks = 2; /* a hybrid model's snapshots */
+    st.host_snap.slots = 3;
+    st.host_snap.store_dropped = 2;
+    st.host_snap.evicted_blocks = 1;
+    st.host_state_queries = 5;
+    st.host_state_hits = 1;
     struct http_buf o = {0};
     http_metrics_render(m, &st, &o);
     http_buf_append(&o, "", 1);
@@ -51,8 +58,11 @@ int main(void)
         "pagoda_kv_tier_load_seconds_total{tier=\"host\"} 0.250000\n",
         "pagoda_kv_tier_store_bytes_total{tier=\"host\"} 20480\n",
         "pagoda_kv_tier_store_seconds_total{tier=\"host\"} 0.500000\n",
-        "pagoda_kv_tier_store_dropped_total{tier=\"host\"} 1\n",
-        "pagoda_kv_tier_evicted_blocks_total{tier=\"host\"} 4\n",
+        "pagoda_kv_tier_store_dropped_total{tier=\"host\"} 3\n",
+        "pagoda_kv_tier_evicted_blocks_total{tier=\"host\"} 5\n",
+        "pagoda_kv_tier_state_snapshots{tier=\"host\"} 2\n",
+        "pagoda_kv_tier_state_queries_total{tier=\"host\"} 5\n",
+        "pagoda_kv_tier_state_hits_total{tier=\"host\"} 1\n",
     };
     for (size_t i = 0; i < sizeof want / sizeof *want; i++)
         CHECK(strstr(t, want[i]), "missing %s", want[i]);
@@ -71,6 +81,24 @@ int main(void)
     CHECK(h && d && h < d, "host line, then disk line");
     CHECK(count(t, "# TYPE pagoda_kv_tier_blocks ") == 1, "one head per metric");
     CHECK(count(t, "pagoda_kv_tier_faults_total{tier=\"disk\"") == 3, "disk faults by kind");
+    st.tier.disk.states = 4;
+    st.tier_state_queries = 4;
+    st.tier_state_hits = 3;
+    o.len = 0;
+    http_metrics_render(m, &st, &o);
+    http_buf_append(&o, "", 1);
+    t = o.p;
+    static const char *const snaps[] = {
+        "pagoda_kv_tier_state_snapshots{tier=\"host\"} 2\n"
+        "pagoda_kv_tier_state_snapshots{tier=\"disk\"} 4\n",
+        "pagoda_kv_tier_state_queries_total{tier=\"host\"} 5\n"
+        "pagoda_kv_tier_state_queries_total{tier=\"disk\"} 4\n",
+        "pagoda_kv_tier_state_hits_total{tier=\"host\"} 1\n"
+        "pagoda_kv_tier_state_hits_total{tier=\"disk\"} 3\n",
+    };
+    for (size_t i = 0; i < sizeof snaps / sizeof *snaps; i++)
+        CHECK(strstr(t, snaps[i]), "missing %s", snaps[i]);
+    CHECK(count(t, "# TYPE pagoda_kv_tier_state_snapshots ") == 1, "one head");
     http_buf_dispose(&o);
     http_metrics_destroy(m);
     TEST_DONE();
