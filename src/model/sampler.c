@@ -74,22 +74,6 @@ void sampler_top_logprobs(const float *logits, int n, int k, struct token_logpro
     for (int i = 0; i < cnt; i++) out[i].logprob = (float)((double)logits[out[i].id] - lse);
 }
 
-int32_t sampler_pick(const float *logits, int n, float temperature, struct rng *r)
-{
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (logits[i] > logits[best]) best = i;
-    if (temperature <= 0) return best;
-    double mx = logits[best], sum = 0;
-    for (int i = 0; i < n; i++) sum += exp((logits[i] - mx) / temperature);
-    double u = rng_uniform(r) * sum, acc = 0;
-    for (int i = 0; i < n; i++) {
-        acc += exp((logits[i] - mx) / temperature);
-        if (acc > u) return i;
-    }
-    return best;
-}
-
 /* Canonical order: larger value first, then lower id (-0 and +0 are equal values). */
 static inline int ahead(const struct sampler_cand *a, const struct sampler_cand *b)
 {

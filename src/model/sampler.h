@@ -28,9 +28,6 @@ float sampler_logprob(const float *logits, int n, int32_t id);
 /** The k most likely tokens with their log-probabilities, best first (ties: lower id). */
 void sampler_top_logprobs(const float *logits, int n, int k, struct token_logprob *out);
 
-/** Greedy (temperature <= 0) or temperature sampling. */
-int32_t sampler_pick(const float *logits, int n, float temperature, struct rng *r);
-
 /*
  * backend_ops.sample's definition on the host, with the CUDA kernel's arithmetic
  * (kernels/cuda/sample.cu), so that a row gives the same token for the same uniform number
