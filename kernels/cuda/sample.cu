@@ -10,7 +10,9 @@
  * order-preserving, then the complemented index), 8 bits a pass, by count (top-k) or by
  * weight (top-p, the draw). Weights exp((x - max) / T) are summed as 40-bit fixed point in
  * 64-bit integers, so every sum is exact and the result does not depend on the order the
- * threads add in: a row samples the same token alone or in any batch.
+ * threads add in: a row samples the same token alone or in any batch. The host sampler
+ * (model/sampler.c) computes the same cuts and draw with the same float arithmetic, so that a
+ * row gets the same token on either side: a change here goes there too.
  */
 #include <math.h>
 

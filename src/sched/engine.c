@@ -347,6 +347,7 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
     en->gmask = xmalloc(sizeof(uint32_t) * (size_t)((en->vocab + 31) / 32));
     en->counts = xcalloc((size_t)en->vocab, sizeof(uint32_t));
     en->cand = xmalloc(sizeof(int32_t) * (size_t)en->vocab);
+    en->scand = xmalloc(sizeof(struct sampler_cand) * (size_t)en->vocab);
     rng_seed(&en->seeder, 0x70a60da5eedull ^ (uint64_t)(util_now() * 1e9));
 
     pthread_mutex_init(&en->mu, NULL);
@@ -782,6 +783,7 @@ void engine_destroy(struct engine *en)
     gram_vocab_destroy(en->gvocab);
     free(en->counts);
     free(en->cand);
+    free(en->scand);
     free(en->b_hidden_rows);
     free(en->hidden);
     free(en->emb_out);

@@ -221,8 +221,9 @@ struct engine {
     struct request **mq;
     pthread_mutex_t mmu;
     pthread_cond_t mcv;
-    uint32_t *counts; /* [vocab] zeroed between uses */
-    int32_t *cand;    /* [vocab] candidate ids */
+    uint32_t *counts;           /* [vocab] zeroed between uses */
+    int32_t *cand;              /* [vocab] candidate ids */
+    struct sampler_cand *scand; /* [vocab] the sampler's candidates (model/sampler.h) */
     struct token_logprob top[ENGINE_MAX_TOP_LOGPROBS];
 
     /* embedding requests (models that can embed): the step's hidden rows, final-normed */
@@ -304,18 +305,13 @@ void embed_done(struct engine *en, struct request *r);
 
 /* sample.c: the next token of r from its logits row (left unchanged). */
 int32_t sample_next(struct engine *en, struct request *r, const float *logits);
-/* The same with the uniform number drawn from g (NULL: no draw, the first candidate back),
- * and the law it draws from (temperature > 0): its *n candidates in en->cand[0..*n) and,
- * where probs is given, their probabilities in probs[0..*n) (zero elsewhere). *n is 0 for a
- * greedy pick (temperature 0, or no finite logit). The penalties read r->tokens[0..n_tokens). */
+/* The same with the uniform number drawn from g and rounded to float, as for a row sampled
+ * by the backend (NULL: no draw, the first candidate back), and the law it draws from
+ * (temperature > 0): its *n candidates in en->cand[0..*n) and, where probs is given, their
+ * probabilities in probs[0..*n) (zero elsewhere). *n is 0 for a greedy pick (temperature 0,
+ * or no finite logit). The penalties read r->tokens[0..n_tokens). */
 int32_t sample_dist(struct engine *en, struct request *r, const float *logits, struct rng *g,
                     float *probs, int *n);
-/* Top-p over the candidate ids[0..n) of weights w (probability exp((w - mx) * inv_t)):
- * reorders ids so that the nucleus, the shortest prefix of the order "larger weight first,
- * lower id first among equals" whose probabilities reach keep, comes first in that order;
- * returns its length and its probability sum in *acc (all of ids if none is shorter). */
-int sample_nucleus(int32_t *ids, int n, const float *w, float mx, double inv_t, double keep,
-                   double *acc);
 
 /* lists */
 void list_append(struct req_list *l, struct request *r);

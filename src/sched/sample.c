@@ -1,7 +1,9 @@
 /*
  * Sampling per request: logit bias, penalties, then greedy or temperature with top-k,
  * top-p and min-p filters and a draw from the request's own generator. Works on a copy of
- * the row, so reported log-probabilities stay those of the model.
+ * the row, so reported log-probabilities stay those of the model. The filters and the draw
+ * are backend_ops.sample's, computed as the CUDA kernel does (model/sampler.h): a seeded
+ * request gets the same tokens whether its rows are sampled here or on the GPU.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -37,126 +39,6 @@ static void apply_penalties(struct engine *en, const struct request *r, float *x
         if (rep) x[t] = x[t] > 0 ? x[t] / sp->repetition_penalty : x[t] * sp->repetition_penalty;
         if (occ) x[t] -= sp->frequency_penalty * (float)occ + sp->presence_penalty;
     }
-}
-
-/* Quickselect: moves the k largest of w over ids[0..n) to the front (any order). */
-static void select_top(int32_t *ids, int n, int k, const float *w)
-{
-    int lo = 0, hi = n - 1;
-    while (lo < hi) {
-        float pivot = w[ids[lo + (hi - lo) / 2]];
-        int i = lo, j = hi;
-        while (i <= j) {
-            while (w[ids[i]] > pivot) i++;
-            while (w[ids[j]] < pivot) j--;
-            if (i <= j) {
-                int32_t t = ids[i];
-                ids[i++] = ids[j];
-                ids[j--] = t;
-            }
-        }
-        if (k - 1 <= j)
-            hi = j;
-        else if (k - 1 >= i)
-            lo = i;
-        else
-            break;
-    }
-}
-
-/* Total order for sorting: larger weight first, then lower id. */
-static int ahead(const float *w, int32_t a, int32_t b)
-{
-    return w[a] != w[b] ? w[a] > w[b] : a < b;
-}
-
-static void sort_desc(int32_t *ids, int n, const float *w)
-{
-    while (n > 16) {
-        int32_t a = ids[0], b = ids[n / 2], c = ids[n - 1], pv;
-        if (ahead(w, a, b))
-            pv = ahead(w, b, c) ? b : ahead(w, a, c) ? c : a;
-        else
-            pv = ahead(w, a, c) ? a : ahead(w, b, c) ? c : b;
-        int i = 0, j = n - 1;
-        while (i <= j) {
-            while (ahead(w, ids[i], pv)) i++;
-            while (ahead(w, pv, ids[j])) j--;
-            if (i <= j) {
-                int32_t t = ids[i];
-                ids[i++] = ids[j];
-                ids[j--] = t;
-            }
-        }
-        /* recurse into the smaller side, loop on the larger */
-        if (j + 1 < n - i) {
-            sort_desc(ids, j + 1, w);
-            ids += i;
-            n -= i;
-        } else {
-            sort_desc(ids + i, n - i, w);
-            n = j + 1;
-        }
-    }
-    for (int i = 1; i < n; i++) {
-        int32_t t = ids[i];
-        int j = i;
-        while (j > 0 && ahead(w, t, ids[j - 1])) {
-            ids[j] = ids[j - 1];
-            j--;
-        }
-        ids[j] = t;
-    }
-}
-
-/* Walks ids[0..n) (sorted) adding probabilities until they reach keep; the count taken, or
- * -1 if they never do. */
-static int walk_until(const int32_t *ids, int n, const float *w, float mx, double inv_t,
-                      double keep, double *acc)
-{
-    double a = 0;
-    for (int m = 0; m < n; m++) {
-        a += exp((w[ids[m]] - mx) * inv_t);
-        if (a >= keep) {
-            *acc = a;
-            return m + 1;
-        }
-    }
-    *acc = a;
-    return -1;
-}
-
-/*
- * Top-p: sorts ids[0..n) far enough to hold the smallest prefix (largest weight first, lower
- * id first among equals) whose probabilities add up to keep, and returns its length, the
- * sum in *acc. The nucleus is usually a few tokens of a large vocabulary, so instead of
- * sorting all of it: select the k largest, extend them with every other id that ties the
- * smallest of them (the set is then exactly a prefix of the full order), sort and walk that;
- * only when it falls short, try 8 times as many. The sums run in the same order as over a
- * full sort, so the result is the same.
- */
-int sample_nucleus(int32_t *ids, int n, const float *w, float mx, double inv_t, double keep,
-                   double *acc)
-{
-    for (int k = 256; k < n / 2; k *= 8) {
-        select_top(ids, n, k, w);
-        float wb = w[ids[0]];
-        for (int i = 1; i < k; i++)
-            if (w[ids[i]] < wb) wb = w[ids[i]];
-        int p = k;
-        for (int i = k; i < n; i++)
-            if (w[ids[i]] >= wb) {
-                int32_t t = ids[p];
-                ids[p++] = ids[i];
-                ids[i] = t;
-            }
-        sort_desc(ids, p, w);
-        int m = walk_until(ids, p, w, mx, inv_t, keep, acc);
-        if (m > 0) return m;
-    }
-    sort_desc(ids, n, w);
-    int m = walk_until(ids, n, w, mx, inv_t, keep, acc);
-    return m > 0 ? m : n;
 }
 
 /* Structured output: tokens the grammar does not allow next get -inf. When none is
@@ -207,43 +89,26 @@ int32_t sample_dist(struct engine *en, struct request *r, const float *logits, s
     }
     if (sp->temperature <= 0) return argmax(w, V);
 
-    int32_t *ids = en->cand;
-    int n = 0;
-    for (int i = 0; i < V; i++)
-        if (w[i] > -INFINITY) ids[n++] = i;
+    /* the kept candidates and the draw as backend_ops.sample defines them (model/sampler.h),
+     * so a row gives the same token on the host as where the logits are */
+    const struct sample_row row = {
+        .temperature = sp->temperature, .top_k = sp->top_k, .top_p = sp->top_p, .min_p = sp->min_p};
+    struct sampler_cand *c = en->scand;
+    uint64_t total;
+    int n = sampler_cut(w, V, &row, c, &total);
     if (n == 0) return argmax(w, V);
-    if (sp->top_k > 0 && sp->top_k < n) {
-        select_top(ids, n, sp->top_k, w);
-        n = sp->top_k;
-    }
+    int at = g ? sampler_draw(c, n, total, (float)rng_uniform(g)) : 0;
+    int32_t *ids = en->cand;
     float mx = -INFINITY;
-    for (int i = 0; i < n; i++)
-        if (w[ids[i]] > mx) mx = w[ids[i]];
-    double inv_t = 1.0 / sp->temperature;
-    /* min-p: keep tokens whose probability is at least min_p times the largest. */
-    if (sp->min_p > 0) {
-        double cut = log(sp->min_p) / inv_t + mx; /* exp((w - mx)/T) >= min_p */
-        int m = 0;
-        for (int i = 0; i < n; i++)
-            if (w[ids[i]] >= cut) ids[m++] = ids[i];
-        n = m;
-    }
-    double sum = 0;
-    for (int i = 0; i < n; i++) sum += exp((w[ids[i]] - mx) * inv_t);
-    if (sp->top_p < 1.0f) {
-        double keep = sp->top_p * sum, acc = 0;
-        int m = sample_nucleus(ids, n, w, mx, inv_t, keep, &acc);
-        n = m;
-        sum = acc;
+    for (int i = 0; i < n; i++) {
+        ids[i] = c[i].id;
+        if (c[i].v > mx) mx = c[i].v;
     }
     *n_out = n;
-    if (probs)
-        for (int i = 0; i < n; i++) probs[i] = (float)(exp((w[ids[i]] - mx) * inv_t) / sum);
-    if (!g) return ids[0];
-    double u = rng_uniform(g) * sum, acc = 0;
-    for (int i = 0; i < n; i++) {
-        acc += exp((w[ids[i]] - mx) * inv_t);
-        if (u < acc) return ids[i];
+    if (probs) { /* the law in double, for log-probabilities and the speculative rule */
+        double inv_t = 1.0 / sp->temperature, sum = 0;
+        for (int i = 0; i < n; i++) sum += exp((c[i].v - mx) * inv_t);
+        for (int i = 0; i < n; i++) probs[i] = (float)(exp((c[i].v - mx) * inv_t) / sum);
     }
-    return ids[n - 1];
+    return c[at].id;
 }

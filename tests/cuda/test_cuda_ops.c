@@ -11,7 +11,11 @@
  *   - attention (bf16 KV rows; inputs pre-rounded to bf16 so both sides see equal keys
  *     and values; fast exponentials): 1e-4 for the float32 kernel, 1e-2 for the
  *     tensor-core kernels (queries and probabilities rounded to bf16 as operands);
- *   - sampling: the token the definition of backend_ops.sample gives, computed in double.
+ *   - sampling: the token the definition of backend_ops.sample gives, computed in double,
+ *     and exactly the host sampler's token (model/sampler.h: the kernel's arithmetic; only
+ *     CUDA's expf, within 2 ulp of glibc's, could tell them apart, where a draw or a top-p
+ *     threshold falls within those few units of a boundary: about 1 draw in 10^5 on flat
+ *     rows of 128k candidates, so none is expected on these fixed rows and draws).
  * Sections (named on the command line after the test data folder; none: all): the default
  * backend (its shapes reach every one-row 4-bit kernel: the streaming one in 16- and 8-row
  * tiles, the ring one for k not a multiple of 256, the register one for groups of 256), then
@@ -41,6 +45,7 @@
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/quant.h"
 #include "model/backend.h"
+#include "model/sampler.h"
 #include "test_util.h"
 
 #include "test_mat.h"
@@ -1511,6 +1516,7 @@ static void check_sample(const float *x, int n, const struct sample_row *p, int3
 static void test_sample(void)
 {
     const int n = 32000, rows = 9;
+    struct sampler_cand *cand = xmalloc(sizeof(struct sampler_cand) * n);
     float *x = rvec((size_t)rows * n);
     for (size_t i = 0; i < (size_t)rows * n; i++) x[i] *= 4.0f;
     for (int i = 0; i < n; i += 7) x[3 * n + i] = -INFINITY;
@@ -1530,6 +1536,9 @@ static void test_sample(void)
             char what[32];
             snprintf(what, sizeof what, "row %d round %d", r, round);
             check_sample(x + (size_t)r * n, n, &p[r], got[r], what);
+            int32_t host = sampler_row_pick(x + (size_t)r * n, n, &p[r], cand);
+            CHECK(got[r] == host, "sample %s: token %d, the host sampler's %d (u = %.9g)", what,
+                  got[r], host, p[r].u);
             gpu.ops->sample(gpu.ctx, &one, dx + (size_t)r * n, 1, n, &p[r]);
             CHECK(one == got[r], "sample %s: %d alone, %d in the batch", what, one, got[r]);
         }
@@ -1538,6 +1547,60 @@ static void test_sample(void)
         gpu.ops->free(gpu.ctx, dx);
     }
     free(x);
+    free(cand);
+}
+
+/* The host sampler against the kernel, token for token: 96 rows of a 128,256 vocabulary
+ * (logits of a model's spread, some -inf, one row of ties, one flat) under temperatures
+ * 0.6, 1 and 1.5 with and without each cut, 4 draws each (u = 0, near 1 and random). A
+ * seeded request gets the same tokens whichever side samples its rows. */
+static void test_sample_host(void)
+{
+    const int n = 128256, rows = 96;
+    float *x = rvec((size_t)rows * n);
+    for (size_t i = 0; i < (size_t)rows * n; i++) x[i] *= 6.0f;
+    for (int i = 0; i < n; i += 5) x[7 * n + i] = -INFINITY;
+    for (int i = 0; i < n; i++) x[11 * n + i] = 0.5f;                         /* ties */
+    for (int i = 0; i < n; i++) x[13 * n + i] = 0.05f * x[13 * n + i];        /* flat */
+    for (int i = 0; i < n; i++) x[17 * n + i] = floorf(x[17 * n + i]) * 0.5f; /* many ties */
+    struct sample_row *p = xmalloc(sizeof(struct sample_row) * rows);
+    static const float temps[] = {0.6f, 1.0f, 1.5f};
+    struct sampler_cand *cand = xmalloc(sizeof(struct sampler_cand) * n);
+    int32_t *got = xmalloc(sizeof(int32_t) * rows);
+    float *dx = dev(x, (size_t)rows * n);
+    int differ = 0;
+    for (int round = 0; round < 4; round++) {
+        for (int r = 0; r < rows; r++) {
+            int f = r % 8; /* no cut, top-k 40, top-p 0.9, min-p 0.05, all three, ... */
+            p[r] = (struct sample_row){.temperature = temps[r % 3],
+                                       .top_k = f == 1 || f == 4 ? 40
+                                                : f == 6         ? 1000
+                                                                 : 0,
+                                       .top_p = f == 2 || f == 4 ? 0.9f
+                                                : f == 7         ? 0.5f
+                                                                 : 1.0f,
+                                       .min_p = f == 3 || f == 4 ? 0.05f : 0.0f};
+            p[r].u = round == 0   ? 0.0f
+                     : round == 1 ? 0.99999994f
+                                  : (float)(rnd() >> 8) / 16777216.0f;
+        }
+        gpu.ops->sample(gpu.ctx, got, dx, rows, n, p);
+        for (int r = 0; r < rows; r++) {
+            int32_t host = sampler_row_pick(x + (size_t)r * n, n, &p[r], cand);
+            if (got[r] != host) differ++;
+            CHECK(got[r] == host,
+                  "sample host row %d round %d (T %g, top-k %d, top-p %g, min-p %g, u %.9g): "
+                  "kernel %d, host %d",
+                  r, round, p[r].temperature, p[r].top_k, p[r].top_p, p[r].min_p, p[r].u, got[r],
+                  host);
+        }
+    }
+    printf("  sample: kernel and host sampler, %d of %d tokens differ\n", differ, 4 * rows);
+    gpu.ops->free(gpu.ctx, dx);
+    free(x);
+    free(p);
+    free(cand);
+    free(got);
 }
 
 /* Runs fn with `gpu` a backend made with the environment variable var set to val, then
@@ -1701,7 +1764,10 @@ static void no_fuse_section(void)
 static void sample_section(void)
 {
     CHECK(gpu.ops->sample != NULL, "PAGODA_CUDA_SAMPLE=1: no sample operation");
-    if (gpu.ops->sample) test_sample();
+    if (gpu.ops->sample) {
+        test_sample();
+        test_sample_host();
+    }
 }
 
 static void attention_simt(void)

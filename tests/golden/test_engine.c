@@ -6,7 +6,8 @@
  *     to force preemption: identical greedy tokens, which pass the golden rule;
  *   - prefix sharing: a repeated prompt and a shared-prefix prompt hit the cache (asserted
  *     in tokens) and give identical tokens;
- *   - a seeded sampled request gives identical tokens alone and inside a batch;
+ *   - a seeded sampled request gives identical tokens alone and inside a batch, and with
+ *     log-probabilities (its rows sampled on the host; on CUDA the plain one's on the GPU);
  *   - sampling controls with exact outcomes (top_k 1, logit bias, stop ids, max_tokens),
  *     prompt log-probabilities against the golden, aborts;
  *   - after every scenario the pool is all free again;
@@ -458,6 +459,29 @@ static void test_controls(const char *dir, struct golden_case *cs, int nc)
     CHECK(s_alone.n == 24 && same_ids(&s_alone, &s_batch),
           "the seeded request differs inside a batch (%d vs %d tokens)", s_alone.n, s_batch.n);
     check_pool_free(en, "controls", "seeded");
+
+    /* Seeded requests with log-probabilities have their rows sampled on the host, the same
+     * requests without them where the logits are (on CUDA: on the GPU): the same tokens, at
+     * T = 1 with no filter (the host once walked its candidates in index order there) and
+     * with top-k and top-p. */
+    for (int v = 0; v < 2; v++) {
+        struct sampling_params a = ss;
+        if (v == 0) {
+            a.temperature = 1.0f;
+            a.top_k = 0;
+            a.top_p = 1.0f;
+        }
+        struct result r_plain, r_lp;
+        submit(en, c, a, &r_plain);
+        drain(en);
+        a.logprobs = 1;
+        submit(en, c, a, &r_lp);
+        drain(en);
+        CHECK(r_plain.n == 24 && same_ids(&r_plain, &r_lp),
+              "seeded %s: other tokens with log-probabilities (sampled on the host)",
+              v ? "top-k 40 top-p 0.95" : "T = 1");
+    }
+    check_pool_free(en, "controls", "seeded with log-probabilities");
 
     /* prompt log-probabilities against the golden (1e-3 on the CPU) */
     struct sampling_params pp = greedy_params(1);

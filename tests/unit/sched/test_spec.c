@@ -105,6 +105,7 @@ static void fake_init(struct fake *f, float temperature)
     en->greedy = xcalloc(3, sizeof(int32_t));
     en->work = xcalloc(V, sizeof(float));
     en->cand = xcalloc(V, sizeof(int32_t));
+    en->scand = xcalloc(V, sizeof(struct sampler_cand));
     en->counts = xcalloc(V, sizeof(uint32_t));
     pthread_mutex_init(&en->mu, NULL);
     struct request *r = &f->r;
@@ -135,6 +136,7 @@ static void fake_free(struct fake *f)
     free(f->en.greedy);
     free(f->en.work);
     free(f->en.cand);
+    free(f->en.scand);
     free(f->en.counts);
     pthread_mutex_destroy(&f->en.mu);
 }

@@ -159,6 +159,7 @@ static void fake_init(struct fake *f, int same)
     en->logits = xcalloc(3 * W, sizeof(float));
     en->work = xcalloc(W, sizeof(float));
     en->cand = xcalloc(W, sizeof(int32_t));
+    en->scand = xcalloc(W, sizeof(struct sampler_cand));
     en->counts = xcalloc(W, sizeof(uint32_t));
     pthread_mutex_init(&en->mu, NULL);
     spec_q_init(en);
@@ -197,6 +198,7 @@ static void fake_free(struct fake *f)
     free(f->en.logits);
     free(f->en.work);
     free(f->en.cand);
+    free(f->en.scand);
     free(f->en.counts);
     pthread_mutex_destroy(&f->en.mu);
 }
