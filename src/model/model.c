@@ -111,8 +111,11 @@ static size_t scale_row_bytes(const struct qweight *w)
 /* The share this rank takes under split: part *r of *S. */
 static void share_of(const struct model *m, enum tp_split split, int *r, int *S)
 {
-    *r = split == SPLIT_KV ? m->kv_part : split == SPLIT_NONE ? 0 : m->tp_rank;
-    *S = split == SPLIT_KV ? m->kv_parts : split == SPLIT_NONE ? 1 : m->tp_size;
+    *r = 0;
+    *S = 1;
+    if (m->tp_size <= 1 || split == SPLIT_NONE) return; /* alone (a draft head's model too) */
+    *r = split == SPLIT_KV ? m->kv_part : m->tp_rank;
+    *S = split == SPLIT_KV ? m->kv_parts : m->tp_size;
 }
 
 static int take_share(struct model *m, const char *prefix, struct qweight *w, enum tp_split split,
