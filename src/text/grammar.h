@@ -122,9 +122,9 @@ void gram_matcher_fill_mask(struct gram_matcher *m, const struct gram_vocab *v, 
  * vocabulary; later calls return at once), so that no mask of any matcher of g walks the
  * trie for a position met for the first time: the step that meets a new state only joins
  * sets and checks its few uncertain tokens. Stops past the compile timeout
- * (gram_set_compile_timeout), leaving the positions not reached to be computed when first
- * met (masks are exact either way; a later call goes on). Safe alongside matchers of g on
- * other threads. Returns the number of token-set entries made.
+ * (gram_set_compile_timeout; a later call goes on) or 65536 entries below the top frames,
+ * leaving the rest to be computed when first met (masks are exact either way). Safe alongside
+ * matchers of g on other threads. Returns the number of token-set entries made.
  */
 int gram_prepare(struct gram *g, const struct gram_vocab *v);
 

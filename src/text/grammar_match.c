@@ -1275,16 +1275,19 @@ static struct iset *returns_of(const struct gram *g, int32_t **pos, int *n_pos)
 /* The entries one frame deeper than e (of p[0..depth)) for every frame that can lie below,
  * and theirs, as far as they ask for it. */
 static void prepare_below(struct gram_matcher *m, const struct gram_vocab *v, struct gram_cache *c,
-                          const struct iset *ret, int32_t *p, int depth, struct gpos *e)
+                          const struct iset *ret, int32_t *p, int depth, struct gpos *e, int *left)
 {
     if (!e->deeper) return;
     const struct iset *below = &ret[m->g->pos_rule[p[depth - 1]]];
-    for (int j = 0; j < below->n; j++) {
+    for (int j = 0; j<below->n && * left> 0; j++) {
         if (below->v[j] < 0) continue; /* the bottom: e itself serves */
         p[depth] = below->v[j];
-        prepare_below(m, v, c, ret, p, depth + 1, entry(m, v, c, p, depth + 1, e));
+        --*left;
+        prepare_below(m, v, c, ret, p, depth + 1, entry(m, v, c, p, depth + 1, e), left);
     }
 }
+
+#define PREPARE_DEEP_MAX 65536
 
 int gram_prepare(struct gram *g, const struct gram_vocab *v)
 {
@@ -1300,18 +1303,20 @@ int gram_prepare(struct gram *g, const struct gram_vocab *v)
     struct iset *ret = returns_of(g, &pos, &n_pos);
     int before = c->n_pt;
     pthread_mutex_unlock(&g->mu);
-    int ms = gram_compile_timeout(), i = 0;
+    /* bounds: the compile timeout, and PREPARE_DEEP_MAX entries below the top frame (frames
+     * whose rules are called from many places multiply); what is left is made when met */
+    int ms = gram_compile_timeout(), i = 0, left = PREPARE_DEEP_MAX;
     double deadline = util_now() + 1e-3 * ms;
     struct gram_matcher *m = gram_matcher_create(g);
     for (; i < n_pos && !(ms && util_now() > deadline); i++) {
         int32_t p[GCTX] = {pos[i]};
-        prepare_below(m, v, c, ret, p, 1, entry(m, v, c, p, 1, NULL));
+        prepare_below(m, v, c, ret, p, 1, entry(m, v, c, p, 1, NULL), &left);
     }
     gram_matcher_destroy(m);
     for (int r = 0; r < g->n_rules; r++) free(ret[r].v);
     free(ret), free(pos);
     pthread_mutex_lock(&g->mu);
-    c->prepared = i == n_pos;
+    c->prepared = i == n_pos; /* past the entry bound too: a call again would stop there */
     int made = c->n_pt - before;
     pthread_mutex_unlock(&g->mu);
     return made;

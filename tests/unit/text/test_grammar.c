@@ -782,6 +782,28 @@ static void test_prepared_masks(const char *testdata)
         gram_unref(g);
         grams++;
     }
+    /* a prepare cut short by the compile timeout leaves the rest to the first masks that
+     * meet them: still exact, and a later call goes on */
+    gram_set_compile_timeout(1);
+    struct gram *g = gram_from_json_schema("{}", 2, &e);
+    CHECK(g, "{}: %s", e.msg);
+    gram_prepare(g, v);
+    int cut = gram_n_positions(g, v);
+    struct gram_matcher *m = gram_matcher_create(g);
+    const char *inst = "{\"a\": [1, \"x\\\"y\", {\"b\": null}], \"c\": -2.5e3}";
+    for (size_t k = 0, n = strlen(inst); k <= n; k++) {
+        gram_matcher_fill_mask(m, v, mask);
+        gram_matcher_walk_mask(m, v, ref);
+        CHECK(!memcmp(mask, ref, sizeof *mask * (size_t)words),
+              "cut prepare after %zu bytes: mask differs from the walk", k);
+        if (k < n) CHECK(gram_matcher_accept_bytes(m, inst + k, 1), "cut prepare byte %zu", k);
+    }
+    gram_matcher_destroy(m);
+    gram_set_compile_timeout(0);
+    gram_prepare(g, v);
+    printf("prepare cut at 1 ms: %d entries, %d once completed\n", cut, gram_n_positions(g, v));
+    gram_unref(g);
+    gram_set_compile_timeout(GRAM_COMPILE_TIMEOUT_MS);
     printf("prepared masks: %d states of %d grammars equal to the walk; token sets made in at "
            "most %.1f ms (case %d), %.1f ms for the largest schema (case %d, %zu bytes)\n",
            states, grams, worst_ms, worst, largest_ms, largest,
