@@ -486,7 +486,12 @@ const struct gram_vocab *engine_grammar_vocab(struct engine *en, struct err *e)
 uint64_t engine_submit(struct engine *en, const struct engine_request *q, struct err *e)
 {
     if (check_params(en, q, e)) return 0;
-    if (q->sp.grammar && !q->embed && !engine_grammar_vocab(en, e)) return 0;
+    if (q->sp.grammar && !q->embed) {
+        const struct gram_vocab *gv = engine_grammar_vocab(en, e);
+        if (!gv) return 0;
+        gram_prepare(q->sp.grammar, gv); /* the grammar's token sets, once: no trie walks at
+                                            mask time (here, off the engine thread) */
+    }
     struct request *r = xcalloc(1, sizeof *r);
     r->n_prompt = r->n_tokens = q->n_prompt;
     r->ph_pos = r->ph_row = -1;

@@ -19,6 +19,11 @@ void gram_set_compile_timeout(int ms)
     __atomic_store_n(&compile_timeout_ms, ms < 0 ? 0 : ms, __ATOMIC_RELAXED);
 }
 
+int gram_compile_timeout(void)
+{
+    return __atomic_load_n(&compile_timeout_ms, __ATOMIC_RELAXED);
+}
+
 static double mono(void)
 {
     struct timespec ts;

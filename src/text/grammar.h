@@ -112,9 +112,20 @@ int gram_matcher_is_terminated(const struct gram_matcher *m);
  * The tokens that may come next: mask[(n_vocab + 31) / 32] words, bit id of word id / 32
  * set when the token's bytes are a valid continuation (eos ids: when the grammar can end).
  * Cached per state in the grammar; a miss joins the token sets of the state's stacks'
- * top positions (each computed once per grammar by a trie walk, and also cached) and
- * checks against the whole state only the tokens that run past those positions' rules.
+ * top frames (computed once per grammar by gram_prepare, or by a trie walk when first met,
+ * and also cached) and checks against each stack only the few tokens that run past the
+ * frames its sets were computed with.
  */
 void gram_matcher_fill_mask(struct gram_matcher *m, const struct gram_vocab *v, uint32_t *mask);
+/**
+ * Computes the token sets of every position of g over v now (once per grammar and
+ * vocabulary; later calls return at once), so that no mask of any matcher of g walks the
+ * trie for a position met for the first time: the step that meets a new state only joins
+ * sets and checks its few uncertain tokens. Stops past the compile timeout
+ * (gram_set_compile_timeout; a later call goes on) or 65536 entries below the top frames,
+ * leaving the rest to be computed when first met (masks are exact either way). Safe alongside
+ * matchers of g on other threads. Returns the number of token-set entries made.
+ */
+int gram_prepare(struct gram *g, const struct gram_vocab *v);
 
 #endif

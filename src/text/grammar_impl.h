@@ -130,8 +130,16 @@ struct gram {
 };
 
 void gram_cache_free(struct gram_cache *c);
+/* The bound gram_set_compile_timeout set (ms, 0: none). */
+int gram_compile_timeout(void);
 /* Drops the masks cached by state, keeping the token sets by position: the next mask of
  * every state is built from those (bench grammar and tests measure and check that path). */
 void gram_forget_states(struct gram *g);
+/* The mask of m's state by a walk of the whole trie from the state (no token sets, no
+ * cache): the reference the tests hold the cached masks to. */
+void gram_matcher_walk_mask(struct gram_matcher *m, const struct gram_vocab *v, uint32_t *mask);
+/* The entries of token sets by position that g holds for v (tests: gram_prepare made all
+ * that masks use). */
+int gram_n_positions(struct gram *g, const struct gram_vocab *v);
 
 #endif

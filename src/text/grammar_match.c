@@ -55,10 +55,16 @@ struct gram_matcher {
     int cap_lv;
     int32_t *key;
     int cap_key;
-    uint32_t *cm; /* build_mask scratch */
-    int cap_cm;
-    int32_t *cand;
+    int32_t *cand; /* build_mask scratch */
     int cap_cand;
+    int32_t *cand2;
+    int cap_cand2;
+    int32_t *tmp2;
+    int cap_tmp2;
+    struct gpos **used; /* build_mask: the token sets the mask joins, */
+    int n_used, cap_used;
+    int32_t *extra; /* the tokens it accepts beyond them, */
+    int n_extra, cap_extra;
 };
 
 #define H0 0x9E3779B97F4A7C15ull
@@ -199,7 +205,7 @@ void gram_matcher_destroy(struct gram_matcher *m)
     gram_unref(m->g);
     free(m->nodes), free(m->cur), free(m->out), free(m->tmp), free(m->vis);
     free(m->buf), free(m->lv), free(m->key), free(m->ws), free(m->wtab), free(m->trans);
-    free(m->cm), free(m->cand);
+    free(m->cand), free(m->cand2), free(m->tmp2), free(m->used), free(m->extra);
     free(m);
 }
 
@@ -485,20 +491,36 @@ int gram_matcher_accept_token(struct gram_matcher *m, const struct gram_vocab *v
  * Masks are cached in the grammar by state: the state's stacks, sorted by hash, written
  * out as their positions top to bottom. Entries are only added (up to a bound), so a
  * grammar used by many requests (the server's compile cache) soon answers every step of a
- * JSON schema from the cache: a non-recursive schema has finitely many states.
+ * JSON schema from the cache: a non-recursive schema has finitely many states. A new entry
+ * keeps the mask as the token sets it joins (the positions' sets, which live as long as
+ * the cache) and the few tokens accepted beyond them: a few hundred bytes, where a 16 KB
+ * copy would touch fresh memory on the step that first meets the state; the state's
+ * second visit makes the copy, and later ones read it.
  */
 #define CACHE_MAX 4096
 
+struct gpos;
 struct centry {
     uint64_t h;
-    int32_t *key;
+    int32_t *key; /* [klen], then the extra ids */
     int klen;
-    uint32_t *mask;
+    struct gpos **sets;
+    int n_sets, n_extra;
+    uint32_t *mask; /* the whole mask, from the state's second visit on */
 };
+
+/* A position's token sets are computed with the stack's top frame and an unknown stack
+ * below; where that leaves more than DEEPEN_UNC tokens uncertain, with the frame below too
+ * (the tokens that leave the top frame's rule are mostly judged there), and so on, up to
+ * GCTX frames. */
+#define GCTX       8
+#define DEEPEN_UNC 16
 
 /* A position's token sets (see build_mask). */
 struct gpos {
-    int32_t p1, p2; /* the top frame's position and the next one's (-1: none) */
+    int32_t p[GCTX];   /* the positions of a stack's top frames, top first (-1: none) */
+    struct gpos *base; /* the entry of one frame less: its accepted tokens are these too */
+    int deeper;        /* entries one frame deeper exist (or are to be made) */
     int done;
     uint32_t *acc_mask; /* accepted as a bitmask, or */
     int32_t *acc;       /* as a list of ids, whichever is smaller */
@@ -515,13 +537,16 @@ struct gram_cache {
     struct gpos **pt; /* token sets by the positions of a stack's top two frames: open
                          addressing, [cap_pt] */
     int n_pt, cap_pt;
+    int prepared;            /* every position's sets are in pt (gram_prepare) */
+    struct gram_cache *next; /* the cache of another vocabulary */
 };
 
 void gram_cache_free(struct gram_cache *c)
 {
     if (!c) return;
+    gram_cache_free(c->next);
     for (int i = 0; i < c->cap; i++)
-        if (c->t[i].key) free(c->t[i].key), free(c->t[i].mask);
+        if (c->t[i].key) free(c->t[i].key), free(c->t[i].sets), free(c->t[i].mask);
     for (int i = 0; i < c->cap_pt; i++)
         if (c->pt[i])
             free(c->pt[i]->acc_mask), free(c->pt[i]->acc), free(c->pt[i]->unc),
@@ -686,11 +711,16 @@ static void loops_of(struct gram_matcher *m, int32_t w)
  *   uncertain: not accepted, but some path leaves the alternative (pops into the unknown
  *              stack) before or right after its last byte;
  *   rejected:  the rest.
- * These sets depend on the grammar and the vocabulary only, so they are computed the first
- * time a position is met and kept in the grammar for every later state and request. A
- * state's mask is then the union of its stacks' accepted sets and those of their uncertain
- * tokens that the whole state accepts, tried in trie order so shared prefixes are stepped
- * once.
+ * Where many tokens stay uncertain (inside a JSON string the char rule ends after one byte,
+ * and what a closing quote may bring is decided frames further down), the frame below is
+ * added and only those tokens are walked again, frame by frame (GCTX, DEEPEN_UNC): a token
+ * accepted or rejected under some frames stays so under any frames below them. These sets
+ * depend on the grammar and the vocabulary only: gram_prepare computes them for every
+ * position and every frame that can lie below it, ahead of the first mask, and a position
+ * met that was not prepared gets them when first met; either way they are kept in the
+ * grammar for every later state and request. A state's mask is then the union of its
+ * stacks' accepted sets and those of their uncertain tokens that the stacks they came from
+ * accept, tried in trie order so shared prefixes are stepped once.
  */
 #define SENT (-2)
 
@@ -717,23 +747,57 @@ static void unc_add_range(int32_t **u, int *n, int *cap, int32_t a, int32_t b)
     for (int32_t k = a; k < b; k++) (*u)[(*n)++] = k;
 }
 
+/* Appends the candidates cand[j..n) in a..b (indices into v->order) to *u, or, without
+ * candidates, all of a..b. */
+static void add_range(int32_t **u, int *nu, int *cap, const int32_t *cand, int n, int j, int32_t a,
+                      int32_t b)
+{
+    if (!cand) {
+        unc_add_range(u, nu, cap, a, b);
+        return;
+    }
+    while (j < n && cand[j] < a) j++;
+    for (; j < n && cand[j] < b; j++) {
+        grow(u, cap, *nu + 1);
+        (*u)[(*nu)++] = cand[j];
+    }
+}
+
 /*
- * The token sets of position pos, walking the trie in preorder from the stack (pos, SENT)
- * and skipping the subtree below the first rejected byte. In this walk a state's acc flag
- * means the step into it popped past the alternative's end. Cost: a transition lookup per
- * trie node visited, a matcher step per distinct (state, byte) pair.
+ * The token sets of the stack p[0..depth) with an unknown stack below (SENT), walking the
+ * trie in preorder and skipping the subtree below the first rejected byte. In this walk a
+ * state's acc flag means the step into it popped past the bottom frame's alternative. With
+ * base (the entry of p[0..depth - 1)), only base's uncertain tokens are walked: the tokens
+ * its stack accepted or rejected are accepted or rejected under any frame below it too.
+ * Cost: a transition lookup per trie node visited, a matcher step per distinct (state,
+ * byte) pair.
  */
-static void walk_pos(struct gram_matcher *m, const struct gram_vocab *v, int32_t p1, int32_t p2,
-                     struct gpos *out)
+static void walk_pos(struct gram_matcher *m, const struct gram_vocab *v, const int32_t *p,
+                     int depth, struct gpos *base, struct gpos *out)
 {
     const struct gbset *follow = m->g->follow;
     const int32_t *pos_rule = m->g->pos_rule;
     int words = (v->n_vocab + 31) / 32;
-    uint32_t *mask = xcalloc((size_t)words, sizeof *mask);
-    int32_t *unc = NULL;
-    int n_unc = 0, cap_unc = 0, n_acc = 0;
-    int base = m->n_nodes;
-    int32_t top = node_new(m, p1, p2 >= 0 ? node_new(m, p2, SENT) : SENT);
+    /* the candidates: base's uncertain tokens, ascending */
+    int32_t *cand = NULL;
+    int n_cand = 0, j = 0;
+    if (base) {
+        if (base->unc_mask) {
+            cand = xmalloc(sizeof *cand * (size_t)(base->n_unc ? base->n_unc : 1));
+            for (int w = 0; w < words; w++)
+                for (uint32_t x = base->unc_mask[w]; x; x &= x - 1)
+                    cand[n_cand++] = w * 32 + __builtin_ctz(x);
+        } else {
+            cand = base->unc;
+            n_cand = base->n_unc;
+        }
+    }
+    uint32_t *mask = base ? NULL : xcalloc((size_t)words, sizeof *mask);
+    int32_t *unc = NULL, *acc = NULL;
+    int n_unc = 0, cap_unc = 0, n_acc = 0, cap_acc = 0;
+    int mark = m->n_nodes;
+    int32_t top = SENT;
+    for (int k = depth - 1; k >= 0; k--) top = node_new(m, p[k], top);
     walk_begin(m, v, &top, 1, 0);
     int32_t *lv = m->lv;
     lv[0] = 0;
@@ -742,14 +806,22 @@ static void walk_pos(struct gram_matcher *m, const struct gram_vocab *v, int32_t
      * the rest of the token is the unknown stack's to judge */
     uint8_t *pend = xcalloc((size_t)v->max_depth + 1, 1);
     uint8_t *out_ = xcalloc((size_t)v->max_depth + 1, 1);
-    const struct gbset *fol = &follow[pos_rule[p2 >= 0 ? p2 : p1]];
+    const struct gbset *fol = &follow[pos_rule[p[depth - 1]]];
     const struct tnode *tn = v->t;
     for (int i = 1; i < v->n_nodes;) {
         const struct tnode *x = &tn[i];
+        if (base) { /* only subtrees holding candidates */
+            while (j < n_cand && cand[j] < x->tok0) j++;
+            if (j == n_cand) break;
+            if (cand[j] >= x->tok_end) {
+                i = x->skip;
+                continue;
+            }
+        }
         int d = x->depth;
         struct wstate *up = &m->ws[lv[d - 1]];
         /* every byte below stays in this state (which has stacks): all accepted */
-        if (!(x->cls & ~up->loops)) {
+        if (!base && !(x->cls & ~up->loops)) {
             for (int32_t k = x->tok0; k < x->tok_end; k++) {
                 int32_t id = v->order[k];
                 mask[id >> 5] |= 1u << (id & 31);
@@ -759,23 +831,27 @@ static void walk_pos(struct gram_matcher *m, const struct gram_vocab *v, int32_t
             continue;
         }
         int ctx = out_[d - 1] || (pend[d - 1] && (fol->w[x->byte >> 5] >> (x->byte & 31) & 1));
-        if (up->n && ++up->visits == LOOP_AFTER) loops_of(m, lv[d - 1]);
+        if (!base && up->n && ++up->visits == LOOP_AFTER) loops_of(m, lv[d - 1]);
         int32_t t = transition(m, lv[d - 1], x->byte);
         if (t == T_DEAD) {
-            if (ctx) unc_add_range(&unc, &n_unc, &cap_unc, x->tok0, x->tok_end);
+            if (ctx) add_range(&unc, &n_unc, &cap_unc, cand, n_cand, j, x->tok0, x->tok_end);
             i = x->skip;
             continue;
         }
         /* tokens ending here: taken inside the alternative, or left to the stack below
          * (this step popped, or an earlier pop took this byte) */
         if (m->ws[t].n > 0) {
-            for (int k = 0; k < x->tok_n; k++) {
-                int32_t id = v->order[x->tok0 + k];
-                mask[id >> 5] |= 1u << (id & 31);
+            if (base) {
+                add_range(&acc, &n_acc, &cap_acc, cand, n_cand, j, x->tok0, x->tok0 + x->tok_n);
+            } else {
+                for (int k = 0; k < x->tok_n; k++) {
+                    int32_t id = v->order[x->tok0 + k];
+                    mask[id >> 5] |= 1u << (id & 31);
+                }
+                n_acc += x->tok_n;
             }
-            n_acc += x->tok_n;
         } else {
-            unc_add_range(&unc, &n_unc, &cap_unc, x->tok0, x->tok0 + x->tok_n);
+            add_range(&unc, &n_unc, &cap_unc, cand, n_cand, j, x->tok0, x->tok0 + x->tok_n);
         }
         pend[d] = (uint8_t)m->ws[t].acc;
         out_[d] = (uint8_t)ctx;
@@ -783,8 +859,20 @@ static void walk_pos(struct gram_matcher *m, const struct gram_vocab *v, int32_t
         i++;
     }
     free(pend), free(out_);
-    m->n_nodes = base;
-    if (n_acc < words) { /* the list is smaller */
+    if (base && base->unc_mask) free(cand);
+    m->n_nodes = mark;
+    if (base) { /* indices into v->order: to ids */
+        for (int k = 0; k < n_acc; k++) acc[k] = v->order[acc[k]];
+        if (n_acc >= words / 8) {
+            mask = xcalloc((size_t)words, sizeof *mask);
+            for (int k = 0; k < n_acc; k++) mask[acc[k] >> 5] |= 1u << (acc[k] & 31);
+            free(acc);
+            out->acc_mask = mask;
+        } else {
+            out->acc = acc ? acc : xmalloc(sizeof *acc);
+        }
+        out->n_acc = n_acc;
+    } else if (n_acc < words / 8) { /* the list is shorter to apply */
         out->acc = xmalloc(sizeof *out->acc * (size_t)(n_acc ? n_acc : 1));
         for (int w = 0; w < words; w++)
             for (uint32_t b = mask[w]; b; b &= b - 1)
@@ -802,20 +890,21 @@ static void walk_pos(struct gram_matcher *m, const struct gram_vocab *v, int32_t
         out->unc = unc;
     }
     out->n_unc = n_unc;
-    out->p1 = p1;
-    out->p2 = p2;
+    for (int k = 0; k < GCTX; k++) out->p[k] = k < depth ? p[k] : -1;
+    out->base = base;
+    out->deeper = n_unc > DEEPEN_UNC && depth < GCTX;
     out->done = 1;
 }
 
 /* Sets the bits of the tokens in cand[0..n) (indices into v->order, ascending) whose bytes
- * the matcher's state accepts: a walk of the trie from the whole state that enters only
+ * the stacks s[0..ns) accept: a walk of the trie from those stacks that enters only
  * subtrees holding candidates and leaves one at its first rejected byte. */
-static void verify(struct gram_matcher *m, const struct gram_vocab *v, const int32_t *cand, int n,
-                   uint32_t *mask)
+static void verify(struct gram_matcher *m, const struct gram_vocab *v, const int32_t *s, int ns,
+                   const int32_t *cand, int n, uint32_t *mask)
 {
     if (!n) return;
     int base = m->n_nodes;
-    walk_begin(m, v, m->cur, m->n_cur, m->acc);
+    walk_begin(m, v, s, ns, 0);
     int32_t *lv = m->lv;
     lv[0] = 0;
     const struct tnode *tn = v->t;
@@ -837,7 +926,6 @@ static void verify(struct gram_matcher *m, const struct gram_vocab *v, const int
             i = x->skip;
             continue;
         }
-        if (++up->visits == LOOP_AFTER) loops_of(m, lv[x->depth - 1]);
         int32_t t = transition(m, lv[x->depth - 1], x->byte);
         if (t == T_DEAD) {
             i = x->skip;
@@ -932,49 +1020,54 @@ static void make_follow(struct gram *g)
     g->follow = fol;
 }
 
+/* The grammar's cache for v, made when new. Caches are kept per vocabulary until the
+ * grammar is freed, so the token sets a mask is built from stay put. Called under g->mu. */
 static struct gram_cache *cache_for(struct gram *g, const struct gram_vocab *v)
 {
     struct gram_cache *c = g->cache;
-    if (c && c->v != v) {
-        gram_cache_free(c);
-        c = g->cache = NULL;
-    }
+    while (c && c->v != v) c = c->next;
     if (!c) {
-        c = g->cache = xcalloc(1, sizeof *c);
+        c = xcalloc(1, sizeof *c);
         c->v = v;
-        c->cap = 2 * CACHE_MAX;
+        c->cap = 64; /* grows: a table sized for CACHE_MAX at once would be touched for the
+                        first time, page by page, by the first request's steps */
         c->t = xcalloc((size_t)c->cap, sizeof *c->t);
         c->cap_pt = 256;
         c->pt = xcalloc((size_t)c->cap_pt, sizeof *c->pt);
+        c->next = g->cache;
+        g->cache = c;
     }
     return c;
 }
 
-static uint32_t pt_hash(int32_t p1, int32_t p2)
+static uint32_t pt_hash(const int32_t *p)
 {
-    return (uint32_t)(mix(mix(H0, p1), p2) >> 32);
+    uint64_t h = H0;
+    for (int k = 0; k < GCTX; k++) h = mix(h, p[k]);
+    return (uint32_t)(h >> 32);
 }
 
-/* The entry of (p1, p2) in c, NULL when absent; adds fresh (taking its arrays) when given. */
-static struct gpos *pt_get(struct gram_cache *c, int32_t p1, int32_t p2, struct gpos *fresh)
+/* The entry of positions p[GCTX] in c, NULL when absent; adds fresh (taking its arrays)
+ * when given. */
+static struct gpos *pt_get(struct gram_cache *c, const int32_t *p, struct gpos *fresh)
 {
-    uint32_t i = pt_hash(p1, p2) & (uint32_t)(c->cap_pt - 1);
+    uint32_t i = pt_hash(p) & (uint32_t)(c->cap_pt - 1);
     for (; c->pt[i]; i = (i + 1) & (uint32_t)(c->cap_pt - 1))
-        if (c->pt[i]->p1 == p1 && c->pt[i]->p2 == p2) return c->pt[i];
+        if (!memcmp(c->pt[i]->p, p, sizeof c->pt[i]->p)) return c->pt[i];
     if (!fresh) return NULL;
     if (2 * (c->n_pt + 1) > c->cap_pt) {
         int cap = c->cap_pt * 2;
         struct gpos **t = xcalloc((size_t)cap, sizeof *t);
         for (int k = 0; k < c->cap_pt; k++)
             if (c->pt[k]) {
-                uint32_t j = pt_hash(c->pt[k]->p1, c->pt[k]->p2) & (uint32_t)(cap - 1);
+                uint32_t j = pt_hash(c->pt[k]->p) & (uint32_t)(cap - 1);
                 while (t[j]) j = (j + 1) & (uint32_t)(cap - 1);
                 t[j] = c->pt[k];
             }
         free(c->pt);
         c->pt = t;
         c->cap_pt = cap;
-        return pt_get(c, p1, p2, fresh);
+        return pt_get(c, p, fresh);
     }
     c->pt[i] = xmalloc(sizeof *c->pt[i]);
     *c->pt[i] = *fresh;
@@ -982,75 +1075,251 @@ static struct gpos *pt_get(struct gram_cache *c, int32_t p1, int32_t p2, struct 
     return c->pt[i];
 }
 
-/* A state's mask from its positions' token sets (computed here when new). */
+/* mask |= the tokens e accepts (its own and its base's) */
+static void apply_set(uint32_t *mask, int words, const struct gpos *e)
+{
+    for (; e; e = e->base)
+        if (e->acc_mask)
+            for (int w = 0; w < words; w++) mask[w] |= e->acc_mask[w];
+        else
+            for (int k = 0; k < e->n_acc; k++) mask[e->acc[k] >> 5] |= 1u << (e->acc[k] & 31);
+}
+
+static void grow_ptr(struct gpos ***p, int *cap, int need)
+{
+    if (need <= *cap) return;
+    while (*cap < need) *cap = *cap ? *cap * 2 : 16;
+    *p = xrealloc(*p, sizeof **p * (size_t)*cap);
+}
+
+/* The positions of stack n's top GCTX frames, -1 past its bottom. */
+static void top_positions(const struct gram_matcher *m, int32_t n, int32_t *p)
+{
+    for (int k = 0; k < GCTX; k++) {
+        p[k] = n >= 0 ? m->nodes[n].pos : -1;
+        if (n >= 0) n = m->nodes[n].parent;
+    }
+}
+
+/* The entry of the frames p[0..depth) in c (base: that of p[0..depth - 1)), computed
+ * when new. */
+static struct gpos *entry(struct gram_matcher *m, const struct gram_vocab *v, struct gram_cache *c,
+                          const int32_t *p, int depth, struct gpos *base)
+{
+    struct gram *g = m->g;
+    int32_t key[GCTX];
+    for (int k = 0; k < GCTX; k++) key[k] = k < depth ? p[k] : -1;
+    pthread_mutex_lock(&g->mu);
+    struct gpos *e = pt_get(c, key, NULL);
+    pthread_mutex_unlock(&g->mu);
+    if (e) return e;
+    struct gpos fresh = {0};
+    walk_pos(m, v, key, depth, base, &fresh);
+    pthread_mutex_lock(&g->mu);
+    e = pt_get(c, key, NULL);
+    if (!e) e = pt_get(c, key, &fresh), fresh.done = 0;
+    pthread_mutex_unlock(&g->mu);
+    if (fresh.done) free(fresh.acc), free(fresh.acc_mask), free(fresh.unc), free(fresh.unc_mask);
+    return e;
+}
+
+/* The deepest entry for stack n: one frame more while an entry asks for it. */
+static struct gpos *stack_entry(struct gram_matcher *m, const struct gram_vocab *v,
+                                struct gram_cache *c, int32_t n)
+{
+    int32_t p[GCTX];
+    top_positions(m, n, p);
+    struct gpos *e = entry(m, v, c, p, 1, NULL);
+    for (int d = 1; e->deeper && d < GCTX && p[d] >= 0; d++) e = entry(m, v, c, p, d + 1, e);
+    return e;
+}
+
+/* A state's mask from its stacks' token sets (computed here when new). The stacks are
+ * grouped by their entries; each entry's accepted set joins the mask, and its uncertain
+ * tokens that no set accepted are checked against that group's stacks only (a state
+ * accepts a token when one of its stacks does). */
 static void build_mask(struct gram_matcher *m, const struct gram_vocab *v, uint32_t *mask)
 {
     struct gram *g = m->g;
     int words = (v->n_vocab + 31) / 32;
     memset(mask, 0, sizeof *mask * (size_t)words);
-    /* uncertain tokens by index into v->order */
-    if (m->cap_cm < words) {
-        free(m->cm);
-        m->cm = xmalloc(sizeof *m->cm * (size_t)words);
-        m->cap_cm = words;
-    }
-    uint32_t *cm = m->cm;
-    memset(cm, 0, sizeof *cm * (size_t)words);
-    int n_unc = 0;
+    m->n_used = m->n_extra = 0;
+    pthread_mutex_lock(&g->mu);
+    make_follow(g);
+    struct gram_cache *c = cache_for(g, v);
+    pthread_mutex_unlock(&g->mu);
+    grow(&m->cand, &m->cap_cand, m->n_cur);
+    int32_t *group = m->cand; /* of each stack: its entry's index in m->used */
     for (int i = 0; i < m->n_cur; i++) {
-        const struct gnode *top = &m->nodes[m->cur[i]];
-        int32_t p1 = top->pos, p2 = top->parent >= 0 ? m->nodes[top->parent].pos : -1;
-        int dup = 0;
-        for (int j = 0; j < i && !dup; j++) {
-            const struct gnode *o = &m->nodes[m->cur[j]];
-            dup = o->pos == p1 && (o->parent >= 0 ? m->nodes[o->parent].pos : -1) == p2;
-        }
-        if (dup) continue;
-        pthread_mutex_lock(&g->mu);
-        make_follow(g);
-        int done = pt_get(cache_for(g, v), p1, p2, NULL) != NULL;
-        pthread_mutex_unlock(&g->mu);
-        struct gpos fresh = {0};
-        if (!done) walk_pos(m, v, p1, p2, &fresh);
-        pthread_mutex_lock(&g->mu);
-        struct gpos *e = pt_get(cache_for(g, v), p1, p2, NULL);
-        if (!e && fresh.done)
-            e = pt_get(g->cache, p1, p2, &fresh);
-        else
-            free(fresh.acc), free(fresh.acc_mask), free(fresh.unc), free(fresh.unc_mask);
-        if (!e) { /* the cache was replaced for another vocabulary meanwhile */
-            pthread_mutex_unlock(&g->mu);
-            i--;
-            continue;
-        }
-        if (e->acc_mask)
-            for (int w = 0; w < words; w++) mask[w] |= e->acc_mask[w];
-        else
-            for (int k = 0; k < e->n_acc; k++) mask[e->acc[k] >> 5] |= 1u << (e->acc[k] & 31);
-        if (e->unc_mask)
-            for (int w = 0; w < words; w++) cm[w] |= e->unc_mask[w];
-        else
-            for (int k = 0; k < e->n_unc; k++) cm[e->unc[k] >> 5] |= 1u << (e->unc[k] & 31);
-        n_unc += e->n_unc;
-        pthread_mutex_unlock(&g->mu);
+        struct gpos *e = stack_entry(m, v, c, m->cur[i]);
+        group[i] = -1;
+        for (int k = 0; k < m->n_used && group[i] < 0; k++)
+            if (m->used[k] == e) group[i] = k;
+        if (group[i] >= 0) continue;
+        group[i] = m->n_used;
+        apply_set(mask, words, e);
+        grow_ptr(&m->used, &m->cap_used, m->n_used + 1);
+        m->used[m->n_used++] = e;
     }
-    int k = 0;
-    if (n_unc) /* in order, unique, and not accepted already */
-        for (int w = 0; w < words; w++)
-            for (uint32_t x = cm[w]; x; x &= x - 1) {
-                int32_t c = w * 32 + __builtin_ctz(x), id = v->order[c];
-                if (mask[id >> 5] >> (id & 31) & 1) continue;
-                grow(&m->cand, &m->cap_cand, k + 1);
-                m->cand[k++] = c;
+    for (int k = 0; k < m->n_used; k++) {
+        const struct gpos *e = m->used[k];
+        if (!e->n_unc) continue;
+        int n_stk = 0;
+        grow(&m->tmp2, &m->cap_tmp2, m->n_cur);
+        for (int i = 0; i < m->n_cur; i++)
+            if (group[i] == k) m->tmp2[n_stk++] = m->cur[i];
+        int n = 0; /* in order, and not accepted already */
+        grow(&m->cand2, &m->cap_cand2, e->n_unc);
+        if (e->unc_mask) {
+            for (int w = 0; w < words; w++)
+                for (uint32_t x = e->unc_mask[w]; x; x &= x - 1) {
+                    int32_t t = w * 32 + __builtin_ctz(x), id = v->order[t];
+                    if (!(mask[id >> 5] >> (id & 31) & 1)) m->cand2[n++] = t;
+                }
+        } else {
+            for (int j = 0; j < e->n_unc; j++) {
+                int32_t id = v->order[e->unc[j]];
+                if (!(mask[id >> 5] >> (id & 31) & 1)) m->cand2[n++] = e->unc[j];
             }
-    verify(m, v, m->cand, k, mask);
+        }
+        verify(m, v, m->tmp2, n_stk, m->cand2, n, mask);
+        for (int j = 0; j < n; j++) {
+            int32_t id = v->order[m->cand2[j]];
+            if (mask[id >> 5] >> (id & 31) & 1) {
+                grow(&m->extra, &m->cap_extra, m->n_extra + 1);
+                m->extra[m->n_extra++] = id;
+            }
+        }
+    }
     for (int i = 0; i < v->n_eos; i++) {
         size_t len;
         const char *s = gram_vocab_token(v, v->eos[i], &len);
         int end = m->acc;
         if (!end && s) end = run_bytes(m, s, len, 0, &end) && end;
-        if (end) mask[v->eos[i] >> 5] |= 1u << (v->eos[i] & 31);
+        if (end) {
+            mask[v->eos[i] >> 5] |= 1u << (v->eos[i] & 31);
+            grow(&m->extra, &m->cap_extra, m->n_extra + 1);
+            m->extra[m->n_extra++] = v->eos[i];
+        }
     }
+}
+
+/* A growing set of int32 (linear membership: the lists here are short). */
+struct iset {
+    int32_t *v;
+    int n, cap;
+};
+
+static int iset_add(struct iset *l, int32_t x)
+{
+    for (int i = 0; i < l->n; i++)
+        if (l->v[i] == x) return 0;
+    grow(&l->v, &l->cap, l->n + 1);
+    l->v[l->n++] = x;
+    return 1;
+}
+
+/*
+ * The frames that can lie below a frame in rule r, by r: the position after a call of r
+ * (r called in tail position returns where its caller does), or -1 at the bottom; and in
+ * *pos the byte sets of the rules reachable from the root (*n_pos of them). Called under
+ * g->mu after make_follow.
+ */
+static struct iset *returns_of(const struct gram *g, int32_t **pos, int *n_pos)
+{
+    int R = g->n_rules;
+    struct iset *ret = xcalloc((size_t)R, sizeof *ret);
+    uint8_t *seen = xcalloc((size_t)R, 1);
+    int32_t *queue = xmalloc(sizeof *queue * (size_t)R), *tail = NULL;
+    int nq = 0, n_tail = 0, cap_tail = 0;
+    queue[nq++] = g->root;
+    seen[g->root] = 1;
+    iset_add(&ret[g->root], -1);
+    for (int k = 0; k < nq; k++) { /* reachable rules, their calls' return positions */
+        int r = queue[k];
+        for (int a = g->rule_alt[r]; a < g->rule_alt[r + 1]; a++)
+            for (int p = g->alt_pos[a]; g->syms[p] != GSYM_END; p++) {
+                if (!GSYM_IS_RULE(g->syms[p])) continue;
+                int32_t c = GSYM_ID(g->syms[p]);
+                if (g->syms[p + 1] != GSYM_END) {
+                    iset_add(&ret[c], p + 1);
+                } else {
+                    grow(&tail, &cap_tail, n_tail + 2);
+                    tail[n_tail++] = r;
+                    tail[n_tail++] = c;
+                }
+                if (!seen[c]) seen[c] = 1, queue[nq++] = c;
+            }
+    }
+    for (int ch = 1; ch;) { /* a tail call returns wherever its caller does */
+        ch = 0;
+        for (int i = 0; i < n_tail; i += 2)
+            for (int k = 0; k < ret[tail[i]].n; k++)
+                ch |= iset_add(&ret[tail[i + 1]], ret[tail[i]].v[k]);
+    }
+    int32_t *out = NULL;
+    int n = 0, cap = 0;
+    for (int k = 0; k < nq; k++)
+        for (int a = g->rule_alt[queue[k]]; a < g->rule_alt[queue[k] + 1]; a++)
+            for (int p = g->alt_pos[a]; g->syms[p] != GSYM_END; p++)
+                if (!GSYM_IS_RULE(g->syms[p])) {
+                    grow(&out, &cap, n + 1);
+                    out[n++] = p;
+                }
+    free(seen), free(queue), free(tail);
+    *pos = out;
+    *n_pos = n;
+    return ret;
+}
+
+/* The entries one frame deeper than e (of p[0..depth)) for every frame that can lie below,
+ * and theirs, as far as they ask for it. */
+static void prepare_below(struct gram_matcher *m, const struct gram_vocab *v, struct gram_cache *c,
+                          const struct iset *ret, int32_t *p, int depth, struct gpos *e, int *left)
+{
+    if (!e->deeper) return;
+    const struct iset *below = &ret[m->g->pos_rule[p[depth - 1]]];
+    for (int j = 0; j<below->n && * left> 0; j++) {
+        if (below->v[j] < 0) continue; /* the bottom: e itself serves */
+        p[depth] = below->v[j];
+        --*left;
+        prepare_below(m, v, c, ret, p, depth + 1, entry(m, v, c, p, depth + 1, e), left);
+    }
+}
+
+#define PREPARE_DEEP_MAX 65536
+
+int gram_prepare(struct gram *g, const struct gram_vocab *v)
+{
+    pthread_mutex_lock(&g->mu);
+    make_follow(g);
+    struct gram_cache *c = cache_for(g, v);
+    if (c->prepared) {
+        pthread_mutex_unlock(&g->mu);
+        return 0;
+    }
+    int32_t *pos;
+    int n_pos;
+    struct iset *ret = returns_of(g, &pos, &n_pos);
+    int before = c->n_pt;
+    pthread_mutex_unlock(&g->mu);
+    /* bounds: the compile timeout, and PREPARE_DEEP_MAX entries below the top frame (frames
+     * whose rules are called from many places multiply); what is left is made when met */
+    int ms = gram_compile_timeout(), i = 0, left = PREPARE_DEEP_MAX;
+    double deadline = util_now() + 1e-3 * ms;
+    struct gram_matcher *m = gram_matcher_create(g);
+    for (; i < n_pos && !(ms && util_now() > deadline); i++) {
+        int32_t p[GCTX] = {pos[i]};
+        prepare_below(m, v, c, ret, p, 1, entry(m, v, c, p, 1, NULL), &left);
+    }
+    gram_matcher_destroy(m);
+    for (int r = 0; r < g->n_rules; r++) free(ret[r].v);
+    free(ret), free(pos);
+    pthread_mutex_lock(&g->mu);
+    c->prepared = i == n_pos; /* past the entry bound too: a call again would stop there */
+    int made = c->n_pt - before;
+    pthread_mutex_unlock(&g->mu);
+    return made;
 }
 
 void gram_matcher_fill_mask(struct gram_matcher *m, const struct gram_vocab *v, uint32_t *mask)
@@ -1058,39 +1327,65 @@ void gram_matcher_fill_mask(struct gram_matcher *m, const struct gram_vocab *v, 
     struct gram *g = m->g;
     uint64_t h;
     int klen = state_key(m, &h);
-    size_t bytes = sizeof *mask * (size_t)((v->n_vocab + 31) / 32);
+    int words = (v->n_vocab + 31) / 32;
     int hit = 0;
     pthread_mutex_lock(&g->mu);
-    struct gram_cache *c = g->cache;
-    if (c && c->v == v) {
-        for (int i = (int)(h & (uint64_t)(c->cap - 1));; i = (i + 1) & (c->cap - 1)) {
-            struct centry *en = &c->t[i];
-            if (!en->key) break;
-            if (en->h == h && en->klen == klen &&
-                !memcmp(en->key, m->key, sizeof *m->key * (size_t)klen)) {
+    struct gram_cache *c = cache_for(g, v);
+    for (int i = (int)(h & (uint64_t)(c->cap - 1));; i = (i + 1) & (c->cap - 1)) {
+        struct centry *en = &c->t[i];
+        if (!en->key) break;
+        if (en->h == h && en->klen == klen &&
+            !memcmp(en->key, m->key, sizeof *m->key * (size_t)klen)) {
+            size_t bytes = sizeof *mask * (size_t)words;
+            if (en->mask) {
                 memcpy(mask, en->mask, bytes);
-                hit = 1;
-                break;
+            } else { /* a state met again: worth a copy of its own */
+                memset(mask, 0, bytes);
+                for (int k = 0; k < en->n_sets; k++) apply_set(mask, words, en->sets[k]);
+                for (int k = 0; k < en->n_extra; k++) {
+                    int32_t id = en->key[klen + k];
+                    mask[id >> 5] |= 1u << (id & 31);
+                }
+                en->mask = xmalloc(bytes);
+                memcpy(en->mask, mask, bytes);
             }
+            hit = 1;
+            break;
         }
     }
     pthread_mutex_unlock(&g->mu);
     if (hit) return;
     build_mask(m, v, mask);
     pthread_mutex_lock(&g->mu);
-    c = cache_for(g, v);
+    if (c->n < CACHE_MAX && 2 * (c->n + 1) > c->cap) { /* keep it at most half full */
+        int cap = 2 * c->cap;
+        struct centry *t = xcalloc((size_t)cap, sizeof *t);
+        for (int k = 0; k < c->cap; k++)
+            if (c->t[k].key) {
+                int j = (int)(c->t[k].h & (uint64_t)(cap - 1));
+                while (t[j].key) j = (j + 1) & (cap - 1);
+                t[j] = c->t[k];
+            }
+        free(c->t);
+        c->t = t;
+        c->cap = cap;
+    }
     if (c->n < CACHE_MAX) {
         int i = (int)(h & (uint64_t)(c->cap - 1));
         while (c->t[i].key && !(c->t[i].h == h && c->t[i].klen == klen &&
                                 !memcmp(c->t[i].key, m->key, sizeof *m->key * (size_t)klen)))
             i = (i + 1) & (c->cap - 1);
         if (!c->t[i].key) {
-            c->t[i].h = h;
-            c->t[i].klen = klen;
-            c->t[i].key = xmalloc(sizeof *m->key * (size_t)klen);
-            memcpy(c->t[i].key, m->key, sizeof *m->key * (size_t)klen);
-            c->t[i].mask = xmalloc(bytes);
-            memcpy(c->t[i].mask, mask, bytes);
+            struct centry *en = &c->t[i];
+            en->h = h;
+            en->klen = klen;
+            en->key = xmalloc(sizeof *m->key * (size_t)(klen + m->n_extra));
+            memcpy(en->key, m->key, sizeof *m->key * (size_t)klen);
+            cpy(en->key + klen, m->extra, m->n_extra);
+            en->n_extra = m->n_extra;
+            en->sets = xmalloc(sizeof *en->sets * (size_t)(m->n_used ? m->n_used : 1));
+            memcpy(en->sets, m->used, sizeof *m->used * (size_t)m->n_used);
+            en->n_sets = m->n_used;
             c->n++;
         }
     }
@@ -1100,12 +1395,38 @@ void gram_matcher_fill_mask(struct gram_matcher *m, const struct gram_vocab *v, 
 void gram_forget_states(struct gram *g)
 {
     pthread_mutex_lock(&g->mu);
-    struct gram_cache *c = g->cache;
-    if (c) {
+    for (struct gram_cache *c = g->cache; c; c = c->next) {
         for (int i = 0; i < c->cap; i++)
-            if (c->t[i].key) free(c->t[i].key), free(c->t[i].mask);
+            if (c->t[i].key) free(c->t[i].key), free(c->t[i].sets), free(c->t[i].mask);
         memset(c->t, 0, sizeof *c->t * (size_t)c->cap);
         c->n = 0;
     }
     pthread_mutex_unlock(&g->mu);
+}
+
+void gram_matcher_walk_mask(struct gram_matcher *m, const struct gram_vocab *v, uint32_t *mask)
+{
+    int words = (v->n_vocab + 31) / 32, n = 0;
+    memset(mask, 0, sizeof *mask * (size_t)words);
+    int32_t *all = xmalloc(sizeof *all * (size_t)(v->n_vocab ? v->n_vocab : 1));
+    for (int32_t k = 0; k < v->t[0].tok_end; k++) all[n++] = k;
+    verify(m, v, m->cur, m->n_cur, all, n, mask);
+    free(all);
+    for (int i = 0; i < v->n_eos; i++) {
+        size_t len;
+        const char *s = gram_vocab_token(v, v->eos[i], &len);
+        int end = m->acc;
+        if (!end && s) end = run_bytes(m, s, len, 0, &end) && end;
+        if (end) mask[v->eos[i] >> 5] |= 1u << (v->eos[i] & 31);
+    }
+}
+
+int gram_n_positions(struct gram *g, const struct gram_vocab *v)
+{
+    pthread_mutex_lock(&g->mu);
+    struct gram_cache *c = g->cache;
+    while (c && c->v != v) c = c->next;
+    int n = c ? c->n_pt : 0;
+    pthread_mutex_unlock(&g->mu);
+    return n;
 }

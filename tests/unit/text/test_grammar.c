@@ -684,11 +684,21 @@ static void test_masks(const char *testdata)
                                                    : gram_from_json_schema(src, strlen(src), &e);
         CHECK(g, "grammar %zu: %s", k, e.msg);
         if (!g) continue;
-        for (int pass = 0; pass < 4; pass++) {
-            /* the last two passes drop the masks cached by state: each state's mask is
-             * then built from the token sets its positions got in the first two */
+        for (int pass = 0; pass < 5; pass++) {
+            /* the third and fourth passes drop the masks cached by state: each state's mask
+             * is then built from the token sets its positions got in the first two; the
+             * last runs a fresh grammar whose positions were all made ahead (gram_prepare) */
             int r = 1 + pass % 2;
             if (pass == 2) gram_forget_states(g);
+            if (pass == 4) {
+                struct gram *g2 =
+                    !strncmp(src, "gbnf:", 5) ? gram_from_gbnf(src + 5, strlen(src + 5), &e)
+                    : !strncmp(src, "re:", 3) ? gram_from_regex(src + 3, strlen(src + 3), &e)
+                                              : gram_from_json_schema(src, strlen(src), &e);
+                gram_unref(g);
+                g = g2;
+                gram_prepare(g, v);
+            }
             struct gram_matcher *m = gram_matcher_create(g);
             const char *inst = sch[k][r];
             size_t n = strlen(inst);
@@ -718,6 +728,87 @@ static void test_masks(const char *testdata)
     }
     printf("masks: %d states x %d tokens equal to brute force\n", states, V);
     free(mask);
+    gram_vocab_destroy(v);
+    tok_destroy(t);
+}
+
+/* Masks of states met for the first time under a prepared grammar (gram_prepare: every
+ * position's token sets made ahead) against a walk of the whole trie from the state, bit
+ * for bit, over every prefix of the conformance suite's valid instances; and no mask
+ * computes a position's sets that gram_prepare did not. */
+static void test_prepared_masks(const char *testdata)
+{
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s/tokenizers/llama3", testdata);
+    struct err e = {0};
+    struct tok *t = tok_load(dir, &e);
+    CHECK(t, "%s", e.msg);
+    if (!t) return;
+    int32_t V = tok_vocab_size(t), eos = tok_eos_id(t);
+    struct gram_vocab *v = gram_vocab_create(t, V, &eos, 1, NULL, &e);
+    int words = (V + 31) / 32;
+    uint32_t *mask = xmalloc(sizeof *mask * (size_t)words);
+    uint32_t *ref = xmalloc(sizeof *ref * (size_t)words);
+    int n_cases = (int)(sizeof cases / sizeof cases[0]), states = 0, grams = 0, worst = -1;
+    int largest = -1;
+    double worst_ms = 0, largest_ms = 0;
+    for (int i = 0; i < n_cases; i++) {
+        if (!cases[i].valid) continue;
+        struct gram *g = gram_from_json_schema(cases[i].schema, strlen(cases[i].schema), &e);
+        CHECK(g, "case %d: %s", i, e.msg);
+        if (!g) continue;
+        double t0 = util_now();
+        gram_prepare(g, v);
+        double ms = 1e3 * (util_now() - t0);
+        if (ms > worst_ms) worst_ms = ms, worst = i;
+        if (largest < 0 || strlen(cases[i].schema) > strlen(cases[largest].schema))
+            largest = i, largest_ms = ms;
+        int n_pos = gram_n_positions(g, v);
+        CHECK(gram_prepare(g, v) == 0, "case %d: prepared twice", i);
+        struct gram_matcher *m = gram_matcher_create(g);
+        const char *inst = cases[i].inst;
+        size_t n = strlen(inst);
+        for (size_t k = 0; k <= n; k++) {
+            gram_matcher_fill_mask(m, v, mask);
+            gram_matcher_walk_mask(m, v, ref);
+            CHECK(!memcmp(mask, ref, sizeof *mask * (size_t)words),
+                  "case %d after %zu bytes: prepared mask differs from the walk", i, k);
+            states++;
+            if (k < n) CHECK(gram_matcher_accept_bytes(m, inst + k, 1), "case %d byte %zu", i, k);
+        }
+        gram_matcher_destroy(m);
+        CHECK(gram_n_positions(g, v) == n_pos, "case %d: %d positions made after prepare", i,
+              gram_n_positions(g, v) - n_pos);
+        gram_unref(g);
+        grams++;
+    }
+    /* a prepare cut short by the compile timeout leaves the rest to the first masks that
+     * meet them: still exact, and a later call goes on */
+    gram_set_compile_timeout(1);
+    struct gram *g = gram_from_json_schema("{}", 2, &e);
+    CHECK(g, "{}: %s", e.msg);
+    gram_prepare(g, v);
+    int cut = gram_n_positions(g, v);
+    struct gram_matcher *m = gram_matcher_create(g);
+    const char *inst = "{\"a\": [1, \"x\\\"y\", {\"b\": null}], \"c\": -2.5e3}";
+    for (size_t k = 0, n = strlen(inst); k <= n; k++) {
+        gram_matcher_fill_mask(m, v, mask);
+        gram_matcher_walk_mask(m, v, ref);
+        CHECK(!memcmp(mask, ref, sizeof *mask * (size_t)words),
+              "cut prepare after %zu bytes: mask differs from the walk", k);
+        if (k < n) CHECK(gram_matcher_accept_bytes(m, inst + k, 1), "cut prepare byte %zu", k);
+    }
+    gram_matcher_destroy(m);
+    gram_set_compile_timeout(0);
+    gram_prepare(g, v);
+    printf("prepare cut at 1 ms: %d entries, %d once completed\n", cut, gram_n_positions(g, v));
+    gram_unref(g);
+    gram_set_compile_timeout(GRAM_COMPILE_TIMEOUT_MS);
+    printf("prepared masks: %d states of %d grammars equal to the walk; token sets made in at "
+           "most %.1f ms (case %d), %.1f ms for the largest schema (case %d, %zu bytes)\n",
+           states, grams, worst_ms, worst, largest_ms, largest,
+           largest >= 0 ? strlen(cases[largest].schema) : 0);
+    free(mask), free(ref);
     gram_vocab_destroy(v);
     tok_destroy(t);
 }
@@ -778,5 +869,6 @@ int main(int argc, char **argv)
     test_gemma_spec();
     test_compile_timeout();
     test_masks(testdata);
+    test_prepared_masks(testdata);
     TEST_DONE();
 }
