@@ -82,8 +82,23 @@ void model_forward_rank(struct model *m, const struct fwd_batch *b, float *logit
     void *ctx = m->be->ctx;
     int n = b->n_tokens, H = c->hidden;
 
+    struct fwd_batch own;
+    if (m->tp_size > 1) {
+        /* the embedding's share: a token of another share reads its last row (zeros), and
+         * the sum over the group is every token's row (the steps' tokens are on the host) */
+        assert(!b->pick_rows);
+        int lo = m->tp_rank * m->vocab_part;
+        for (int t = 0; t < n; t++) {
+            int id = b->tokens[t] - lo;
+            m->tp_tokens[t] = id >= 0 && id < m->vocab_part ? id : m->vocab_part;
+        }
+        own = *b;
+        own.tokens = m->tp_tokens;
+        b = &own;
+    }
     model_step_begin(m, b);
     o->embed(ctx, m->x, &m->embed, b, m->embed_scale);
+    if (m->tp_size > 1) o->all_reduce(ctx, m->x, (int64_t)n * H);
     c->arch->layers(m, b);
 
     if (b->n_hidden > 0) { /* pooled rows of embedding requests: the final norm, no head */

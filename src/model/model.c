@@ -123,13 +123,36 @@ static int take_share(struct model *m, const char *prefix, struct qweight *w, en
 {
     int S, r;
     share_of(m, split, &r, &S);
-    if ((split == SPLIT_ROWS || split == SPLIT_KV) && S > 1) {
+    if ((split == SPLIT_ROWS || split == SPLIT_KV || split == SPLIT_VOCAB) && S > 1) {
         int64_t n = w->n / S;
         size_t srb = scale_row_bytes(w);
         w->w += (size_t)(r * n) * w->row_bytes;
         if (w->scales) w->scales = (const uint8_t *)w->scales + (size_t)(r * n) * srb;
         if (w->biases) w->biases = (const uint8_t *)w->biases + (size_t)(r * n) * srb;
         w->n = n;
+        if (split == SPLIT_VOCAB) { /* a copy with a row of zeros after the share's rows */
+            if (w->fmt == WFMT_TERNARY)
+                return err_set(e, "%s: a ternary embedding does not split", prefix);
+            size_t codes = (size_t)n * w->row_bytes, sb = (size_t)n * srb;
+            size_t bytes =
+                codes + w->row_bytes + (w->scales ? sb + srb : 0) + (w->biases ? sb + srb : 0);
+            uint8_t *blob = xcalloc(1, bytes), *p = blob;
+            m->host_blobs = xrealloc(m->host_blobs, sizeof(void *) * (size_t)(m->n_host_blobs + 1));
+            m->host_blobs[m->n_host_blobs++] = blob;
+            memcpy(p, w->w, codes);
+            w->w = p; /* codes, scales and biases of the zero row stay 0: the value 0 */
+            p += codes + w->row_bytes;
+            if (w->scales) {
+                memcpy(p, w->scales, sb);
+                w->scales = p;
+                p += sb + srb;
+            }
+            if (w->biases) {
+                memcpy(p, w->biases, sb);
+                w->biases = p;
+            }
+            w->n = n + 1;
+        }
     } else if (split == SPLIT_COLS && S > 1) {
         int64_t k = w->k / S, c0 = r * k;
         if (w->fmt == WFMT_TERNARY || (k * w->bits) % 8 || (w->group && k % w->group))
@@ -507,10 +530,10 @@ static int load_weights(struct model *m, struct err *e)
     snprintf(m->prefix, sizeof m->prefix, "%s", layouts[li][0]);
     snprintf(m->head, sizeof m->head, "%s", layouts[li][1]);
     snprintf(n, sizeof n, "%sembed_tokens", m->prefix);
-    if (model_load_linear(m, n, c->vocab, H, &m->embed, e)) return -1;
+    if (model_load_linear_split(m, n, m->vocab_part, H, SPLIT_VOCAB, &m->embed, e)) return -1;
     snprintf(n, sizeof n, "%s.weight", m->head);
     int tie = c->tie_embeddings || (!c->tie_explicit && !st_find(&m->st, n));
-    if (m->tp_size > 1) { /* the rank's rows of the vocabulary; the embedding stays whole */
+    if (m->tp_size > 1) { /* the rank's rows of the vocabulary */
         snprintf(n, sizeof n, "%sembed_tokens", m->prefix);
         if (model_load_linear_split(m, tie ? n : m->head, m->vocab_part, H, SPLIT_ROWS, &m->lm_head,
                                     e))
@@ -887,6 +910,7 @@ int model_state_alloc_rank(struct model *m, int max_tokens, int max_logits, int 
     m->xl = A((size_t)max_logits * H);
     m->logits = A((size_t)max_logits * (size_t)c->vocab);
     if (m->tp_size > 1) {
+        m->tp_tokens = xmalloc(sizeof(int32_t) * T);
         m->logits_part = A((size_t)max_logits * (size_t)m->vocab_part);
         if (!m->logits_part) return err_set(e, "out of memory for %d rows of logits", max_logits);
     }
@@ -1067,6 +1091,7 @@ void model_destroy(struct model *m)
     free(m->host_sin);
     free(m->rope_inv_freq[0]);
     free(m->rope_inv_freq[1]);
+    free(m->tp_tokens);
     for (int i = 0; i < m->n_host_blobs; i++) free(m->host_blobs[i]);
     free(m->host_blobs);
     st_close(&m->st);

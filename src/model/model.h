@@ -152,6 +152,7 @@ struct model {
      * fewer heads than ranks, head tp_rank * heads / tp_size (ranks then share a head) */
     int kv_part, kv_parts;
     float *logits_part;
+    int32_t *tp_tokens; /* host [max_tokens]: a step's tokens as rows of the embedding's share */
     struct tp_group *tp;
     void **host_blobs;
     int n_host_blobs;
@@ -159,10 +160,12 @@ struct model {
 
 /* How a rank of a tensor-parallel group takes its share of a matrix. */
 enum tp_split {
-    SPLIT_NONE, /* the whole matrix on every rank */
-    SPLIT_ROWS, /* rows [rank * n, (rank + 1) * n): a share of the outputs */
-    SPLIT_COLS, /* columns [rank * k, (rank + 1) * k): a share of the inputs (partial sums) */
-    SPLIT_KV,   /* rows [kv_part * n, (kv_part + 1) * n): the rank's key-value heads */
+    SPLIT_NONE,  /* the whole matrix on every rank */
+    SPLIT_ROWS,  /* rows [rank * n, (rank + 1) * n): a share of the outputs */
+    SPLIT_COLS,  /* columns [rank * k, (rank + 1) * k): a share of the inputs (partial sums) */
+    SPLIT_KV,    /* rows [kv_part * n, (kv_part + 1) * n): the rank's key-value heads */
+    SPLIT_VOCAB, /* SPLIT_ROWS, then a row of zeros (n + 1 rows): an embedding's share, whose
+                    last row every token outside the share looks up */
 };
 
 /** Loads the linear layer `prefix` ("model.layers.0.self_attn.q_proj") of n outputs and k

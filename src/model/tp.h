@@ -3,8 +3,9 @@
  * `size` devices, one rank each, in the Megatron manner: every attention layer's heads and
  * every MLP's width are shared out (q/k/v and gate/up by rows, o and down by columns), so
  * each rank computes a partial sum of o's and down's outputs that the group adds up
- * (backend_ops.all_reduce, blk_reduce); the head is split by vocabulary rows and its logits
- * gathered (all_gather). The embedding stays whole on every rank: a lookup needs no exchange.
+ * (backend_ops.all_reduce, blk_reduce); the embedding and the head are split by vocabulary
+ * rows: a rank embeds the tokens of its share (zeros for the others) and the group adds the
+ * rows up, and the head's logits are gathered (all_gather).
  *
  * The engine holds rank 0's model (the lead) and calls the model API as for one device:
  * the calls that touch every rank (forward, the step buffers, the KV format) run on each
