@@ -29,24 +29,11 @@
 #include "sched/engine.h"
 #include "sched/engine_impl.h"
 #include "test_util.h"
+#include "tier_util.h"
 
 #define N_PROMPT 600
-#define N_OUT    8
+#define N_OUT    TIER_OUT
 #define N_FULL   (N_PROMPT / 16 * 16) /* tokens of the prompt's full blocks */
-
-struct out {
-    int32_t ids[N_OUT];
-    int n, n_cached;
-    enum finish_reason finish;
-};
-
-static void on_event(void *user, const struct engine_event *ev)
-{
-    struct out *o = user;
-    if (ev->kind == ENGINE_EV_TOKEN && o->n < N_OUT) o->ids[o->n++] = ev->token;
-    o->n_cached = ev->n_cached;
-    if (ev->finish != FINISH_NONE) o->finish = ev->finish;
-}
 
 static char model[512], disk[128];
 static const char *model_dir = model; /* the model open_engine opens */
@@ -66,19 +53,6 @@ static struct engine *open_engine(size_t host_bytes, const char *dir)
     struct engine *en = engine_create(&cfg, &e);
     CHECK(en, "engine_create: %s", e.msg);
     return en;
-}
-
-static uint64_t submit(struct engine *en, const int32_t *p, int n, struct out *o)
-{
-    struct engine_request q = {.prompt = p, .n_prompt = n, .on_event = on_event, .user = o};
-    sampling_params_default(&q.sp);
-    q.sp.temperature = 0;
-    q.sp.max_tokens = N_OUT;
-    q.sp.ignore_eos = 1;
-    struct err e = {0};
-    uint64_t id = engine_submit(en, &q, &e);
-    CHECK(id, "submit: %s", e.msg);
-    return id;
 }
 
 static void run_all(struct engine *en)
@@ -353,8 +327,7 @@ static void test_hybrid_host(const char *testdata, const char *name)
     engine_stats(en, &st);
     CHECK(warm.n_cached == 192, "%s: warm %d cached", name, warm.n_cached);
     CHECK(warm.n == N_OUT && !memcmp(warm.ids, cold.ids, sizeof cold.ids),
-          "%s: the same greedy tokens from blocks and a snapshot copied up from host memory",
-          name);
+          "%s: the same greedy tokens from blocks and a snapshot copied up from host memory", name);
     CHECK(st.host_hit_tokens == 192 && st.host_state_queries == 4 && st.host_state_hits == 1 &&
               st.host_snap.load_blocks == 1,
           "%s: host hit tokens %llu, snapshot hits %llu of %llu lookups", name,

@@ -15,23 +15,10 @@
 #include "paged_kv/kv_disk.h"
 #include "sched/engine.h"
 #include "test_util.h"
+#include "tier_util.h"
 
 #define N_PROMPT 600
-#define N_OUT    8
-
-struct out {
-    int32_t ids[N_OUT];
-    int n, n_cached;
-    enum finish_reason finish;
-};
-
-static void on_event(void *user, const struct engine_event *ev)
-{
-    struct out *o = user;
-    if (ev->kind == ENGINE_EV_TOKEN && o->n < N_OUT) o->ids[o->n++] = ev->token;
-    o->n_cached = ev->n_cached;
-    if (ev->finish != FINISH_NONE) o->finish = ev->finish;
-}
+#define N_OUT    TIER_OUT
 
 static char model[512], disk[128];
 
@@ -52,19 +39,6 @@ static struct engine *open_engine(const char *dir_model)
     struct engine *en = engine_create(&cfg, &e);
     CHECK(en, "engine_create: %s", e.msg);
     return en;
-}
-
-static uint64_t submit(struct engine *en, const int32_t *p, int n, struct out *o)
-{
-    struct engine_request q = {.prompt = p, .n_prompt = n, .on_event = on_event, .user = o};
-    sampling_params_default(&q.sp);
-    q.sp.temperature = 0;
-    q.sp.max_tokens = N_OUT;
-    q.sp.ignore_eos = 1;
-    struct err e = {0};
-    uint64_t id = engine_submit(en, &q, &e);
-    CHECK(id, "submit: %s", e.msg);
-    return id;
 }
 
 static void run_all(struct engine *en)

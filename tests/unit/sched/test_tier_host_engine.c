@@ -25,8 +25,9 @@
 #include "sched/engine.h"
 #include "sched/engine_impl.h"
 #include "test_util.h"
+#include "tier_util.h"
 
-#define N_OUT    8
+#define N_OUT    TIER_OUT
 #define H_PROMPT 200 /* 12 full blocks: the snapshot after block 12 (192 tokens) */
 #define MAX_SEG  64
 
@@ -161,18 +162,6 @@ static struct backend fake_backend(void)
 
 /* ---- the engine ---- */
 
-struct out {
-    int32_t ids[N_OUT];
-    int n, n_cached;
-};
-
-static void on_event(void *user, const struct engine_event *ev)
-{
-    struct out *o = user;
-    if (ev->kind == ENGINE_EV_TOKEN && o->n < N_OUT) o->ids[o->n++] = ev->token;
-    o->n_cached = ev->n_cached;
-}
-
 static char disk[128];
 
 static struct engine *open_engine(const char *dir, size_t host, const char *disk_dir,
@@ -198,13 +187,7 @@ static struct engine *open_engine(const char *dir, size_t host, const char *disk
 
 static void run(struct engine *en, const int32_t *p, int n, struct out *o)
 {
-    struct engine_request q = {.prompt = p, .n_prompt = n, .on_event = on_event, .user = o};
-    sampling_params_default(&q.sp);
-    q.sp.temperature = 0;
-    q.sp.max_tokens = N_OUT;
-    q.sp.ignore_eos = 1;
-    struct err e = {0};
-    CHECK(engine_submit(en, &q, &e), "submit: %s", e.msg);
+    submit(en, p, n, o);
     for (int i = 0; i < 100000 && engine_step(en); i++) {
     }
     CHECK(o->n == N_OUT, "%d tokens", o->n);
