@@ -25,6 +25,7 @@
  * once per call (per thread and panel), a few vector operations per 16 or 32 codes.
  */
 #include <math.h>
+#include <string.h>
 
 #include "common/scratch.h"
 #include "kernels/cpu/gemm.h"
@@ -145,6 +146,23 @@ ALWAYS_INLINE __m256i load_fp8(const uint8_t *row, int64_t c0, __m128i bias)
     return _mm256_sign_epi16(u, _mm256_cvtepi8_epi16(_mm_or_si128(c, one)));
 }
 
+/* 2^p as a float, by its bits where p is a normal exponent (the scale loop runs per row and
+ * group of every panel: a libm call there costs as much as the tile at 16 rows). */
+static inline float pow2i(int p)
+{
+    if (p < -126 || p > 127) return ldexpf(1.0f, p);
+    uint32_t b = (uint32_t)(p + 127) << 23;
+    float f;
+    memcpy(&f, &b, sizeof f);
+    return f;
+}
+
+/* scale * 2^p for an e8m0 scale byte (255: NaN, as quant_e8m0). */
+static inline float e8m0_mul(uint8_t e, int p)
+{
+    return e == 255 ? NAN : pow2i((int)e - 127 + p);
+}
+
 /*
  * Rows [rb, rb + nb) of W, columns [kp, kp + len), into the panel: pw [len / E][2][8 rows]
  * of E codes (rows past nb zero), ps [gpp][16] scales then [gpp][16] biases at
@@ -184,9 +202,9 @@ static void pack(const struct qweight *w, int E, int64_t rb, int nb, int64_t kp,
             if (j < nb) {
                 uint8_t e = sc[(rb + j) * groups + kp / G + g];
                 if (w->fmt == WFMT_MXFP8) {
-                    s = quant_e8m0(e) * ldexpf(1.0f, sh[j][g] - 15);
+                    s = e8m0_mul(e, sh[j][g] - 15);
                 } else {
-                    float f = w->fmt == WFMT_NVFP4 ? quant_fp8_lut[e] : quant_e8m0(e);
+                    float f = w->fmt == WFMT_NVFP4 ? quant_fp8_lut[e] : e8m0_mul(e, 0);
                     s = 0.5f * f;
                     b = -6.0f * f;
                 }
