@@ -74,7 +74,7 @@ void gemm_q8_avx2_prep(const struct qweight *w, const float *x, int m, uint8_t *
                        int vnni);
 void gemm_q8_avx2_rows(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp,
                        size_t stride, int m, float *y, int64_t ldy, int vnni);
-/* gemm_mx_avx2.c: the same for mxfp4, nvfp4 and mxfp8 (vnni: the fp4 tiles use vpdpbusd) */
+/* gemm_mx_avx2.c: the same for mxfp4, nvfp4 and mxfp8 (vnni: vpdpbusd, vpdpwssd tiles) */
 size_t gemm_mx_avx2_prep_bytes(const struct qweight *w);
 void gemm_mx_avx2_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride);
 void gemm_mx_avx2_rows(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp,
