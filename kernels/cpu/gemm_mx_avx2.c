@@ -16,9 +16,10 @@
  *     exponents span 3 or less. Each group is instead scaled to int16 by its largest
  *     exponent E: u = round(M * 2^(e + 5 - h)), h = max(E - 5, 0), so |u| <= 15 * 2^10 and
  *     s = scale * 2^(h - 15), b = 0. Values with e >= E - 10 stay exact; the rest round to
- *     a step of 2^-14 of the group's largest value or less (rounding half away from zero).
- *     The panel is int16 (E = 2), multiplied by int16 x with vpmaddwd. The two NaN codes
- *     read as +-480 here, where the invariant kernels give NaN; checkpoints hold none.
+ *     a step of at most 2^-13 of the group's largest value (half away from zero: an error
+ *     of at most 2^-14 of it). The panel is int16 (E = 2), multiplied by int16 x with
+ *     vpmaddwd (vpdpwssd with AVX-VNNI). The two NaN codes read as +-480 here, where the
+ *     invariant kernels give NaN; checkpoints hold none.
  *
  * A prepared x row holds k int8 values in column order (int16 for mxfp8), padded to 64
  * bytes, then per group dx = max|x| / 127, then dx * sum(xq). Packing decodes each weight

@@ -11,8 +11,8 @@
  *   int8 activations (affine): |y - ref| <= sum over groups g of dx_g / 2 * sum_g |w_j|
  *     (dx_g = max|x_g| / 127: each xq is off by at most half a step), plus float32
  *     accumulation, bounded by 1e-5 * sum |w_j x_j| (mxfp4, nvfp4 too: their integer sums
- *     are exact); mxfp8 adds its int16 weight rounding, at most 2^-15 of the group's largest
- *     |w| per value: 2^-15 * max_g |w_j| * sum_g |x_j|;
+ *     are exact); mxfp8 adds its int16 weight rounding, at most 2^-14 of the group's largest
+ *     |w| per value: 2^-14 * max_g |w_j| * sum_g |x_j|;
  *   bf16 activations: |y - ref| <= 2^-9 * sum |w_j x_j| (round to nearest even), plus the
  *     same accumulation term.
  * Paths without the fast kernels (and batch-invariant mode) must give bitwise the rows
@@ -92,7 +92,7 @@ static void check_case(struct threadpool *tps[3], enum wfmt f, int bits, int gro
                                     sx += fabs(xi[j]);
                                 }
                                 bound += amax / 127.0 / 2.0 * sw;
-                                if (f == WFMT_MXFP8) bound += ldexp(wmax, -15) * sx;
+                                if (f == WFMT_MXFP8) bound += ldexp(wmax, -14) * sx;
                             }
                         else
                             bound = mag / 512.0;
