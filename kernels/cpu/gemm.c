@@ -3,6 +3,7 @@
 
 #include "common/scratch.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/impl.h"
 
 static int batch_invariant;
 
@@ -22,6 +23,9 @@ enum gemm_kind gemm_kind_of(const struct qweight *w)
         w->group % 32 == 0 && GEMM_KC % w->group == 0 && w->k % 64 == 0)
         return GEMM_Q8;
     if (w->fmt == WFMT_BF16 && w->k % 32 == 0) return GEMM_BF16;
+    if (((w->fmt == WFMT_MXFP4 || w->fmt == WFMT_MXFP8) && w->group == 32) ||
+        (w->fmt == WFMT_NVFP4 && w->group == 16))
+        return w->k % 32 == 0 ? GEMM_MX : GEMM_NONE;
     return GEMM_NONE;
 }
 
@@ -49,6 +53,10 @@ static void prep_task(void *p, int ith, int nth)
     if (lo >= hi) return;
     const float *x = j->x + (size_t)lo * j->w->k;
     uint8_t *xp = j->xp + (size_t)lo * j->stride;
+    if (j->kind == GEMM_MX) {
+        gemm_mx_avx2_prep(j->w, x, (int)(hi - lo), xp, j->stride);
+        return;
+    }
 #if defined(PAGODA_AVX512)
     if (j->isa == GI_AVX512) {
         if (j->kind == GEMM_Q8)
@@ -68,6 +76,10 @@ static void rows_task(void *p, int ith, int nth)
     long lo, hi;
     tp_range((long)j->w->n, ith, nth, 32, &lo, &hi);
     if (lo >= hi) return;
+    if (j->kind == GEMM_MX) {
+        gemm_mx_avx2_rows(j->w, lo, hi, j->xp, j->stride, j->m, j->y, j->w->n, j->isa == GI_VNNI);
+        return;
+    }
 #if defined(PAGODA_AVX512)
     if (j->isa == GI_AVX512) {
         if (j->kind == GEMM_Q8)
@@ -90,13 +102,18 @@ int gemm_run(struct threadpool *tp, float *y, const float *x, const struct qweig
     if (kind == GEMM_NONE) return 0;
     struct gemm_job j = {y, x, w, m, kind, GI_AVX2, NULL, 0};
     size_t bytes = 0;
+    if (kind == GEMM_MX) {
+        /* The 256-bit tiles on every table; vpdpbusd where the CPU has AVX-VNNI. */
+        j.isa = affine4_vnni ? GI_VNNI : GI_AVX2;
+        bytes = gemm_mx_avx2_prep_bytes(w);
+    }
 #if defined(PAGODA_AVX512)
-    if (isa == CPU_ISA_AVX512) {
+    else if (isa == CPU_ISA_AVX512) {
         j.isa = GI_AVX512;
         bytes = kind == GEMM_Q8 ? gemm_q8_prep_bytes(w) : gemm_bf16_prep_bytes(w);
     }
 #endif
-    if (j.isa != GI_AVX512) {
+    if (kind != GEMM_MX && j.isa != GI_AVX512) {
         /* bf16 stays on the invariant kernels here: widened to float32, a product is FMA-bound
          * either way, and a fast tile of 6 x 16 measured no faster at 128 rows and slower at
          * 16 (bench matmul, 2048 x 2048). */

@@ -18,7 +18,11 @@
  * panels of 16 rows, 8 per vector, the same int8 activations; vpmaddubsw + vpmaddwd, vpmaddwd
  * over int16 for 8-bit codes, or vpdpbusd); bf16 stays on the invariant kernels there.
  *
- * Neither is batch-invariant in the strict sense (an output's arithmetic does not depend
+ * mxfp4, nvfp4 and mxfp8 run the same 256-bit tiles on every x86 table (gemm_mx_avx2.c):
+ * the e2m1 values times 2 as unsigned int8 codes against int8 activations, e4m3 values as
+ * int16 codes scaled per group against int16 activations.
+ *
+ * None is batch-invariant in the strict sense (an output's arithmetic does not depend
  * on m, but it differs from the m <= 8 kernels' arithmetic, so a row computed alone and in
  * a batch of 9 or more differ by the input rounding); tests state the tolerances.
  */
@@ -36,7 +40,9 @@
 /* Columns per weight panel (a multiple of every group size it serves) */
 #define GEMM_KC 512
 
-enum gemm_kind { GEMM_NONE, GEMM_Q8, GEMM_BF16 };
+/* GEMM_MX: mxfp4, nvfp4 and mxfp8 on the 256-bit integer tiles (gemm_mx_avx2.c), on every
+ * x86 table. */
+enum gemm_kind { GEMM_NONE, GEMM_Q8, GEMM_BF16, GEMM_MX };
 
 /* Which fast kernel serves w (GEMM_NONE: none; the caller runs the invariant kernels). */
 enum gemm_kind gemm_kind_of(const struct qweight *w);
@@ -67,6 +73,11 @@ size_t gemm_q8_avx2_prep_bytes(const struct qweight *w, int vnni);
 void gemm_q8_avx2_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride,
                        int vnni);
 void gemm_q8_avx2_rows(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp,
+                       size_t stride, int m, float *y, int64_t ldy, int vnni);
+/* gemm_mx_avx2.c: the same for mxfp4, nvfp4 and mxfp8 (vnni: vpdpbusd, vpdpwssd tiles) */
+size_t gemm_mx_avx2_prep_bytes(const struct qweight *w);
+void gemm_mx_avx2_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride);
+void gemm_mx_avx2_rows(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp,
                        size_t stride, int m, float *y, int64_t ldy, int vnni);
 #endif
 

@@ -47,6 +47,13 @@ ALWAYS_INLINE __m256i g8_dpbusd(__m256i acc, __m256i w, __m256i x)
     __asm__("%{vex%} vpdpbusd %2, %1, %0" : "+x"(acc) : "x"(w), "x"(x));
     return acc;
 }
+
+/* acc + int16 pair products per lane (vpdpwssd), written out for the same reason. */
+ALWAYS_INLINE __m256i g8_dpwssd(__m256i acc, __m256i w, __m256i x)
+{
+    __asm__("%{vex%} vpdpwssd %2, %1, %0" : "+x"(acc) : "x"(w), "x"(x));
+    return acc;
+}
 #endif
 
 /* acc + vpmaddwd(w, x), and acc + vpmaddwd(vpmaddubsw(w0, x0) + vpmaddubsw(w1, x1), ones):
@@ -91,7 +98,7 @@ ALWAYS_INLINE void g8_store(float *p, __m256 v, int n)
     }
 }
 
-/* R x rows (R <= G8MR); E codes per lane; VNNI: vpdpbusd (E = 4 only). */
+/* R x rows (R <= G8MR); E codes per lane; VNNI: vpdpbusd (E = 4) or vpdpwssd (E = 2). */
 ALWAYS_INLINE void g8_tile(const int R, const int E, const int VNNI, const struct g8_tile_args *a)
 {
     const __m256i ones = _mm256_set1_epi16(1);
@@ -109,6 +116,13 @@ ALWAYS_INLINE void g8_tile(const int R, const int E, const int VNNI, const struc
 #pragma GCC unroll 8
                 for (int i = 0; i < R; i++) {
                     __m256i x = g8_bcast(xg + (size_t)i * a->stride + q * 4);
+#if defined(__AVXVNNI__)
+                    if (VNNI) {
+                        s[i][0] = g8_dpwssd(s[i][0], w0, x);
+                        s[i][1] = g8_dpwssd(s[i][1], w1, x);
+                        continue;
+                    }
+#endif
                     s[i][0] = g8_madd(s[i][0], w0, x);
                     s[i][1] = g8_madd(s[i][1], w1, x);
                 }
@@ -195,9 +209,10 @@ static inline int g8_rows(int E, int vnni)
     const g8_fn NAME[G8MR] = {NAME##_1, NAME##_2, NAME##_3, NAME##_4, NAME##_5, NAME##_6};
 
 /* gemm_q8_avx2.c: E = 4 and E = 2 with AVX2; gemm_q8_vnni_avx2.c (built when PAGODA_AVXVNNI
- * is defined): E = 4 with AVX-VNNI. */
+ * is defined): E = 4 with AVX-VNNI, and E = 2 (mxfp8's int16 panels). */
 extern const g8_fn g8_tab_avx2_e4[G8MR];
 extern const g8_fn g8_tab_avx2_e2[G8MR];
 extern const g8_fn g8_tab_vnni[G8MR];
+extern const g8_fn g8_tab_vnni_e2[G8MR];
 
 #endif

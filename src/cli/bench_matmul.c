@@ -1,7 +1,7 @@
 /*
- * bench matmul: times one CPU matrix product y = x . W^T (random bf16, MLX 4- or 8-bit group-64
- * or ternary (BitNet) weights, the shapes of a model's layers) for a given number of x rows, best
- * of repeated runs: the kernel alone, without the rest of a forward pass.
+ * bench matmul: times one CPU matrix product y = x . W^T (random bf16, MLX 4- or 8-bit group-64,
+ * mxfp4, mxfp8, nvfp4 or ternary (BitNet) weights, the shapes of a model's layers) for a given
+ * number of x rows, best of repeated runs: the kernel alone, without the rest of a forward pass.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,13 +28,12 @@ static float next_f(void)
 
 static void usage(FILE *f)
 {
-    fprintf(
-        f,
-        "usage: pagoda bench matmul [--format bf16|mlx4|mlx8|ternary] [--rows M] [--n N] [--k K]\n"
-        "         [--threads T] [--reps R] [--batch-invariant]\n"
-        "  --rows M     x rows (default 16)\n"
-        "  --n N, --k K weight rows and columns (default 8192 x 2048; K a multiple of 64)\n"
-        "  --threads T  (default 2)   --reps R  timed runs, best reported (default 20)\n");
+    fprintf(f, "usage: pagoda bench matmul [--format bf16|mlx4|mlx8|mxfp4|mxfp8|nvfp4|ternary] "
+               "[--rows M]\n"
+               "         [--n N] [--k K] [--threads T] [--reps R] [--batch-invariant]\n"
+               "  --rows M     x rows (default 16)\n"
+               "  --n N, --k K weight rows and columns (default 8192 x 2048; K a multiple of 64)\n"
+               "  --threads T  (default 2)   --reps R  timed runs, best reported (default 20)\n");
 }
 
 int cli_bench_matmul(int argc, char **argv)
@@ -77,8 +76,10 @@ int cli_bench_matmul(int argc, char **argv)
         if (bad) return 2;
     }
     int q4 = !strcmp(fmt, "mlx4"), q8 = !strcmp(fmt, "mlx8"), tern = !strcmp(fmt, "ternary");
-    if (!q4 && !q8 && !tern && strcmp(fmt, "bf16")) {
-        fprintf(stderr, "pagoda bench matmul: --format must be bf16, mlx4, mlx8 or ternary\n");
+    int mx4 = !strcmp(fmt, "mxfp4"), mx8 = !strcmp(fmt, "mxfp8"), nv4 = !strcmp(fmt, "nvfp4");
+    if (!q4 && !q8 && !tern && !mx4 && !mx8 && !nv4 && strcmp(fmt, "bf16")) {
+        fprintf(stderr, "pagoda bench matmul: --format must be bf16, mlx4, mlx8, mxfp4, mxfp8, "
+                        "nvfp4 or ternary\n");
         return 2;
     }
     if (k % 64) {
@@ -91,7 +92,7 @@ int cli_bench_matmul(int argc, char **argv)
     w.k = k;
     size_t nk = (size_t)n * (size_t)k, ng = nk / 64;
     uint16_t *sc = NULL, *bi = NULL;
-    uint8_t *data;
+    uint8_t *data, *sc8 = NULL;
     if (q4 || q8) {
         w.fmt = WFMT_AFFINE;
         w.bits = q4 ? 4 : 8;
@@ -108,6 +109,23 @@ int cli_bench_matmul(int argc, char **argv)
         }
         w.scales = sc;
         w.biases = bi;
+    } else if (mx4 || mx8 || nv4) {
+        /* random codes (no e4m3 NaN), scales near 1: e8m0 per 32 columns, nvfp4's e4m3 per 16 */
+        w.fmt = mx4 ? WFMT_MXFP4 : mx8 ? WFMT_MXFP8 : WFMT_NVFP4;
+        w.bits = mx8 ? 8 : 4;
+        w.group = nv4 ? 16 : 32;
+        w.sdtype = ST_U8;
+        w.row_bytes = (size_t)k * (size_t)w.bits / 8;
+        data = xmalloc((size_t)n * w.row_bytes);
+        for (size_t i = 0; i < (size_t)n * w.row_bytes; i++) {
+            data[i] = (uint8_t)next_u32();
+            if (mx8 && (data[i] & 0x7f) == 0x7f) data[i] ^= 1;
+        }
+        size_t groups = nk / (size_t)w.group;
+        sc8 = xmalloc(groups);
+        for (size_t i = 0; i < groups; i++)
+            sc8[i] = nv4 ? (uint8_t)(0x30 + next_u32() % 16) : (uint8_t)(120 + next_u32() % 8);
+        w.scales = sc8;
     } else if (tern) { /* random codes 0..2 (value + 1), four a byte */
         w.fmt = WFMT_TERNARY;
         w.bits = 2;
@@ -149,5 +167,6 @@ int cli_bench_matmul(int argc, char **argv)
     free(data);
     free(sc);
     free(bi);
+    free(sc8);
     return 0;
 }

@@ -5,11 +5,14 @@
  * multiple of 16 or 32, k across panel and group boundaries.
  *
  * The affine kernels run on the AVX2, AVX-VNNI and AVX-512 tables (the 256-bit ones with
- * vpmaddubsw/vpmaddwd or vpdpbusd), bf16 on AVX-512 only.
+ * vpmaddubsw/vpmaddwd or vpdpbusd), bf16 on AVX-512 only; mxfp4, nvfp4 and mxfp8 on the
+ * 256-bit tiles under every x86 table, for m up to 300.
  * Tolerances follow from the input rounding, per output (i, r) with w = W row r:
  *   int8 activations (affine): |y - ref| <= sum over groups g of dx_g / 2 * sum_g |w_j|
  *     (dx_g = max|x_g| / 127: each xq is off by at most half a step), plus float32
- *     accumulation, bounded by 1e-5 * sum |w_j x_j|;
+ *     accumulation, bounded by 1e-5 * sum |w_j x_j| (mxfp4, nvfp4 too: their integer sums
+ *     are exact); mxfp8 adds its int16 weight rounding, at most 2^-14 of the group's largest
+ *     |w| per value: 2^-14 * max_g |w_j| * sum_g |x_j|;
  *   bf16 activations: |y - ref| <= 2^-9 * sum |w_j x_j| (round to nearest even), plus the
  *     same accumulation term.
  * Paths without the fast kernels (and batch-invariant mode) must give bitwise the rows
@@ -44,8 +47,10 @@ static void check_case(struct threadpool *tps[3], enum wfmt f, int bits, int gro
     float *alone = xmalloc(sizeof(float) * (size_t)(m * n));
     enum gemm_kind kind = gemm_kind_of(w);
     char name[64];
+    char fname[16];
     snprintf(name, sizeof name, "%s bits=%d g=%d m=%d n=%lld k=%lld",
-             f == WFMT_BF16 ? "bf16" : "affine", bits, group, m, (long long)n, (long long)k);
+             qweight_format_name(w, fname, sizeof fname), bits, group, m, (long long)n,
+             (long long)k);
     for (int isa = CPU_ISA_PORTABLE; isa <= CPU_ISA_AVX512; isa++) {
         if (!cpu_isa_available((enum cpu_isa)isa)) continue;
         cpu_isa_set((enum cpu_isa)isa);
@@ -53,9 +58,10 @@ static void check_case(struct threadpool *tps[3], enum wfmt f, int bits, int gro
         for (int i = 0; i < m; i++) cpu_matmul(tps[0], alone + i * n, x + i * k, w, 1);
         for (int inv = 0; inv < 2; inv++) {
             cpu_batch_invariant_set(inv);
-            int fast = !inv && m >= GEMM_MIN_M &&
-                       (kind == GEMM_Q8 ? isa != CPU_ISA_PORTABLE
-                                        : kind == GEMM_BF16 && isa == CPU_ISA_AVX512);
+            int fast =
+                !inv && m >= GEMM_MIN_M &&
+                (kind == GEMM_Q8 || kind == GEMM_MX ? isa != CPU_ISA_PORTABLE
+                                                    : kind == GEMM_BF16 && isa == CPU_ISA_AVX512);
             for (int t = 0; t < 3; t++) {
                 memset(y, 0xff, sizeof(float) * (size_t)(m * n));
                 cpu_matmul(tps[t], y, x, w, m);
@@ -76,14 +82,17 @@ static void check_case(struct threadpool *tps[3], enum wfmt f, int bits, int gro
                             ref += (double)wr[j] * xi[j];
                             mag += fabs((double)wr[j] * xi[j]);
                         }
-                        if (kind == GEMM_Q8)
+                        if (kind == GEMM_Q8 || kind == GEMM_MX)
                             for (int64_t g = 0; g < k / group; g++) {
-                                double amax = 0, sw = 0;
+                                double amax = 0, sw = 0, wmax = 0, sx = 0;
                                 for (int64_t j = g * group; j < (g + 1) * group; j++) {
                                     amax = fmax(amax, fabs(xi[j]));
                                     sw += fabs(wr[j]);
+                                    wmax = fmax(wmax, fabs(wr[j]));
+                                    sx += fabs(xi[j]);
                                 }
                                 bound += amax / 127.0 / 2.0 * sw;
+                                if (f == WFMT_MXFP8) bound += ldexp(wmax, -14) * sx;
                             }
                         else
                             bound = mag / 512.0;
@@ -132,6 +141,19 @@ int main(void)
                 check_case(tps, fmts[fi].f, fmts[fi].bits, fmts[fi].group, fmts[fi].sd, ms[mi],
                            shapes[si][0], shapes[si][1]);
         }
+    /* The microscaled float formats: m from the smallest fast product to a long prefill,
+     * k an odd number of 32-column blocks, within one panel and across two. */
+    static const int mx_ms[] = {8, 9, 16, 64, 300};
+    static const int64_t mx_shapes[][2] = {{40, 96}, {70, 160}, {33, 1056}};
+    static const struct {
+        enum wfmt f;
+        int bits, group;
+    } mx[] = {{WFMT_MXFP4, 4, 32}, {WFMT_NVFP4, 4, 16}, {WFMT_MXFP8, 8, 32}};
+    for (size_t fi = 0; fi < sizeof mx / sizeof *mx; fi++)
+        for (size_t si = 0; si < sizeof mx_shapes / sizeof *mx_shapes; si++)
+            for (size_t mi = 0; mi < sizeof mx_ms / sizeof *mx_ms; mi++)
+                check_case(tps, mx[fi].f, mx[fi].bits, mx[fi].group, ST_U8, mx_ms[mi],
+                           mx_shapes[si][0], mx_shapes[si][1]);
     for (int isa = CPU_ISA_AVX2; isa <= CPU_ISA_AVX512; isa++)
         if (cpu_isa_available((enum cpu_isa)isa))
             printf("fast kernels on %s: largest error / bound %.3f\n",
