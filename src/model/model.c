@@ -105,9 +105,6 @@ static size_t scale_row_bytes(const struct qweight *w)
     return w->scales ? (size_t)(w->k / w->group) * st_dtype_size(w->sdtype) : 0;
 }
 
-/* Narrows the whole matrix w (as stored) to this rank's share under split: a row share
- * points into the mapping; a column share is copied out row by row into host memory that
- * lives as long as the model. Then the backend prepares it. */
 /* The share this rank takes under split: part *r of *S. */
 static void share_of(const struct model *m, enum tp_split split, int *r, int *S)
 {
@@ -118,6 +115,18 @@ static void share_of(const struct model *m, enum tp_split split, int *r, int *S)
     *S = split == SPLIT_KV ? m->kv_parts : m->tp_size;
 }
 
+/* Zeroed host memory that lives as long as the model (a share copied out of the mapping). */
+static uint8_t *host_blob(struct model *m, size_t bytes)
+{
+    uint8_t *p = xcalloc(1, bytes ? bytes : 1);
+    m->host_blobs = xrealloc(m->host_blobs, sizeof(void *) * (size_t)(m->n_host_blobs + 1));
+    m->host_blobs[m->n_host_blobs++] = p;
+    return p;
+}
+
+/* Narrows the whole matrix w (as stored) to this rank's share under split: a row share
+ * points into the mapping; a column share, and an embedding's share with its row of zeros,
+ * are copied into host memory. Then the backend prepares it. */
 static int take_share(struct model *m, const char *prefix, struct qweight *w, enum tp_split split,
                       struct err *e)
 {
@@ -136,9 +145,7 @@ static int take_share(struct model *m, const char *prefix, struct qweight *w, en
             size_t codes = (size_t)n * w->row_bytes, sb = (size_t)n * srb;
             size_t bytes =
                 codes + w->row_bytes + (w->scales ? sb + srb : 0) + (w->biases ? sb + srb : 0);
-            uint8_t *blob = xcalloc(1, bytes), *p = blob;
-            m->host_blobs = xrealloc(m->host_blobs, sizeof(void *) * (size_t)(m->n_host_blobs + 1));
-            m->host_blobs[m->n_host_blobs++] = blob;
+            uint8_t *p = host_blob(m, bytes);
             memcpy(p, w->w, codes);
             w->w = p; /* codes, scales and biases of the zero row stay 0: the value 0 */
             p += codes + w->row_bytes;
@@ -164,9 +171,7 @@ static int take_share(struct model *m, const char *prefix, struct qweight *w, en
         size_t ssz = w->scales ? st_dtype_size(w->sdtype) : 0,
                nsrb = (size_t)(k / (w->group ? w->group : 1)) * ssz;
         size_t bytes = (size_t)w->n * (rb + (w->biases ? 2 : 1) * nsrb);
-        uint8_t *blob = xmalloc(bytes ? bytes : 1), *p = blob;
-        m->host_blobs = xrealloc(m->host_blobs, sizeof(void *) * (size_t)(m->n_host_blobs + 1));
-        m->host_blobs[m->n_host_blobs++] = blob;
+        uint8_t *blob = host_blob(m, bytes), *p = blob;
         for (int64_t i = 0; i < w->n; i++, p += rb)
             memcpy(p, w->w + (size_t)i * w->row_bytes + (size_t)(c0 * w->bits / 8), rb);
         w->w = blob;

@@ -187,7 +187,7 @@ struct model *model_load_tp(const char *dir, struct backend *be, const char *dev
         g->threads = cores / size > 1 ? (int)(cores / size) : 1;
     }
     g->cpu = !strcmp(be->ops->name, "cpu");
-    if (!g->cpu && device && device[4] == ':') g->dev0 = atoi(device + 5);
+    if (!g->cpu && device && !strncmp(device, "cuda:", 5)) g->dev0 = atoi(device + 5);
     pthread_mutex_init(&g->mu, NULL);
     pthread_cond_init(&g->go, NULL);
     pthread_cond_init(&g->done, NULL);
