@@ -24,7 +24,7 @@ struct tp_rank {
 
 struct tp_group {
     int size;
-    const char *dir, *device;
+    const char *dir;
     int dev0, threads, cpu;
     struct tp_rank r[TP_MAX];
     pthread_mutex_t mu;
@@ -199,7 +199,6 @@ struct model *model_load_tp(const char *dir, struct backend *be, const char *dev
     }
     for (int i = 1; i < size; i++)
         g->r[i].started = pthread_create(&g->r[i].th, NULL, rank_main, &g->r[i]) == 0;
-    g->r[0].be = *be;
     g->r[0].m = model_load_rank(dir, be, 0, size, e);
     pthread_mutex_lock(&g->mu);
     for (int i = 1; i < size; i++)
