@@ -34,6 +34,35 @@ static inline int golden_tp_splits(const char *arch)
     return 0;
 }
 
+/* Whether dir's shapes split tp ways (model/tp.h): heads, key-value heads (or ranks sharing
+ * them), MLP width and vocabulary divide, and the column shares of o and down fall on whole
+ * quantization groups. Writes why not to why. */
+static inline int golden_tp_fits(const char *dir, int tp, char *why, size_t n)
+{
+    char path[4400];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    char *text = util_read_file(path, NULL, NULL);
+    cJSON *c = text ? cJSON_Parse(text) : NULL;
+    free(text);
+#define INT(k) (cJSON_GetObjectItem(c, k) ? cJSON_GetObjectItem(c, k)->valueint : 0)
+    int heads = INT("num_attention_heads"), kv = INT("num_key_value_heads");
+    int hidden = INT("hidden_size"), ffn = INT("intermediate_size"), vocab = INT("vocab_size");
+    int hd = INT("head_dim") ? INT("head_dim") : heads ? hidden / heads : 0;
+    const cJSON *q = cJSON_GetObjectItem(c, "quantization");
+    int group = q && cJSON_GetObjectItem(q, "group_size")
+                    ? cJSON_GetObjectItem(q, "group_size")->valueint
+                    : 0;
+#undef INT
+    cJSON_Delete(c);
+    if (!kv) kv = heads;
+    *why = 0;
+    if (!heads || heads % tp || ffn % tp || vocab % tp || (kv % tp && tp % kv))
+        snprintf(why, n, "do not divide into");
+    else if (group && ((heads / tp * hd) % group || (ffn / tp) % group))
+        snprintf(why, n, "do not fall on whole groups");
+    return !*why;
+}
+
 /* The margin below which the testdata README lets a greedy path diverge (our token the
  * golden's second). */
 #define GOLDEN_MARGIN 0.05

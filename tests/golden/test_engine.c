@@ -21,7 +21,11 @@
  * run", exit 77, which ctest counts as skipped). Prompt log-probabilities are then compared at
  * the CUDA golden tolerance (bf16 activations and KV), with the backend in its batch-invariant
  * mode (PAGODA_CUDA_BATCH_INVARIANT=1, set here unless the environment sets it).
- * usage: golden_test_engine PAGODA_BINARY TESTDATA_DIR [--device DEV]
+ * With --tensor-parallel-size N (last) every engine splits its model N ways (N GPUs, or N CPU
+ * backends) and the golden rule, the concurrent and preempted runs and the quantized KV caches
+ * are checked on the folders whose family and shapes split (golden_tp_fits); fewer GPUs than
+ * N: skipped.
+ * usage: golden_test_engine PAGODA_BINARY TESTDATA_DIR [--device DEV] [--tensor-parallel-size N]
  */
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -42,6 +46,7 @@
 #define MAX_OUT 64
 
 static const char *device = "cpu";
+static int tp = 1; /* --tensor-parallel-size */
 static double plp_tol = 1e-3;
 static double margin_tol = GOLDEN_MARGIN; /* see golden_util.h */
 
@@ -99,6 +104,7 @@ static struct engine *open_engine(const char *dir, int budget, int blocks, int c
                                 .disable_prefix_caching = !caching,
                                 .manual = 1,
                                 .overlap = sync ? -1 : 1,
+                                .tensor_parallel_size = tp,
                                 .kv = kv_fmt};
     struct err e = {0};
     struct engine *en = engine_create(&cfg, &e);
@@ -282,7 +288,8 @@ static void test_model(const char *dir, const char *name, struct golden_case *cs
                   "%s budget %d%s case %d: batched tokens differ from the solo run (first %d vs "
                   "%d)",
                   name, budgets[b], sync ? " sync" : "", i, alone[i].ids[0], conc[i].ids[0]);
-        CHECK(sync ? st.steps_overlapped == 0 : st.steps_overlapped > 0,
+        /* a split model's steps are never overlapped (its ranks embed tokens from the host) */
+        CHECK(sync || tp > 1 ? st.steps_overlapped == 0 : st.steps_overlapped > 0,
               "%s budget %d%s: %llu of %llu steps overlapped", name, budgets[b],
               sync ? " sync" : "", (unsigned long long)st.steps_overlapped,
               (unsigned long long)st.steps);
@@ -647,8 +654,17 @@ static int test_variants(const char *mdir)
 
 int main(int argc, char **argv)
 {
+    if (argc >= 5 && !strcmp(argv[argc - 2], "--tensor-parallel-size")) {
+        tp = atoi(argv[argc - 1]);
+        argc -= 2;
+        if (tp < 1) return 2;
+    }
     int on_cuda, rc = eng_args(argc, argv, &device, "the engine test", &on_cuda);
     if (rc >= 0) return rc;
+    if (on_cuda && backend_gpu_count() < tp) {
+        printf("no GPU: not run (%d GPUs, the split needs %d)\n", backend_gpu_count(), tp);
+        return 77;
+    }
     if (on_cuda) plp_tol = 5e-2;
     /* every check here compares rows across batches: the CPU's batch-invariant mode */
     cpu_batch_invariant_set(1);
@@ -661,7 +677,9 @@ int main(int argc, char **argv)
     for (int i = 0; i < nn; i++) {
         char dir[4200], arch[128];
         snprintf(dir, sizeof dir, "%s/%s", mdir, names[i]);
-        int ok = golden_arch(dir, arch, sizeof arch) && golden_device_runs(arch, device);
+        char why[64];
+        int ok = golden_arch(dir, arch, sizeof arch) && golden_device_runs(arch, device) &&
+                 (tp == 1 || (golden_tp_splits(arch) && golden_tp_fits(dir, tp, why, sizeof why)));
         if (!ok) {
             free(names[i]);
             continue;
@@ -677,9 +695,10 @@ int main(int argc, char **argv)
             margin_tol = GOLDEN_MARGIN_KV16;
         }
         if (nc > 0) test_model(dir, names[i], cs, nc);
-        if (!strcmp(names[i], "llama-tiny") || !strcmp(names[i], "qwen3-tiny-mlx8"))
+        /* the controls (overlapped steps among them) and counts at one rank */
+        if (tp == 1 && (!strcmp(names[i], "llama-tiny") || !strcmp(names[i], "qwen3-tiny-mlx8")))
             test_controls(dir, cs, nc);
-        if (!strcmp(names[i], "llama-tiny") && nc > 1) test_counts(dir, cs, nc);
+        if (tp == 1 && !strcmp(names[i], "llama-tiny") && nc > 1) test_counts(dir, cs, nc);
         if (!strcmp(names[i], "gemma4moe-tiny")) test_kv_shared(dir, names[i]);
         if (nc > 0 && (!strcmp(names[i], "llama-tiny") || !strcmp(names[i], "gemma3-tiny") ||
                        !strcmp(names[i], "qwen3_5-tiny"))) {
@@ -701,6 +720,11 @@ int main(int argc, char **argv)
         for (int k = 0; k < nc; k++) free(cs[k].prompt);
         cJSON_Delete(root);
         free(names[i]);
+    }
+    if (tp > 1) { /* 4 architectures in bf16 and 5 quantized copies, less those that do not split */
+        CHECK(tested >= (tp == 2 ? 9 : 8), "only %d model folders tested split %d ways", tested,
+              tp);
+        TEST_DONE();
     }
     CHECK(tested >= 12, "only %d model folders tested", tested);
     if (golden_device_runs("BitNetForCausalLM", device))

@@ -84,35 +84,6 @@ static double max_dev;  /* largest log-probability deviation seen */
 static int tp = 1;      /* --tensor-parallel-size */
 static char tp_opt[32]; /* " -tp N" with N > 1 */
 
-/* Whether dir's shapes split tp ways (model/tp.h): heads, key-value heads (or ranks sharing
- * them), MLP width and vocabulary divide, and the column shares of o and down fall on whole
- * quantization groups. Writes why not to why. */
-static int tp_splits(const char *dir, char *why, size_t n)
-{
-    char path[4200];
-    snprintf(path, sizeof path, "%s/config.json", dir);
-    char *text = util_read_file(path, NULL, NULL);
-    cJSON *c = text ? cJSON_Parse(text) : NULL;
-    free(text);
-#define INT(k) (cJSON_GetObjectItem(c, k) ? cJSON_GetObjectItem(c, k)->valueint : 0)
-    int heads = INT("num_attention_heads"), kv = INT("num_key_value_heads");
-    int hidden = INT("hidden_size"), ffn = INT("intermediate_size"), vocab = INT("vocab_size");
-    int hd = INT("head_dim") ? INT("head_dim") : heads ? hidden / heads : 0;
-    const cJSON *q = cJSON_GetObjectItem(c, "quantization");
-    int group = q && cJSON_GetObjectItem(q, "group_size")
-                    ? cJSON_GetObjectItem(q, "group_size")->valueint
-                    : 0;
-#undef INT
-    cJSON_Delete(c);
-    if (!kv) kv = heads;
-    *why = 0;
-    if (!heads || heads % tp || ffn % tp || vocab % tp || (kv % tp && tp % kv))
-        snprintf(why, n, "do not divide into");
-    else if (group && ((heads / tp * hd) % group || (ffn / tp) % group))
-        snprintf(why, n, "do not fall on whole groups");
-    return !*why;
-}
-
 static char *run(const char *cmd)
 {
     FILE *p = popen(cmd, "r");
@@ -262,7 +233,7 @@ static int check_folder(const char *bin, const char *dir, const char *name)
         return 0;
     }
     char why[64];
-    if (tp > 1 && (!golden_tp_splits(arch) || !tp_splits(dir, why, sizeof why))) {
+    if (tp > 1 && (!golden_tp_splits(arch) || !golden_tp_fits(dir, tp, why, sizeof why))) {
         /* refused when it loads, naming why */
         char cmd[9000];
         snprintf(cmd, sizeof cmd,
