@@ -218,41 +218,10 @@ static void pack(const struct qweight *w, int E, int64_t rb, int nb, int64_t kp,
 void gemm_mx_avx2_rows(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp,
                        size_t stride, int m, float *y, int64_t ldy, int vnni)
 {
-    int E = lane_codes(w), xb = E == 2 ? 2 : 1;
+    int E = lane_codes(w);
     const g8_fn *tab = E == 2 ? g8_tab_avx2_e2 : g8_tab_avx2_e4;
 #if defined(PAGODA_AVXVNNI)
     if (vnni) tab = E == 2 ? g8_tab_vnni_e2 : g8_tab_vnni;
 #endif
-    int MR = g8_rows(E, vnni);
-    int64_t k = w->k, G = w->group, groups = k / G, kc = GEMM_KC, gmax = kc / G, kq = xq_bytes(w);
-    uint8_t *pw = (uint8_t *)scratch_get(SCRATCH_GEMM_B, (size_t)(kc / E * 64 / 4));
-    float *ps = scratch_get(SCRATCH_GEMV, (size_t)(2 * G8NB * gmax));
-    float *park = scratch_get(SCRATCH_GEMM_A, (size_t)m * G8NB);
-    for (int64_t rb = r0; rb < r1; rb += G8NB) {
-        int nb = (int)(r1 - rb < G8NB ? r1 - rb : G8NB);
-        for (int64_t kp = 0; kp < k; kp += kc) {
-            int64_t len = k - kp < kc ? k - kp : kc;
-            pack(w, E, rb, nb, kp, len, pw, ps, gmax);
-            int last = kp + len >= k;
-            for (int i0 = 0; i0 < m; i0 += MR) {
-                int mr = m - i0 < MR ? m - i0 : MR;
-                const uint8_t *x0 = xp + (size_t)i0 * stride;
-                struct g8_tile_args a = {pw,
-                                         ps,
-                                         ps + G8NB * gmax,
-                                         len / G,
-                                         G / E,
-                                         x0 + kp * xb,
-                                         (const float *)(x0 + kq) + kp / G,
-                                         (const float *)(x0 + kq) + groups + kp / G,
-                                         stride,
-                                         park + (size_t)i0 * G8NB,
-                                         kp > 0,
-                                         last ? y + i0 * ldy + rb : NULL,
-                                         ldy,
-                                         nb};
-                tab[mr - 1](&a);
-            }
-        }
-    }
+    g8_run(w, E, tab, g8_rows(E, vnni), xq_bytes(w), pack, r0, r1, xp, stride, m, y, ldy);
 }

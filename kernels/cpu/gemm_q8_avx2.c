@@ -138,17 +138,11 @@ static void pack(const struct qweight *w, int E, int64_t rb, int nb, int64_t kp,
         }
 }
 
-void gemm_q8_avx2_rows(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp,
-                       size_t stride, int m, float *y, int64_t ldy, int vnni)
+void g8_run(const struct qweight *w, int E, const g8_fn *tab, int MR, int64_t kq, g8_pack_fn pack,
+            int64_t r0, int64_t r1, const uint8_t *xp, size_t stride, int m, float *y, int64_t ldy)
 {
-    int E = lane_codes(w, vnni), xb = E == 2 ? 2 : 1;
-    const g8_fn *tab = E == 2 ? g8_tab_avx2_e2 : g8_tab_avx2_e4;
-#if defined(PAGODA_AVXVNNI)
-    if (vnni) tab = g8_tab_vnni;
-#endif
-    int MR = g8_rows(E, vnni);
-    int64_t k = w->k, G = w->group, groups = k / G, kc = GEMM_KC, gmax = kc / G,
-            kq = xq_bytes(w, vnni);
+    int xb = E == 2 ? 2 : 1;
+    int64_t k = w->k, G = w->group, groups = k / G, kc = GEMM_KC, gmax = kc / G;
     uint8_t *pw = (uint8_t *)scratch_get(SCRATCH_GEMM_B, (size_t)(kc / E * 64 / 4));
     float *ps = scratch_get(SCRATCH_GEMV, (size_t)(2 * G8NB * gmax));
     float *park = scratch_get(SCRATCH_GEMM_A, (size_t)m * G8NB);
@@ -179,4 +173,15 @@ void gemm_q8_avx2_rows(const struct qweight *w, int64_t r0, int64_t r1, const ui
             }
         }
     }
+}
+
+void gemm_q8_avx2_rows(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp,
+                       size_t stride, int m, float *y, int64_t ldy, int vnni)
+{
+    int E = lane_codes(w, vnni);
+    const g8_fn *tab = E == 2 ? g8_tab_avx2_e2 : g8_tab_avx2_e4;
+#if defined(PAGODA_AVXVNNI)
+    if (vnni) tab = g8_tab_vnni;
+#endif
+    g8_run(w, E, tab, g8_rows(E, vnni), xq_bytes(w, vnni), pack, r0, r1, xp, stride, m, y, ldy);
 }

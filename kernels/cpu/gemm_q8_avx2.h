@@ -215,4 +215,17 @@ extern const g8_fn g8_tab_avx2_e2[G8MR];
 extern const g8_fn g8_tab_vnni[G8MR];
 extern const g8_fn g8_tab_vnni_e2[G8MR];
 
+/* Packs rows [rb, rb + nb) (nb <= G8NB) of w over columns [kp, kp + len) into pw (E codes a
+ * lane, in the tiles' order) and their groups' scales ps[g * G8NB + j] and biases
+ * ps[G8NB * gmax + g * G8NB + j]. */
+typedef void (*g8_pack_fn)(const struct qweight *w, int E, int64_t rb, int nb, int64_t kp,
+                           int64_t len, uint8_t *pw, float *ps, int64_t gmax);
+
+/* The many-row product's panel loop (gemm_q8_avx2.c): rows [r0, r1) of w in panels of G8NB
+ * rows packed by pack, GEMM_KC columns at a time, over m quantized x rows xp (stride bytes
+ * apart, their int8 or int16 values then kq bytes on their groups' scales and sums) in tiles
+ * of up to MR rows through tab; y [m, ldy]. */
+void g8_run(const struct qweight *w, int E, const g8_fn *tab, int MR, int64_t kq, g8_pack_fn pack,
+            int64_t r0, int64_t r1, const uint8_t *xp, size_t stride, int m, float *y, int64_t ldy);
+
 #endif
