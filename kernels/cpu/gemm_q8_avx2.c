@@ -26,26 +26,12 @@ static int lane_codes(const struct qweight *w, int vnni)
 
 static int64_t xq_bytes(const struct qweight *w, int vnni)
 {
-    int64_t b = w->k * (lane_codes(w, vnni) == 2 ? 2 : 1);
-    return (b + 63) / 64 * 64;
+    return g8_xq_bytes(w->k, lane_codes(w, vnni));
 }
 
 size_t gemm_q8_avx2_prep_bytes(const struct qweight *w, int vnni)
 {
     return (size_t)xq_bytes(w, vnni) + (size_t)(w->k / w->group) * 2 * sizeof(float);
-}
-
-/* The largest |x| of n floats (n a multiple of 8). */
-static float absmax(const float *x, int64_t n)
-{
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 mx = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n; j += 8)
-        mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
-    __m128 s = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
-    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_max_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 
 void gemm_q8_avx2_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride,
@@ -59,7 +45,7 @@ void gemm_q8_avx2_prep(const struct qweight *w, const float *x, int m, uint8_t *
         float *dx = (float *)(row + kq), *xs = dx + groups;
         for (int64_t g = 0; g < groups; g++) {
             const float *xg = xi + g * G;
-            float amax = absmax(xg, G);
+            float amax = g8_absmax(xg, G);
             float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
             __m256 vid = _mm256_set1_ps(id);
             __m256i sum = _mm256_setzero_si256();

@@ -186,6 +186,26 @@ ALWAYS_INLINE void g8_tile(const int R, const int E, const int VNNI, const struc
 
 typedef void (*g8_fn)(const struct g8_tile_args *a);
 
+/* The largest |x| of n floats (n a multiple of 8): a group's int8 scale. */
+static inline float g8_absmax(const float *x, int64_t n)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 mx = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; j += 8)
+        mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)));
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Bytes of a quantized x row's values (int8, or int16 with E = 2 codes a lane), rounded up
+ * to 64; its groups' scales and sums follow them. */
+static inline int64_t g8_xq_bytes(int64_t k, int E)
+{
+    return (k * (E == 2 ? 2 : 1) + 63) / 64 * 64;
+}
+
 /* x rows per tile that fit 16 registers: 2 sums per row, plus the weights, x and temporaries
  * (AVX-VNNI: 12 + 2 + 1; AVX2, 8-bit: 12 + 2 + 1 + 1; AVX2, 4-bit: 8 + 4 + 2 + 1 + 2). */
 static inline int g8_rows(int E, int vnni)
