@@ -73,6 +73,10 @@ enum opk {
     /* a tensor-parallel group's collectives (group.cu) */
     OP_ALL_REDUCE,
     OP_ALL_GATHER,
+    /* a product of ternary weights (ternary.cu): y p[0], x p[1], m i[0], i[1] 1: x already
+     * quantized in tq by the product before; t_div, t_mul in f[0], f[1]. No other operation
+     * fuses with it. */
+    OP_TERNARY,
 };
 
 static const char *const op_names[] = {
@@ -80,7 +84,8 @@ static const char *const op_names[] = {
     "attention",    "act_mul",      "add",           "softcap",        "gather_rows", "argmax",
     "gemv",         "add+rms_norm", "rope+kv_store", "sample",         "gemm set",    "rope tables",
     "rope_partial", "split_qgate",  "gate_mul",      "rms_norm_gated", "delta_net",   "moe",
-    "copy",         "scale",        "kv_store_q",    "attention_q",    "all_reduce",  "all_gather"};
+    "copy",         "scale",        "kv_store_q",    "attention_q",    "all_reduce",  "all_gather",
+    "ternary"};
 
 /* Flags of an OP_GEMM_SET in i[3]: the rope + KV store launch after the fused set reads
  * its columns (no split); the set's results are bf16. */
@@ -201,6 +206,8 @@ struct cu_ctx {
     int fuse_failed;
     float *ycat;
     size_t ycat_cap;
+    void *tq; /* ternary products' int8 rows, sums and scales (cu_ternary_scratch) */
+    size_t tq_cap;
     cudaStream_t side[2];
     cudaEvent_t fork, join[2];
     void *side_ws[2];
@@ -416,6 +423,10 @@ static void exec_op(cu_ctx *c, const op *o)
         cu_all_gather(s, c->comm, (float *)o->p[0], (const float *)o->p[1], (float *)o->p[2],
                       c->grp_size, o->i[0], o->i[1]);
         break;
+    case OP_TERNARY:
+        cu_ternary(s, o->w, (const float *)o->p[1], o->i[0], (float *)o->p[0], c->tq, o->f[0],
+                   o->f[1], !o->i[1]);
+        break;
     }
 }
 
@@ -446,6 +457,10 @@ static void op_label(const op *o, char *buf, size_t n)
                  : cu_moe_streamed(o->me) ? "grouped, streamed"
                                           : "grouped, tensor cores",
                  o->me.n_experts, o->me.top_k);
+        break;
+    case OP_TERNARY:
+        snprintf(buf, n, "ternary %s %lldx%lld%s", o->i[0] <= CU_GEMV_MAX_M ? "gemv" : "gemm",
+                 (long long)o->w.n, (long long)o->w.k, o->i[1] ? " (x quantized before)" : "");
         break;
     case OP_MATMUL:
         snprintf(buf, n, "gemm %s%s %lldx%lld",
@@ -914,8 +929,8 @@ static int cu_weight_prepare(void *ctx, struct qweight *w, struct err *e)
         d.fmt = DF_NVFP4;
         break;
     case WFMT_TERNARY:
-        return err_set(e, "ternary (BitNet) weights do not run on the cuda backend yet (use "
-                          "--device cpu)");
+        d.fmt = DF_TERNARY;
+        break;
     }
     d.bits = w->bits;
     d.group = w->group;
@@ -1261,10 +1276,31 @@ static int gemv_most(const cu_ctx *c, const dweight &d)
     return d.fmt == DF_BF16 ? 1 : CU_GEMV_MAX_M;
 }
 
+/* A ternary product: an operation of its own, outside every fusion of the other formats.
+ * Products over the x of the product just recorded (q, k, v; gate, up) reuse its int8 rows. */
+static void ternary_op(cu_ctx *c, float *y, const float *x, const struct qweight *w,
+                       const dweight &d, int m)
+{
+    const size_t need = cu_ternary_scratch(d, m);
+    if (need > c->tq_cap) c->tq = grow(c, c->tq, &c->tq_cap, need);
+    op *p = last_op(c, OP_TERNARY);
+    const bool same_x = p && p->p[1] == x && p->p[0] != x && p->i[0] == m &&
+                        p->w.row_bytes == d.row_bytes && p->w.k == d.k;
+    op *o = record(c, OP_TERNARY);
+    o->p[0] = y;
+    o->p[1] = x;
+    o->w = d;
+    o->i[0] = m;
+    o->i[1] = same_x;
+    o->f[0] = w->t_div;
+    o->f[1] = w->t_mul;
+}
+
 static void cu_matmul_op(void *ctx, float *y, const float *x, const struct qweight *w, int m)
 {
     cu_ctx *c = (cu_ctx *)ctx;
     const dweight &d = dw(w);
+    if (d.fmt == DF_TERNARY) return ternary_op(c, y, x, w, d, m);
     const int most = gemv_most(c, d);
     if (m <= most && cu_gemv_fast(d)) {
         /* Another matrix over the same x as the previous product: one launch for both. */
@@ -1675,7 +1711,7 @@ static void cu_act_mul_op(void *ctx, float *out, const float *gate, const float 
     if (p && p->gs.nw == 2 && !p->gs.pair && p->gs.y[0] == out && p->gs.y[0] == gate &&
         p->gs.y[1] == up && p->gs.w[0].n == p->gs.w[1].n && n == (int64_t)p->i[0] * p->gs.w[0].n) {
         p->gs.pair = 1;
-        p->gs.gelu = act == ACT_GELU_TANH;
+        p->gs.gelu = (int)act;
         p->gs.row_end[1] = p->gs.row_end[0];
         if (cu_gemv_set_ok(p->gs)) return;
         p->gs.pair = 0;
@@ -1687,7 +1723,7 @@ static void cu_act_mul_op(void *ctx, float *out, const float *gate, const float 
     o->p[1] = gate;
     o->p[2] = up;
     o->n = n;
-    o->i[0] = act == ACT_GELU_TANH;
+    o->i[0] = (int)act; /* act_of's act */
 }
 
 static void cu_add_op(void *ctx, float *x, const float *y, int64_t n)
@@ -2206,6 +2242,7 @@ static void cu_destroy(void *ctx)
     if (c->h_tiles) CU(cudaFreeHost(c->h_tiles));
     if (c->xb) CU(cudaFree(c->xb));
     if (c->ycat) CU(cudaFree(c->ycat));
+    if (c->tq) CU(cudaFree(c->tq));
     if (c->gath) CU(cudaFree(c->gath));
     cu_group_leave(c->comm);
     if (c->part) CU(cudaFree(c->part));
@@ -2244,7 +2281,7 @@ static const struct backend_ops cuda_ops = {
     .async_picks = 1,
     .kv_value_bytes = 2,
     /* no ternary products yet: BitNet models are refused when they load */
-    .bitnet = 0,
+    .bitnet = 1,
     .kv_dtypes = (1u << KV_DTYPE_COUNT) - 4, /* all but f32 (auto here is bf16) */
     .info = cu_info,
     .alloc = cu_alloc,

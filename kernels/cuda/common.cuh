@@ -55,10 +55,15 @@ static __device__ __forceinline__ float norm_scale(const float *red, int nw, int
     return rsqrtf(ss / (float)k + eps);
 }
 
-/* The gated activation of a gate value: GELU (tanh approximation) or SiLU. */
-static __device__ __forceinline__ float act_of(float g, int gelu)
+/* The gate's activation: act is enum act_kind (model/config.h): 0 SiLU, 1 GELU (tanh),
+ * 2 ReLU^2 (BitNet; times up it is (r * r) * up, the CPU's order). */
+static __device__ __forceinline__ float act_of(float g, int act)
 {
-    if (gelu) {
+    if (act == 2) {
+        const float r = fmaxf(g, 0.0f); /* NaN to 0, as the CPU's g > 0 ? g : 0 */
+        return __fmul_rn(r, r);
+    }
+    if (act) {
         const float k = 0.7978845608028654f;
         return 0.5f * g * (1.0f + tanhf(k * (g + 0.044715f * g * g * g)));
     }
@@ -133,7 +138,8 @@ static __device__ __forceinline__ void amax_commit(amax b, unsigned long long *s
 }
 
 /* Formats as the kernels see them. */
-enum dfmt { DF_F32, DF_F16, DF_BF16, DF_AFFINE, DF_MXFP4, DF_MXFP8, DF_NVFP4 };
+/* DF_TERNARY runs only through cu_ternary (ternary.cu): the other kernels never see it. */
+enum dfmt { DF_F32, DF_F16, DF_BF16, DF_AFFINE, DF_MXFP4, DF_MXFP8, DF_NVFP4, DF_TERNARY };
 /* Scale/bias storage of affine weights. */
 enum dsc { DS_BF16, DS_F16, DS_F32, DS_U8 };
 

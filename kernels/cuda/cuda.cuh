@@ -24,7 +24,8 @@ bool cu_gemv_stream_ok(const dweight &w);
 void cu_gemv(cudaStream_t s, const dweight &w, const float *x, int m, float *y, int64_t ldy);
 
 /* Up to 3 matrices of one format and k over the same x, in one launch; y[j] is [m, n_j].
- * pair: 2 matrices of equal n (gate, up): y[0] = act(gate) * up, y[1] = up. */
+ * pair: 2 matrices of equal n (gate, up): y[0] = act(gate) * up, y[1] = up, the activation
+ * gelu as act_of's act (enum act_kind). */
 struct cu_gemv_set {
     dweight w[3];
     float *y[3];
@@ -142,6 +143,19 @@ bool cu_gemm_lt_b16_ok(cu_gemm_ctx *g, const dweight &w, int m);
  * algorithm for the shape). */
 void cu_gemm_lt_b16(cudaStream_t s, cu_gemm_ctx *g, const dweight &w, const __nv_bfloat16 *xb,
                     int m, __nv_bfloat16 *y, void *workspace);
+
+/* ---- ternary products (ternary.cu; BitNet's BitLinear, DF_TERNARY) ---- */
+
+/** Bytes of the scratch cu_ternary takes for m rows over w: the int8 rows [m, 4 row_bytes],
+ * then m int32 sums and m float scales. */
+size_t cu_ternary_scratch(const dweight &w, int m);
+/** y[m, n] = x[m, k] . W^T for ternary W as the CPU computes it (kernels/cpu/ternary.c, to
+ * the bit): x rows quantized to int8 by absmax into scratch (quantize false: scratch already
+ * holds x quantized for a matrix of the same k, by the product before), exact integer dots,
+ * then dot / (row scale * t_div) * t_mul. A matrix-vector kernel for m <= CU_GEMV_MAX_M, a
+ * tiled one beyond. */
+void cu_ternary(cudaStream_t s, const dweight &w, const float *x, int m, float *y, void *scratch,
+                float t_div, float t_mul, bool quantize);
 
 /* ---- KV cache formats (attn_q.cu; paged_kv/kv_quant.h) ---- */
 
@@ -267,14 +281,14 @@ void cu_rope(cudaStream_t s, float *x, int rows, int heads, int d, const float *
 void cu_rope_kv(cudaStream_t s, float *q, float *k, float *v, const float *src, __nv_bfloat16 *kc,
                 __nv_bfloat16 *vc, const int32_t *slot, int n_tokens, int hq, int hkv, int d,
                 const float *cos_t, const float *sin_t);
-/** out = act(gate) * up; also as bf16 into ob unless it is NULL (out NULL: the bf16 copy
- * alone). */
-void cu_act_mul(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n, int gelu,
+/** out = act(gate) * up (act: enum act_kind, as act_of); also as bf16 into ob unless it is
+ * NULL (out NULL: the bf16 copy alone). */
+void cu_act_mul(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n, int act,
                 __nv_bfloat16 *ob);
 /** ob = act(gate) * up in bf16, from gate and up in bf16 (n a multiple of 4, 8-byte
  * aligned). */
 void cu_act_mul_b16(cudaStream_t s, __nv_bfloat16 *ob, const __nv_bfloat16 *gate,
-                    const __nv_bfloat16 *up, int64_t n, int gelu);
+                    const __nv_bfloat16 *up, int64_t n, int act);
 void cu_add(cudaStream_t s, float *x, const float *y, int64_t n);
 /** x += y, then out = rms_norm(x) * w, over rows of dim (out may be y); also as bf16 into ob
  * unless it is NULL (out NULL: the bf16 copy alone). */

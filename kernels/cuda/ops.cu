@@ -297,13 +297,13 @@ void cu_rope_kv(cudaStream_t s, float *q, float *k, float *v, const float *src, 
     CU_LAUNCHED();
 }
 
-__global__ void k_act_mul(float *out, const float *gate, const float *up, int64_t n, int gelu,
+__global__ void k_act_mul(float *out, const float *gate, const float *up, int64_t n, int act,
                           __nv_bfloat16 *ob)
 {
     allow_dependents();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        const float v = act_of(gate[i], gelu) * up[i];
+        const float v = act_of(gate[i], act) * up[i];
         if (out) out[i] = v;
         if (ob) ob[i] = __float2bfloat16_rn(v);
     }
@@ -337,7 +337,7 @@ static __device__ __forceinline__ float4 in4(uint2 u)
  * per thread and iteration, so that four loads are in flight before the first use. */
 template <class T>
 __global__ void k_act_mul4(float4 *out, const T *__restrict__ gate, const T *__restrict__ up,
-                           int64_t n4, int gelu, uint2 *ob)
+                           int64_t n4, int act, uint2 *ob)
 {
     allow_dependents();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
@@ -350,21 +350,21 @@ __global__ void k_act_mul4(float4 *out, const T *__restrict__ gate, const T *__r
             u1 = up[i + stride];
         }
         const float4 a0 = in4(g0), b0 = in4(u0);
-        const float4 v0 = make_float4(act_of(a0.x, gelu) * b0.x, act_of(a0.y, gelu) * b0.y,
-                                      act_of(a0.z, gelu) * b0.z, act_of(a0.w, gelu) * b0.w);
+        const float4 v0 = make_float4(act_of(a0.x, act) * b0.x, act_of(a0.y, act) * b0.y,
+                                      act_of(a0.z, act) * b0.z, act_of(a0.w, act) * b0.w);
         if (out) out[i] = v0;
         if (ob) ob[i] = bf16x4(v0);
         if (two) {
             const float4 a1 = in4(g1), b1 = in4(u1);
-            const float4 v1 = make_float4(act_of(a1.x, gelu) * b1.x, act_of(a1.y, gelu) * b1.y,
-                                          act_of(a1.z, gelu) * b1.z, act_of(a1.w, gelu) * b1.w);
+            const float4 v1 = make_float4(act_of(a1.x, act) * b1.x, act_of(a1.y, act) * b1.y,
+                                          act_of(a1.z, act) * b1.z, act_of(a1.w, act) * b1.w);
             if (out) out[i + stride] = v1;
             if (ob) ob[i + stride] = bf16x4(v1);
         }
     }
 }
 
-void cu_act_mul(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n, int gelu,
+void cu_act_mul(cudaStream_t s, float *out, const float *gate, const float *up, int64_t n, int act,
                 __nv_bfloat16 *ob)
 {
     if (n <= 0) return;
@@ -372,21 +372,21 @@ void cu_act_mul(cudaStream_t s, float *out, const float *gate, const float *up, 
         ((uintptr_t)out | (uintptr_t)gate | (uintptr_t)up | (uintptr_t)ob) % 16 == 0) {
         const int64_t n4 = n / 4;
         k_act_mul4<float4><<<blocks_for((n4 + 1) / 2, 256), 256, 0, s>>>(
-            (float4 *)out, (const float4 *)gate, (const float4 *)up, n4, gelu, (uint2 *)ob);
+            (float4 *)out, (const float4 *)gate, (const float4 *)up, n4, act, (uint2 *)ob);
         CU_LAUNCHED();
         return;
     }
-    k_act_mul<<<blocks_for(n, 256), 256, 0, s>>>(out, gate, up, n, gelu, ob);
+    k_act_mul<<<blocks_for(n, 256), 256, 0, s>>>(out, gate, up, n, act, ob);
     CU_LAUNCHED();
 }
 
 void cu_act_mul_b16(cudaStream_t s, __nv_bfloat16 *ob, const __nv_bfloat16 *gate,
-                    const __nv_bfloat16 *up, int64_t n, int gelu)
+                    const __nv_bfloat16 *up, int64_t n, int act)
 {
     if (n <= 0) return;
     const int64_t n4 = n / 4;
     k_act_mul4<uint2><<<blocks_for((n4 + 1) / 2, 256), 256, 0, s>>>(
-        NULL, (const uint2 *)gate, (const uint2 *)up, n4, gelu, (uint2 *)ob);
+        NULL, (const uint2 *)gate, (const uint2 *)up, n4, act, (uint2 *)ob);
     CU_LAUNCHED();
 }
 

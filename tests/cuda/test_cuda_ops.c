@@ -32,7 +32,9 @@
  * 8B widths), hybrid (the operations of the hybrid and MoE families, then their layers over
  * prefill and decode steps: ops_hybrid.h, which states its bounds) and hybrid-invariant (the
  * same with PAGODA_CUDA_BATCH_INVARIANT=1) and kv-formats (the KV cache formats: the head-block
- * writer and attention over them, ops_kvq.h, which states its bounds). Every output buffer is
+ * writer and attention over them, ops_kvq.h, which states its bounds) and ternary / ternary-no-fuse
+ * (BitNet's ternary products and ReLU^2, and its layer tail, in the default backend and with
+ * PAGODA_CUDA_FUSE=0: ops_ternary.h, which states its bounds). Every output buffer is
  * poisoned with NaN before the CUDA run, so unwritten elements fail. Without a GPU the test prints
  * "no GPU: not run" and exits 77 (skipped).
  */
@@ -1813,6 +1815,7 @@ static void default_section(void)
 
 #include "ops_hybrid.h"
 #include "ops_kvq.h"
+#include "ops_ternary.h"
 
 /* Sections, each selectable by name after the test data folder (none: all). Each
  * switchable path runs in a backend of its own, with only its variable set. */
@@ -1834,6 +1837,8 @@ static const struct {
     {"hybrid", NULL, NULL, hybrid_section},
     {"hybrid-invariant", "PAGODA_CUDA_BATCH_INVARIANT", "1", hybrid_invariant_section},
     {"kv-formats", NULL, NULL, kv_formats_section},
+    {"ternary", NULL, NULL, ternary_section},
+    {"ternary-no-fuse", "PAGODA_CUDA_FUSE", "0", ternary_section},
 };
 #define N_SECTIONS (int)(sizeof sections / sizeof sections[0])
 

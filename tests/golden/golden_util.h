@@ -19,10 +19,9 @@ static const char *const golden_supported[] = {
     "Gemma2ForCausalLM",     "Gemma3ForCausalLM",  "Qwen3MoeForCausalLM", "Qwen3_5ForCausalLM",
     "Qwen3_5MoeForCausalLM", "Gemma4ForCausalLM",  "BitNetForCausalLM"};
 
-/* Architectures whose operations (BitNet's ternary products) the CUDA backend does not run
- * yet (NULL ends the list): it refuses them when they load, so they are compared on the CPU
- * only. */
-static const char *const golden_cpu_only[] = {"BitNetForCausalLM", NULL};
+/* Architectures whose operations the CUDA backend does not run yet (NULL ends the list): it
+ * would refuse them when they load, so they would be compared on the CPU only. None now. */
+static const char *const golden_cpu_only[] = {NULL};
 
 /* Architectures whose models split over a tensor-parallel group (model/tp.h). */
 static inline int golden_tp_splits(const char *arch)

@@ -12,7 +12,7 @@
  *     prompt log-probabilities against the golden, aborts;
  *   - after every scenario the pool is all free again;
  *   - Gemma 4's KV-shared layers own no KV storage: the pool is sized by the other layers;
- *   - the BitNet variants of tests/golden/variants (CPU) through the same invariance checks.
+ *   - the BitNet variants of tests/golden/variants through the same invariance checks.
  *   - batch invariance and prefix sharing again with quantized KV caches (fp8, and tq4 keys
  *     with tq3 values) on a dense, a sliding-window and a hybrid model: formats that scale
  *     each token alone give every token the same codes however the steps are cut (the
