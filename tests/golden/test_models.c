@@ -63,6 +63,12 @@
  * 1e-6 in the median; the largest deviation seen was 0.032 (bitnet-bf16, whose reference
  * also sums dequantized floats), 0.015 with packed weights. */
 #define BITNET_TOL 5e-2
+/* BitNet on CUDA: on top of that, the bf16 KV rows (and the bf16 activations of the prefill
+ * head products) move values across int8 rounding steps too. Measured on the CPU path with
+ * the KV cache in bf16 (--kv-cache-dtype bf16, default fast products): largest deviation
+ * 0.054 (bitnet-packed) and 0.053 (bitnet-bf16), 4 values above 0.05, no greedy path
+ * diverging. The bound leaves twice that; not yet measured on a GPU. */
+#define CUDA_TOL_BITNET 0.1
 
 /* With the KV cache in fp8 (e4m3: 3 mantissa bits, a scale per token and head), on top of
  * the device's own tolerance. These tiny random-weight models magnify KV rounding: on the
@@ -281,6 +287,7 @@ static int check_folder(const char *bin, const char *dir, const char *name)
         mode_opt = " --batch-invariant";
         TOL = CPU_TOL + kv_add;
     }
+    if (on_cuda && !strcmp(arch, "BitNetForCausalLM")) TOL = CUDA_TOL_BITNET + kv_add;
     if (TOL == CPU_FAST_TOL && !strcmp(arch, "BitNetForCausalLM")) TOL = BITNET_TOL;
     if (TOL == CPU_TOL && !strcmp(arch, "BitNetForCausalLM")) TOL = BITNET_TOL;
     snprintf(path, sizeof path, "%s/golden.json", dir);
