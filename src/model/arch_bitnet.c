@@ -163,8 +163,7 @@ static int bitnet_linear(struct model *m, const char *prefix, int64_t n, int64_t
         else
             w->t_mul = ws;
     }
-    uint8_t *data = model_alloc_weight(m, (size_t)n * w->row_bytes, e);
-    if (!data) return -1;
+    uint8_t *data = model_host_weight(m, (size_t)n * w->row_bytes);
     int rc = 0;
     if (mode == BITNET_ONLINE) {
         int8_t *v = xmalloc((size_t)k);

@@ -46,22 +46,6 @@ void model_track_linear(struct model *m, struct qweight *w)
     track_linear(m, w);
 }
 
-void *model_alloc_weight(struct model *m, size_t bytes, struct err *e)
-{
-    struct model_tensors *t = &m->tensors;
-    void *p = m->be->ops->alloc(m->be->ctx, bytes);
-    if (!p) {
-        err_set(e, "out of memory for %zu bytes of weights", bytes);
-        return NULL;
-    }
-    if (t->n_blobs == t->cap_blobs) {
-        t->cap_blobs = t->cap_blobs ? 2 * t->cap_blobs : 64;
-        t->blobs = xrealloc(t->blobs, sizeof *t->blobs * (size_t)t->cap_blobs);
-    }
-    t->blobs[t->n_blobs++] = p;
-    return p;
-}
-
 static void track_vec(struct model *m, float *v, int64_t len)
 {
     struct model_tensors *t = &m->tensors;
@@ -115,8 +99,7 @@ static void share_of(const struct model *m, enum tp_split split, int *r, int *S)
     *S = split == SPLIT_KV ? m->kv_parts : m->tp_size;
 }
 
-/* Zeroed host memory that lives as long as the model (a share copied out of the mapping). */
-static uint8_t *host_blob(struct model *m, size_t bytes)
+void *model_host_weight(struct model *m, size_t bytes)
 {
     uint8_t *p = xcalloc(1, bytes ? bytes : 1);
     m->host_blobs = xrealloc(m->host_blobs, sizeof(void *) * (size_t)(m->n_host_blobs + 1));
@@ -145,7 +128,7 @@ static int take_share(struct model *m, const char *prefix, struct qweight *w, en
             size_t codes = (size_t)n * w->row_bytes, sb = (size_t)n * srb;
             size_t bytes =
                 codes + w->row_bytes + (w->scales ? sb + srb : 0) + (w->biases ? sb + srb : 0);
-            uint8_t *p = host_blob(m, bytes);
+            uint8_t *p = model_host_weight(m, bytes);
             memcpy(p, w->w, codes);
             w->w = p; /* codes, scales and biases of the zero row stay 0: the value 0 */
             p += codes + w->row_bytes;
@@ -171,7 +154,7 @@ static int take_share(struct model *m, const char *prefix, struct qweight *w, en
         size_t ssz = w->scales ? st_dtype_size(w->sdtype) : 0,
                nsrb = (size_t)(k / (w->group ? w->group : 1)) * ssz;
         size_t bytes = (size_t)w->n * (rb + (w->biases ? 2 : 1) * nsrb);
-        uint8_t *blob = host_blob(m, bytes), *p = blob;
+        uint8_t *blob = model_host_weight(m, bytes), *p = blob;
         for (int64_t i = 0; i < w->n; i++, p += rb)
             memcpy(p, w->w + (size_t)i * w->row_bytes + (size_t)(c0 * w->bits / 8), rb);
         w->w = blob;
@@ -1034,8 +1017,6 @@ void model_destroy(struct model *m)
     void *ctx = m->be->ctx;
     struct model_tensors *t = &m->tensors;
     for (int i = 0; i < t->n_vecs; i++) o->free(ctx, t->vecs[i]);
-    for (int i = 0; i < t->n_blobs; i++) o->free(ctx, t->blobs[i]);
-    free(t->blobs);
     free(t->vecs);
     free(t->vec_len);
     free(t->linears);

@@ -82,8 +82,6 @@ struct model_tensors {
     float **vecs;             /* vectors in backend memory */
     int64_t *vec_len;         /* their lengths */
     int n_linears, n_vecs, cap_linears, cap_vecs;
-    void **blobs; /* backend memory of weights a loader built (model_alloc_weight) */
-    int n_blobs, cap_blobs;
 };
 
 struct model {
@@ -146,7 +144,7 @@ struct model {
      * vocab_part rows of the vocabulary, whose logits [max_logits, vocab_part] land in
      * logits_part before the group gathers them into logits. The group's lead (rank 0) is the
      * model the engine holds: tp is its group, through which the calls that touch every
-     * rank go; NULL elsewhere. host_blobs: host copies of column slices. */
+     * rank go; NULL elsewhere. host_blobs: model_host_weight's memory. */
     int tp_rank, tp_size, vocab_part;
     /* the rank's key-value heads are share kv_part of kv_parts: tp_rank of tp_size, or, with
      * fewer heads than ranks, head tp_rank * heads / tp_size (ranks then share a head) */
@@ -187,9 +185,10 @@ int model_load_vec_part(struct model *m, const char *name, int dim, float add, i
 /** Counts w among the model's matrices (for one a family built itself). */
 void model_track_linear(struct model *m, struct qweight *w);
 
-/** `bytes` of backend memory for weights a family builds at load time (a repacking), freed
- * with the model; NULL + err when out of memory. */
-void *model_alloc_weight(struct model *m, size_t bytes, struct err *e);
+/** `bytes` of zeroed host memory that lives as long as the model: weights a family builds
+ * at load time (a repacking) or a share copied out of the mapping, handed to the backend's
+ * weight_prepare (which reads them in place on the CPU and copies them elsewhere). */
+void *model_host_weight(struct model *m, size_t bytes);
 
 /** Loads the vector `name` of dim values into backend memory as float, plus `add` ((1 + w)
  * norms). A missing tensor is an error when `required`, else *out = NULL. */
