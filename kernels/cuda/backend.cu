@@ -256,6 +256,9 @@ struct cu_ctx {
     int grp_rank, grp_size;
     float *gath;
     size_t gath_cap;
+    /* the group's one-shot all-reduce (group.cu; NULL: NCCL's alone) and this rank's view */
+    cu_ar *ar;
+    const cu_ar_peers *arp;
 };
 
 /* ---- tape execution ---- */
@@ -385,9 +388,14 @@ static void exec_op(cu_ctx *c, const op *o)
         break;
     }
     case OP_ADD_RMS:
-        cu_add_rms_norm(s, (float *)o->p[0], (float *)o->p[1], (const float *)o->p[2],
-                        (const float *)o->p[3], o->i[0], o->i[1], o->f[0],
-                        (__nv_bfloat16 *)o->p[4]);
+        if (o->i[2]) /* the group's sum of y first, in the same kernel */
+            cu_ar_run(s, c->arp, c->grp_rank, c->grp_size, (float *)o->p[2], (float *)o->p[1],
+                      (float *)o->p[0], (const float *)o->p[3], (__nv_bfloat16 *)o->p[4], o->i[0],
+                      o->i[1], (int64_t)o->i[0] * o->i[1], o->f[0]);
+        else
+            cu_add_rms_norm(s, (float *)o->p[0], (float *)o->p[1], (const float *)o->p[2],
+                            (const float *)o->p[3], o->i[0], o->i[1], o->f[0],
+                            (__nv_bfloat16 *)o->p[4]);
         break;
     case OP_ROPE_PART:
         cu_rope_partial(s, (float *)o->p[0], o->i[0], o->i[1], o->i[2], o->i[3],
@@ -417,7 +425,11 @@ static void exec_op(cu_ctx *c, const op *o)
         cu_scale(s, (float *)o->p[0], o->n, o->f[0]);
         break;
     case OP_ALL_REDUCE:
-        cu_all_reduce(s, c->comm, (float *)o->p[0], o->n);
+        if (o->i[0])
+            cu_ar_run(s, c->arp, c->grp_rank, c->grp_size, (float *)o->p[0], NULL, NULL, NULL, NULL,
+                      0, 0, o->n, 0.0f);
+        else
+            cu_all_reduce(s, c->comm, (float *)o->p[0], o->n);
         break;
     case OP_ALL_GATHER:
         cu_all_gather(s, c->comm, (float *)o->p[0], (const float *)o->p[1], (float *)o->p[2],
@@ -457,6 +469,13 @@ static void op_label(const op *o, char *buf, size_t n)
                  : cu_moe_streamed(o->me) ? "grouped, streamed"
                                           : "grouped, tensor cores",
                  o->me.n_experts, o->me.top_k);
+        break;
+    case OP_ALL_REDUCE:
+        snprintf(buf, n, "all_reduce %s %lld", o->i[0] ? "one-shot" : "nccl", (long long)o->n);
+        break;
+    case OP_ADD_RMS:
+        snprintf(buf, n, "%sadd+rms_norm %dx%d", o->i[2] ? "all_reduce one-shot+" : "", o->i[0],
+                 o->i[1]);
         break;
     case OP_TERNARY:
         snprintf(buf, n, "ternary %s %lldx%lld%s", o->i[0] <= CU_GEMV_MAX_M ? "gemv" : "gemm",
@@ -1439,6 +1458,15 @@ static void cu_rms_norm_op(void *ctx, float *out, const float *x, const float *w
         p->i[0] = rows;
         p->i[1] = dim;
         p->f[0] = eps;
+        /* y just summed over the group by the one-shot exchange: the exchange, the add and
+         * the norm in one kernel */
+        op *ar = c->n_ops >= 2 ? &c->tape[c->n_ops - 2] : NULL;
+        if (ar && ar->kind == OP_ALL_REDUCE && ar->i[0] && ar->p[0] == y &&
+            ar->n == (int64_t)rows * dim && dim % 4 == 0 && cu_ar_fits(ar->n, y, x, out, w, NULL)) {
+            p->i[2] = 1;
+            *ar = *p;
+            c->n_ops--;
+        }
         return;
     }
     op *o = record(c, OP_RMS);
@@ -2171,20 +2199,32 @@ static int cu_group_create(void *ctx, int size, void *const *members, struct err
     void *comms[64];
     char msg[300];
     if (cu_group_init(comms, size, devs, msg, sizeof msg)) return err_set(e, "%s", msg);
+    /* the one-shot exchange where the GPUs map each other's memory, unless turned off
+     * (backend_custom_all_reduce_set); NCCL's alone otherwise */
+    const char *env = getenv("PAGODA_CUDA_CUSTOM_ALL_REDUCE");
+    cu_ar *ar = NULL;
+    if (size > 1 && !(env && !strcmp(env, "0"))) {
+        ar = cu_ar_create(size, devs, msg, sizeof msg);
+        if (!ar) fprintf(stderr, "pagoda: cuda: every exchange through NCCL: %s\n", msg);
+    }
     for (int r = 0; r < size; r++) {
         cu_ctx *c = (cu_ctx *)members[r];
         c->comm = comms[r];
         c->grp_rank = r;
         c->grp_size = size;
+        c->ar = ar;
+        c->arp = ar ? cu_ar_rank(ar, r) : NULL;
     }
     return 0;
 }
 
 static void cu_all_reduce_op(void *ctx, float *x, int64_t n)
 {
-    op *o = record((cu_ctx *)ctx, OP_ALL_REDUCE);
+    cu_ctx *c = (cu_ctx *)ctx;
+    op *o = record(c, OP_ALL_REDUCE);
     o->p[0] = x;
     o->n = n;
+    o->i[0] = c->arp && cu_ar_fits(n, x, NULL, NULL, NULL, NULL); /* 1: one-shot, 0: NCCL */
 }
 
 static void cu_all_gather_op(void *ctx, float *out, const float *in, int rows, int cols)
@@ -2244,6 +2284,7 @@ static void cu_destroy(void *ctx)
     if (c->ycat) CU(cudaFree(c->ycat));
     if (c->tq) CU(cudaFree(c->tq));
     if (c->gath) CU(cudaFree(c->gath));
+    cu_ar_leave(c->ar, c->grp_rank);
     cu_group_leave(c->comm);
     if (c->part) CU(cudaFree(c->part));
     if (c->sem) CU(cudaFree(c->sem));

@@ -447,4 +447,38 @@ void cu_all_reduce(cudaStream_t s, void *comm, float *x, int64_t n);
 void cu_all_gather(cudaStream_t s, void *comm, float *out, const float *in, float *scratch,
                    int size, int rows, int cols);
 
+/* The one-shot all-reduce over peer memory (group.cu): sums of at most AR_MAX_FLOATS floats,
+ * in AR_BLOCKS blocks of AR_THREADS threads. */
+#define AR_BLOCKS     64 /* a power of two */
+#define AR_THREADS    512
+#define AR_MAX_RANKS  8
+#define AR_MAX_FLOATS (256 * 1024)
+
+/* What one rank's kernel sees: every rank's staging buffer (two halves of AR_MAX_FLOATS) and
+ * flags ([AR_BLOCKS][AR_MAX_RANKS], slot [b][r] raised by rank r), and this rank's counters
+ * (AR_BLOCKS call counts, then the grid barrier's) and per-block sums of squares. */
+struct cu_ar_peers {
+    float *buf[AR_MAX_RANKS];
+    unsigned *sig[AR_MAX_RANKS];
+    unsigned *count;
+    float *ss;
+};
+struct cu_ar;
+
+/** The exchange over devs[0..n) with peer access enabled between all of them; NULL with why
+ * when a pair cannot map each other's memory. */
+cu_ar *cu_ar_create(int n, const int *devs, char *why, size_t why_n);
+const cu_ar_peers *cu_ar_rank(cu_ar *a, int rank);
+/** Frees rank's buffers; rank 0, the last to leave, frees a. */
+void cu_ar_leave(cu_ar *a, int rank);
+/** Whether a sum of n floats over these buffers runs here (size, float4 alignment). */
+bool cu_ar_fits(int64_t n, const void *y, const void *x, const void *out, const void *w,
+                const void *ob);
+/** Without x: y [n] = its sum over the group. With x (n = rows * dim): x += the sum of y,
+ * then out = rms_norm(x) * w and its bf16 copy ob (either may be NULL); y is left as it
+ * was or, where out is y, overwritten. */
+void cu_ar_run(cudaStream_t s, const cu_ar_peers *P, int rank, int size, float *y, float *x,
+               float *out, const float *w, __nv_bfloat16 *ob, int rows, int dim, int64_t n,
+               float eps);
+
 #endif

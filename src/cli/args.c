@@ -76,6 +76,9 @@ const char arg_engine_usage[] =
     "  --threads N                 CPU compute threads (default: one per core)\n"
     "  --tensor-parallel-size N, -tp N  split the model over N GPUs (cuda:K..K+N-1 for\n"
     "                              --device cuda:K; Llama, Mistral, Qwen2, Qwen3)\n"
+    "  --disable-custom-all-reduce every exchange of a split model through NCCL (default:\n"
+    "                              the small ones over peer memory, in one kernel with the\n"
+    "                              residual add and the next norm)\n"
     "  --num-blocks N              KV blocks in the pool (default: from --kv-cache-memory)\n"
     "  --kv-cache-memory BYTES     KV pool size, e.g. 2GiB (default 1GiB on the CPU)\n"
     "  --kv-host-memory BYTES      CUDA: pinned host memory that keeps KV blocks evicted from\n"
@@ -201,6 +204,10 @@ int arg_engine_option(int argc, char **argv, int *i, struct engine_config *cfg)
                                        "--max-num-seqs", "--max-model-len"};
     if (!strcmp(a, "--mlock")) {
         cfg->mlock = 1;
+        return 1;
+    }
+    if (!strcmp(a, "--disable-custom-all-reduce")) {
+        cfg->disable_custom_all_reduce = 1;
         return 1;
     }
     if (!strcmp(a, "--tensor-parallel-size") || !strcmp(a, "-tp")) {

@@ -95,6 +95,10 @@ static int bench_decode(int argc, char **argv)
             backend_batch_invariant_set(1);
             continue;
         }
+        if (!strcmp(a, "--disable-custom-all-reduce")) {
+            backend_custom_all_reduce_set(0);
+            continue;
+        }
         if (!(v = arg_value(argc, argv, &i))) return 2;
         if (!strcmp(a, "--model"))
             dir = v;
@@ -124,7 +128,7 @@ static int bench_decode(int argc, char **argv)
                         "[--gen-len G] [--prefill-seqs K] [--threads N] [--device D] [--json] "
                         "[--no-bandwidth] [--disable-overlap-schedule] [--spec-rows K]\n"
                         "        [--batch-invariant] [--kv-cache-dtype D ...] "
-                        "[--tensor-parallel-size N]\n"
+                        "[--tensor-parallel-size N] [--disable-custom-all-reduce]\n"
                         "  --prefill-seqs K  prompts prefilled per step (default: as many as fit\n"
                         "                 2048 tokens, at least one)\n"
                         "  --spec-rows K  also time verification steps: 1 + K rows a sequence,\n"

@@ -424,13 +424,15 @@ int cli_score(int argc, char **argv)
             printf("usage: pagoda score --model DIR --prompt-ids \"1 2 3\" [--json] [--threads N]\n"
                    "         [--device cpu|cuda|cuda:N] [--kv-cache-dtype D ...] "
                    "[--batch-invariant]\n"
-                   "         [--tensor-parallel-size N]\n"
+                   "         [--tensor-parallel-size N] [--disable-custom-all-reduce]\n"
                    "  prints {\"prompt_logprobs\": [null, ...]}: log p(id[i] | id[:i])\n");
             return 0;
         } else if (!strcmp(a, "--json")) {
             /* the only output format */
         } else if (!strcmp(a, "--batch-invariant")) {
             backend_batch_invariant_set(1);
+        } else if (!strcmp(a, "--disable-custom-all-reduce")) {
+            backend_custom_all_reduce_set(0);
         } else if (!strcmp(a, "--model") || !strcmp(a, "--prompt-ids") || !strcmp(a, "--threads") ||
                    !strcmp(a, "--device") || !strcmp(a, "--tensor-parallel-size") ||
                    !strcmp(a, "-tp")) {

@@ -35,6 +35,11 @@ void backend_batch_invariant_set(int on)
     if (on) setenv("PAGODA_CUDA_BATCH_INVARIANT", "1", 1);
 }
 
+void backend_custom_all_reduce_set(int on)
+{
+    setenv("PAGODA_CUDA_CUSTOM_ALL_REDUCE", on ? "1" : "0", 1);
+}
+
 int backend_create(struct backend *be, const char *device, int threads, struct err *e)
 {
     if (!device || !*device) device = backend_cuda_available() ? "cuda" : "cpu";

@@ -299,6 +299,14 @@ int backend_create(struct backend *be, const char *device, int threads, struct e
  */
 void backend_batch_invariant_set(int on);
 
+/**
+ * The one-shot all-reduce over peer memory for a split model's small exchanges (vLLM's custom
+ * all-reduce; on by default where every pair of the group's GPUs maps each other's memory):
+ * off (vLLM's --disable-custom-all-reduce), every exchange goes through NCCL. Sets
+ * PAGODA_CUDA_CUSTOM_ALL_REDUCE for groups made afterwards.
+ */
+void backend_custom_all_reduce_set(int on);
+
 /** Whether this build has the CUDA backend and sees at least one GPU. */
 int backend_cuda_available(void);
 

@@ -166,6 +166,7 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
         return NULL;
     }
     if (cfg->batch_invariant) backend_batch_invariant_set(1);
+    if (cfg->disable_custom_all_reduce) backend_custom_all_reduce_set(0);
     if (cfg->backend)
         en->be = *cfg->backend;
     else if (backend_create(&en->be, cfg->device, cfg->threads, e)) {

@@ -198,6 +198,9 @@ struct engine_config {
     /* devices the model is split over (model/tp.h): cuda:K..K+N-1 for --device cuda:K; 0 or
      * 1: one */
     int tensor_parallel_size;
+    /* 1: every exchange of a split model through NCCL, none through the one-shot all-reduce
+     * over peer memory (vLLM's --disable-custom-all-reduce) */
+    int disable_custom_all_reduce;
     int block_size;                /* tokens per KV block; 0: 16 */
     int num_blocks;                /* KV blocks; 0: from kv_cache_memory */
     struct kv_spec kv;             /* KV cache formats (zero: auto) */
