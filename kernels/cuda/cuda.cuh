@@ -449,19 +449,18 @@ void cu_all_gather(cudaStream_t s, void *comm, float *out, const float *in, floa
 
 /* The one-shot all-reduce over peer memory (group.cu): sums of at most AR_MAX_FLOATS floats,
  * in AR_BLOCKS blocks of AR_THREADS threads. */
-#define AR_BLOCKS     64 /* a power of two */
-#define AR_THREADS    512
-#define AR_MAX_RANKS  8
+#define AR_BLOCKS 32 /* AR_BLOCKS * AR_MAX_RANKS <= AR_THREADS */
+#define AR_THREADS 512
+#define AR_MAX_RANKS 8
 #define AR_MAX_FLOATS (256 * 1024)
 
-/* What one rank's kernel sees: every rank's staging buffer (two halves of AR_MAX_FLOATS) and
- * flags ([AR_BLOCKS][AR_MAX_RANKS], slot [b][r] raised by rank r), and this rank's counters
- * (AR_BLOCKS call counts, then the grid barrier's) and per-block sums of squares. */
+/* What one rank's kernel sees: every rank's receive buffer (two halves of one slot of
+ * AR_MAX_FLOATS a rank) and flags ([AR_BLOCKS][AR_MAX_RANKS]: slot [b][r] raised by block b
+ * of rank r), and this rank's call counts (one a block). */
 struct cu_ar_peers {
     float *buf[AR_MAX_RANKS];
     unsigned *sig[AR_MAX_RANKS];
     unsigned *count;
-    float *ss;
 };
 struct cu_ar;
 

@@ -131,22 +131,22 @@ void cu_all_gather(cudaStream_t s, void *comm, float *out, const float *in, floa
  *
  * For the small sums of a decode step (a few rows of the hidden size) NCCL's latency is most
  * of an exchange. Here every GPU of the group maps every other's memory (peer access over
- * NVLink or PCIe), and one kernel does the exchange: each block copies its part of the local
- * rows into this GPU's staging buffer, raises a flag in every peer's memory, waits for the
- * peers' flags of the same block, and sums its part from all the staging buffers in rank
- * order, so every rank computes the same bits. The fused form goes on: x += sum, then
- * out = rms_norm(x) * w (and its bf16 copy), the residual add and the norm that follow the
- * exchange in every layer.
+ * NVLink or PCIe), and one kernel does the exchange: each block writes its piece of the
+ * local rows into every rank's receive buffer (this rank's slot there), raises its flag in
+ * every rank, and waits until every block of every rank has raised its flag here; then the
+ * rows are all local, and the blocks add the slots up in rank order, so every rank computes
+ * the same bits. The fused form goes on: x += sum, then out = rms_norm(x) * w (and its bf16
+ * copy), the residual add and the norm that follow the exchange in every layer.
  *
- * Safety without a second barrier: the staging buffer alternates between two halves by the
- * call's count, and a rank that starts call k + 1 has seen every peer's flag of call k, so
- * no peer still reads the half of call k - 1 that it then overwrites. Every call runs the
+ * Safety without a second barrier: the receive buffer alternates between two halves by the
+ * call's count, and a rank that starts call k + 1 has seen every rank's flags of call k, so
+ * no rank still reads the half of call k - 1 that it then overwrites. Every call runs the
  * same AR_BLOCKS blocks, so every block's count is the call's count on every rank. The
  * counts and flags live in device memory and are advanced by the kernel, so that a captured
  * graph replays the exchange as it is. */
 
 struct cu_ar {
-    cu_ar_peers p; /* every rank's staging and flags; this rank's counters */
+    cu_ar_peers p; /* every rank's receive buffer and flags; this rank's counts */
     int dev;
 };
 
@@ -162,13 +162,6 @@ static __device__ __forceinline__ void st_release_sys(unsigned *a, unsigned v)
     asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(a), "r"(v) : "memory");
 }
 
-static __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned *a)
-{
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(a) : "memory");
-    return v;
-}
-
 static __device__ __forceinline__ float ar_block_sum(float v, float *sh)
 {
 #pragma unroll
@@ -182,42 +175,24 @@ static __device__ __forceinline__ float ar_block_sum(float v, float *sh)
     return t;
 }
 
-/* The sum over the ranks of float4 i of the staging half `half`, in rank order. */
-static __device__ __forceinline__ float4 ar_sum4(const cu_ar_peers &P, int size, size_t half,
-                                                 int64_t i)
+/* The sum over the ranks' slots of float4 i (slots of AR_MAX_FLOATS from in), in rank order:
+ * every load first, then the adds. */
+static __device__ __forceinline__ float4 ar_sum4(const float *in, int size, int64_t i)
 {
-    float4 s = __ldcg((const float4 *)(P.buf[0] + half) + i);
-    for (int r = 1; r < size; r++) {
-        const float4 v = __ldcg((const float4 *)(P.buf[r] + half) + i);
-        s.x += v.x;
-        s.y += v.y;
-        s.z += v.z;
-        s.w += v.w;
-    }
+    float4 v[AR_MAX_RANKS];
+#pragma unroll
+    for (int r = 0; r < AR_MAX_RANKS; r++)
+        if (r < size) v[r] = __ldcg((const float4 *)(in + (size_t)r * AR_MAX_FLOATS) + i);
+    float4 s = v[0];
+#pragma unroll
+    for (int r = 1; r < AR_MAX_RANKS; r++)
+        if (r < size) {
+            s.x += v[r].x;
+            s.y += v[r].y;
+            s.z += v[r].z;
+            s.w += v[r].w;
+        }
     return s;
-}
-
-/* The part of the flat [rows * dim] values block b owns, in float4 units: [*lo, *hi). Every
- * rank maps them alike. Plain (no norm): n split into AR_BLOCKS pieces. Fused, rows below
- * the block count: each row split into bpr pieces (block b: row b / bpr). Fused with as
- * many rows as blocks: whole rows b, b + AR_BLOCKS, ... (the caller walks them). */
-static __device__ __forceinline__ void ar_piece(int b, bool norm, int rows, int dim, int64_t n4,
-                                                int64_t *lo, int64_t *hi)
-{
-    if (!norm) {
-        const int64_t per = (n4 + AR_BLOCKS - 1) / AR_BLOCKS;
-        *lo = min((int64_t)b * per, n4);
-        *hi = min(*lo + per, n4);
-        return;
-    }
-    const int d4 = dim / 4, bpr = AR_BLOCKS / rows;
-    const int per = (d4 + bpr - 1) / bpr, row = b / bpr, part = b % bpr;
-    if (row >= rows) {
-        *lo = *hi = 0;
-        return;
-    }
-    *lo = (int64_t)row * d4 + min(part * per, d4);
-    *hi = (int64_t)row * d4 + min(part * per + per, d4);
 }
 
 template <bool NORM>
@@ -229,9 +204,8 @@ __global__ void __launch_bounds__(AR_THREADS)
     __shared__ unsigned s_epoch;
     __shared__ float sh[32];
     const int b = blockIdx.x, t = threadIdx.x;
-    const int64_t n4 = n / 4;
-    const bool by_rows = NORM && rows >= AR_BLOCKS; /* whole rows b, b + AR_BLOCKS, ... */
-    const int d4 = dim / 4;
+    const int64_t n4 = n / 4, per = (n4 + AR_BLOCKS - 1) / AR_BLOCKS;
+    const int64_t lo = min((int64_t)b * per, n4), hi = min(lo + per, n4);
     if (t == 0) {
         const unsigned e = P.count[b] + 1;
         P.count[b] = e;
@@ -239,104 +213,61 @@ __global__ void __launch_bounds__(AR_THREADS)
     }
     __syncthreads();
     const unsigned epoch = s_epoch;
-    const size_t half = (size_t)(epoch & 1) * AR_MAX_FLOATS;
-    float4 *mine = (float4 *)(P.buf[rank] + half);
+    const size_t half = (size_t)(epoch & 1) * (size_t)size * AR_MAX_FLOATS;
+    const size_t slot = half + (size_t)rank * AR_MAX_FLOATS;
+    /* 1. the block's piece of this rank's rows into every rank's slot for it */
     const float4 *y4 = (const float4 *)y;
-    /* 1. this rank's values of the block's part into its staging half */
-    int64_t lo = 0, hi = 0;
-    if (by_rows) {
-        for (int r = b; r < rows; r += AR_BLOCKS)
-            for (int64_t i = (int64_t)r * d4 + t; i < (int64_t)(r + 1) * d4; i += AR_THREADS)
-                mine[i] = y4[i];
-    } else {
-        ar_piece(b, NORM, rows, dim, n4, &lo, &hi);
-        for (int64_t i = lo + t; i < hi; i += AR_THREADS) mine[i] = y4[i];
+    for (int64_t i = lo + t; i < hi; i += AR_THREADS) {
+        const float4 v = y4[i];
+#pragma unroll
+        for (int r = 0; r < AR_MAX_RANKS; r++)
+            if (r < size) ((float4 *)(P.buf[r] + slot))[i] = v;
     }
-    /* 2. flags: raise ours in every peer, wait for every peer's of this block */
+    /* 2. this block's flag in every rank; then every block's of every rank here */
     __syncthreads();
-    if (t < size && t != rank) {
+    if (t < size) {
         __threadfence_system();
         st_release_sys(P.sig[t] + b * AR_MAX_RANKS + rank, epoch);
-        const unsigned *f = P.sig[rank] + b * AR_MAX_RANKS + t;
+    }
+    if (t < AR_BLOCKS * size) {
+        const unsigned *f = P.sig[rank] + (t / size) * AR_MAX_RANKS + t % size;
         while ((int)(ld_acquire_sys(f) - epoch) < 0) {
         }
     }
     __syncthreads();
-    /* 3. the sums */
+    /* 3. the sums, from this rank's memory */
+    const float *in = P.buf[rank] + half;
     if (!NORM) {
-        for (int64_t i = lo + t; i < hi; i += AR_THREADS)
-            ((float4 *)y)[i] = ar_sum4(P, size, half, i);
+        for (int64_t i = lo + t; i < hi; i += AR_THREADS) ((float4 *)y)[i] = ar_sum4(in, size, i);
         return;
     }
     float4 *x4 = (float4 *)x;
     const float4 *w4 = (const float4 *)w;
-    if (by_rows) {
-        for (int r = b; r < rows; r += AR_BLOCKS) {
-            const int64_t r0 = (int64_t)r * d4;
-            float ss = 0.0f;
-            for (int j = t; j < d4; j += AR_THREADS) {
-                const float4 s = ar_sum4(P, size, half, r0 + j);
-                float4 v = x4[r0 + j];
-                v.x += s.x;
-                v.y += s.y;
-                v.z += s.z;
-                v.w += s.w;
-                x4[r0 + j] = v;
-                ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
-            }
-            const float inv = rsqrtf(ar_block_sum(ss, sh) / (float)dim + eps);
-            for (int j = t; j < d4; j += AR_THREADS) { /* each thread rereads what it wrote */
-                const float4 v = x4[r0 + j], g = w4[j];
-                const float4 o =
-                    make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
-                if (out) ((float4 *)out)[r0 + j] = o;
-                if (ob) {
-                    __nv_bfloat162 *o2 = (__nv_bfloat162 *)ob + 2 * (r0 + j);
-                    o2[0] = __floats2bfloat162_rn(o.x, o.y);
-                    o2[1] = __floats2bfloat162_rn(o.z, o.w);
-                }
-            }
+    const int d4 = dim / 4;
+    for (int r = b; r < rows; r += AR_BLOCKS) { /* a row a block */
+        const int64_t r0 = (int64_t)r * d4;
+        float ss = 0.0f;
+        for (int j = t; j < d4; j += AR_THREADS) {
+            const float4 s = ar_sum4(in, size, r0 + j);
+            float4 v = x4[r0 + j];
+            v.x += s.x;
+            v.y += s.y;
+            v.z += s.z;
+            v.w += s.w;
+            x4[r0 + j] = v;
+            ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
         }
-        return;
-    }
-    /* a row over several blocks: each block's sum of squares, a barrier of the grid, then
-     * every block scales its piece by its row's norm (the pieces' sums in block order) */
-    float ss = 0.0f;
-    for (int64_t i = lo + t; i < hi; i += AR_THREADS) {
-        const float4 s = ar_sum4(P, size, half, i);
-        float4 v = x4[i];
-        v.x += s.x;
-        v.y += s.y;
-        v.z += s.z;
-        v.w += s.w;
-        x4[i] = v;
-        ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
-    }
-    ss = ar_block_sum(ss, sh);
-    if (t == 0) {
-        P.ss[b] = ss;
-        __threadfence();
-        unsigned *gb = P.count + AR_BLOCKS;
-        const unsigned old = atomicAdd(gb, 1u);
-        const unsigned target = (old & ~(unsigned)(AR_BLOCKS - 1)) + AR_BLOCKS;
-        while ((int)(ld_acquire_gpu(gb) - target) < 0) {
-        }
-    }
-    __syncthreads();
-    const int bpr = AR_BLOCKS / rows, row = b / bpr;
-    if (row >= rows) return;
-    float tot = 0.0f;
-    for (int j = 0; j < bpr; j++) tot += __ldcg(P.ss + row * bpr + j);
-    const float inv = rsqrtf(tot / (float)dim + eps);
-    for (int64_t i = lo + t; i < hi; i += AR_THREADS) {
-        const float4 v = x4[i], g = w4[i - (int64_t)row * d4];
-        const float4 o =
-            make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
-        if (out) ((float4 *)out)[i] = o;
-        if (ob) {
-            __nv_bfloat162 *o2 = (__nv_bfloat162 *)ob + 2 * i;
-            o2[0] = __floats2bfloat162_rn(o.x, o.y);
-            o2[1] = __floats2bfloat162_rn(o.z, o.w);
+        const float inv = rsqrtf(ar_block_sum(ss, sh) / (float)dim + eps);
+        for (int j = t; j < d4; j += AR_THREADS) { /* each thread rereads what it wrote */
+            const float4 v = x4[r0 + j], g = w4[j];
+            const float4 o =
+                make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+            if (out) ((float4 *)out)[r0 + j] = o;
+            if (ob) {
+                __nv_bfloat162 *o2 = (__nv_bfloat162 *)ob + 2 * (r0 + j);
+                o2[0] = __floats2bfloat162_rn(o.x, o.y);
+                o2[1] = __floats2bfloat162_rn(o.z, o.w);
+            }
         }
     }
 }
@@ -376,14 +307,12 @@ cu_ar *cu_ar_create(int n, const int *devs, char *why, size_t why_n)
     unsigned *sig[AR_MAX_RANKS];
     for (int i = 0; i < n; i++) {
         CU(cudaSetDevice(devs[i]));
-        const size_t sig_bytes = sizeof(unsigned) * AR_BLOCKS * AR_MAX_RANKS;
-        const size_t own = sizeof(unsigned) * (AR_BLOCKS + 1) + sizeof(float) * AR_BLOCKS;
-        CU(cudaMalloc(&buf[i], sizeof(float) * 2 * AR_MAX_FLOATS));
-        CU(cudaMalloc(&sig[i], sig_bytes + own));
-        CU(cudaMemset(sig[i], 0, sig_bytes + own));
+        const size_t sig_bytes = sizeof(unsigned) * AR_BLOCKS * (AR_MAX_RANKS + 1);
+        CU(cudaMalloc(&buf[i], sizeof(float) * 2 * (size_t)n * AR_MAX_FLOATS));
+        CU(cudaMalloc(&sig[i], sig_bytes));
+        CU(cudaMemset(sig[i], 0, sig_bytes));
         a[i].dev = devs[i];
         a[i].p.count = sig[i] + AR_BLOCKS * AR_MAX_RANKS;
-        a[i].p.ss = (float *)(a[i].p.count + AR_BLOCKS + 1);
     }
     for (int i = 0; i < n; i++) {
         CU(cudaSetDevice(devs[i]));

@@ -41,7 +41,7 @@ static const struct shape shapes[] = {
 };
 #define N_SHAPES (int)(sizeof shapes / sizeof shapes[0])
 #define CALLS    96
-#define MAX_N    (130 * 2048)
+#define MAX_N    (200 * 2048)
 
 static void run_group(int size, int one_shot)
 {
@@ -194,6 +194,7 @@ static void run_group(int size, int one_shot)
 
 int main(void)
 {
+    setvbuf(stdout, NULL, _IOLBF, 0);
     const int gpus = backend_gpu_count();
     if (gpus < 2) {
         printf("fewer than 2 GPUs: not run\n");
