@@ -19,6 +19,7 @@
  * With fewer than 2 GPUs the test prints "fewer than 2 GPUs: not run" and exits 77.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,75 +44,138 @@ static const struct shape shapes[] = {
 #define CALLS    96
 #define MAX_N    (200 * 2048)
 
+/* One rank: its backend, created and used on a thread of its own, as a split model's
+ * ranks are (one thread driving several GPUs would wait on NCCL's first exchange). */
+struct rank {
+    int r;
+    struct backend be;
+    int ok;
+    char why[1200];
+    float *dy, *dx, *dw, *hy, *got_y, *got_x;
+};
+
+static struct {
+    pthread_barrier_t bar;
+    int size, grouped, quit;
+    struct shape sh;
+    const float *hx, *hw;
+} G;
+
+static void *rank_main(void *arg)
+{
+    struct rank *k = arg;
+    char dev[16];
+    struct err e = {0};
+    snprintf(dev, sizeof dev, "cuda:%d", k->r);
+    k->ok = backend_create(&k->be, dev, 0, &e) == 0;
+    if (!k->ok) snprintf(k->why, sizeof k->why, "backend %s: %s", dev, e.msg);
+    if (k->ok) {
+        const struct backend_ops *o = k->be.ops;
+        k->dy = o->alloc(k->be.ctx, sizeof(float) * MAX_N);
+        k->dx = o->alloc(k->be.ctx, sizeof(float) * MAX_N);
+        k->dw = o->alloc(k->be.ctx, sizeof(float) * 8192);
+    }
+    pthread_barrier_wait(&G.bar); /* created */
+    pthread_barrier_wait(&G.bar); /* the group made */
+    for (;;) {
+        pthread_barrier_wait(&G.bar); /* a call's inputs ready */
+        if (G.quit) break;
+        if (G.grouped) {
+            const struct backend_ops *o = k->be.ops;
+            void *c = k->be.ctx;
+            const struct shape sh = G.sh;
+            const int64_t n = (int64_t)sh.rows * sh.dim;
+            o->upload(c, k->dy, k->hy, sizeof(float) * (size_t)n);
+            o->upload(c, k->dx, G.hx, sizeof(float) * (size_t)n);
+            o->upload(c, k->dw, G.hw, sizeof(float) * (size_t)sh.dim);
+            o->all_reduce(c, k->dy, n);
+            if (sh.fused) {
+                o->add(c, k->dx, k->dy, n);
+                o->rms_norm(c, k->dy, k->dx, k->dw, sh.rows, sh.dim, 1e-5f);
+            }
+            o->download(c, k->got_y, k->dy, sizeof(float) * (size_t)n);
+            if (sh.fused) o->download(c, k->got_x, k->dx, sizeof(float) * (size_t)n);
+        }
+        pthread_barrier_wait(&G.bar); /* results read back */
+    }
+    /* the other ranks first, as a split model leaves its group */
+    for (int q = G.size - 1; q >= 0; q--) {
+        if (q == k->r && k->ok) {
+            k->be.ops->free(k->be.ctx, k->dy);
+            k->be.ops->free(k->be.ctx, k->dx);
+            k->be.ops->free(k->be.ctx, k->dw);
+            backend_destroy(&k->be);
+        }
+        pthread_barrier_wait(&G.bar);
+    }
+    return NULL;
+}
+
 static void run_group(int size, int one_shot)
 {
-    struct backend be[MAX_RANKS];
-    struct err e = {0};
+    struct rank ranks[MAX_RANKS];
+    pthread_t th[MAX_RANKS];
+    memset(ranks, 0, sizeof ranks);
     backend_custom_all_reduce_set(one_shot);
-    for (int r = 0; r < size; r++) {
-        char dev[16];
-        snprintf(dev, sizeof dev, "cuda:%d", r);
-        if (backend_create(&be[r], dev, 0, &e)) {
-            CHECK(0, "backend %s: %s", dev, e.msg);
-            for (int q = 0; q < r; q++) backend_destroy(&be[q]);
-            return;
-        }
-    }
-    void *members[MAX_RANKS];
-    for (int r = 0; r < size; r++) members[r] = be[r].ctx;
-    if (be[0].ops->group_create(be[0].ctx, size, members, &e)) {
-        CHECK(0, "a group of %d: %s", size, e.msg);
-        for (int r = 0; r < size; r++) backend_destroy(&be[r]);
-        return;
-    }
-    float *dy[MAX_RANKS], *dx[MAX_RANKS], *dw[MAX_RANKS];
-    float *hy[MAX_RANKS], *got_y[MAX_RANKS], *got_x[MAX_RANKS];
+    G.size = size;
+    G.grouped = G.quit = 0;
+    pthread_barrier_init(&G.bar, NULL, (unsigned)size + 1);
     float *hx = xmalloc(sizeof(float) * MAX_N), *hw = xmalloc(sizeof(float) * 8192);
     float *sum = xmalloc(sizeof(float) * MAX_N), *mag = xmalloc(sizeof(float) * MAX_N);
+    G.hx = hx;
+    G.hw = hw;
     for (int r = 0; r < size; r++) {
-        const struct backend_ops *o = be[r].ops;
-        dy[r] = o->alloc(be[r].ctx, sizeof(float) * MAX_N);
-        dx[r] = o->alloc(be[r].ctx, sizeof(float) * MAX_N);
-        dw[r] = o->alloc(be[r].ctx, sizeof(float) * 8192);
-        hy[r] = xmalloc(sizeof(float) * MAX_N);
-        got_y[r] = xmalloc(sizeof(float) * MAX_N);
-        got_x[r] = xmalloc(sizeof(float) * MAX_N);
+        struct rank *k = &ranks[r];
+        k->r = r;
+        k->hy = xmalloc(sizeof(float) * MAX_N);
+        k->got_y = xmalloc(sizeof(float) * MAX_N);
+        k->got_x = xmalloc(sizeof(float) * MAX_N);
+        if (pthread_create(&th[r], NULL, rank_main, k)) {
+            fprintf(stderr, "cannot start a thread\n");
+            exit(1);
+        }
     }
+    pthread_barrier_wait(&G.bar); /* created */
+    int ok = 1;
+    for (int r = 0; r < size; r++)
+        if (!ranks[r].ok) {
+            CHECK(0, "%s", ranks[r].why);
+            ok = 0;
+        }
+    if (ok) {
+        void *members[MAX_RANKS];
+        struct err e = {0};
+        for (int r = 0; r < size; r++) members[r] = ranks[r].be.ctx;
+        ok = ranks[0].be.ops->group_create(ranks[0].be.ctx, size, members, &e) == 0;
+        CHECK(ok, "a group of %d: %s", size, e.msg);
+    }
+    G.grouped = ok;
+    pthread_barrier_wait(&G.bar); /* the group made */
     double worst_norm = 0, worst_nccl = 0;
-    for (int call = 0; call < CALLS; call++) {
+    for (int call = 0; call < CALLS && ok; call++) {
         const struct shape sh = shapes[(call * 5 + call / N_SHAPES) % N_SHAPES];
         const int64_t n = (int64_t)sh.rows * sh.dim;
         const int exact = one_shot && n <= ONE_SHOT_MAX;
         for (int64_t i = 0; i < n; i++) hx[i] = frand();
         for (int i = 0; i < sh.dim; i++) hw[i] = 0.5f + 0.5f * frand();
         for (int r = 0; r < size; r++)
-            for (int64_t i = 0; i < n; i++) hy[r][i] = frand();
+            for (int64_t i = 0; i < n; i++) ranks[r].hy[i] = frand();
         for (int64_t i = 0; i < n; i++) { /* in rank order, as the one-shot kernel adds */
-            float s = hy[0][i], m = fabsf(hy[0][i]);
+            float s = ranks[0].hy[i], m = fabsf(ranks[0].hy[i]);
             for (int r = 1; r < size; r++) {
-                s += hy[r][i];
-                m += fabsf(hy[r][i]);
+                s += ranks[r].hy[i];
+                m += fabsf(ranks[r].hy[i]);
             }
             sum[i] = s;
             mag[i] = m;
         }
+        G.sh = sh;
+        pthread_barrier_wait(&G.bar); /* inputs ready: every rank exchanges */
+        pthread_barrier_wait(&G.bar); /* results read back */
+        float *got_y[MAX_RANKS], *got_x[MAX_RANKS];
         for (int r = 0; r < size; r++) {
-            const struct backend_ops *o = be[r].ops;
-            void *c = be[r].ctx;
-            o->upload(c, dy[r], hy[r], sizeof(float) * (size_t)n);
-            o->upload(c, dx[r], hx, sizeof(float) * (size_t)n);
-            o->upload(c, dw[r], hw, sizeof(float) * (size_t)sh.dim);
-            o->all_reduce(c, dy[r], n);
-            if (sh.fused) {
-                o->add(c, dx[r], dy[r], n);
-                o->rms_norm(c, dy[r], dx[r], dw[r], sh.rows, sh.dim, 1e-5f);
-            }
-            o->submit(c); /* every rank's exchange queued before any is waited for */
-        }
-        for (int r = 0; r < size; r++) {
-            be[r].ops->download(be[r].ctx, got_y[r], dy[r], sizeof(float) * (size_t)n);
-            if (sh.fused)
-                be[r].ops->download(be[r].ctx, got_x[r], dx[r], sizeof(float) * (size_t)n);
+            got_y[r] = ranks[r].got_y;
+            got_x[r] = ranks[r].got_x;
         }
         int bad = 0;
         for (int r = 0; r < size && !bad; r++) {
@@ -173,19 +237,20 @@ static void run_group(int size, int one_shot)
                 bad = 1;
             }
     }
-    printf("group of %d%s: %d calls; norm relative error at most %.3g; NCCL sums within %.3g "
-           "of the magnitudes\n",
-           size, one_shot ? "" : " (NCCL alone)", CALLS, worst_norm, worst_nccl);
+    if (ok)
+        printf("group of %d%s: %d calls; norm relative error at most %.3g; NCCL sums within "
+               "%.3g of the magnitudes\n",
+               size, one_shot ? "" : " (NCCL alone)", CALLS, worst_norm, worst_nccl);
+    G.quit = 1;
+    pthread_barrier_wait(&G.bar); /* the ranks leave */
+    for (int q = size - 1; q >= 0; q--) pthread_barrier_wait(&G.bar);
     for (int r = 0; r < size; r++) {
-        be[r].ops->free(be[r].ctx, dy[r]);
-        be[r].ops->free(be[r].ctx, dx[r]);
-        be[r].ops->free(be[r].ctx, dw[r]);
-        free(hy[r]);
-        free(got_y[r]);
-        free(got_x[r]);
+        pthread_join(th[r], NULL);
+        free(ranks[r].hy);
+        free(ranks[r].got_y);
+        free(ranks[r].got_x);
     }
-    /* the other ranks first, as a split model leaves its group */
-    for (int r = size - 1; r >= 0; r--) backend_destroy(&be[r]);
+    pthread_barrier_destroy(&G.bar);
     free(hx);
     free(hw);
     free(sum);
