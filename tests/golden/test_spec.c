@@ -25,7 +25,12 @@
  *     kept and rejected), the same greedy tokens; its forward checked against the model's
  *     logits;
  *   - the pool and the state slots are all free after every scenario.
- * usage: golden_test_spec PAGODA_BINARY TESTDATA_DIR [--device DEV]
+ * With --tensor-parallel-size N (last) the target is split N ways (N GPUs, or N CPU backends)
+ * on the folders whose family and shapes split (golden_tp_fits): n-gram drafts and draft
+ * models (the model itself, and for llama-tiny qwen3-tiny, run whole on the lead's device)
+ * alone and concurrently against plain split decoding, and sampled requests as above; a draft
+ * head is refused with the reason. Fewer GPUs than N: skipped.
+ * usage: golden_test_spec PAGODA_BINARY TESTDATA_DIR [--device DEV] [--tensor-parallel-size N]
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -45,6 +50,7 @@
 #include "model/model.h"
 
 static const char *device = "cpu";
+static int tp = 1; /* --tensor-parallel-size */
 
 static void submit(struct engine *en, const struct golden_case *c, struct sampling_params sp,
                    struct eng_result *res)
@@ -67,6 +73,7 @@ static struct engine *open_engine(const char *dir, int budget, int blocks, enum 
                                 .max_num_batched_tokens = budget,
                                 .num_blocks = blocks,
                                 .manual = 1,
+                                .tensor_parallel_size = tp,
                                 .spec = {.method = m, .num_tokens = 4, .model_dir = draft}};
     return engine_create(&cfg, e);
 }
@@ -570,6 +577,22 @@ static void test_model(const char *mdir, const char *name, struct golden_case *c
     engine_destroy(en);
     run_alone(dir, name, cs, nc, SPEC_NGRAM, NULL, plain, 0);
     run_concurrent(dir, name, cs, nc, SPEC_NGRAM, NULL, plain);
+    if (tp > 1) { /* split: draft models whole on the lead's device; heads refused */
+        run_alone(dir, name, cs, nc, SPEC_DRAFT, dir, plain, 1);
+        run_concurrent(dir, name, cs, nc, SPEC_DRAFT, dir, plain);
+        if (strcmp(name, "llama-tiny")) return;
+        char other[4200];
+        snprintf(other, sizeof other, "%s/qwen3-tiny", mdir);
+        run_alone(dir, name, cs, nc, SPEC_DRAFT, other, plain, 0);
+        run_concurrent(dir, name, cs, nc, SPEC_DRAFT, other, plain);
+        run_sampled(dir, name, cs, nc, 1);
+        struct engine *bad = open_engine(dir, 2048, 0, SPEC_EAGLE3, dir, &e);
+        CHECK(bad == NULL && strstr(e.msg, "eagle3 (a draft head)") &&
+                  strstr(e.msg, "--tensor-parallel-size"),
+              "%s: a draft head with a split model not refused (%s)", name, e.msg);
+        if (bad) engine_destroy(bad);
+        return;
+    }
     if (hybrid) {
         /* a hybrid draft model is refused; a dense one with the same tokenizer drafts */
         struct engine *sp = open_engine(dir, 2048, 0, SPEC_DRAFT, dir, &e);
@@ -604,8 +627,17 @@ static void test_model(const char *mdir, const char *name, struct golden_case *c
 
 int main(int argc, char **argv)
 {
-    int rc = eng_args(argc, argv, &device, "the speculative test", NULL);
+    if (argc >= 5 && !strcmp(argv[argc - 2], "--tensor-parallel-size")) {
+        tp = atoi(argv[argc - 1]);
+        argc -= 2;
+        if (tp < 1) return 2;
+    }
+    int on_cuda, rc = eng_args(argc, argv, &device, "the speculative test", &on_cuda);
     if (rc >= 0) return rc;
+    if (on_cuda && backend_gpu_count() < tp) {
+        printf("no GPU: not run (%d GPUs, the split needs %d)\n", backend_gpu_count(), tp);
+        return 77;
+    }
     /* every check here compares rows across batches: the CPU's batch-invariant mode */
     cpu_batch_invariant_set(1);
     printf("device %s\n", device);
@@ -617,7 +649,9 @@ int main(int argc, char **argv)
     for (int i = 0; i < nn; i++) {
         char dir[4200], arch[128];
         snprintf(dir, sizeof dir, "%s/%s", mdir, names[i]);
-        if (!golden_arch(dir, arch, sizeof arch) || !golden_device_runs(arch, device)) {
+        char why[64];
+        if (!golden_arch(dir, arch, sizeof arch) || !golden_device_runs(arch, device) ||
+            (tp > 1 && !(golden_tp_splits(arch) && golden_tp_fits(dir, tp, why, sizeof why)))) {
             free(names[i]);
             continue;
         }
@@ -634,6 +668,6 @@ int main(int argc, char **argv)
         cJSON_Delete(root);
         free(names[i]);
     }
-    CHECK(tested >= 12, "only %d model folders tested", tested);
+    CHECK(tested >= (tp > 1 ? 4 : 12), "only %d model folders tested", tested);
     TEST_DONE();
 }
