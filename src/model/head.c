@@ -53,6 +53,29 @@ void model_head_destroy(struct model_head *h)
     free(h);
 }
 
+/* The head's embedding: the target's, or, where the target is split over devices (its
+ * embedding then holds the rank's share of the vocabulary), the whole table loaded again
+ * from the target's checkpoint onto the lead's backend. */
+static int head_embed(struct model *m, const struct model *t, struct err *e)
+{
+    m->embed_scale = t->embed_scale;
+    if (t->tp_size <= 1) {
+        m->embed = t->embed;
+        return 0;
+    }
+    struct model *view = xcalloc(1, sizeof *view); /* the target's checkpoint, unsplit */
+    view->cfg = t->cfg;
+    view->st = t->st;
+    view->be = t->be;
+    char n[160];
+    snprintf(n, sizeof n, "%sembed_tokens", t->prefix);
+    int rc = model_load_linear(view, n, t->cfg.vocab, t->cfg.hidden, &m->embed, e);
+    free(view->tensors.linears);
+    free(view);
+    if (rc == 0) model_track_linear(m, &m->embed);
+    return rc;
+}
+
 /* The rope tables of the target, copied (the head's positions rotate as the target's). */
 static void head_rope(struct model *m, const struct model *t)
 {
@@ -94,12 +117,10 @@ struct model_head *model_head_load_mtp(struct model *t, struct err *e)
     m->st = t->st;
     snprintf(m->prefix, sizeof m->prefix, "mtp.");
     snprintf(m->head, sizeof m->head, "%s", t->head);
-    m->embed = t->embed;
     m->lm_head = t->lm_head;
-    m->embed_scale = t->embed_scale;
     m->layers = xcalloc(1, sizeof *m->layers);
     int H = m->cfg.hidden;
-    if (blk_norm_load(m, "mtp.norm.weight", H, &m->final_norm, e) ||
+    if (head_embed(m, t, e) || blk_norm_load(m, "mtp.norm.weight", H, &m->final_norm, e) ||
         blk_norm_load(m, "mtp.pre_fc_norm_embedding.weight", H, &h->norm_e, e) ||
         blk_norm_load(m, "mtp.pre_fc_norm_hidden.weight", H, &h->norm_h, e) ||
         model_load_linear(m, "mtp.fc", H, 2 * (int64_t)H, &h->fc, e) || m->cfg.arch->load(m, e)) {
@@ -238,12 +259,11 @@ struct model_head *model_head_load_eagle3(struct model *t, const char *dir, stru
     }
     int64_t H = c->hidden, qd = (int64_t)c->n_heads * c->head_dim,
             kvd = (int64_t)c->n_kv_heads * c->head_dim;
-    m->embed = t->embed;
-    m->embed_scale = t->embed_scale;
     m->layers = xcalloc(1, sizeof *m->layers);
     struct model_layer *L = &m->layers[0];
     struct attn_block *a = &L->attn;
-    if (st_open(&m->st, dir, e) || model_load_linear(m, "fc", H, 3 * H, &h->fc, e) ||
+    if (head_embed(m, t, e) || st_open(&m->st, dir, e) ||
+        model_load_linear(m, "fc", H, 3 * H, &h->fc, e) ||
         model_load_linear(m, "midlayer.self_attn.q_proj", qd, 2 * H, &a->wq, e) ||
         model_load_linear(m, "midlayer.self_attn.k_proj", kvd, 2 * H, &a->wk, e) ||
         model_load_linear(m, "midlayer.self_attn.v_proj", kvd, 2 * H, &a->wv, e) ||

@@ -138,18 +138,15 @@ static int check_sched_config(const struct engine_config *cfg, struct err *e)
 }
 
 /* What a model split over devices does not run yet is refused before anything loads. A
- * draft model runs whole on the lead's device and n-gram drafts need no model; a draft head
- * (MTP, EAGLE-3) embeds its tokens with the target's embedding, which a split model shares
- * out by vocabulary. */
+ * draft model and an EAGLE-3 head run whole on the lead's device (the head with a whole copy
+ * of the embedding) and n-gram drafts need no model; an MTP module computes its logits with
+ * the target's head, which a split model shares out by vocabulary. */
 static int check_tp_config(const struct engine_config *cfg, struct err *e)
 {
-    const enum spec_method sm = cfg->spec.method;
-    const char *what = sm == SPEC_MTP || sm == SPEC_EAGLE3
-                           ? (sm == SPEC_MTP ? "--speculative-method mtp (a draft head)"
-                                             : "--speculative-method eagle3 (a draft head)")
-                       : cfg->kv_host_memory ? "--kv-host-memory"
-                       : cfg->kv_disk_dir    ? "--kv-disk-dir"
-                                             : NULL;
+    const char *what = cfg->spec.method == SPEC_MTP ? "--speculative-method mtp"
+                       : cfg->kv_host_memory        ? "--kv-host-memory"
+                       : cfg->kv_disk_dir           ? "--kv-disk-dir"
+                                                    : NULL;
     if (!what) return 0;
     return err_set(e, "--tensor-parallel-size %d: %s is not supported with a split model yet",
                    cfg->tensor_parallel_size, what);

@@ -28,8 +28,10 @@
  * With --tensor-parallel-size N (last) the target is split N ways (N GPUs, or N CPU backends)
  * on the folders whose family and shapes split (golden_tp_fits): n-gram drafts and draft
  * models (the model itself, and for llama-tiny qwen3-tiny, run whole on the lead's device)
- * alone and concurrently against plain split decoding, and sampled requests as above; a draft
- * head is refused with the reason. Fewer GPUs than N: skipped.
+ * and, for llama-tiny, an EAGLE-3 head (with a whole copy of the embedding) alone and
+ * concurrently against plain split decoding, sampled requests as above, and the head's
+ * forward against the split model's logits; MTP is refused with the reason. Fewer GPUs than
+ * N: skipped.
  * usage: golden_test_spec PAGODA_BINARY TESTDATA_DIR [--device DEV] [--tensor-parallel-size N]
  */
 #include <cjson/cJSON.h>
@@ -48,6 +50,7 @@
 #include "golden/head_fixture.h"
 #include "model/head.h"
 #include "model/model.h"
+#include "model/tp.h"
 
 static const char *device = "cpu";
 static int tp = 1; /* --tensor-parallel-size */
@@ -473,6 +476,87 @@ static void run_mtp(const char *dir, const char *name, struct golden_case *cs, i
  * tolerance 1e-4 on the CPU, 5e-2 on CUDA where fc's product may round its input to bf16);
  * random heads give the greedy
  * tokens of plain decoding alone and concurrently; start-up errors name what is wrong. */
+/* A head whose logits are the model's own last rows (fixture 1): its forward against the
+ * model's (split tp ways: the head then embeds with a whole copy of the embedding). */
+static void check_eagle3_forward(const char *dir, const char *name)
+{
+    struct err e = {0};
+    char fx[4200];
+    if (eagle3_fixture(dir, fx, sizeof fx, 1, NULL)) {
+        CHECK(0, "%s: the EAGLE-3 fixture could not be written", name);
+        return;
+    }
+    struct backend be;
+    CHECK(backend_create(&be, device, 0, &e) == 0, "backend: %s", e.msg);
+    struct model *m = model_load_tp(dir, &be, device, tp, 0, &e);
+    CHECK(m && model_state_alloc(m, 64, 8, 4, 16, 0, &e) == 0, "%s: %s", name, e.msg);
+    struct model_head *h = m ? model_head_load_eagle3(m, fx, &e) : NULL;
+    CHECK(h && model_head_alloc(h, 64, 8, 4, 16, &e) == 0, "%s: eagle3 head: %s", name, e.msg);
+    if (h && h->out) {
+        enum { N = 6 };
+        int V = m->cfg.vocab;
+        int32_t toks[N + 1] = {3, 17, 250, 9, 1000, 42, 7}, pos[N], rows[N];
+        int32_t qs[2] = {0, N}, sl[1] = {N}, bt[4] = {0, 1, 2, 3};
+        for (int i = 0; i < N; i++) pos[i] = rows[i] = i;
+        struct fwd_batch b = {.n_tokens = N,
+                              .tokens = toks,
+                              .pos = pos,
+                              .slot = pos,
+                              .n_seqs = 1,
+                              .q_start = qs,
+                              .seq_len = sl,
+                              .block_table = bt,
+                              .max_blocks = 4,
+                              .n_logits = N,
+                              .logit_rows = rows};
+        float *want = malloc(sizeof(float) * N * (size_t)V),
+              *got = malloc(sizeof(float) * N * (size_t)V);
+        model_forward(m, &b, want);
+        b.tokens = toks + 1;
+        model_head_forward(h, &b, 1, rows);
+        be.ops->download(be.ctx, got, h->m->logits, sizeof(float) * N * (size_t)V);
+        double worst = 0;
+        for (size_t i = 0; i < (size_t)N * V; i++)
+            if (fabs((double)got[i] - want[i]) > worst) worst = fabs((double)got[i] - want[i]);
+        CHECK(worst < (strncmp(device, "cuda", 4) ? 1e-4 : 5e-2),
+              "%s eagle3 head: |logits - the model's| %.3g", name, worst);
+        printf("  %-22s eagle3 head = the model's last rows: |logits - the model's| %.2g\n", name,
+               worst);
+        if (tp > 1) { /* the head embeds with the whole table, not the lead's share */
+            struct model *whole = model_load(dir, &be, &e);
+            CHECK(whole != NULL, "%s: %s", name, e.msg);
+            const int H = m->cfg.hidden;
+            int32_t ids[N] = {1, V / 2 + 3, V - 1, 17, V / 2 - 1, V / 3};
+            b.tokens = ids;
+            float *d1 = be.ops->alloc(be.ctx, sizeof(float) * N * (size_t)H),
+                  *d2 = be.ops->alloc(be.ctx, sizeof(float) * N * (size_t)H);
+            float *a1 = malloc(sizeof(float) * N * (size_t)H),
+                  *a2 = malloc(sizeof(float) * N * (size_t)H);
+            if (whole) {
+                be.ops->embed(be.ctx, d1, &h->m->embed, &b, 1.0f);
+                be.ops->embed(be.ctx, d2, &whole->embed, &b, 1.0f);
+                be.ops->download(be.ctx, a1, d1, sizeof(float) * N * (size_t)H);
+                be.ops->download(be.ctx, a2, d2, sizeof(float) * N * (size_t)H);
+                CHECK(h->m->embed.n == V && !memcmp(a1, a2, sizeof(float) * N * (size_t)H),
+                      "%s split %d ways: the EAGLE-3 head's embedding (%lld rows) is not the "
+                      "model's whole table (%d rows)",
+                      name, tp, (long long)h->m->embed.n, V);
+            }
+            be.ops->free(be.ctx, d1);
+            be.ops->free(be.ctx, d2);
+            free(a1);
+            free(a2);
+            model_destroy(whole);
+        }
+        free(want);
+        free(got);
+    }
+    model_head_destroy(h);
+    model_destroy(m);
+    backend_destroy(&be);
+    mtp_fixture_remove(fx);
+}
+
 static void run_eagle3(const char *dir, const char *name, struct golden_case *cs, int nc,
                        const struct eng_result *plain)
 {
@@ -507,53 +591,7 @@ static void run_eagle3(const char *dir, const char *name, struct golden_case *cs
         mtp_fixture_remove(fx);
     }
 
-    if (eagle3_fixture(dir, fx, sizeof fx, 1, NULL)) {
-        CHECK(0, "%s: the EAGLE-3 fixture could not be written", name);
-        return;
-    }
-    struct backend be;
-    CHECK(backend_create(&be, device, 0, &e) == 0, "backend: %s", e.msg);
-    struct model *m = model_load(dir, &be, &e);
-    CHECK(m && model_state_alloc(m, 64, 8, 4, 16, 0, &e) == 0, "%s: %s", name, e.msg);
-    struct model_head *h = m ? model_head_load_eagle3(m, fx, &e) : NULL;
-    CHECK(h && model_head_alloc(h, 64, 8, 4, 16, &e) == 0, "%s: eagle3 head: %s", name, e.msg);
-    if (h && h->out) {
-        enum { N = 6 };
-        int V = m->cfg.vocab;
-        int32_t toks[N + 1] = {3, 17, 250, 9, 1000, 42, 7}, pos[N], rows[N];
-        int32_t qs[2] = {0, N}, sl[1] = {N}, bt[4] = {0, 1, 2, 3};
-        for (int i = 0; i < N; i++) pos[i] = rows[i] = i;
-        struct fwd_batch b = {.n_tokens = N,
-                              .tokens = toks,
-                              .pos = pos,
-                              .slot = pos,
-                              .n_seqs = 1,
-                              .q_start = qs,
-                              .seq_len = sl,
-                              .block_table = bt,
-                              .max_blocks = 4,
-                              .n_logits = N,
-                              .logit_rows = rows};
-        float *want = malloc(sizeof(float) * N * (size_t)V),
-              *got = malloc(sizeof(float) * N * (size_t)V);
-        model_forward(m, &b, want);
-        b.tokens = toks + 1;
-        model_head_forward(h, &b, 1, rows);
-        be.ops->download(be.ctx, got, h->m->logits, sizeof(float) * N * (size_t)V);
-        double worst = 0;
-        for (size_t i = 0; i < (size_t)N * V; i++)
-            if (fabs((double)got[i] - want[i]) > worst) worst = fabs((double)got[i] - want[i]);
-        CHECK(worst < (strncmp(device, "cuda", 4) ? 1e-4 : 5e-2),
-              "%s eagle3 head: |logits - the model's| %.3g", name, worst);
-        printf("  %-22s eagle3 head = the model's last rows: |logits - the model's| %.2g\n", name,
-               worst);
-        free(want);
-        free(got);
-    }
-    model_head_destroy(h);
-    model_destroy(m);
-    backend_destroy(&be);
-    mtp_fixture_remove(fx);
+    check_eagle3_forward(dir, name);
 }
 
 static void test_model(const char *mdir, const char *name, struct golden_case *cs, int nc)
@@ -586,10 +624,18 @@ static void test_model(const char *mdir, const char *name, struct golden_case *c
         run_alone(dir, name, cs, nc, SPEC_DRAFT, other, plain, 0);
         run_concurrent(dir, name, cs, nc, SPEC_DRAFT, other, plain);
         run_sampled(dir, name, cs, nc, 1);
-        struct engine *bad = open_engine(dir, 2048, 0, SPEC_EAGLE3, dir, &e);
-        CHECK(bad == NULL && strstr(e.msg, "eagle3 (a draft head)") &&
-                  strstr(e.msg, "--tensor-parallel-size"),
-              "%s: a draft head with a split model not refused (%s)", name, e.msg);
+        char fx[4200];
+        if (eagle3_fixture(dir, fx, sizeof fx, 0, NULL) == 0) {
+            run_alone(dir, name, cs, nc, SPEC_EAGLE3, fx, plain, 0);
+            run_concurrent(dir, name, cs, nc, SPEC_EAGLE3, fx, plain);
+            mtp_fixture_remove(fx);
+        } else {
+            CHECK(0, "%s: the EAGLE-3 fixture could not be written", name);
+        }
+        check_eagle3_forward(dir, name);
+        struct engine *bad = open_engine(dir, 2048, 0, SPEC_MTP, NULL, &e);
+        CHECK(bad == NULL && strstr(e.msg, "mtp") && strstr(e.msg, "--tensor-parallel-size"),
+              "%s: MTP with a split model not refused (%s)", name, e.msg);
         if (bad) engine_destroy(bad);
         return;
     }

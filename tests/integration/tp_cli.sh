@@ -50,6 +50,20 @@ j = json.loads(sys.argv[1])
 assert j["decode_tokens_per_s"] > 0 and j["overlap_schedule"] is False, j
 PY
 
+# speculative decoding split 2 ways: n-gram drafts (a repeating prompt, so some are kept)
+# and the model as its own draft give plain split decoding's tokens
+ids() { # generate args...: the greedy ids of 12 tokens
+  "$PAGODA" generate --device cpu --model "$M" --prompt-ids '1 2 3 1 2 3 1 2' -n 12 \
+    --temperature 0 --ignore-eos --json -tp 2 "$@" 2>"$TMP/err" |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["ids"])'
+}
+plain=$(ids)
+[ -n "$plain" ] || fail "generate -tp 2: $(cat "$TMP/err")"
+for s in "--speculative-method ngram" "--speculative-method draft --speculative-model $M"; do
+  got=$(ids $s)
+  [ "$got" = "$plain" ] || fail "generate -tp 2 $s: $got, want $plain ($(cat "$TMP/err"))"
+done
+
 # refused at load time, exit 1, with the reason
 refuse() { # want, args...
   local want=$1
@@ -65,8 +79,8 @@ refuse "2 key-value heads, which do not divide into --tensor-parallel-size 3 par
   --model "$M" -tp 3
 refuse "split 4 ways do not fall on whole groups of 64" \
   --model "$TD/models/llama-tiny-mlx4" -tp 4
-refuse "speculative decoding is not supported with a split model" --model "$M" -tp 2 \
-  --speculative-method ngram
+refuse "--speculative-method mtp is not supported with a split model" --model "$M" -tp 2 \
+  --speculative-method mtp
 refuse "--kv-disk-dir is not supported with a split model" --model "$M" -tp 2 \
   --kv-disk-dir "$TMP/kv"
 out=$("$PAGODA" generate --device cpu --model "$M" --prompt-ids '1 2' -tp 9 2>&1)
