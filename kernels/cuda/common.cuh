@@ -47,6 +47,21 @@ static __device__ __forceinline__ uint4 ld_stream(const uint4 *p)
     return v;
 }
 
+/* The sum over a block (a multiple of 32 threads) of every thread's v, which every thread
+ * gets; sh: 32 values of shared memory. Sums in one order: the same bits on every call. */
+template <class T> static __device__ __forceinline__ T block_sum(T v, T *sh)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    T t = 0;
+    for (int i = 0; i < nw; i++) t += sh[i];
+    return t;
+}
+
 /* The rms_norm scale of a row of k values from its sums of squares, one a warp. */
 static __device__ __forceinline__ float norm_scale(const float *red, int nw, int64_t k, float eps)
 {

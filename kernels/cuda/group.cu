@@ -162,19 +162,6 @@ static __device__ __forceinline__ void st_release_sys(unsigned *a, unsigned v)
     asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(a), "r"(v) : "memory");
 }
 
-static __device__ __forceinline__ float ar_block_sum(float v, float *sh)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    __syncthreads();
-    if (lane == 0) sh[warp] = v;
-    __syncthreads();
-    float t = 0.0f;
-    for (int i = 0; i < nw; i++) t += sh[i];
-    return t;
-}
-
 /* The sum over the ranks' slots of float4 i (slots of AR_MAX_FLOATS from in), in rank order:
  * every load first, then the adds. */
 static __device__ __forceinline__ float4 ar_sum4(const float *in, int size, int64_t i)
@@ -257,7 +244,7 @@ __global__ void __launch_bounds__(AR_THREADS)
             x4[r0 + j] = v;
             ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
         }
-        const float inv = rsqrtf(ar_block_sum(ss, sh) / (float)dim + eps);
+        const float inv = rsqrtf(block_sum(ss, sh) / (float)dim + eps);
         for (int j = t; j < d4; j += AR_THREADS) { /* each thread rereads what it wrote */
             const float4 v = x4[r0 + j], g = w4[j];
             const float4 o =

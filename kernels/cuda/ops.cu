@@ -64,19 +64,6 @@ void cu_embed(cudaStream_t s, float *out, const dweight &table, const int32_t *t
     CU_LAUNCHED();
 }
 
-static __device__ __forceinline__ float block_sum(float v, float *sh)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    __syncthreads();
-    if (lane == 0) sh[warp] = v;
-    __syncthreads();
-    float t = 0.0f;
-    for (int i = 0; i < nw; i++) t += sh[i];
-    return t;
-}
-
 /* The row kernels for any length: out (unless NULL) and its bf16 copy ob (unless NULL). */
 __global__ void k_rms_norm(float *out, const float *x, const float *__restrict__ w, int dim,
                            float eps, __nv_bfloat16 *ob)

@@ -29,19 +29,6 @@ static __device__ __forceinline__ float block_max(float v, float *sh)
     return t;
 }
 
-static __device__ __forceinline__ int block_isum(int v, int *sh)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    __syncthreads();
-    if (lane == 0) sh[warp] = v;
-    __syncthreads();
-    int t = 0;
-    for (int i = 0; i < nw; i++) t += sh[i];
-    return t;
-}
-
 /* Row blockIdx.x of x [m, k] into q [m, kp] (zeros past k), its sum and its scale s. */
 __global__ void __launch_bounds__(TQ_THREADS)
     k_ternary_quant(const float *__restrict__ x, int64_t k, int64_t kp, int8_t *__restrict__ q,
@@ -66,7 +53,7 @@ __global__ void __launch_bounds__(TQ_THREADS)
         qr[j] = (int8_t)v;
         acc += v;
     }
-    acc = block_isum(acc, shi);
+    acc = block_sum(acc, shi);
     if (threadIdx.x == 0) {
         qsum[row] = acc;
         qscale[row] = s;
