@@ -89,6 +89,10 @@ void ternary_matmul_portable(const struct qweight *w, int64_t r0, int64_t r1, co
 void ternary_matmul_avx2(const struct qweight *w, int64_t r0, int64_t r1, const int8_t *q,
                          size_t stride, const int32_t *qsum, const float *qdiv, int m, float *y,
                          int64_t ldy);
+/* The AVX-512 VNNI tile for 4 or more rows, the AVX2 kernel for the rest (ternary_avx512.c) */
+void ternary_matmul_avx512(const struct qweight *w, int64_t r0, int64_t r1, const int8_t *q,
+                           size_t stride, const int32_t *qsum, const float *qdiv, int m, float *y,
+                           int64_t ldy);
 
 void kvq_dot_portable(int dt, const uint8_t *rows, size_t rb, int n, int d, const float *q,
                       size_t ldq, int nq, float *s, size_t lds);

@@ -199,7 +199,7 @@ const struct cpu_impl cpu_impl_avx512 = {
     .delta_step = delta_step_avx2,
     .conv_token = conv_token_avx2,
     .gemm = gemm_avx2,
-    .ternary = ternary_matmul_avx2,
+    .ternary = ternary_matmul_avx512,
     .kvq_dot = kvq_dot_avx2,
     .kvq_axpy = kvq_axpy_avx2,
 };
