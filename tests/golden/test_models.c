@@ -425,7 +425,8 @@ int main(int argc, char **argv)
         /* 4 architectures in bf16 and 5 quantized copies, less those a split refuses */
         CHECK(parts > 1 || tested >= (tp == 2 ? 9 : 7), "only %d folders compared split %d ways",
               tested, tp);
-        CHECK(tested >= 1, "no folder compared (part %d of %d)", part, parts);
+        /* a share may hold none of them: the caller sums the shares' counts */
+        printf("folders compared: %d\n", tested);
         TEST_DONE();
     }
     for (int i = 0; i < nn; i++) free(names[i]);
