@@ -42,10 +42,12 @@ static void gemma_layers(struct model *m, const struct fwd_batch *b)
         const struct model_layer *L = &m->layers[l];
         blk_norm(m, m->h, m->x, L->attn_norm, n);
         blk_attn(m, &L->attn, l, b);
+        blk_reduce(m, n); /* a split's partial sums, whole before the post-norm */
         blk_norm(m, m->h, m->h, L->post_attn_norm, n);
         blk_add(m, n);
         blk_norm(m, m->h, m->x, L->ffn_norm, n);
         blk_mlp(m, &L->mlp, n);
+        blk_reduce(m, n);
         blk_norm(m, m->h, m->h, L->post_ffn_norm, n);
         blk_add(m, n);
     }
@@ -84,6 +86,6 @@ static int gemma3_config(struct model_config *c, const struct cJSON *root, struc
 }
 
 const struct arch arch_gemma2 = {"Gemma2ForCausalLM", "gemma2",     gemma2_config,
-                                 gemma_load,          gemma_layers, false};
+                                 gemma_load,          gemma_layers, true};
 const struct arch arch_gemma3 = {"Gemma3ForCausalLM", "gemma3",     gemma3_config,
-                                 gemma_load,          gemma_layers, false};
+                                 gemma_load,          gemma_layers, true};
