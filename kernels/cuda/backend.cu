@@ -834,9 +834,30 @@ static void cu_free(void *ctx, void *p)
     CU(cudaFree(p));
 }
 
+/* Makes the context's device current for a call that may come from the thread of another
+ * device (a tensor-parallel group's lead reading and writing a rank's KV, and queueing its
+ * copies, between steps: model/kv_block.h), and the caller's device again on return. */
+struct dev_scope {
+    int prev;
+    explicit dev_scope(int dev) : prev(-1)
+    {
+        if (cudaGetDevice(&prev) != cudaSuccess) {
+            cudaGetLastError();
+            prev = -1;
+        }
+        if (prev != dev) CU(cudaSetDevice(dev));
+    }
+    ~dev_scope()
+    {
+        int cur = -1;
+        if (prev >= 0 && cudaGetDevice(&cur) == cudaSuccess && cur != prev) cudaSetDevice(prev);
+    }
+};
+
 static void cu_upload(void *ctx, void *dst, const void *src, size_t bytes)
 {
     cu_ctx *c = (cu_ctx *)ctx;
+    dev_scope ds(c->dev);
     flush(c);
     CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->st));
 }
@@ -844,6 +865,7 @@ static void cu_upload(void *ctx, void *dst, const void *src, size_t bytes)
 static void cu_download(void *ctx, void *dst, const void *src, size_t bytes)
 {
     cu_ctx *c = (cu_ctx *)ctx;
+    dev_scope ds(c->dev);
     flush(c);
     CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->st));
     CU(cudaStreamSynchronize(c->st));
@@ -851,13 +873,14 @@ static void cu_download(void *ctx, void *dst, const void *src, size_t bytes)
 
 /* The copy engine of the host-memory KV tier (backend_ops.host_alloc and on). Each copy
  * batch runs the operations recorded so far first: it must follow the step that wrote its
- * blocks. Host memory is mapped, as the copy kernels read and write it directly. */
+ * blocks. Host memory is mapped, as the copy kernels read and write it directly, and
+ * portable, so that the other GPUs of a tensor-parallel group map it too (host_map). */
 static void *cu_host_alloc(void *ctx, size_t bytes)
 {
     cu_ctx *c = (cu_ctx *)ctx;
-    CU(cudaSetDevice(c->dev));
+    dev_scope ds(c->dev);
     void *p = NULL;
-    if (cudaHostAlloc(&p, bytes, cudaHostAllocMapped) != cudaSuccess) {
+    if (cudaHostAlloc(&p, bytes, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
         cudaGetLastError();
         return NULL;
     }
@@ -866,32 +889,48 @@ static void *cu_host_alloc(void *ctx, size_t bytes)
     return p;
 }
 
-static void cu_host_free(void *ctx, void *p)
+static void cu_host_map(void *ctx, void *p, size_t bytes)
 {
     cu_ctx *c = (cu_ctx *)ctx;
-    if (c->copier) {
-        CU(cudaStreamSynchronize(c->st));
-        /* the copier goes with the last area: the copies into this one complete first */
-        if (p && cu_copier_unmap(c->copier, p)) {
-            uint64_t t = cu_copier_mark(c->copier, c->st);
-            while (!cu_copier_done(c->copier, t)) {
-            }
-        } else {
-            cu_copier_destroy(c->copier);
-            c->copier = NULL;
+    dev_scope ds(c->dev);
+    if (!c->copier) c->copier = cu_copier_create();
+    cu_copier_map(c->copier, p, bytes);
+}
+
+/* The copies into p complete; the copier goes with the last area it maps. */
+static void cu_host_unmap(void *ctx, void *p)
+{
+    cu_ctx *c = (cu_ctx *)ctx;
+    if (!c->copier) return;
+    dev_scope ds(c->dev);
+    CU(cudaStreamSynchronize(c->st));
+    if (p && cu_copier_unmap(c->copier, p)) {
+        uint64_t t = cu_copier_mark(c->copier, c->st);
+        while (!cu_copier_done(c->copier, t)) {
         }
+    } else {
+        cu_copier_destroy(c->copier);
+        c->copier = NULL;
     }
+}
+
+static void cu_host_free(void *ctx, void *p)
+{
+    cu_host_unmap(ctx, p);
     if (p) CU(cudaFreeHost(p));
 }
 
 static void cu_copy_setup(void *ctx, int kind, int n_seg, void *const *base, const size_t *bytes)
 {
-    cu_copier_setup(((cu_ctx *)ctx)->copier, kind, n_seg, base, bytes);
+    cu_ctx *c = (cu_ctx *)ctx;
+    dev_scope ds(c->dev);
+    cu_copier_setup(c->copier, kind, n_seg, base, bytes);
 }
 
 static void cu_copy_block(void *ctx, int kind, int32_t block, void *host, int to_host)
 {
     cu_ctx *c = (cu_ctx *)ctx;
+    dev_scope ds(c->dev);
     flush(c); /* a launch may follow: the step's recorded work goes first */
     cu_copier_block(c->copier, c->st, kind, block, host, to_host);
 }
@@ -899,25 +938,31 @@ static void cu_copy_block(void *ctx, int kind, int32_t block, void *host, int to
 static uint64_t cu_copy_mark(void *ctx)
 {
     cu_ctx *c = (cu_ctx *)ctx;
+    dev_scope ds(c->dev);
     flush(c);
     return cu_copier_mark(c->copier, c->st);
 }
 
 static int cu_copy_done(void *ctx, uint64_t t)
 {
-    return cu_copier_done(((cu_ctx *)ctx)->copier, t);
+    cu_ctx *c = (cu_ctx *)ctx;
+    dev_scope ds(c->dev);
+    return cu_copier_done(c->copier, t);
 }
 
 static void cu_copy_fence(void *ctx)
 {
     cu_ctx *c = (cu_ctx *)ctx;
+    dev_scope ds(c->dev);
     flush(c);
     cu_copier_fence(c->copier, c->st);
 }
 
 static void cu_copy_seconds(void *ctx, double *out_s, double *in_s)
 {
-    cu_copier_seconds(((cu_ctx *)ctx)->copier, out_s, in_s);
+    cu_ctx *c = (cu_ctx *)ctx;
+    dev_scope ds(c->dev);
+    cu_copier_seconds(c->copier, out_s, in_s);
 }
 
 static int cu_weight_prepare(void *ctx, struct qweight *w, struct err *e)
@@ -2366,6 +2411,8 @@ static const struct backend_ops cuda_ops = {
     .copy_done = cu_copy_done,
     .copy_fence = cu_copy_fence,
     .copy_seconds = cu_copy_seconds,
+    .host_map = cu_host_map,
+    .host_unmap = cu_host_unmap,
     .group_create = cu_group_create,
     .all_reduce = cu_all_reduce_op,
     .all_gather = cu_all_gather_op,

@@ -259,6 +259,11 @@ struct backend_ops {
     void (*copy_fence)(void *ctx);
     /* Device seconds the copies completed so far took, down (to host) and up. */
     void (*copy_seconds)(void *ctx, double *out_s, double *in_s);
+    /* Memory from another context's host_alloc (a tensor-parallel group's lead) made usable
+     * by this one's copy_block, and no longer (its copies complete first). Optional: without
+     * them a split model has no copy engine. */
+    void (*host_map)(void *ctx, void *p, size_t bytes);
+    void (*host_unmap)(void *ctx, void *p);
 
     /* Tensor parallelism (model/tp.h). Optional (NULL: the backend runs no groups). */
     /* Makes members[0..size) (contexts of this backend, members[0] == ctx, one device each)

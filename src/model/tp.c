@@ -148,6 +148,16 @@ int tpg_set_kv_format(struct tp_group *g, const struct kv_spec *s, struct err *e
     return run_all(g, NULL, e);
 }
 
+int tpg_size(const struct tp_group *g)
+{
+    return g->size;
+}
+
+struct model *tpg_rank_model(struct tp_group *g, int r)
+{
+    return g->r[r].m;
+}
+
 void tpg_destroy(struct tp_group *g)
 {
     pthread_mutex_lock(&g->mu);

@@ -48,6 +48,11 @@ int tpg_state_alloc(struct tp_group *g, int max_tokens, int max_logits, int n_bl
                     int block_size, struct err *e);
 int tpg_hidden_alloc(struct tp_group *g, int max_rows, struct err *e);
 int tpg_set_kv_format(struct tp_group *g, const struct kv_spec *s, struct err *e);
+/** The group's size, and rank r's model (0: the lead). Between the group's calls the other
+ * ranks' threads wait, so the lead's thread may use their models' KV and copy engines (the
+ * tiers do: each rank's share of a block or snapshot, model/kv_block.h). */
+int tpg_size(const struct tp_group *g);
+struct model *tpg_rank_model(struct tp_group *g, int r);
 /** Stops the other ranks and frees their models and backends (model_destroy of the lead). */
 void tpg_destroy(struct tp_group *g);
 

@@ -143,13 +143,11 @@ static int check_sched_config(const struct engine_config *cfg, struct err *e)
  * the target's head, which a split model shares out by vocabulary. */
 static int check_tp_config(const struct engine_config *cfg, struct err *e)
 {
-    const char *what = cfg->spec.method == SPEC_MTP ? "--speculative-method mtp"
-                       : cfg->kv_host_memory        ? "--kv-host-memory"
-                       : cfg->kv_disk_dir           ? "--kv-disk-dir"
-                                                    : NULL;
-    if (!what) return 0;
-    return err_set(e, "--tensor-parallel-size %d: %s is not supported with a split model yet",
-                   cfg->tensor_parallel_size, what);
+    if (cfg->spec.method != SPEC_MTP) return 0;
+    return err_set(e,
+                   "--tensor-parallel-size %d: --speculative-method mtp is not supported with a "
+                   "split model yet",
+                   cfg->tensor_parallel_size);
 }
 
 struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)

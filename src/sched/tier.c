@@ -13,7 +13,7 @@
  * go down the same way as blocks, written through as they are named in the state pool:
  * with a copy engine into a second host tier (en->host_snap: slots of a snapshot's size in
  * the same pinned arena, over state slots instead of pool blocks) and on to the disk from
- * there; without one straight into the disk's queue (model_state_read). A load covers the
+ * there; without one straight into the disk's queue (model_state_image_read). A load covers the
  * longest prefix whose blocks (pool, host, disk) and snapshot (state pool, host, disk) are
  * both found; a snapshot the state pool lacks is copied up (host) or read (disk) into a
  * state slot of its own and named there once the load ends.
@@ -89,9 +89,13 @@ static int fingerprint(const struct engine *en, const char *base, char *out, int
     closedir(d);
     if (n < cap)
         n += snprintf(out + n, (size_t)(cap - n), "|weights=%016llx", (unsigned long long)w);
-    /* the snapshot record's image (model_state_read, version 1) and its size */
+    /* a split model's images are its ranks' shares one after another (model/kv_block.h) */
+    if (n < cap && en->m->tp_size > 1)
+        n += snprintf(out + n, (size_t)(cap - n), "|tp=%d", en->m->tp_size);
+    /* the snapshot record's image (model_state_read, version 1, each rank's in turn) and its
+     * size */
     if (n < cap && en->hybrid)
-        n += snprintf(out + n, (size_t)(cap - n), "|state=1:%zu", model_state_bytes(en->m));
+        n += snprintf(out + n, (size_t)(cap - n), "|state=1:%zu", model_state_image_bytes(en->m));
     return n < cap ? n : cap - 1;
 }
 
@@ -111,19 +115,19 @@ static void copy_in(void *user, int32_t block, const void *src)
 static uint64_t copy_mark(void *user)
 {
     struct engine *en = user;
-    return en->be.ops->copy_mark(en->be.ctx);
+    return model_copy_mark(en->m);
 }
 
 static int copy_done(void *user, uint64_t t)
 {
     struct engine *en = user;
-    return en->be.ops->copy_done(en->be.ctx, t);
+    return model_copy_done(en->m, t);
 }
 
 static void copy_fence(void *user)
 {
     struct engine *en = user;
-    en->be.ops->copy_fence(en->be.ctx);
+    model_copy_fence(en->m);
 }
 
 /* The copy engine of the snapshot slots: state slots instead of pool blocks. */
@@ -144,7 +148,7 @@ static void state_in(void *user, int32_t slot, const void *src)
  * least one of each). */
 static int host_open(struct engine *en, size_t bytes, struct err *e)
 {
-    size_t bb = model_kv_block_bytes(en->m), sb = en->hybrid ? model_state_bytes(en->m) : 0;
+    size_t bb = model_kv_block_bytes(en->m), sb = en->hybrid ? model_state_image_bytes(en->m) : 0;
     size_t snaps = 0;
     if (sb) {
         double ds = (double)en->states.n_blocks * (double)sb;
@@ -163,7 +167,7 @@ static int host_open(struct engine *en, size_t bytes, struct err *e)
         return err_set(e, "--kv-host-memory %zu: less than one KV block (%zu bytes)", bytes, bb);
     if (slots > INT32_MAX / 2) slots = INT32_MAX / 2;
     size_t off = (slots * bb + 63) & ~(size_t)63; /* the snapshot slots start aligned */
-    en->host_mem = en->be.ops->host_alloc(en->be.ctx, off + snaps * sb);
+    en->host_mem = model_host_alloc(en->m, off + snaps * sb);
     if (!en->host_mem)
         return err_set(e, "--kv-host-memory: cannot pin %zu bytes of host memory",
                        off + snaps * sb);
@@ -217,7 +221,7 @@ int tier_open(struct engine *en, const char *pool_fp, struct err *e)
     if (q < 4) q = 4;
     /* snapshots: as many as fit in half the queue's bytes, 2 to 64 (a snapshot of a large
      * hybrid model is tens of MB; a step names a few at most) */
-    size_t sb = en->hybrid ? model_state_bytes(en->m) : 0;
+    size_t sb = en->hybrid ? model_state_image_bytes(en->m) : 0;
     int qs = sb ? (int)(TIER_QUEUE_BYTES / 2 / sb) : 0;
     if (sb && qs < 2) qs = 2;
     if (qs > 64) qs = 64;
@@ -257,7 +261,7 @@ static int state_to_disk(void *user, struct kv_hash h, const void *bytes)
     if (kv_tier_has_state(en->tier, h)) return 1;
     if (!kv_tier_store_state_room(en->tier)) return 0;
     void *buf = kv_tier_store_state_begin(en->tier);
-    memcpy(buf, bytes, model_state_bytes(en->m));
+    memcpy(buf, bytes, model_state_image_bytes(en->m));
     kv_tier_store_state_end(en->tier, h);
     return 1;
 }
@@ -283,7 +287,7 @@ void tier_close(struct engine *en)
         kv_host_destroy(en->host_snap);
         en->host_snap = NULL;
         kv_host_destroy(en->host);
-        en->be.ops->host_free(en->be.ctx, en->host_mem);
+        model_host_free(en->m, en->host_mem);
         en->host = NULL;
         en->host_mem = NULL;
     }
@@ -312,7 +316,7 @@ void tier_store_state(struct engine *en, int32_t slot, struct kv_hash h)
     if (!en->tier || kv_tier_has_state(en->tier, h)) return;
     void *buf = kv_tier_store_state_begin(en->tier);
     if (!buf) return; /* the queue is full: dropped (counted) */
-    model_state_read(en->m, slot, buf);
+    model_state_image_read(en->m, slot, buf);
     kv_tier_store_state_end(en->tier, h);
 }
 
@@ -394,7 +398,7 @@ int tier_try_load(struct engine *en, struct request *r, int n_hit)
      * memory (tens of GB/s) always beats recomputing. */
     if (nd || src == SNAP_DISK) {
         double bytes = (double)nd * (double)model_kv_block_bytes(en->m) +
-                       (src == SNAP_DISK ? (double)model_state_bytes(en->m) : 0);
+                       (src == SNAP_DISK ? (double)model_state_image_bytes(en->m) : 0);
         int tokens = en->hybrid ? (k - base) * bs : nd * bs;
         if (!kv_tier_worth_loading(bytes, tokens, kv_tier_load_rate(en->tier), en->prefill_tps)) {
             en->tier_bypasses++;
@@ -478,7 +482,7 @@ static void write_block(void *user, int kind, int32_t dst, struct kv_hash h, con
     struct engine *en = user;
     if (kind == KV_DISK_STATE) {
         if (en->host_snap && kv_host_put(en->host_snap, h, raw, dst) == 0) return;
-        model_state_write(en->m, dst, raw);
+        model_state_image_write(en->m, dst, raw);
         return;
     }
     if (en->host && kv_host_put(en->host, h, raw, dst) == 0) return;
@@ -568,7 +572,7 @@ void tier_cancel(struct engine *en, struct request *r)
         r->load_snap_host = 0;
         /* copies up into the blocks the caller releases may still be queued: the steps
          * that write those blocks next run after them */
-        en->be.ops->copy_fence(en->be.ctx);
+        model_copy_fence(en->m);
     }
     r->load_id = -1;
     r->loading = 0;
@@ -589,10 +593,10 @@ void tier_publish(struct engine *en, struct engine_stats *st)
         st->host_store_bytes = st->host.stored_blocks * bb;
         st->host_query_tokens = en->host_query_tokens;
         st->host_hit_tokens = en->host_hit_tokens;
-        en->be.ops->copy_seconds(en->be.ctx, &st->host_store_seconds, &st->host_load_seconds);
+        model_copy_seconds(en->m, &st->host_store_seconds, &st->host_load_seconds);
         if (en->host_snap) { /* the snapshot slots share the arena and the copies */
             kv_host_stats(en->host_snap, &st->host_snap);
-            uint64_t sb = model_state_bytes(en->m);
+            uint64_t sb = model_state_image_bytes(en->m);
             st->host_used_bytes += st->host_snap.blocks * sb;
             st->host_budget_bytes += st->host_snap.slots * sb;
             st->host_load_bytes += st->host_snap.load_blocks * sb;

@@ -16,7 +16,9 @@
  *   host, hybrid (qwen3_5-tiny, qwen3_5_moe-tiny): a 20-block pool, 2 state slots and a host
  *     tier; a prompt, then two others that push its blocks and its snapshot off the device;
  *     sent again, both come back from host memory (192 cached tokens, one snapshot hit, the
- *     snapshot's bytes those the first run computed) with the cold run's tokens.
+ *     snapshot's bytes those the first run computed) with the cold run's tokens;
+ *   split over two GPUs (where there are two): the host and disk cases again, each block's
+ *     image both ranks' shares, against the split model's cold run.
  * Without a GPU: "no GPU: not run", exit 77 (skipped).
  */
 #include <stdio.h>
@@ -37,6 +39,7 @@
 
 static char model[512], disk[128];
 static const char *model_dir = model; /* the model open_engine opens */
+static int tp_size;                   /* and split this many ways when set */
 
 static struct engine *open_engine(size_t host_bytes, const char *dir)
 {
@@ -48,7 +51,8 @@ static struct engine *open_engine(size_t host_bytes, const char *dir)
                                 .max_num_batched_tokens = 256,
                                 .kv_host_memory = host_bytes,
                                 .kv_disk_dir = dir,
-                                .kv_disk_size = (size_t)64 << 20};
+                                .kv_disk_size = (size_t)64 << 20,
+                                .tensor_parallel_size = tp_size};
     struct err e = {0};
     struct engine *en = engine_create(&cfg, &e);
     CHECK(en, "engine_create: %s", e.msg);
@@ -86,15 +90,13 @@ static void push_out(struct engine *en)
 static void test_image(struct engine *en)
 {
     struct model *m = en->m;
-    const struct backend_ops *o = en->be.ops;
-    void *ctx = en->be.ctx;
     size_t bb = model_kv_block_bytes(m);
-    char *h = o->host_alloc(ctx, 2 * bb), *ref = malloc(bb), *back = malloc(bb);
+    char *h = model_host_alloc(m, 2 * bb), *ref = malloc(bb), *back = malloc(bb);
     CHECK(h && ref && back, "alloc");
     model_kv_block_copy_out(m, 3, h);
     model_kv_block_copy_out(m, 5, h + bb);
-    uint64_t t = o->copy_mark(ctx);
-    while (!o->copy_done(ctx, t)) usleep(10);
+    uint64_t t = model_copy_mark(m);
+    while (!model_copy_done(m, t)) usleep(10);
     model_kv_block_read(m, 3, ref);
     int nz = 0;
     for (size_t i = 0; i < bb; i++) nz += ref[i] != 0;
@@ -102,15 +104,15 @@ static void test_image(struct engine *en)
     model_kv_block_read(m, 5, ref);
     CHECK(!memcmp(h + bb, ref, bb), "block 5 gathered in the same batch");
     model_kv_block_copy_in(m, 7, h);
-    t = o->copy_mark(ctx);
-    while (!o->copy_done(ctx, t)) usleep(10);
+    t = model_copy_mark(m);
+    while (!model_copy_done(m, t)) usleep(10);
     model_kv_block_read(m, 7, back);
     CHECK(!memcmp(back, h, bb), "block 3's image scattered into block 7");
     double out_s = 0, in_s = 0;
-    o->copy_seconds(ctx, &out_s, &in_s);
+    model_copy_seconds(m, &out_s, &in_s);
     CHECK(out_s > 0 && in_s > 0 && out_s < 10 && in_s < 10, "copy seconds %g down, %g up", out_s,
           in_s);
-    o->host_free(ctx, h);
+    model_host_free(m, h);
     free(ref);
     free(back);
 }
@@ -208,6 +210,30 @@ static void test_disk(const int32_t *p, const struct out *cold)
     CHECK(warm.n == N_OUT && !memcmp(warm.ids, cold->ids, sizeof cold->ids),
           "the same greedy tokens from KV read from disk");
     engine_destroy(en);
+}
+
+/* llama-tiny split over two GPUs: the host and disk tiers above with each block's image
+ * both ranks' shares (the copy kernels of both GPUs, one mapped arena), against the split
+ * model's own cold run. */
+static void test_split(const int32_t *p)
+{
+    if (backend_gpu_count() < 2) {
+        printf("split over two GPUs: one GPU, not run\n");
+        return;
+    }
+    tp_size = 2;
+    struct engine *en = open_engine(0, NULL);
+    if (en) {
+        struct out cold = {0};
+        submit(en, p, N_PROMPT, &cold);
+        run_all(en);
+        CHECK(cold.n == N_OUT && cold.n_cached == 0, "split cold: %d tokens, %d cached", cold.n,
+              cold.n_cached);
+        engine_destroy(en);
+        test_host(p, &cold);
+        test_disk(p, &cold);
+    }
+    tp_size = 0;
 }
 
 /* A hybrid model: the prompt's blocks and its state snapshot from disk after a restart. */
@@ -368,6 +394,9 @@ int main(int argc, char **argv)
     char cmd[256];
     test_host(p, &cold);
     test_disk(p, &cold);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", disk);
+    CHECK(system(cmd) == 0, "rm");
+    test_split(p);
     snprintf(cmd, sizeof cmd, "rm -rf %s", disk);
     CHECK(system(cmd) == 0, "rm");
     test_hybrid_disk(testdata);

@@ -26,8 +26,9 @@ static const char *const golden_cpu_only[] = {NULL};
 /* Architectures whose models split over a tensor-parallel group (model/tp.h). */
 static inline int golden_tp_splits(const char *arch)
 {
-    static const char *const tp_archs[] = {"LlamaForCausalLM", "MistralForCausalLM",
-                                           "Qwen2ForCausalLM", "Qwen3ForCausalLM"};
+    static const char *const tp_archs[] = {"LlamaForCausalLM",  "MistralForCausalLM",
+                                           "Qwen2ForCausalLM",  "Qwen3ForCausalLM",
+                                           "Gemma2ForCausalLM", "Gemma3ForCausalLM"};
     for (size_t k = 0; k < sizeof tp_archs / sizeof tp_archs[0]; k++)
         if (!strcmp(arch, tp_archs[k])) return 1;
     return 0;

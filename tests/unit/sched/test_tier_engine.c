@@ -4,8 +4,10 @@
  * loading one waits aside); its cached tokens and its greedy output match; a request
  * aborted while loading gives its blocks back; a hybrid model (qwen3_5-tiny) stores its
  * recurrent-state snapshot beside the blocks and resumes from both after a restart with the
- * same greedy tokens, and a damaged or missing snapshot is a miss that is recomputed; the
- * CPU backend refuses a host-memory tier (its pool is host memory).
+ * same greedy tokens, and a damaged or missing snapshot is a miss that is recomputed; a
+ * model split two ways stores each rank's share of a block and loads them back (the same
+ * greedy tokens), and a directory it wrote is not read by the model whole; the CPU backend
+ * refuses a host-memory tier (its pool is host memory).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +25,7 @@
 static char model[512], disk[128];
 
 static int small_pool; /* blocks of the pool when set (a 300-token context) */
+static int tp_size;    /* --tensor-parallel-size when set */
 
 static struct engine *open_engine(const char *dir_model)
 {
@@ -34,7 +37,8 @@ static struct engine *open_engine(const char *dir_model)
                                 .threads = 1,
                                 .max_num_batched_tokens = 256,
                                 .kv_disk_dir = disk,
-                                .kv_disk_size = (size_t)64 << 20};
+                                .kv_disk_size = (size_t)64 << 20,
+                                .tensor_parallel_size = tp_size};
     struct err e = {0};
     struct engine *en = engine_create(&cfg, &e);
     CHECK(en, "engine_create: %s", e.msg);
@@ -79,6 +83,48 @@ static ssize_t damage_snapshots(int fd, void *buf, size_t n, off_t off, ssize_t 
 }
 
 #define H_PROMPT 200 /* 12 full blocks: the snapshot after block 12 (192 tokens) */
+
+/* llama-tiny split over two CPU ranks through the disk tier across an engine restart: the
+ * blocks' images hold both ranks' shares; the same model whole refuses them (another
+ * fingerprint). */
+static void test_split(const int32_t *p)
+{
+    char saved[128];
+    snprintf(saved, sizeof saved, "%s", disk);
+    snprintf(disk, sizeof disk, "%.100s-tp", saved);
+    tp_size = 2;
+    struct engine *en = open_engine(model);
+    if (!en) return;
+    struct out cold = {0};
+    submit(en, p, N_PROMPT, &cold);
+    run_all(en);
+    CHECK(cold.n == N_OUT && cold.n_cached == 0, "split cold: %d tokens, %d cached", cold.n,
+          cold.n_cached);
+    wait_stored(en, N_PROMPT / 16);
+    engine_destroy(en);
+
+    en = open_engine(model);
+    struct out warm = {0};
+    submit(en, p, N_PROMPT, &warm);
+    run_all(en);
+    CHECK(warm.n_cached == N_PROMPT / 16 * 16, "split warm: %d cached", warm.n_cached);
+    CHECK(warm.n == N_OUT && !memcmp(warm.ids, cold.ids, sizeof cold.ids),
+          "split: the same greedy tokens from loaded KV");
+    engine_destroy(en);
+
+    tp_size = 0;
+    en = open_engine(model);
+    struct out whole = {0};
+    submit(en, p, N_PROMPT, &whole);
+    run_all(en);
+    CHECK(whole.n == N_OUT && whole.n_cached == 0, "whole after split: %d cached", whole.n_cached);
+    engine_destroy(en);
+
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", disk);
+    CHECK(system(cmd) == 0, "rm");
+    snprintf(disk, sizeof disk, "%s", saved);
+}
 
 /* A hybrid model through the disk tier across engine restarts. */
 static void test_hybrid(const char *testdata)
@@ -238,6 +284,7 @@ int main(int argc, char **argv)
     engine_destroy(en);
 
     test_hybrid(testdata);
+    test_split(p);
     /* --kv-host-memory on the CPU backend: refused, saying why */
     struct engine_config hc = {.model_dir = model,
                                .device = "cpu",
