@@ -58,6 +58,7 @@ struct kv_tier {
     int has_writer;
     uint64_t dropped;
     double store_seconds;
+    uint64_t store_raw; /* raw bytes the writer stored (blocks and snapshots) */
 
     /* loads (engine thread only) */
     struct io_uring ring;
@@ -96,6 +97,7 @@ static void *writer_main(void *arg)
         double dt = util_now() - t0;
         pthread_mutex_lock(&t->mu);
         t->store_seconds += dt;
+        t->store_raw += state ? t->state_bytes : t->block_bytes;
         if (state)
             t->shead++;
         else
@@ -329,16 +331,22 @@ int kv_tier_loading(const struct kv_tier *t)
     return 0;
 }
 
-double kv_tier_rate(uint64_t load_bytes, double load_s, uint64_t probe_bytes, double probe_s)
+double kv_tier_rate(uint64_t load_bytes, double load_s, uint64_t probe_bytes, double probe_s,
+                    uint64_t store_bytes, double store_s)
 {
     if (load_bytes && load_s > 0) return (double)load_bytes / load_s;
     if (probe_bytes && probe_s > 0) return (double)probe_bytes / probe_s;
+    if (store_bytes && store_s > 0) return (double)store_bytes / store_s;
     return 0;
 }
 
-double kv_tier_load_rate(const struct kv_tier *t)
+double kv_tier_load_rate(struct kv_tier *t)
 {
-    return kv_tier_rate(t->load_bytes, t->load_seconds, t->probe_bytes, t->probe_seconds);
+    pthread_mutex_lock(&t->mu); /* the writer's counts */
+    uint64_t sb = t->store_raw;
+    double ss = t->store_seconds;
+    pthread_mutex_unlock(&t->mu);
+    return kv_tier_rate(t->load_bytes, t->load_seconds, t->probe_bytes, t->probe_seconds, sb, ss);
 }
 
 int kv_tier_worth_loading(double bytes, int tokens, double load_rate, double prefill_tps)

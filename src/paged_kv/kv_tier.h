@@ -115,10 +115,13 @@ int kv_tier_loading(const struct kv_tier *t);
  * loads so far (load_bytes over load_s, start to end of each); before the first load ends,
  * that of the probe at open (probe_bytes read one record at a time, checked and
  * decompressed, over probe_s: lower than loads with 16 reads in flight, so a conservative
- * first estimate); 0 when neither (nothing was held at open and nothing loaded yet). */
-double kv_tier_rate(uint64_t load_bytes, double load_s, uint64_t probe_bytes, double probe_s);
+ * first estimate); with nothing held at open, the writer's rate so far (store_bytes
+ * compressed and written in store_s: compressing and writing are slower than reading and
+ * decompressing, so again an estimate that errs low); 0 when none of them is measured. */
+double kv_tier_rate(uint64_t load_bytes, double load_s, uint64_t probe_bytes, double probe_s,
+                    uint64_t store_bytes, double store_s);
 /** kv_tier_rate of this tier. */
-double kv_tier_load_rate(const struct kv_tier *t);
+double kv_tier_load_rate(struct kv_tier *t);
 
 /** Whether loading `bytes` at load_rate (bytes/s) beats computing `tokens` at prefill_tps
  * (tokens/s): never slower than recompute. Either rate 0 (not measured yet): 1, the tier is

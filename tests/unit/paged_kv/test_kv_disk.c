@@ -687,15 +687,19 @@ static void test_tier(void)
     free(landed);
 }
 
-/* The read rate of the decision: loads once measured, else the probe at open, else none;
- * exact quotients. */
+/* The read rate of the decision: loads once measured, else the probe at open, else the
+ * writer's rate, else none; exact quotients. */
 static void test_rate(void)
 {
-    CHECK(kv_tier_rate(0, 0, 0, 0) == 0, "nothing measured: 0");
-    CHECK(kv_tier_rate(0, 0, 1 << 24, 0.25) == (double)(1 << 26), "the probe: 64 MiB/s");
-    CHECK(kv_tier_rate(1 << 30, 0.5, 1 << 24, 0.25) == (double)(1u << 31), "loads win: 2 GiB/s");
-    CHECK(kv_tier_rate(1 << 20, 0, 1 << 24, 0.25) == (double)(1 << 26),
+    CHECK(kv_tier_rate(0, 0, 0, 0, 0, 0) == 0, "nothing measured: 0");
+    CHECK(kv_tier_rate(0, 0, 1 << 24, 0.25, 1 << 20, 1) == (double)(1 << 26),
+          "the probe: 64 MiB/s");
+    CHECK(kv_tier_rate(1 << 30, 0.5, 1 << 24, 0.25, 1 << 20, 1) == (double)(1u << 31),
+          "loads win: 2 GiB/s");
+    CHECK(kv_tier_rate(1 << 20, 0, 1 << 24, 0.25, 0, 0) == (double)(1 << 26),
           "an untimed load: the probe");
+    CHECK(kv_tier_rate(0, 0, 0, 0, 1 << 28, 0.5) == (double)(1 << 29),
+          "an empty directory at open: the writer's 512 MiB/s");
     /* the H200 case: 8B bf16 blocks (2 MiB) read at 0.67 GB/s against a 20,000 tokens/s
      * prefill: 64 blocks (128 MiB, 1,024 tokens) load in 0.2 s, recompute in 0.05 s */
     CHECK(!kv_tier_worth_loading(64.0 * (2 << 20), 1024, 0.67e9, 20000),
@@ -704,7 +708,8 @@ static void test_rate(void)
 }
 
 /* The probe at open: a tier over a store that holds blocks has a read rate before any load;
- * one over an empty store has none; a read fault during the probe is a miss (counted). */
+ * one over an empty store has none until its writer stores blocks (their rate); a read
+ * fault during the probe is a miss (counted). */
 static void test_probe(void)
 {
     fresh_dir();
@@ -712,7 +717,24 @@ static void test_probe(void)
     struct kv_tier_stats st;
     kv_tier_stats(t, &st);
     CHECK(st.probe_bytes == 0 && kv_tier_load_rate(t) == 0, "an empty store: no rate");
+    /* until a load or a probe, the writer's rate */
+    for (int i = 0; i < 4; i++) {
+        void *slot;
+        while (!(slot = kv_tier_store_begin(t))) usleep(1000);
+        fill(i, slot);
+        kv_tier_store_end(t, hash_of(i));
+    }
+    wait_blocks(t, 4);
+    double rate = 0, want = -1;
+    for (int i = 0; i < 1000 && rate != want; i++) {
+        kv_tier_stats(t, &st);
+        rate = kv_tier_load_rate(t);
+        want = st.store_seconds > 0 ? 4.0 * RAW / st.store_seconds : -1;
+        if (rate != want) usleep(1000);
+    }
+    CHECK(rate > 0 && rate == want, "4 blocks stored: the writer's rate %g, want %g", rate, want);
     kv_tier_destroy(t);
+    fresh_dir();
     struct kv_disk *d = open_store((size_t)64 << 20);
     put_range(d, 0, 300);
     kv_disk_close(d);
