@@ -760,7 +760,8 @@ static const char *check_shape(const struct mk_shape *s, const struct mm_spec *f
     }
     if (s->heads % s->kv_heads) return "--heads must be a multiple of --kv-heads";
     if (s->head_dim % 2) return "--head-dim must be even";
-    if (moe_arch && (s->top_k > s->experts)) return "--experts-per-tok must be at most --experts";
+    if (moe_arch && !gemma4 && s->top_k > s->experts)
+        return "--experts-per-tok must be at most --experts";
     if (s->arch == MK_QWEN3_MOE && s->shared_ffn)
         return "Qwen3-MoE has no shared expert (--shared-expert-ffn 0)";
     if (is_hybrid(s)) {
