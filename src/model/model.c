@@ -193,9 +193,16 @@ static int take_share(struct model *m, const char *prefix, struct qweight *w, en
             if (!*parts[j]) continue;
             const uint8_t *src = *parts[j];
             uint8_t *dst = p;
-            for (int64_t i = 0; i < w->n; i++)
+            for (int64_t i = 0; i < w->n; i++) {
+                const uint8_t *row = src + (size_t)i * srb;
+                if (G2 == G) { /* whole groups: the row's run of them */
+                    memcpy(p, row + (size_t)(c0 / G) * ssz, nsrb);
+                    p += nsrb;
+                    continue;
+                }
                 for (int64_t c = c0; c < c0 + k; c += G2, p += ssz)
-                    memcpy(p, src + (size_t)i * srb + (size_t)(c / G) * ssz, ssz);
+                    memcpy(p, row + (size_t)(c / G) * ssz, ssz);
+            }
             *parts[j] = dst;
         }
         w->group = g2;
