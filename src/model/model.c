@@ -630,7 +630,8 @@ static int tp_share(struct model *m, const char *dir, int rank, int size, struct
     if (!c->arch->tensor_parallel)
         return err_set(e,
                        "%s: %s (%s) does not run split over GPUs yet (--tensor-parallel-size "
-                       "%d): the Llama, Mistral, Qwen2, Qwen3 and Qwen3-MoE families do",
+                       "%d): the Llama, Mistral, Qwen2, Qwen3, Gemma 2 and 3 and Qwen3-MoE "
+                       "families do",
                        dir, c->arch_name, c->arch->family, size);
     const char *what = NULL;
     int v = 0;
