@@ -32,8 +32,8 @@ struct arch {
      * and the last layer's output on return. */
     void (*layers)(struct model *m, const struct fwd_batch *b);
     /* Its load and layers split attention heads and MLP width over a tensor-parallel group
-     * (model/tp.h): blk_attn_load/blk_mlp_load load the rank's share and the layer stack
-     * sums the partial outputs (blk_reduce). Families without it run at one rank only. */
+     * (model/tp.h): blk_attn_load/blk_mlp_load/blk_moe_load load the rank's share and the layer
+     * stack sums the partial outputs (blk_reduce). Families without it run at one rank only. */
     bool tensor_parallel;
 };
 

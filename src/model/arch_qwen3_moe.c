@@ -7,6 +7,10 @@
  * The router is a softmax over num_experts, the top num_experts_per_tok kept (renormalized
  * when norm_topk_prob); layer l is sparse when (l + 1) % decoder_sparse_step == 0 and l is not
  * in mlp_only_layers.
+ *
+ * Split over a tensor-parallel group as vLLM does: the attention by heads, the router whole on
+ * every rank (each picks the same experts), every expert's width shared out (blk_moe_load),
+ * and the partial sums of o and of the experts added up after each (blk_reduce).
  */
 #include <cjson/cJSON.h>
 #include <stdio.h>
@@ -81,16 +85,18 @@ static void qwen3_moe_layers(struct model *m, const struct fwd_batch *b)
         blk_capture(m, l, n);
         blk_norm(m, m->h, m->x, L->attn_norm, n);
         blk_attn(m, &L->attn, l, b);
+        blk_reduce(m, n);
         blk_add(m, n);
         blk_norm(m, m->h, m->x, L->ffn_norm, n);
         if (m->cfg.layer_moe[l])
             blk_moe(m, &L->moe, n);
         else
             blk_mlp(m, &L->mlp, n);
+        blk_reduce(m, n);
         blk_add(m, n);
     }
     blk_capture(m, m->cfg.n_layers, n);
 }
 
 const struct arch arch_qwen3_moe = {"Qwen3MoeForCausalLM", "qwen3_moe",      qwen3_moe_config,
-                                    qwen3_moe_load,        qwen3_moe_layers, false};
+                                    qwen3_moe_load,        qwen3_moe_layers, true};

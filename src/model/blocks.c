@@ -194,15 +194,17 @@ int blk_moe_load(struct model *m, const char *prefix, int layer, struct moe_bloc
     static const char *const proj[3] = {"gate_proj", "up_proj", "down_proj"};
     struct qweight *dst[3] = {mb->gate, mb->up, mb->down};
     for (int p = 0; p < 3; p++) {
+        /* in a group every expert's share of the width: gate/up by rows, down by columns */
         int64_t rows = p == 2 ? H : I, cols = p == 2 ? I : H;
+        enum tp_split split = p == 2 ? SPLIT_COLS : SPLIT_ROWS;
         for (int x = 0; x < E; x++) {
             int rc;
             if (stacked) {
                 snprintf(n, sizeof n, "%s.switch_mlp.%s", prefix, proj[p]);
-                rc = model_load_expert(m, n, x, rows, cols, &dst[p][x], e);
+                rc = model_load_expert_split(m, n, x, rows, cols, split, &dst[p][x], e);
             } else {
                 snprintf(n, sizeof n, "%s.experts.%d.%s", prefix, x, proj[p]);
-                rc = model_load_linear(m, n, rows, cols, &dst[p][x], e);
+                rc = model_load_linear_split(m, n, rows, cols, split, &dst[p][x], e);
             }
             if (rc) return -1;
         }

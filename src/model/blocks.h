@@ -31,7 +31,11 @@ int blk_mlp_load(struct model *m, const char *prefix, int ffn, struct mlp_block 
 int blk_linear_load(struct model *m, const char *prefix, struct linear_block *lb, struct err *e);
 
 /** Loads the router `<prefix>.gate`, the experts (`<prefix>.experts.N.*` or the MLX stacks
- * `<prefix>.switch_mlp.*`) and, when the config has one, the gated shared expert. */
+ * `<prefix>.switch_mlp.*`) and, when the config has one, the gated shared expert. In a
+ * tensor-parallel group (vLLM's split): the router and the shared expert's gate whole, each
+ * expert's and the shared expert's share of the width (moe_intermediate_size and
+ * shared_expert_intermediate_size in the config are the rank's); blk_moe then leaves a
+ * partial sum in m->h that the family adds up with blk_reduce. */
 int blk_moe_load(struct model *m, const char *prefix, int layer, struct moe_block *mb,
                  struct err *e);
 

@@ -78,7 +78,13 @@ int model_load_linear_split(struct model *m, const char *prefix, int64_t n, int6
 int model_load_expert(struct model *m, const char *prefix, int expert, int64_t n, int64_t k,
                       struct qweight *w, struct err *e)
 {
-    if (load_linear(m, prefix, expert, n, k, SPLIT_NONE, w, e)) return -1;
+    return model_load_expert_split(m, prefix, expert, n, k, SPLIT_NONE, w, e);
+}
+
+int model_load_expert_split(struct model *m, const char *prefix, int expert, int64_t n, int64_t k,
+                            enum tp_split split, struct qweight *w, struct err *e)
+{
+    if (load_linear(m, prefix, expert, n, k, split, w, e)) return -1;
     track_linear(m, w);
     return 0;
 }
@@ -105,6 +111,27 @@ void *model_host_weight(struct model *m, size_t bytes)
     m->host_blobs = xrealloc(m->host_blobs, sizeof(void *) * (size_t)(m->n_host_blobs + 1));
     m->host_blobs[m->n_host_blobs++] = p;
     return p;
+}
+
+static int64_t gcd64(int64_t a, int64_t b)
+{
+    while (b) {
+        int64_t t = a % b;
+        a = b;
+        b = t;
+    }
+    return a;
+}
+
+/* The group a column share of k inputs is stored in, from weights in groups of `group` (0:
+ * unquantized): the same when the share falls on whole groups; else, for affine weights, the
+ * largest group of at least 32 that both fall on whole groups of (each stored group split into
+ * groups of the same scale and bias: the same values); -1 when neither. */
+static int split_group(int64_t k, int group, int affine)
+{
+    if (!group || k % group == 0) return group;
+    int64_t g = gcd64(k, group);
+    return affine && g >= 32 ? (int)g : -1;
 }
 
 /* Narrows the whole matrix w (as stored) to this rank's share under split: a row share
@@ -145,29 +172,40 @@ static int take_share(struct model *m, const char *prefix, struct qweight *w, en
         }
     } else if (split == SPLIT_COLS && S > 1) {
         int64_t k = w->k / S, c0 = r * k;
-        if (w->fmt == WFMT_TERNARY || (k * w->bits) % 8 || (w->group && k % w->group))
+        int g2 = split_group(k, w->group, w->fmt == WFMT_AFFINE);
+        if (w->fmt == WFMT_TERNARY || (k * w->bits) % 8 || g2 < 0)
             return err_set(e,
                            "%s: its %lld inputs split %d ways do not fall on whole groups of %d "
                            "(--tensor-parallel-size)",
                            prefix, (long long)w->k, S, w->group);
+        int G = w->group ? w->group : 1, G2 = g2 ? g2 : 1;
         size_t rb = (size_t)(k * w->bits / 8), srb = scale_row_bytes(w);
-        size_t ssz = w->scales ? st_dtype_size(w->sdtype) : 0,
-               nsrb = (size_t)(k / (w->group ? w->group : 1)) * ssz;
+        size_t ssz = w->scales ? st_dtype_size(w->sdtype) : 0, nsrb = (size_t)(k / G2) * ssz;
         size_t bytes = (size_t)w->n * (rb + (w->biases ? 2 : 1) * nsrb);
         uint8_t *blob = model_host_weight(m, bytes), *p = blob;
         for (int64_t i = 0; i < w->n; i++, p += rb)
             memcpy(p, w->w + (size_t)i * w->row_bytes + (size_t)(c0 * w->bits / 8), rb);
         w->w = blob;
         w->row_bytes = rb;
+        /* each of the share's groups takes the scale (and bias) of the group it lies in */
         const void **parts[2] = {&w->scales, &w->biases};
         for (int j = 0; j < 2; j++) {
             if (!*parts[j]) continue;
             const uint8_t *src = *parts[j];
             uint8_t *dst = p;
-            for (int64_t i = 0; i < w->n; i++, p += nsrb)
-                memcpy(p, src + (size_t)i * srb + (size_t)(c0 / w->group) * ssz, nsrb);
+            for (int64_t i = 0; i < w->n; i++) {
+                const uint8_t *row = src + (size_t)i * srb;
+                if (G2 == G) { /* whole groups: the row's run of them */
+                    memcpy(p, row + (size_t)(c0 / G) * ssz, nsrb);
+                    p += nsrb;
+                    continue;
+                }
+                for (int64_t c = c0; c < c0 + k; c += G2, p += ssz)
+                    memcpy(p, row + (size_t)(c / G) * ssz, ssz);
+            }
             *parts[j] = dst;
         }
+        w->group = g2;
         w->k = k;
     }
     return m->be->ops->weight_prepare(m->be->ctx, w, e);
@@ -592,7 +630,8 @@ static int tp_share(struct model *m, const char *dir, int rank, int size, struct
     if (!c->arch->tensor_parallel)
         return err_set(e,
                        "%s: %s (%s) does not run split over GPUs yet (--tensor-parallel-size "
-                       "%d): the Llama, Mistral, Qwen2 and Qwen3 families do",
+                       "%d): the Llama, Mistral, Qwen2, Qwen3, Gemma 2 and 3 and Qwen3-MoE "
+                       "families do",
                        dir, c->arch_name, c->arch->family, size);
     const char *what = NULL;
     int v = 0;
@@ -602,13 +641,35 @@ static int tp_share(struct model *m, const char *dir, int rank, int size, struct
         if (c->layer_kv_heads[l] != kvh || (rep == 1 && kvh % size))
             what = "key-value heads", v = c->layer_kv_heads[l];
     if (!what && c->n_heads % size) what = "attention heads", v = c->n_heads;
-    if (!what && c->ffn % size) what = "intermediate_size", v = c->ffn;
+    /* the dense MLP's width where a layer has one (not in a model of routed experts alone) */
+    bool dense = false;
+    for (int l = 0; l < c->n_layers; l++) dense = dense || !c->layer_moe[l];
+    if (!what && dense && c->ffn % size) what = "intermediate_size", v = c->ffn;
+    if (!what && c->moe.n_experts && c->moe.inner % size)
+        what = "moe_intermediate_size", v = c->moe.inner;
+    if (!what && c->moe.n_experts && c->moe.shared_inner % size)
+        what = "shared_expert_intermediate_size", v = c->moe.shared_inner;
     if (!what && c->vocab % size) what = "vocab_size", v = c->vocab;
     if (what)
         return err_set(e,
                        "%s: config.json has %d %s, which do not divide into "
                        "--tensor-parallel-size %d parts",
                        dir, v, what, size);
+    /* down_proj's share of the inputs on whole quantization groups (take_share) */
+    const struct quant_spec *q = &c->quant;
+    const char *field[3] = {dense ? "intermediate_size" : NULL,
+                            c->moe.n_experts ? "moe_intermediate_size" : NULL,
+                            c->moe.n_experts ? "shared_expert_intermediate_size" : NULL};
+    int width[3] = {c->ffn, c->moe.inner, c->moe.shared_inner};
+    for (int i = 0; i < 3 && q->mode != QMODE_NONE; i++)
+        if (field[i] && width[i] &&
+            split_group(width[i] / size, q->group, q->mode == QMODE_AFFINE) < 0)
+            return err_set(e,
+                           "%s: config.json's %s %d split %d ways (--tensor-parallel-size) leaves "
+                           "each rank %d inputs of down_proj, which do not fall on whole "
+                           "quantization groups of %d%s",
+                           dir, field[i], width[i], size, width[i] / size, q->group,
+                           q->mode == QMODE_AFFINE ? " or of 32 or more" : "");
     c->n_heads /= size;
     c->n_kv_heads = kvh * rep / size;
     for (int l = 0; l < c->n_layers; l++) c->layer_kv_heads[l] = c->n_kv_heads;
@@ -616,6 +677,8 @@ static int tp_share(struct model *m, const char *dir, int rank, int size, struct
     m->kv_parts = kvh < size ? kvh : size;
     m->kv_part = rank / rep;
     c->ffn /= size;
+    c->moe.inner /= size; /* each expert's share: gate/up by rows, down by columns */
+    c->moe.shared_inner /= size;
     m->vocab_part = c->vocab / size;
     return 0;
 }

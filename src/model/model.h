@@ -199,6 +199,11 @@ int model_load_vec(struct model *m, const char *name, int dim, float add, int re
 int model_load_expert(struct model *m, const char *prefix, int expert, int64_t n, int64_t k,
                       struct qweight *w, struct err *e);
 
+/** As model_load_expert, n and k the rank's share of the expert under `split` (as
+ * model_load_linear_split). */
+int model_load_expert_split(struct model *m, const char *prefix, int expert, int64_t n, int64_t k,
+                            enum tp_split split, struct qweight *w, struct err *e);
+
 /** Rows [row0, row0 + n) of expert `expert` of the unquantized stack `name` [E, R, k] (a
  * fused gate_up_proj holds gate then up). */
 int model_load_expert_rows(struct model *m, const char *name, int expert, int64_t row0, int64_t n,

@@ -1,8 +1,9 @@
 /*
  * tp: tensor parallelism on one host (vLLM's --tensor-parallel-size). A model is split over
  * `size` devices, one rank each, in the Megatron manner: every attention layer's heads and
- * every MLP's width are shared out (q/k/v and gate/up by rows, o and down by columns), so
- * each rank computes a partial sum of o's and down's outputs that the group adds up
+ * every MLP's width are shared out (q/k/v and gate/up by rows, o and down by columns; in a
+ * MoE layer every expert's width, the router whole on every rank as vLLM does), so each
+ * rank computes a partial sum of o's and down's outputs that the group adds up
  * (backend_ops.all_reduce, blk_reduce); the embedding and the head are split by vocabulary
  * rows: a rank embeds the tokens of its share (zeros for the others) and the group adds the
  * rows up, and the head's logits are gathered (all_gather).

@@ -26,16 +26,31 @@ static const char *const golden_cpu_only[] = {NULL};
 /* Architectures whose models split over a tensor-parallel group (model/tp.h). */
 static inline int golden_tp_splits(const char *arch)
 {
-    static const char *const tp_archs[] = {"LlamaForCausalLM",  "MistralForCausalLM",
-                                           "Qwen2ForCausalLM",  "Qwen3ForCausalLM",
-                                           "Gemma2ForCausalLM", "Gemma3ForCausalLM"};
+    static const char *const tp_archs[] = {
+        "LlamaForCausalLM",  "MistralForCausalLM", "Qwen2ForCausalLM",   "Qwen3ForCausalLM",
+        "Gemma2ForCausalLM", "Gemma3ForCausalLM",  "Qwen3MoeForCausalLM"};
     for (size_t k = 0; k < sizeof tp_archs / sizeof tp_archs[0]; k++)
         if (!strcmp(arch, tp_archs[k])) return 1;
     return 0;
 }
 
+/* Whether a column share of `share` inputs of weights in groups of `group` (0: unquantized)
+ * loads: on whole groups, or, for affine groups (no "mode"), on whole groups of 32 or more
+ * that divide them (each stored group's scale repeated). */
+static inline int golden_tp_groups(int share, int group, int affine)
+{
+    int a = share, b = group;
+    while (b) {
+        int t = a % b;
+        a = b;
+        b = t;
+    }
+    return !group || share % group == 0 || (affine && a >= 32);
+}
+
 /* Whether dir's shapes split tp ways (model/tp.h): heads, key-value heads (or ranks sharing
- * them), MLP width and vocabulary divide, and the column shares of o and down fall on whole
+ * them), MLP width (the dense MLP's where a layer has one, the experts' and the shared
+ * expert's) and vocabulary divide, and the column shares of o and down fall on whole
  * quantization groups. Writes why not to why. */
 static inline int golden_tp_fits(const char *dir, int tp, char *why, size_t n)
 {
@@ -48,18 +63,29 @@ static inline int golden_tp_fits(const char *dir, int tp, char *why, size_t n)
     int heads = INT("num_attention_heads"), kv = INT("num_key_value_heads");
     int hidden = INT("hidden_size"), ffn = INT("intermediate_size"), vocab = INT("vocab_size");
     int hd = INT("head_dim") ? INT("head_dim") : heads ? hidden / heads : 0;
+    int experts = INT("num_experts") ? INT("num_experts") : INT("num_local_experts");
+    int moe = experts ? INT("moe_intermediate_size") : 0;
+    int shared = experts ? INT("shared_expert_intermediate_size") : 0;
+    /* every layer routed (decoder_sparse_step 1, no mlp_only_layers): no dense MLP */
+    const cJSON *only = cJSON_GetObjectItem(c, "mlp_only_layers");
+    if (experts && INT("decoder_sparse_step") <= 1 && cJSON_GetArraySize(only) == 0) ffn = 0;
     const cJSON *q = cJSON_GetObjectItem(c, "quantization");
     int group = q && cJSON_GetObjectItem(q, "group_size")
                     ? cJSON_GetObjectItem(q, "group_size")->valueint
                     : 0;
+    int affine = !(q && cJSON_GetObjectItem(q, "mode"));
 #undef INT
     cJSON_Delete(c);
     if (!kv) kv = heads;
     *why = 0;
-    if (!heads || heads % tp || ffn % tp || vocab % tp || (kv % tp && tp % kv))
+    if (!heads || heads % tp || ffn % tp || moe % tp || shared % tp || vocab % tp ||
+        (kv % tp && tp % kv))
         snprintf(why, n, "do not divide into");
-    else if (group && ((heads / tp * hd) % group || (ffn / tp) % group))
-        snprintf(why, n, "do not fall on whole groups");
+    else if (!golden_tp_groups(heads / tp * hd, group, affine) ||
+             !golden_tp_groups(ffn / tp, group, affine) ||
+             !golden_tp_groups(moe / tp, group, affine) ||
+             !golden_tp_groups(shared / tp, group, affine))
+        snprintf(why, n, "do not fall on whole");
     return !*why;
 }
 

@@ -721,8 +721,8 @@ int main(int argc, char **argv)
         cJSON_Delete(root);
         free(names[i]);
     }
-    if (tp > 1) { /* 4 architectures in bf16 and 5 quantized copies, less those that do not split */
-        CHECK(tested >= (tp == 2 ? 9 : 8), "only %d model folders tested split %d ways", tested,
+    if (tp > 1) { /* 7 architectures in bf16 and 7 quantized copies, less those that do not split */
+        CHECK(tested >= (tp == 2 ? 14 : 13), "only %d model folders tested split %d ways", tested,
               tp);
         TEST_DONE();
     }

@@ -18,7 +18,7 @@ gen() { # model, tp
   "$PAGODA" generate --device cpu --threads 2 --model "$1" -tp "$2" --prompt-ids '1 5 9 14 2' \
     -n 12 --temperature 0 --ignore-eos --json 2>"$TMP/err"
 }
-for m in llama-tiny qwen2-tiny qwen3-tiny-mlx8 gemma2-tiny gemma3-tiny; do
+for m in llama-tiny qwen2-tiny qwen3-tiny-mlx8 gemma2-tiny gemma3-tiny qwen3moe-tiny; do
   one=$(gen "$TD/models/$m" 1)
   for tp in 2 4; do
     got=$(gen "$TD/models/$m" $tp) || { fail "$m -tp $tp: $(cat "$TMP/err")"; continue; }
@@ -81,8 +81,8 @@ refuse() { # want, args...
 refuse "does not run split over GPUs yet" --model "$TD/models/qwen3_5-tiny" -tp 2
 refuse "2 key-value heads, which do not divide into --tensor-parallel-size 3 parts" \
   --model "$M" -tp 3
-refuse "split 4 ways do not fall on whole groups of 64" \
-  --model "$TD/models/llama-tiny-mlx4" -tp 4
+refuse "moe_intermediate_size 64 split 4 ways (--tensor-parallel-size) leaves each rank 16 inputs" \
+  --model "$TD/models/qwen3moe-tiny-mlx4" -tp 4
 refuse "--speculative-method mtp is not supported with a split model" --model "$M" -tp 2 \
   --speculative-method mtp
 out=$("$PAGODA" generate --device cpu --model "$M" --prompt-ids '1 2' -tp 9 2>&1)
