@@ -26,17 +26,17 @@ static const char *const golden_cpu_only[] = {NULL};
 /* Architectures whose models split over a tensor-parallel group (model/tp.h). */
 static inline int golden_tp_splits(const char *arch)
 {
-    static const char *const tp_archs[] = {"LlamaForCausalLM",  "MistralForCausalLM",
-                                           "Qwen2ForCausalLM",  "Qwen3ForCausalLM",
-                                           "Gemma2ForCausalLM", "Gemma3ForCausalLM"};
+    static const char *const tp_archs[] = {
+        "LlamaForCausalLM",  "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+        "Gemma2ForCausalLM", "Gemma3ForCausalLM",  "Gemma4ForCausalLM"};
     for (size_t k = 0; k < sizeof tp_archs / sizeof tp_archs[0]; k++)
         if (!strcmp(arch, tp_archs[k])) return 1;
     return 0;
 }
 
 /* Whether dir's shapes split tp ways (model/tp.h): heads, key-value heads (or ranks sharing
- * them), MLP width and vocabulary divide, and the column shares of o and down fall on whole
- * quantization groups. Writes why not to why. */
+ * them; Gemma 4's global layers' too), MLP and experts' widths and vocabulary divide, and the
+ * column shares of o and down fall on whole quantization groups. Writes why not to why. */
 static inline int golden_tp_fits(const char *dir, int tp, char *why, size_t n)
 {
     char path[4400];
@@ -48,6 +48,7 @@ static inline int golden_tp_fits(const char *dir, int tp, char *why, size_t n)
     int heads = INT("num_attention_heads"), kv = INT("num_key_value_heads");
     int hidden = INT("hidden_size"), ffn = INT("intermediate_size"), vocab = INT("vocab_size");
     int hd = INT("head_dim") ? INT("head_dim") : heads ? hidden / heads : 0;
+    int gkv = INT("num_global_key_value_heads"), moe = INT("moe_intermediate_size");
     const cJSON *q = cJSON_GetObjectItem(c, "quantization");
     int group = q && cJSON_GetObjectItem(q, "group_size")
                     ? cJSON_GetObjectItem(q, "group_size")->valueint
@@ -56,9 +57,10 @@ static inline int golden_tp_fits(const char *dir, int tp, char *why, size_t n)
     cJSON_Delete(c);
     if (!kv) kv = heads;
     *why = 0;
-    if (!heads || heads % tp || ffn % tp || vocab % tp || (kv % tp && tp % kv))
+    if (!heads || heads % tp || ffn % tp || vocab % tp || (kv % tp && tp % kv) ||
+        (gkv && gkv % tp && tp % gkv) || moe % tp)
         snprintf(why, n, "do not divide into");
-    else if (group && ((heads / tp * hd) % group || (ffn / tp) % group))
+    else if (group && ((heads / tp * hd) % group || (ffn / tp) % group || (moe / tp) % group))
         snprintf(why, n, "do not fall on whole groups");
     return !*why;
 }
