@@ -78,7 +78,13 @@ int model_load_linear_split(struct model *m, const char *prefix, int64_t n, int6
 int model_load_expert(struct model *m, const char *prefix, int expert, int64_t n, int64_t k,
                       struct qweight *w, struct err *e)
 {
-    if (load_linear(m, prefix, expert, n, k, SPLIT_NONE, w, e)) return -1;
+    return model_load_expert_split(m, prefix, expert, n, k, SPLIT_NONE, w, e);
+}
+
+int model_load_expert_split(struct model *m, const char *prefix, int expert, int64_t n, int64_t k,
+                            enum tp_split split, struct qweight *w, struct err *e)
+{
+    if (load_linear(m, prefix, expert, n, k, split, w, e)) return -1;
     track_linear(m, w);
     return 0;
 }
@@ -376,14 +382,6 @@ float *model_upload_vec(struct model *m, const float *host, int64_t n, struct er
     m->be->ops->upload(m->be->ctx, d, host, sizeof(float) * (size_t)n);
     track_vec(m, d, n);
     return d;
-}
-
-int model_load_expert_split(struct model *m, const char *prefix, int expert, int64_t n, int64_t k,
-                            enum tp_split split, struct qweight *w, struct err *e)
-{
-    if (load_linear(m, prefix, expert, n, k, split, w, e)) return -1;
-    track_linear(m, w);
-    return 0;
 }
 
 int model_load_expert_rows(struct model *m, const char *name, int expert, int64_t row0, int64_t n,

@@ -200,7 +200,8 @@ int model_load_vec(struct model *m, const char *name, int dim, float add, int re
 int model_load_expert(struct model *m, const char *prefix, int expert, int64_t n, int64_t k,
                       struct qweight *w, struct err *e);
 
-/** As model_load_expert, n and k the rank's share under split (as model_load_linear_split). */
+/** As model_load_expert, n and k the rank's share of the expert under `split` (as
+ * model_load_linear_split). */
 int model_load_expert_split(struct model *m, const char *prefix, int expert, int64_t n, int64_t k,
                             enum tp_split split, struct qweight *w, struct err *e);
 
