@@ -606,7 +606,7 @@ static int tp_share(struct model *m, const char *dir, int rank, int size, struct
     if (!c->arch->tensor_parallel)
         return err_set(e,
                        "%s: %s (%s) does not run split over GPUs yet (--tensor-parallel-size "
-                       "%d): the Llama, Mistral, Qwen2, Qwen3 and Gemma 4 families do",
+                       "%d): the Llama, Mistral, Qwen2, Qwen3 and Gemma 2, 3 and 4 families do",
                        dir, c->arch_name, c->arch->family, size);
     const char *what = NULL;
     char layer_what[96];
