@@ -17,6 +17,15 @@
  * Per-layer inputs: ple[l] = (norm(x0 . Wp / sqrt(hidden)) + E_ple[token] * sqrt(P)) / sqrt(2)
  * over the embedded rows x0, P = hidden_size_per_layer_input. The two constant factors of a
  * norm's input are folded into its epsilon: RMSNorm(s * y, eps) = RMSNorm(y, eps / s^2).
+ *
+ * Split over a group (model/tp.h): q/k/v, the MLP's gate/up and each expert's gate/up by
+ * rows, o, down and each expert's down by columns (the experts by their intermediate width),
+ * each layer's key-value heads shared out by their own count (global layers may have fewer);
+ * a KV-shared layer reads its source's share, the same heads. The partial sums are added up
+ * before the norm after them: after o, after the dense MLP and after the experts. The router,
+ * the per-layer inputs' projections and gate and every norm are whole on every rank (the
+ * residual rows are the same everywhere, so their results are too); the per-layer embedding
+ * is split by vocabulary rows as the embedding is, its rows summed over the group.
  */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -183,16 +192,20 @@ static int gemma4_moe_load(struct model *m, int l, struct model_layer *L, float 
         for (int k = 0; k < 3; k++) {
             snprintf(q, sizeof q, "%s", NAME(proj[k]));
             for (int x = 0; x < E; x++)
-                if (model_load_expert(m, q, x, k == 2 ? H : I, k == 2 ? I : H, &dst[k][x], e))
+                if (model_load_expert_split(m, q, x, k == 2 ? H : I, k == 2 ? I : H,
+                                            k == 2 ? SPLIT_COLS : SPLIT_ROWS, &dst[k][x], e))
                     return -1;
         }
     } else {
+        /* I is the rank's share: up starts after the whole gate */
+        int64_t up0 = (int64_t)I * m->tp_size;
         for (int x = 0; x < E; x++)
-            if (model_load_expert_rows(m, NAME("experts.gate_up_proj"), x, 0, I, H, &mb->gate[x],
-                                       e) ||
-                model_load_expert_rows(m, NAME("experts.gate_up_proj"), x, I, I, H, &mb->up[x],
-                                       e) ||
-                model_load_expert_rows(m, NAME("experts.down_proj"), x, 0, H, I, &mb->down[x], e))
+            if (model_load_expert_rows(m, NAME("experts.gate_up_proj"), x, 0, I, H, SPLIT_ROWS,
+                                       &mb->gate[x], e) ||
+                model_load_expert_rows(m, NAME("experts.gate_up_proj"), x, up0, I, H, SPLIT_ROWS,
+                                       &mb->up[x], e) ||
+                model_load_expert_rows(m, NAME("experts.down_proj"), x, 0, H, I, SPLIT_COLS,
+                                       &mb->down[x], e))
                 return -1;
     }
     if (blk_norm_load(m, NAME("pre_feedforward_layernorm_2.weight"), H, &L->pre_moe_norm, e) ||
@@ -214,17 +227,19 @@ static int gemma4_layer_load(struct model *m, int l, float *host, const float *o
     int ffn = c->ffn * (shared && c->ffn_double_wide ? 2 : 1);
     char p[256];
 #define NAME(s) blk_name(m, p, sizeof p, l, s)
-    if (model_load_linear(m, NAME("self_attn.q_proj"), qdim, H, &a->wq, e) ||
-        model_load_linear(m, NAME("self_attn.o_proj"), H, qdim, &a->wo, e) ||
+    model_kv_share_layer(m, l);
+    if (model_load_linear_split(m, NAME("self_attn.q_proj"), qdim, H, SPLIT_ROWS, &a->wq, e) ||
+        model_load_linear_split(m, NAME("self_attn.o_proj"), H, qdim, SPLIT_COLS, &a->wo, e) ||
         blk_norm_load(m, NAME("self_attn.q_norm.weight"), D, &a->q_norm, e))
         return -1;
     if (!shared) {
-        if (model_load_linear(m, NAME("self_attn.k_proj"), kvdim, H, &a->wk, e) ||
+        if (model_load_linear_split(m, NAME("self_attn.k_proj"), kvdim, H, SPLIT_KV, &a->wk, e) ||
             blk_norm_load(m, NAME("self_attn.k_norm.weight"), D, &a->k_norm, e) ||
             !(L->v_norm = model_upload_vec(m, ones, D, e)))
             return -1;
         int k_is_v = c->k_eq_v && c->layer_kinds[l] == LAYER_FULL;
-        if (!k_is_v && model_load_linear(m, NAME("self_attn.v_proj"), kvdim, H, &a->wv, e))
+        if (!k_is_v &&
+            model_load_linear_split(m, NAME("self_attn.v_proj"), kvdim, H, SPLIT_KV, &a->wv, e))
             return -1;
     }
     if (blk_mlp_load(m, NAME("mlp"), ffn, &L->mlp, e) ||
@@ -252,7 +267,8 @@ static int gemma4_load(struct model *m, struct err *e)
     char n[256];
     if (P) {
         snprintf(n, sizeof n, "%sembed_tokens_per_layer", m->prefix);
-        if (model_load_linear(m, n, c->vocab, LP, &m->ple_embed, e)) return -1;
+        if (model_load_linear_split(m, n, m->vocab_part, LP, SPLIT_VOCAB, &m->ple_embed, e))
+            return -1;
         snprintf(n, sizeof n, "%sper_layer_model_projection", m->prefix);
         if (model_load_linear(m, n, LP, H, &m->ple_model_proj, e)) return -1;
         snprintf(n, sizeof n, "%sper_layer_projection_norm.weight", m->prefix);
@@ -267,7 +283,10 @@ static int gemma4_load(struct model *m, struct err *e)
     float *ones = xmalloc(sizeof(float) * (size_t)c->max_head_dim);
     for (int i = 0; i < c->max_head_dim; i++) ones[i] = 1.0f;
     int rc = 0;
+    int kv_part = m->kv_part, kv_parts = m->kv_parts; /* num_key_value_heads' share */
     for (int l = 0; l < c->n_layers && !rc; l++) rc = gemma4_layer_load(m, l, host, ones, e);
+    m->kv_part = kv_part;
+    m->kv_parts = kv_parts;
     free(host);
     free(ones);
     return rc;
@@ -281,6 +300,8 @@ static void gemma4_ple(struct model *m, const struct fwd_batch *b)
     void *ctx = m->be->ctx;
     int n = b->n_tokens, L = c->n_layers, P = c->ple_dim;
     o->embed(ctx, m->ple_in, &m->ple_embed, b, sqrtf((float)P));
+    /* split: each rank embedded the tokens of its share of the vocabulary (zeros elsewhere) */
+    if (m->tp_size > 1) o->all_reduce(ctx, m->ple_in, (int64_t)n * L * P);
     o->matmul(ctx, m->ple, m->x, &m->ple_model_proj, n);
     /* the projection's 1 / sqrt(hidden) folded into the norm's epsilon */
     o->rms_norm(ctx, m->ple, m->ple, m->ple_proj_norm, n * L, P, c->rms_eps * (float)c->hidden);
@@ -338,6 +359,8 @@ static void gemma4_moe(struct model *m, const struct model_layer *L, int n)
     o->matmul(ctx, m->router, m->h, &mb->router, n);
     blk_norm(m, m->h, m->x, L->pre_moe_norm, n);
     o->moe(ctx, m->moe_out, m->h, m->router, &mp, n, c->hidden);
+    /* split: the experts' partial sums (each rank holds a share of every expert's width) */
+    if (m->tp_size > 1) o->all_reduce(ctx, m->moe_out, (int64_t)n * c->hidden);
     blk_norm(m, m->moe_out, m->moe_out, L->post_moe_norm, n);
 }
 
@@ -352,11 +375,13 @@ static void gemma4_layers(struct model *m, const struct fwd_batch *b)
         const struct model_layer *L = &m->layers[l];
         blk_norm(m, m->h, m->x, L->attn_norm, n);
         gemma4_attn(m, L, l, b);
+        blk_reduce(m, n); /* split: before the post-norm */
         blk_norm(m, m->h, m->h, L->post_attn_norm, n);
         blk_add(m, n);
         if (c->moe.beside_mlp) gemma4_moe(m, L, n);
         blk_norm(m, m->h, m->x, L->ffn_norm, n);
         blk_mlp(m, &L->mlp, n);
+        blk_reduce(m, n);
         if (c->moe.beside_mlp) {
             blk_norm(m, m->h, m->h, L->post_mlp_norm, n);
             o->add(ctx, m->h, m->moe_out, (int64_t)n * c->hidden);
@@ -377,6 +402,6 @@ static void gemma4_layers(struct model *m, const struct fwd_batch *b)
 }
 
 const struct arch arch_gemma4 = {"Gemma4ForCausalLM", "gemma4",      gemma4_config,
-                                 gemma4_load,         gemma4_layers, false};
+                                 gemma4_load,         gemma4_layers, true};
 const struct arch arch_gemma4_vl = {
-    "Gemma4ForConditionalGeneration", "gemma4", gemma4_config, gemma4_load, gemma4_layers, false};
+    "Gemma4ForConditionalGeneration", "gemma4", gemma4_config, gemma4_load, gemma4_layers, true};

@@ -417,11 +417,17 @@ float *model_upload_vec(struct model *m, const float *host, int64_t n, struct er
 }
 
 int model_load_expert_rows(struct model *m, const char *name, int expert, int64_t row0, int64_t n,
-                           int64_t k, struct qweight *w, struct err *e)
+                           int64_t k, enum tp_split split, struct qweight *w, struct err *e)
 {
     memset(w, 0, sizeof *w);
     const struct st_tensor *t = need(m, name, e);
     if (!t) return -1;
+    int part, parts;
+    share_of(m, split, &part, &parts);
+    if (split == SPLIT_COLS) /* the whole rows first */
+        k *= parts;
+    else
+        n *= parts;
     char a[128];
     if (t->ndim != 3 || t->shape[0] <= expert || t->shape[1] < row0 + n || t->shape[2] != k)
         return err_set(e, "%s: tensor '%s': shape %s, expected [>%d, >=%lld, %lld]", t->file,
@@ -441,7 +447,7 @@ int model_load_expert_rows(struct model *m, const char *name, int expert, int64_
     w->w = (const uint8_t *)t->data +
            ((size_t)expert * (size_t)t->shape[1] + (size_t)row0) * (size_t)k * es;
     w->row_bytes = (size_t)k * es;
-    if (m->be->ops->weight_prepare(m->be->ctx, w, e)) return -1;
+    if (take_share(m, name, w, split, e)) return -1;
     track_linear(m, w);
     return 0;
 }
@@ -619,7 +625,9 @@ static int check_ops(const struct model *m, const char *dir, struct err *e)
 }
 
 /* Rank `rank` of `size` takes its share of the heads, the KV heads and the MLP width (the
- * family's load splits the matrices alike); what does not divide evenly is refused. */
+ * family's load splits the matrices alike); what does not divide evenly is refused. A layer
+ * with fewer key-value heads than ranks has each head serve size / heads ranks; its heads
+ * are shared out in layer_kv_parts[l] parts (model_kv_share_layer). */
 static int tp_share(struct model *m, const char *dir, int rank, int size, struct err *e)
 {
     struct model_config *c = &m->cfg;
@@ -630,20 +638,25 @@ static int tp_share(struct model *m, const char *dir, int rank, int size, struct
     if (!c->arch->tensor_parallel)
         return err_set(e,
                        "%s: %s (%s) does not run split over GPUs yet (--tensor-parallel-size "
-                       "%d): the Llama, Mistral, Qwen2, Qwen3, Gemma 2 and 3 and Qwen3-MoE "
-                       "families do",
+                       "%d): the Llama, Mistral, Qwen2, Qwen3, Gemma 2, 3 and 4 and "
+                       "Qwen3-MoE families do",
                        dir, c->arch_name, c->arch->family, size);
     const char *what = NULL;
-    int v = 0;
-    /* fewer key-value heads than ranks: each head serves size / heads ranks */
-    int kvh = c->n_kv_heads, rep = kvh < size && size % kvh == 0 ? size / kvh : 1;
-    for (int l = 0; l < c->n_layers && !what; l++)
-        if (c->layer_kv_heads[l] != kvh || (rep == 1 && kvh % size))
-            what = "key-value heads", v = c->layer_kv_heads[l];
+    char layer_what[96];
+    int v = 0, kvh = c->n_kv_heads;
+    if (kvh % size && size % kvh) what = "key-value heads", v = kvh;
+    for (int l = 0; l < c->n_layers && !what; l++) {
+        int h = c->layer_kv_heads[l];
+        if (h % size == 0 || size % h == 0) continue;
+        snprintf(layer_what, sizeof layer_what,
+                 "key-value heads on layer %d (num_global_key_value_heads or per_layer_config)", l);
+        what = layer_what, v = h;
+    }
     if (!what && c->n_heads % size) what = "attention heads", v = c->n_heads;
     /* the dense MLP's width where a layer has one (not in a model of routed experts alone) */
     bool dense = false;
     for (int l = 0; l < c->n_layers; l++) dense = dense || !c->layer_moe[l];
+    dense = dense || c->moe.beside_mlp; /* Gemma 4: the experts beside the dense MLP */
     if (!what && dense && c->ffn % size) what = "intermediate_size", v = c->ffn;
     if (!what && c->moe.n_experts && c->moe.inner % size)
         what = "moe_intermediate_size", v = c->moe.inner;
@@ -671,16 +684,30 @@ static int tp_share(struct model *m, const char *dir, int rank, int size, struct
                            dir, field[i], width[i], size, width[i] / size, q->group,
                            q->mode == QMODE_AFFINE ? " or of 32 or more" : "");
     c->n_heads /= size;
-    c->n_kv_heads = kvh * rep / size;
-    for (int l = 0; l < c->n_layers; l++) c->layer_kv_heads[l] = c->n_kv_heads;
-    c->max_kv_dim = c->max_kv_dim / kvh * c->n_kv_heads;
     m->kv_parts = kvh < size ? kvh : size;
-    m->kv_part = rank / rep;
+    m->kv_part = rank * m->kv_parts / size;
+    c->n_kv_heads = kvh / m->kv_parts;
+    m->layer_kv_parts = xmalloc(sizeof(int) * (size_t)c->n_layers);
+    c->max_kv_dim = 0;
+    for (int l = 0; l < c->n_layers; l++) {
+        int h = c->layer_kv_heads[l], parts = h < size ? h : size;
+        m->layer_kv_parts[l] = parts;
+        c->layer_kv_heads[l] = h / parts;
+        int kv = c->layer_kv_heads[l] * c->layer_head_dim[l];
+        if (kv > c->max_kv_dim) c->max_kv_dim = kv;
+    }
     c->ffn /= size;
     c->moe.inner /= size; /* each expert's share: gate/up by rows, down by columns */
     c->moe.shared_inner /= size;
     m->vocab_part = c->vocab / size;
     return 0;
+}
+
+void model_kv_share_layer(struct model *m, int l)
+{
+    if (!m->layer_kv_parts) return;
+    m->kv_parts = m->layer_kv_parts[l];
+    m->kv_part = m->tp_rank * m->kv_parts / m->tp_size;
 }
 
 struct model *model_load(const char *dir, struct backend *be, struct err *e)
@@ -1143,6 +1170,7 @@ void model_destroy(struct model *m)
     free(m->tp_tokens);
     for (int i = 0; i < m->n_host_blobs; i++) free(m->host_blobs[i]);
     free(m->host_blobs);
+    free(m->layer_kv_parts);
     st_close(&m->st);
     config_dispose(&m->cfg);
     free(m);

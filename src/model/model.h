@@ -149,6 +149,7 @@ struct model {
     /* the rank's key-value heads are share kv_part of kv_parts: tp_rank of tp_size, or, with
      * fewer heads than ranks, head tp_rank * heads / tp_size (ranks then share a head) */
     int kv_part, kv_parts;
+    int *layer_kv_parts; /* [n_layers] each layer's kv_parts (its own KV head count); NULL alone */
     float *logits_part;
     int32_t *tp_tokens; /* host [max_tokens]: a step's tokens as rows of the embedding's share */
     struct tp_group *tp;
@@ -205,9 +206,14 @@ int model_load_expert_split(struct model *m, const char *prefix, int expert, int
                             enum tp_split split, struct qweight *w, struct err *e);
 
 /** Rows [row0, row0 + n) of expert `expert` of the unquantized stack `name` [E, R, k] (a
- * fused gate_up_proj holds gate then up). */
+ * fused gate_up_proj holds gate then up), n and k the rank's share under split: SPLIT_ROWS
+ * takes rows [row0 + rank * n, row0 + (rank + 1) * n), SPLIT_COLS a share of the k inputs. */
 int model_load_expert_rows(struct model *m, const char *name, int expert, int64_t row0, int64_t n,
-                           int64_t k, struct qweight *w, struct err *e);
+                           int64_t k, enum tp_split split, struct qweight *w, struct err *e);
+
+/** Makes SPLIT_KV take the rank's share of layer l's own key-value heads (for a family whose
+ * layers differ in KV head count: called before loading the layer's k and v). */
+void model_kv_share_layer(struct model *m, int l);
 
 /** The `dim` values of the vector `name` as host floats. */
 int model_read_vec(struct model *m, const char *name, int dim, float *out, struct err *e);

@@ -703,6 +703,10 @@ static void hybrid_cases(int invariant)
     test_moe_case(8, 2, 128, 64, WFMT_BF16, 16, 0, 1, 0, 0, invariant);
     test_moe_case(8, 2, 128, 64, WFMT_AFFINE, 4, 64, 1, 0, 0, invariant);
     test_moe_case(8, 2, 128, 64, WFMT_AFFINE, 8, 64, 0, 0, 0, invariant);
+    /* a rank's share of gemma4moe-tiny's experts split 2 and 4 ways (32 and 16 inner): gelu,
+     * per-expert scales, down's inputs fewer than a tensor-core tile */
+    test_moe_case(8, 2, 128, 32, WFMT_BF16, 16, 0, 1, 1, 1, invariant);
+    test_moe_case(8, 2, 128, 16, WFMT_BF16, 16, 0, 1, 1, 1, invariant);
     test_hybrid_layers(invariant);
 }
 

@@ -27,8 +27,8 @@ static const char *const golden_cpu_only[] = {NULL};
 static inline int golden_tp_splits(const char *arch)
 {
     static const char *const tp_archs[] = {
-        "LlamaForCausalLM",  "MistralForCausalLM", "Qwen2ForCausalLM",   "Qwen3ForCausalLM",
-        "Gemma2ForCausalLM", "Gemma3ForCausalLM",  "Qwen3MoeForCausalLM"};
+        "LlamaForCausalLM",  "MistralForCausalLM", "Qwen2ForCausalLM",  "Qwen3ForCausalLM",
+        "Gemma2ForCausalLM", "Gemma3ForCausalLM",  "Gemma4ForCausalLM", "Qwen3MoeForCausalLM"};
     for (size_t k = 0; k < sizeof tp_archs / sizeof tp_archs[0]; k++)
         if (!strcmp(arch, tp_archs[k])) return 1;
     return 0;
@@ -49,9 +49,9 @@ static inline int golden_tp_groups(int share, int group, int affine)
 }
 
 /* Whether dir's shapes split tp ways (model/tp.h): heads, key-value heads (or ranks sharing
- * them), MLP width (the dense MLP's where a layer has one, the experts' and the shared
- * expert's) and vocabulary divide, and the column shares of o and down fall on whole
- * quantization groups. Writes why not to why. */
+ * them; Gemma 4's global layers' too), MLP width (the dense MLP's where a layer has one,
+ * the experts' and the shared expert's) and vocabulary divide, and the column shares of o
+ * and down fall on whole quantization groups. Writes why not to why. */
 static inline int golden_tp_fits(const char *dir, int tp, char *why, size_t n)
 {
     char path[4400];
@@ -66,9 +66,13 @@ static inline int golden_tp_fits(const char *dir, int tp, char *why, size_t n)
     int experts = INT("num_experts") ? INT("num_experts") : INT("num_local_experts");
     int moe = experts ? INT("moe_intermediate_size") : 0;
     int shared = experts ? INT("shared_expert_intermediate_size") : 0;
-    /* every layer routed (decoder_sparse_step 1, no mlp_only_layers): no dense MLP */
+    int gkv = INT("num_global_key_value_heads");
+    /* every layer routed (decoder_sparse_step 1, no mlp_only_layers, not Gemma 4's experts
+     * beside the MLP): no dense MLP */
     const cJSON *only = cJSON_GetObjectItem(c, "mlp_only_layers");
-    if (experts && INT("decoder_sparse_step") <= 1 && cJSON_GetArraySize(only) == 0) ffn = 0;
+    if (experts && INT("decoder_sparse_step") <= 1 && cJSON_GetArraySize(only) == 0 &&
+        !cJSON_IsTrue(cJSON_GetObjectItem(c, "enable_moe_block")))
+        ffn = 0;
     const cJSON *q = cJSON_GetObjectItem(c, "quantization");
     int group = q && cJSON_GetObjectItem(q, "group_size")
                     ? cJSON_GetObjectItem(q, "group_size")->valueint
@@ -79,7 +83,7 @@ static inline int golden_tp_fits(const char *dir, int tp, char *why, size_t n)
     if (!kv) kv = heads;
     *why = 0;
     if (!heads || heads % tp || ffn % tp || moe % tp || shared % tp || vocab % tp ||
-        (kv % tp && tp % kv))
+        (kv % tp && tp % kv) || (gkv && gkv % tp && tp % gkv))
         snprintf(why, n, "do not divide into");
     else if (!golden_tp_groups(heads / tp * hd, group, affine) ||
              !golden_tp_groups(ffn / tp, group, affine) ||

@@ -11,7 +11,8 @@
  *   - sampling controls with exact outcomes (top_k 1, logit bias, stop ids, max_tokens),
  *     prompt log-probabilities against the golden, aborts;
  *   - after every scenario the pool is all free again;
- *   - Gemma 4's KV-shared layers own no KV storage: the pool is sized by the other layers;
+ *   - Gemma 4's KV-shared layers own no KV storage: the pool is sized by the other layers
+ *     (split too: each rank's pool by its share of their heads);
  *   - the BitNet variants of tests/golden/variants through the same invariance checks.
  *   - batch invariance and prefix sharing again with quantized KV caches (fp8, and tq4 keys
  *     with tq3 values) on a dense, a sliding-window and a hybrid model: formats that scale
@@ -38,6 +39,7 @@
 #include "kernels/cpu/cpu.h"
 #include "model/backend.h"
 #include "model/model.h"
+#include "model/tp.h"
 #include "sched/engine.h"
 #include "golden/golden_util.h"
 #include "test_util.h"
@@ -200,14 +202,17 @@ static void test_hybrid_states(const char *dir, const char *name, const struct g
 
 /* gemma4moe-tiny: layers 2 and 3 read the KV of layers 0 (sliding, 2 KV heads of 32) and 1
  * (full, 2 of 512). On the CPU (float32 KV) a token takes 2 * (64 + 1024) * 4 = 8704 bytes,
- * not 17408, so 1 MiB holds 7 blocks of 16 tokens, not 3. */
+ * not 17408, so 1 MiB holds 7 blocks of 16 tokens, not 3. Split 2 or 4 ways each rank holds
+ * one head of each (4 ways: two ranks a head): 4352 bytes a token, 15 blocks in its 1 MiB. */
 static void test_kv_shared(const char *dir, const char *name)
 {
     if (strcmp(device, "cpu")) return;
+    const size_t per_token = tp > 1 ? 4352 : 8704;
+    const int blocks = tp > 1 ? 15 : 7;
     struct backend be;
     struct err e = {0};
     CHECK(backend_cpu_create(&be, 1, &e) == 0, "%s: cpu backend: %s", name, e.msg);
-    struct model *m = model_load(dir, &be, &e);
+    struct model *m = model_load_rank(dir, &be, tp > 1 ? tp - 1 : 0, tp, &e); /* the last rank */
     CHECK(m != NULL, "%s: model_load: %s", name, e.msg);
     if (m) {
         const struct model_config *c = &m->cfg;
@@ -215,22 +220,33 @@ static void test_kv_shared(const char *dir, const char *name)
                   c->kv_source[3] == 1,
               "%s: KV sources %d %d %d %d, want 0 1 0 1", name, c->kv_source[0], c->kv_source[1],
               c->kv_source[2], c->kv_source[3]);
-        CHECK(model_kv_bytes_per_token(m) == 8704, "%s: %zu KV bytes a token, want 8704", name,
-              model_kv_bytes_per_token(m));
-        CHECK(model_state_alloc(m, 16, 4, 4, 16, 0, &e) == 0, "%s: state: %s", name, e.msg);
+        CHECK(model_kv_bytes_per_token(m) == per_token, "%s: %zu KV bytes a token, want %zu", name,
+              model_kv_bytes_per_token(m), per_token);
+        CHECK(model_state_alloc_rank(m, 16, 4, 4, 16, 0, &e) == 0, "%s: state: %s", name, e.msg);
         CHECK(m->kv[0].k && m->kv[1].k && !m->kv[2].k && !m->kv[2].v && !m->kv[3].k && !m->kv[3].v,
               "%s: KV-shared layers hold storage", name);
+        for (int l = 2; l < 4; l++)
+            CHECK(m->kvg[l].n_kv_heads == m->kvg[l - 2].n_kv_heads &&
+                      m->kvg[l].head_dim == m->kvg[l - 2].head_dim &&
+                      m->kvg[l].n_kv_heads == (tp > 1 ? 1 : 2),
+                  "%s: layer %d reads %d KV heads of %d, its source %d of %d", name, l,
+                  m->kvg[l].n_kv_heads, m->kvg[l].head_dim, m->kvg[l - 2].n_kv_heads,
+                  m->kvg[l - 2].head_dim);
         model_destroy(m);
     }
     backend_destroy(&be);
-    struct engine_config cfg = {
-        .model_dir = dir, .device = device, .kv_cache_memory = (size_t)1 << 20, .manual = 1};
+    struct engine_config cfg = {.model_dir = dir,
+                                .device = device,
+                                .kv_cache_memory = (size_t)1 << 20,
+                                .manual = 1,
+                                .tensor_parallel_size = tp};
     struct engine *en = engine_create(&cfg, &e);
     CHECK(en != NULL, "%s: engine_create: %s", name, e.msg);
     if (!en) return;
     struct engine_stats st;
     engine_stats(en, &st);
-    CHECK(st.kv_blocks_total == 7, "%s: %d KV blocks in 1 MiB, want 7", name, st.kv_blocks_total);
+    CHECK(st.kv_blocks_total == blocks, "%s: %d KV blocks in 1 MiB, want %d", name,
+          st.kv_blocks_total, blocks);
     engine_destroy(en);
 }
 
@@ -721,8 +737,9 @@ int main(int argc, char **argv)
         cJSON_Delete(root);
         free(names[i]);
     }
-    if (tp > 1) { /* 7 architectures in bf16 and 7 quantized copies, less those that do not split */
-        CHECK(tested >= (tp == 2 ? 14 : 13), "only %d model folders tested split %d ways", tested,
+    if (tp > 1) { /* 8 architectures in bf16 (Gemma 4 dense and MoE apart) and 8 quantized
+                   * copies, less those that do not split */
+        CHECK(tested >= (tp == 2 ? 16 : 15), "only %d model folders tested split %d ways", tested,
               tp);
         TEST_DONE();
     }

@@ -18,9 +18,9 @@
  * in batch-invariant mode (--batch-invariant: float32 products, CPU_TOL).
  * With --tensor-parallel-size N every command splits the model over N ranks (N GPUs from
  * the device named; on the CPU, N CPU backends) and the same goldens are held to the same
- * tolerances: the folders of the families that split (Llama, Mistral, Qwen2, Qwen3) whose
- * shapes divide N ways are compared; for the others the command must refuse the split at
- * load time, naming why. Fewer GPUs than N: "not run" (skipped).
+ * tolerances: the folders of the families that split (Llama, Mistral, Qwen2, Qwen3, Gemma 2, 3
+ * and 4) whose shapes divide N ways are compared; for the others the command must refuse the
+ * split at load time, naming why. Fewer GPUs than N: "not run" (skipped).
  * usage: golden_test_models PAGODA_BINARY TESTDATA_DIR [--device DEV] [--kv-cache-dtype D]
  *        [--mode default|invariant] [--tensor-parallel-size N]
  */
@@ -422,9 +422,10 @@ int main(int argc, char **argv)
     if (tp > 1 || part > 1) { /* split: the folders of the families that split; no variants */
         for (int i = 0; i < nn; i++) free(names[i]);
         printf("largest log-probability deviation: %.6f\n", max_dev);
-        /* 7 architectures in bf16 and 7 quantized copies, less those a split refuses
-         * (qwen3moe-tiny-mlx4's expert width 4 ways: 16 inputs, no whole group) */
-        CHECK(parts > 1 || tested >= (tp == 2 ? 14 : 13), "only %d folders compared split %d ways",
+        /* 8 architectures in bf16 (Gemma 4 dense and MoE apart) and 8 quantized copies, less
+         * those a split refuses (qwen3moe-tiny-mlx4's expert width 4 ways: 16 inputs, no
+         * whole group) */
+        CHECK(parts > 1 || tested >= (tp == 2 ? 16 : 15), "only %d folders compared split %d ways",
               tested, tp);
         /* a share may hold none of them: the caller sums the shares' counts */
         printf("folders compared: %d\n", tested);

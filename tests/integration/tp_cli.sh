@@ -31,6 +31,64 @@ PY
   done
 done
 
+# Gemma 4 (batch-invariant products: it magnifies any rounding): the dense and the MoE model
+# (head size 512 and partial rotary on global layers, KV-shared layers, K as V, per-layer
+# inputs), and a copy of the MoE model whose global layers have 1 key-value head
+# (num_global_key_value_heads) where the sliding ones have 2 (split 2 and 4 ways, their heads
+# are shared out by each layer's own count) and whose KV-shared layers have an MLP twice as
+# wide (use_double_wide_mlp: each matrix twice over). Prompt log-probabilities within 1e-3 of
+# one rank.
+G4=$TMP/gemma4-gkv1
+mkdir -p "$G4"
+python3 - "$TD/models/gemma4moe-tiny" "$G4" <<'PY' || fail "could not write $G4"
+import json, os, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+c = json.load(open(f"{src}/config.json"))
+c["num_global_key_value_heads"] = 1
+c["use_double_wide_mlp"] = True
+json.dump(c, open(f"{dst}/config.json", "w"))
+for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+    os.symlink(f"{src}/{f}", f"{dst}/{f}")
+raw = open(f"{src}/model.safetensors", "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+head, data = json.loads(raw[8 : 8 + n]), raw[8 + n :]
+out, blobs, off = {}, [], 0
+for name, t in head.items():
+    if name == "__metadata__":
+        continue
+    b = data[t["data_offsets"][0] : t["data_offsets"][1]]
+    if name.endswith("self_attn.k_proj.weight") and t["shape"][0] == 1024:  # a global layer
+        t["shape"] = [512, t["shape"][1]]
+        b = b[: len(b) // 2]  # its first key-value head
+    shared = name.startswith(("model.layers.2.mlp.", "model.layers.3.mlp."))
+    if shared and name.endswith(("gate_proj.weight", "up_proj.weight")):
+        t["shape"], b = [2 * t["shape"][0], t["shape"][1]], b + b
+    elif shared and name.endswith("down_proj.weight"):
+        r = t["shape"][1] * 2  # bytes of a bf16 row
+        b = b"".join(b[i : i + r] * 2 for i in range(0, len(b), r))
+        t["shape"] = [t["shape"][0], 2 * t["shape"][1]]
+    out[name] = {"dtype": t["dtype"], "shape": t["shape"], "data_offsets": [off, off + len(b)]}
+    blobs.append(b)
+    off += len(b)
+h = json.dumps(out).encode()
+h += b" " * (-len(h) % 8)
+open(f"{dst}/model.safetensors", "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+PY
+G4_IDS='2 3 4 5 100 200 300 400 17 18 19 20 21 22 23 24 25 26 27 28'
+for m in "$TD/models/gemma4-tiny" "$TD/models/gemma4moe-tiny" "$G4"; do
+  one=$("$PAGODA" score --device cpu --model "$m" --prompt-ids "$G4_IDS" --batch-invariant \
+    2>"$TMP/err") || { fail "score $m: $(cat "$TMP/err")"; continue; }
+  for tp in 2 4; do
+    got=$("$PAGODA" score --device cpu --model "$m" --prompt-ids "$G4_IDS" --batch-invariant \
+      -tp $tp 2>"$TMP/err") || { fail "score $m -tp $tp: $(cat "$TMP/err")"; continue; }
+    python3 - "$one" "$got" <<'PY' || fail "score $m -tp $tp differs from one rank"
+import json, sys
+a, b = json.loads(sys.argv[1])["prompt_logprobs"], json.loads(sys.argv[2])["prompt_logprobs"]
+assert len(a) == len(b) == 20 and all(abs(x - y) <= 1e-3 for x, y in zip(a[1:], b[1:])), (a, b)
+PY
+  done
+done
+
 # score: prompt log-probabilities split 2 ways
 s1=$("$PAGODA" score --device cpu --model "$M" --prompt-ids '1 5 9 14 2 7' --json)
 s2=$("$PAGODA" score --device cpu --model "$M" --prompt-ids '1 5 9 14 2 7' --json -tp 2)
@@ -83,6 +141,25 @@ refuse "2 key-value heads, which do not divide into --tensor-parallel-size 3 par
   --model "$M" -tp 3
 refuse "moe_intermediate_size 64 split 4 ways (--tensor-parallel-size) leaves each rank 16 inputs" \
   --model "$TD/models/qwen3moe-tiny-mlx4" -tp 4
+# Gemma 4's experts split by their width; a global layer's own key-value heads
+G4C=$TMP/gemma4-odd
+mkdir -p "$G4C"
+g4conf() { # key=value...: gemma4moe-tiny's config.json with those fields, alone in $G4C
+  python3 - "$TD/models/gemma4moe-tiny/config.json" "$G4C/config.json" "$@" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+for kv in sys.argv[3:]:
+    k, v = kv.split("=")
+    c[k] = int(v)
+json.dump(c, open(sys.argv[2], "w"))
+PY
+}
+g4conf moe_intermediate_size=66
+refuse "66 moe_intermediate_size, which do not divide into --tensor-parallel-size 4 parts" \
+  --model "$G4C" -tp 4
+g4conf num_attention_heads=12 num_key_value_heads=4 num_global_key_value_heads=3
+refuse "3 key-value heads on layer 1 (num_global_key_value_heads or per_layer_config), which do \
+not divide into --tensor-parallel-size 2 parts" --model "$G4C" -tp 2
 refuse "--speculative-method mtp is not supported with a split model" --model "$M" -tp 2 \
   --speculative-method mtp
 out=$("$PAGODA" generate --device cpu --model "$M" --prompt-ids '1 2' -tp 9 2>&1)
