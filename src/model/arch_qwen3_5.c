@@ -85,29 +85,34 @@ static void qwen3_5_layers(struct model *m, const struct fwd_batch *b)
             blk_linear(m, &L->lin, l, b);
         else
             blk_attn(m, &L->attn, l, b);
+        blk_reduce(m, n);
         blk_add(m, n);
         blk_norm(m, m->h, m->x, L->ffn_norm, n);
         if (m->cfg.layer_moe[l])
             blk_moe(m, &L->moe, n);
         else
             blk_mlp(m, &L->mlp, n);
+        blk_reduce(m, n);
         blk_add(m, n);
     }
 }
 
+/* Both split over a tensor-parallel group (model/tp.h): the DeltaNet layers by key and value
+ * heads, full attention by heads (each head's query and gate rows together), the MLP and
+ * every expert by width (blk_moe_load), the router whole. */
 const struct arch arch_qwen3_5 = {"Qwen3_5ForCausalLM", "qwen3_5",      qwen3_5_config,
-                                  qwen3_5_load,         qwen3_5_layers, false};
+                                  qwen3_5_load,         qwen3_5_layers, true};
 const struct arch arch_qwen3_5_vl = {"Qwen3_5ForConditionalGeneration",
                                      "qwen3_5",
                                      qwen3_5_config,
                                      qwen3_5_load,
                                      qwen3_5_layers,
-                                     false};
+                                     true};
 const struct arch arch_qwen3_5_moe = {
-    "Qwen3_5MoeForCausalLM", "qwen3_5_moe", qwen3_5_config, qwen3_5_load, qwen3_5_layers, false};
+    "Qwen3_5MoeForCausalLM", "qwen3_5_moe", qwen3_5_config, qwen3_5_load, qwen3_5_layers, true};
 const struct arch arch_qwen3_5_moe_vl = {"Qwen3_5MoeForConditionalGeneration",
                                          "qwen3_5_moe",
                                          qwen3_5_config,
                                          qwen3_5_load,
                                          qwen3_5_layers,
-                                         false};
+                                         true};

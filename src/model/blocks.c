@@ -157,19 +157,22 @@ void blk_mlp(struct model *m, const struct mlp_block *p, int rows)
 
 int blk_linear_load(struct model *m, const char *prefix, struct linear_block *lb, struct err *e)
 {
-    const struct linear_config *L = &m->cfg.lin;
+    const struct linear_config *L = &m->cfg.lin; /* the rank's share of the heads */
     int H = m->cfg.hidden, vdim = L->n_v_heads * L->v_dim;
-    int conv_dim = 2 * L->n_k_heads * L->k_dim + vdim;
+    /* in_proj_qkv's rows (and the convolution's channels) are q, k and v one after another:
+     * a rank takes its key heads of q and of k and its value heads of v */
+    const int64_t qkv[3] = {(int64_t)L->n_k_heads * L->k_dim, (int64_t)L->n_k_heads * L->k_dim,
+                            vdim};
     char n[300];
 #define NAME(s) (snprintf(n, sizeof n, "%s.%s", prefix, s), n)
-    if (model_load_linear(m, NAME("in_proj_qkv"), conv_dim, H, &lb->in_qkv, e) ||
-        model_load_linear(m, NAME("in_proj_z"), vdim, H, &lb->in_z, e) ||
-        model_load_linear(m, NAME("in_proj_b"), L->n_v_heads, H, &lb->in_b, e) ||
-        model_load_linear(m, NAME("in_proj_a"), L->n_v_heads, H, &lb->in_a, e) ||
-        model_load_linear(m, NAME("out_proj"), H, vdim, &lb->out, e) ||
-        model_load_rows(m, NAME("conv1d.weight"), conv_dim, L->conv_k, &lb->conv_w, e) ||
-        model_load_vec(m, NAME("A_log"), L->n_v_heads, 0, 1, &lb->a_log, e) ||
-        model_load_vec(m, NAME("dt_bias"), L->n_v_heads, 0, 1, &lb->dt_bias, e) ||
+    if (model_load_linear_stacked(m, NAME("in_proj_qkv"), 3, qkv, H, &lb->in_qkv, e) ||
+        model_load_linear_split(m, NAME("in_proj_z"), vdim, H, SPLIT_ROWS, &lb->in_z, e) ||
+        model_load_linear_split(m, NAME("in_proj_b"), L->n_v_heads, H, SPLIT_ROWS, &lb->in_b, e) ||
+        model_load_linear_split(m, NAME("in_proj_a"), L->n_v_heads, H, SPLIT_ROWS, &lb->in_a, e) ||
+        model_load_linear_split(m, NAME("out_proj"), H, vdim, SPLIT_COLS, &lb->out, e) ||
+        model_load_rows_stacked(m, NAME("conv1d.weight"), 3, qkv, L->conv_k, &lb->conv_w, e) ||
+        model_load_vec_part(m, NAME("A_log"), L->n_v_heads, 0, 1, SPLIT_ROWS, &lb->a_log, e) ||
+        model_load_vec_part(m, NAME("dt_bias"), L->n_v_heads, 0, 1, SPLIT_ROWS, &lb->dt_bias, e) ||
         model_load_vec(m, NAME("norm.weight"), L->v_dim, 0, 1, &lb->norm, e))
         return -1;
 #undef NAME

@@ -53,6 +53,22 @@ void model_head_destroy(struct model_head *h)
     free(h);
 }
 
+/* The whole matrix `name` [vocab, hidden] of a split target's checkpoint, loaded again onto
+ * the lead's backend for the head m. */
+static int head_whole(struct model *m, const struct model *t, const char *name, struct qweight *w,
+                      struct err *e)
+{
+    struct model *view = xcalloc(1, sizeof *view); /* the target's checkpoint, unsplit */
+    view->cfg = t->cfg;
+    view->st = t->st;
+    view->be = t->be;
+    int rc = model_load_linear(view, name, t->cfg.vocab, t->cfg.hidden, w, e);
+    free(view->tensors.linears);
+    free(view);
+    if (rc == 0) model_track_linear(m, w);
+    return rc;
+}
+
 /* The head's embedding: the target's, or, where the target is split over devices (its
  * embedding then holds the rank's share of the vocabulary), the whole table loaded again
  * from the target's checkpoint onto the lead's backend. */
@@ -63,17 +79,43 @@ static int head_embed(struct model *m, const struct model *t, struct err *e)
         m->embed = t->embed;
         return 0;
     }
-    struct model *view = xcalloc(1, sizeof *view); /* the target's checkpoint, unsplit */
-    view->cfg = t->cfg;
-    view->st = t->st;
-    view->be = t->be;
     char n[160];
     snprintf(n, sizeof n, "%sembed_tokens", t->prefix);
-    int rc = model_load_linear(view, n, t->cfg.vocab, t->cfg.hidden, &m->embed, e);
-    free(view->tensors.linears);
-    free(view);
-    if (rc == 0) model_track_linear(m, &m->embed);
-    return rc;
+    return head_whole(m, t, n, &m->embed, e);
+}
+
+/* The target's output head for an MTP module: the target's own, or, where the target is
+ * split (its head then holds the rank's share of the vocabulary), the whole matrix on the
+ * lead (the whole embedding head_embed loaded, when they are tied). */
+static int head_lm(struct model *m, const struct model *t, struct err *e)
+{
+    if (t->tp_size <= 1) {
+        m->lm_head = t->lm_head;
+        return 0;
+    }
+    char n[160];
+    snprintf(n, sizeof n, "%s.weight", t->head);
+    if (t->cfg.tie_embeddings || (!t->cfg.tie_explicit && !st_find(&t->st, n))) {
+        m->lm_head = m->embed; /* counted once */
+        return 0;
+    }
+    return head_whole(m, t, t->head, &m->lm_head, e);
+}
+
+/* A split target's config holds its rank's share of the heads and MLP and expert widths: the
+ * MTP layer,
+ * whole on the lead, takes the whole model's (the key-value heads: kv_parts shares of
+ * n_kv_heads, model/model.h). */
+static void head_unsplit(struct model_config *c, const struct model *t)
+{
+    if (t->tp_size <= 1) return;
+    c->n_heads *= t->tp_size;
+    c->n_kv_heads *= t->kv_parts;
+    c->layer_kv_heads[0] = c->n_kv_heads;
+    c->max_kv_dim = c->n_kv_heads * c->head_dim;
+    c->ffn *= t->tp_size;
+    c->moe.inner *= t->tp_size;
+    c->moe.shared_inner *= t->tp_size;
 }
 
 /* The rope tables of the target, copied (the head's positions rotate as the target's). */
@@ -114,13 +156,14 @@ struct model_head *model_head_load_mtp(struct model *t, struct err *e)
     struct model *m = h->m = xcalloc(1, sizeof *m);
     m->be = t->be;
     head_config(&m->cfg, &t->cfg);
+    head_unsplit(&m->cfg, t);
     m->st = t->st;
     snprintf(m->prefix, sizeof m->prefix, "mtp.");
     snprintf(m->head, sizeof m->head, "%s", t->head);
-    m->lm_head = t->lm_head;
     m->layers = xcalloc(1, sizeof *m->layers);
     int H = m->cfg.hidden;
-    if (head_embed(m, t, e) || blk_norm_load(m, "mtp.norm.weight", H, &m->final_norm, e) ||
+    if (head_embed(m, t, e) || head_lm(m, t, e) ||
+        blk_norm_load(m, "mtp.norm.weight", H, &m->final_norm, e) ||
         blk_norm_load(m, "mtp.pre_fc_norm_embedding.weight", H, &h->norm_e, e) ||
         blk_norm_load(m, "mtp.pre_fc_norm_hidden.weight", H, &h->norm_h, e) ||
         model_load_linear(m, "mtp.fc", H, 2 * (int64_t)H, &h->fc, e) || m->cfg.arch->load(m, e)) {

@@ -58,8 +58,15 @@ static void track_vec(struct model *m, float *v, int64_t len)
     t->vec_len[t->n_vecs++] = len;
 }
 
+static int load_linear_parts(struct model *m, const char *prefix, int expert, int64_t n, int64_t k,
+                             enum tp_split split, int n_parts, const int64_t *stack,
+                             struct qweight *w, struct err *e);
+
 static int load_linear(struct model *m, const char *prefix, int expert, int64_t n, int64_t k,
-                       enum tp_split split, struct qweight *w, struct err *e);
+                       enum tp_split split, struct qweight *w, struct err *e)
+{
+    return load_linear_parts(m, prefix, expert, n, k, split, 0, NULL, w, e);
+}
 
 int model_load_linear(struct model *m, const char *prefix, int64_t n, int64_t k, struct qweight *w,
                       struct err *e)
@@ -71,6 +78,16 @@ int model_load_linear_split(struct model *m, const char *prefix, int64_t n, int6
                             enum tp_split split, struct qweight *w, struct err *e)
 {
     if (load_linear(m, prefix, -1, n, k, split, w, e)) return -1;
+    track_linear(m, w);
+    return 0;
+}
+
+int model_load_linear_stacked(struct model *m, const char *prefix, int n_parts,
+                              const int64_t *parts, int64_t k, struct qweight *w, struct err *e)
+{
+    int64_t n = 0;
+    for (int i = 0; i < n_parts; i++) n += parts[i];
+    if (load_linear_parts(m, prefix, -1, n, k, SPLIT_ROWS, n_parts, parts, w, e)) return -1;
     track_linear(m, w);
     return 0;
 }
@@ -135,14 +152,40 @@ static int split_group(int64_t k, int group, int affine)
 }
 
 /* Narrows the whole matrix w (as stored) to this rank's share under split: a row share
- * points into the mapping; a column share, and an embedding's share with its row of zeros,
- * are copied into host memory. Then the backend prepares it. */
+ * points into the mapping; a column share, an embedding's share with its row of zeros and
+ * the shares of n_parts stacked blocks of rows (parts[i] rows of block i) are copied into
+ * host memory. Then the backend prepares it. */
 static int take_share(struct model *m, const char *prefix, struct qweight *w, enum tp_split split,
-                      struct err *e)
+                      int n_parts, const int64_t *parts, struct err *e)
 {
     int S, r;
     share_of(m, split, &r, &S);
-    if ((split == SPLIT_ROWS || split == SPLIT_KV || split == SPLIT_VOCAB) && S > 1) {
+    if (split == SPLIT_ROWS && n_parts > 0 && S > 1) { /* each part's share, one after another */
+        if (w->fmt == WFMT_TERNARY)
+            return err_set(e, "%s: a ternary matrix of stacked parts does not split", prefix);
+        size_t srb = scale_row_bytes(w);
+        int64_t n = w->n / S, src = 0, dst = 0;
+        uint8_t *codes = model_host_weight(m, (size_t)n * w->row_bytes);
+        uint8_t *sc = w->scales ? model_host_weight(m, (size_t)n * srb) : NULL;
+        uint8_t *bi = w->biases ? model_host_weight(m, (size_t)n * srb) : NULL;
+        for (int i = 0; i < n_parts; i++) {
+            int64_t from = src + r * parts[i];
+            memcpy(codes + (size_t)dst * w->row_bytes, w->w + (size_t)from * w->row_bytes,
+                   (size_t)parts[i] * w->row_bytes);
+            if (sc)
+                memcpy(sc + (size_t)dst * srb, (const uint8_t *)w->scales + (size_t)from * srb,
+                       (size_t)parts[i] * srb);
+            if (bi)
+                memcpy(bi + (size_t)dst * srb, (const uint8_t *)w->biases + (size_t)from * srb,
+                       (size_t)parts[i] * srb);
+            src += S * parts[i];
+            dst += parts[i];
+        }
+        w->w = codes;
+        if (sc) w->scales = sc;
+        if (bi) w->biases = bi;
+        w->n = n;
+    } else if ((split == SPLIT_ROWS || split == SPLIT_KV || split == SPLIT_VOCAB) && S > 1) {
         int64_t n = w->n / S;
         size_t srb = scale_row_bytes(w);
         w->w += (size_t)(r * n) * w->row_bytes;
@@ -234,9 +277,12 @@ static int check_slice(const struct st_tensor *t, int expert, int64_t rows, int6
 }
 
 /* Loads the linear layer `prefix` of n outputs and k inputs; with expert >= 0, expert
- * `expert` of a stack [E, n, k] stored under that name (MLX switch_mlp). */
-static int load_linear(struct model *m, const char *prefix, int expert, int64_t n, int64_t k,
-                       enum tp_split split, struct qweight *w, struct err *e)
+ * `expert` of a stack [E, n, k] stored under that name (MLX switch_mlp). With n_parts > 0
+ * its rows are n_parts blocks, stack[i] rows of block i the rank's share
+ * (model_load_linear_stacked). */
+static int load_linear_parts(struct model *m, const char *prefix, int expert, int64_t n, int64_t k,
+                             enum tp_split split, int n_parts, const int64_t *stack,
+                             struct qweight *w, struct err *e)
 {
     char name[256];
     size_t off;
@@ -266,7 +312,7 @@ static int load_linear(struct model *m, const char *prefix, int expert, int64_t 
         w->bits = (int)st_dtype_size(t->dtype) * 8;
         w->w = (const uint8_t *)t->data + off;
         w->row_bytes = (size_t)k * st_dtype_size(t->dtype);
-        return take_share(m, prefix, w, split, e);
+        return take_share(m, prefix, w, split, n_parts, stack, e);
     }
     struct quant_spec q = config_quant_for(&m->cfg, prefix);
     if (q.mode == QMODE_NONE)
@@ -320,14 +366,13 @@ static int load_linear(struct model *m, const char *prefix, int expert, int64_t 
     if (w->fmt != WFMT_AFFINE && sc->dtype != ST_U8)
         return err_set(e, "%s: tensor '%s': scales of this format must be U8, not %s", sc->file,
                        sc->name, st_dtype_name(sc->dtype));
-    return take_share(m, prefix, w, split, e);
+    return take_share(m, prefix, w, split, n_parts, stack, e);
 }
 
-/* Converts `count` values of t to float in backend memory, plus `add`. */
-static int load_floats(struct model *m, const struct st_tensor *t, int64_t count, float add,
-                       float **out, struct err *e)
+/* Converts `count` values of t to host floats, plus `add`. */
+static int host_floats(const struct st_tensor *t, int64_t count, float add, float *host,
+                       struct err *e)
 {
-    float *host = xmalloc(sizeof(float) * (size_t)count);
     for (int64_t i = 0; i < count; i++) {
         switch (t->dtype) {
         case ST_F32:
@@ -340,11 +385,22 @@ static int load_floats(struct model *m, const struct st_tensor *t, int64_t count
             host[i] = bf16_to_f32(((const uint16_t *)t->data)[i]);
             break;
         default:
-            free(host);
             return err_set(e, "%s: tensor '%s': dtype %s is not supported for a vector", t->file,
                            t->name, st_dtype_name(t->dtype));
         }
         host[i] += add;
+    }
+    return 0;
+}
+
+/* Converts `count` values of t to float in backend memory, plus `add`. */
+static int load_floats(struct model *m, const struct st_tensor *t, int64_t count, float add,
+                       float **out, struct err *e)
+{
+    float *host = xmalloc(sizeof(float) * (size_t)count);
+    if (host_floats(t, count, add, host, e)) {
+        free(host);
+        return -1;
     }
     *out = m->be->ops->alloc(m->be->ctx, sizeof(float) * (size_t)count);
     if (!*out) {
@@ -447,28 +503,67 @@ int model_load_expert_rows(struct model *m, const char *name, int expert, int64_
     w->w = (const uint8_t *)t->data +
            ((size_t)expert * (size_t)t->shape[1] + (size_t)row0) * (size_t)k * es;
     w->row_bytes = (size_t)k * es;
-    if (take_share(m, name, w, split, e)) return -1;
+    if (take_share(m, name, w, split, 0, NULL, e)) return -1;
     track_linear(m, w);
     return 0;
 }
 
-int model_load_rows(struct model *m, const char *name, int64_t rows, int64_t cols, float **out,
-                    struct err *e)
+/* The tensor `name` of rows x cols values, stored with any singleton dimensions; NULL + err
+ * when it is missing or of another shape. */
+static const struct st_tensor *need_rows(struct model *m, const char *name, int64_t rows,
+                                         int64_t cols, struct err *e)
 {
-    *out = NULL;
     const struct st_tensor *t = need(m, name, e);
-    if (!t) return -1;
+    if (!t) return NULL;
     int64_t count = 1;
     for (int i = 0; i < t->ndim; i++) count *= t->shape[i];
     int ok = t->ndim >= 2 && t->shape[0] == rows && count == rows * cols;
     for (int i = 1; ok && i < t->ndim; i++) ok = t->shape[i] == cols || t->shape[i] == 1;
     if (!ok) {
         char a[128];
-        return err_set(e, "%s: tensor '%s': shape %s, expected %lld rows of %lld values", t->file,
-                       t->name, st_shape_str(t->shape, t->ndim, a, sizeof a), (long long)rows,
-                       (long long)cols);
+        err_set(e, "%s: tensor '%s': shape %s, expected %lld rows of %lld values", t->file, t->name,
+                st_shape_str(t->shape, t->ndim, a, sizeof a), (long long)rows, (long long)cols);
+        return NULL;
     }
-    return load_floats(m, t, count, 0, out, e);
+    return t;
+}
+
+int model_load_rows(struct model *m, const char *name, int64_t rows, int64_t cols, float **out,
+                    struct err *e)
+{
+    *out = NULL;
+    const struct st_tensor *t = need_rows(m, name, rows, cols, e);
+    if (!t) return -1;
+    return load_floats(m, t, rows * cols, 0, out, e);
+}
+
+int model_load_rows_stacked(struct model *m, const char *name, int n_parts, const int64_t *parts,
+                            int64_t cols, float **out, struct err *e)
+{
+    int r, S;
+    share_of(m, SPLIT_ROWS, &r, &S);
+    int64_t n = 0;
+    for (int i = 0; i < n_parts; i++) n += parts[i];
+    if (S == 1) return model_load_rows(m, name, n, cols, out, e);
+    *out = NULL;
+    const struct st_tensor *t = need_rows(m, name, n * S, cols, e);
+    if (!t) return -1;
+    float *host = xmalloc(sizeof(float) * (size_t)(n * cols));
+    int64_t src = 0, dst = 0;
+    for (int i = 0; i < n_parts; i++) {
+        struct st_tensor part = *t;
+        part.data = (const uint8_t *)t->data +
+                    (size_t)((src + r * parts[i]) * cols) * st_dtype_size(t->dtype);
+        if (host_floats(&part, parts[i] * cols, 0, host + dst * cols, e)) {
+            free(host);
+            return -1;
+        }
+        src += S * parts[i];
+        dst += parts[i];
+    }
+    *out = model_upload_vec(m, host, n * cols, e);
+    free(host);
+    return *out ? 0 : -1;
 }
 
 /* inv_freq[i] for i < d/2 of one rope parameter set (dynamic NTK is applied per position at
@@ -638,8 +733,8 @@ static int tp_share(struct model *m, const char *dir, int rank, int size, struct
     if (!c->arch->tensor_parallel)
         return err_set(e,
                        "%s: %s (%s) does not run split over GPUs yet (--tensor-parallel-size "
-                       "%d): the Llama, Mistral, Qwen2, Qwen3, Gemma 2, 3 and 4 and "
-                       "Qwen3-MoE families do",
+                       "%d): the Llama, Mistral, Qwen2, Qwen3, Gemma 2, 3 and 4, Qwen3-MoE and "
+                       "Qwen3.5 families do",
                        dir, c->arch_name, c->arch->family, size);
     const char *what = NULL;
     char layer_what[96];
@@ -663,6 +758,13 @@ static int tp_share(struct model *m, const char *dir, int rank, int size, struct
     if (!what && c->moe.n_experts && c->moe.shared_inner % size)
         what = "shared_expert_intermediate_size", v = c->moe.shared_inner;
     if (!what && c->vocab % size) what = "vocab_size", v = c->vocab;
+    int linear = 0; /* Gated DeltaNet layers: their key and value heads are shared out */
+    for (int l = 0; l < c->n_layers && c->layer_kinds; l++)
+        linear |= c->layer_kinds[l] == LAYER_LINEAR;
+    if (!what && linear && c->lin.n_k_heads % size)
+        what = "linear_num_key_heads", v = c->lin.n_k_heads;
+    if (!what && linear && c->lin.n_v_heads % size)
+        what = "linear_num_value_heads", v = c->lin.n_v_heads;
     if (what)
         return err_set(e,
                        "%s: config.json has %d %s, which do not divide into "
@@ -699,6 +801,10 @@ static int tp_share(struct model *m, const char *dir, int rank, int size, struct
     c->ffn /= size;
     c->moe.inner /= size; /* each expert's share: gate/up by rows, down by columns */
     c->moe.shared_inner /= size;
+    if (linear) {
+        c->lin.n_k_heads /= size;
+        c->lin.n_v_heads /= size;
+    }
     m->vocab_part = c->vocab / size;
     return 0;
 }
@@ -894,6 +1000,15 @@ size_t model_state_bytes(const struct model *m)
 
 void model_state_copy(struct model *m, int dst, int src)
 {
+    if (m->tp) {
+        tpg_state_copy(m->tp, dst, src);
+        return;
+    }
+    model_state_copy_rank(m, dst, src);
+}
+
+void model_state_copy_rank(struct model *m, int dst, int src)
+{
     const struct model_config *c = &m->cfg;
     size_t conv, rec;
     state_floats(c, &conv, &rec);
@@ -957,7 +1072,8 @@ int model_state_pieces(const struct model *m, void **base, size_t *bytes)
 int model_state_alloc(struct model *m, int max_tokens, int max_logits, int n_blocks, int block_size,
                       int n_states, struct err *e)
 {
-    if (m->tp) return tpg_state_alloc(m->tp, max_tokens, max_logits, n_blocks, block_size, e);
+    if (m->tp)
+        return tpg_state_alloc(m->tp, max_tokens, max_logits, n_blocks, block_size, n_states, e);
     return model_state_alloc_rank(m, max_tokens, max_logits, n_blocks, block_size, n_states, e);
 }
 

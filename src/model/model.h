@@ -178,6 +178,18 @@ int model_load_linear(struct model *m, const char *prefix, int64_t n, int64_t k,
 int model_load_linear_split(struct model *m, const char *prefix, int64_t n, int64_t k,
                             enum tp_split split, struct qweight *w, struct err *e);
 
+/** A matrix of k inputs whose rows are n_parts blocks stacked (a DeltaNet's in_proj_qkv: q,
+ * k, v), each shared out by rows alike: parts[i] is the rank's share of block i, and the rank
+ * holds its rows of each block one after another (copied out of the mapping; at one rank the
+ * whole matrix of sum(parts) rows). */
+int model_load_linear_stacked(struct model *m, const char *prefix, int n_parts,
+                              const int64_t *parts, int64_t k, struct qweight *w, struct err *e);
+
+/** As model_load_rows for the rank's rows of each of n_parts stacked blocks of rows, parts[i]
+ * the rank's share of block i (as model_load_linear_stacked). */
+int model_load_rows_stacked(struct model *m, const char *name, int n_parts, const int64_t *parts,
+                            int64_t cols, float **out, struct err *e);
+
 /** As model_load_vec for the rank's share of the vector under split (SPLIT_ROWS: [rank * dim,
  * (rank + 1) * dim); SPLIT_KV: by kv_part). */
 int model_load_vec_part(struct model *m, const char *name, int dim, float add, int required,
@@ -258,14 +270,16 @@ int model_set_kv_format(struct model *m, const struct kv_spec *s, struct err *e)
  * (NULL: the model's own, model_set_kv_format). */
 size_t model_kv_bytes_per_block(const struct model *m, const struct kv_spec *spec, int block_size);
 
-/** Bytes of one sequence's recurrent state across the linear-attention layers (0: none). */
+/** Bytes of one sequence's recurrent state across the linear-attention layers (0: none); of a
+ * split model, one rank's share (its heads' conv rows and matrices). */
 size_t model_state_bytes(const struct model *m);
 
 /** Copies recurrent-state slot src to slot dst (every linear-attention layer), in order
- * with the steps around it. */
+ * with the steps around it; a split model's on every rank. */
 void model_state_copy(struct model *m, int dst, int src);
 
-/** Copies recurrent-state slot `slot` to host memory dst [model_state_bytes]: for each
+/** Copies recurrent-state slot `slot` to host memory dst [model_state_bytes] (of a split
+ * model the rank's share; model_state_image_read covers every rank): for each
  * linear-attention layer in order, its conv rows then its delta-rule matrix, float32 (the
  * image a disk tier stores; it waits for the work queued before it). */
 void model_state_read(struct model *m, int slot, void *dst);

@@ -9,7 +9,15 @@
 
 #include "common/util.h"
 
-enum tp_job { JOB_NONE, JOB_FORWARD, JOB_STATE, JOB_HIDDEN, JOB_KV_FORMAT, JOB_QUIT };
+enum tp_job {
+    JOB_NONE,
+    JOB_FORWARD,
+    JOB_STATE,
+    JOB_STATE_COPY,
+    JOB_HIDDEN,
+    JOB_KV_FORMAT,
+    JOB_QUIT
+};
 
 struct tp_rank {
     struct tp_group *g;
@@ -34,7 +42,7 @@ struct tp_group {
     /* the job */
     enum tp_job job;
     const struct fwd_batch *b;
-    int args[4];
+    int args[5];
     const struct kv_spec *spec;
 };
 
@@ -48,7 +56,11 @@ static int run_job(struct tp_group *g, struct tp_rank *r, float *logits, struct 
         if (r->rank > 0 && m->be->ops->submit) m->be->ops->submit(m->be->ctx);
         return 0;
     case JOB_STATE:
-        return model_state_alloc_rank(m, g->args[0], g->args[1], g->args[2], g->args[3], 0, e);
+        return model_state_alloc_rank(m, g->args[0], g->args[1], g->args[2], g->args[3], g->args[4],
+                                      e);
+    case JOB_STATE_COPY:
+        model_state_copy_rank(m, g->args[0], g->args[1]);
+        return 0;
     case JOB_HIDDEN:
         return model_hidden_alloc_rank(m, g->args[0], e);
     case JOB_KV_FORMAT:
@@ -124,14 +136,24 @@ void tpg_forward(struct tp_group *g, const struct fwd_batch *b, float *logits)
 }
 
 int tpg_state_alloc(struct tp_group *g, int max_tokens, int max_logits, int n_blocks,
-                    int block_size, struct err *e)
+                    int block_size, int n_states, struct err *e)
 {
     g->job = JOB_STATE;
     g->args[0] = max_tokens;
     g->args[1] = max_logits;
     g->args[2] = n_blocks;
     g->args[3] = block_size;
+    g->args[4] = n_states;
     return run_all(g, NULL, e);
+}
+
+void tpg_state_copy(struct tp_group *g, int dst, int src)
+{
+    g->job = JOB_STATE_COPY;
+    g->args[0] = dst;
+    g->args[1] = src;
+    struct err e;
+    run_all(g, NULL, &e); /* a copy reports no errors */
 }
 
 int tpg_hidden_alloc(struct tp_group *g, int max_rows, struct err *e)

@@ -4,15 +4,17 @@
  * every MLP's width are shared out (q/k/v and gate/up by rows, o and down by columns; in a
  * MoE layer every expert's width, the router whole on every rank as vLLM does), so each
  * rank computes a partial sum of o's and down's outputs that the group adds up
- * (backend_ops.all_reduce, blk_reduce); the embedding and the head are split by vocabulary
- * rows: a rank embeds the tokens of its share (zeros for the others) and the group adds the
- * rows up, and the head's logits are gathered (all_gather).
+ * (backend_ops.all_reduce, blk_reduce); a Gated DeltaNet layer's key and value heads (its
+ * input projections by rows, out_proj by columns) and their recurrent states alike; the
+ * embedding and the head are split by vocabulary rows: a rank embeds the tokens of its share
+ * (zeros for the others) and the group adds the rows up, and the head's logits are gathered
+ * (all_gather).
  *
  * The engine holds rank 0's model (the lead) and calls the model API as for one device:
- * the calls that touch every rank (forward, the step buffers, the KV format) run on each
- * rank at once, rank 0 on the caller's thread and each other rank on a thread of its own
- * that created its backend; picks, samples and logits are read from the lead, which holds
- * the gathered logits.
+ * the calls that touch every rank (forward, the step buffers and state slots, a state slot's
+ * copy, the KV format) run on each rank at once, rank 0 on the caller's thread and each other rank
+ * on a thread of its own that created its backend; picks, samples and logits are read from the
+ * lead, which holds the gathered logits.
  *
  *     struct model *m = model_load_tp(dir, &be, "cuda", 2, 0, &e);  // be: rank 0's backend
  *     model_forward(m, &batch, NULL);                              // every rank steps
@@ -46,7 +48,8 @@ struct model *model_load_rank(const char *dir, struct backend *be, int rank, int
 /* Used by the model API for a group's lead: each runs on every rank. */
 void tpg_forward(struct tp_group *g, const struct fwd_batch *b, float *logits);
 int tpg_state_alloc(struct tp_group *g, int max_tokens, int max_logits, int n_blocks,
-                    int block_size, struct err *e);
+                    int block_size, int n_states, struct err *e);
+void tpg_state_copy(struct tp_group *g, int dst, int src);
 int tpg_hidden_alloc(struct tp_group *g, int max_rows, struct err *e);
 int tpg_set_kv_format(struct tp_group *g, const struct kv_spec *s, struct err *e);
 /** The group's size, and rank r's model (0: the lead). Between the group's calls the other
@@ -62,6 +65,7 @@ void model_forward_rank(struct model *m, const struct fwd_batch *b, float *logit
 int model_state_alloc_rank(struct model *m, int max_tokens, int max_logits, int n_blocks,
                            int block_size, int n_states, struct err *e);
 int model_hidden_alloc_rank(struct model *m, int max_rows, struct err *e);
+void model_state_copy_rank(struct model *m, int dst, int src);
 int model_set_kv_format_rank(struct model *m, const struct kv_spec *s, struct err *e);
 
 #endif

@@ -137,19 +137,6 @@ static int check_sched_config(const struct engine_config *cfg, struct err *e)
     return 0;
 }
 
-/* What a model split over devices does not run yet is refused before anything loads. A
- * draft model and an EAGLE-3 head run whole on the lead's device (the head with a whole copy
- * of the embedding) and n-gram drafts need no model; an MTP module computes its logits with
- * the target's head, which a split model shares out by vocabulary. */
-static int check_tp_config(const struct engine_config *cfg, struct err *e)
-{
-    if (cfg->spec.method != SPEC_MTP) return 0;
-    return err_set(e,
-                   "--tensor-parallel-size %d: --speculative-method mtp is not supported with a "
-                   "split model yet",
-                   cfg->tensor_parallel_size);
-}
-
 struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
 {
     struct engine *en = xcalloc(1, sizeof *en);
@@ -174,12 +161,10 @@ struct engine *engine_create(const struct engine_config *cfg_in, struct err *e)
         free(en);
         return NULL;
     }
+    /* a split model runs every speculative method: draft models and heads load whole on the
+     * lead's device (the heads with whole copies of the embedding, an MTP module of the
+     * model's head too) and n-gram drafts need no model */
     int tp = cfg->tensor_parallel_size > 1 ? cfg->tensor_parallel_size : 1;
-    if (tp > 1 && check_tp_config(cfg, e)) {
-        backend_destroy(&en->be);
-        free(en);
-        return NULL;
-    }
     en->m = model_load_tp(cfg->model_dir, &en->be, cfg->device, tp, cfg->threads, e);
     if (!en->m) {
         backend_destroy(&en->be);

@@ -27,8 +27,9 @@ static const char *const golden_cpu_only[] = {NULL};
 static inline int golden_tp_splits(const char *arch)
 {
     static const char *const tp_archs[] = {
-        "LlamaForCausalLM",  "MistralForCausalLM", "Qwen2ForCausalLM",  "Qwen3ForCausalLM",
-        "Gemma2ForCausalLM", "Gemma3ForCausalLM",  "Gemma4ForCausalLM", "Qwen3MoeForCausalLM"};
+        "LlamaForCausalLM",   "MistralForCausalLM",   "Qwen2ForCausalLM",  "Qwen3ForCausalLM",
+        "Gemma2ForCausalLM",  "Gemma3ForCausalLM",    "Gemma4ForCausalLM", "Qwen3MoeForCausalLM",
+        "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"};
     for (size_t k = 0; k < sizeof tp_archs / sizeof tp_archs[0]; k++)
         if (!strcmp(arch, tp_archs[k])) return 1;
     return 0;
@@ -50,8 +51,9 @@ static inline int golden_tp_groups(int share, int group, int affine)
 
 /* Whether dir's shapes split tp ways (model/tp.h): heads, key-value heads (or ranks sharing
  * them; Gemma 4's global layers' too), MLP width (the dense MLP's where a layer has one,
- * the experts' and the shared expert's) and vocabulary divide, and the column shares of o
- * and down fall on whole quantization groups. Writes why not to why. */
+ * the experts' and the shared expert's), vocabulary and linear-attention key and value heads
+ * divide, and the column shares of o and down fall on whole quantization groups. Writes why
+ * not to why. */
 static inline int golden_tp_fits(const char *dir, int tp, char *why, size_t n)
 {
     char path[4400];
@@ -73,6 +75,7 @@ static inline int golden_tp_fits(const char *dir, int tp, char *why, size_t n)
     if (experts && INT("decoder_sparse_step") <= 1 && cJSON_GetArraySize(only) == 0 &&
         !cJSON_IsTrue(cJSON_GetObjectItem(c, "enable_moe_block")))
         ffn = 0;
+    int lk = INT("linear_num_key_heads"), lv = INT("linear_num_value_heads");
     const cJSON *q = cJSON_GetObjectItem(c, "quantization");
     int group = q && cJSON_GetObjectItem(q, "group_size")
                     ? cJSON_GetObjectItem(q, "group_size")->valueint
@@ -83,7 +86,7 @@ static inline int golden_tp_fits(const char *dir, int tp, char *why, size_t n)
     if (!kv) kv = heads;
     *why = 0;
     if (!heads || heads % tp || ffn % tp || moe % tp || shared % tp || vocab % tp ||
-        (kv % tp && tp % kv) || (gkv && gkv % tp && tp % gkv))
+        (kv % tp && tp % kv) || (gkv && gkv % tp && tp % gkv) || lk % tp || lv % tp)
         snprintf(why, n, "do not divide into");
     else if (!golden_tp_groups(heads / tp * hd, group, affine) ||
              !golden_tp_groups(ffn / tp, group, affine) ||

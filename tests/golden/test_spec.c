@@ -27,11 +27,14 @@
  *   - the pool and the state slots are all free after every scenario.
  * With --tensor-parallel-size N (last) the target is split N ways (N GPUs, or N CPU backends)
  * on the folders whose family and shapes split (golden_tp_fits): n-gram drafts and draft
- * models (the model itself, and for llama-tiny qwen3-tiny, run whole on the lead's device)
- * and, for llama-tiny, an EAGLE-3 head (with a whole copy of the embedding) alone and
- * concurrently against plain split decoding, sampled requests as above, and the head's
- * forward against the split model's logits; MTP is refused with the reason. Fewer GPUs than
- * N: skipped.
+ * models (the model itself, for llama-tiny also qwen3-tiny, for a hybrid target qwen3-tiny
+ * alone, its recurrent states restored on every rank after rejections: run whole on the
+ * lead's device), for llama-tiny an EAGLE-3 head (with a whole copy of the embedding) and
+ * for qwen3_5-tiny an MTP module (whole on the lead, with whole copies of the embedding and
+ * the head) alone and concurrently against plain split decoding, sampled requests as above,
+ * and the heads' forward against the split model's logits (EAGLE-3) or the host (MTP);
+ * MTP on a checkpoint without the module is refused with the reason. Fewer GPUs than N:
+ * skipped.
  * usage: golden_test_spec PAGODA_BINARY TESTDATA_DIR [--device DEV] [--tensor-parallel-size N]
  */
 #include <cjson/cJSON.h>
@@ -343,7 +346,7 @@ static void check_head_forward(const char *dir, const char *name)
         struct err e = {0};
         struct backend be;
         CHECK(backend_create(&be, device, 0, &e) == 0, "backend: %s", e.msg);
-        struct model *m = model_load(fx, &be, &e);
+        struct model *m = model_load_tp(fx, &be, device, tp, 0, &e);
         CHECK(m != NULL, "%s: model_load: %s", name, e.msg);
         enum { N = 7, BS = 16 };
         CHECK(m && model_state_alloc(m, 64, 8, 4, BS, 2, &e) == 0 &&
@@ -616,11 +619,15 @@ static void test_model(const char *mdir, const char *name, struct golden_case *c
     run_alone(dir, name, cs, nc, SPEC_NGRAM, NULL, plain, 0);
     run_concurrent(dir, name, cs, nc, SPEC_NGRAM, NULL, plain);
     if (tp > 1) { /* split: draft models whole on the lead's device; heads refused */
-        run_alone(dir, name, cs, nc, SPEC_DRAFT, dir, plain, 1);
-        run_concurrent(dir, name, cs, nc, SPEC_DRAFT, dir, plain);
-        if (strcmp(name, "llama-tiny")) return;
         char other[4200];
         snprintf(other, sizeof other, "%s/qwen3-tiny", mdir);
+        /* a hybrid target drafts with a dense model (its states restored on every rank) */
+        run_alone(dir, name, cs, nc, SPEC_DRAFT, hybrid ? other : dir, plain, !hybrid);
+        run_concurrent(dir, name, cs, nc, SPEC_DRAFT, hybrid ? other : dir, plain);
+        /* MTP modules whole on the lead, with whole copies of the embedding and the head */
+        if (!strcmp(name, "qwen3_5-tiny") || !strcmp(name, "qwen3_5_moe-tiny"))
+            run_mtp(dir, name, cs, nc, plain);
+        if (strcmp(name, "llama-tiny")) return;
         run_alone(dir, name, cs, nc, SPEC_DRAFT, other, plain, 0);
         run_concurrent(dir, name, cs, nc, SPEC_DRAFT, other, plain);
         run_sampled(dir, name, cs, nc, 1);
@@ -634,8 +641,8 @@ static void test_model(const char *mdir, const char *name, struct golden_case *c
         }
         check_eagle3_forward(dir, name);
         struct engine *bad = open_engine(dir, 2048, 0, SPEC_MTP, NULL, &e);
-        CHECK(bad == NULL && strstr(e.msg, "mtp") && strstr(e.msg, "--tensor-parallel-size"),
-              "%s: MTP with a split model not refused (%s)", name, e.msg);
+        CHECK(bad == NULL && strstr(e.msg, "multi-token-prediction"),
+              "%s: MTP without a module not refused split (%s)", name, e.msg);
         if (bad) engine_destroy(bad);
         return;
     }

@@ -18,10 +18,27 @@ gen() { # model, tp
   "$PAGODA" generate --device cpu --threads 2 --model "$1" -tp "$2" --prompt-ids '1 5 9 14 2' \
     -n 12 --temperature 0 --ignore-eos --json 2>"$TMP/err"
 }
-for m in llama-tiny qwen2-tiny qwen3-tiny-mlx8 gemma2-tiny gemma3-tiny qwen3moe-tiny; do
-  one=$(gen "$TD/models/$m" 1)
-  for tp in 2 4; do
-    got=$(gen "$TD/models/$m" $tp) || { fail "$m -tp $tp: $(cat "$TMP/err")"; continue; }
+# Qwen3.5 (Gated DeltaNet and gated attention): the tiny model's 2 linear key heads split 2
+# ways; random models of 4 key and 8 value heads (a rank's value heads read its key heads)
+# 2 and 4 ways, in bf16, in MLX 8-bit and mxfp4 (in_proj_qkv's q, k and v shares copied with
+# their scales); the bf16 one with an MTP module
+for f in bf16 mlx8 mxfp4; do
+  mtp=
+  [ $f = bf16 ] && mtp="--mtp-layers 1"
+  "$PAGODA" bench make-model --arch qwen3_5 --hidden 256 --layers 4 --heads 8 --kv-heads 2 \
+    --head-dim 32 --ffn 512 --vocab 1024 --format $f --full-attention-interval 2 \
+    --linear-key-heads 4 --linear-value-heads 8 --linear-key-dim 32 --linear-value-dim 64 \
+    $mtp "$TMP/q35-$f" >/dev/null 2>&1 || fail "make-model qwen3_5 $f"
+done
+for mt in "$TD/models/llama-tiny:2 4" "$TD/models/qwen2-tiny:2 4" \
+  "$TD/models/qwen3-tiny-mlx8:2 4" "$TD/models/gemma2-tiny:2 4" "$TD/models/gemma3-tiny:2 4" \
+  "$TD/models/qwen3moe-tiny:2 4" "$TD/models/qwen3_5-tiny:2" "$TD/models/qwen3_5_moe-tiny:2" \
+  "$TD/models/qwen3_5_moe-tiny-mlx8:2" "$TMP/q35-bf16:2 4" \
+  "$TMP/q35-mlx8:2 4" "$TMP/q35-mxfp4:2 4"; do
+  m=${mt%%:*}
+  one=$(gen "$m" 1)
+  for tp in ${mt#*:}; do
+    got=$(gen "$m" $tp) || { fail "$m -tp $tp: $(cat "$TMP/err")"; continue; }
     python3 - "$one" "$got" <<'PY' || fail "$m -tp $tp differs from one rank"
 import json, sys
 a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
@@ -127,6 +144,22 @@ for run in 1 2; do
   [ "$got" = "$plain" ] || fail "generate -tp 2 --kv-disk-dir, run $run: $got ($(cat "$TMP/err"))"
 done
 
+# the MTP module, whole on the lead (its layer at the whole model's 8 heads and 2 KV heads,
+# which ranks share 4 ways), gives plain decoding's greedy tokens split 2 and 4 ways
+mtp_ids() { # tp, generate args...
+  local tp=$1
+  shift
+  "$PAGODA" generate --device cpu --model "$TMP/q35-bf16" --prompt-ids '1 2 3 1 2 3 1 2' -n 12 \
+    --temperature 0 --ignore-eos --json -tp "$tp" "$@" 2>"$TMP/err" |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["ids"])'
+}
+plain=$(mtp_ids 1)
+for tp in 2 4; do
+  got=$(mtp_ids $tp --speculative-method mtp)
+  [ -n "$plain" ] && [ "$got" = "$plain" ] ||
+    fail "qwen3_5 MTP -tp $tp: $got, want $plain ($(cat "$TMP/err"))"
+done
+
 # refused at load time, exit 1, with the reason
 refuse() { # want, args...
   local want=$1
@@ -136,7 +169,8 @@ refuse() { # want, args...
   local rc=$?
   [ $rc -eq 1 ] && grep -qF -- "$want" <<<"$out" || fail "$* -> rc $rc: $out (want: $want)"
 }
-refuse "does not run split over GPUs yet" --model "$TD/models/qwen3_5-tiny" -tp 2
+refuse "2 linear_num_key_heads, which do not divide into --tensor-parallel-size 4 parts" \
+  --model "$TD/models/qwen3_5-tiny" -tp 4
 refuse "2 key-value heads, which do not divide into --tensor-parallel-size 3 parts" \
   --model "$M" -tp 3
 refuse "moe_intermediate_size 64 split 4 ways (--tensor-parallel-size) leaves each rank 16 inputs" \
@@ -160,8 +194,7 @@ refuse "66 moe_intermediate_size, which do not divide into --tensor-parallel-siz
 g4conf num_attention_heads=12 num_key_value_heads=4 num_global_key_value_heads=3
 refuse "3 key-value heads on layer 1 (num_global_key_value_heads or per_layer_config), which do \
 not divide into --tensor-parallel-size 2 parts" --model "$G4C" -tp 2
-refuse "--speculative-method mtp is not supported with a split model" --model "$M" -tp 2 \
-  --speculative-method mtp
+refuse "has no multi-token-prediction module" --model "$M" -tp 2 --speculative-method mtp
 out=$("$PAGODA" generate --device cpu --model "$M" --prompt-ids '1 2' -tp 9 2>&1)
 [ $? -eq 2 ] || fail "-tp 9: want exit 2: $out"
 
