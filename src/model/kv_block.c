@@ -60,36 +60,38 @@ size_t model_state_image_bytes(const struct model *m)
     return n;
 }
 
-void model_kv_block_read(struct model *m, int block, void *dst)
+/* Block `block` of every rank to its image at host (to_host) or from it. */
+static void block_io(struct model *m, int block, char *host, int to_host)
 {
-    char *p = dst;
     for (int r = 0; r < n_ranks(m); r++) {
         struct model *rm = rank_model(m, r);
+        const struct backend_ops *o = rm->be->ops;
+        void *ctx = rm->be->ctx;
         for (int l = 0; l < rm->cfg.n_layers; l++) {
             if (!owns_kv(&rm->cfg, l)) continue;
             size_t nk = layer_bytes(rm, l, 0), nv = layer_bytes(rm, l, 1);
-            void *ctx = rm->be->ctx;
-            rm->be->ops->download(ctx, p, (char *)rm->kv[l].k + nk * (size_t)block, nk);
-            rm->be->ops->download(ctx, p + nk, (char *)rm->kv[l].v + nv * (size_t)block, nv);
-            p += nk + nv;
+            char *k = (char *)rm->kv[l].k + nk * (size_t)block;
+            char *v = (char *)rm->kv[l].v + nv * (size_t)block;
+            if (to_host) {
+                o->download(ctx, host, k, nk);
+                o->download(ctx, host + nk, v, nv);
+            } else {
+                o->upload(ctx, k, host, nk);
+                o->upload(ctx, v, host + nk, nv);
+            }
+            host += nk + nv;
         }
     }
 }
 
+void model_kv_block_read(struct model *m, int block, void *dst)
+{
+    block_io(m, block, dst, 1);
+}
+
 void model_kv_block_write(struct model *m, int block, const void *src)
 {
-    const char *p = src;
-    for (int r = 0; r < n_ranks(m); r++) {
-        struct model *rm = rank_model(m, r);
-        for (int l = 0; l < rm->cfg.n_layers; l++) {
-            if (!owns_kv(&rm->cfg, l)) continue;
-            size_t nk = layer_bytes(rm, l, 0), nv = layer_bytes(rm, l, 1);
-            void *ctx = rm->be->ctx;
-            rm->be->ops->upload(ctx, (char *)rm->kv[l].k + nk * (size_t)block, p, nk);
-            rm->be->ops->upload(ctx, (char *)rm->kv[l].v + nv * (size_t)block, p + nk, nv);
-            p += nk + nv;
-        }
-    }
+    block_io(m, block, (char *)src, 0);
 }
 
 void model_state_image_read(struct model *m, int slot, void *dst)
