@@ -1,6 +1,7 @@
 /* Paged attention over quantized KV head blocks (paged_kv/kv_quant.h): the codes are
  * decoded inside the dot products and the value sums, never into a copy of a block. */
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "common/scratch.h"
@@ -163,78 +164,94 @@ static float row_scale(int dt, int role, const uint8_t *hb, int t)
     return bf16_to_f32(((const uint16_t *)hb)[t]);
 }
 
-/* The most query heads one work item takes (the per-head maxima and sums sit on the stack). */
+/* The most query heads one work item takes, and the most consecutive tokens of one sequence
+ * (a run) that share its key and value rows: the per-query maxima and sums sit on the stack. */
 #define ATTNQ_HEADS_MAX 8
+#define ATTNQ_RUN_MAX 8
+
+/* Where the rows of one KV head of one pool block lie: at base + block * blk + head * head
+ * + hdr, row i at + i * row. Quantized layers keep a head's rows together after its header
+ * (paged_kv/kv_quant.h); auto layers are float32 rows of every head, token after token. */
+struct kv_addr {
+    const uint8_t *base;
+    size_t blk, head, hdr, row;
+    int dt; /* the kernels' format: auto reads as KV_DTYPE_F32 */
+};
 
 struct attnq_job {
     float *out;
     const float *q;
-    const struct kv_layer *kv;
     const struct kv_geom *g;
     const struct fwd_batch *b;
     const struct attn_params *p;
     const int32_t *tok_seq;
-    int hpi; /* query heads per work item: a divisor of the GQA group */
+    struct kv_addr k, v;
+    int hpi;            /* query heads per work item: a divisor of the GQA group */
+    const int32_t *run; /* [n_runs + 1]: each run's first token, then n_tokens */
+    int n_runs;
+    atomic_long next; /* the next work item to claim, from the last (the longest) */
 };
 
-/* One work item per (token, hpi query heads of one KV head): scores block by block, each
- * block's key rows decoded once for the hpi heads (the query prepared once per block and
- * head), softmax per head, the value sums the same way in the values' basis. Cost
- * O(context * head_dim * hpi) per item plus O(head_dim * hpi) per block. Every head's
- * operations are the same whatever hpi is (impl.h kvq_dot / kvq_axpy), so how heads are
- * grouped never changes a result. */
+/* One work item per (run of T tokens, hpi query heads of one KV head): the T * hpi queries
+ * scored block by block, each block's key rows decoded once for all of them (the query
+ * prepared once per block), softmax per query, then the value sums the same way. A query
+ * reads only keys at or before its own position: the scores of later keys of the run are
+ * computed with the others but never read, and their value weights are 0, which adds an
+ * exact 0 to a sum of finite values. Every query's operations are the same whatever T and
+ * hpi are (impl.h kvq_dot / kvq_axpy), so how tokens and heads are grouped never changes a
+ * result. */
 static void attnq_task(void *arg, int ith, int nth)
 {
+    (void)ith;
+    (void)nth;
     struct attnq_job *j = arg;
     const struct attn_params *p = j->p;
     const struct kv_geom *g = j->g;
     const struct fwd_batch *b = j->b;
     int d = p->head_dim, B = g->block_size, H = g->n_kv_heads, group = p->n_heads / H;
-    int kd = g->k_dtype, vd = g->v_dtype, hpi = j->hpi, per_kv = group / hpi;
-    size_t hbk = kv_head_block_bytes(kd, KV_ROLE_K, B, d);
-    size_t hbv = kv_head_block_bytes(vd, KV_ROLE_V, B, d);
-    size_t hk = kv_header_bytes(kd, KV_ROLE_K, B, d), hv = kv_header_bytes(vd, KV_ROLE_V, B, d);
-    size_t rk = kv_row_bytes(kd, d), rv = kv_row_bytes(vd, d);
-    const uint8_t *kbase = (const uint8_t *)j->kv->k, *vbase = (const uint8_t *)j->kv->v;
-    long total = (long)b->n_tokens * H * per_kv, lo, hi;
-    tp_range(total, ith, nth, 1, &lo, &hi);
-    for (long item = lo; item < hi; item++) {
-        int t = (int)(item / (H * per_kv)), r = (int)(item % (H * per_kv));
+    int kd = j->k.dt, vd = j->v.dt, hpi = j->hpi, per_kv = group / hpi;
+    long item;
+    while ((item = atomic_fetch_sub(&j->next, 1)) >= 0) {
+        int ri = (int)(item / (H * per_kv)), r = (int)(item % (H * per_kv));
         int kvh = r / per_kv, h0 = kvh * group + r % per_kv * hpi;
-        int s = j->tok_seq[t], qpos = b->pos[t], first = 0;
-        if (p->window > 0 && qpos - p->window + 1 > 0) first = qpos - p->window + 1;
-        int nkeys = qpos + 1 - first;
-        /* per head: scores [nkeys], the query (rotated for tq keys), its per-block form, the
+        int tok0 = j->run[ri], T = j->run[ri + 1] - tok0, nq = T * hpi;
+        int s = j->tok_seq[tok0], qlast = b->pos[tok0 + T - 1], first = 0;
+        if (p->window > 0 && qlast - p->window + 1 > 0) first = qlast - p->window + 1;
+        int nkeys = qlast + 1 - first;
+        /* per query: scores [nkeys], the query (rotated for tq keys), its per-block form, the
          * value sum, and one block's value weights [B] */
         size_t per = (size_t)nkeys + 3 * (size_t)d + (size_t)B;
-        float *sc = scratch_get(SCRATCH_ATTN, per * (size_t)hpi);
-        float *qr = sc + (size_t)hpi * nkeys, *qp = qr + (size_t)hpi * d;
-        float *acc = qp + (size_t)hpi * d, *wt = acc + (size_t)hpi * d;
-        float mx[ATTNQ_HEADS_MAX], inv[ATTNQ_HEADS_MAX];
-        for (int e = 0; e < hpi; e++) {
-            memcpy(qr + (size_t)e * d, j->q + ((size_t)t * p->n_heads + h0 + e) * d,
+        float *sc = scratch_get(SCRATCH_ATTN, per * (size_t)nq);
+        float *qr = sc + (size_t)nq * nkeys, *qp = qr + (size_t)nq * d;
+        float *acc = qp + (size_t)nq * d, *wt = acc + (size_t)nq * d;
+        float mx[ATTNQ_RUN_MAX * ATTNQ_HEADS_MAX], inv[ATTNQ_RUN_MAX * ATTNQ_HEADS_MAX];
+        int last[ATTNQ_RUN_MAX * ATTNQ_HEADS_MAX]; /* each query's last key, from first */
+        for (int e = 0; e < nq; e++) {
+            int t = tok0 + e / hpi, h = h0 + e % hpi;
+            memcpy(qr + (size_t)e * d, j->q + ((size_t)t * p->n_heads + h) * d,
                    sizeof(float) * (size_t)d);
             if (kv_dtype_rotated(kd)) kv_tq_rotate(qr + (size_t)e * d, d);
             mx[e] = -INFINITY;
+            last[e] = b->pos[t] - first;
         }
         const int32_t *bt = b->block_table + (size_t)s * b->max_blocks;
-        for (int bi = first / B; bi <= qpos / B; bi++) {
-            const uint8_t *hb = kbase + ((size_t)bt[bi] * H + kvh) * hbk;
+        for (int bi = first / B; bi <= qlast / B; bi++) {
+            const uint8_t *hb = j->k.base + (size_t)bt[bi] * j->k.blk + (size_t)kvh * j->k.head;
             const float *qv = qr;
             if (kd == KV_DTYPE_INT8 || kd == KV_DTYPE_INT4) { /* the channel scales */
                 const uint16_t *cs = (const uint16_t *)hb;
-                for (int e = 0; e < hpi; e++)
+                for (int e = 0; e < nq; e++)
                     for (int c = 0; c < d; c++)
                         qp[(size_t)e * d + c] = qr[(size_t)e * d + c] * bf16_to_f32(cs[c]);
                 qv = qp;
             }
             int t0 = bi * B < first ? first - bi * B : 0;
-            int t1 = bi * B + B - 1 > qpos ? qpos - bi * B : B - 1;
-            float *sb = sc + (bi * B + t0 - first); /* head e's scores of tokens t0 .. t1 */
-            cpu_impl->kvq_dot(kd, hb + hk + (size_t)t0 * rk, rk, t1 - t0 + 1, d, qv, (size_t)d, hpi,
-                              sb, (size_t)nkeys);
-            for (int e = 0; e < hpi; e++)
-                for (int tt = t0; tt <= t1; tt++) {
+            int t1 = bi * B + B - 1 > qlast ? qlast - bi * B : B - 1;
+            float *sb = sc + (bi * B + t0 - first); /* query e's scores of tokens t0 .. t1 */
+            cpu_impl->kvq_dot(kd, hb + j->k.hdr + (size_t)t0 * j->k.row, j->k.row, t1 - t0 + 1, d,
+                              qv, (size_t)d, nq, sb, (size_t)nkeys);
+            for (int e = 0; e < nq; e++)
+                for (int tt = t0; tt <= t1 && bi * B + tt - first <= last[e]; tt++) {
                     float v = sb[(size_t)e * nkeys + tt - t0] * row_scale(kd, KV_ROLE_K, hb, tt) *
                               p->scale;
                     if (p->softcap > 0) v = p->softcap * tanhf(v / p->softcap);
@@ -242,46 +259,87 @@ static void attnq_task(void *arg, int ith, int nth)
                     if (v > mx[e]) mx[e] = v;
                 }
         }
-        for (int e = 0; e < hpi; e++) {
+        for (int e = 0; e < nq; e++) {
             float sum = 0, *se = sc + (size_t)e * nkeys;
-            for (int i = 0; i < nkeys; i++) {
+            for (int i = 0; i <= last[e]; i++) {
                 se[i] = expf(se[i] - mx[e]);
                 sum += se[i];
             }
+            for (int i = last[e] + 1; i < nkeys; i++) se[i] = 0;
             inv[e] = 1.0f / sum;
         }
-        memset(acc, 0, sizeof(float) * (size_t)d * hpi);
-        for (int bi = first / B; bi <= qpos / B; bi++) {
-            const uint8_t *hb = vbase + ((size_t)bt[bi] * H + kvh) * hbv;
+        memset(acc, 0, sizeof(float) * (size_t)d * nq);
+        for (int bi = first / B; bi <= qlast / B; bi++) {
+            const uint8_t *hb = j->v.base + (size_t)bt[bi] * j->v.blk + (size_t)kvh * j->v.head;
             int t0 = bi * B < first ? first - bi * B : 0;
-            int t1 = bi * B + B - 1 > qpos ? qpos - bi * B : B - 1;
-            for (int e = 0; e < hpi; e++)
+            int t1 = bi * B + B - 1 > qlast ? qlast - bi * B : B - 1;
+            for (int e = 0; e < nq; e++)
                 for (int tt = t0; tt <= t1; tt++)
                     wt[(size_t)e * B + tt - t0] = sc[(size_t)e * nkeys + bi * B + tt - first] *
                                                   inv[e] * row_scale(vd, KV_ROLE_V, hb, tt);
-            cpu_impl->kvq_axpy(vd, hb + hv + (size_t)t0 * rv, rv, t1 - t0 + 1, d, acc, (size_t)d,
-                               hpi, wt, (size_t)B);
+            cpu_impl->kvq_axpy(vd, hb + j->v.hdr + (size_t)t0 * j->v.row, j->v.row, t1 - t0 + 1, d,
+                               acc, (size_t)d, nq, wt, (size_t)B);
         }
-        for (int e = 0; e < hpi; e++) {
+        for (int e = 0; e < nq; e++) {
+            int t = tok0 + e / hpi, h = h0 + e % hpi;
             if (kv_dtype_rotated(vd)) kv_tq_unrotate(acc + (size_t)e * d, d);
-            memcpy(j->out + ((size_t)t * p->n_heads + h0 + e) * d, acc + (size_t)e * d,
+            memcpy(j->out + ((size_t)t * p->n_heads + h) * d, acc + (size_t)e * d,
                    sizeof(float) * (size_t)d);
         }
     }
+}
+
+static struct kv_addr kv_addr(const void *base, int dt, int role, const struct kv_geom *g)
+{
+    int B = g->block_size, d = g->head_dim, H = g->n_kv_heads;
+    struct kv_addr a = {.base = base, .dt = dt};
+    if (dt == KV_DTYPE_AUTO) { /* float32 rows [slot][head][d] */
+        a.dt = KV_DTYPE_F32;
+        a.head = sizeof(float) * (size_t)d;
+        a.row = a.head * (size_t)H;
+        a.blk = a.row * (size_t)B;
+        return a;
+    }
+    a.head = kv_head_block_bytes(dt, role, B, d);
+    a.blk = a.head * (size_t)H;
+    a.hdr = kv_header_bytes(dt, role, B, d);
+    a.row = kv_row_bytes(dt, d);
+    return a;
 }
 
 void cpu_attention_q(struct threadpool *tp, float *out, const float *q, const struct kv_layer *kv,
                      const struct kv_geom *g, const struct fwd_batch *b,
                      const struct attn_params *p, const int32_t *tok_seq)
 {
+    /* Runs: consecutive tokens of one sequence at consecutive positions, at most
+     * ATTNQ_RUN_MAX (one token where a window bounds the keys: the run's earliest query
+     * would need keys that may have left the pool) */
+    int32_t *run = (int32_t *)scratch_get(SCRATCH_ATTN_RUNS, (size_t)b->n_tokens + 1);
+    int n_runs = 0, run_max = p->window > 0 ? 1 : ATTNQ_RUN_MAX;
+    for (int t = 0; t < b->n_tokens; t++)
+        if (t == 0 || t - run[n_runs - 1] >= run_max || tok_seq[t] != tok_seq[t - 1] ||
+            b->pos[t] != b->pos[t - 1] + 1)
+            run[n_runs++] = t;
+    run[n_runs] = b->n_tokens;
     /* The most heads of a GQA group per item that still leave an item for every thread:
      * fewer decodes of each block, as much parallel work as the pool can take. */
     int group = p->n_heads / g->n_kv_heads, hpi = 1, nth = tp_size(tp);
     for (int c = group < ATTNQ_HEADS_MAX ? group : ATTNQ_HEADS_MAX; c > 1; c--)
-        if (group % c == 0 && (long)b->n_tokens * g->n_kv_heads * (group / c) >= nth) {
+        if (group % c == 0 && (long)n_runs * g->n_kv_heads * (group / c) >= nth) {
             hpi = c;
             break;
         }
-    struct attnq_job j = {out, q, kv, g, b, p, tok_seq, hpi};
+    struct attnq_job j = {.out = out,
+                          .q = q,
+                          .g = g,
+                          .b = b,
+                          .p = p,
+                          .tok_seq = tok_seq,
+                          .k = kv_addr(kv->k, g->k_dtype, KV_ROLE_K, g),
+                          .v = kv_addr(kv->v, g->v_dtype, KV_ROLE_V, g),
+                          .hpi = hpi,
+                          .run = run,
+                          .n_runs = n_runs};
+    atomic_init(&j.next, (long)n_runs * g->n_kv_heads * (group / hpi) - 1);
     tp_run(tp, attnq_task, &j);
 }

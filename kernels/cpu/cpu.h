@@ -109,8 +109,9 @@ void cpu_softcap(float *x, int64_t n, float cap);
 void cpu_kv_store_q(const struct kv_layer *kv, const struct kv_geom *g, const float *k,
                     const float *v, const struct fwd_batch *b);
 
-/** backend_ops.attention over such a layer, reading the codes in place (kernels/cpu/attn_q.c);
- * tok_seq [n_tokens] the sequence of each token. */
+/** backend_ops.attention (kernels/cpu/attn_q.c): over a quantized layer reading the codes in
+ * place, over an auto (float32) layer its rows; tok_seq [n_tokens] the sequence of each
+ * token. */
 void cpu_attention_q(struct threadpool *tp, float *out, const float *q, const struct kv_layer *kv,
                      const struct kv_geom *g, const struct fwd_batch *b,
                      const struct attn_params *p, const int32_t *tok_seq);

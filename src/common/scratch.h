@@ -18,6 +18,7 @@ enum scratch_slot {
     SCRATCH_MOE_G,     /* their gate products */
     SCRATCH_MOE_U,     /* their up products */
     SCRATCH_DELTA,     /* a delta-rule item's vectors */
+    SCRATCH_ATTN_RUNS, /* an attention's runs of query tokens (calling thread) */
     SCRATCH_SLOTS
 };
 

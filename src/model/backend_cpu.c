@@ -145,72 +145,12 @@ static void cpu_kv_store(void *ctx, const struct kv_layer *kv, const struct kv_g
     }
 }
 
-struct attn_job {
-    float *out;
-    const float *q;
-    const struct kv_layer *kv;
-    const struct kv_geom *g;
-    const struct fwd_batch *b;
-    const struct attn_params *p;
-    int32_t *tok_seq; /* [n_tokens] sequence of each token */
-};
-
-/* One (token, head) pair per work item: scores over the visible keys, softmax, then the
- * weighted sum of V rows. Cost O(context * head_dim) per item. */
-static void attn_task(void *arg, int ith, int nth)
-{
-    struct attn_job *j = arg;
-    const struct attn_params *p = j->p;
-    const struct kv_geom *g = j->g;
-    const struct fwd_batch *b = j->b;
-    int hd = p->head_dim, group = p->n_heads / p->n_kv_heads;
-    size_t kv_row = (size_t)g->n_kv_heads * hd;
-    long total = (long)b->n_tokens * p->n_heads, lo, hi;
-    tp_range(total, ith, nth, 1, &lo, &hi);
-    for (long item = lo; item < hi; item++) {
-        int t = (int)(item / p->n_heads), h = (int)(item % p->n_heads), kvh = h / group;
-        int s = j->tok_seq[t];
-        int qpos = b->pos[t];
-        int first = 0;
-        if (p->window > 0 && qpos - p->window + 1 > 0) first = qpos - p->window + 1;
-        int nkeys = qpos + 1 - first;
-        float *sc = scratch_get(SCRATCH_ATTN, (size_t)nkeys);
-        const float *qv = j->q + ((size_t)t * p->n_heads + h) * hd;
-        const int32_t *bt = b->block_table + (size_t)s * b->max_blocks;
-        float mx = -INFINITY;
-        for (int kp = first; kp <= qpos; kp++) {
-            size_t slot = (size_t)bt[kp / g->block_size] * g->block_size + kp % g->block_size;
-            float v = cpu_dot(qv, j->kv->k + slot * kv_row + (size_t)kvh * hd, hd) * p->scale;
-            if (p->softcap > 0) v = p->softcap * tanhf(v / p->softcap);
-            sc[kp - first] = v;
-            if (v > mx) mx = v;
-        }
-        float sum = 0;
-        for (int i = 0; i < nkeys; i++) {
-            sc[i] = expf(sc[i] - mx);
-            sum += sc[i];
-        }
-        float inv = 1.0f / sum;
-        float *o = j->out + ((size_t)t * p->n_heads + h) * hd;
-        memset(o, 0, sizeof(float) * (size_t)hd);
-        for (int kp = first; kp <= qpos; kp++) {
-            size_t slot = (size_t)bt[kp / g->block_size] * g->block_size + kp % g->block_size;
-            cpu_axpy(o, sc[kp - first] * inv, j->kv->v + slot * kv_row + (size_t)kvh * hd, hd);
-        }
-    }
-}
-
 static void cpu_attention(void *ctx, float *out, const float *q, const struct kv_layer *kv,
                           const struct kv_geom *g, const struct fwd_batch *b,
                           const struct attn_params *p)
 {
     struct cpu_ctx *c = ctx;
-    if (g->k_dtype != KV_DTYPE_AUTO) {
-        cpu_attention_q(c->tp, out, q, kv, g, b, p, c->tok_seq);
-        return;
-    }
-    struct attn_job j = {out, q, kv, g, b, p, c->tok_seq};
-    tp_run(c->tp, attn_task, &j);
+    cpu_attention_q(c->tp, out, q, kv, g, b, p, c->tok_seq);
 }
 
 static void cpu_act_mul(void *ctx, float *out, const float *gate, const float *up, int64_t n,

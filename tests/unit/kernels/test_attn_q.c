@@ -4,7 +4,8 @@
  * a block and head sizes that are and are not multiples of 16; then cpu_attention_q whole
  * (GQA, partial blocks, a sliding window) against a double-precision reference built from
  * kv_load_row, each table against the portable one, and a sequence's output alone against
- * the same sequence in a batch.
+ * the same sequence in a batch; the same for auto (float32) layers, and for a prefill's runs
+ * of tokens, each token's output as alone.
  */
 #include <math.h>
 #include <string.h>
@@ -158,11 +159,17 @@ struct pool {
     float *kf, *vf; /* [seq][pos][NKV][HD] the rows as written */
 };
 
+/* Auto layers (both formats KV_DTYPE_AUTO) hold float32 rows [slot][NKV][HD]. */
+static size_t layer_bytes(int dt, int role)
+{
+    if (dt == KV_DTYPE_AUTO) return sizeof(float) * NBLK * BS * NKV * HD;
+    return kv_head_block_bytes(dt, role, BS, HD) * NBLK * NKV;
+}
+
 static void pool_fill(struct pool *p, int kd, int vd)
 {
     p->g = (struct kv_geom){NBLK, BS, NKV, HD, kd, vd, 0, 0};
-    size_t kb = kv_head_block_bytes(kd, KV_ROLE_K, BS, HD) * NBLK * NKV;
-    size_t vb = kv_head_block_bytes(vd, KV_ROLE_V, BS, HD) * NBLK * NKV;
+    size_t kb = layer_bytes(kd, KV_ROLE_K), vb = layer_bytes(vd, KV_ROLE_V);
     p->kv.k = xmalloc(kb);
     p->kv.v = xmalloc(vb);
     memset(p->kv.k, 0, kb);
@@ -181,8 +188,54 @@ static void pool_fill(struct pool *p, int kd, int vd)
             }
             int32_t slot = table_ids[s][pos / BS] * BS + pos % BS, ps = pos;
             struct fwd_batch b = {.n_tokens = 1, .pos = &ps, .slot = &slot};
-            cpu_kv_store_q(&p->kv, &p->g, k, v, &b);
+            if (kd == KV_DTYPE_AUTO) {
+                memcpy(p->kv.k + (size_t)slot * NKV * HD, k, sizeof(float) * NKV * HD);
+                memcpy(p->kv.v + (size_t)slot * NKV * HD, v, sizeof(float) * NKV * HD);
+            } else {
+                cpu_kv_store_q(&p->kv, &p->g, k, v, &b);
+            }
         }
+}
+
+/* The row of KV head kvh at position kp of sequence s as the layer holds it. */
+static void pool_row(const struct pool *p, int role, int s, int kp, int kvh, float *out)
+{
+    int dt = role == KV_ROLE_K ? p->g.k_dtype : p->g.v_dtype, blk = table_ids[s][kp / BS];
+    const void *base = role == KV_ROLE_K ? (const void *)p->kv.k : (const void *)p->kv.v;
+    if (dt == KV_DTYPE_AUTO) {
+        memcpy(out, (const float *)base + ((size_t)(blk * BS + kp % BS) * NKV + kvh) * HD,
+               sizeof(float) * HD);
+        return;
+    }
+    kv_load_row(dt, role,
+                (const uint8_t *)base + (blk * NKV + kvh) * kv_head_block_bytes(dt, role, BS, HD),
+                kp % BS, BS, HD, out);
+}
+
+/* The attention of one token (sequence s at pos) from the rows as held, in double sums. */
+static void reference(const struct pool *p, int s, int pos, const float *q,
+                      const struct attn_params *ap, float *ref)
+{
+    int win = ap->window;
+    for (int h = 0; h < NH; h++) {
+        int kvh = h / (NH / NKV), first = win && pos + 1 > win ? pos + 1 - win : 0;
+        double sc[64], mx = -1e300, sum = 0, o[HD] = {0};
+        for (int kp = first; kp <= pos; kp++) {
+            float kr[HD];
+            pool_row(p, KV_ROLE_K, s, kp, kvh, kr);
+            double d = 0;
+            for (int c = 0; c < HD; c++) d += (double)q[h * HD + c] * kr[c];
+            sc[kp] = d * ap->scale;
+            if (sc[kp] > mx) mx = sc[kp];
+        }
+        for (int kp = first; kp <= pos; kp++) sum += sc[kp] = exp(sc[kp] - mx);
+        for (int kp = first; kp <= pos; kp++) {
+            float vr[HD];
+            pool_row(p, KV_ROLE_V, s, kp, kvh, vr);
+            for (int c = 0; c < HD; c++) o[c] += sc[kp] / sum * vr[c];
+        }
+        for (int c = 0; c < HD; c++) ref[h * HD + c] = (float)o[c];
+    }
 }
 
 static void pool_free(struct pool *p)
@@ -197,7 +250,7 @@ static void pool_free(struct pool *p)
 static void attend(struct threadpool *tp, const struct pool *p, int n, const int *seq,
                    const int32_t *pos, const float *q, const struct attn_params *ap, float *out)
 {
-    int32_t tok_seq[4], qs[3] = {0, 0, 0}, slot[4];
+    int32_t tok_seq[32], qs[3] = {0, 0, 0}, slot[32];
     int32_t bt[2][MAXB];
     /* this batch's sequences, in order of first appearance */
     int map[2] = {-1, -1}, ns = 0;
@@ -228,7 +281,7 @@ static void test_attention(struct threadpool *tp, struct threadpool *wide)
                       {KV_DTYPE_INT4, KV_DTYPE_INT4}, {KV_DTYPE_TQ4, KV_DTYPE_TQ4},
                       {KV_DTYPE_TQ3, KV_DTYPE_TQ3},   {KV_DTYPE_TQ2, KV_DTYPE_TQ2},
                       {KV_DTYPE_BF16, KV_DTYPE_BF16}, {KV_DTYPE_INT8, KV_DTYPE_TQ3},
-                      {KV_DTYPE_TQ4, KV_DTYPE_FP8}};
+                      {KV_DTYPE_TQ4, KV_DTYPE_FP8},   {KV_DTYPE_AUTO, KV_DTYPE_AUTO}};
     /* four queries: each sequence's last token, a mid-block one, the first token */
     int seq[4] = {0, 1, 0, 1};
     int32_t pos[4] = {36, 20, 17, 0};
@@ -241,36 +294,9 @@ static void test_attention(struct threadpool *tp, struct threadpool *wide)
             pool_fill(&p, kd, vd);
             for (int i = 0; i < 4 * NH * HD; i++) q[i] = gauss();
             struct attn_params ap = {NH, NKV, HD, 0.125f, 0, win};
-            /* the reference: decoded rows, double sums */
+            /* the reference: the rows as held, double sums */
             for (int i = 0; i < 4; i++)
-                for (int h = 0; h < NH; h++) {
-                    int kvh = h / (NH / NKV),
-                        first = win && pos[i] + 1 > win ? pos[i] + 1 - win : 0;
-                    double sc[64], mx = -1e300, sum = 0, o[HD] = {0};
-                    for (int kp = first; kp <= pos[i]; kp++) {
-                        float kr[HD];
-                        int blk = table_ids[seq[i]][kp / BS];
-                        kv_load_row(kd, KV_ROLE_K,
-                                    (uint8_t *)p.kv.k +
-                                        (blk * NKV + kvh) * kv_head_block_bytes(kd, 0, BS, HD),
-                                    kp % BS, BS, HD, kr);
-                        double s = 0;
-                        for (int c = 0; c < HD; c++) s += (double)q[(i * NH + h) * HD + c] * kr[c];
-                        sc[kp] = s * ap.scale;
-                        if (sc[kp] > mx) mx = sc[kp];
-                    }
-                    for (int kp = first; kp <= pos[i]; kp++) sum += sc[kp] = exp(sc[kp] - mx);
-                    for (int kp = first; kp <= pos[i]; kp++) {
-                        float vr[HD];
-                        int blk = table_ids[seq[i]][kp / BS];
-                        kv_load_row(vd, KV_ROLE_V,
-                                    (uint8_t *)p.kv.v +
-                                        (blk * NKV + kvh) * kv_head_block_bytes(vd, 1, BS, HD),
-                                    kp % BS, BS, HD, vr);
-                        for (int c = 0; c < HD; c++) o[c] += sc[kp] / sum * vr[c];
-                    }
-                    for (int c = 0; c < HD; c++) ref[(i * NH + h) * HD + c] = (float)o[c];
-                }
+                reference(&p, seq[i], pos[i], q + i * NH * HD, &ap, ref + i * NH * HD);
             for (int ti = 0; ti < nt; ti++) {
                 cpu_impl = t[ti];
                 attend(tp, &p, 4, seq, pos, q, &ap, out[ti]);
@@ -304,6 +330,36 @@ static void test_attention(struct threadpool *tp, struct threadpool *wide)
                 CHECK(!memcmp(out[3], out[ti], sizeof out[3]),
                       "table %d K %s V %s: 16 threads differ from 2", ti, kv_dtype_name(kd),
                       kv_dtype_name(vd));
+            }
+            /* a prefill's runs: sequence 0 at 20 .. 36 and sequence 1 at 10 .. 20 in one
+             * batch (queries that share key rows are grouped, 8 tokens at most): every
+             * token as alone, bit for bit, and near the reference */
+            enum { NR = 28 };
+            static float qr[NR * NH * HD], rr[NR * NH * HD], orun[NR * NH * HD];
+            int rseq[NR];
+            int32_t rpos[NR];
+            for (int i = 0; i < NR; i++) {
+                rseq[i] = i < 17 ? 0 : 1;
+                rpos[i] = i < 17 ? 20 + i : 10 + (i - 17);
+            }
+            for (int i = 0; i < NR * NH * HD; i++) qr[i] = gauss();
+            for (int i = 0; i < NR; i++)
+                reference(&p, rseq[i], rpos[i], qr + i * NH * HD, &ap, rr + i * NH * HD);
+            for (int ti = 0; ti < nt; ti++) {
+                cpu_impl = t[ti];
+                attend(tp, &p, NR, rseq, rpos, qr, &ap, orun);
+                double worst = 0;
+                for (int i = 0; i < NR * NH * HD; i++)
+                    worst = fmax(worst, fabs((double)orun[i] - rr[i]));
+                CHECK(worst <= 2e-5, "table %d K %s V %s window %d: runs off the reference by %g",
+                      ti, kv_dtype_name(kd), kv_dtype_name(vd), win, worst);
+                for (int i = 0; i < NR; i++) {
+                    attend(i % 2 ? wide : tp, &p, 1, &rseq[i], &rpos[i], qr + i * NH * HD, &ap,
+                           one);
+                    CHECK(!memcmp(one, orun + i * NH * HD, sizeof one),
+                          "table %d K %s V %s window %d: token %d of a run differs alone", ti,
+                          kv_dtype_name(kd), kv_dtype_name(vd), win, i);
+                }
             }
             cpu_impl = saved;
             pool_free(&p);
