@@ -154,20 +154,24 @@ void kvq_axpy_portable(int dt, const uint8_t *rows, size_t rb, int n, int d, flo
             axpy_codes(dt, acc + j * lda, w[j * ldw + i], rows + (size_t)i * rb, d);
 }
 
-/* The factor of token t's row: its bf16 scale or gain; 1 for plain values and for int
+/* Whether a row of this format and role has a factor of its own: not plain values, nor int
  * keys (whose per-channel scales go into the query). */
+static int row_scaled(int dt, int role)
+{
+    return !(dt == KV_DTYPE_F32 || dt == KV_DTYPE_BF16 ||
+             (role == KV_ROLE_K && (dt == KV_DTYPE_INT8 || dt == KV_DTYPE_INT4)));
+}
+
+/* The factor of token t's row: its bf16 scale or gain, 1 where it has none. */
 static float row_scale(int dt, int role, const uint8_t *hb, int t)
 {
-    if (dt == KV_DTYPE_F32 || dt == KV_DTYPE_BF16 ||
-        (role == KV_ROLE_K && (dt == KV_DTYPE_INT8 || dt == KV_DTYPE_INT4)))
-        return 1.0f;
-    return bf16_to_f32(((const uint16_t *)hb)[t]);
+    return row_scaled(dt, role) ? bf16_to_f32(((const uint16_t *)hb)[t]) : 1.0f;
 }
 
 /* The most query heads one work item takes, and the most consecutive tokens of one sequence
  * (a run) that share its key and value rows: the per-query maxima and sums sit on the stack. */
 #define ATTNQ_HEADS_MAX 8
-#define ATTNQ_RUN_MAX 8
+#define ATTNQ_RUN_MAX   8
 
 /* Where the rows of one KV head of one pool block lie: at base + block * blk + head * head
  * + hdr, row i at + i * row. Quantized layers keep a head's rows together after its header
@@ -210,6 +214,7 @@ static void attnq_task(void *arg, int ith, int nth)
     const struct fwd_batch *b = j->b;
     int d = p->head_dim, B = g->block_size, H = g->n_kv_heads, group = p->n_heads / H;
     int kd = j->k.dt, vd = j->v.dt, hpi = j->hpi, per_kv = group / hpi;
+    int kscaled = row_scaled(kd, KV_ROLE_K), vscaled = row_scaled(vd, KV_ROLE_V);
     long item;
     while ((item = atomic_fetch_sub(&j->next, 1)) >= 0) {
         int ri = (int)(item / (H * per_kv)), r = (int)(item % (H * per_kv));
@@ -250,21 +255,24 @@ static void attnq_task(void *arg, int ith, int nth)
             float *sb = sc + (bi * B + t0 - first); /* query e's scores of tokens t0 .. t1 */
             cpu_impl->kvq_dot(kd, hb + j->k.hdr + (size_t)t0 * j->k.row, j->k.row, t1 - t0 + 1, d,
                               qv, (size_t)d, nq, sb, (size_t)nkeys);
-            for (int e = 0; e < nq; e++)
-                for (int tt = t0; tt <= t1 && bi * B + tt - first <= last[e]; tt++) {
-                    float v = sb[(size_t)e * nkeys + tt - t0] * row_scale(kd, KV_ROLE_K, hb, tt) *
-                              p->scale;
+            for (int e = 0; e < nq; e++) {
+                /* this query's keys of the block: t0 .. tl */
+                int tl = last[e] + first - bi * B < t1 ? last[e] + first - bi * B : t1;
+                float *se = sb + (size_t)e * nkeys - t0, m = mx[e];
+                for (int tt = t0; tt <= tl; tt++) { /* a row factor of 1 is left out: exact */
+                    float v =
+                        (kscaled ? se[tt] * row_scale(kd, KV_ROLE_K, hb, tt) : se[tt]) * p->scale;
                     if (p->softcap > 0) v = p->softcap * tanhf(v / p->softcap);
-                    sb[(size_t)e * nkeys + tt - t0] = v;
-                    if (v > mx[e]) mx[e] = v;
+                    se[tt] = v;
+                    m = v > m ? v : m;
                 }
+                mx[e] = m;
+            }
         }
         for (int e = 0; e < nq; e++) {
-            float sum = 0, *se = sc + (size_t)e * nkeys;
-            for (int i = 0; i <= last[e]; i++) {
-                se[i] = expf(se[i] - mx[e]);
-                sum += se[i];
-            }
+            float sum = 0, *se = sc + (size_t)e * nkeys, m = mx[e];
+            for (int i = 0; i <= last[e]; i++) se[i] = expf(se[i] - m);
+            for (int i = 0; i <= last[e]; i++) sum += se[i];
             for (int i = last[e] + 1; i < nkeys; i++) se[i] = 0;
             inv[e] = 1.0f / sum;
         }
@@ -273,10 +281,15 @@ static void attnq_task(void *arg, int ith, int nth)
             const uint8_t *hb = j->v.base + (size_t)bt[bi] * j->v.blk + (size_t)kvh * j->v.head;
             int t0 = bi * B < first ? first - bi * B : 0;
             int t1 = bi * B + B - 1 > qlast ? qlast - bi * B : B - 1;
-            for (int e = 0; e < nq; e++)
-                for (int tt = t0; tt <= t1; tt++)
-                    wt[(size_t)e * B + tt - t0] = sc[(size_t)e * nkeys + bi * B + tt - first] *
-                                                  inv[e] * row_scale(vd, KV_ROLE_V, hb, tt);
+            for (int e = 0; e < nq; e++) {
+                const float *se = sc + (size_t)e * nkeys + bi * B - first;
+                float *we = wt + (size_t)e * B - t0, ie = inv[e];
+                if (vscaled)
+                    for (int tt = t0; tt <= t1; tt++)
+                        we[tt] = se[tt] * ie * row_scale(vd, KV_ROLE_V, hb, tt);
+                else
+                    for (int tt = t0; tt <= t1; tt++) we[tt] = se[tt] * ie;
+            }
             cpu_impl->kvq_axpy(vd, hb + j->v.hdr + (size_t)t0 * j->v.row, j->v.row, t1 - t0 + 1, d,
                                acc, (size_t)d, nq, wt, (size_t)B);
         }

@@ -103,6 +103,12 @@ void kvq_dot_avx2(int dt, const uint8_t *rows, size_t rb, int n, int d, const fl
                   int nq, float *s, size_t lds);
 void kvq_axpy_avx2(int dt, const uint8_t *rows, size_t rb, int n, int d, float *acc, size_t lda,
                    int nq, const float *w, size_t ldw);
+/* The AVX-512 versions for float32 and bf16 rows, the AVX2 ones for the rest
+ * (attn_q_avx512.c) */
+void kvq_dot_avx512(int dt, const uint8_t *rows, size_t rb, int n, int d, const float *q,
+                    size_t ldq, int nq, float *s, size_t lds);
+void kvq_axpy_avx512(int dt, const uint8_t *rows, size_t rb, int n, int d, float *acc, size_t lda,
+                     int nq, const float *w, size_t ldw);
 
 extern const struct cpu_impl cpu_impl_portable;
 #if defined(PAGODA_X86)

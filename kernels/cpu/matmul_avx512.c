@@ -200,6 +200,6 @@ const struct cpu_impl cpu_impl_avx512 = {
     .conv_token = conv_token_avx2,
     .gemm = gemm_avx2,
     .ternary = ternary_matmul_avx512,
-    .kvq_dot = kvq_dot_avx2,
-    .kvq_axpy = kvq_axpy_avx2,
+    .kvq_dot = kvq_dot_avx512,
+    .kvq_axpy = kvq_axpy_avx512,
 };
