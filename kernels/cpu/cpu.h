@@ -52,8 +52,8 @@ enum cpu_isa cpu_isa_choose(const char *force, char *warn, size_t n);
 /**
  * Batch-invariant mode (off by default; `--batch-invariant`): every product runs the
  * invariant kernels below. Off, products of 9 or more rows in MLX 4- and 8-bit (and in bf16,
- * with AVX-512) run the fast kernels of kernels/cpu/gemm.h where the ISA has them, which round x to bf16 or
- * int8 first (a row's result then depends on whether its batch had 9 rows or more).
+ * with AVX-512) run the fast kernels of kernels/cpu/gemm.h where the ISA has them, which round x to
+ * bf16 or int8 first (a row's result then depends on whether its batch had 9 rows or more).
  */
 void cpu_batch_invariant_set(int on);
 int cpu_batch_invariant_get(void);
