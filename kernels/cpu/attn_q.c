@@ -191,9 +191,8 @@ struct attnq_job {
     const int32_t *tok_seq;
     struct kv_addr k, v;
     int hpi;            /* query heads per work item: a divisor of the GQA group */
-    const int32_t *run; /* [n_runs + 1]: each run's first token, then n_tokens */
-    int n_runs;
-    atomic_long next; /* the next work item to claim, from the last (the longest) */
+    const int32_t *run; /* each run's first token, then n_tokens */
+    atomic_long next;   /* the next work item to claim, from the last (the longest) */
 };
 
 /* One work item per (run of T tokens, hpi query heads of one KV head): the T * hpi queries
@@ -351,8 +350,7 @@ void cpu_attention_q(struct threadpool *tp, float *out, const float *q, const st
                           .k = kv_addr(kv->k, g->k_dtype, KV_ROLE_K, g),
                           .v = kv_addr(kv->v, g->v_dtype, KV_ROLE_V, g),
                           .hpi = hpi,
-                          .run = run,
-                          .n_runs = n_runs};
+                          .run = run};
     atomic_init(&j.next, (long)n_runs * g->n_kv_heads * (group / hpi) - 1);
     tp_run(tp, attnq_task, &j);
 }

@@ -200,18 +200,6 @@ ALWAYS_INLINE void axpys(const int dt, const int NQ, const uint8_t *rows, size_t
     }
 }
 
-/* One instance of each loop per format and head count, both constants inside; heads go
- * 4, then 2, then 1 at a time, the per-head pointers a and b stepping by la and lb. */
-#define KVQ_NQ(F, DT, a, la, b, lb)                                                                \
-    do {                                                                                           \
-        for (; nq >= 4; nq -= 4, a += 4 * la, b += 4 * lb) F(DT, 4, rows, rb, n, d, a, la, b, lb); \
-        if (nq >= 2) {                                                                             \
-            F(DT, 2, rows, rb, n, d, a, la, b, lb);                                                \
-            nq -= 2, a += 2 * la, b += 2 * lb;                                                     \
-        }                                                                                          \
-        if (nq) F(DT, 1, rows, rb, n, d, a, la, b, lb);                                            \
-    } while (0)
-
 #define KVQ_CASES(F, a, la, b, lb)                                                                 \
     switch (dt) {                                                                                  \
     case KV_DTYPE_F32:                                                                             \

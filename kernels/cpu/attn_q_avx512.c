@@ -54,17 +54,6 @@ ALWAYS_INLINE void axpys512(const int dt, const int NQ, const uint8_t *rows, siz
     }
 }
 
-/* Queries 4, then 2, then 1 at a time, the per-query pointers a and b stepping by la, lb. */
-#define KV512_NQ(F, DT, a, la, b, lb)                                                              \
-    do {                                                                                           \
-        for (; nq >= 4; nq -= 4, a += 4 * la, b += 4 * lb) F(DT, 4, rows, rb, n, d, a, la, b, lb); \
-        if (nq >= 2) {                                                                             \
-            F(DT, 2, rows, rb, n, d, a, la, b, lb);                                                \
-            nq -= 2, a += 2 * la, b += 2 * lb;                                                     \
-        }                                                                                          \
-        if (nq) F(DT, 1, rows, rb, n, d, a, la, b, lb);                                            \
-    } while (0)
-
 void kvq_dot_avx512(int dt, const uint8_t *rows, size_t rb, int n, int d, const float *q,
                     size_t ldq, int nq, float *s, size_t lds)
 {
@@ -73,9 +62,9 @@ void kvq_dot_avx512(int dt, const uint8_t *rows, size_t rb, int n, int d, const 
         return;
     }
     if (dt == KV_DTYPE_F32)
-        KV512_NQ(dots512, KV_DTYPE_F32, q, ldq, s, lds);
+        KVQ_NQ(dots512, KV_DTYPE_F32, q, ldq, s, lds);
     else
-        KV512_NQ(dots512, KV_DTYPE_BF16, q, ldq, s, lds);
+        KVQ_NQ(dots512, KV_DTYPE_BF16, q, ldq, s, lds);
 }
 
 void kvq_axpy_avx512(int dt, const uint8_t *rows, size_t rb, int n, int d, float *acc, size_t lda,
@@ -86,7 +75,7 @@ void kvq_axpy_avx512(int dt, const uint8_t *rows, size_t rb, int n, int d, float
         return;
     }
     if (dt == KV_DTYPE_F32)
-        KV512_NQ(axpys512, KV_DTYPE_F32, acc, lda, w, ldw);
+        KVQ_NQ(axpys512, KV_DTYPE_F32, acc, lda, w, ldw);
     else
-        KV512_NQ(axpys512, KV_DTYPE_BF16, acc, lda, w, ldw);
+        KVQ_NQ(axpys512, KV_DTYPE_BF16, acc, lda, w, ldw);
 }

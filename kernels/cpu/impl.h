@@ -103,6 +103,19 @@ void kvq_dot_avx2(int dt, const uint8_t *rows, size_t rb, int n, int d, const fl
                   int nq, float *s, size_t lds);
 void kvq_axpy_avx2(int dt, const uint8_t *rows, size_t rb, int n, int d, float *acc, size_t lda,
                    int nq, const float *w, size_t ldw);
+/* The SIMD row kernels' dispatch over query heads (attn_q_avx2.c, attn_q_avx512.c): one
+ * instance of each loop per format and head count, both constants inside; heads go 4, then
+ * 2, then 1 at a time, the per-head pointers a and b stepping by la and lb (the caller's
+ * rows, rb, n, d and nq in scope). */
+#define KVQ_NQ(F, DT, a, la, b, lb)                                                                \
+    do {                                                                                           \
+        for (; nq >= 4; nq -= 4, a += 4 * la, b += 4 * lb) F(DT, 4, rows, rb, n, d, a, la, b, lb); \
+        if (nq >= 2) {                                                                             \
+            F(DT, 2, rows, rb, n, d, a, la, b, lb);                                                \
+            nq -= 2, a += 2 * la, b += 2 * lb;                                                     \
+        }                                                                                          \
+        if (nq) F(DT, 1, rows, rb, n, d, a, la, b, lb);                                            \
+    } while (0)
 /* The AVX-512 versions for float32 and bf16 rows, the AVX2 ones for the rest
  * (attn_q_avx512.c) */
 void kvq_dot_avx512(int dt, const uint8_t *rows, size_t rb, int n, int d, const float *q,
