@@ -257,12 +257,12 @@ static void attnq_task(void *arg, int ith, int nth)
             for (int e = 0; e < nq; e++) {
                 /* this query's keys of the block: t0 .. tl */
                 int tl = last[e] + first - bi * B < t1 ? last[e] + first - bi * B : t1;
-                float *se = sb + (size_t)e * nkeys - t0, m = mx[e];
+                float *se = sb + (size_t)e * nkeys, m = mx[e];
                 for (int tt = t0; tt <= tl; tt++) { /* a row factor of 1 is left out: exact */
-                    float v =
-                        (kscaled ? se[tt] * row_scale(kd, KV_ROLE_K, hb, tt) : se[tt]) * p->scale;
+                    float v = se[tt - t0];
+                    v = (kscaled ? v * row_scale(kd, KV_ROLE_K, hb, tt) : v) * p->scale;
                     if (p->softcap > 0) v = p->softcap * tanhf(v / p->softcap);
-                    se[tt] = v;
+                    se[tt - t0] = v;
                     m = v > m ? v : m;
                 }
                 mx[e] = m;
@@ -281,13 +281,13 @@ static void attnq_task(void *arg, int ith, int nth)
             int t0 = bi * B < first ? first - bi * B : 0;
             int t1 = bi * B + B - 1 > qlast ? qlast - bi * B : B - 1;
             for (int e = 0; e < nq; e++) {
-                const float *se = sc + (size_t)e * nkeys + bi * B - first;
-                float *we = wt + (size_t)e * B - t0, ie = inv[e];
+                const float *se = sc + (size_t)e * nkeys + (bi * B + t0 - first);
+                float *we = wt + (size_t)e * B, ie = inv[e];
                 if (vscaled)
                     for (int tt = t0; tt <= t1; tt++)
-                        we[tt] = se[tt] * ie * row_scale(vd, KV_ROLE_V, hb, tt);
+                        we[tt - t0] = se[tt - t0] * ie * row_scale(vd, KV_ROLE_V, hb, tt);
                 else
-                    for (int tt = t0; tt <= t1; tt++) we[tt] = se[tt] * ie;
+                    for (int tt = t0; tt <= t1; tt++) we[tt - t0] = se[tt - t0] * ie;
             }
             cpu_impl->kvq_axpy(vd, hb + j->v.hdr + (size_t)t0 * j->v.row, j->v.row, t1 - t0 + 1, d,
                                acc, (size_t)d, nq, wt, (size_t)B);
