@@ -274,9 +274,9 @@ struct backend_ops {
     void (*all_reduce)(void *ctx, float *x, int64_t n);
     /* out [rows, size * cols] = every rank's in [rows, cols] side by side, rank 0 first. */
     void (*all_gather)(void *ctx, float *out, const float *in, int rows, int cols);
-    /* Starts the work recorded so far (backends that record a step before running it); the
-     * group's ranks other than the lead call it at the end of each step, since the lead's
-     * collectives wait for theirs. */
+    /* Starts the work recorded so far (backends that record a step before running it); every
+     * rank of a group calls it at the end of its share of a step, since each rank's
+     * collectives wait for the others'. */
     void (*submit)(void *ctx);
 };
 

@@ -53,7 +53,10 @@ static int run_job(struct tp_group *g, struct tp_rank *r, float *logits, struct 
     switch (g->job) {
     case JOB_FORWARD:
         model_forward_rank(m, g->b, logits);
-        if (r->rank > 0 && m->be->ops->submit) m->be->ops->submit(m->be->ctx);
+        /* Every rank launches what it recorded before the lead waits for the others: a rank
+         * whose scratch grows mid-step waits on its stream, whose exchanges wait on every
+         * peer's kernels, the lead's among them. */
+        if (m->be->ops->submit) m->be->ops->submit(m->be->ctx);
         return 0;
     case JOB_STATE:
         return model_state_alloc_rank(m, g->args[0], g->args[1], g->args[2], g->args[3], g->args[4],
