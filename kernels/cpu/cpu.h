@@ -25,8 +25,10 @@
  *            with the AVX2 table's arithmetic (the same results, bit for bit), so the
  *            larger-m paths they share stay batch-invariant with them; outside
  *            batch-invariant mode, products of 9 or more rows run kernels/cpu/gemm.h.
- * No table uses AMX: CPUs with AMX-BF16/INT8 run the AVX-512 table. */
-enum cpu_isa { CPU_ISA_PORTABLE, CPU_ISA_AVX2, CPU_ISA_AVXVNNI, CPU_ISA_AVX512 };
+ *   AMX      the AVX-512 table, with AMX-TILE and AMX-BF16: outside batch-invariant mode, bf16
+ *            products of 9 or more rows run on the AMX tiles (kernels/cpu/gemm.h). */
+enum cpu_isa { CPU_ISA_PORTABLE, CPU_ISA_AVX2, CPU_ISA_AVXVNNI, CPU_ISA_AVX512, CPU_ISA_AMX };
+#define CPU_ISA_BEST CPU_ISA_AMX
 
 /** Detects the best instruction set (or the one PAGODA_CPU_ISA names; see cpu_isa_choose)
  * and fills lookup tables. Call once before any kernel; a warning goes to stderr once. */
@@ -37,7 +39,7 @@ void cpu_kernels_init(void);
 enum cpu_isa cpu_isa_get(void);
 void cpu_isa_set(enum cpu_isa isa);
 int cpu_isa_available(enum cpu_isa isa);
-/** "portable", "avx2", "avxvnni", "avx512" (the PAGODA_CPU_ISA values); parse returns -1
+/** "portable", "avx2", "avxvnni", "avx512", "amx" (the PAGODA_CPU_ISA values); parse returns -1
  * for any other name. */
 const char *cpu_isa_name(enum cpu_isa isa);
 int cpu_isa_parse(const char *name, enum cpu_isa *isa);

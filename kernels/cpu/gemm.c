@@ -32,7 +32,7 @@ enum gemm_kind gemm_kind_of(const struct qweight *w)
 #if defined(PAGODA_X86)
 /* Which kernels run: the AVX-512 ones, or the 256-bit affine ones of the AVX2 and AVX-VNNI
  * tables. */
-enum gemm_isa { GI_AVX2, GI_VNNI, GI_AVX512 };
+enum gemm_isa { GI_AVX2, GI_VNNI, GI_AVX512, GI_AMX };
 
 struct gemm_job {
     float *y;
@@ -49,6 +49,13 @@ static void prep_task(void *p, int ith, int nth)
 {
     struct gemm_job *j = p;
     long lo, hi;
+#if defined(PAGODA_AMX)
+    if (j->isa == GI_AMX) { /* blocks of 16 rows */
+        tp_range((j->m + 15) / 16, ith, nth, 1, &lo, &hi);
+        if (lo < hi) gemm_bf16_amx_prep(j->w, j->x, j->m, (int)lo, (int)hi, j->xp);
+        return;
+    }
+#endif
     tp_range(j->m, ith, nth, 1, &lo, &hi);
     if (lo >= hi) return;
     const float *x = j->x + (size_t)lo * j->w->k;
@@ -76,6 +83,14 @@ static void rows_task(void *p, int ith, int nth)
     long lo, hi;
     tp_range((long)j->w->n, ith, nth, 32, &lo, &hi);
     if (lo >= hi) return;
+#if defined(PAGODA_AMX)
+    if (j->isa == GI_AMX) {
+        gemm_amx_begin();
+        gemm_bf16_amx_rows(j->w, lo, hi, j->xp, j->m, j->y, j->w->n);
+        gemm_amx_end();
+        return;
+    }
+#endif
     if (j->kind == GEMM_MX) {
         gemm_mx_avx2_rows(j->w, lo, hi, j->xp, j->stride, j->m, j->y, j->w->n, j->isa == GI_VNNI);
         return;
@@ -107,8 +122,18 @@ int gemm_run(struct threadpool *tp, float *y, const float *x, const struct qweig
         j.isa = affine4_vnni ? GI_VNNI : GI_AVX2;
         bytes = gemm_mx_avx2_prep_bytes(w);
     }
+#if defined(PAGODA_AMX)
+    else if (isa == CPU_ISA_AMX && kind == GEMM_BF16) {
+        j.isa = GI_AMX;
+        j.stride = gemm_bf16_amx_prep_bytes(w, m);
+        j.xp = (uint8_t *)scratch_get(SCRATCH_MM_X, j.stride / sizeof(float));
+        tp_run(tp, prep_task, &j);
+        tp_run(tp, rows_task, &j);
+        return 1;
+    }
+#endif
 #if defined(PAGODA_AVX512)
-    else if (isa == CPU_ISA_AVX512) {
+    else if (isa >= CPU_ISA_AVX512) {
         j.isa = GI_AVX512;
         bytes = kind == GEMM_Q8 ? gemm_q8_prep_bytes(w) : gemm_bf16_prep_bytes(w);
     }

@@ -12,7 +12,9 @@
  *   affine 4 and 8 bit: x quantized once per call to int8 per weight group
  *     (xq = round(x * 127 / max|x|), as llama.cpp's Q8 activations), integer sums per group,
  *     y = sum_g [s_g * dx_g * (q_g . xq_g) + b_g * dx_g * sum(xq_g)];
- *   bf16: x rounded to bf16 once per call (round to nearest even), float sums of pairs.
+ *   bf16: x rounded to bf16 once per call (round to nearest even), float sums of pairs;
+ *     with AMX (CPU_ISA_AMX) the same rounding, and TDPBF16PS over tiles of 16 x 32 taken
+ *     straight from the weights (gemm_bf16_amx.c): no repacking of the weights.
  *
  * The AVX2 and AVX-VNNI tables run the affine kernels with 256-bit vectors (gemm_q8_avx2.h:
  * panels of 16 rows, 8 per vector, the same int8 activations; vpmaddubsw + vpmaddwd, vpmaddwd
@@ -64,6 +66,19 @@ size_t gemm_bf16_prep_bytes(const struct qweight *w);
 void gemm_bf16_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride);
 void gemm_bf16_rows(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp,
                     size_t stride, int m, float *y, int64_t ldy);
+#endif
+
+#if defined(PAGODA_AMX)
+/* gemm_bf16_amx.c: a thread's tile configuration, loaded before its first AMX product and
+ * released after its last; bytes of prepared x for m rows; x blocks [b0, b1) (16 rows each)
+ * prepared; rows [r0, r1) of y. */
+void gemm_amx_begin(void);
+void gemm_amx_end(void);
+size_t gemm_bf16_amx_prep_bytes(const struct qweight *w, int m);
+void gemm_bf16_amx_prep(const struct qweight *w, const float *x, int m, int b0, int b1,
+                        uint8_t *xp);
+void gemm_bf16_amx_rows(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp, int m,
+                        float *y, int64_t ldy);
 #endif
 
 #if defined(PAGODA_X86)

@@ -13,10 +13,16 @@
 const struct cpu_impl *cpu_impl = &cpu_impl_portable;
 static enum cpu_isa current_isa = CPU_ISA_PORTABLE;
 
-static const char *const isa_names[] = {"portable", "avx2", "avxvnni", "avx512"};
+static const char *const isa_names[] = {"portable", "avx2", "avxvnni", "avx512", "amx"};
 
 #if defined(PAGODA_X86)
 #include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+/* arch_prctl's request for leave to use an extended state component, and AMX's tile data */
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA  18
 
 /* Bit `bit` of register `reg` (0 eax, 1 ebx, 2 ecx, 3 edx) of cpuid leaf `leaf`, `sub`. */
 static int cpuid_bit(unsigned leaf, unsigned sub, int reg, int bit)
@@ -42,10 +48,21 @@ int cpu_isa_available(enum cpu_isa isa)
     if (isa == CPU_ISA_AVXVNNI) return avx2 && cpuid_bit(7, 1, 0, 4);
 #endif
 #if defined(PAGODA_AVX512)
-    if (isa == CPU_ISA_AVX512)
-        return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-               __builtin_cpu_supports("avx512bf16");
+    int avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+                 __builtin_cpu_supports("avx512bf16");
+    if (isa == CPU_ISA_AVX512) return avx512;
+#if defined(PAGODA_AMX)
+    /* AMX-TILE and AMX-BF16, and the kernel's leave to use the tiles' state (asked once, for
+     * the whole process) */
+    if (isa == CPU_ISA_AMX) {
+        static int granted = -1;
+        if (granted < 0)
+            granted = avx512 && cpuid_bit(7, 0, 3, 24) && cpuid_bit(7, 0, 3, 22) &&
+                      syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+        return granted;
+    }
+#endif
 #endif
 #endif
     return 0;
@@ -79,11 +96,11 @@ void cpu_isa_set(enum cpu_isa isa)
 #if defined(PAGODA_X86)
     cpu_impl = isa == CPU_ISA_PORTABLE ? &cpu_impl_portable : &cpu_impl_avx2;
 #if defined(PAGODA_AVX512)
-    if (isa == CPU_ISA_AVX512) cpu_impl = &cpu_impl_avx512;
+    if (isa >= CPU_ISA_AVX512) cpu_impl = &cpu_impl_avx512;
 #endif
     /* The AVX-VNNI tiles need AVX-VNNI itself (an AVX-512 CPU may have only AVX512-VNNI). */
     affine4_vnni =
-        isa == CPU_ISA_AVXVNNI || (isa == CPU_ISA_AVX512 && cpu_isa_available(CPU_ISA_AVXVNNI));
+        isa == CPU_ISA_AVXVNNI || (isa >= CPU_ISA_AVX512 && cpu_isa_available(CPU_ISA_AVXVNNI));
 #else
     cpu_impl = &cpu_impl_portable;
 #endif
@@ -96,14 +113,15 @@ enum cpu_isa cpu_isa_get(void)
 
 enum cpu_isa cpu_isa_choose(const char *force, char *warn, size_t n)
 {
-    enum cpu_isa best = best_below(CPU_ISA_AVX512), want;
+    enum cpu_isa best = best_below(CPU_ISA_BEST), want;
     if (warn && n) warn[0] = 0;
     if (!force || !*force) return best;
     if (cpu_isa_parse(force, &want)) {
         if (warn)
-            snprintf(warn, n,
-                     "PAGODA_CPU_ISA=%s is not one of portable, avx2, avxvnni, avx512; using %s",
-                     force, cpu_isa_name(best));
+            snprintf(
+                warn, n,
+                "PAGODA_CPU_ISA=%s is not one of portable, avx2, avxvnni, avx512, amx; using %s",
+                force, cpu_isa_name(best));
         return best;
     }
     if (want > best) {

@@ -253,7 +253,7 @@ int cli_info(int argc, char **argv)
         printf("device          %s, %.2f GiB (%.2f GiB free)\n", bi.device,
                (double)bi.mem_total / 1073741824.0, (double)bi.mem_free / 1073741824.0);
         printf("cpu kernels     %s (available:", cpu_isa_name(cpu_isa_get()));
-        for (int i = CPU_ISA_PORTABLE; i <= CPU_ISA_AVX512; i++)
+        for (int i = CPU_ISA_PORTABLE; i <= CPU_ISA_BEST; i++)
             if (cpu_isa_available((enum cpu_isa)i)) printf(" %s", cpu_isa_name((enum cpu_isa)i));
         printf("; PAGODA_CPU_ISA picks a lower one)\n");
         if (gpu)

@@ -5,8 +5,9 @@
  * multiple of 16 or 32, k across panel and group boundaries.
  *
  * The affine kernels run on the AVX2, AVX-VNNI and AVX-512 tables (the 256-bit ones with
- * vpmaddubsw/vpmaddwd or vpdpbusd), bf16 on AVX-512 only; mxfp4, nvfp4 and mxfp8 on the
- * 256-bit tiles under every x86 table, for m up to 300.
+ * vpmaddubsw/vpmaddwd or vpdpbusd), bf16 on AVX-512 (vdpbf16ps) and AMX (TDPBF16PS, with m up
+ * to 300 over k = 2048: more x rows than one pass over a weight block takes); mxfp4, nvfp4
+ * and mxfp8 on the 256-bit tiles under every x86 table, for m up to 300.
  * Tolerances follow from the input rounding, per output (i, r) with w = W row r:
  *   int8 activations (affine): |y - ref| <= sum over groups g of dx_g / 2 * sum_g |w_j|
  *     (dx_g = max|x_g| / 127: each xq is off by at most half a step), plus float32
@@ -31,7 +32,7 @@
 #define TEST_SEED 0x5bd1e9955bd1e995ull
 #include "test_mat.h"
 
-static double worst_ratio[CPU_ISA_AVX512 + 1]; /* the largest error / bound per table */
+static double worst_ratio[CPU_ISA_BEST + 1]; /* the largest error / bound per table */
 
 static void check_case(struct threadpool *tps[3], enum wfmt f, int bits, int group,
                        enum st_dtype sd, int m, int64_t n, int64_t k)
@@ -51,7 +52,7 @@ static void check_case(struct threadpool *tps[3], enum wfmt f, int bits, int gro
     snprintf(name, sizeof name, "%s bits=%d g=%d m=%d n=%lld k=%lld",
              qweight_format_name(w, fname, sizeof fname), bits, group, m, (long long)n,
              (long long)k);
-    for (int isa = CPU_ISA_PORTABLE; isa <= CPU_ISA_AVX512; isa++) {
+    for (int isa = CPU_ISA_PORTABLE; isa <= CPU_ISA_BEST; isa++) {
         if (!cpu_isa_available((enum cpu_isa)isa)) continue;
         cpu_isa_set((enum cpu_isa)isa);
         cpu_batch_invariant_set(1);
@@ -61,7 +62,7 @@ static void check_case(struct threadpool *tps[3], enum wfmt f, int bits, int gro
             int fast =
                 !inv && m >= GEMM_MIN_M &&
                 (kind == GEMM_Q8 || kind == GEMM_MX ? isa != CPU_ISA_PORTABLE
-                                                    : kind == GEMM_BF16 && isa == CPU_ISA_AVX512);
+                                                    : kind == GEMM_BF16 && isa >= CPU_ISA_AVX512);
             for (int t = 0; t < 3; t++) {
                 memset(y, 0xff, sizeof(float) * (size_t)(m * n));
                 cpu_matmul(tps[t], y, x, w, m);
@@ -141,6 +142,9 @@ int main(void)
                 check_case(tps, fmts[fi].f, fmts[fi].bits, fmts[fi].group, fmts[fi].sd, ms[mi],
                            shapes[si][0], shapes[si][1]);
         }
+    /* bf16 over more x rows than one pass of the AMX kernel takes (256 at k = 2048), n not a
+     * multiple of 32 */
+    check_case(tps, WFMT_BF16, 16, 0, ST_U8, 300, 70, 2048);
     /* The microscaled float formats: m from the smallest fast product to a long prefill,
      * k an odd number of 32-column blocks, within one panel and across two. */
     static const int mx_ms[] = {8, 9, 16, 64, 300};
@@ -154,7 +158,7 @@ int main(void)
             for (size_t mi = 0; mi < sizeof mx_ms / sizeof *mx_ms; mi++)
                 check_case(tps, mx[fi].f, mx[fi].bits, mx[fi].group, ST_U8, mx_ms[mi],
                            mx_shapes[si][0], mx_shapes[si][1]);
-    for (int isa = CPU_ISA_AVX2; isa <= CPU_ISA_AVX512; isa++)
+    for (int isa = CPU_ISA_AVX2; isa <= CPU_ISA_BEST; isa++)
         if (cpu_isa_available((enum cpu_isa)isa))
             printf("fast kernels on %s: largest error / bound %.3f\n",
                    cpu_isa_name((enum cpu_isa)isa), worst_ratio[isa]);

@@ -223,6 +223,14 @@ static void test_matmul_formats(struct threadpool *tp)
                           "%s g%d m=%d: avx512 differs from avx2", fmts[fi].name, fmts[fi].group,
                           rows);
                 }
+                /* AMX changes only the fast bf16 products, off here: same bits */
+                if (cpu_isa_available(CPU_ISA_AMX)) {
+                    cpu_isa_set(CPU_ISA_AMX);
+                    cpu_matmul(tp, yp, x, &m.w, rows);
+                    CHECK(!memcmp(yp, ys, sizeof(float) * (size_t)(rows * n)),
+                          "%s g%d m=%d: amx differs from avx2", fmts[fi].name, fmts[fi].group,
+                          rows);
+                }
             }
             free(x);
             free(yp);
@@ -319,7 +327,7 @@ static void test_decode_exact(struct threadpool *tp)
     for (size_t fi = 0; fi < sizeof fmts / sizeof fmts[0]; fi++) {
         struct test_mat m;
         test_mat_make(&m, fmts[fi].f, fmts[fi].bits, fmts[fi].group, n, k, ST_BF16);
-        for (int isa = CPU_ISA_PORTABLE; isa <= CPU_ISA_AVX512; isa++) {
+        for (int isa = CPU_ISA_PORTABLE; isa <= CPU_ISA_BEST; isa++) {
             if (!cpu_isa_available((enum cpu_isa)isa)) continue;
             cpu_isa_set((enum cpu_isa)isa);
             int bad = 0;
@@ -349,7 +357,7 @@ static void test_decode_exact(struct threadpool *tp)
 static void test_isa_choose(void)
 {
     enum cpu_isa best = CPU_ISA_PORTABLE, isa;
-    for (int i = CPU_ISA_PORTABLE; i <= CPU_ISA_AVX512; i++) {
+    for (int i = CPU_ISA_PORTABLE; i <= CPU_ISA_BEST; i++) {
         CHECK(!cpu_isa_parse(cpu_isa_name((enum cpu_isa)i), &isa) && isa == (enum cpu_isa)i,
               "parse %s", cpu_isa_name((enum cpu_isa)i));
         if (cpu_isa_available((enum cpu_isa)i)) best = (enum cpu_isa)i;
@@ -364,7 +372,7 @@ static void test_isa_choose(void)
     isa = cpu_isa_choose("bogus", warn, sizeof warn);
     CHECK(isa == best && strstr(warn, "bogus") && strstr(warn, cpu_isa_name(best)),
           "unknown name: %s", warn);
-    for (int i = CPU_ISA_AVX2; i <= CPU_ISA_AVX512; i++) {
+    for (int i = CPU_ISA_AVX2; i <= CPU_ISA_BEST; i++) {
         const char *name = cpu_isa_name((enum cpu_isa)i);
         isa = cpu_isa_choose(name, warn, sizeof warn);
         if (cpu_isa_available((enum cpu_isa)i))
@@ -374,13 +382,17 @@ static void test_isa_choose(void)
                   "%s unavailable: %s", name, warn);
     }
     /* setting a table the CPU lacks takes the best one below it */
-    cpu_isa_set(CPU_ISA_AVX512);
-    CHECK(cpu_isa_get() == best, "set avx512 gives %s", cpu_isa_name(cpu_isa_get()));
+    cpu_isa_set(CPU_ISA_BEST);
+    CHECK(cpu_isa_get() == best, "set %s gives %s", cpu_isa_name(CPU_ISA_BEST),
+          cpu_isa_name(cpu_isa_get()));
     if (!cpu_isa_available(CPU_ISA_AVX512))
         printf("no AVX-512 (F/BW/VL/VNNI/BF16) on this CPU or build: avx512 comparisons "
                "skipped\n");
     if (!cpu_isa_available(CPU_ISA_AVXVNNI))
         printf("no AVX-VNNI on this CPU or build: avxvnni comparisons skipped\n");
+    if (!cpu_isa_available(CPU_ISA_AMX))
+        printf("no AMX (TILE/BF16, with the kernel's leave) on this CPU or build: amx "
+               "comparisons skipped\n");
 }
 
 int main(void)

@@ -101,7 +101,8 @@ static void test_matmul(struct threadpool *tp)
      * that is no multiple of the thread split (16) */
     static const int64_t shapes[][2] = {{16, 128}, {40, 200}, {33, 1024}, {24, 2560}, {20, 6912}};
     static const int ms[] = {1, 2, 3, 4, 5, 9, 16, 23};
-    enum cpu_isa isas[] = {CPU_ISA_PORTABLE, CPU_ISA_AVX2, CPU_ISA_AVXVNNI, CPU_ISA_AVX512};
+    enum cpu_isa isas[] = {CPU_ISA_PORTABLE, CPU_ISA_AVX2, CPU_ISA_AVXVNNI, CPU_ISA_AVX512,
+                           CPU_ISA_AMX};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int64_t n = shapes[si][0], k = shapes[si][1];
         struct qweight w = {.fmt = WFMT_TERNARY, .bits = 2, .n = n, .k = k};

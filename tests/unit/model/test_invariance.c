@@ -109,6 +109,8 @@ int main(void)
             check_invariance(tps, &mt.w, x, fmts[fi].name, CPU_ISA_AVXVNNI);
         if (cpu_isa_available(CPU_ISA_AVX512))
             check_invariance(tps, &mt.w, x, fmts[fi].name, CPU_ISA_AVX512);
+        if (cpu_isa_available(CPU_ISA_AMX))
+            check_invariance(tps, &mt.w, x, fmts[fi].name, CPU_ISA_AMX);
         free(x);
         test_mat_free(&mt);
     }
