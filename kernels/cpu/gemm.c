@@ -52,7 +52,11 @@ static void prep_task(void *p, int ith, int nth)
 #if defined(PAGODA_AMX)
     if (j->isa == GI_AMX) { /* blocks of 16 rows */
         tp_range((j->m + 15) / 16, ith, nth, 1, &lo, &hi);
-        if (lo < hi) gemm_bf16_amx_prep(j->w, j->x, j->m, (int)lo, (int)hi, j->xp);
+        if (lo >= hi) return;
+        if (j->kind == GEMM_Q8)
+            gemm_q8_amx_prep(j->w, j->x, j->m, (int)lo, (int)hi, j->xp);
+        else
+            gemm_bf16_amx_prep(j->w, j->x, j->m, (int)lo, (int)hi, j->xp);
         return;
     }
 #endif
@@ -86,7 +90,10 @@ static void rows_task(void *p, int ith, int nth)
 #if defined(PAGODA_AMX)
     if (j->isa == GI_AMX) {
         gemm_amx_begin();
-        gemm_bf16_amx_rows(j->w, lo, hi, j->xp, j->m, j->y, j->w->n);
+        if (j->kind == GEMM_Q8)
+            gemm_q8_amx_rows(j->w, lo, hi, j->xp, j->m, j->y, j->w->n);
+        else
+            gemm_bf16_amx_rows(j->w, lo, hi, j->xp, j->m, j->y, j->w->n);
         gemm_amx_end();
         return;
     }
@@ -123,9 +130,9 @@ int gemm_run(struct threadpool *tp, float *y, const float *x, const struct qweig
         bytes = gemm_mx_avx2_prep_bytes(w);
     }
 #if defined(PAGODA_AMX)
-    else if (isa == CPU_ISA_AMX && kind == GEMM_BF16) {
+    else if (isa == CPU_ISA_AMX && (kind == GEMM_BF16 || gemm_q8_amx_serves(w))) {
         j.isa = GI_AMX;
-        j.stride = gemm_bf16_amx_prep_bytes(w, m);
+        j.stride = kind == GEMM_Q8 ? gemm_q8_amx_prep_bytes(w, m) : gemm_bf16_amx_prep_bytes(w, m);
         j.xp = (uint8_t *)scratch_get(SCRATCH_MM_X, j.stride / sizeof(float));
         tp_run(tp, prep_task, &j);
         tp_run(tp, rows_task, &j);

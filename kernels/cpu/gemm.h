@@ -79,6 +79,13 @@ void gemm_bf16_amx_prep(const struct qweight *w, const float *x, int m, int b0, 
                         uint8_t *xp);
 void gemm_bf16_amx_rows(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp, int m,
                         float *y, int64_t ldy);
+/* gemm_q8_amx.c: the same for affine 4- and 8-bit weights whose groups are 64 columns or a
+ * multiple (gemm_q8_amx_serves); the AVX-512 kernel's results, bit for bit */
+int gemm_q8_amx_serves(const struct qweight *w);
+size_t gemm_q8_amx_prep_bytes(const struct qweight *w, int m);
+void gemm_q8_amx_prep(const struct qweight *w, const float *x, int m, int b0, int b1, uint8_t *xp);
+void gemm_q8_amx_rows(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp, int m,
+                      float *y, int64_t ldy);
 #endif
 
 #if defined(PAGODA_X86)

@@ -65,19 +65,6 @@ void gemm_q8_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, s
     }
 }
 
-/* 64 codes of a row from column c0 (a multiple of 64), in the order x is prepared in. */
-ALWAYS_INLINE __m512i load_codes(const uint8_t *row, int bits, int64_t c0)
-{
-    if (bits == 8) return _mm512_loadu_si512(row + c0);
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256i v = _mm256_loadu_si256((const __m256i *)(row + c0 / 2));
-    __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-    /* each 32 columns: their 16 even (low nibbles), then their 16 odd ones */
-    __m256i a = _mm256_permute2x128_si256(lo, hi, 0x20),
-            b = _mm256_permute2x128_si256(lo, hi, 0x31);
-    return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
-}
-
 /*
  * Rows [rb, rb + nb) of W, columns [kp, kp + len), into the panel: pw [len / 4][2][16 rows]
  * of 4 codes (rows past nb zero), ps [gpp][NB] scales then [gpp][NB] biases at ps + NB * gmax.
@@ -91,8 +78,8 @@ static void pack(const struct qweight *w, int64_t rb, int nb, int64_t kp, int64_
             __m512i r[16];
             for (int l = 0; l < 16; l++) {
                 int j = v * 16 + l;
-                r[l] = j < nb ? load_codes(w->w + (size_t)(rb + j) * w->row_bytes, w->bits,
-                                           kp + c * 64)
+                r[l] = j < nb ? gemm_q8_load_codes(w->w + (size_t)(rb + j) * w->row_bytes, w->bits,
+                                                   kp + c * 64)
                               : _mm512_setzero_si512();
             }
             gemm_transpose16(r);

@@ -53,12 +53,13 @@ int cpu_isa_available(enum cpu_isa isa)
                  __builtin_cpu_supports("avx512bf16");
     if (isa == CPU_ISA_AVX512) return avx512;
 #if defined(PAGODA_AMX)
-    /* AMX-TILE and AMX-BF16, and the kernel's leave to use the tiles' state (asked once, for
-     * the whole process) */
+    /* AMX-TILE, AMX-BF16 and AMX-INT8, and the kernel's leave to use the tiles' state (asked
+     * once, for the whole process) */
     if (isa == CPU_ISA_AMX) {
         static int granted = -1;
         if (granted < 0)
             granted = avx512 && cpuid_bit(7, 0, 3, 24) && cpuid_bit(7, 0, 3, 22) &&
+                      cpuid_bit(7, 0, 3, 25) &&
                       syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
         return granted;
     }

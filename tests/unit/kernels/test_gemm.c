@@ -5,9 +5,10 @@
  * multiple of 16 or 32, k across panel and group boundaries.
  *
  * The affine kernels run on the AVX2, AVX-VNNI and AVX-512 tables (the 256-bit ones with
- * vpmaddubsw/vpmaddwd or vpdpbusd), bf16 on AVX-512 (vdpbf16ps) and AMX (TDPBF16PS, with m up
- * to 300 over k = 2048: more x rows than one pass over a weight block takes); mxfp4, nvfp4
- * and mxfp8 on the 256-bit tiles under every x86 table, for m up to 300.
+ * vpmaddubsw/vpmaddwd or vpdpbusd) and AMX (TDPBUSD, groups of 64 and 128: bitwise the
+ * AVX-512 kernel's), bf16 on AVX-512 (vdpbf16ps) and AMX (TDPBF16PS); with m up to 300 over
+ * k = 2048, more x rows than one pass of an AMX kernel takes; mxfp4, nvfp4 and mxfp8 on the
+ * 256-bit tiles under every x86 table, for m up to 300.
  * Tolerances follow from the input rounding, per output (i, r) with w = W row r:
  *   int8 activations (affine): |y - ref| <= sum over groups g of dx_g / 2 * sum_g |w_j|
  *     (dx_g = max|x_g| / 127: each xq is off by at most half a step), plus float32
@@ -110,6 +111,18 @@ static void check_case(struct threadpool *tps[3], enum wfmt f, int bits, int gro
         }
     }
     cpu_batch_invariant_set(0);
+    /* AMX's affine products (groups of 64 or a multiple) are the AVX-512 kernel's, bit for bit */
+    if (kind == GEMM_Q8 && group % 64 == 0 && m >= GEMM_MIN_M && cpu_isa_available(CPU_ISA_AMX)) {
+        cpu_isa_set(CPU_ISA_AVX512);
+        cpu_matmul(tps[1], alone, x, w, m);
+        cpu_isa_set(CPU_ISA_AMX);
+        for (int t = 0; t < 3; t++) {
+            memset(y, 0xff, sizeof(float) * (size_t)(m * n));
+            cpu_matmul(tps[t], y, x, w, m);
+            CHECK(!memcmp(y, alone, sizeof(float) * (size_t)(m * n)),
+                  "%s threads=%d: amx differs from avx512", name, t + 1);
+        }
+    }
     free(x);
     free(wd);
     free(y);
@@ -145,6 +158,8 @@ int main(void)
     /* bf16 over more x rows than one pass of the AMX kernel takes (256 at k = 2048), n not a
      * multiple of 32 */
     check_case(tps, WFMT_BF16, 16, 0, ST_U8, 300, 70, 2048);
+    check_case(tps, WFMT_AFFINE, 4, 64, ST_BF16, 300, 70, 2048);
+    check_case(tps, WFMT_AFFINE, 8, 128, ST_F16, 100, 40, 4096);
     /* The microscaled float formats: m from the smallest fast product to a long prefill,
      * k an odd number of 32-column blocks, within one panel and across two. */
     static const int mx_ms[] = {8, 9, 16, 64, 300};
