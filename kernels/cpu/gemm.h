@@ -14,7 +14,9 @@
  *     y = sum_g [s_g * dx_g * (q_g . xq_g) + b_g * dx_g * sum(xq_g)];
  *   bf16: x rounded to bf16 once per call (round to nearest even), float sums of pairs;
  *     with AMX (CPU_ISA_AMX) the same rounding, and TDPBF16PS over tiles of 16 x 32 taken
- *     straight from the weights (gemm_bf16_amx.c): no repacking of the weights.
+ *     straight from the weights (gemm_bf16_amx.c): no repacking of the weights. Affine
+ *     weights with groups of 64 or a multiple take their integer sums from TDPBUSD there
+ *     (gemm_q8_amx.c), with the AVX-512 kernel's float steps: the same results.
  *
  * The AVX2 and AVX-VNNI tables run the affine kernels with 256-bit vectors (gemm_q8_avx2.h:
  * panels of 16 rows, 8 per vector, the same int8 activations; vpmaddubsw + vpmaddwd, vpmaddwd
