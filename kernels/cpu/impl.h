@@ -93,6 +93,12 @@ void ternary_matmul_avx2(const struct qweight *w, int64_t r0, int64_t r1, const 
 void ternary_matmul_avx512(const struct qweight *w, int64_t r0, int64_t r1, const int8_t *q,
                            size_t stride, const int32_t *qsum, const float *qdiv, int m, float *y,
                            int64_t ldy);
+/* The AMX kernel (ternary_amx.c), taken on the amx table for TERNARY_AMX_MIN_M rows or more;
+ * it loads and releases the thread's tile configuration itself */
+#define TERNARY_AMX_MIN_M 16
+void ternary_matmul_amx(const struct qweight *w, int64_t r0, int64_t r1, const int8_t *q,
+                        size_t stride, const int32_t *qsum, const float *qdiv, int m, float *y,
+                        int64_t ldy);
 
 void kvq_dot_portable(int dt, const uint8_t *rows, size_t rb, int n, int d, const float *q,
                       size_t ldq, int nq, float *s, size_t lds);

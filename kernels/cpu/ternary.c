@@ -65,14 +65,21 @@ struct ternary_job {
     int m;
 };
 
-/* Weight rows split between threads in multiples of 16, as cpu_matmul does. */
+/* Weight rows split between threads in multiples of 16, as cpu_matmul does; products of
+ * many rows on the amx table run its tiles (the same results: the dots are exact). */
 static void ternary_task(void *p, int ith, int nth)
 {
     struct ternary_job *j = p;
     long lo, hi;
     tp_range((long)j->w->n, ith, nth, 16, &lo, &hi);
-    if (lo < hi)
-        cpu_impl->ternary(j->w, lo, hi, j->q, j->stride, j->qsum, j->qdiv, j->m, j->y, j->w->n);
+    if (lo >= hi) return;
+#if defined(PAGODA_AMX)
+    if (j->m >= TERNARY_AMX_MIN_M && cpu_isa_get() == CPU_ISA_AMX) {
+        ternary_matmul_amx(j->w, lo, hi, j->q, j->stride, j->qsum, j->qdiv, j->m, j->y, j->w->n);
+        return;
+    }
+#endif
+    cpu_impl->ternary(j->w, lo, hi, j->q, j->stride, j->qsum, j->qdiv, j->m, j->y, j->w->n);
 }
 
 void cpu_ternary_matmul(struct threadpool *tp, float *y, const float *x, const struct qweight *w,

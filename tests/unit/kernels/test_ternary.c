@@ -99,8 +99,10 @@ static void test_matmul(struct threadpool *tp)
 {
     /* shapes: partial blocks, the int16 flush boundary (8 blocks) and past it, a row count
      * that is no multiple of the thread split (16) */
-    static const int64_t shapes[][2] = {{16, 128}, {40, 200}, {33, 1024}, {24, 2560}, {20, 6912}};
-    static const int ms[] = {1, 2, 3, 4, 5, 9, 16, 23};
+    static const int64_t shapes[][2] = {{16, 128},  {40, 200},  {33, 1024},
+                                        {24, 2560}, {20, 6912}, {70, 1024}};
+    /* 16 and more: the amx table's tiles (2 and 4 of them, x rows past m) */
+    static const int ms[] = {1, 2, 3, 4, 5, 9, 16, 23, 40, 100};
     enum cpu_isa isas[] = {CPU_ISA_PORTABLE, CPU_ISA_AVX2, CPU_ISA_AVXVNNI, CPU_ISA_AVX512,
                            CPU_ISA_AMX};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
