@@ -85,6 +85,9 @@ void gemm_avx2(float *y, size_t ldy, const float *x, size_t ldx, const float *b,
 void ternary_matmul_portable(const struct qweight *w, int64_t r0, int64_t r1, const int8_t *q,
                              size_t stride, const int32_t *qsum, const float *qdiv, int m, float *y,
                              int64_t ldy);
+/* cpu_ternary_quantize's portable form, and its AVX2 one (ternary_avx2.c): the same bytes */
+float ternary_quantize_portable(const float *x, int64_t k, int64_t kp, int8_t *q, int32_t *sum);
+float ternary_quantize_avx2(const float *x, int64_t k, int64_t kp, int8_t *q, int32_t *sum);
 /* The AVX2 version (ternary_avx2.c; only built and called on x86-64) */
 void ternary_matmul_avx2(const struct qweight *w, int64_t r0, int64_t r1, const int8_t *q,
                          size_t stride, const int32_t *qsum, const float *qdiv, int m, float *y,

@@ -13,6 +13,14 @@
 
 float cpu_ternary_quantize(const float *x, int64_t k, int64_t kp, int8_t *q, int32_t *sum)
 {
+#if defined(PAGODA_X86)
+    if (cpu_isa_get() >= CPU_ISA_AVX2) return ternary_quantize_avx2(x, k, kp, q, sum);
+#endif
+    return ternary_quantize_portable(x, k, kp, q, sum);
+}
+
+float ternary_quantize_portable(const float *x, int64_t k, int64_t kp, int8_t *q, int32_t *sum)
+{
     float mx = 0;
     for (int64_t j = 0; j < k; j++) mx = fmaxf(mx, fabsf(x[j]));
     float s = 127.0f / (mx > 1e-5f ? mx : 1e-5f);

@@ -11,6 +11,8 @@
  * leave no room for more of them. The AVX2 kernel serves both instruction sets.
  */
 #include <immintrin.h>
+#include <math.h>
+#include <string.h>
 
 #include "kernels/cpu/avx2.h"
 #include "kernels/cpu/impl.h"
@@ -93,4 +95,57 @@ void ternary_matmul_avx2(const struct qweight *w, int64_t r0, int64_t r1, const 
                     (float)(d[i] - qsum[i0 + i]) / qdiv[i0 + i] * w->t_mul;
         }
     }
+}
+
+/* cpu_ternary_quantize with 8 lanes: the same float operations per value (a product, a
+ * rounding half to even, the clamp, NaN to 0), so the same bytes and sum. */
+float ternary_quantize_avx2(const float *x, int64_t k, int64_t kp, int8_t *q, int32_t *sum)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 mv = _mm256_setzero_ps();
+    int64_t j = 0;
+    /* max(|x|, m) keeps m where |x| is NaN, as fmaxf does */
+    for (; j + 8 <= k; j += 8)
+        mv = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), mv);
+    float lane[8], mx = 0;
+    _mm256_storeu_ps(lane, mv);
+    for (int i = 0; i < 8; i++) mx = lane[i] > mx ? lane[i] : mx;
+    for (; j < k; j++) {
+        float a = x[j] < 0 ? -x[j] : x[j];
+        mx = a > mx ? a : mx;
+    }
+    float s = 127.0f / (mx > 1e-5f ? mx : 1e-5f);
+    const __m256 vs = _mm256_set1_ps(s), hi = _mm256_set1_ps(127.0f), lo = _mm256_set1_ps(-128.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256i acc = _mm256_setzero_si256();
+    j = 0;
+    for (; j + 32 <= k; j += 32) {
+        __m256i r[4];
+        for (int t = 0; t < 4; t++) {
+            __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + j + 8 * t), vs);
+            __m256 n = _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            n = _mm256_max_ps(_mm256_min_ps(n, hi), lo);
+            n = _mm256_and_ps(n, _mm256_cmp_ps(v, v, _CMP_ORD_Q)); /* NaN: 0 */
+            r[t] = _mm256_cvtps_epi32(n);
+            acc = _mm256_add_epi32(acc, r[t]);
+        }
+        __m256i b =
+            _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+        _mm256_storeu_si256((__m256i *)(q + j), _mm256_permutevar8x32_epi32(b, order));
+    }
+    int32_t total = hsum_i32(acc);
+    for (; j < k; j++) {
+        float v = nearbyintf(x[j] * s);
+        if (v > 127.0f)
+            v = 127.0f;
+        else if (v < -128.0f)
+            v = -128.0f;
+        else if (v != v)
+            v = 0.0f;
+        q[j] = (int8_t)v;
+        total += q[j];
+    }
+    memset(q + k, 0, (size_t)(kp - k));
+    *sum = total;
+    return s;
 }

@@ -78,13 +78,46 @@ static void test_quantize(void)
     CHECK(!q[0] && !q[1] && !q[2] && !q[3] && sum == 0, "zero row");
 }
 
+/* The AVX2 quantizer against the portable one, bitwise: scale, bytes, padding and sum, over
+ * lengths around its 8- and 32-value steps, with NaN, infinities, ties and the clamp. */
+static void test_quantize_tables(void)
+{
+#if defined(PAGODA_X86)
+    if (!cpu_isa_available(CPU_ISA_AVX2)) return;
+    static const int64_t ks[] = {1, 7, 8, 9, 31, 32, 33, 63, 64, 100, 2560, 2561};
+    float *x = xmalloc(sizeof(float) * 2561);
+    int8_t *qa = xmalloc(2600), *qb = xmalloc(2600);
+    for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+        for (int v = 0; v < 4; v++) {
+            int64_t k = ks[ki];
+            for (int64_t j = 0; j < k; j++) {
+                x[j] = ((float)(rnd() % 20001) - 10000.0f) / 997.0f;
+                if (v == 1 && j % 5 == 0) x[j] = (float)(int)x[j] + 0.5f; /* ties */
+                if (v == 2 && j == k / 2) x[j] = NAN;
+                if (v == 3 && j == k / 3) x[j] = j % 2 ? INFINITY : -INFINITY;
+            }
+            int32_t sa = -1, sb = -2;
+            memset(qa, 0x55, 2600);
+            memset(qb, 0x55, 2600);
+            float fa = ternary_quantize_portable(x, k, k + 37, qa, &sa);
+            float fb = ternary_quantize_avx2(x, k, k + 37, qb, &sb);
+            CHECK(!memcmp(&fa, &fb, sizeof fa) && sa == sb && !memcmp(qa, qb, (size_t)k + 37),
+                  "k=%lld variant %d: avx2 quantizer differs (scale %.9g/%.9g, sum %d/%d)",
+                  (long long)k, v, fa, fb, sa, sb);
+        }
+    free(x);
+    free(qa);
+    free(qb);
+#endif
+}
+
 /* The product by the format's definition: y = (float)dot / (s * t_div) * t_mul. */
 static void reference(const struct qweight *w, const float *x, int m, float *y)
 {
     int8_t *q = xmalloc((size_t)w->k + 128);
     for (int i = 0; i < m; i++) {
         int32_t sum;
-        float s = cpu_ternary_quantize(x + (size_t)i * w->k, w->k, w->k, q, &sum);
+        float s = ternary_quantize_portable(x + (size_t)i * w->k, w->k, w->k, q, &sum);
         for (int64_t r = 0; r < w->n; r++) {
             int32_t d = 0;
             for (int64_t j = 0; j < w->k; j++)
@@ -195,6 +228,7 @@ int main(void)
     struct threadpool *tp = tp_create(2);
     test_layout();
     test_quantize();
+    test_quantize_tables();
     test_matmul(tp);
     test_extremes();
     tp_destroy(tp);
