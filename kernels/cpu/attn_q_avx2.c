@@ -200,34 +200,6 @@ ALWAYS_INLINE void axpys(const int dt, const int NQ, const uint8_t *rows, size_t
     }
 }
 
-#define KVQ_CASES(F, a, la, b, lb)                                                                 \
-    switch (dt) {                                                                                  \
-    case KV_DTYPE_F32:                                                                             \
-        KVQ_NQ(F, KV_DTYPE_F32, a, la, b, lb);                                                     \
-        return;                                                                                    \
-    case KV_DTYPE_BF16:                                                                            \
-        KVQ_NQ(F, KV_DTYPE_BF16, a, la, b, lb);                                                    \
-        return;                                                                                    \
-    case KV_DTYPE_FP8:                                                                             \
-        KVQ_NQ(F, KV_DTYPE_FP8, a, la, b, lb);                                                     \
-        return;                                                                                    \
-    case KV_DTYPE_INT8:                                                                            \
-        KVQ_NQ(F, KV_DTYPE_INT8, a, la, b, lb);                                                    \
-        return;                                                                                    \
-    case KV_DTYPE_INT4:                                                                            \
-        KVQ_NQ(F, KV_DTYPE_INT4, a, la, b, lb);                                                    \
-        return;                                                                                    \
-    case KV_DTYPE_TQ4:                                                                             \
-        KVQ_NQ(F, KV_DTYPE_TQ4, a, la, b, lb);                                                     \
-        return;                                                                                    \
-    case KV_DTYPE_TQ3:                                                                             \
-        KVQ_NQ(F, KV_DTYPE_TQ3, a, la, b, lb);                                                     \
-        return;                                                                                    \
-    default:                                                                                       \
-        KVQ_NQ(F, KV_DTYPE_TQ2, a, la, b, lb);                                                     \
-        return;                                                                                    \
-    }
-
 void kvq_dot_avx2(int dt, const uint8_t *rows, size_t rb, int n, int d, const float *q, size_t ldq,
                   int nq, float *s, size_t lds)
 {

@@ -125,8 +125,39 @@ void kvq_axpy_avx2(int dt, const uint8_t *rows, size_t rb, int n, int d, float *
         }                                                                                          \
         if (nq) F(DT, 1, rows, rb, n, d, a, la, b, lb);                                            \
     } while (0)
-/* The AVX-512 versions for float32 and bf16 rows, the AVX2 ones for the rest
- * (attn_q_avx512.c) */
+
+/* The format's call of F through KVQ_NQ: every KV format, a constant in each (the row
+ * kernels' switch over dt, shared by the AVX2 and AVX-512 rows). */
+#define KVQ_CASES(F, a, la, b, lb)                                                                 \
+    switch (dt) {                                                                                  \
+    case KV_DTYPE_F32:                                                                             \
+        KVQ_NQ(F, KV_DTYPE_F32, a, la, b, lb);                                                     \
+        return;                                                                                    \
+    case KV_DTYPE_BF16:                                                                            \
+        KVQ_NQ(F, KV_DTYPE_BF16, a, la, b, lb);                                                    \
+        return;                                                                                    \
+    case KV_DTYPE_FP8:                                                                             \
+        KVQ_NQ(F, KV_DTYPE_FP8, a, la, b, lb);                                                     \
+        return;                                                                                    \
+    case KV_DTYPE_INT8:                                                                            \
+        KVQ_NQ(F, KV_DTYPE_INT8, a, la, b, lb);                                                    \
+        return;                                                                                    \
+    case KV_DTYPE_INT4:                                                                            \
+        KVQ_NQ(F, KV_DTYPE_INT4, a, la, b, lb);                                                    \
+        return;                                                                                    \
+    case KV_DTYPE_TQ4:                                                                             \
+        KVQ_NQ(F, KV_DTYPE_TQ4, a, la, b, lb);                                                     \
+        return;                                                                                    \
+    case KV_DTYPE_TQ3:                                                                             \
+        KVQ_NQ(F, KV_DTYPE_TQ3, a, la, b, lb);                                                     \
+        return;                                                                                    \
+    default:                                                                                       \
+        KVQ_NQ(F, KV_DTYPE_TQ2, a, la, b, lb);                                                     \
+        return;                                                                                    \
+    }
+
+/* The AVX-512 versions: every format in 512-bit registers; head sizes that are not a
+ * multiple of 16 take the AVX2 ones (attn_q_avx512.c) */
 void kvq_dot_avx512(int dt, const uint8_t *rows, size_t rb, int n, int d, const float *q,
                     size_t ldq, int nq, float *s, size_t lds);
 void kvq_axpy_avx512(int dt, const uint8_t *rows, size_t rb, int n, int d, float *acc, size_t lda,
