@@ -52,4 +52,23 @@ ALWAYS_INLINE __m512i gemm_q8_load_codes(const uint8_t *row, int bits, int64_t c
     return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
 }
 
+/* Four 16 x 16 float tiles (as AMX stores them: t[i][j] = weight row i, x row j; tile u holds
+ * weight rows (u & 1) * 16 of a block of 32 against x rows xr + (u >> 1) * 16) into y, rows
+ * ldy apart, transposed: weight rows past nb and x rows past m are not stored. */
+ALWAYS_INLINE void gemm_tiles_store(float c[4][256], int tiles, float *y, int64_t ldy, int64_t wr,
+                                    int nb, int xr, int m)
+{
+    for (int t = 0; t < tiles; t++) {
+        int w0 = (t & 1) * 16, x0 = xr + (t >> 1) * 16;
+        int cols = nb - w0 < 16 ? nb - w0 : 16;
+        if (cols <= 0) continue;
+        __m512i r[16];
+        for (int i = 0; i < 16; i++) r[i] = _mm512_load_si512(c[t] + i * 16);
+        gemm_transpose16(r); /* r[j]: x row x0 + j against the 16 weight rows */
+        __mmask16 mask = (__mmask16)((1u << cols) - 1);
+        for (int j = 0; j < 16 && x0 + j < m; j++)
+            _mm512_mask_storeu_ps(y + (size_t)(x0 + j) * ldy + wr + w0, mask, (__m512)r[j]);
+    }
+}
+
 #endif

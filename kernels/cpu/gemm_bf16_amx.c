@@ -77,8 +77,7 @@ void gemm_bf16_amx_prep(const struct qweight *w, const float *x, int m, int b0, 
         }
 }
 
-/* The four C tiles into y: C[t] holds weight rows wr + (t & 1) * 16 by x rows
- * xr + (t >> 1) * 16; rows past m and weight rows past nb are not stored. */
+/* The C tiles into y (rows past m and weight rows past nb are not stored). */
 static void store_c(float *y, int64_t ldy, int64_t wr, int nb, int xr, int m, int tiles)
 {
     float c[4][256] __attribute__((aligned(64)));
@@ -88,17 +87,7 @@ static void store_c(float *y, int64_t ldy, int64_t wr, int nb, int xr, int m, in
         _tile_stored(2, c[2], 64);
         _tile_stored(3, c[3], 64);
     }
-    for (int t = 0; t < tiles; t++) {
-        int w0 = (t & 1) * 16, x0 = xr + (t >> 1) * 16;
-        int cols = nb - w0 < 16 ? nb - w0 : 16;
-        if (cols <= 0) continue;
-        __m512i r[16];
-        for (int i = 0; i < 16; i++) r[i] = _mm512_load_si512(c[t] + i * 16);
-        gemm_transpose16(r); /* r[j]: x row x0 + j against the 16 weight rows */
-        __mmask16 mask = (__mmask16)((1u << cols) - 1);
-        for (int j = 0; j < 16 && x0 + j < m; j++)
-            _mm512_mask_storeu_ps(y + (size_t)(x0 + j) * ldy + wr + w0, mask, (__m512)r[j]);
-    }
+    gemm_tiles_store(c, tiles, y, ldy, wr, nb, xr, m);
 }
 
 void gemm_bf16_amx_rows(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp, int m,

@@ -96,23 +96,6 @@ static void add_group(float acc[4][256], int tiles, const float *sc, const float
     }
 }
 
-/* acc[t] into y, as gemm_bf16_amx.c stores its C tiles. */
-static void store_acc(float acc[4][256], int tiles, float *y, int64_t ldy, int64_t wr, int nb,
-                      int xr, int m)
-{
-    for (int t = 0; t < tiles; t++) {
-        int w0 = (t & 1) * 16, x0 = xr + (t >> 1) * 16;
-        int cols = nb - w0 < 16 ? nb - w0 : 16;
-        if (cols <= 0) continue;
-        __m512i r[16];
-        for (int i = 0; i < 16; i++) r[i] = _mm512_load_si512(acc[t] + i * 16);
-        gemm_transpose16(r);
-        __mmask16 mask = (__mmask16)((1u << cols) - 1);
-        for (int j = 0; j < 16 && x0 + j < m; j++)
-            _mm512_mask_storeu_ps(y + (size_t)(x0 + j) * ldy + wr + w0, mask, (__m512)r[j]);
-    }
-}
-
 void gemm_q8_amx_rows(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp, int m,
                       float *y, int64_t ldy)
 {
@@ -176,7 +159,7 @@ void gemm_q8_amx_rows(const struct qweight *w, int64_t r0, int64_t r1, const uin
                     add_group(acc, tiles, sc + g * 32, bi + g * 32, dx0 + g * 16, xs0 + g * 16,
                               dx1 + g * 16, xs1 + g * 16);
                 }
-                store_acc(acc, tiles, y, ldy, rb, nb, xb, m);
+                gemm_tiles_store(acc, tiles, y, ldy, rb, nb, xb, m);
             }
         }
     }

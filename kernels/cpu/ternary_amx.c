@@ -22,32 +22,31 @@
 #define TILE_BYTES 1024
 #define PASS_BYTES (1u << 20) /* input rows a pass takes: about 1 MB of them */
 
-/* The exact dots of C into y: d - qsum, divided by qdiv, times t_mul. */
+/* The exact dots of C into y: d - qsum, divided by qdiv, times t_mul (each tile row is a
+ * weight row against 16 input rows, so the input rows' terms are vectors). */
 static void store_dots(const struct qweight *w, int tiles, float *y, int64_t ldy, int64_t wr,
                        int nb, int xr, int m, const int32_t *qsum, const float *qdiv)
 {
     int32_t c[4][256] __attribute__((aligned(64)));
+    float f[4][256] __attribute__((aligned(64)));
     _tile_stored(0, c[0], 64);
     _tile_stored(1, c[1], 64);
     if (tiles == 4) {
         _tile_stored(2, c[2], 64);
         _tile_stored(3, c[3], 64);
     }
+    const __m512 tm = _mm512_set1_ps(w->t_mul);
     for (int t = 0; t < tiles; t++) {
-        int w0 = (t & 1) * 16, x0 = xr + (t >> 1) * 16;
-        int cols = nb - w0 < 16 ? nb - w0 : 16;
-        if (cols <= 0) continue;
-        __m512i r[16];
-        for (int i = 0; i < 16; i++) r[i] = _mm512_load_si512(c[t] + i * 16);
-        gemm_transpose16(r); /* r[j]: input row x0 + j against the 16 weight rows */
-        __mmask16 mask = (__mmask16)((1u << cols) - 1);
-        for (int j = 0; j < 16 && x0 + j < m; j++) {
-            __m512 d = _mm512_cvtepi32_ps(_mm512_sub_epi32(r[j], _mm512_set1_epi32(qsum[x0 + j])));
-            d = _mm512_mul_ps(_mm512_div_ps(d, _mm512_set1_ps(qdiv[x0 + j])),
-                              _mm512_set1_ps(w->t_mul));
-            _mm512_mask_storeu_ps(y + (size_t)(x0 + j) * ldy + wr + w0, mask, d);
+        int x0 = xr + (t >> 1) * 16, nx = m - x0 < 16 ? m - x0 : 16;
+        __mmask16 in = (__mmask16)((1u << nx) - 1);
+        __m512i qs = _mm512_maskz_loadu_epi32(in, qsum + x0);
+        __m512 qd = _mm512_mask_loadu_ps(_mm512_set1_ps(1.0f), in, qdiv + x0);
+        for (int i = 0; i < 16; i++) {
+            __m512 d = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(c[t] + i * 16), qs));
+            _mm512_store_ps(f[t] + i * 16, _mm512_mul_ps(_mm512_div_ps(d, qd), tm));
         }
     }
+    gemm_tiles_store(f, tiles, y, ldy, wr, nb, xr, m);
 }
 
 void ternary_matmul_amx(const struct qweight *w, int64_t r0, int64_t r1, const int8_t *q,
