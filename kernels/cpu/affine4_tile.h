@@ -111,7 +111,8 @@ typedef void (*q4_fn)(const struct qweight *w, int64_t r, int nrows, int64_t g0,
 /* NAME[MR - 1][groups of 64, of 128, other]; V: 1 for the VNNI tiles */
 #define Q4_TABLE(NAME, V)                                                                          \
     Q4_ROW(NAME, V, 1)                                                                             \
-    Q4_ROW(NAME, V, 2) Q4_ROW(NAME, V, 3) Q4_ROW(NAME, V, 4) const q4_fn NAME[QMR][3] = {          \
+    Q4_ROW(NAME, V, 2)                                                                             \
+    Q4_ROW(NAME, V, 3) Q4_ROW(NAME, V, 4) const q4_fn NAME[QMR][3] = {                             \
         {NAME##_1_1, NAME##_1_2, NAME##_1_0},                                                      \
         {NAME##_2_1, NAME##_2_2, NAME##_2_0},                                                      \
         {NAME##_3_1, NAME##_3_2, NAME##_3_0},                                                      \

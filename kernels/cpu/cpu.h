@@ -26,7 +26,7 @@
  *            larger-m paths they share stay batch-invariant with them; outside
  *            batch-invariant mode, products of 9 or more rows run kernels/cpu/gemm.h.
  *   AMX      the AVX-512 table, with AMX-TILE/BF16/INT8: outside batch-invariant mode, bf16
- *            and MLX 4/8-bit (groups of 64 or a multiple) products of 9 or more rows run on
+ *            and MLX 2-8-bit (groups of 64 or a multiple) products of 9 or more rows run on
  *            the AMX tiles (kernels/cpu/gemm.h). */
 enum cpu_isa { CPU_ISA_PORTABLE, CPU_ISA_AVX2, CPU_ISA_AVXVNNI, CPU_ISA_AVX512, CPU_ISA_AMX };
 #define CPU_ISA_BEST CPU_ISA_AMX

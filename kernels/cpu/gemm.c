@@ -19,7 +19,7 @@ int cpu_batch_invariant_get(void)
 
 enum gemm_kind gemm_kind_of(const struct qweight *w)
 {
-    if (w->fmt == WFMT_AFFINE && (w->bits == 4 || w->bits == 8) && w->group >= 32 &&
+    if (w->fmt == WFMT_AFFINE && w->bits >= 2 && w->bits <= 8 && w->bits != 7 && w->group >= 32 &&
         w->group % 32 == 0 && GEMM_KC % w->group == 0 && w->k % 64 == 0)
         return GEMM_Q8;
     if (w->fmt == WFMT_BF16 && w->k % 32 == 0) return GEMM_BF16;
@@ -149,7 +149,7 @@ int gemm_run(struct threadpool *tp, float *y, const float *x, const struct qweig
         /* bf16 stays on the invariant kernels here: widened to float32, a product is FMA-bound
          * either way, and a fast tile of 6 x 16 measured no faster at 128 rows and slower at
          * 16 (bench matmul, 2048 x 2048). */
-        if (kind != GEMM_Q8) return 0;
+        if (kind != GEMM_Q8 || (w->bits != 4 && w->bits != 8)) return 0;
         j.isa = isa == CPU_ISA_AVXVNNI ? GI_VNNI : GI_AVX2;
         bytes = gemm_q8_avx2_prep_bytes(w, j.isa == GI_VNNI);
     }

@@ -9,7 +9,8 @@
  * one broadcast 32-bit word, and every instruction of the tile is a dot product
  * (vpdpbusd, vdpbf16ps) of 16 rows at once: no horizontal sums, outputs stored as vectors.
  *
- *   affine 4 and 8 bit: x quantized once per call to int8 per weight group
+ *   affine 2 to 8 bit (2, 3, 5 and 6 from AVX-512 up): x quantized once per call to int8 per
+ *     weight group
  *     (xq = round(x * 127 / max|x|), as llama.cpp's Q8 activations), integer sums per group,
  *     y = sum_g [s_g * dx_g * (q_g . xq_g) + b_g * dx_g * sum(xq_g)];
  *   bf16: x rounded to bf16 once per call (round to nearest even), float sums of pairs;
@@ -81,7 +82,7 @@ void gemm_bf16_amx_prep(const struct qweight *w, const float *x, int m, int b0, 
                         uint8_t *xp);
 void gemm_bf16_amx_rows(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp, int m,
                         float *y, int64_t ldy);
-/* gemm_q8_amx.c: the same for affine 4- and 8-bit weights whose groups are 64 columns or a
+/* gemm_q8_amx.c: the same for affine 2- to 8-bit weights whose groups are 64 columns or a
  * multiple (gemm_q8_amx_serves); the AVX-512 kernel's results, bit for bit */
 int gemm_q8_amx_serves(const struct qweight *w);
 size_t gemm_q8_amx_prep_bytes(const struct qweight *w, int m);

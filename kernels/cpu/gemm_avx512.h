@@ -6,6 +6,7 @@
 #define PAGODA_KERNELS_CPU_GEMM_AVX512_H
 
 #include <immintrin.h>
+#include <string.h>
 #include <stdint.h>
 
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
@@ -39,10 +40,32 @@ ALWAYS_INLINE void gemm_transpose16(__m512i r[16])
     }
 }
 
-/* 64 codes of a row from column c0 (a multiple of 64), in the order x is prepared in. */
+/* 64 codes of a row from column c0 (a multiple of 64), in the order x is prepared in: 8-bit
+ * codes as they lie; 4-bit ones each 32 columns as their 16 even, then their 16 odd ones; 2,
+ * 3, 5 and 6-bit ones (an LSB-first bit stream: 8 codes fill `bits` bytes) in column order. */
 ALWAYS_INLINE __m512i gemm_q8_load_codes(const uint8_t *row, int bits, int64_t c0)
 {
     if (bits == 8) return _mm512_loadu_si512(row + c0);
+    if (bits != 4) {
+        const __m512i sh = _mm512_setr_epi64(0, bits, 2 * bits, 3 * bits, 4 * bits, 5 * bits,
+                                             6 * bits, 7 * bits),
+                      mask = _mm512_set1_epi64((1 << bits) - 1);
+        const uint8_t *p = row + c0 * bits / 8;
+        __m128i part[4];
+        for (int g = 0; g < 8; g += 2) { /* 8 codes a group: a field a 64-bit lane, then bytes */
+            uint64_t v0 = 0, v1 = 0;
+            memcpy(&v0, p + g * bits, (size_t)bits);
+            memcpy(&v1, p + (g + 1) * bits, (size_t)bits);
+            __m128i b0 = _mm512_cvtepi64_epi8(
+                _mm512_and_si512(_mm512_srlv_epi64(_mm512_set1_epi64((long long)v0), sh), mask));
+            __m128i b1 = _mm512_cvtepi64_epi8(
+                _mm512_and_si512(_mm512_srlv_epi64(_mm512_set1_epi64((long long)v1), sh), mask));
+            part[g / 2] = _mm_unpacklo_epi64(b0, b1);
+        }
+        __m256i lo = _mm256_inserti128_si256(_mm256_castsi128_si256(part[0]), part[1], 1),
+                hi = _mm256_inserti128_si256(_mm256_castsi128_si256(part[2]), part[3], 1);
+        return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+    }
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256i v = _mm256_loadu_si256((const __m256i *)(row + c0 / 2));
     __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);

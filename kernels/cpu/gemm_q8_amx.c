@@ -1,13 +1,12 @@
 /*
- * Affine 4- and 8-bit weights against int8 activations with AMX (see gemm.h), for groups
+ * Affine 2- to 8-bit weights against int8 activations with AMX (see gemm.h), for groups
  * of 64 columns or a multiple: the AVX-512 kernel's arithmetic (gemm_q8_avx512.c), with the
  * integer sums of a group taken by TDPBUSD. As with bf16 (gemm_bf16_amx.c) the product is
  * taken transposed:
  *
  *   A (tmm4, tmm5): 16 weight rows by 64 codes (unsigned), one group step; 8-bit codes
- *                   straight from the weights, 4-bit ones unpacked once a pass into a block
- *                   of 32 rows (each 32 columns as their 16 even, then their 16 odd ones:
- *                   the order x is prepared in);
+ *                   straight from the weights, the others unpacked once a pass into a block
+ *                   of 32 rows (gemm_q8_load_codes: in the order x is prepared in);
  *   B (tmm6, tmm7): the same 64 columns of 16 x rows as int8, 16 rows of 4-byte quads;
  *   C (tmm0..3):    16 weight rows by 16 x rows of int32 sums, a group's.
  *
@@ -113,7 +112,7 @@ void gemm_q8_amx_rows(const struct qweight *w, int64_t r0, int64_t r1, const uin
             int nb = (int)(r1 - rb < 32 ? r1 - rb : 32);
             const uint8_t *a = w->w + (size_t)rb * w->row_bytes;
             size_t as = w->row_bytes;
-            if (w->bits == 4 || nb < 32) { /* codes as bytes, rows past nb zero */
+            if (w->bits != 8 || nb < 32) { /* codes as bytes, rows past nb zero */
                 for (int i = 0; i < 32; i++)
                     for (int64_t c = 0; c < k; c += 64)
                         _mm512_storeu_si512(panel + (size_t)i * k + c,

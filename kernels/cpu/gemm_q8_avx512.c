@@ -1,5 +1,5 @@
 /*
- * Affine 4- and 8-bit weights against int8 activations with AVX-512 VNNI (see gemm.h).
+ * Affine 2- to 8-bit weights against int8 activations with AVX-512 VNNI (see gemm.h).
  *
  * A prepared x row: k int8 values (4-bit weights: each 32 columns as their 16 even ones,
  * then their 16 odd ones, the order a 4-bit panel unpacks to), padded to 64 bytes; then

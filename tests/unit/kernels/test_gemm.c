@@ -5,10 +5,10 @@
  * multiple of 16 or 32, k across panel and group boundaries.
  *
  * The affine kernels run on the AVX2, AVX-VNNI and AVX-512 tables (the 256-bit ones with
- * vpmaddubsw/vpmaddwd or vpdpbusd) and AMX (TDPBUSD, groups of 64 and 128: bitwise the
- * AVX-512 kernel's), bf16 on AVX-512 (vdpbf16ps) and AMX (TDPBF16PS); with m up to 300 over
- * k = 2048, more x rows than one pass of an AMX kernel takes; mxfp4, nvfp4 and mxfp8 on the
- * 256-bit tiles under every x86 table, for m up to 300.
+ * vpmaddubsw/vpmaddwd or vpdpbusd, for 4 and 8 bits; 2, 3, 5 and 6 bits from AVX-512 up) and AMX
+ * (TDPBUSD, groups of 64 and 128: bitwise the AVX-512 kernel's), bf16 on AVX-512 (vdpbf16ps) and
+ * AMX (TDPBF16PS); with m up to 300 over k = 2048, more x rows than one pass of an AMX kernel
+ * takes; mxfp4, nvfp4 and mxfp8 on the 256-bit tiles under every x86 table, for m up to 300.
  * Tolerances follow from the input rounding, per output (i, r) with w = W row r:
  *   int8 activations (affine): |y - ref| <= sum over groups g of dx_g / 2 * sum_g |w_j|
  *     (dx_g = max|x_g| / 127: each xq is off by at most half a step), plus float32
@@ -60,10 +60,12 @@ static void check_case(struct threadpool *tps[3], enum wfmt f, int bits, int gro
         for (int i = 0; i < m; i++) cpu_matmul(tps[0], alone + i * n, x + i * k, w, 1);
         for (int inv = 0; inv < 2; inv++) {
             cpu_batch_invariant_set(inv);
-            int fast =
-                !inv && m >= GEMM_MIN_M &&
-                (kind == GEMM_Q8 || kind == GEMM_MX ? isa != CPU_ISA_PORTABLE
-                                                    : kind == GEMM_BF16 && isa >= CPU_ISA_AVX512);
+            int fast = !inv && m >= GEMM_MIN_M &&
+                       (kind == GEMM_MX     ? isa != CPU_ISA_PORTABLE
+                        : kind == GEMM_Q8   ? isa >= CPU_ISA_AVX512 || (isa != CPU_ISA_PORTABLE &&
+                                                                      (bits == 4 || bits == 8))
+                        : kind == GEMM_BF16 ? isa >= CPU_ISA_AVX512
+                                            : 0);
             for (int t = 0; t < 3; t++) {
                 memset(y, 0xff, sizeof(float) * (size_t)(m * n));
                 cpu_matmul(tps[t], y, x, w, m);
@@ -142,11 +144,19 @@ int main(void)
         int bits, group;
         enum st_dtype sd;
     } fmts[] = {
-        {WFMT_BF16, 16, 0, ST_U8},     {WFMT_AFFINE, 4, 32, ST_BF16},
-        {WFMT_AFFINE, 4, 64, ST_BF16}, {WFMT_AFFINE, 4, 128, ST_BF16},
-        {WFMT_AFFINE, 4, 64, ST_F16},  {WFMT_AFFINE, 8, 32, ST_BF16},
-        {WFMT_AFFINE, 8, 64, ST_BF16}, {WFMT_AFFINE, 8, 128, ST_F32},
-        {WFMT_AFFINE, 3, 64, ST_BF16}, /* no fast kernel: the invariant path in both modes */
+        {WFMT_BF16, 16, 0, ST_U8},
+        {WFMT_AFFINE, 4, 32, ST_BF16},
+        {WFMT_AFFINE, 4, 64, ST_BF16},
+        {WFMT_AFFINE, 4, 128, ST_BF16},
+        {WFMT_AFFINE, 4, 64, ST_F16},
+        {WFMT_AFFINE, 8, 32, ST_BF16},
+        {WFMT_AFFINE, 8, 64, ST_BF16},
+        {WFMT_AFFINE, 8, 128, ST_F32},
+        /* 2, 3, 5 and 6 bits: fast from AVX-512 up, the invariant path on AVX2 in both modes */
+        {WFMT_AFFINE, 3, 64, ST_BF16},
+        {WFMT_AFFINE, 2, 32, ST_BF16},
+        {WFMT_AFFINE, 5, 64, ST_F16},
+        {WFMT_AFFINE, 6, 128, ST_BF16},
     };
     for (size_t fi = 0; fi < sizeof fmts / sizeof *fmts; fi++)
         for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
