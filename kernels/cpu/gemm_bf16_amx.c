@@ -17,12 +17,8 @@
 
 #include "common/scratch.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_amx.h"
 #include "kernels/cpu/gemm_avx512.h"
-
-#define TILE_BYTES 1024
-/* The x rows one pass over a block of 32 weight rows takes: about 1 MB of prepared x (half
- * of a core's L2), so that the block's weights are read from memory once per pass. */
-#define PASS_BYTES (1u << 20)
 
 struct tile_config {
     uint8_t palette;
@@ -53,7 +49,7 @@ void gemm_amx_end(void)
 
 size_t gemm_bf16_amx_prep_bytes(const struct qweight *w, int m)
 {
-    return (size_t)(m + 15) / 16 * (size_t)(w->k / 32) * TILE_BYTES;
+    return (size_t)(m + 15) / 16 * (size_t)(w->k / 32) * AMX_TILE_BYTES;
 }
 
 void gemm_bf16_amx_prep(const struct qweight *w, const float *x, int m, int b0, int b1, uint8_t *xp)
@@ -72,7 +68,7 @@ void gemm_bf16_amx_prep(const struct qweight *w, const float *x, int m, int b0, 
                 r[j] = (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(xi + 16), _mm512_loadu_ps(xi));
             }
             gemm_transpose16(r); /* r[p]: column pair p of the 16 rows */
-            uint8_t *d = xp + ((size_t)b * steps + s) * TILE_BYTES;
+            uint8_t *d = xp + ((size_t)b * steps + s) * AMX_TILE_BYTES;
             for (int p = 0; p < 16; p++) _mm512_storeu_si512(d + p * 64, r[p]);
         }
 }
@@ -81,12 +77,7 @@ void gemm_bf16_amx_prep(const struct qweight *w, const float *x, int m, int b0, 
 static void store_c(float *y, int64_t ldy, int64_t wr, int nb, int xr, int m, int tiles)
 {
     float c[4][256] __attribute__((aligned(64)));
-    _tile_stored(0, c[0], 64);
-    _tile_stored(1, c[1], 64);
-    if (tiles == 4) {
-        _tile_stored(2, c[2], 64);
-        _tile_stored(3, c[3], 64);
-    }
+    gemm_amx_c_store(c, tiles);
     gemm_tiles_store(c, tiles, y, ldy, wr, nb, xr, m);
 }
 
@@ -96,8 +87,7 @@ void gemm_bf16_amx_rows(const struct qweight *w, int64_t r0, int64_t r1, const u
     const int64_t k = w->k, steps = k / 32;
     const size_t ws = w->row_bytes;
     const int mpad = (m + 15) / 16 * 16;
-    int pass = (int)(PASS_BYTES / (size_t)(k * 2)) / 32 * 32;
-    if (pass < 32) pass = 32;
+    const int pass = gemm_amx_pass((size_t)k * 2);
     for (int xs = 0; xs < mpad; xs += pass) {
         int xe = xs + pass < mpad ? xs + pass : mpad;
         for (int64_t rb = r0; rb < r1; rb += 32) {
@@ -113,17 +103,14 @@ void gemm_bf16_amx_rows(const struct qweight *w, int64_t r0, int64_t r1, const u
                 as = (size_t)k * 2;
             }
             for (int xb = xs; xb < xe; xb += 32) {
-                const uint8_t *b = xp + (size_t)(xb / 16) * steps * TILE_BYTES;
-                _tile_zero(0);
-                _tile_zero(1);
+                const uint8_t *b = xp + (size_t)(xb / 16) * steps * AMX_TILE_BYTES;
+                gemm_amx_c_zero();
                 if (xb + 16 < xe) {
-                    _tile_zero(2);
-                    _tile_zero(3);
                     for (int64_t s = 0; s < steps; s++) {
                         _tile_loadd(4, a + s * 64, as);
                         _tile_loadd(5, a + 16 * as + s * 64, as);
-                        _tile_loadd(6, b + s * TILE_BYTES, 64);
-                        _tile_loadd(7, b + (steps + s) * TILE_BYTES, 64);
+                        _tile_loadd(6, b + s * AMX_TILE_BYTES, 64);
+                        _tile_loadd(7, b + (steps + s) * AMX_TILE_BYTES, 64);
                         _tile_dpbf16ps(0, 4, 6);
                         _tile_dpbf16ps(1, 5, 6);
                         _tile_dpbf16ps(2, 4, 7);
@@ -134,7 +121,7 @@ void gemm_bf16_amx_rows(const struct qweight *w, int64_t r0, int64_t r1, const u
                     for (int64_t s = 0; s < steps; s++) {
                         _tile_loadd(4, a + s * 64, as);
                         _tile_loadd(5, a + 16 * as + s * 64, as);
-                        _tile_loadd(6, b + s * TILE_BYTES, 64);
+                        _tile_loadd(6, b + s * AMX_TILE_BYTES, 64);
                         _tile_dpbf16ps(0, 4, 6);
                         _tile_dpbf16ps(1, 5, 6);
                     }

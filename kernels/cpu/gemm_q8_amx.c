@@ -20,11 +20,9 @@
 
 #include "common/scratch.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_amx.h"
 #include "kernels/cpu/gemm_avx512.h"
 #include "kernels/cpu/quant.h"
-
-#define TILE_BYTES 1024
-#define PASS_BYTES (1u << 20) /* x rows a pass takes: about 1 MB of them (see gemm_bf16_amx.c) */
 
 int gemm_q8_amx_serves(const struct qweight *w)
 {
@@ -35,7 +33,8 @@ int gemm_q8_amx_serves(const struct qweight *w)
  * [groups][16] (rows past m: zero). */
 static size_t block_bytes(const struct qweight *w)
 {
-    return (size_t)(w->k / 64) * TILE_BYTES + (size_t)(w->k / w->group) * 2 * 16 * sizeof(float);
+    return (size_t)(w->k / 64) * AMX_TILE_BYTES +
+           (size_t)(w->k / w->group) * 2 * 16 * sizeof(float);
 }
 
 size_t gemm_q8_amx_prep_bytes(const struct qweight *w, int m)
@@ -57,9 +56,10 @@ void gemm_q8_amx_prep(const struct qweight *w, const float *x, int m, int b0, in
             __m512i r[16];
             for (int j = 0; j < 16; j++) r[j] = _mm512_loadu_si512(rows + j * rs + s * 64);
             gemm_transpose16(r); /* r[q]: quad q of the 16 rows */
-            for (int q = 0; q < 16; q++) _mm512_storeu_si512(blk + s * TILE_BYTES + q * 64, r[q]);
+            for (int q = 0; q < 16; q++)
+                _mm512_storeu_si512(blk + s * AMX_TILE_BYTES + q * 64, r[q]);
         }
-        float *dxv = (float *)(blk + steps * TILE_BYTES), *xsv = dxv + groups * 16;
+        float *dxv = (float *)(blk + steps * AMX_TILE_BYTES), *xsv = dxv + groups * 16;
         for (int64_t g = 0; g < groups; g++)
             for (int j = 0; j < 16; j++) {
                 const float *d = (const float *)(rows + j * rs + kq);
@@ -75,12 +75,7 @@ static void add_group(float acc[4][256], int tiles, const float *sc, const float
                       const float *dx0, const float *xs0, const float *dx1, const float *xs1)
 {
     int32_t c[4][256] __attribute__((aligned(64)));
-    _tile_stored(0, c[0], 64);
-    _tile_stored(1, c[1], 64);
-    if (tiles == 4) {
-        _tile_stored(2, c[2], 64);
-        _tile_stored(3, c[3], 64);
-    }
+    gemm_amx_c_store(c, tiles);
     for (int t = 0; t < tiles; t++) {
         const float *dx = t >> 1 ? dx1 : dx0, *xs = t >> 1 ? xs1 : xs0;
         __m512 d = _mm512_loadu_ps(dx), e = _mm512_loadu_ps(xs);
@@ -101,8 +96,7 @@ void gemm_q8_amx_rows(const struct qweight *w, int64_t r0, int64_t r1, const uin
     const int64_t k = w->k, G = w->group, groups = k / G, steps = k / 64, spg = G / 64;
     const size_t bb = block_bytes(w);
     const int mpad = (m + 15) / 16 * 16;
-    int pass = (int)(PASS_BYTES / (size_t)k) / 32 * 32;
-    if (pass < 32) pass = 32;
+    const int pass = gemm_amx_pass((size_t)k);
     uint8_t *panel = (uint8_t *)scratch_get(SCRATCH_GEMM_B, (size_t)(32 * k / 4));
     float *sc = scratch_get(SCRATCH_GEMV, (size_t)(2 * 32 * groups)), *bi = sc + 32 * groups;
     float acc[4][256] __attribute__((aligned(64)));
@@ -131,26 +125,21 @@ void gemm_q8_amx_rows(const struct qweight *w, int64_t r0, int64_t r1, const uin
             for (int xb = xs; xb < xe; xb += 32) {
                 const int tiles = xb + 16 < xe ? 4 : 2;
                 const uint8_t *b0 = xp + (size_t)(xb / 16) * bb, *b1 = tiles == 4 ? b0 + bb : b0;
-                const float *dx0 = (const float *)(b0 + steps * TILE_BYTES),
+                const float *dx0 = (const float *)(b0 + steps * AMX_TILE_BYTES),
                             *xs0 = dx0 + groups * 16;
-                const float *dx1 = (const float *)(b1 + steps * TILE_BYTES),
+                const float *dx1 = (const float *)(b1 + steps * AMX_TILE_BYTES),
                             *xs1 = dx1 + groups * 16;
                 memset(acc, 0, sizeof acc);
                 for (int64_t g = 0; g < groups; g++) {
-                    _tile_zero(0);
-                    _tile_zero(1);
-                    if (tiles == 4) {
-                        _tile_zero(2);
-                        _tile_zero(3);
-                    }
+                    gemm_amx_c_zero();
                     for (int64_t s = g * spg; s < (g + 1) * spg; s++) {
                         _tile_loadd(4, a + s * 64, as);
                         _tile_loadd(5, a + 16 * as + s * 64, as);
-                        _tile_loadd(6, b0 + s * TILE_BYTES, 64);
+                        _tile_loadd(6, b0 + s * AMX_TILE_BYTES, 64);
                         _tile_dpbusd(0, 4, 6);
                         _tile_dpbusd(1, 5, 6);
                         if (tiles == 4) {
-                            _tile_loadd(7, b1 + s * TILE_BYTES, 64);
+                            _tile_loadd(7, b1 + s * AMX_TILE_BYTES, 64);
                             _tile_dpbusd(2, 4, 7);
                             _tile_dpbusd(3, 5, 7);
                         }

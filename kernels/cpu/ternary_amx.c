@@ -16,11 +16,9 @@
 
 #include "common/scratch.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/gemm_amx.h"
 #include "kernels/cpu/gemm_avx512.h"
 #include "kernels/cpu/impl.h"
-
-#define TILE_BYTES 1024
-#define PASS_BYTES (1u << 20) /* input rows a pass takes: about 1 MB of them */
 
 /* The exact dots of C into y: d - qsum, divided by qdiv, times t_mul (each tile row is a
  * weight row against 16 input rows, so the input rows' terms are vectors). */
@@ -29,12 +27,7 @@ static void store_dots(const struct qweight *w, int tiles, float *y, int64_t ldy
 {
     int32_t c[4][256] __attribute__((aligned(64)));
     float f[4][256] __attribute__((aligned(64)));
-    _tile_stored(0, c[0], 64);
-    _tile_stored(1, c[1], 64);
-    if (tiles == 4) {
-        _tile_stored(2, c[2], 64);
-        _tile_stored(3, c[3], 64);
-    }
+    gemm_amx_c_store(c, tiles);
     const __m512 tm = _mm512_set1_ps(w->t_mul);
     for (int t = 0; t < tiles; t++) {
         int x0 = xr + (t >> 1) * 16, nx = m - x0 < 16 ? m - x0 : 16;
@@ -66,12 +59,11 @@ void ternary_matmul_amx(const struct qweight *w, int64_t r0, int64_t r1, const i
                            : _mm512_setzero_si512();
             gemm_transpose16(r);
             for (int t = 0; t < 16; t++)
-                _mm512_storeu_si512(xb + ((size_t)b * steps + s) * TILE_BYTES + t * 64, r[t]);
+                _mm512_storeu_si512(xb + ((size_t)b * steps + s) * AMX_TILE_BYTES + t * 64, r[t]);
         }
     uint8_t *panel = (uint8_t *)scratch_get(SCRATCH_GEMM_B, (size_t)(32 * kp / 4));
     const __m256i m3 = _mm256_set1_epi8(3);
-    int pass = (int)(PASS_BYTES / (size_t)kp) / 32 * 32;
-    if (pass < 32) pass = 32;
+    const int pass = gemm_amx_pass((size_t)kp);
     gemm_amx_begin();
     for (int xs = 0; xs < mpad; xs += pass) {
         int xe = xs + pass < mpad ? xs + pass : mpad;
@@ -98,19 +90,16 @@ void ternary_matmul_amx(const struct qweight *w, int64_t r0, int64_t r1, const i
             }
             for (int x0 = xs; x0 < xe; x0 += 32) {
                 const int tiles = x0 + 16 < xe ? 4 : 2;
-                const uint8_t *b0 = xb + (size_t)(x0 / 16) * steps * TILE_BYTES;
-                _tile_zero(0);
-                _tile_zero(1);
-                _tile_zero(2);
-                _tile_zero(3);
+                const uint8_t *b0 = xb + (size_t)(x0 / 16) * steps * AMX_TILE_BYTES;
+                gemm_amx_c_zero();
                 for (int64_t s = 0; s < steps; s++) {
                     _tile_loadd(4, panel + s * 64, kp);
                     _tile_loadd(5, panel + 16 * kp + s * 64, kp);
-                    _tile_loadd(6, b0 + s * TILE_BYTES, 64);
+                    _tile_loadd(6, b0 + s * AMX_TILE_BYTES, 64);
                     _tile_dpbusd(0, 4, 6);
                     _tile_dpbusd(1, 5, 6);
                     if (tiles == 4) {
-                        _tile_loadd(7, b0 + (steps + s) * TILE_BYTES, 64);
+                        _tile_loadd(7, b0 + (steps + s) * AMX_TILE_BYTES, 64);
                         _tile_dpbusd(2, 4, 7);
                         _tile_dpbusd(3, 5, 7);
                     }
