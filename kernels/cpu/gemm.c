@@ -30,8 +30,8 @@ enum gemm_kind gemm_kind_of(const struct qweight *w)
 }
 
 #if defined(PAGODA_X86)
-/* Which kernels run: the AVX-512 ones, or the 256-bit affine ones of the AVX2 and AVX-VNNI
- * tables. */
+/* Which kernels run: the AMX ones, the AVX-512 ones, or the 256-bit affine ones of the AVX2
+ * and AVX-VNNI tables. */
 enum gemm_isa { GI_AVX2, GI_VNNI, GI_AVX512, GI_AMX };
 
 struct gemm_job {
@@ -131,9 +131,10 @@ int gemm_run(struct threadpool *tp, float *y, const float *x, const struct qweig
     }
 #if defined(PAGODA_AMX)
     else if (isa == CPU_ISA_AMX && (kind == GEMM_BF16 || gemm_q8_amx_serves(w))) {
+        /* x prepared as tiles, blocks of 16 rows (not rows `stride` apart) */
         j.isa = GI_AMX;
-        j.stride = kind == GEMM_Q8 ? gemm_q8_amx_prep_bytes(w, m) : gemm_bf16_amx_prep_bytes(w, m);
-        j.xp = (uint8_t *)scratch_get(SCRATCH_MM_X, j.stride / sizeof(float));
+        bytes = kind == GEMM_Q8 ? gemm_q8_amx_prep_bytes(w, m) : gemm_bf16_amx_prep_bytes(w, m);
+        j.xp = (uint8_t *)scratch_get(SCRATCH_MM_X, (bytes + 3) / sizeof(float));
         tp_run(tp, prep_task, &j);
         tp_run(tp, rows_task, &j);
         return 1;
