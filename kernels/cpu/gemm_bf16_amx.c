@@ -103,30 +103,22 @@ void gemm_bf16_amx_rows(const struct qweight *w, int64_t r0, int64_t r1, const u
                 as = (size_t)k * 2;
             }
             for (int xb = xs; xb < xe; xb += 32) {
+                const int tiles = xb + 16 < xe ? 4 : 2;
                 const uint8_t *b = xp + (size_t)(xb / 16) * steps * AMX_TILE_BYTES;
                 gemm_amx_c_zero();
-                if (xb + 16 < xe) {
-                    for (int64_t s = 0; s < steps; s++) {
-                        _tile_loadd(4, a + s * 64, as);
-                        _tile_loadd(5, a + 16 * as + s * 64, as);
-                        _tile_loadd(6, b + s * AMX_TILE_BYTES, 64);
+                for (int64_t s = 0; s < steps; s++) {
+                    _tile_loadd(4, a + s * 64, as);
+                    _tile_loadd(5, a + 16 * as + s * 64, as);
+                    _tile_loadd(6, b + s * AMX_TILE_BYTES, 64);
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_dpbf16ps(1, 5, 6);
+                    if (tiles == 4) {
                         _tile_loadd(7, b + (steps + s) * AMX_TILE_BYTES, 64);
-                        _tile_dpbf16ps(0, 4, 6);
-                        _tile_dpbf16ps(1, 5, 6);
                         _tile_dpbf16ps(2, 4, 7);
                         _tile_dpbf16ps(3, 5, 7);
                     }
-                    store_c(y, ldy, rb, nb, xb, m, 4);
-                } else {
-                    for (int64_t s = 0; s < steps; s++) {
-                        _tile_loadd(4, a + s * 64, as);
-                        _tile_loadd(5, a + 16 * as + s * 64, as);
-                        _tile_loadd(6, b + s * AMX_TILE_BYTES, 64);
-                        _tile_dpbf16ps(0, 4, 6);
-                        _tile_dpbf16ps(1, 5, 6);
-                    }
-                    store_c(y, ldy, rb, nb, xb, m, 2);
                 }
+                store_c(y, ldy, rb, nb, xb, m, tiles);
             }
         }
     }

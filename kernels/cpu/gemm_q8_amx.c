@@ -49,8 +49,8 @@ void gemm_q8_amx_prep(const struct qweight *w, const float *x, int m, int b0, in
     uint8_t *rows = (uint8_t *)scratch_get(SCRATCH_GEMM_A, 16 * rs / sizeof(float));
     for (int b = b0; b < b1; b++) {
         int n = m - b * 16 < 16 ? m - b * 16 : 16;
-        memset(rows, 0, 16 * rs);
         gemm_q8_prep(w, x + (size_t)b * 16 * k, n, rows, rs);
+        memset(rows + n * rs, 0, (16 - n) * rs); /* rows past m: zero codes and scales */
         uint8_t *blk = xp + (size_t)b * block_bytes(w);
         for (int64_t s = 0; s < steps; s++) {
             __m512i r[16];
