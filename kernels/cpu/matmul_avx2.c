@@ -321,6 +321,10 @@ static const ftile_fn ft_large[3][4] = {{ftl_1_1, ftl_1_2, ftl_1_3, ftl_1_4},
 #define LKC     256
 #define LMR     3
 #define LNR     4
+/* x rows a pass over the weights takes at most: past 128 or so, x's panels (128 rows of
+ * LKC columns: 128 KB) outgrow what the tiles read quickly (8192 x 2048 bf16 at 512 rows:
+ * 151 GFLOP/s in one pass, 186 in passes of 128); each pass reads the weights again. */
+#define LMB 128
 
 /*
  * Rows [r0, r1) of W against m rows of x: xk is x as the kernel reads it (ldx floats per
@@ -333,6 +337,12 @@ static void matmul_float(const struct qweight *w, int64_t r0, int64_t r1, const 
     size_t esz = f == WFMT_F32 ? 4 : 2;
     int64_t k = w->k, k16 = k / 16 * 16;
     int small = m <= SMALL_M;
+    if (m > LMB) { /* every output's chain is the same in any pass */
+        for (int i0 = 0; i0 < m; i0 += LMB)
+            matmul_float(w, r0, r1, xk + (size_t)i0 * ldx, ldx, x + (size_t)i0 * k,
+                         m - i0 < LMB ? m - i0 : LMB, y + (size_t)i0 * ldy, ldy);
+        return;
+    }
     /* Large m widens each bf16/f16 panel to f32 once for all x rows: the tiles then run
      * nothing but loads and FMAs. */
     int direct = f == WFMT_F32 || (small && (f == WFMT_BF16 || f == WFMT_F16));

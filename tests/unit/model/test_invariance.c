@@ -21,7 +21,7 @@
 static void check_invariance(struct threadpool *tps[3], const struct qweight *w, const float *x,
                              const char *name, enum cpu_isa isa)
 {
-    const int ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 33, 100, MAXM};
+    const int ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 33, 100, 131, MAXM};
     int64_t n = w->n, k = w->k;
     cpu_isa_set(isa);
     float *alone = xmalloc(sizeof(float) * (size_t)(MAXM * n));
