@@ -3,21 +3,24 @@
  * cpu_matmul when m >= GEMM_MIN_M and batch-invariant mode is off (cpu_batch_invariant_set).
  * Internal to kernels/cpu.
  *
- * Weights are repacked per thread, one panel at a time, so that each 32-bit lane of a
- * 512-bit vector holds one weight row: a panel of 32 rows by up to GEMM_KC columns becomes
- * [columns / 4 (int8) or / 2 (bf16)][2 vectors][16 rows][4 bytes]. An x row then enters as
- * one broadcast 32-bit word, and every instruction of the tile is a dot product
- * (vpdpbusd, vdpbf16ps) of 16 rows at once: no horizontal sums, outputs stored as vectors.
+ * Affine weights are repacked per thread, one panel at a time, so that each 32-bit lane of
+ * a 512-bit vector holds one weight row: a panel of 32 rows by up to GEMM_KC columns becomes
+ * [columns / 4][2 vectors][16 rows][4 bytes]. An x row then enters as one broadcast 32-bit
+ * word, and every instruction of the tile is a dot product (vpdpbusd) of 16 rows at once:
+ * no horizontal sums, outputs stored as vectors.
  *
  *   affine 2 to 8 bit (2, 3, 5 and 6 from AVX-512 up): x quantized once per call to int8 per
  *     weight group
  *     (xq = round(x * 127 / max|x|), as llama.cpp's Q8 activations), integer sums per group,
  *     y = sum_g [s_g * dx_g * (q_g . xq_g) + b_g * dx_g * sum(xq_g)];
- *   bf16: x rounded to bf16 once per call (round to nearest even), float sums of pairs;
- *     with AMX (CPU_ISA_AMX) the same rounding, and TDPBF16PS over tiles of 16 x 32 taken
- *     straight from the weights (gemm_bf16_amx.c): no repacking of the weights. Affine
- *     weights with groups of 64 or a multiple take their integer sums from TDPBUSD there
- *     (gemm_q8_amx.c), with the AVX-512 kernel's float steps: the same results.
+ *   bf16 (AVX-512): read in place, no repacking; x stays float32 (laid out once per call as
+ *     each 32 columns' even then odd values), the weights widen to float32 in registers
+ *     and each output is one FMA chain, its 16 lanes summed at the end (gemm_bf16_avx512.c;
+ *     vdpbf16ps runs at half the pace of vfmadd231ps on the CPUs measured);
+ *     with AMX (CPU_ISA_AMX) x rounded to bf16 (nearest even) and TDPBF16PS over tiles of 16 x 32
+ * taken straight from the weights (gemm_bf16_amx.c): no repacking of the weights. Affine weights
+ * with groups of 64 or a multiple take their integer sums from TDPBUSD there (gemm_q8_amx.c), with
+ * the AVX-512 kernel's float steps: the same results.
  *
  * The AVX2 and AVX-VNNI tables run the affine kernels with 256-bit vectors (gemm_q8_avx2.h:
  * panels of 16 rows, 8 per vector, the same int8 activations; vpmaddubsw + vpmaddwd, vpmaddwd

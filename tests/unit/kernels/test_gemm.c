@@ -6,17 +6,17 @@
  *
  * The affine kernels run on the AVX2, AVX-VNNI and AVX-512 tables (the 256-bit ones with
  * vpmaddubsw/vpmaddwd or vpdpbusd, for 4 and 8 bits; 2, 3, 5 and 6 bits from AVX-512 up) and AMX
- * (TDPBUSD, groups of 64 and 128: bitwise the AVX-512 kernel's), bf16 on AVX-512 (vdpbf16ps) and
- * AMX (TDPBF16PS); with m up to 300 over k = 2048, more x rows than one pass of an AMX kernel
- * takes; mxfp4, nvfp4 and mxfp8 on the 256-bit tiles under every x86 table, for m up to 300.
- * Tolerances follow from the input rounding, per output (i, r) with w = W row r:
- *   int8 activations (affine): |y - ref| <= sum over groups g of dx_g / 2 * sum_g |w_j|
- *     (dx_g = max|x_g| / 127: each xq is off by at most half a step), plus float32
- *     accumulation, bounded by 1e-5 * sum |w_j x_j| (mxfp4, nvfp4 too: their integer sums
- *     are exact); mxfp8 adds its int16 weight rounding, at most 2^-14 of the group's largest
- *     |w| per value: 2^-14 * max_g |w_j| * sum_g |x_j|;
- *   bf16 activations: |y - ref| <= 2^-9 * sum |w_j x_j| (round to nearest even), plus the
- *     same accumulation term.
+ * (TDPBUSD, groups of 64 and 128: bitwise the AVX-512 kernel's), bf16 on AVX-512 (weights
+ * widened to float32, float32 x) and AMX (TDPBF16PS); with m up to 300 over k = 2048, more x rows
+ * than one pass of an AMX kernel takes; mxfp4, nvfp4 and mxfp8 on the 256-bit tiles under every x86
+ * table, for m up to 300. Tolerances follow from the input rounding, per output (i, r) with w = W
+ * row r: int8 activations (affine): |y - ref| <= sum over groups g of dx_g / 2 * sum_g |w_j| (dx_g
+ * = max|x_g| / 127: each xq is off by at most half a step), plus float32 accumulation, bounded by
+ * 1e-5 * sum |w_j x_j| (mxfp4, nvfp4 too: their integer sums are exact); mxfp8 adds its int16
+ * weight rounding, at most 2^-14 of the group's largest |w| per value: 2^-14 * max_g |w_j| * sum_g
+ * |x_j|; bf16 activations (AMX): |y - ref| <= 2^-9 * sum |w_j x_j| (round to nearest even), plus
+ *     the same accumulation term; bf16 weights on AVX-512 keep x in float32: the
+ *     accumulation term alone.
  * Paths without the fast kernels (and batch-invariant mode) must give bitwise the rows
  * computed alone, and m <= 8 stays on the invariant kernels in either mode.
  */
@@ -98,7 +98,7 @@ static void check_case(struct threadpool *tps[3], enum wfmt f, int bits, int gro
                                 bound += amax / 127.0 / 2.0 * sw;
                                 if (f == WFMT_MXFP8) bound += ldexp(wmax, -14) * sx;
                             }
-                        else
+                        else if (isa != CPU_ISA_AVX512) /* AMX rounds x to bf16 */
                             bound = mag / 512.0;
                         bound += 1e-5 * mag;
                         double err = fabs(got - ref);
