@@ -41,7 +41,7 @@ ALWAYS_INLINE void gemm_transpose16(__m512i r[16])
 }
 
 /* 64 codes of a row from column c0 (a multiple of 64), in the order x is prepared in: 8-bit
- * codes as they lie; 4-bit ones each 32 columns as their 16 even, then their 16 odd ones; 2,
+ * codes as they lie; 4-bit ones each 8 columns as their 4 even, then their 4 odd ones; 2,
  * 3, 5 and 6-bit ones (an LSB-first bit stream: 8 codes fill `bits` bytes) in column order. */
 ALWAYS_INLINE __m512i gemm_q8_load_codes(const uint8_t *row, int bits, int64_t c0)
 {
@@ -69,9 +69,10 @@ ALWAYS_INLINE __m512i gemm_q8_load_codes(const uint8_t *row, int bits, int64_t c
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256i v = _mm256_loadu_si256((const __m256i *)(row + c0 / 2));
     __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-    /* each 32 columns: their 16 even (low nibbles), then their 16 odd ones */
-    __m256i a = _mm256_permute2x128_si256(lo, hi, 0x20),
-            b = _mm256_permute2x128_si256(lo, hi, 0x31);
+    /* each 8 columns: their 4 even (low nibbles), then their 4 odd ones */
+    __m256i ul = _mm256_unpacklo_epi32(lo, hi), uh = _mm256_unpackhi_epi32(lo, hi);
+    __m256i a = _mm256_permute2x128_si256(ul, uh, 0x20),
+            b = _mm256_permute2x128_si256(ul, uh, 0x31);
     return _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
 }
 

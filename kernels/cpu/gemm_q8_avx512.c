@@ -1,8 +1,8 @@
 /*
  * Affine 2- to 8-bit weights against int8 activations with AVX-512 VNNI (see gemm.h).
  *
- * A prepared x row: k int8 values (4-bit weights: each 32 columns as their 16 even ones,
- * then their 16 odd ones, the order a 4-bit panel unpacks to), padded to 64 bytes; then
+ * A prepared x row: k int8 values (4-bit weights: each 8 columns as their 4 even ones, then
+ * their 4 odd ones, the order a 4-bit panel unpacks to), padded to 64 bytes; then
  * per group its scale dx = max|x| / 127, then dx * sum(xq) (the bias term's input).
  * Cost: per 4 columns of 32 weight rows and one x row, 2 vpdpbusd; per group and x row,
  * 4 float operations per 16 weight rows.
@@ -31,8 +31,7 @@ size_t gemm_q8_prep_bytes(const struct qweight *w)
 void gemm_q8_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride)
 {
     int64_t k = w->k, G = w->group, groups = k / G, kq = xq_bytes(w);
-    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i od = _mm512_add_epi32(ev, _mm512_set1_epi32(1));
+    const __m512i o4 = _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
     for (int i = 0; i < m; i++) {
         const float *xi = x + (size_t)i * k;
         int8_t *q = (int8_t *)(xp + (size_t)i * stride);
@@ -49,9 +48,8 @@ void gemm_q8_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, s
             for (int64_t j = 0; j < G; j += 32) {
                 __m512 a = _mm512_loadu_ps(xg + j), b = _mm512_loadu_ps(xg + j + 16);
                 if (w->bits == 4) {
-                    __m512 e = _mm512_permutex2var_ps(a, ev, b);
-                    b = _mm512_permutex2var_ps(a, od, b);
-                    a = e;
+                    a = _mm512_permutexvar_ps(o4, a);
+                    b = _mm512_permutexvar_ps(o4, b);
                 }
                 __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, vid));
                 __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, vid));
@@ -69,11 +67,62 @@ void gemm_q8_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, s
  * Rows [rb, rb + nb) of W, columns [kp, kp + len), into the panel: pw [len / 4][2][16 rows]
  * of 4 codes (rows past nb zero), ps [gpp][NB] scales then [gpp][NB] biases at ps + NB * gmax.
  */
+/*
+ * The codes of a 4-bit panel: per 64 columns, each row's 32 bytes as 8 dwords of 8 codes,
+ * transposed (two rows a vector, 8 x 8 dwords in each 256-bit half) so that vector d holds
+ * dword d of 16 rows, a row a lane; its low nibbles are the row's codes 8d, 8d + 2, 8d + 4,
+ * 8d + 6 and its high ones 8d + 1 .. 8d + 7: two steps of the tile, x prepared in that
+ * order. 32 shuffles per 16 rows by 64 columns, where unpacking first and transposing 16
+ * x 16 words took 112 (the panel's packing was most of a 16-row product).
+ */
+static void pack4(const struct qweight *w, int64_t rb, int nb, int64_t kp, int64_t len, uint8_t *pw)
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13),
+                  hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    for (int v = 0; v < 2; v++)
+        for (int64_t c = 0; c < len / 64; c++) {
+            __m512i r[8], t[8];
+            for (int l = 0; l < 8; l++) {
+                int j0 = v * 16 + l, j1 = j0 + 8;
+                const uint8_t *p = w->w + (size_t)(kp + c * 64) / 2;
+                __m256i a = j0 < nb ? _mm256_loadu_si256(
+                                          (const __m256i *)(p + (size_t)(rb + j0) * w->row_bytes))
+                                    : _mm256_setzero_si256();
+                __m256i b = j1 < nb ? _mm256_loadu_si256(
+                                          (const __m256i *)(p + (size_t)(rb + j1) * w->row_bytes))
+                                    : _mm256_setzero_si256();
+                r[l] = _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1);
+            }
+            for (int l = 0; l < 8; l += 2) {
+                t[l] = _mm512_unpacklo_epi32(r[l], r[l + 1]);
+                t[l + 1] = _mm512_unpackhi_epi32(r[l], r[l + 1]);
+            }
+            for (int l = 0; l < 8; l += 4) {
+                r[l] = _mm512_unpacklo_epi64(t[l], t[l + 2]);     /* dwords 0 and 4 */
+                r[l + 1] = _mm512_unpackhi_epi64(t[l], t[l + 2]); /* 1 and 5 */
+                r[l + 2] = _mm512_unpacklo_epi64(t[l + 1], t[l + 3]);
+                r[l + 3] = _mm512_unpackhi_epi64(t[l + 1], t[l + 3]);
+            }
+            for (int d = 0; d < 4; d++) { /* rows 0-3 in r[d], 4-7 in r[4 + d] */
+                __m512i q[2] = {_mm512_permutex2var_epi64(r[d], lo, r[4 + d]),
+                                _mm512_permutex2var_epi64(r[d], hi, r[4 + d])};
+                for (int e = 0; e < 2; e++) {
+                    int64_t s = c * 16 + 2 * (d + 4 * e);
+                    _mm512_storeu_si512(pw + (s * 2 + v) * 64, _mm512_and_si512(q[e], m4));
+                    _mm512_storeu_si512(pw + ((s + 1) * 2 + v) * 64,
+                                        _mm512_and_si512(_mm512_srli_epi16(q[e], 4), m4));
+                }
+            }
+        }
+}
+
 static void pack(const struct qweight *w, int64_t rb, int nb, int64_t kp, int64_t len, uint8_t *pw,
                  float *ps, int64_t gmax)
 {
     int64_t groups = w->k / w->group, gpp = len / w->group;
-    for (int v = 0; v < 2; v++)
+    if (w->bits == 4) pack4(w, rb, nb, kp, len, pw);
+    for (int v = 0; v < 2 && w->bits != 4; v++)
         for (int64_t c = 0; c < len / 64; c++) {
             __m512i r[16];
             for (int l = 0; l < 16; l++) {
