@@ -3,8 +3,8 @@
  * and gemm_q8_avx2.h): the input preparation, the panel packing, the driver and the AVX2
  * tiles. The AVX-VNNI tiles (gemm_q8_vnni_avx2.c) run over the same panels.
  *
- * A prepared x row: k int8 values (4-bit weights: each 32 columns as their 16 even ones,
- * then their 16 odd ones, the order a 4-bit panel unpacks to), or k int16 values (8-bit
+ * A prepared x row: k int8 values (4-bit weights: each 8 columns as their 4 even ones, then
+ * their 4 odd ones, the order a 4-bit panel unpacks to), or k int16 values (8-bit
  * weights on AVX2), padded to 64 bytes; then per group dx = max|x| / 127, then
  * dx * sum(xq). Cost per 8 columns of 16 weight rows and one x row: 4 vpdpbusd (AVX-VNNI),
  * 4 vpmaddubsw + 2 vpaddw + 2 vpmaddwd (AVX2, 4-bit) or 8 vpmaddwd (AVX2, 8-bit), plus their
@@ -62,11 +62,9 @@ void gemm_q8_avx2_prep(const struct qweight *w, const float *x, int m, uint8_t *
                     int16_t *d16 = (int16_t *)row + c;
                     for (int t = 0; t < 32; t++) d16[t] = (int16_t)q[t];
                 } else if (w->bits == 4) {
-                    /* 16 even columns, then 16 odd ones */
-                    for (int t = 0; t < 16; t++) {
-                        row[c + t] = (uint8_t)(int8_t)q[2 * t];
-                        row[c + 16 + t] = (uint8_t)(int8_t)q[2 * t + 1];
-                    }
+                    /* each 8 columns: their 4 even ones, then their 4 odd ones */
+                    for (int t = 0; t < 32; t++)
+                        row[c + (t & ~7) + (t & 1) * 4 + (t & 7) / 2] = (uint8_t)(int8_t)q[t];
                 } else {
                     for (int t = 0; t < 32; t++) row[c + t] = (uint8_t)(int8_t)q[t];
                 }
@@ -81,16 +79,87 @@ void gemm_q8_avx2_prep(const struct qweight *w, const float *x, int m, uint8_t *
     }
 }
 
-/* 8 words of row `row` from column c0 in the panel's lane format: E = 4: 32 codes (4-bit:
- * their 16 even, then 16 odd columns); E = 2: 16 codes widened to int16. */
-ALWAYS_INLINE __m256i load_lanes(const uint8_t *row, int bits, int E, int64_t c0)
+/*
+ * The codes of rows [rb, rb + nb) (rows past nb zero), columns [kp, kp + len), into pw
+ * [len / E][2][8 rows] of E codes, 8 rows and 8 * E columns at a time:
+ *   E = 2 (8-bit on AVX2): 16 codes of each row widened to int16, then 8 x 8 words
+ *     transposed;
+ *   E = 4, 8-bit: 32 codes of each row as they lie, 8 x 8 words transposed;
+ *   E = 4, 4-bit: each row's 16 bytes (4 words of 8 codes) transposed while still packed,
+ *     two rows a register (rows l and l + 4), then unpacked: word d's low nibbles are the
+ *     row's codes 8d, 8d + 2, 8d + 4, 8d + 6, its high ones the odd ones, two steps of the
+ *     tile (x prepared in that order). 12 shuffles per 8 rows by 32 columns, where
+ *     unpacking first and transposing 8 x 8 words took 32.
+ */
+ALWAYS_INLINE void pack_codes(const struct qweight *w, const int E, const int bits, int64_t rb,
+                              int nb, int64_t kp, int64_t len, uint8_t *pw)
 {
-    if (E == 2) return _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(row + c0)));
-    if (bits == 8) return _mm256_loadu_si256((const __m256i *)(row + c0));
-    const __m128i m4 = _mm_set1_epi8(0x0f);
-    __m128i v = _mm_loadu_si128((const __m128i *)(row + c0 / 2));
-    __m128i lo = _mm_and_si128(v, m4), hi = _mm_and_si128(_mm_srli_epi16(v, 4), m4);
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
+    const int64_t span = 8 * E;
+    for (int v = 0; v < 2; v++) {
+        const uint8_t *rows[8];
+        for (int l = 0; l < 8; l++) {
+            int j = v * 8 + l;
+            rows[l] = j < nb ? w->w + (size_t)(rb + j) * w->row_bytes : NULL;
+        }
+        for (int64_t c = 0; c < len / span; c++) {
+            int64_t c0 = kp + c * span;
+            __m256i r[8];
+            uint8_t *dst = pw + (c * 8 * 2 + v) * 32; /* step t at dst + t * 64 */
+            if (E == 4 && bits == 4) {
+                __m256i z[4], t[4];
+                for (int l = 0; l < 4; l++) {
+                    __m128i a = rows[l] ? _mm_loadu_si128((const __m128i *)(rows[l] + c0 / 2))
+                                        : _mm_setzero_si128();
+                    __m128i b = rows[l + 4]
+                                    ? _mm_loadu_si128((const __m128i *)(rows[l + 4] + c0 / 2))
+                                    : _mm_setzero_si128();
+                    z[l] = _mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1);
+                }
+                t[0] = _mm256_unpacklo_epi32(z[0], z[1]);
+                t[1] = _mm256_unpackhi_epi32(z[0], z[1]);
+                t[2] = _mm256_unpacklo_epi32(z[2], z[3]);
+                t[3] = _mm256_unpackhi_epi32(z[2], z[3]);
+                const __m256i m4 = _mm256_set1_epi8(0x0f);
+                __m256i d[4] = {
+                    _mm256_unpacklo_epi64(t[0], t[2]), _mm256_unpackhi_epi64(t[0], t[2]),
+                    _mm256_unpacklo_epi64(t[1], t[3]), _mm256_unpackhi_epi64(t[1], t[3])};
+                for (int q = 0; q < 4; q++) {
+                    _mm256_storeu_si256((__m256i *)(dst + 2 * q * 64), _mm256_and_si256(d[q], m4));
+                    _mm256_storeu_si256((__m256i *)(dst + (2 * q + 1) * 64),
+                                        _mm256_and_si256(_mm256_srli_epi16(d[q], 4), m4));
+                }
+                continue;
+            }
+            for (int l = 0; l < 8; l++) {
+                if (!rows[l])
+                    r[l] = _mm256_setzero_si256();
+                else if (E == 2)
+                    r[l] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(rows[l] + c0)));
+                else
+                    r[l] = _mm256_loadu_si256((const __m256i *)(rows[l] + c0));
+            }
+            transpose8x32(r);
+            for (int t = 0; t < 8; t++) _mm256_storeu_si256((__m256i *)(dst + t * 64), r[t]);
+        }
+    }
+}
+
+static void pack_e2(const struct qweight *w, int64_t rb, int nb, int64_t kp, int64_t len,
+                    uint8_t *pw)
+{
+    pack_codes(w, 2, 8, rb, nb, kp, len, pw);
+}
+
+static void pack_e4_4(const struct qweight *w, int64_t rb, int nb, int64_t kp, int64_t len,
+                      uint8_t *pw)
+{
+    pack_codes(w, 4, 4, rb, nb, kp, len, pw);
+}
+
+static void pack_e4_8(const struct qweight *w, int64_t rb, int nb, int64_t kp, int64_t len,
+                      uint8_t *pw)
+{
+    pack_codes(w, 4, 8, rb, nb, kp, len, pw);
 }
 
 /*
@@ -101,27 +170,21 @@ ALWAYS_INLINE __m256i load_lanes(const uint8_t *row, int bits, int E, int64_t c0
 static void pack(const struct qweight *w, int E, int64_t rb, int nb, int64_t kp, int64_t len,
                  uint8_t *pw, float *ps, int64_t gmax)
 {
-    int64_t groups = w->k / w->group, gpp = len / w->group, span = 8 * E;
-    for (int v = 0; v < 2; v++)
-        for (int64_t c = 0; c < len / span; c++) {
-            __m256i r[8];
-            for (int l = 0; l < 8; l++) {
-                int j = v * 8 + l;
-                r[l] = j < nb ? load_lanes(w->w + (size_t)(rb + j) * w->row_bytes, w->bits, E,
-                                           kp + c * span)
-                              : _mm256_setzero_si256();
-            }
-            transpose8x32(r);
-            for (int t = 0; t < 8; t++)
-                _mm256_storeu_si256((__m256i *)(pw + ((c * 8 + t) * 2 + v) * 32), r[t]);
-        }
-    for (int64_t g = 0; g < gpp; g++)
-        for (int j = 0; j < G8NB; j++) {
-            int64_t e = (rb + j) * groups + kp / w->group + g;
-            ps[g * G8NB + j] = j < nb ? quant_load_scale(w->scales, w->sdtype, e) : 0.0f;
+    int64_t groups = w->k / w->group, gpp = len / w->group, g0 = kp / w->group;
+    if (E == 2)
+        pack_e2(w, rb, nb, kp, len, pw);
+    else if (w->bits == 4)
+        pack_e4_4(w, rb, nb, kp, len, pw);
+    else
+        pack_e4_8(w, rb, nb, kp, len, pw);
+    for (int j = 0; j < G8NB; j++) {
+        int64_t e = (rb + j) * groups + g0;
+        for (int64_t g = 0; g < gpp; g++) {
+            ps[g * G8NB + j] = j < nb ? quant_load_scale(w->scales, w->sdtype, e + g) : 0.0f;
             ps[G8NB * gmax + g * G8NB + j] =
-                j < nb ? quant_load_scale(w->biases, w->sdtype, e) : 0.0f;
+                j < nb ? quant_load_scale(w->biases, w->sdtype, e + g) : 0.0f;
         }
+    }
 }
 
 void g8_run(const struct qweight *w, int E, const g8_fn *tab, int MR, int64_t kq, g8_pack_fn pack,
