@@ -17,14 +17,14 @@
  *     each 32 columns' even then odd values), the weights widen to float32 in registers
  *     and each output is one FMA chain, its 16 lanes summed at the end (gemm_bf16_avx512.c;
  *     vdpbf16ps runs at half the pace of vfmadd231ps on the CPUs measured);
- *     with AMX (CPU_ISA_AMX) x rounded to bf16 (nearest even) and TDPBF16PS over tiles of 16 x 32
- * taken straight from the weights (gemm_bf16_amx.c): no repacking of the weights. Affine weights
- * with groups of 64 or a multiple take their integer sums from TDPBUSD there (gemm_q8_amx.c), with
- * the AVX-512 kernel's float steps: the same results.
+ *     with AMX (CPU_ISA_AMX) x rounded to bf16 (nearest even) and TDPBF16PS over tiles of
+ *     16 x 32 taken straight from the weights (gemm_bf16_amx.c): no repacking of the
+ *     weights. Affine weights with groups of 64 or a multiple take their integer sums from
+ *     TDPBUSD there (gemm_q8_amx.c), with the AVX-512 kernel's float steps: the same results.
  *
  * The AVX2 and AVX-VNNI tables run the affine kernels with 256-bit vectors (gemm_q8_avx2.h:
- * panels of 16 rows, 8 per vector, the same int8 activations; vpmaddubsw + vpmaddwd, vpmaddwd
- * over int16 for 8-bit codes, or vpdpbusd); bf16 stays on the invariant kernels there.
+ * panels of 16 rows, 8 per vector, the same int8 activations; vpmaddubsw + vpmaddwd, with
+ * 8-bit codes signed and vpsignb, or vpdpbusd); bf16 stays on the invariant kernels there.
  *
  * mxfp4, nvfp4 and mxfp8 run the same 256-bit tiles on every x86 table (gemm_mx_avx2.c):
  * the e2m1 values times 2 as unsigned int8 codes against int8 activations, e4m3 values as

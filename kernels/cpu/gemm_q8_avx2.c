@@ -4,11 +4,11 @@
  * tiles. The AVX-VNNI tiles (gemm_q8_vnni_avx2.c) run over the same panels.
  *
  * A prepared x row: k int8 values (4-bit weights: each 8 columns as their 4 even ones, then
- * their 4 odd ones, the order a 4-bit panel unpacks to), or k int16 values (8-bit
- * weights on AVX2), padded to 64 bytes; then per group dx = max|x| / 127, then
- * dx * sum(xq). Cost per 8 columns of 16 weight rows and one x row: 4 vpdpbusd (AVX-VNNI),
- * 4 vpmaddubsw + 2 vpaddw + 2 vpmaddwd (AVX2, 4-bit) or 8 vpmaddwd (AVX2, 8-bit), plus their
- * int32 adds; per group, 4 float operations per 8 weight rows.
+ * their 4 odd ones, the order a 4-bit panel unpacks to), padded to 64 bytes; then per
+ * group dx = max|x| / 127, then dx * sum(xq). Cost per 8 columns of 16 weight rows and one
+ * x row: 4 vpdpbusd (AVX-VNNI), 4 vpmaddubsw + 2 vpaddw + 2 vpmaddwd (AVX2, 4-bit) or
+ * 4 vpsignb + 4 vpmaddubsw + 4 vpmaddwd (AVX2, 8-bit), plus their int32 adds; per group, 4
+ * float operations per 8 weight rows.
  */
 #include "common/scratch.h"
 #include "kernels/cpu/gemm.h"
@@ -17,28 +17,24 @@
 
 G8_TABLE(g8_tab_avx2_e4, 4, 0)
 G8_TABLE(g8_tab_avx2_e2, 2, 0)
+G8_TABLE(g8_tab_avx2_s8, 4, 2)
 
-/* Codes per 32-bit lane of the panel (and x values per broadcast word). */
-static int lane_codes(const struct qweight *w, int vnni)
+static int64_t xq_bytes(const struct qweight *w)
 {
-    return w->bits == 8 && !vnni ? 2 : 4;
-}
-
-static int64_t xq_bytes(const struct qweight *w, int vnni)
-{
-    return g8_xq_bytes(w->k, lane_codes(w, vnni));
+    return g8_xq_bytes(w->k, 4);
 }
 
 size_t gemm_q8_avx2_prep_bytes(const struct qweight *w, int vnni)
 {
-    return (size_t)xq_bytes(w, vnni) + (size_t)(w->k / w->group) * 2 * sizeof(float);
+    (void)vnni;
+    return (size_t)xq_bytes(w) + (size_t)(w->k / w->group) * 2 * sizeof(float);
 }
 
 void gemm_q8_avx2_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride,
                        int vnni)
 {
-    int64_t k = w->k, G = w->group, groups = k / G, kq = xq_bytes(w, vnni);
-    int wide = lane_codes(w, vnni) == 2;
+    (void)vnni;
+    int64_t k = w->k, G = w->group, groups = k / G, kq = xq_bytes(w);
     for (int i = 0; i < m; i++) {
         const float *xi = x + (size_t)i * k;
         uint8_t *row = xp + (size_t)i * stride;
@@ -58,10 +54,7 @@ void gemm_q8_avx2_prep(const struct qweight *w, const float *x, int m, uint8_t *
                     sum = _mm256_add_epi32(sum, qv);
                 }
                 int64_t c = g * G + j;
-                if (wide) {
-                    int16_t *d16 = (int16_t *)row + c;
-                    for (int t = 0; t < 32; t++) d16[t] = (int16_t)q[t];
-                } else if (w->bits == 4) {
+                if (w->bits == 4) {
                     /* each 8 columns: their 4 even ones, then their 4 odd ones */
                     for (int t = 0; t < 32; t++)
                         row[c + (t & ~7) + (t & 1) * 4 + (t & 7) / 2] = (uint8_t)(int8_t)q[t];
@@ -81,20 +74,20 @@ void gemm_q8_avx2_prep(const struct qweight *w, const float *x, int m, uint8_t *
 
 /*
  * The codes of rows [rb, rb + nb) (rows past nb zero), columns [kp, kp + len), into pw
- * [len / E][2][8 rows] of E codes, 8 rows and 8 * E columns at a time:
- *   E = 2 (8-bit on AVX2): 16 codes of each row widened to int16, then 8 x 8 words
- *     transposed;
- *   E = 4, 8-bit: 32 codes of each row as they lie, 8 x 8 words transposed;
+ * [len / 4][2][8 rows] of 4 codes, 8 rows and 32 columns at a time:
+ *   8-bit: 32 codes of each row as they lie (AVX-VNNI) or as q - 128 (AVX2: signed, for
+ *     vpsignb + vpmaddubsw), 8 x 8 words transposed;
  *   E = 4, 4-bit: each row's 16 bytes (4 words of 8 codes) transposed while still packed,
  *     two rows a register (rows l and l + 4), then unpacked: word d's low nibbles are the
  *     row's codes 8d, 8d + 2, 8d + 4, 8d + 6, its high ones the odd ones, two steps of the
  *     tile (x prepared in that order). 12 shuffles per 8 rows by 32 columns, where
  *     unpacking first and transposing 8 x 8 words took 32.
  */
-ALWAYS_INLINE void pack_codes(const struct qweight *w, const int E, const int bits, int64_t rb,
+ALWAYS_INLINE void pack_codes(const struct qweight *w, const int bits, const int sgn, int64_t rb,
                               int nb, int64_t kp, int64_t len, uint8_t *pw)
 {
-    const int64_t span = 8 * E;
+    const int64_t span = 32;
+    const __m256i flip = _mm256_set1_epi8((char)0x80);
     for (int v = 0; v < 2; v++) {
         const uint8_t *rows[8];
         for (int l = 0; l < 8; l++) {
@@ -105,7 +98,7 @@ ALWAYS_INLINE void pack_codes(const struct qweight *w, const int E, const int bi
             int64_t c0 = kp + c * span;
             __m256i r[8];
             uint8_t *dst = pw + (c * 8 * 2 + v) * 32; /* step t at dst + t * 64 */
-            if (E == 4 && bits == 4) {
+            if (bits == 4) {
                 __m256i z[4], t[4];
                 for (int l = 0; l < 4; l++) {
                     __m128i a = rows[l] ? _mm_loadu_si128((const __m128i *)(rows[l] + c0 / 2))
@@ -133,8 +126,9 @@ ALWAYS_INLINE void pack_codes(const struct qweight *w, const int E, const int bi
             for (int l = 0; l < 8; l++) {
                 if (!rows[l])
                     r[l] = _mm256_setzero_si256();
-                else if (E == 2)
-                    r[l] = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(rows[l] + c0)));
+                else if (sgn)
+                    r[l] =
+                        _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(rows[l] + c0)), flip);
                 else
                     r[l] = _mm256_loadu_si256((const __m256i *)(rows[l] + c0));
             }
@@ -144,47 +138,47 @@ ALWAYS_INLINE void pack_codes(const struct qweight *w, const int E, const int bi
     }
 }
 
-static void pack_e2(const struct qweight *w, int64_t rb, int nb, int64_t kp, int64_t len,
-                    uint8_t *pw)
-{
-    pack_codes(w, 2, 8, rb, nb, kp, len, pw);
-}
-
-static void pack_e4_4(const struct qweight *w, int64_t rb, int nb, int64_t kp, int64_t len,
-                      uint8_t *pw)
-{
-    pack_codes(w, 4, 4, rb, nb, kp, len, pw);
-}
-
-static void pack_e4_8(const struct qweight *w, int64_t rb, int nb, int64_t kp, int64_t len,
-                      uint8_t *pw)
-{
-    pack_codes(w, 4, 8, rb, nb, kp, len, pw);
-}
-
 /*
- * Rows [rb, rb + nb) of W, columns [kp, kp + len), into the panel: pw [len / E][2][8 rows]
- * of E codes (rows past nb zero), ps [gpp][16] scales then [gpp][16] biases at
- * ps + 16 * gmax.
+ * Rows [rb, rb + nb) of W, columns [kp, kp + len), into the panel: pw [len / 4][2][8 rows]
+ * of 4 codes (rows past nb zero), ps [gpp][16] scales then [gpp][16] biases at
+ * ps + 16 * gmax. Signed 8-bit codes q - 128 take 128 s_g into the bias:
+ * s q + b = s (q - 128) + (b + 128 s).
  */
-static void pack(const struct qweight *w, int E, int64_t rb, int nb, int64_t kp, int64_t len,
-                 uint8_t *pw, float *ps, int64_t gmax)
+ALWAYS_INLINE void pack_panel(const struct qweight *w, const int bits, const int sgn, int64_t rb,
+                              int nb, int64_t kp, int64_t len, uint8_t *pw, float *ps, int64_t gmax)
 {
     int64_t groups = w->k / w->group, gpp = len / w->group, g0 = kp / w->group;
-    if (E == 2)
-        pack_e2(w, rb, nb, kp, len, pw);
-    else if (w->bits == 4)
-        pack_e4_4(w, rb, nb, kp, len, pw);
-    else
-        pack_e4_8(w, rb, nb, kp, len, pw);
+    pack_codes(w, bits, sgn, rb, nb, kp, len, pw);
     for (int j = 0; j < G8NB; j++) {
         int64_t e = (rb + j) * groups + g0;
         for (int64_t g = 0; g < gpp; g++) {
-            ps[g * G8NB + j] = j < nb ? quant_load_scale(w->scales, w->sdtype, e + g) : 0.0f;
-            ps[G8NB * gmax + g * G8NB + j] =
-                j < nb ? quant_load_scale(w->biases, w->sdtype, e + g) : 0.0f;
+            float sc = j < nb ? quant_load_scale(w->scales, w->sdtype, e + g) : 0.0f;
+            float bi = j < nb ? quant_load_scale(w->biases, w->sdtype, e + g) : 0.0f;
+            ps[g * G8NB + j] = sc;
+            ps[G8NB * gmax + g * G8NB + j] = sgn ? bi + 128.0f * sc : bi;
         }
     }
+}
+
+static void pack4(const struct qweight *w, int E, int64_t rb, int nb, int64_t kp, int64_t len,
+                  uint8_t *pw, float *ps, int64_t gmax)
+{
+    (void)E;
+    pack_panel(w, 4, 0, rb, nb, kp, len, pw, ps, gmax);
+}
+
+static void pack8(const struct qweight *w, int E, int64_t rb, int nb, int64_t kp, int64_t len,
+                  uint8_t *pw, float *ps, int64_t gmax)
+{
+    (void)E;
+    pack_panel(w, 8, 0, rb, nb, kp, len, pw, ps, gmax);
+}
+
+static void pack8s(const struct qweight *w, int E, int64_t rb, int nb, int64_t kp, int64_t len,
+                   uint8_t *pw, float *ps, int64_t gmax)
+{
+    (void)E;
+    pack_panel(w, 8, 1, rb, nb, kp, len, pw, ps, gmax);
 }
 
 void g8_run(const struct qweight *w, int E, const g8_fn *tab, int MR, int64_t kq, g8_pack_fn pack,
@@ -227,10 +221,12 @@ void g8_run(const struct qweight *w, int E, const g8_fn *tab, int MR, int64_t kq
 void gemm_q8_avx2_rows(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp,
                        size_t stride, int m, float *y, int64_t ldy, int vnni)
 {
-    int E = lane_codes(w, vnni);
-    const g8_fn *tab = E == 2 ? g8_tab_avx2_e2 : g8_tab_avx2_e4;
+    /* AVX2: 8-bit codes signed (vpsignb + vpmaddubsw); AVX-VNNI: vpdpbusd on them as they are */
+    int mode = vnni ? 1 : w->bits == 8 ? 2 : 0;
+    const g8_fn *tab = mode == 2 ? g8_tab_avx2_s8 : g8_tab_avx2_e4;
+    g8_pack_fn pk = w->bits == 4 ? pack4 : vnni ? pack8 : pack8s;
 #if defined(PAGODA_AVXVNNI)
     if (vnni) tab = g8_tab_vnni;
 #endif
-    g8_run(w, E, tab, g8_rows(E, vnni), xq_bytes(w, vnni), pack, r0, r1, xp, stride, m, y, ldy);
+    g8_run(w, 4, tab, g8_rows(4, mode), xq_bytes(w), pk, r0, r1, xp, stride, m, y, ldy);
 }

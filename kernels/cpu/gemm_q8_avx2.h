@@ -4,14 +4,17 @@
  * (AVX-VNNI). Internal to kernels/cpu.
  *
  * A panel holds 16 weight rows (2 vectors of 8) by up to GEMM_KC columns as
- * [columns / E][2 vectors][8 rows][E codes]: E = 4 uint8 codes per 32-bit lane (4-bit
- * weights; 8-bit weights with AVX-VNNI) or E = 2 codes widened to int16 (8-bit weights with
- * AVX2, where vpmaddubsw would saturate: 2 * 255 * 127 > 32767). An x row enters as one
- * broadcast 32-bit word of E int8 (or int16) values, and each step adds E products per lane
- * into int32 sums, exactly:
+ * [columns / E][2 vectors][8 rows][E codes]: E = 4 int8 codes per 32-bit lane (the affine
+ * formats: 4-bit and 8-bit codes as they are, or 8-bit ones as q - 128 on AVX2, where
+ * vpmaddubsw would saturate on them: 2 * 255 * 127 > 32767) or E = 2 codes widened to int16
+ * (mxfp8's scaled values, gemm_mx_avx2.c). An x row enters as one broadcast 32-bit word of E
+ * int8 (or int16) values, and each step adds E products per lane into int32 sums, exactly:
  *   E = 4, AVX-VNNI: vpdpbusd;
  *   E = 4, AVX2:     vpmaddubsw (a nibble times an int8 is at most 15 * 127, a pair
  *                    3810), two steps added as int16 (7620), then vpmaddwd by ones;
+ *   E = 4, AVX2, signed 8-bit codes: vpsignb puts each code's sign on x, vpmaddubsw
+ *                    multiplies |q - 128| <= 128 by it (a pair at most 32512), then
+ *                    vpmaddwd by ones;
  *   E = 2, AVX2:     vpmaddwd.
  * The integer sums are the same on every path; only the cost differs.
  */
@@ -79,6 +82,22 @@ ALWAYS_INLINE __m256i g8_maddubs2(__m256i acc, __m256i w0, __m256i x0, __m256i w
     return acc;
 }
 
+/* acc + vpmaddwd(vpmaddubsw(|w|, sign(x, w)), ones) with w's signed codes read from
+ * memory: w . x per pair of bytes (|w| <= 128, |x| <= 127: a pair at most 32512), summed
+ * into int32 lanes; written out for the same reason. */
+ALWAYS_INLINE __m256i g8_signmadd(__m256i acc, __m256i aw, const uint8_t *w, __m256i x,
+                                  __m256i ones)
+{
+    __m256i t;
+    __asm__("vpsignb %3, %2, %1\n\t"
+            "vpmaddubsw %1, %4, %1\n\t"
+            "vpmaddwd %5, %1, %1\n\t"
+            "vpaddd %1, %0, %0"
+            : "+x"(acc), "=&x"(t)
+            : "x"(x), "m"(*(const __m256i *)w), "x"(aw), "x"(ones));
+    return acc;
+}
+
 ALWAYS_INLINE __m256i g8_bcast(const uint8_t *p)
 {
     int32_t v;
@@ -98,7 +117,8 @@ ALWAYS_INLINE void g8_store(float *p, __m256 v, int n)
     }
 }
 
-/* R x rows (R <= G8MR); E codes per lane; VNNI: vpdpbusd (E = 4) or vpdpwssd (E = 2). */
+/* R x rows (R <= G8MR); E codes per lane; VNNI 1: vpdpbusd (E = 4) or vpdpwssd (E = 2);
+ * VNNI 2 (E = 4, AVX2): signed 8-bit codes (q - 128) by vpsignb + vpmaddubsw. */
 ALWAYS_INLINE void g8_tile(const int R, const int E, const int VNNI, const struct g8_tile_args *a)
 {
     const __m256i ones = _mm256_set1_epi16(1);
@@ -125,6 +145,18 @@ ALWAYS_INLINE void g8_tile(const int R, const int E, const int VNNI, const struc
 #endif
                     s[i][0] = g8_madd(s[i][0], w0, x);
                     s[i][1] = g8_madd(s[i][1], w1, x);
+                }
+            }
+        } else if (VNNI == 2) {
+            for (int64_t q = 0; q < a->spg; q++) {
+                const uint8_t *w0 = wg + q * 64, *w1 = w0 + 32;
+                __m256i a0 = _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)w0)),
+                        a1 = _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)w1));
+#pragma GCC unroll 8
+                for (int i = 0; i < R; i++) {
+                    __m256i x = g8_bcast(xg + (size_t)i * a->stride + q * 4);
+                    s[i][0] = g8_signmadd(s[i][0], a0, w0, x, ones);
+                    s[i][1] = g8_signmadd(s[i][1], a1, w1, x, ones);
                 }
             }
         } else if (VNNI) {
@@ -207,10 +239,11 @@ static inline int64_t g8_xq_bytes(int64_t k, int E)
 }
 
 /* x rows per tile that fit 16 registers: 2 sums per row, plus the weights, x and temporaries
- * (AVX-VNNI: 12 + 2 + 1; AVX2, 8-bit: 12 + 2 + 1 + 1; AVX2, 4-bit: 8 + 4 + 2 + 1 + 2). */
+ * (AVX-VNNI: 12 + 2 + 1; AVX2, int16 codes: 12 + 2 + 1 + 1; AVX2, 4-bit: 8 + 4 + 2 + 1 + 2;
+ * AVX2, signed 8-bit: 8 + 2 + 1 + 1 + 1). */
 static inline int g8_rows(int E, int vnni)
 {
-    return vnni ? 6 : E == 2 ? 6 : 4;
+    return vnni == 1 ? 6 : E == 2 ? 6 : 4;
 }
 
 #define G8_TILE(P, R, E, V)                                                                        \
@@ -232,6 +265,7 @@ static inline int g8_rows(int E, int vnni)
  * is defined): E = 4 with AVX-VNNI, and E = 2 (mxfp8's int16 panels). */
 extern const g8_fn g8_tab_avx2_e4[G8MR];
 extern const g8_fn g8_tab_avx2_e2[G8MR];
+extern const g8_fn g8_tab_avx2_s8[G8MR];
 extern const g8_fn g8_tab_vnni[G8MR];
 extern const g8_fn g8_tab_vnni_e2[G8MR];
 
