@@ -19,7 +19,7 @@
 
 /* Blocks of 128 columns whose int16 sums fit: 8 blocks * 4 products * 512 = 16384. */
 #define FLUSH_BLOCKS 8
-#define PF_AHEAD 2048
+#define PF_AHEAD     2048
 
 ALWAYS_INLINE int32_t hsum_i32(__m256i v)
 {
