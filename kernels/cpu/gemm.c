@@ -77,7 +77,7 @@ static void prep_task(void *p, int ith, int nth)
         return;
     }
 #endif
-    gemm_q8_avx2_prep(j->w, x, (int)(hi - lo), xp, j->stride, j->isa == GI_VNNI);
+    gemm_q8_avx2_prep(j->w, x, (int)(hi - lo), xp, j->stride);
 }
 
 /* Weight rows split between threads in multiples of 32, the widest panel height. */
@@ -152,7 +152,7 @@ int gemm_run(struct threadpool *tp, float *y, const float *x, const struct qweig
          * 16 (bench matmul, 2048 x 2048). */
         if (kind != GEMM_Q8 || (w->bits != 4 && w->bits != 8)) return 0;
         j.isa = isa == CPU_ISA_AVXVNNI ? GI_VNNI : GI_AVX2;
-        bytes = gemm_q8_avx2_prep_bytes(w, j.isa == GI_VNNI);
+        bytes = gemm_q8_avx2_prep_bytes(w);
     }
     j.stride = (bytes + 63) / 64 * 64;
     j.xp = (uint8_t *)scratch_get(SCRATCH_MM_X, (size_t)m * j.stride / sizeof(float));

@@ -97,9 +97,8 @@ void gemm_q8_amx_rows(const struct qweight *w, int64_t r0, int64_t r1, const uin
 #if defined(PAGODA_X86)
 /* gemm_q8_avx2.c: the same with 256-bit vectors, for the AVX2 table (vnni 0) and the
  * AVX-VNNI one (vnni 1; see gemm_q8_avx2.h). */
-size_t gemm_q8_avx2_prep_bytes(const struct qweight *w, int vnni);
-void gemm_q8_avx2_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride,
-                       int vnni);
+size_t gemm_q8_avx2_prep_bytes(const struct qweight *w);
+void gemm_q8_avx2_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride);
 void gemm_q8_avx2_rows(const struct qweight *w, int64_t r0, int64_t r1, const uint8_t *xp,
                        size_t stride, int m, float *y, int64_t ldy, int vnni);
 /* gemm_mx_avx2.c: the same for mxfp4, nvfp4 and mxfp8 (vnni: vpdpbusd, vpdpwssd tiles) */

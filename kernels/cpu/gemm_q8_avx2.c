@@ -24,16 +24,13 @@ static int64_t xq_bytes(const struct qweight *w)
     return g8_xq_bytes(w->k, 4);
 }
 
-size_t gemm_q8_avx2_prep_bytes(const struct qweight *w, int vnni)
+size_t gemm_q8_avx2_prep_bytes(const struct qweight *w)
 {
-    (void)vnni;
     return (size_t)xq_bytes(w) + (size_t)(w->k / w->group) * 2 * sizeof(float);
 }
 
-void gemm_q8_avx2_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride,
-                       int vnni)
+void gemm_q8_avx2_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, size_t stride)
 {
-    (void)vnni;
     int64_t k = w->k, G = w->group, groups = k / G, kq = xq_bytes(w);
     for (int i = 0; i < m; i++) {
         const float *xi = x + (size_t)i * k;
@@ -77,7 +74,7 @@ void gemm_q8_avx2_prep(const struct qweight *w, const float *x, int m, uint8_t *
  * [len / 4][2][8 rows] of 4 codes, 8 rows and 32 columns at a time:
  *   8-bit: 32 codes of each row as they lie (AVX-VNNI) or as q - 128 (AVX2: signed, for
  *     vpsignb + vpmaddubsw), 8 x 8 words transposed;
- *   E = 4, 4-bit: each row's 16 bytes (4 words of 8 codes) transposed while still packed,
+ *   4-bit: each row's 16 bytes (4 words of 8 codes) transposed while still packed,
  *     two rows a register (rows l and l + 4), then unpacked: word d's low nibbles are the
  *     row's codes 8d, 8d + 2, 8d + 4, 8d + 6, its high ones the odd ones, two steps of the
  *     tile (x prepared in that order). 12 shuffles per 8 rows by 32 columns, where

@@ -64,10 +64,6 @@ void gemm_q8_prep(const struct qweight *w, const float *x, int m, uint8_t *xp, s
 }
 
 /*
- * Rows [rb, rb + nb) of W, columns [kp, kp + len), into the panel: pw [len / 4][2][16 rows]
- * of 4 codes (rows past nb zero), ps [gpp][NB] scales then [gpp][NB] biases at ps + NB * gmax.
- */
-/*
  * The codes of a 4-bit panel: per 64 columns, each row's 32 bytes as 8 dwords of 8 codes,
  * transposed (two rows a vector, 8 x 8 dwords in each 256-bit half) so that vector d holds
  * dword d of 16 rows, a row a lane; its low nibbles are the row's codes 8d, 8d + 2, 8d + 4,
@@ -117,6 +113,10 @@ static void pack4(const struct qweight *w, int64_t rb, int nb, int64_t kp, int64
         }
 }
 
+/*
+ * Rows [rb, rb + nb) of W, columns [kp, kp + len), into the panel: pw [len / 4][2][16 rows]
+ * of 4 codes (rows past nb zero), ps [gpp][NB] scales then [gpp][NB] biases at ps + NB * gmax.
+ */
 static void pack(const struct qweight *w, int64_t rb, int nb, int64_t kp, int64_t len, uint8_t *pw,
                  float *ps, int64_t gmax)
 {
