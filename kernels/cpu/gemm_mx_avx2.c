@@ -182,12 +182,12 @@ static void pack(const struct qweight *w, int E, int64_t rb, int nb, int64_t kp,
             for (int t = 0; t < 8; t++)
                 _mm256_storeu_si256((__m256i *)(pw + ((c * 8 + t) * 2 + v) * 32), r[t]);
         }
-    const uint8_t *sc = w->scales;
+    const uint8_t *sc = w->scales + kp / G;
     for (int64_t g = 0; g < gpp; g++)
         for (int j = 0; j < G8NB; j++) {
             float s = 0, b = 0;
             if (j < nb) {
-                uint8_t e = sc[(rb + j) * groups + kp / G + g];
+                uint8_t e = sc[(rb + j) * groups + g];
                 if (w->fmt == WFMT_MXFP8) {
                     s = e8m0_mul(e, sh[j][g] - 15);
                 } else {

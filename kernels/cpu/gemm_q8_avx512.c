@@ -135,12 +135,15 @@ static void pack(const struct qweight *w, int64_t rb, int nb, int64_t kp, int64_
             for (int t = 0; t < 16; t++)
                 _mm512_storeu_si512(pw + ((c * 16 + t) * 2 + v) * 64, r[t]);
         }
-    for (int64_t g = 0; g < gpp; g++)
-        for (int j = 0; j < NB; j++) {
-            int64_t e = (rb + j) * groups + kp / w->group + g;
-            ps[g * NB + j] = j < nb ? quant_load_scale(w->scales, w->sdtype, e) : 0.0f;
-            ps[NB * gmax + g * NB + j] = j < nb ? quant_load_scale(w->biases, w->sdtype, e) : 0.0f;
+    const int64_t g0 = kp / w->group;
+    for (int j = 0; j < NB; j++) {
+        const int64_t e = (rb + j) * groups + g0;
+        for (int64_t g = 0; g < gpp; g++) {
+            ps[g * NB + j] = j < nb ? quant_load_scale(w->scales, w->sdtype, e + g) : 0.0f;
+            ps[NB * gmax + g * NB + j] =
+                j < nb ? quant_load_scale(w->biases, w->sdtype, e + g) : 0.0f;
         }
+    }
 }
 
 /* acc + 4-byte dot products of w (unsigned) and x (signed) per lane: vpdpbusd, written out
