@@ -14,8 +14,9 @@
  * transpose per 32 columns and 16 rows, was a third of a 16-row product).
  */
 #if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+
 #include "kernels/cpu/gemm.h"
-#include "kernels/cpu/gemm_avx512.h"
 
 size_t gemm_bf16_prep_bytes(const struct qweight *w)
 {

@@ -113,16 +113,12 @@ static void pack4(const struct qweight *w, int64_t rb, int nb, int64_t kp, int64
         }
 }
 
-/*
- * Rows [rb, rb + nb) of W, columns [kp, kp + len), into the panel: pw [len / 4][2][16 rows]
- * of 4 codes (rows past nb zero), ps [gpp][NB] scales then [gpp][NB] biases at ps + NB * gmax.
- */
-static void pack(const struct qweight *w, int64_t rb, int nb, int64_t kp, int64_t len, uint8_t *pw,
-                 float *ps, int64_t gmax)
+/* The codes of any other width: each row's 64 codes of a chunk in column order
+ * (gemm_q8_load_codes), 16 x 16 words transposed. */
+static void pack_codes(const struct qweight *w, int64_t rb, int nb, int64_t kp, int64_t len,
+                       uint8_t *pw)
 {
-    int64_t groups = w->k / w->group, gpp = len / w->group;
-    if (w->bits == 4) pack4(w, rb, nb, kp, len, pw);
-    for (int v = 0; v < 2 && w->bits != 4; v++)
+    for (int v = 0; v < 2; v++)
         for (int64_t c = 0; c < len / 64; c++) {
             __m512i r[16];
             for (int l = 0; l < 16; l++) {
@@ -135,6 +131,20 @@ static void pack(const struct qweight *w, int64_t rb, int nb, int64_t kp, int64_
             for (int t = 0; t < 16; t++)
                 _mm512_storeu_si512(pw + ((c * 16 + t) * 2 + v) * 64, r[t]);
         }
+}
+
+/*
+ * Rows [rb, rb + nb) of W, columns [kp, kp + len), into the panel: pw [len / 4][2][16 rows]
+ * of 4 codes (rows past nb zero), ps [gpp][NB] scales then [gpp][NB] biases at ps + NB * gmax.
+ */
+static void pack(const struct qweight *w, int64_t rb, int nb, int64_t kp, int64_t len, uint8_t *pw,
+                 float *ps, int64_t gmax)
+{
+    int64_t groups = w->k / w->group, gpp = len / w->group;
+    if (w->bits == 4)
+        pack4(w, rb, nb, kp, len, pw);
+    else
+        pack_codes(w, rb, nb, kp, len, pw);
     const int64_t g0 = kp / w->group;
     for (int j = 0; j < NB; j++) {
         const int64_t e = (rb + j) * groups + g0;
