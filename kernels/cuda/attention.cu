@@ -277,29 +277,6 @@ template <int D> static constexpr size_t tc_smem_bytes()
 }
 static_assert(tc_smem_bytes<256>() <= 99 * 1024, "k_attention_tc<256> shared memory");
 
-static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
-{
-    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&h;
-}
-
-static __device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, uint32_t b0,
-                                                uint32_t b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* 16 bytes global -> shared, zero-filled when !valid. */
-static __device__ __forceinline__ void cp16(void *dst, const void *src, bool valid)
-{
-    uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
-    int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(n));
-}
-
 template <int D> __global__ void __launch_bounds__(128) k_attention_tc(cu_attn_args a)
 {
     allow_dependents();
@@ -540,14 +517,6 @@ template <int D> __global__ void __launch_bounds__(128) k_attention_tc(cu_attn_a
 #define DEC_WARPS 4
 #define DEC_KR    16                   /* keys a warp takes a round */
 #define DEC_KEYS  (DEC_WARPS * DEC_KR) /* keys a block takes a round */
-
-/* 2^x in one instruction (0 for -inf). */
-static __device__ __forceinline__ float ex2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
 
 /* One token's keys in one KV head, as a warp of the decode kernels reads them. */
 struct dec_src {
@@ -1174,6 +1143,7 @@ void cu_attention_init(void)
                             (int)tc_smem_bytes<128>()));
     CU(cudaFuncSetAttribute(k_attention_tc<256>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                             (int)tc_smem_bytes<256>()));
+    cu_attention_q_init();
 }
 
 template <int D> static void launch_tc(cudaStream_t s, const cu_attn_args &a)

@@ -1677,6 +1677,25 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
         a.window = p->window;
         a.scale = p->scale;
         a.softcap = p->softcap;
+        /* the tensor-core kernel where it takes the formats and shapes (not in batch-invariant
+         * mode, whose results must not depend on the step's other tokens, nor with
+         * PAGODA_CUDA_ATTN=simt); the split count, as for bf16, from the block-table width */
+        a.splits = 0;
+        a.part = NULL;
+        if (!c->invariant && c->attn_mode != 1 &&
+            cu_attnq_fast_ok(g->k_dtype, g->v_dtype, p->head_dim, p->n_heads / p->n_kv_heads,
+                             g->block_size)) {
+            int max_keys = b->max_blocks * g->block_size;
+            if (p->window > 0 && p->window < max_keys) max_keys = p->window;
+            cu_attn_args pa;
+            memset(&pa, 0, sizeof pa);
+            pa.splits = cu_attnq_splits(b->n_tokens, p->n_kv_heads, max_keys,
+                                        c->prop.multiProcessorCount);
+            if (pa.splits > 1) attn_part(c, b, p, &pa);
+            a.splits = pa.splits;
+            a.part = pa.part;
+            o->p[4] = a.part;
+        }
         return;
     }
     cu_attn_args a;

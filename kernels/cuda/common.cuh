@@ -36,6 +36,39 @@ static __device__ __forceinline__ void allow_dependents()
 #endif
 }
 
+/* Two floats as the bf16 pair of an MMA operand register (lo in the low half). */
+static __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi)
+{
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&h;
+}
+
+/* c += a b, m16n8k16, bf16 operands and float32 accumulators. */
+static __device__ __forceinline__ void mma_bf16(float *c, const uint32_t *a, uint32_t b0,
+                                                uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+        "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* 2^x in one instruction (0 for -inf). */
+static __device__ __forceinline__ float ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* 16 bytes global -> shared, zero-filled when !valid. */
+static __device__ __forceinline__ void cp16(void *dst, const void *src, bool valid)
+{
+    uint32_t d = (uint32_t)__cvta_generic_to_shared(dst);
+    int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(n));
+}
+
 /* A 16-byte load of streamed weights: read once, so it takes no line in L1 (which keeps
  * what is read again, such as group scales). */
 static __device__ __forceinline__ uint4 ld_stream(const uint4 *p)

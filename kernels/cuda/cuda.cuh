@@ -176,9 +176,20 @@ struct cu_attnq_args {
     const int32_t *pos, *tok_seq, *block_table;
     int n_tokens, n_heads, n_kv_heads, head_dim, block_size, max_blocks, k_dtype, v_dtype, window;
     float scale, softcap;
+    /* splits > 0: the tensor-core kernel (cu_attnq_fast_ok), each token's keys in that many
+     * ranges; with more than one, partial results in part [n_tokens, n_heads, splits, D + 2]
+     * merged after. 0: the reference kernel. */
+    int splits;
+    float *part;
 };
 /** Attention of every token of the step over head blocks, the codes read in place. */
 void cu_attention_q(cudaStream_t s, const cu_attnq_args &a);
+/** Whether the tensor-core kernel takes these formats and shapes. */
+bool cu_attnq_fast_ok(int k_dtype, int v_dtype, int head_dim, int group, int block_size);
+/** Allows the tensor-core kernel its shared memory (before any launch or capture). */
+void cu_attention_q_init(void);
+/** Key ranges per token for the tensor-core kernel: enough warps to fill the GPU. */
+int cu_attnq_splits(int n_tokens, int n_kv_heads, int max_keys, int sms);
 
 /* ---- attention (attention.cu) ---- */
 
