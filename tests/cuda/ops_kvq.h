@@ -7,7 +7,9 @@
  * of a scale, a norm or a rotated coordinate, which can move a rounding: the caches decoded
  * by the CPU's reference reader (kv_load_row) agree within 1e-3 norm-wise, and attention
  * outputs within 2e-3 (a moved code changes one value by a quantization step, in one key
- * of the hundreds a query weighs). Where the tensor-core kernel runs (fp8 or tq4 for K and V,
+ * of the hundreds a query weighs); at head size 512, with four times the codes of 128 near a
+ * boundary, within 2e-3 and 4e-3 (measured up to 1.33e-3 and 2.72e-3 where the CPU's float
+ * sums ran on other vector tables). Where the tensor-core kernel runs (fp8 or tq4 for K and V,
  * head sizes 64 and 128, up to 8 query heads a KV head), queries and probabilities are bf16
  * operands: within 1e-2, the bound of the bf16 tensor-core kernels.
  */
@@ -97,7 +99,7 @@ static void test_kvq_case(int kd, int vd, int n_heads, int n_kv, int hd, int win
         double err = rel_err(got, ref, nq);
         const bool tc = kd == vd && (kd == KV_DTYPE_FP8 || kd == KV_DTYPE_TQ4) &&
                         (hd == 64 || hd == 128) && n_heads / n_kv <= 8;
-        const double bound = tc ? 1e-2 : 2e-3;
+        const double bound = tc ? 1e-2 : hd > 256 ? 4e-3 : 2e-3;
         CHECK(err <= bound,
               "kv %s/%s heads %d/%d d=%d window %d softcap %g step %d: attention relative "
               "error %.3g > %g",
@@ -110,9 +112,10 @@ static void test_kvq_case(int kd, int vd, int n_heads, int n_kv, int hd, int win
                                   hd, used);
         double ev = kvq_cache_err((const uint8_t *)kv_cpu.v, gv, vd, KV_ROLE_V, n_blocks, n_kv, bs,
                                   hd, used);
-        CHECK(ek <= 1e-3 && ev <= 1e-3,
-              "kv %s/%s d=%d step %d: caches differ by %.3g (K), %.3g (V)", kv_dtype_name(kd),
-              kv_dtype_name(vd), hd, step, ek, ev);
+        const double cbound = hd > 256 ? 2e-3 : 1e-3;
+        CHECK(ek <= cbound && ev <= cbound,
+              "kv %s/%s d=%d step %d: caches differ by %.3g (K), %.3g (V) > %g",
+              kv_dtype_name(kd), kv_dtype_name(vd), hd, step, ek, ev, cbound);
         free(gk);
         free(gv);
         free(q);
