@@ -548,7 +548,8 @@ static __device__ __forceinline__ uint32_t f8_half2(uint32_t x)
 }
 
 /* c += a b, m16n8k16, f16 operands and float32 accumulators. */
-static __device__ __forceinline__ void mma_f16(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+static __device__ __forceinline__ void mma_f16(float *c, const uint32_t *a, uint32_t b0,
+                                               uint32_t b1)
 {
     asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
         "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -572,9 +573,9 @@ static __device__ __forceinline__ uint32_t qd_tab(const uint32_t *tab, uint32_t 
 struct qd_src {
     const uint8_t *k, *v; /* the KV head's block in block 0 of each cache */
     const int32_t *bt;
-    size_t stride;       /* bytes from a block's KV head block to the next block's */
-    int k_first, k_end;  /* the token's visible keys */
-    int max_blocks, sh;  /* the table's width; log2 of the block size, or -1 */
+    size_t stride;        /* bytes from a block's KV head block to the next block's */
+    int k_first, k_end;   /* the token's visible keys */
+    int max_blocks, sh;   /* the table's width; log2 of the block size, or -1 */
     int bt_base, bt_lane; /* the table's entries bt_base + lane, one a lane */
 };
 
@@ -902,26 +903,6 @@ __global__ void __launch_bounds__(QD_WARPS * 32) k_attention_qd(cu_attnq_args a)
         }
 }
 
-/* out = the ranges' results weighed by their maxima and sums (natural log), a block a row. */
-__global__ void k_attnq_merge(float *out, const float *__restrict__ part, int ns, int D)
-{
-    const int64_t row = blockIdx.x;
-    const float *p = part + row * ns * (D + 2);
-    float M = -INFINITY;
-    for (int s = 0; s < ns; s++) M = fmaxf(M, p[s * (D + 2) + D]);
-    for (int d = threadIdx.x; d < D; d += blockDim.x) {
-        float L = 0.0f, acc = 0.0f;
-        for (int s = 0; s < ns; s++) {
-            const float *q = p + s * (D + 2);
-            if (q[D] == -INFINITY) continue;
-            const float w = __expf(q[D] - M);
-            L = fmaf(q[D + 1], w, L);
-            acc = fmaf(q[d], w, acc);
-        }
-        out[row * D + d] = acc / L;
-    }
-}
-
 bool cu_attnq_fast_ok(int k_dtype, int v_dtype, int head_dim, int group, int block_size)
 {
     return k_dtype == v_dtype && (k_dtype == KV_DTYPE_FP8 || k_dtype == KV_DTYPE_TQ4) &&
@@ -945,9 +926,10 @@ int cu_attnq_splits(int n_tokens, int n_kv_heads, int max_keys, int sms)
 template <int DT, int D> static void launch_qd(cudaStream_t s, const cu_attnq_args &a)
 {
     const int items = a.n_tokens * a.n_kv_heads * a.splits;
-    k_attention_qd<DT, D><<<(items + QD_WARPS - 1) / QD_WARPS, QD_WARPS * 32, qd_fmt<DT, D>::smem, s>>>(a);
+    k_attention_qd<DT, D>
+        <<<(items + QD_WARPS - 1) / QD_WARPS, QD_WARPS * 32, qd_fmt<DT, D>::smem, s>>>(a);
     if (a.splits > 1)
-        k_attnq_merge<<<(unsigned)(a.n_tokens * a.n_heads), D, 0, s>>>(a.out, a.part, a.splits, D);
+        k_attn_merge<<<(unsigned)(a.n_tokens * a.n_heads), D, 0, s>>>(a.out, a.part, a.splits, D);
 }
 
 template <int DT, int D> static void allow_smem()
@@ -971,5 +953,6 @@ void cu_attention_q(cudaStream_t s, const cu_attnq_args &a)
     if (a.k_dtype == KV_DTYPE_FP8)
         return a.head_dim == 64 ? launch_qd<KV_DTYPE_FP8, 64>(s, a)
                                 : launch_qd<KV_DTYPE_FP8, 128>(s, a);
-    return a.head_dim == 64 ? launch_qd<KV_DTYPE_TQ4, 64>(s, a) : launch_qd<KV_DTYPE_TQ4, 128>(s, a);
+    return a.head_dim == 64 ? launch_qd<KV_DTYPE_TQ4, 64>(s, a)
+                            : launch_qd<KV_DTYPE_TQ4, 128>(s, a);
 }

@@ -1689,8 +1689,8 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
             if (p->window > 0 && p->window < max_keys) max_keys = p->window;
             cu_attn_args pa;
             memset(&pa, 0, sizeof pa);
-            pa.splits = cu_attnq_splits(b->n_tokens, p->n_kv_heads, max_keys,
-                                        c->prop.multiProcessorCount);
+            pa.splits =
+                cu_attnq_splits(b->n_tokens, p->n_kv_heads, max_keys, c->prop.multiProcessorCount);
             if (pa.splits > 1) attn_part(c, b, p, &pa);
             a.splits = pa.splits;
             a.part = pa.part;

@@ -255,6 +255,10 @@ void cu_attention_init(void);
 void cu_kv_store(cudaStream_t s, __nv_bfloat16 *kc, __nv_bfloat16 *vc, const float *k,
                  const float *v, const int32_t *slot, int n_tokens, int row);
 void cu_attention(cudaStream_t s, const cu_attn_args &a);
+/** out [rows, D] = the key ranges' partial results part [rows, splits, D + 2] (O unscaled,
+ * then the range's maximum in natural log, -inf for an empty range, and its sum) merged; a
+ * block a row. Also launched by attn_q.cu. */
+__global__ void k_attn_merge(float *out, const float *__restrict__ part, int splits, int D);
 /** Splits that fill the GPU for a step of n_tokens over up to max_keys keys. */
 int cu_attn_splits(int n_tokens, int n_kv_heads, int max_keys, int sms);
 /** Key ranges per token and KV head of the decode kernel: up to one block an SM, each range
@@ -460,9 +464,9 @@ void cu_all_gather(cudaStream_t s, void *comm, float *out, const float *in, floa
 
 /* The one-shot all-reduce over peer memory (group.cu): sums of at most AR_MAX_FLOATS floats,
  * in AR_BLOCKS blocks of AR_THREADS threads. */
-#define AR_BLOCKS 32 /* AR_BLOCKS * AR_MAX_RANKS <= AR_THREADS */
-#define AR_THREADS 512
-#define AR_MAX_RANKS 8
+#define AR_BLOCKS     32 /* AR_BLOCKS * AR_MAX_RANKS <= AR_THREADS */
+#define AR_THREADS    512
+#define AR_MAX_RANKS  8
 #define AR_MAX_FLOATS (256 * 1024)
 
 /* What one rank's kernel sees: every rank's receive buffer (two halves of one slot of

@@ -114,8 +114,8 @@ static void test_kvq_case(int kd, int vd, int n_heads, int n_kv, int hd, int win
                                   hd, used);
         const double cbound = hd > 256 ? 2e-3 : 1e-3;
         CHECK(ek <= cbound && ev <= cbound,
-              "kv %s/%s d=%d step %d: caches differ by %.3g (K), %.3g (V) > %g",
-              kv_dtype_name(kd), kv_dtype_name(vd), hd, step, ek, ev, cbound);
+              "kv %s/%s d=%d step %d: caches differ by %.3g (K), %.3g (V) > %g", kv_dtype_name(kd),
+              kv_dtype_name(vd), hd, step, ek, ev, cbound);
         free(gk);
         free(gv);
         free(q);
