@@ -530,21 +530,20 @@ template <int W> static __device__ __forceinline__ void lds_words(const uint8_t 
     }
 }
 
-/* Two e4m3 codes (low byte first) as a bf16 pair of their values times 2^-112. */
-static __device__ __forceinline__ uint32_t f8_pair(uint32_t x)
-{
-    const __half2_raw h =
-        __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(x & 0xffffu), __NV_E4M3);
-    const uint32_t u = (uint32_t)h.x | (uint32_t)h.y << 16;
-    return ((u >> 3) & 0x0fff0fffu) | (u & 0x80008000u);
-}
-
 /* Two e4m3 codes (low byte first) as an f16 pair, exactly. */
 static __device__ __forceinline__ uint32_t f8_half2(uint32_t x)
 {
     const __half2_raw h =
         __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(x & 0xffffu), __NV_E4M3);
     return (uint32_t)h.x | (uint32_t)h.y << 16;
+}
+
+/* Two e4m3 codes as a bf16 pair of their values times 2^-112: the f16 bits shifted (e4m3
+ * values are f16 normals, so their exponents fit bf16's low ones). */
+static __device__ __forceinline__ uint32_t f8_pair(uint32_t x)
+{
+    const uint32_t u = f8_half2(x);
+    return ((u >> 3) & 0x0fff0fffu) | (u & 0x80008000u);
 }
 
 /* c += a b, m16n8k16, f16 operands and float32 accumulators. */
