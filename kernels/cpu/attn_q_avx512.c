@@ -124,9 +124,62 @@ ALWAYS_INLINE void axpys512(const int dt, const int NQ, const uint8_t *rows, siz
     }
 }
 
+/*
+ * float32 rows (auto KV) of head size up to 128: per query, 16 keys at a time, each key one
+ * chain of FMAs over its d/16 pieces into 16 lanes, then the 16 chains' lanes summed by one
+ * transposing tree (four levels of shuffle and add) into one register of 16 scores. A key's
+ * sum takes the same operations whatever keys share its 16 and whatever other queries the
+ * call has; about twice the pace of a horizontal sum per key and query.
+ */
+static void dots512_f32(const uint8_t *rows, size_t rb, int n, int d, const float *q, size_t ldq,
+                        int nq, float *s, size_t lds)
+{
+    /* the tree leaves key k in lane order[k] */
+    const __m512i order = _mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15);
+    const int nc = d / 16;
+    for (int j = 0; j < nq; j++) {
+        __m512 qc[8];
+        for (int c = 0; c < nc; c++) qc[c] = _mm512_loadu_ps(q + j * ldq + 16 * c);
+        for (int i0 = 0; i0 < n; i0 += 16) {
+            const int nk = n - i0 < 16 ? n - i0 : 16;
+            __m512 a[16];
+#pragma GCC unroll 16
+            for (int k = 0; k < 16; k++) {
+                a[k] = _mm512_setzero_ps();
+                if (k >= nk) continue;
+                const float *x = (const float *)(rows + (size_t)(i0 + k) * rb);
+#pragma GCC unroll 8
+                for (int c = 0; c < nc; c++)
+                    a[k] = _mm512_fmadd_ps(qc[c], _mm512_loadu_ps(x + 16 * c), a[k]);
+            }
+            __m512 b[8];
+#pragma GCC unroll 8
+            for (int k = 0; k < 8; k++) /* 256-bit halves: keys k (low) and k + 8 (high) */
+                b[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[k], a[k + 8], 0x44),
+                                     _mm512_shuffle_f32x4(a[k], a[k + 8], 0xee));
+#pragma GCC unroll 4
+            for (int k = 0; k < 4; k++) /* 128-bit quarters */
+                b[k] = _mm512_add_ps(_mm512_shuffle_f32x4(b[k], b[k + 4], 0x88),
+                                     _mm512_shuffle_f32x4(b[k], b[k + 4], 0xdd));
+#pragma GCC unroll 2
+            for (int k = 0; k < 2; k++) /* pairs within quarters */
+                b[k] = _mm512_add_ps(_mm512_shuffle_ps(b[k], b[k + 2], 0x44),
+                                     _mm512_shuffle_ps(b[k], b[k + 2], 0xee));
+            __m512 f = _mm512_add_ps(_mm512_shuffle_ps(b[0], b[1], 0x88),
+                                     _mm512_shuffle_ps(b[0], b[1], 0xdd));
+            _mm512_mask_storeu_ps(s + j * lds + i0, (__mmask16)((1u << nk) - 1),
+                                  _mm512_permutexvar_ps(order, f));
+        }
+    }
+}
+
 void kvq_dot_avx512(int dt, const uint8_t *rows, size_t rb, int n, int d, const float *q,
                     size_t ldq, int nq, float *s, size_t lds)
 {
+    if (dt == KV_DTYPE_F32 && d % 16 == 0 && d <= 128) {
+        dots512_f32(rows, rb, n, d, q, ldq, nq, s, lds);
+        return;
+    }
     if (d % 16) {
         kvq_dot_avx2(dt, rows, rb, n, d, q, ldq, nq, s, lds);
         return;
