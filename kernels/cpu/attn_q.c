@@ -138,6 +138,14 @@ static void axpy_codes(int dt, float *acc, float w, const uint8_t *row, int d)
     }
 }
 
+float softmax_portable(float *s, int n, float m)
+{
+    float sum = 0;
+    for (int i = 0; i < n; i++) s[i] = expf(s[i] - m);
+    for (int i = 0; i < n; i++) sum += s[i];
+    return sum;
+}
+
 void kvq_dot_portable(int dt, const uint8_t *rows, size_t rb, int n, int d, const float *q,
                       size_t ldq, int nq, float *s, size_t lds)
 {
@@ -269,11 +277,9 @@ static void attnq_task(void *arg, int ith, int nth)
             }
         }
         for (int e = 0; e < nq; e++) {
-            float sum = 0, *se = sc + (size_t)e * nkeys, m = mx[e];
-            for (int i = 0; i <= last[e]; i++) se[i] = expf(se[i] - m);
-            for (int i = 0; i <= last[e]; i++) sum += se[i];
+            float *se = sc + (size_t)e * nkeys;
+            inv[e] = 1.0f / cpu_impl->softmax(se, last[e] + 1, mx[e]);
             for (int i = last[e] + 1; i < nkeys; i++) se[i] = 0;
-            inv[e] = 1.0f / sum;
         }
         memset(acc, 0, sizeof(float) * (size_t)d * nq);
         for (int bi = first / B; bi <= qlast / B; bi++) {

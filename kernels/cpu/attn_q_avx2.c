@@ -200,6 +200,56 @@ ALWAYS_INLINE void axpys(const int dt, const int NQ, const uint8_t *rows, size_t
     }
 }
 
+/* e^x in 8 lanes for x <= 0: x = n ln 2 + r with n the nearest integer to x / ln 2 (ln 2 in
+ * two parts), e^r by its degree-6 polynomial on [-ln 2 / 2, ln 2 / 2] (Cephes' expf
+ * coefficients), times 2^n built in the exponent bits; x below -87.3 (where 2^n would be
+ * under 2^-126) gives 0, NaN stays NaN. */
+static inline __m256 exp8(__m256 x)
+{
+    const __m256 magic = _mm256_set1_ps(12582912.0f);     /* 1.5 * 2^23: rounds to an integer */
+    __m256 xc = _mm256_max_ps(_mm256_set1_ps(-88.0f), x); /* NaN: x */
+    __m256 n =
+        _mm256_sub_ps(_mm256_fmadd_ps(xc, _mm256_set1_ps(1.44269504088896341f), magic), magic);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_blendv_ps(y, _mm256_setzero_ps(),
+                            _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_LT_OQ));
+}
+
+float softmax_avx2(float *s, int n, float m)
+{
+    const __m256 mv = _mm256_set1_ps(m);
+    __m256 acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 y = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv));
+        _mm256_storeu_ps(s + i, y);
+        acc = _mm256_add_ps(acc, y);
+    }
+    if (i < n) { /* the last 1 to 7: the same lanes, the others neither read nor added */
+        const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - i), idx);
+        __m256 y = exp8(_mm256_sub_ps(_mm256_maskload_ps(s + i, mask), mv));
+        y = _mm256_and_ps(y, _mm256_castsi256_ps(mask));
+        _mm256_maskstore_ps(s + i, mask, y);
+        acc = _mm256_add_ps(acc, y);
+    }
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
 void kvq_dot_avx2(int dt, const uint8_t *rows, size_t rb, int n, int d, const float *q, size_t ldq,
                   int nq, float *s, size_t lds)
 {

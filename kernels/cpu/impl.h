@@ -64,6 +64,12 @@ struct cpu_impl {
                     size_t ldq, int nq, float *s, size_t lds);
     void (*kvq_axpy)(int dt, const uint8_t *rows, size_t rb, int n, int d, float *acc, size_t lda,
                      int nq, const float *w, size_t ldw);
+    /* Softmax weights before normalization: s[i] = e^(s[i] - m) for i < n, returning their
+     * sum. The portable table calls expf and sums in order; the AVX2 one (also on avx512)
+     * evaluates e^x by a polynomial in 8 lanes (within 2 ulp of expf, 0 below -87.3) and
+     * sums in 8 lanes then a fixed tree. Each element's operations depend on its index
+     * and n alone. */
+    float (*softmax)(float *s, int n, float m);
 };
 
 /* The causal depthwise convolution of one token over n channels (decode): x[c] becomes
@@ -103,6 +109,8 @@ void ternary_matmul_amx(const struct qweight *w, int64_t r0, int64_t r1, const i
                         size_t stride, const int32_t *qsum, const float *qdiv, int m, float *y,
                         int64_t ldy);
 
+float softmax_portable(float *s, int n, float m);
+float softmax_avx2(float *s, int n, float m);
 void kvq_dot_portable(int dt, const uint8_t *rows, size_t rb, int n, int d, const float *q,
                       size_t ldq, int nq, float *s, size_t lds);
 void kvq_axpy_portable(int dt, const uint8_t *rows, size_t rb, int n, int d, float *acc, size_t lda,

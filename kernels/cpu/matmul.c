@@ -260,6 +260,7 @@ const struct cpu_impl cpu_impl_portable = {
     .ternary = ternary_matmul_portable,
     .kvq_dot = kvq_dot_portable,
     .kvq_axpy = kvq_axpy_portable,
+    .softmax = softmax_portable,
 };
 
 /* ---- the threaded driver ---- */

@@ -497,4 +497,5 @@ const struct cpu_impl cpu_impl_avx2 = {
     .ternary = ternary_matmul_avx2,
     .kvq_dot = kvq_dot_avx2,
     .kvq_axpy = kvq_axpy_avx2,
+    .softmax = softmax_avx2,
 };

@@ -202,4 +202,5 @@ const struct cpu_impl cpu_impl_avx512 = {
     .ternary = ternary_matmul_avx512,
     .kvq_dot = kvq_dot_avx512,
     .kvq_axpy = kvq_axpy_avx512,
+    .softmax = softmax_avx2,
 };

@@ -109,6 +109,48 @@ static void test_rows(void)
 
 /* Seven query heads in one call (4 + 2 + 1 at a time) give each head's bits of a call of
  * one head, on every table and format. */
+/* The softmax weights of every table against e^(s - m) in double (s - m rounded to float, as
+ * the tables take it): each within 4 ulp (2^-22 relative) where e^(s - m) is above e^-87,
+ * under 2^-125 below e^-87.3 (expf's subnormals or the AVX2 table's 0); the sum within
+ * n 2^-22 of the exact one; lengths 1 to 40 (vector and tail lanes); NaN kept. */
+static void test_softmax(void)
+{
+    const struct cpu_impl *t[3];
+    int nt = tables(t);
+    float s[64], in[64];
+    for (int ti = 0; ti < nt; ti++)
+        for (int n = 1; n <= 40; n++) {
+            float m = 3.0f;
+            for (int i = 0; i < n; i++) /* scores from m down to m - 100 */
+                in[i] = m - (float)(i * 97 % 41) * 2.5f + gauss() * 0.01f;
+            in[0] = m;
+            memcpy(s, in, sizeof(float) * (size_t)n);
+            s[n] = 7.0f; /* past the end: untouched */
+            double sum = t[ti]->softmax(s, n, m), exact = 0;
+            CHECK(s[n] == 7.0f, "table %d n %d: wrote past n", ti, n);
+            for (int i = 0; i < n; i++) {
+                float x = in[i] - m;
+                double e = exp((double)x);
+                exact += e;
+                if (x < -87.3f)
+                    CHECK(s[i] >= 0.0f && s[i] < 0x1p-125f, "table %d n %d: e^%g = %g", ti, n,
+                          (double)x, (double)s[i]);
+                else if (x > -87.0f)
+                    CHECK(fabs(s[i] - e) <= 0x1p-22 * e, "table %d n %d: e^%g = %.9g, not %.9g", ti,
+                          n, (double)x, (double)s[i], e);
+            }
+            CHECK(fabs(sum - exact) <= n * 0x1p-22 * exact, "table %d n %d: sum %.9g, not %.9g", ti,
+                  n, sum, exact);
+        }
+    for (int ti = 0; ti < nt; ti++) {
+        float v[3] = {0.0f, NAN, -1.0f};
+        t[ti]->softmax(v, 3, 0.0f);
+        CHECK(v[0] == 1.0f && isnan(v[1]) && fabs(v[2] - exp(-1.0)) <= 0x1p-22,
+              "table %d: e^0, e^NaN, e^-1 = %g %g %g", ti, (double)v[0], (double)v[1],
+              (double)v[2]);
+    }
+}
+
 static void test_heads(void)
 {
     const struct cpu_impl *t[3];
@@ -371,6 +413,7 @@ int main(void)
     cpu_kernels_init();
     struct threadpool *tp = tp_create(2), *wide = tp_create(16);
     test_rows();
+    test_softmax();
     test_heads();
     test_attention(tp, wide);
     tp_destroy(wide);
