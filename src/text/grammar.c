@@ -270,12 +270,25 @@ int32_t gb_star(struct gb *b, int32_t x)
     return self;
 }
 
+/* ?, * or + */
+static int rep_simple(int lo, int hi)
+{
+    return (lo == 0 || lo == 1) && (hi == -1 || (lo == 0 && hi == 1));
+}
+
 int32_t gb_rep(struct gb *b, int32_t x, int lo, int hi)
 {
     if (b->failed) return -1; /* a failed part (-1) is never used */
     if (hi >= 0 && hi < lo)
         return gb_fail(b, "repetition {%d,%d}: the maximum is below the minimum", lo, hi);
     if (lo > 10000 || hi > 10000) return gb_fail(b, "repetition count over 10000");
+    /* ?, * or + of y?, y* or y+ is y?, y* or y+ (the least count the product of the two,
+     * unbounded if either is): the same strings, and a matcher that does not hold one
+     * stack per way of nesting the two (twenty stacked ones: a million stacks a byte) */
+    if (rep_simple(lo, hi) && GSYM_IS_RULE(x) && b->rules[GSYM_ID(x)].is_rep) {
+        const struct gb_rule *r = &b->rules[GSYM_ID(x)];
+        return gb_rep(b, r->rep_of, r->rep_lo * lo, r->rep_hi < 0 || hi < 0 ? -1 : 1);
+    }
     int32_t tail;
     if (hi < 0) {
         tail = gb_star(b, x);
@@ -292,6 +305,13 @@ int32_t gb_rep(struct gb *b, int32_t x, int lo, int hi)
     v[lo] = tail;
     int32_t r = gb_seq(b, v, lo + 1);
     free(v);
+    if (!b->failed && rep_simple(lo, hi) && GSYM_IS_RULE(r)) { /* a rule made here */
+        struct gb_rule *rr = &b->rules[GSYM_ID(r)];
+        rr->is_rep = 1;
+        rr->rep_of = x;
+        rr->rep_lo = lo;
+        rr->rep_hi = hi;
+    }
     return r;
 }
 

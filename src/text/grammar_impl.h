@@ -28,6 +28,9 @@ struct gb_rule {
     int n_alts;
     int anon;    /* made by a helper: a one-alternative rule may be spliced into its user */
     int defined; /* GBNF: has a definition (references may come first) */
+    /* made by gb_rep as rep_of?, rep_of* or rep_of+ (rep_lo, rep_hi: 0 1, 0 -1 or 1 -1) */
+    int is_rep, rep_lo, rep_hi;
+    int32_t rep_of;
     char *name;
 };
 

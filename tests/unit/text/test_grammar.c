@@ -595,6 +595,28 @@ static void test_gbnf(void)
               "multi-line rule");
         gram_unref(g);
     }
+    /* stacked and grouped quantifiers (a fuzzer's input: twenty of them took the matcher
+     * seconds a byte, one stack per way of nesting them) are one repetition */
+    static const struct {
+        const char *src, *yes[3], *no[2];
+    } stacked[] = {
+        {"root ::= \"ab\"+??+++++??++++++++++", {"", "ab", "abababab"}, {"a", "aba"}},
+        {"root ::= ((\"ab\")?)+ \"c\"", {"c", "abc", "ababc"}, {"ab", "abac"}},
+        {"root ::= (\"ab\"+)+ \"c\"", {"abc", "ababc", "abababc"}, {"c", "abab"}},
+        {"root ::= (\"a\"? \"b\"?)+", {"", "ab", "bab"}, {"c", "ac"}},
+    };
+    for (size_t i = 0; i < sizeof stacked / sizeof stacked[0]; i++) {
+        g = gram_from_gbnf(stacked[i].src, strlen(stacked[i].src), &e);
+        CHECK(g, "%s: %s", stacked[i].src, e.msg);
+        if (!g) continue;
+        for (int j = 0; j < 3; j++)
+            CHECK(accepts(g, stacked[i].yes[j]), "%s: '%s' refused", stacked[i].src,
+                  stacked[i].yes[j]);
+        for (int j = 0; j < 2; j++)
+            CHECK(!accepts(g, stacked[i].no[j]), "%s: '%s' accepted", stacked[i].src,
+                  stacked[i].no[j]);
+        gram_unref(g);
+    }
     static const char *const bad[][2] = {
         {"root ::= a\na ::= a \"x\" | \"y\"\n", "left-recursive"},
         {"root ::= foo\n", "'foo' is used but not defined"},
