@@ -591,7 +591,7 @@ static __device__ __forceinline__ void qd_issue(const cu_attnq_args &a, qd_src &
     }
     const size_t blk = (size_t)__shfl_sync(0xffffffffu, s.bt_lane, bi - s.bt_base) * s.stride;
     const uint8_t *kh = s.k + blk, *vh = s.v + blk;
-    const size_t rows = 2 * (size_t)B + (size_t)off0 * F::row;
+    const size_t rows = header_bytes(DT, KV_ROLE_K, B, D) + (size_t)off0 * F::row; /* K's = V's */
 #pragma unroll
     for (int i = lane; i < QD_KR * F::nch; i += 32) {
         const int key = i / F::nch, c = i % F::nch;
@@ -656,7 +656,7 @@ __global__ void __launch_bounds__(QD_WARPS * 32) k_attention_qd(cu_attnq_args a)
     const int a0 = src.k_first & ~(QD_KR - 1), rounds = (src.k_end - a0 + QD_KR - 1) / QD_KR;
     const int per = (rounds + ns - 1) / ns, r_lo = min(rounds, sp * per),
               r_hi = min(rounds, r_lo + per);
-    const size_t hb = ((size_t)2 * B + (size_t)B * F::row + 15) & ~(size_t)15;
+    const size_t hb = hb_bytes(DT, KV_ROLE_K, B, D); /* K's = V's for fp8 and tq4 */
     src.bt = a.block_table + (size_t)a.tok_seq[t] * a.max_blocks;
     src.k = (const uint8_t *)a.k + (size_t)kvh * hb;
     src.v = (const uint8_t *)a.v + (size_t)kvh * hb;

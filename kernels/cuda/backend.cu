@@ -1635,15 +1635,15 @@ static void cu_kv_store_op(void *ctx, const struct kv_layer *kv, const struct kv
     o->i[1] = g->n_kv_heads * g->head_dim;
 }
 
-/* The partial results of a.splits key ranges per token and query head, [n_tokens, n_heads,
+/* The partial results of `splits` key ranges per token and query head, [n_tokens, n_heads,
  * splits, head_dim + 2] floats, in c->part. */
-static void attn_part(cu_ctx *c, const struct fwd_batch *b, const struct attn_params *p,
-                      cu_attn_args *a)
+static float *attn_part(cu_ctx *c, const struct fwd_batch *b, const struct attn_params *p,
+                        int splits)
 {
     size_t need =
-        sizeof(float) * (size_t)b->n_tokens * p->n_heads * a->splits * (size_t)(p->head_dim + 2);
+        sizeof(float) * (size_t)b->n_tokens * p->n_heads * splits * (size_t)(p->head_dim + 2);
     c->part = (float *)grow(c, c->part, &c->part_cap, need);
-    a->part = c->part;
+    return c->part;
 }
 
 static void cu_attention_op(void *ctx, float *out, const float *q, const struct kv_layer *kv,
@@ -1687,13 +1687,9 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
                              g->block_size)) {
             int max_keys = b->max_blocks * g->block_size;
             if (p->window > 0 && p->window < max_keys) max_keys = p->window;
-            cu_attn_args pa;
-            memset(&pa, 0, sizeof pa);
-            pa.splits =
+            a.splits =
                 cu_attnq_splits(b->n_tokens, p->n_kv_heads, max_keys, c->prop.multiProcessorCount);
-            if (pa.splits > 1) attn_part(c, b, p, &pa);
-            a.splits = pa.splits;
-            a.part = pa.part;
+            if (a.splits > 1) a.part = attn_part(c, b, p, a.splits);
             o->p[4] = a.part;
         }
         return;
@@ -1755,7 +1751,7 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
                                  : 1;
         a.cluster = c->dec_cluster && a.splits > 1 && a.splits <= CU_ATTN_CLUSTER_MAX;
         if (a.splits > 1) {
-            attn_part(c, b, p, &a);
+            a.part = attn_part(c, b, p, a.splits);
             size_t nsem = (size_t)b->n_tokens * p->n_kv_heads;
             if (nsem * sizeof(int) > c->sem_cap) {
                 c->sem = (int *)grow(c, c->sem, &c->sem_cap, nsem * sizeof(int));
@@ -1789,7 +1785,7 @@ static void cu_attention_op(void *ctx, float *out, const float *q, const struct 
         a.splits = cu_attn_splits(b->n_tokens, p->n_kv_heads * chunks, max_keys,
                                   c->prop.multiProcessorCount);
     }
-    if (a.splits > 1) attn_part(c, b, p, &a);
+    if (a.splits > 1) a.part = attn_part(c, b, p, a.splits);
     op *o = record(c, OP_ATTN);
     o->att = a;
 }
